@@ -1,0 +1,44 @@
+# sparkctl: `make demo` runs the whole flow on a simulated lab; `make test` runs every test.
+VENV    ?= .venv
+PYTHON  ?= python3
+BIN     := $(VENV)/bin
+# What the lab and the tests need from Debian (real OpenSSH, real OpenMPI, iproute2, ...).
+APT_PACKAGES := openssh-server openssh-client openmpi-bin iperf3 sudo iproute2 iputils-ping \
+                procps python3 python3-yaml python3-netifaces python3-dbus socat util-linux
+
+.PHONY: install system-deps demo test unit e2e lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@$(MAKE) --no-print-directory system-deps
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+system-deps:
+	@scripts/install-system-deps $(APT_PACKAGES)
+
+demo: install
+	$(BIN)/python scripts/demo.py
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest tests/unit -q
+	scripts/run-e2e $(BIN)/python
+
+unit: install
+	$(BIN)/python -m pytest tests/unit -q
+
+e2e: install
+	scripts/run-e2e $(BIN)/python
+
+lint: install
+	$(BIN)/ruff check .
+
+bench: install
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,3 @@
+"""sparkctl: bring up, check, serve on and tear down clusters of NVIDIA DGX Sparks."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,204 @@
+"""Node-side facts gatherer: answers one JSON request with one JSON object, read-only.
+
+Sent on stdin to `python3 - REQUEST_JSON` (as root through sudo), so a phase learns everything
+it needs about a node in one round trip. Standard library only (python3-yaml is used when the
+node has it, as every netplan node does). Keep it compatible with Python 3.8.
+Only the `lock` request writes, and only under /var/lib/sparkctl.
+"""
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+MAX_CONTENT = 256 * 1024
+
+
+def run(argv, timeout=30, shell=False):
+    try:
+        proc = subprocess.run(
+            argv, shell=shell, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout
+        )
+        return {
+            "rc": proc.returncode,
+            "out": proc.stdout.decode(errors="replace"),
+            "err": proc.stderr.decode(errors="replace")[-2000:],
+        }
+    except FileNotFoundError:
+        return {"rc": 127, "out": "", "err": "command not found: %s" % (argv if shell else argv[0])}
+    except subprocess.TimeoutExpired:
+        return {"rc": 124, "out": "", "err": "timed out after %ss" % timeout}
+
+
+def file_fact(path, want_content):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {"exists": False}
+    fact = {"exists": True, "mode": st.st_mode & 0o7777, "uid": st.st_uid, "size": st.st_size}
+    if os.path.isfile(path):
+        with open(path, "rb") as handle:
+            data = handle.read()
+        fact["sha256"] = hashlib.sha256(data).hexdigest()
+        if want_content and len(data) <= MAX_CONTENT:
+            fact["content"] = data.decode(errors="replace")
+    return fact
+
+
+def netplan_files(directory="/etc/netplan"):
+    """Every netplan file with the ethernets it defines (to spot files fighting over one)."""
+    out = {}
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return out
+    for name in names:
+        if not name.endswith((".yaml", ".yml")):
+            continue
+        path = os.path.join(directory, name)
+        fact = file_fact(path, True)
+        interfaces = []
+        try:
+            import yaml
+
+            doc = yaml.safe_load(fact.get("content", "")) or {}
+            for section in ("ethernets", "bonds", "bridges", "vlans"):
+                interfaces += list(((doc.get("network") or {}).get(section) or {}).keys())
+        except Exception as exc:  # a broken file is a fact too
+            fact["error"] = str(exc)[:300]
+        fact["interfaces"] = interfaces
+        fact.pop("content", None)
+        out[path] = fact
+    return out
+
+
+def links():
+    result = run(["ip", "-j", "-d", "addr", "show"])
+    if result["rc"] != 0:
+        return {"error": result["err"]}
+    out = {}
+    for entry in json.loads(result["out"] or "[]"):
+        out[entry["ifname"]] = {
+            "operstate": entry.get("operstate", "UNKNOWN"),
+            "up": "UP" in entry.get("flags", []),
+            "carrier": "NO-CARRIER" not in entry.get("flags", []),
+            "mtu": entry.get("mtu"),
+            "addresses": [
+                "%s/%s" % (a["local"], a["prefixlen"])
+                for a in entry.get("addr_info", [])
+                if a.get("family") == "inet"
+            ],
+        }
+    return out
+
+
+def ibdev2netdev():
+    result = run(["ibdev2netdev"])
+    out = {}
+    for line in result["out"].splitlines():
+        # rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)
+        parts = line.split()
+        if len(parts) >= 6 and parts[3] == "==>":
+            out[parts[4]] = {"device": parts[0], "state": parts[5].strip("()")}
+    return {"rc": result["rc"], "devices": out, "err": result["err"]}
+
+
+def docker_inspect(kind, names):
+    out = {}
+    for name in names:
+        argv = ["docker", "image", "inspect", name] if kind == "image" else ["docker", "inspect", name]
+        result = run(argv)
+        if result["rc"] == 0:
+            try:
+                out[name] = json.loads(result["out"])[0]
+            except (ValueError, IndexError):
+                out[name] = {"error": result["out"][-300:]}
+        else:
+            out[name] = None if "No such" in result["err"] else {"error": result["err"][-300:]}
+    return out
+
+
+def disk(paths):
+    out = {}
+    for path in paths:
+        probe = path
+        while probe and not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        try:
+            st = os.statvfs(probe or "/")
+            out[path] = {"free_bytes": st.f_bavail * st.f_frsize, "checked": probe or "/"}
+        except OSError as exc:
+            out[path] = {"error": str(exc)}
+    return out
+
+
+def routes(addresses):
+    out = {}
+    for address in addresses:
+        result = run(["ip", "-j", "route", "get", address])
+        try:
+            out[address] = json.loads(result["out"])[0].get("dev")
+        except (ValueError, IndexError):
+            out[address] = None
+    return out
+
+
+def take_lock(owner, stale_seconds):
+    """mkdir is atomic: the first run to create the directory holds the lock."""
+    base = "/var/lib/sparkctl"
+    lock = os.path.join(base, "lock")
+    os.makedirs(base, exist_ok=True)
+    for _ in range(2):
+        try:
+            os.mkdir(lock, 0o700)
+        except FileExistsError:
+            try:
+                with open(os.path.join(lock, "owner")) as handle:
+                    holder = json.load(handle)
+            except (OSError, ValueError):
+                holder = {}
+            age = time.time() - os.stat(lock).st_mtime
+            if holder.get("token") == owner.get("token"):
+                return {"held": True}
+            if age > stale_seconds or owner.get("break"):
+                subprocess.run(["rm", "-rf", lock])
+                continue
+            return {"held": False, "holder": holder, "age": age}
+        with open(os.path.join(lock, "owner"), "w") as handle:
+            json.dump(owner, handle)
+        return {"held": True}
+    return {"held": False, "holder": {}, "age": 0}
+
+
+def main():
+    request = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    facts = {"hostname": socket.gethostname(), "time": time.time()}
+    if "lock" in request:
+        facts["lock"] = take_lock(request["lock"], request.get("lock_stale_seconds", 7200))
+    for path, want in (request.get("files") or {}).items():
+        facts.setdefault("files", {})[path] = file_fact(path, want)
+    if request.get("netplan"):
+        facts["netplan"] = netplan_files()
+    if request.get("links"):
+        facts["links"] = links()
+    if request.get("ibdev2netdev"):
+        facts["ibdev2netdev"] = ibdev2netdev()
+    if request.get("containers"):
+        facts["containers"] = docker_inspect("container", request["containers"])
+    if request.get("images"):
+        facts["images"] = docker_inspect("image", request["images"])
+    if request.get("disk"):
+        facts["disk"] = disk(request["disk"])
+    if request.get("routes"):
+        facts["routes"] = routes(request["routes"])
+    if request.get("users"):
+        facts["users"] = {u: run(["id", u])["rc"] == 0 for u in request["users"]}
+    for key, command in (request.get("commands") or {}).items():
+        facts.setdefault("commands", {})[key] = run(command, timeout=request.get("timeout", 30), shell=True)
+    json.dump(facts, sys.stdout)
+
+
+main()

@@ -1,0 +1,155 @@
+"""The inventory: which Sparks, how to reach them, which fabric interfaces, which container.
+
+Key names are a contract other tools read (DESIGN.md): keys may be added, never renamed.
+Validation catches what breaks clusters, and every message names the file, the key path and
+what would be valid.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from orchestrator.errors import InputError
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+IFNAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$"
+HOST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$"
+IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/:@-]{0,254}$"
+DEFAULT_SUBNET_BASE = "192.168.200.0"
+FIRST_HOST_NUMBER = 12  # NVIDIA's pages number the first Spark .12
+
+IfName = Annotated[str, Field(pattern=IFNAME_PATTERN)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Cluster(_Model):
+    name: str = Field(pattern=NAME_PATTERN)
+    """Cluster name: shown in reports, the lock owner and container labels."""
+    user: str = Field(default="nvidia", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    """SSH user on every node; NVIDIA requires the same user on all Sparks."""
+    ssh_key: str = "~/.ssh/id_ed25519"
+    """Private key for the nodes' management addresses (resolved relative to the inventory)."""
+    known_hosts: str = "~/.ssh/known_hosts"
+    """Host keys are verified against this file; never skipped."""
+    ssh_port: int = Field(default=22, ge=1, le=65535)
+    """SSH port of the nodes' management sshd."""
+    management_interface: IfName = "enP7s7"
+    """The interface the controller reaches nodes through; sparkctl never reconfigures it."""
+    head: str | None = Field(default=None, pattern=NAME_PATTERN)
+    """Name of the head node (MPI rank 0, the one that serves); default: the first node."""
+    connect_timeout: float = Field(default=10.0, gt=0, le=300)
+    """Seconds to wait for an SSH connection before calling a node unreachable."""
+    command_timeout: float = Field(default=300.0, gt=0, le=86400)
+    """Default seconds a remote command may run before it counts as hung."""
+
+
+class Fabric(_Model):
+    interfaces: list[IfName] = Field(
+        default=["enp1s0f1np1", "enP2p1s0f1np1"], min_length=1, max_length=8
+    )
+    """The cabled fabric interfaces (twins of one QSFP port), in order; the first one carries
+    the MPI hostfile addresses."""
+    mtu: int = Field(default=9000, ge=1280, le=9216)
+    """MTU of the fabric interfaces; 9000 gives a few % more NCCL bandwidth."""
+    topology: Literal["b2b", "switch", "ring"] | None = None
+    """b2b (two nodes, one cable), switch (all on one fabric) or ring; default b2b for two nodes,
+    switch otherwise. In a ring each link is its own subnet."""
+    min_link_gbps: float = Field(default=175.0, gt=0)
+    """netcheck --deep fails a link measured below this (NVIDIA's guidance: 175 Gbps)."""
+    max_latency_ms: float = Field(default=1.0, gt=0)
+    """netcheck fails a link whose round trip is above this."""
+
+    @field_validator("interfaces")
+    @classmethod
+    def _unique_interfaces(cls, value: list[str]) -> list[str]:
+        duplicates = sorted({name for name in value if value.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"interface listed twice: {', '.join(duplicates)}")
+        return value
+
+
+class Container(_Model):
+    image: str = Field(default="nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12", pattern=IMAGE_PATTERN)
+    """TensorRT-LLM image; the same digest must be on every node."""
+    name: str = Field(default="trtllm-multinode", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+    """Container name on every node."""
+    ssh_port: int = Field(default=2233, ge=1, le=65535)
+    """Port of the container's sshd (MPI's launcher); it listens on fabric addresses only."""
+    hf_cache: str = Field(default="~/.cache/huggingface", pattern=r"^[~/][^\x00\n]*$")
+    """Node directory mounted as the container's Hugging Face cache (~ is the cluster user's home)."""
+
+
+class Node(_Model):
+    name: str = Field(pattern=NAME_PATTERN)
+    """Node name, as reports and `--node` use it."""
+    host: str = Field(pattern=HOST_PATTERN)
+    """Management address or DNS name the controller connects to."""
+    addresses: dict[IfName, str] | None = None
+    """Fabric address per interface (CIDR); derived when left out."""
+    head: bool = False
+    """True on the node that serves (MPI rank 0); at most one."""
+
+
+class Inventory(_Model):
+    cluster: Cluster
+    fabric: Fabric = Fabric()
+    container: Container = Container()
+    nodes: list[Node] = Field(min_length=1)
+    source: str = Field(default="<inventory>", exclude=True)
+    """Where the inventory was read from (for messages and relative paths)."""
+
+    @property
+    def head(self) -> Node:
+        return next(node for node in self.nodes if node.name == self.head_name)
+
+    @property
+    def head_name(self) -> str:
+        if self.cluster.head:
+            return self.cluster.head
+        marked = [node.name for node in self.nodes if node.head]
+        return marked[0] if marked else self.nodes[0].name
+
+    @property
+    def topology(self) -> str:
+        if self.fabric.topology:
+            return self.fabric.topology
+        return "b2b" if len(self.nodes) == 2 else "switch"
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        valid = ", ".join(n.name for n in self.nodes)
+        raise InputError(f"{self.source}: no node named {name!r} (nodes: {valid})")
+
+    def ordered_nodes(self) -> list[Node]:
+        """Head first, then the others in file order: the MPI rank order."""
+        return [self.head] + [n for n in self.nodes if n.name != self.head_name]
+
+    def fabric_address(self, node: Node, interface: str | None = None) -> str:
+        """The node's fabric IP (no prefix) on `interface` (default: the first fabric one)."""
+        assert node.addresses is not None
+        return node.addresses[interface or self.fabric.interfaces[0]].split("/")[0]
+
+    def path_setting(self, value: str) -> Path:
+        """Expand ~ and resolve a path relative to the inventory file's folder."""
+        path = Path(value).expanduser()
+        if not path.is_absolute() and self.source not in ("<inventory>", ""):
+            path = Path(self.source).resolve().parent / path
+        return path
+
+
+def derive_addresses(index: int, interfaces: list[str]) -> dict[str, str]:
+    """The default IP plan: twin k on 192.168.(200+k).0/24, node i at host number 12+i."""
+    base = ipaddress.IPv4Address(DEFAULT_SUBNET_BASE)
+    return {
+        name: f"{base + 256 * k + FIRST_HOST_NUMBER + index}/24"
+        for k, name in enumerate(interfaces)
+    }

@@ -1,0 +1,79 @@
+"""Fetch the real Debian netplan.io 0.106 for the lab nodes without installing it on the host.
+
+`apt-get download` + `dpkg -x` into a shared cache; nodes see the result through an overlay of
+their /usr (lower layers: this tree, then the host's /usr), so netplan runs at its real paths.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from orchestrator.lab.identity import CACHE_DIR, LabError
+
+# netplan.io and what it imports that a minimal Debian 12 may lack (python3-yaml is a lab
+# prerequisite installed on the host; the rest are cheap to carry).
+PACKAGES = (
+    "netplan.io",
+    "libnetplan0",
+    "python3-netifaces",
+    "python3-dbus",
+    "python3-rich",
+    "python3-markdown-it",
+    "python3-mdurl",
+    "python3-pygments",
+    "python3-typing-extensions",
+)
+NETPLAN_ROOT = CACHE_DIR / "netplan" / "root"
+_MARKER = CACHE_DIR / "netplan" / "complete"
+
+
+def netplan_root() -> Path:
+    """The extracted tree (its usr/ is a lower layer of each node's /usr); fetch it if needed."""
+    if _MARKER.exists():
+        return NETPLAN_ROOT
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR / "netplan.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # several labs may start at once
+        if not _MARKER.exists():
+            _download_and_extract()
+    return NETPLAN_ROOT
+
+
+def _download_and_extract() -> None:
+    debs_dir = CACHE_DIR / "netplan" / "debs"
+    debs_dir.mkdir(parents=True, exist_ok=True)
+    missing = [p for p in PACKAGES if not list(debs_dir.glob(f"{p}_*.deb"))]
+    if missing:
+        result = subprocess.run(["apt-get", "download", *missing], cwd=debs_dir,
+                                capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise LabError("could not download netplan for the lab nodes "
+                           f"(apt-get download {' '.join(missing)}):\n{result.stderr.strip()}\n"
+                           "try `apt-get update` first", 1)
+    staging = Path(tempfile.mkdtemp(prefix="root.", dir=NETPLAN_ROOT.parent))
+    for deb in sorted(debs_dir.glob("*.deb")):
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(staging)], check=True)
+    _merge_lib_into_usr(staging)
+    if NETPLAN_ROOT.exists():
+        shutil.rmtree(NETPLAN_ROOT)
+    staging.rename(NETPLAN_ROOT)
+    _MARKER.write_text("netplan.io 0.106 extracted\n")
+
+
+def _merge_lib_into_usr(root: Path) -> None:
+    """Debian 12 is merged-/usr (/lib -> usr/lib): move the debs' /lib files under usr/lib."""
+    lib = root / "lib"
+    if not lib.is_dir() or lib.is_symlink():
+        return
+    for path in sorted(lib.rglob("*")):
+        target = root / "usr" / "lib" / path.relative_to(lib)
+        if path.is_dir() and not path.is_symlink():
+            target.mkdir(parents=True, exist_ok=True)
+        elif not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            path.rename(target)
+    shutil.rmtree(lib)

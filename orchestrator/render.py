@@ -1,0 +1,53 @@
+"""Templates from templates/ (shipped in the wheel as orchestrator/templates).
+
+StrictUndefined: a missing value is a bug, never an empty string in a config file.
+Every managed file starts with a header naming sparkctl, so users know who wrote it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+MANAGED_HEADER = "# Managed by sparkctl: changes here are overwritten by `sparkctl up`."
+
+
+def templates_dir() -> Path:
+    """Installed: orchestrator/templates in the wheel; from a checkout: ./templates."""
+    installed = Path(__file__).parent / "templates"
+    if installed.is_dir():
+        return installed
+    return Path(__file__).parent.parent / "templates"
+
+
+@cache
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def render(template: str, **values: Any) -> str:
+    return environment().get_template(template).render(header=MANAGED_HEADER, **values)
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def unified_diff(path: str, old: str | None, new: str) -> str:
+    lines = difflib.unified_diff(
+        (old or "").splitlines(keepends=True), new.splitlines(keepends=True),
+        fromfile=f"{path} (on node)" if old is not None else "/dev/null", tofile=path,
+    )
+    return "".join(lines)

@@ -1,0 +1,226 @@
+"""One narrow way to run commands on a node: `run()` and `close()`.
+
+`SSHTransport` keeps one SSH connection per node for the whole run (fabric opens it, so
+~/.ssh/config and ProxyJump work); host keys are verified against known_hosts with a reject
+policy. `LocalTransport` runs commands directly when sparkctl runs on the node itself.
+Retries cover connecting only: a mutating command is never retried blindly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import select
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from orchestrator.commands import join, sh_cmd
+from orchestrator.errors import CommandError, TransportError
+
+SUDO_PASSWORD_NEEDED = ("a password is required", "a terminal is required")
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a remote command did."""
+
+    node: str
+    command: str
+    exit_status: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+    def check(self) -> Result:
+        """Raise CommandError unless the command succeeded."""
+        if not self.ok:
+            raise CommandError(self.node, self.command, self.exit_status, self.stderr)
+        return self
+
+
+class Transport(Protocol):
+    node: str
+
+    def run(
+        self, command: str, *, stdin: bytes | str | None = None, sudo: bool = False,
+        timeout: float | None = None, display: str | None = None,
+    ) -> Result: ...
+
+    def close(self) -> None: ...
+
+
+class SudoPassword:
+    """Asks for the sudo password at most once per run, shared by every node's transport."""
+
+    def __init__(self, prompt: bool = True) -> None:
+        self._lock = threading.Lock()
+        self._password: str | None = None
+        self._prompt = prompt
+
+    def get(self, user: str) -> str:
+        with self._lock:
+            if self._password is None:
+                if not self._prompt:
+                    raise TransportError(
+                        f"sudo on the nodes asks {user}'s password and no terminal is attached; "
+                        "allow passwordless sudo for sparkctl or run it from a terminal"
+                    )
+                self._password = getpass.getpass(f"[sparkctl] sudo password for {user} on the nodes: ")
+            return self._password
+
+
+class _SudoMixin:
+    """Wraps commands in sudo; passwordless first, then the shared password on stdin."""
+
+    node: str
+    user_is_root: bool
+    sudo_password: SudoPassword
+    user: str
+    _needs_password = False
+
+    def _execute(self, command: str, stdin: bytes, timeout: float) -> tuple[int, str, str]:
+        raise NotImplementedError
+
+    def _command(self, command: str, sudo: bool, stdin: bytes) -> tuple[str, bytes]:
+        if not sudo or self.user_is_root:
+            return command, stdin
+        if self._needs_password:
+            password = self.sudo_password.get(self.user).encode() + b"\n"
+            return f"sudo -S -p '' -- {sh_cmd(command)}", password + stdin
+        return f"sudo -n -- {sh_cmd(command)}", stdin
+
+    def run(
+        self, command: str, *, stdin: bytes | str | None = None, sudo: bool = False,
+        timeout: float | None = None, display: str | None = None,
+    ) -> Result:
+        data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+        limit = timeout if timeout is not None else self.default_timeout  # type: ignore[attr-defined]
+        started = time.monotonic()
+        wrapped, payload = self._command(command, sudo, data)
+        status, out, err = self._execute(wrapped, payload, limit)
+        if sudo and status != 0 and not self._needs_password and any(
+            marker in err for marker in SUDO_PASSWORD_NEEDED
+        ):
+            self._needs_password = True
+            wrapped, payload = self._command(command, sudo, data)
+            status, out, err = self._execute(wrapped, payload, limit)
+            if status != 0 and ("incorrect password" in err or "Sorry, try again" in err):
+                raise TransportError(f"{self.node}: sudo refused the password for {self.user}")
+        return Result(self.node, display or command, status, out, err, time.monotonic() - started)
+
+
+class LocalTransport(_SudoMixin):
+    """Runs on this machine: used when the controller is one of the nodes."""
+
+    def __init__(self, node: str, user: str, sudo_password: SudoPassword,
+                 default_timeout: float = 300.0) -> None:
+        import os
+
+        self.node = node
+        self.user = user
+        self.user_is_root = os.geteuid() == 0
+        self.sudo_password = sudo_password
+        self.default_timeout = default_timeout
+
+    def _execute(self, command: str, stdin: bytes, timeout: float) -> tuple[int, str, str]:
+        try:
+            proc = subprocess.run(
+                ["sh", "-c", command], input=stdin, capture_output=True, timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise TransportError(f"{self.node}: command timed out after {timeout:.0f}s") from None
+        return proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+
+    def close(self) -> None:
+        return None
+
+
+class SSHTransport(_SudoMixin):
+    """One SSH connection to one node, opened by `connect()` and reused for every command."""
+
+    def __init__(self, node: str, connection: object, user: str, sudo_password: SudoPassword,
+                 default_timeout: float = 300.0) -> None:
+        self.node = node
+        self.connection = connection  # fabric.Connection, already open
+        self.user = user
+        self.user_is_root = user == "root"
+        self.sudo_password = sudo_password
+        self.default_timeout = default_timeout
+        self.commands_sent = 0
+
+    def _execute(self, command: str, stdin: bytes, timeout: float) -> tuple[int, str, str]:
+        import paramiko
+
+        transport = self.connection.client.get_transport()  # type: ignore[attr-defined]
+        if transport is None or not transport.is_active():
+            raise TransportError(f"{self.node}: the SSH connection was lost")
+        self.commands_sent += 1
+        try:
+            channel = transport.open_session(timeout=timeout)
+            channel.exec_command(command)
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            return _collect(channel, timeout, self.node)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(f"{self.node}: the SSH connection broke: {exc}") from None
+
+    def close(self) -> None:
+        # closing must never hide the real outcome of a run
+        with contextlib.suppress(Exception):
+            self.connection.close()  # type: ignore[attr-defined]
+
+
+def _collect(channel: object, timeout: float, node: str) -> tuple[int, str, str]:
+    """Read a channel's stdout and stderr until the command exits or the deadline passes."""
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + timeout
+    chan = channel  # paramiko.Channel
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            chan.close()  # type: ignore[attr-defined]
+            raise TransportError(f"{node}: command did not finish within {timeout:.0f}s")
+        select.select([chan], [], [], min(remaining, 1.0))
+        while chan.recv_ready():  # type: ignore[attr-defined]
+            out += chan.recv(65536)  # type: ignore[attr-defined]
+        while chan.recv_stderr_ready():  # type: ignore[attr-defined]
+            err += chan.recv_stderr(65536)  # type: ignore[attr-defined]
+        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():  # type: ignore[attr-defined]
+            status = chan.recv_exit_status()  # type: ignore[attr-defined]
+            chan.close()  # type: ignore[attr-defined]
+            return status, out.decode(errors="replace"), err.decode(errors="replace")
+        if chan.closed and not chan.exit_status_ready():  # type: ignore[attr-defined]
+            raise TransportError(f"{node}: the SSH channel closed before the command finished")
+
+
+def is_local_host(host: str) -> bool:
+    """True when `host` names this machine (then no SSH is needed)."""
+    if host in ("localhost", "127.0.0.1", "::1"):
+        return True
+    try:
+        import netifaces
+
+        addresses = {
+            entry["addr"].split("%")[0]
+            for iface in netifaces.interfaces()
+            for family in (netifaces.AF_INET, netifaces.AF_INET6)
+            for entry in netifaces.ifaddresses(iface).get(family, [])
+        }
+        resolved = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except (OSError, ValueError):
+        return False
+    return bool(resolved & addresses) or host == socket.gethostname()
+
+
+def describe(argv: list[str]) -> str:
+    return join(argv)

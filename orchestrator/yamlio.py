@@ -1,0 +1,90 @@
+"""Safe YAML loading for user files (inventories, recipes).
+
+User files are small; anything else is a mistake or an attack. We refuse duplicate keys (YAML
+silently keeps the last one, which hides typos), oversized files and alias-heavy documents (the
+"billion laughs" bomb), and turn every parse problem into an InputError naming file, line and
+column.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.errors import InputError
+
+MAX_FILE_BYTES = 1_000_000
+MAX_ALIASES = 200
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys and counts aliases."""
+
+    alias_count = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            self.alias_count += 1
+            if self.alias_count > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(
+                    f"more than {MAX_ALIASES} aliases (line {mark.line + 1}): "
+                    "refusing a possible YAML bomb"
+                )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            try:
+                duplicate = key in seen
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a mapping key must be a plain value", key_node.start_mark
+                ) from None
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_text(text: str, source: str) -> Any:
+    """Parse YAML text from `source` (a file name used in messages)."""
+    if len(text) > MAX_FILE_BYTES:
+        raise InputError(f"{source}: file is larger than {MAX_FILE_BYTES} bytes; is it the right file?")
+    loader = _StrictLoader(text)
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise InputError(f"{source}: {where}{problem}") from None
+    except (yaml.YAMLError, RecursionError, ValueError, OverflowError) as exc:
+        raise InputError(f"{source}: invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """Read `path` and return its top-level mapping, or raise an InputError naming the file."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{what} file not found: {path}") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what} file {path}: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    data = load_yaml_text(text, str(path))
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else type(data).__name__
+        raise InputError(f"{path}: expected a mapping of keys at the top level, found {kind}")
+    return data
