@@ -17,6 +17,22 @@ from orchestrator.errors import InputError
 
 MAX_FILE_BYTES = 1_000_000
 MAX_ALIASES = 200
+MAX_EXPANDED_NODES = 100_000
+
+
+def _expanded_size(value: Any, memo: dict[int, int]) -> int:
+    """How many values the document has once aliases are expanded (shared nodes counted each
+    time they are referenced), computed in time linear in the distinct nodes."""
+    if not isinstance(value, (list, dict)):
+        return 1
+    key = id(value)
+    if memo.get(key) == -1:
+        raise yaml.YAMLError("a value contains itself through an alias (recursive anchor)")
+    if key not in memo:
+        memo[key] = -1
+        children = value.values() if isinstance(value, dict) else value
+        memo[key] = 1 + sum(_expanded_size(child, memo) for child in children)
+    return memo[key]
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -59,7 +75,13 @@ def load_yaml_text(text: str, source: str) -> Any:
         raise InputError(f"{source}: file is larger than {MAX_FILE_BYTES} bytes; is it the right file?")
     loader = _StrictLoader(text)
     try:
-        return loader.get_single_data()
+        data = loader.get_single_data()
+        if _expanded_size(data, {}) > MAX_EXPANDED_NODES:
+            raise yaml.YAMLError(
+                f"the document expands to more than {MAX_EXPANDED_NODES} values through aliases: "
+                "refusing a possible YAML bomb"
+            )
+        return data
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

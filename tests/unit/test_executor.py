@@ -1,0 +1,187 @@
+"""The executor: lock-step phases, failure handling, preview, and the report it builds."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import CommandError, SparkctlError
+from orchestrator.executor import Executor
+from orchestrator.inventory_checks import inventory_from_data
+from orchestrator.progress import Progress
+from orchestrator.report import Report
+from orchestrator.step import Change, NodeContext, Outcome, Phase, Plan, RunOptions, Step, Unchanged
+from orchestrator.transport import Result
+
+INVENTORY = inventory_from_data(
+    {
+        "cluster": {"name": "c", "ssh_key": "/k"},
+        "nodes": [{"name": "spark-a", "host": "a"}, {"name": "spark-b", "host": "b"},
+                  {"name": "spark-c", "host": "c"}],
+    },
+    "inv.yml",
+)
+
+
+class FakeTransport:
+    """Answers the facts gatherer with canned facts and records every other command."""
+
+    def __init__(self, node: str, facts: dict[str, Any], journal: list[tuple[str, str]],
+                 lock: threading.Lock) -> None:
+        self.node = node
+        self.facts = facts
+        self.journal = journal
+        self.lock = lock
+
+    def run(self, command: str, *, stdin: Any = None, sudo: bool = False, timeout: Any = None,
+            display: Any = None) -> Result:
+        with self.lock:
+            self.journal.append((self.node, command))
+        if command.startswith("python3 - "):
+            return Result(self.node, command, 0, json.dumps(self.facts), "", 0.0)
+        if command == "false":
+            return Result(self.node, command, 1, "", "boom", 0.0)
+        return Result(self.node, command, 0, "", "", 0.0)
+
+    def close(self) -> None:
+        pass
+
+
+class Recorder(Step):
+    """Changes when facts say `want` differs from `have`; applies by running `echo NAME`."""
+
+    def __init__(self, name: str, command: str = "echo") -> None:
+        self.name = name
+        self.command = command
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        if ctx.facts.get("have") == ctx.facts.get("want"):
+            return Unchanged("already right")
+        return Change(f"set {self.name}", diff="-old\n+new\n")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        ctx.run(f"{self.command} {self.name}").check()
+        return None
+
+
+def facts_request(inventory: Any, node: Any) -> dict[str, Any]:
+    return {"node": node.name}
+
+
+def run(plan: Plan, facts: dict[str, dict[str, Any]], dry_run: bool = False
+        ) -> tuple[Report, list[tuple[str, str]]]:
+    journal: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    transports = {name: FakeTransport(name, f, journal, lock) for name, f in facts.items()}
+    report = Report("up")
+    for name in facts:
+        report.host(name)
+    Executor(INVENTORY, transports, RunOptions(dry_run=dry_run), report, Progress(quiet=True)).run(plan)  # type: ignore[arg-type]
+    return report, journal
+
+
+ALL_CHANGE = {n: {"have": 1, "want": 2} for n in ("spark-a", "spark-b", "spark-c")}
+
+
+def test_phases_run_in_lock_step() -> None:
+    plan = Plan("up", [Phase("one", [Recorder("s1"), Recorder("s2")], facts_request),
+                       Phase("two", [Recorder("s3")], facts_request)])
+    report, journal = run(plan, ALL_CHANGE)
+    assert report.ok and report.count("changed") == 9
+    order = [cmd.split()[-1] if not cmd.startswith("python3") else "facts" for _, cmd in journal]
+    # every node finished s1 before any node ran s2, and phase one before phase two
+    assert max(i for i, c in enumerate(order) if c == "s1") < min(i for i, c in enumerate(order) if c == "s2")
+    assert max(i for i, c in enumerate(order) if c == "s2") < min(i for i, c in enumerate(order) if c == "s3")
+
+
+def test_unchanged_steps_cost_only_the_facts_round_trip() -> None:
+    same = {n: {"have": 1, "want": 1} for n in ("spark-a", "spark-b", "spark-c")}
+    plan = Plan("up", [Phase("one", [Recorder("s1"), Recorder("s2")], facts_request)])
+    report, journal = run(plan, same)
+    assert report.count("changed") == 0 and report.count("ok") == 6
+    assert len(journal) == 3 and all(cmd.startswith("python3 - ") for _, cmd in journal)
+
+
+def test_a_failed_node_stops_the_run_after_the_phase() -> None:
+    failing = {"spark-a": {"have": 1, "want": 2}, "spark-b": {"have": 1, "want": 2},
+               "spark-c": {"have": 1, "want": 2}}
+    plan = Plan("up", [
+        Phase("one", [Recorder("s1"), Recorder("s2")], facts_request),
+        Phase("two", [Recorder("s3")], facts_request),
+    ])
+    # make spark-b's first step fail
+    plan.phases[0].steps[0] = _FailOn("spark-b")
+    report, journal = run(plan, failing)
+    assert not report.ok and report.exit_code == 1
+    b_steps = [(s.step, s.status) for s in report.hosts["spark-b"].steps]
+    assert b_steps == [("s1", "failed")]  # its s2 did not run
+    a_steps = [(s.step, s.status) for s in report.hosts["spark-a"].steps]
+    assert a_steps == [("s1", "changed"), ("s2", "changed")]  # others finish the phase
+    assert not any("s3" in cmd for _, cmd in journal)  # phase two never ran
+    assert any("not run: two" in note for note in report.notes)
+    failure = report.hosts["spark-b"].steps[0].message
+    assert "spark-b" in failure and "exited 1" in failure and "boom" in failure
+
+
+class _FailOn(Recorder):
+    def __init__(self, node: str) -> None:
+        super().__init__("s1")
+        self.node = node
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        command = "false" if ctx.node.name == self.node else "echo s1"
+        ctx.run(command).check()
+        return None
+
+
+def test_dry_run_applies_nothing_and_reports_diffs() -> None:
+    plan = Plan("up", [Phase("one", [Recorder("s1")], facts_request)])
+    report, journal = run(plan, ALL_CHANGE, dry_run=True)
+    assert all(cmd.startswith("python3 - ") for _, cmd in journal)
+    assert report.count("planned") == 3
+    payload = report.to_json()
+    assert payload["changed"] == 3 and payload["hosts"]["spark-a"]["steps"][0]["diff"] == "-old\n+new\n"
+
+
+def test_head_scoped_steps_run_on_the_head_only() -> None:
+    step = Recorder("headonly")
+    step.scope = "head"
+    _, journal = run(Plan("up", [Phase("one", [step], facts_request)]), ALL_CHANGE)
+    assert [n for n, c in journal if c == "echo headonly"] == ["spark-a"]
+
+
+def test_internal_errors_become_a_failed_step_not_a_crash() -> None:
+    class Broken(Recorder):
+        def check(self, ctx: NodeContext) -> Outcome:
+            raise KeyError("oops")
+
+    report, _ = run(Plan("up", [Phase("one", [Broken("x")], facts_request)]), ALL_CHANGE)
+    messages = [s.message for h in report.hosts.values() for s in h.steps]
+    assert all("internal error: KeyError" in m for m in messages)
+
+
+def test_json_report_contract() -> None:
+    report, _ = run(Plan("up", [Phase("one", [Recorder("s1")], facts_request)]), ALL_CHANGE)
+    payload = report.to_json()
+    assert set(payload) >= {"command", "ok", "seconds", "changed", "failed", "hosts"}
+    step = payload["hosts"]["spark-a"]["steps"][0]
+    assert set(step) >= {"phase", "step", "status", "seconds", "message"}
+    assert step["status"] in ("ok", "changed", "failed", "skipped")
+
+
+def test_command_error_message_names_everything() -> None:
+    error = CommandError("spark-b", "docker run x", 125, "line1\nport 2233 in use\n")
+    assert isinstance(error, SparkctlError)
+    assert str(error) == "spark-b: `docker run x` exited 125:\nline1\nport 2233 in use"
+
+
+def test_secret_never_reaches_a_command_line() -> None:
+    from orchestrator.commands import Secret, join
+
+    token = Secret("hf_sentinel")
+    assert str(token) == "***" and "hf_sentinel" not in repr(token)
+    with pytest.raises(TypeError):
+        join(["echo", token])
