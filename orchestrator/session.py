@@ -6,6 +6,7 @@ it here.
 
 from __future__ import annotations
 
+import getpass
 import logging
 import os
 import socket
@@ -94,7 +95,7 @@ def cluster_lock(session: Session, command: str, break_lock: bool = False) -> It
         raise SparkctlError(f"cannot lock the cluster: the head {head.name} is unreachable")
     owner = {
         "token": uuid.uuid4().hex,
-        "user": os.environ.get("USER", "?"),
+        "user": getpass.getuser(),
         "controller": socket.gethostname(),
         "pid": os.getpid(),
         "command": command,

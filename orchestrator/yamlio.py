@@ -73,8 +73,9 @@ def load_yaml_text(text: str, source: str) -> Any:
     """Parse YAML text from `source` (a file name used in messages)."""
     if len(text) > MAX_FILE_BYTES:
         raise InputError(f"{source}: file is larger than {MAX_FILE_BYTES} bytes; is it the right file?")
-    loader = _StrictLoader(text)
+    loader = None
     try:
+        loader = _StrictLoader(text)
         data = loader.get_single_data()
         if _expanded_size(data, {}) > MAX_EXPANDED_NODES:
             raise yaml.YAMLError(
@@ -90,7 +91,8 @@ def load_yaml_text(text: str, source: str) -> Any:
     except (yaml.YAMLError, RecursionError, ValueError, OverflowError) as exc:
         raise InputError(f"{source}: invalid YAML: {exc}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:

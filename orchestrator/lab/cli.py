@@ -12,6 +12,7 @@ import click
 from orchestrator.lab import faults as lab_faults
 from orchestrator.lab import lab as lab_core
 from orchestrator.lab.identity import LabError, LabIdentity
+from orchestrator.lab.node import node_exec
 from orchestrator.lab.topology import TOPOLOGIES, parse_ports
 
 
@@ -111,6 +112,23 @@ def status(as_json: bool) -> None:
             click.echo(f"      {name:16} {state}")
     click.echo("faults: " + (", ".join(lab_faults.describe(f) for f in info["faults"])
                              or "none"))
+
+
+@lab.command(name="exec", context_settings={"ignore_unknown_options": True})
+@click.argument("node")
+@click.option("--user", default=None, help="run as this user (default root)")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_command(node: str, user: str | None, argv: tuple[str, ...]) -> None:
+    """Run a command inside a node: `lab exec spark-a -- ip -br addr`."""
+    try:
+        result = node_exec(_ident(), node, list(argv), check=False, user=user,
+                           input_text=None if sys.stdin.isatty() else sys.stdin.read())
+    except LabError as err:
+        _fail(err)
+        return
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    sys.exit(result.returncode)
 
 
 lab.add_command(lab_faults.fault)

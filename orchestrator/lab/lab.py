@@ -125,6 +125,7 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
     procs = {node.name: start_node(ident, node.name) for node in plan.nodes}
     for name, proc in procs.items():
         wait_ready(ident, name, proc)
+    network.wait_carrier(ident, plan)
     known_hosts = ssh_dir / "known_hosts"
     known_hosts.write_text("".join(f"{ident.mgmt_address(n.index)} {host_keys[n.name]}\n"
                                    for n in plan.nodes))

@@ -7,6 +7,7 @@ their /usr (lower layers: this tree, then the host's /usr), so netplan runs at i
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import shutil
 import subprocess
 import tempfile
@@ -26,19 +27,23 @@ PACKAGES = (
     "python3-mdurl",
     "python3-pygments",
     "python3-typing-extensions",
+    "iputils-ping",  # not on a minimal Debian host; every Spark has it
 )
-NETPLAN_ROOT = CACHE_DIR / "netplan" / "root"
-_MARKER = CACHE_DIR / "netplan" / "complete"
+# Versioned by the package list: running labs keep their overlay lower layer untouched when a
+# newer lab needs a different set.
+_VERSION = hashlib.sha256(" ".join(PACKAGES).encode()).hexdigest()[:12]
+NETPLAN_ROOT = CACHE_DIR / "netplan" / f"root-{_VERSION}"
+_MARKER = CACHE_DIR / "netplan" / f"complete-{_VERSION}"
 
 
 def netplan_root() -> Path:
     """The extracted tree (its usr/ is a lower layer of each node's /usr); fetch it if needed."""
-    if _MARKER.exists():
+    if _extracted():
         return NETPLAN_ROOT
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     with open(CACHE_DIR / "netplan.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # several labs may start at once
-        if not _MARKER.exists():
+        if not _extracted():
             _download_and_extract()
     return NETPLAN_ROOT
 
@@ -57,23 +62,28 @@ def _download_and_extract() -> None:
     staging = Path(tempfile.mkdtemp(prefix="root.", dir=NETPLAN_ROOT.parent))
     for deb in sorted(debs_dir.glob("*.deb")):
         subprocess.run(["dpkg-deb", "-x", str(deb), str(staging)], check=True)
-    _merge_lib_into_usr(staging)
-    if NETPLAN_ROOT.exists():
+    _merge_into_usr(staging)
+    if NETPLAN_ROOT.exists():  # a half-finished earlier attempt, never a lower layer in use
         shutil.rmtree(NETPLAN_ROOT)
     staging.rename(NETPLAN_ROOT)
-    _MARKER.write_text("netplan.io 0.106 extracted\n")
+    _MARKER.write_text("extracted: " + " ".join(PACKAGES) + "\n")
 
 
-def _merge_lib_into_usr(root: Path) -> None:
-    """Debian 12 is merged-/usr (/lib -> usr/lib): move the debs' /lib files under usr/lib."""
-    lib = root / "lib"
-    if not lib.is_dir() or lib.is_symlink():
-        return
-    for path in sorted(lib.rglob("*")):
-        target = root / "usr" / "lib" / path.relative_to(lib)
-        if path.is_dir() and not path.is_symlink():
-            target.mkdir(parents=True, exist_ok=True)
-        elif not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            path.rename(target)
-    shutil.rmtree(lib)
+def _extracted() -> bool:
+    return _MARKER.exists()
+
+
+def _merge_into_usr(root: Path) -> None:
+    """Debian 12 is merged-/usr (/lib -> usr/lib, /bin -> usr/bin): move the debs' files."""
+    for top in ("lib", "bin", "sbin"):
+        src = root / top
+        if not src.is_dir() or src.is_symlink():
+            continue
+        for path in sorted(src.rglob("*")):
+            target = root / "usr" / top / path.relative_to(src)
+            if path.is_dir() and not path.is_symlink():
+                target.mkdir(parents=True, exist_ok=True)
+            elif not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                path.rename(target)
+        shutil.rmtree(src)

@@ -5,7 +5,9 @@ Every device the lab makes on the host is named with the lab prefix (`sparklab<I
 
 from __future__ import annotations
 
+import json
 import subprocess
+import time
 from collections.abc import Sequence
 
 from orchestrator.lab.identity import MGMT_INTERFACE, LabError, LabIdentity
@@ -78,6 +80,23 @@ def create_fabric(ident: LabIdentity, plan: LabPlan) -> None:
     for node in plan.nodes:
         ns = ident.netns(node.name)
         ip_batch([f"link set {iface} up" for iface in node.cabled + node.uncabled], netns=ns)
+
+
+def wait_carrier(ident: LabIdentity, plan: LabPlan, timeout: float = 10.0) -> None:
+    """Carrier changes reach operstate asynchronously (linkwatch): wait until cables are UP."""
+    deadline = time.monotonic() + timeout
+    pending = {n.name: set(n.cabled) for n in plan.nodes}
+    while pending and time.monotonic() < deadline:
+        for node in list(pending):
+            out = run(["ip", "-n", ident.netns(node), "-j", "link", "show"])
+            up = {link["ifname"] for link in json.loads(out) if link.get("operstate") == "UP"}
+            pending[node] -= up
+            if not pending[node]:
+                del pending[node]
+        if pending:
+            time.sleep(0.05)
+    if pending:
+        raise LabError(f"fabric links did not come up: {pending}", 1)
 
 
 def _create_switch(ident: LabIdentity, plan: LabPlan, per_ns: dict[str, list[str]]) -> None:

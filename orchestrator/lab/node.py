@@ -40,6 +40,9 @@ mount -o remount,bind,ro /sys
 mount --bind /proc/sys /proc/sys
 mount -o remount,bind,ro /proc/sys
 mount --bind /proc/sys/net /proc/sys/net
+mount -o remount,bind,rw /proc/sys/net
+# as systemd's 50-default.conf does on Ubuntu: unprivileged ping (per network namespace)
+echo "0 2147483647" > /proc/sys/net/ipv4/ping_group_range
 # /var last: the lab's state dir lives under the host's /var
 ov /var var
 hostname {node}

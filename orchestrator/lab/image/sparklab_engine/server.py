@@ -1,0 +1,254 @@
+"""The OpenAI-compatible HTTP side of the simulated trtllm-serve (stdlib ThreadingHTTPServer)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .common import lab_config, trt_log
+from .llm_args import draft_model
+
+WORDS = ("the", "city", "light", "river", "bread", "museum", "evening", "streets", "art",
+         "history", "cafe", "people", "walk", "bridge", "market", "music", "quiet", "old",
+         "garden", "view", "and", "of", "with", "a", "is", "beautiful", "because", "its",
+         "many", "small", "squares", "wine")
+
+
+class EngineState:
+    def __init__(self, cli: dict, options: dict) -> None:
+        self.model = cli["model"]
+        self.options = options
+        self.ready = False
+        self.leader = None
+        self.spec = options.get("speculative_config") or {}
+        self.collect_stats = bool(options.get("enable_iter_perf_stats"))
+        self.stats: list[dict] = []
+        self.stats_lock = threading.Lock()
+        self.iteration = 0
+        self.iter_ms = float(lab_config()["ms_per_iteration"])
+
+    def healthy(self) -> bool:
+        return self.ready and not (self.leader and self.leader.dead)
+
+    def generate(self, prompt: str, max_tokens: int) -> list[str]:
+        """Deterministic tokens from the prompt; one rendezvous step per request."""
+        if self.leader:
+            self.leader.forward()
+        seed = hashlib.sha256(prompt.encode()).digest()
+        tokens = [WORDS[hashlib.sha256(seed + i.to_bytes(4, "big")).digest()[0] % len(WORDS)]
+                  for i in range(max_tokens)]
+        draft_len = int(self.spec.get("max_draft_len") or 0) if draft_model(self.spec) or \
+            self.spec.get("decoding_type") in ("MTP", "NGram") else 0
+        done = 0
+        while done < len(tokens):
+            accepted = seed[done % 32] % (draft_len + 1) if draft_len else 0
+            step = min(accepted + 1, len(tokens) - done)
+            done += step
+            time.sleep(self.iter_ms / 1000)
+            self.record(draft_len, accepted)
+        return tokens
+
+    def record(self, draft_len: int, accepted: int) -> None:
+        if not self.collect_stats:
+            return
+        with self.stats_lock:
+            self.iteration += 1
+            entry: dict = {"iter": self.iteration, "iterLatencyMS": self.iter_ms,
+                           "numActiveRequests": 1, "numNewActiveRequests": 0,
+                           "gpuMemUsage": 0, "cpuMemUsage": 0, "pinnedMemUsage": 0,
+                           "timestamp": time.strftime("%m-%d-%Y %H:%M:%S")}
+            if draft_len:
+                entry["specDecodingStats"] = {
+                    "numDraftTokens": draft_len, "numAcceptedTokens": accepted,
+                    "numRequestsWithDraftTokens": 1, "acceptanceLength": accepted + 1.0,
+                    "iterLatencyMS": self.iter_ms, "draftOverhead": 0.1}
+            self.stats.append(entry)
+            del self.stats[:-1000]
+
+    def drain(self) -> list[dict]:
+        with self.stats_lock:
+            out, self.stats = self.stats, []
+            return out
+
+
+def prompt_of(body: dict, chat: bool) -> str:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages: Field required")
+        parts = []
+        for m in messages:
+            content = m.get("content", "") if isinstance(m, dict) else ""
+            if isinstance(content, list):
+                content = " ".join(str(c.get("text", "")) for c in content if isinstance(c, dict))
+            parts.append(f"{m.get('role', 'user')}: {content}")
+        return "\n".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        prompt = " ".join(map(str, prompt))
+    if not isinstance(prompt, str):
+        raise ValueError("prompt: Field required")
+    return prompt
+
+
+class Handler(BaseHTTPRequestHandler):
+    state: EngineState
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        pass
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        phrase = self.responses.get(int(code), ("",))[0] if str(code).isdigit() else ""
+        print(f'INFO:     {self.client_address[0]}:{self.client_address[1]} - "{self.command} '
+              f'{self.path} HTTP/1.1" {code} {phrase}', file=sys.stderr, flush=True)
+
+    def send_json(self, code: int, payload: object) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_error_json(self, code: int, message: str) -> None:
+        kinds = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
+        self.send_json(code, {"object": "error", "message": message,
+                              "type": kinds.get(code, "InternalServerError"), "param": None,
+                              "code": code})
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        st = self.state
+        if path == "/health":
+            self.send_response(200 if st.healthy() else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif path == "/health_generate":
+            try:
+                if not st.healthy():
+                    raise RuntimeError("engine not ready")
+                st.generate("health", 1)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            except Exception as exc:
+                self.send_error_json(503, f"health_generate failed: {exc}")
+        elif path == "/v1/models":
+            self.send_json(200, {"object": "list", "data": [
+                {"id": st.model, "object": "model", "created": int(time.time()),
+                 "owned_by": "tensorrt_llm"}]})
+        elif path == "/metrics":
+            self.send_json(200, st.drain())
+        elif path == "/version":
+            self.send_json(200, {"version": "1.3.0rc12-sparklab"})
+        else:
+            self.send_json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        path = self.path.split("?")[0]
+        if path not in ("/v1/completions", "/v1/chat/completions"):
+            self.send_json(404, {"detail": "Not Found"})
+            return
+        chat = path.endswith("chat/completions")
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("body must be a JSON object")
+            prompt = prompt_of(body, chat)
+            max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 64)
+        except (ValueError, TypeError) as exc:
+            self.send_error_json(400, str(exc))
+            return
+        if not self.state.healthy():
+            self.send_error_json(503, "The engine is not ready or an executor worker died")
+            return
+        try:
+            tokens = self.state.generate(prompt, max_tokens)
+        except Exception as exc:
+            trt_log("E", f"Request failed: {exc}")
+            self.send_error_json(500, f"Executor worker failed: {exc}")
+            return
+        self.reply(body, chat, prompt, tokens)
+
+    def reply(self, body: dict, chat: bool, prompt: str, tokens: list[str]) -> None:
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        model = body.get("model") or self.state.model
+        usage = {"prompt_tokens": len(prompt.split()) + (4 if chat else 0),
+                 "completion_tokens": len(tokens)}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        obj = "chat.completion" if chat else "text_completion"
+        text = " ".join(tokens)
+        if not body.get("stream"):
+            choice: dict = {"index": 0, "logprobs": None, "finish_reason": "length",
+                            "stop_reason": None}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text,
+                                     "reasoning_content": None, "tool_calls": []}
+            else:
+                choice["text"] = text
+            self.send_json(200, {"id": rid, "object": obj, "created": created, "model": model,
+                                 "choices": [choice], "usage": usage})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+        def event(payload: object) -> None:
+            self.wfile.write(f"data: {json.dumps(payload)}\n\n".encode())
+            self.wfile.flush()
+
+        chunk_obj = obj + ".chunk" if chat else obj
+        for i, tok in enumerate([None, *tokens]):
+            piece = tok if i <= 1 else " " + (tok or "")
+            if chat:
+                delta = {"role": "assistant", "content": ""} if tok is None else \
+                    {"content": piece}
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            elif tok is None:
+                continue
+            else:
+                choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
+            event({"id": rid, "object": chunk_obj, "created": created, "model": model,
+                   "choices": [choice]})
+        last = {"index": 0, "logprobs": None, "finish_reason": "length", "stop_reason": None}
+        last.update({"delta": {}} if chat else {"text": ""})
+        event({"id": rid, "object": chunk_obj, "created": created, "model": model,
+               "choices": [last]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            event({"id": rid, "object": chunk_obj, "created": created, "model": model,
+                   "choices": [], "usage": usage})
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def shutdown_quietly(self) -> None:
+        threading.Thread(target=self.shutdown, daemon=True).start()
+        self.server_close()
+
+
+def start_http(state: EngineState, host: str, port: int) -> Server:
+    bind_host = "127.0.0.1" if host == "localhost" else host
+    handler = type("BoundHandler", (Handler,), {"state": state})
+    try:
+        server = Server((bind_host, port), handler)
+    except OSError as exc:
+        raise OSError(f"[Errno {exc.errno}] error while attempting to bind on address "
+                      f"('{bind_host}', {port}): {exc.strerror.lower()}") from None
+    print("INFO:     Started server process", file=sys.stderr, flush=True)
+    print("INFO:     Waiting for application startup.", file=sys.stderr, flush=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

@@ -1,0 +1,114 @@
+"""The simulated lab for end-to-end tests (root, Linux).
+
+`lab`: a 2-node b2b lab (SPARKLAB_ID from the environment, default 0), brought up once per
+session and torn down at the end; if a test module took it down, the next use brings it back.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+LAB_ID = int(os.environ.get("SPARKLAB_ID", "0"))
+
+
+def lab_cli(*args: str, lab_id: int = LAB_ID, check: bool = False,
+            timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """`sparkctl lab ARGS` for a given lab id (runs the module, so it works before the lead
+    mounts the group under sparkctl)."""
+    env = {**os.environ, "SPARKLAB_ID": str(lab_id)}
+    result = subprocess.run([sys.executable, "-m", "orchestrator.lab.cli", *args], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"lab {' '.join(args)} failed ({result.returncode}):\n"
+                             f"{result.stdout}\n{result.stderr}")
+    return result
+
+
+@dataclass
+class Lab:
+    lab_id: int
+    state_dir: Path
+    inventory: Path
+    nodes: list[str]
+    hosts: dict[str, str]
+    key: Path
+    known_hosts: Path
+    data: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, lab_id: int) -> Lab:
+        state_dir = Path(f"/var/lib/sparklab/{lab_id}")
+        inventory = state_dir / "inventory.yml"
+        data = yaml.safe_load(inventory.read_text())
+        return cls(lab_id, state_dir, inventory, [n["name"] for n in data["nodes"]],
+                   {n["name"]: n["host"] for n in data["nodes"]},
+                   Path(data["cluster"]["ssh_key"]), Path(data["cluster"]["known_hosts"]), data)
+
+    def exec(self, node: str, command: str | Sequence[str], *, check: bool = True,
+             user: str | None = None, input_text: str | None = None
+             ) -> subprocess.CompletedProcess[str]:
+        """Run a command inside a node (a string goes to sh -c)."""
+        from orchestrator.lab.node import node_exec
+
+        argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
+        return node_exec(self.lab_id, node, argv, check=check, user=user, input_text=input_text)
+
+    def ssh_argv(self, node: str, user: str = "nvidia") -> list[str]:
+        return ["ssh", "-i", str(self.key), "-o", f"UserKnownHostsFile={self.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+                "-o", "ConnectTimeout=10", f"{user}@{self.hosts[node]}"]
+
+    def ssh(self, node: str, command: str, *, user: str = "nvidia", check: bool = True,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([*self.ssh_argv(node, user), command], capture_output=True,
+                                text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"ssh {node} {command!r} exited {result.returncode}:\n"
+                                 f"{result.stdout}\n{result.stderr}")
+        return result
+
+    def cli(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+        return lab_cli(*args, lab_id=self.lab_id, check=check)
+
+    def healthy(self) -> bool:
+        from orchestrator.lab.identity import LabIdentity
+        from orchestrator.lab.node import recorded_pid
+
+        ident = LabIdentity(self.lab_id)
+        return self.inventory.exists() and all(
+            recorded_pid(ident.node_dir(n) / "pid") is not None for n in self.nodes)
+
+
+def require_lab_host() -> None:
+    if platform.system() != "Linux" or os.geteuid() != 0:
+        pytest.skip("the simulated lab needs root on Linux (network namespaces)")
+
+
+@pytest.fixture(scope="session")
+def lab_session() -> Iterator[list[Lab]]:
+    require_lab_host()
+    holder: list[Lab] = []
+    lab_cli("up", "--force", check=True)
+    holder.append(Lab.load(LAB_ID))
+    yield holder
+    lab_cli("down")
+
+
+@pytest.fixture
+def lab(lab_session: list[Lab]) -> Lab:
+    """The session's 2-node b2b lab, brought back if a test module took it down."""
+    current = lab_session[0]
+    if not current.healthy():
+        lab_cli("up", "--force", check=True)
+        lab_session[0] = current = Lab.load(LAB_ID)
+    return current
