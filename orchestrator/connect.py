@@ -8,6 +8,7 @@ differs from the pinned one is always refused. Only connection errors are retrie
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from orchestrator.transport import (
     SudoPassword,
     Transport,
     is_local_host,
+    trace_event,
 )
 
 KEEPALIVE_SECONDS = 15
@@ -135,10 +137,15 @@ def open_ssh(
             transport.set_keepalive(KEEPALIVE_SECONDS)
         return SSHTransport(node.name, connection, cluster.user, sudo_password, cluster.command_timeout)
 
+    started, opened = time.time(), False
     try:
-        return attempt()
+        transport = attempt()
+        opened = True
+        return transport
     except _Retryable as exc:
         raise TransportError(str(exc)) from None
+    finally:
+        trace_event("connect", node.name, started, time.time(), host=node.host, ok=opened)
 
 
 def connect_all(

@@ -102,7 +102,8 @@ def render_table(report: Report, show_diffs: bool = False, verbose: bool = False
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(stderr=False, highlight=False)
+    # Piped output (CI logs, `| less`) gets a wide table instead of rich's 80-column default.
+    console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 160)
     table = Table(title=f"sparkctl {report.command}", show_lines=False, expand=False)
     for column in ("node", "phase", "step", "status", "time", "message"):
         table.add_column(column, overflow="fold")

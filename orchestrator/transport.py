@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import json
+import os
 import select
 import socket
 import subprocess
@@ -22,6 +24,23 @@ from orchestrator.commands import join, sh_cmd
 from orchestrator.errors import CommandError, TransportError
 
 SUDO_PASSWORD_NEEDED = ("a password is required", "a terminal is required")
+TRACE_ENV = "SPARKCTL_TRACE"
+_trace_lock = threading.Lock()
+
+
+def trace_event(event: str, node: str, started: float, ended: float, **fields: object) -> None:
+    """Opt-in timing record for benchmarks: with $SPARKCTL_TRACE=path, append one JSON line.
+
+    Times are wall-clock (time.time()) so records of several processes line up. Never pass
+    stdin or other secrets here: only sizes, exit codes and the displayed command.
+    """
+    path = os.environ.get(TRACE_ENV)
+    if not path:
+        return
+    record = {"event": event, "node": node, "start": round(started, 6), "end": round(ended, 6),
+              "seconds": round(ended - started, 6), "pid": os.getpid(), **fields}
+    with _trace_lock, open(path, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
 
 
 @dataclass(frozen=True)
@@ -104,17 +123,32 @@ class _SudoMixin:
         data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
         limit = timeout if timeout is not None else self.default_timeout  # type: ignore[attr-defined]
         started = time.monotonic()
+        label = display or command
         wrapped, payload = self._command(command, sudo, data)
-        status, out, err = self._execute(wrapped, payload, limit)
+        status, out, err = self._traced(wrapped, payload, limit, label, sudo)
         if sudo and status != 0 and not self._needs_password and any(
             marker in err for marker in SUDO_PASSWORD_NEEDED
         ):
             self._needs_password = True
             wrapped, payload = self._command(command, sudo, data)
-            status, out, err = self._execute(wrapped, payload, limit)
+            status, out, err = self._traced(wrapped, payload, limit, label, sudo)
             if status != 0 and ("incorrect password" in err or "Sorry, try again" in err):
                 raise TransportError(f"{self.node}: sudo refused the password for {self.user}")
-        return Result(self.node, display or command, status, out, err, time.monotonic() - started)
+        return Result(self.node, label, status, out, err, time.monotonic() - started)
+
+    def _traced(self, command: str, stdin: bytes, timeout: float, label: str,
+                sudo: bool) -> tuple[int, str, str]:
+        """`_execute`, timed into $SPARKCTL_TRACE when set (one line per round trip)."""
+        if not os.environ.get(TRACE_ENV):
+            return self._execute(command, stdin, timeout)
+        started, status = time.time(), None
+        try:
+            status, out, err = self._execute(command, stdin, timeout)
+            return status, out, err
+        finally:
+            trace_event("command", self.node, started, time.time(), command=label[:200],
+                        sudo=sudo, exit=status, stdin_bytes=len(stdin),
+                        local=isinstance(self, LocalTransport))
 
 
 class LocalTransport(_SudoMixin):

@@ -146,6 +146,40 @@ def routes(addresses):
     return out
 
 
+def probes(request):
+    """Run read-only probe commands (pings, ssh, mpirun) at once, each with its own deadline.
+
+    In parallel so a dead link costs one timeout, not one per probe (netcheck sends these).
+    """
+    import threading
+
+    out = {}
+
+    def one(key, spec):
+        started = time.time()
+        result = run(spec["argv"], timeout=spec.get("timeout", 30))
+        result["seconds"] = round(time.time() - started, 3)
+        out[key] = result
+
+    threads = [threading.Thread(target=one, args=item) for item in sorted(request.items())]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return out
+
+
+def resolve(hosts):
+    """IPv4/IPv6 addresses each name resolves to on the node (an IP resolves to itself)."""
+    out = {}
+    for host in hosts:
+        try:
+            out[host] = sorted({info[4][0] for info in socket.getaddrinfo(host, None)})
+        except (OSError, UnicodeError):
+            out[host] = []
+    return out
+
+
 def take_lock(owner, stale_seconds):
     """mkdir is atomic: the first run to create the directory holds the lock."""
     base = "/var/lib/sparkctl"
@@ -194,8 +228,14 @@ def main():
         facts["disk"] = disk(request["disk"])
     if request.get("routes"):
         facts["routes"] = routes(request["routes"])
+    if request.get("resolve"):
+        facts["resolve"] = resolve(request["resolve"])
+    if request.get("python"):
+        facts["python"] = list(sys.version_info[:3])
     if request.get("users"):
         facts["users"] = {u: run(["id", u])["rc"] == 0 for u in request["users"]}
+    if request.get("probes"):
+        facts["probes"] = probes(request["probes"])
     for key, command in (request.get("commands") or {}).items():
         facts.setdefault("commands", {})[key] = run(command, timeout=request.get("timeout", 30), shell=True)
     json.dump(facts, sys.stdout)

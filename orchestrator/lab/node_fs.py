@@ -20,6 +20,7 @@ OVERLAID = ("etc", "usr", "opt", "home", "var")
 USER = "nvidia"
 DOCKERD_SHIM = "dockerd-shim"
 TOOLS_DIR = Path(__file__).parent / "node_tools"
+IMAGE_DIR = Path(__file__).parent / "image"
 SHIMS_DIR = Path(__file__).parent / "node_shims"
 SUPERVISOR = Path(__file__).parent / "node_supervisor.py"
 
@@ -57,6 +58,10 @@ def build_usr_layer(ident: LabIdentity) -> Path:
         shutil.copyfile(src, sbin_dir / src.name)
         os.chmod(sbin_dir / src.name, 0o755)
     shutil.copyfile(SUPERVISOR, lib_dir / SUPERVISOR.name)
+    # The simulated TensorRT-LLM image: only containers see it (the docker shim mounts it).
+    if IMAGE_DIR.is_dir():
+        shutil.copytree(IMAGE_DIR, lib_dir / "image", dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return layer
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks of sparkctl on the simulated lab: `make bench` / `python -m benchmarks.run`."""

@@ -1,0 +1,65 @@
+"""Run the sparkctl CLI in this process and record every remote command with its stdin.
+
+`python -m benchmarks.capture OUT.json -- up --inventory F --yes` behaves like `sparkctl up ...`
+and writes, per node and in order, the exact command strings sent (sudo wrapping included) and
+their stdin, base64. The floor benchmark replays them as one script per node.
+
+Lab use only: stdin holds the lab's cluster key, so OUT is written 0600 and should live in the
+lab's state dir (removed by `lab down`). The production trace ($SPARKCTL_TRACE) records no stdin.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator import transport as transport_module
+
+_records: list[dict[str, Any]] = []
+_lock = threading.Lock()
+
+
+def _wrap(cls: type) -> None:
+    original = cls._execute
+
+    def execute(self: Any, command: str, stdin: bytes, timeout: float) -> tuple[int, str, str]:
+        started = time.time()
+        status, out, err = original(self, command, stdin, timeout)
+        with _lock:
+            _records.append({"node": self.node, "start": started, "command": command,
+                             "stdin": base64.b64encode(stdin).decode(), "exit": status})
+        return status, out, err
+
+    cls._execute = execute
+
+
+def _dump(path: Path) -> None:
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for record in sorted(_records, key=lambda r: r["start"]):
+        by_node.setdefault(record["node"], []).append(record)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(by_node, handle)
+
+
+def main() -> None:
+    if len(sys.argv) < 3 or sys.argv[2] != "--":
+        sys.exit("usage: python -m benchmarks.capture OUT.json -- SPARKCTL-ARGS...")
+    out = Path(sys.argv[1])
+    _wrap(transport_module.SSHTransport)
+    _wrap(transport_module.LocalTransport)
+    atexit.register(_dump, out)
+    from orchestrator.cli import cli
+
+    cli(args=sys.argv[3:], prog_name="sparkctl")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The benchmark scenarios: each brings up its own lab(s) on one lab id and takes them down."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks import floor, staging
+from benchmarks.labctl import SPARKCTL, BenchError, Lab, Timed
+from benchmarks.stats import Measurement
+
+RECIPE = "qwen3-235b"  # two ranks: launch stages the model from the head to the peer
+DELAY_MS = 30.0
+
+
+@dataclass
+class Settings:
+    lab_id: int
+    runs: int
+    sizes: list[int]
+    model_bytes: int
+    engine_load_seconds: float
+    log: Callable[[str], None] = print
+
+
+@dataclass
+class Results:
+    rows: dict[str, Measurement] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def row(self, name: str, unit: str = "s", note: str = "") -> Measurement:
+        if name not in self.rows:
+            self.rows[name] = Measurement(name, unit, note=note)
+        return self.rows[name]
+
+    def add(self, name: str, timed: Timed, note: str = "") -> None:
+        """Record a sparkctl run: its wall time (None if it failed) and trace counts."""
+        row = self.row(name, note=note)
+        row.runs.append(timed.seconds if timed.ok else None)
+        row.connections = timed.trace.max_connections
+        row.commands = timed.trace.max_commands
+        if not timed.ok:
+            self.notes.append(f"{name}: sparkctl failed, {timed.failure()}")
+
+
+def read_host_keys(lab: Lab) -> dict[str, str]:
+    return {n: lab.exec(n, f"cat {floor.HOST_KEY}") for n in lab.node_names()}
+
+
+def bench_help(s: Settings, res: Results) -> None:
+    row = res.row("sparkctl --help", note="python start-up + click")
+    for _ in range(max(5, s.runs)):
+        started = time.perf_counter()
+        subprocess.run([SPARKCTL, "--help"], capture_output=True, check=True)
+        row.runs.append(time.perf_counter() - started)
+
+
+def bench_two_node(s: Settings, res: Results, workdir: Path) -> None:
+    """Fresh 2-node lab per run: cold up, no-change up, netcheck, launch, down; staging; floor."""
+    captures = {"cold": workdir / "capture-cold.json", "noop": workdir / "capture-noop.json"}
+    host_keys: dict[str, str] = {}
+    inventory: dict[str, object] = {}
+    for run in range(s.runs):
+        lab = Lab(s.lab_id, 2, "b2b", workdir)
+        s.log(f"two-node run {run + 1}/{s.runs}: lab up")
+        lab.up(s.engine_load_seconds, s.model_bytes)
+        try:
+            first = run == 0
+            cold = lab.sparkctl("up", "--yes", capture=captures["cold"] if first else None)
+            res.add("up cold, 2 nodes", cold)
+            if not cold.ok:
+                continue
+            if first:
+                host_keys, inventory = read_host_keys(lab), lab.inventory_data()
+            res.add("up no-change, 2 nodes",
+                    lab.sparkctl("up", "--yes", capture=captures["noop"] if first else None))
+            res.add("netcheck, 2 nodes", lab.sparkctl("netcheck"))
+            launch = lab.sparkctl("launch", RECIPE, "--yes", "--timeout", "300")
+            res.add(f"launch {RECIPE}, 2 nodes", launch,
+                    note=f"engine load {s.engine_load_seconds:g} s; incl. staging")
+            if launch.ok:
+                _staging(lab, launch, res)
+            res.add("down, 2 nodes", lab.sparkctl("down", "--yes"))
+        finally:
+            lab.down()
+    if not inventory:
+        res.notes.append("floor: not measured (the cold up never succeeded)")
+        return
+    for run in range(s.runs):
+        lab = Lab(s.lab_id, 2, "b2b", workdir)
+        s.log(f"floor run {run + 1}/{s.runs}")
+        lab.up(s.engine_load_seconds, s.model_bytes)
+        try:
+            data = lab.inventory_data()
+            _floor(res, "floor: up cold, 2 nodes", captures["cold"], data, host_keys)
+            _floor(res, "floor: up no-change, 2 nodes", captures["noop"], data)
+        finally:
+            lab.down()
+
+
+def _staging(lab: Lab, launch: Timed, res: Results) -> None:
+    head, peer = lab.node_names()[:2]
+    rate = staging.copy_rate(lab, launch, peer)
+    if rate is None:
+        res.notes.append("staging: launch copied nothing (was the model already there?)")
+    else:
+        mb_s, size, seconds = rate
+        res.row("staging copy head->peer (tar|ssh)", "MB/s",
+                note=f"{size / 2**20:.0f} MiB").runs.append(mb_s)
+        res.row("staging copy seconds", note=f"{size / 2**20:.0f} MiB").runs.append(seconds)
+    res.row("iperf3 raw TCP head->peer, fabric", "MB/s",
+            note="1 stream, 3 s").runs.append(staging.iperf(lab, head, peer))
+
+
+def _floor(res: Results, name: str, capture: Path, inventory: dict[str, object],
+           host_keys: dict[str, str] | None = None) -> None:
+    scripts = floor.scripts_from_capture(floor.load_capture(capture), inventory, host_keys)
+    result = floor.run_floor(scripts, inventory)
+    row = res.row(name, note="1 OpenSSH conn/node, 1 script")
+    row.runs.append(result.seconds)
+    row.connections, row.commands = 1, 1
+    if result.failed:
+        res.notes.append(f"{name}: replayed commands failed: {', '.join(result.failed)}")
+
+
+def bench_delay(s: Settings, res: Results, workdir: Path) -> None:
+    """No-change up with +30 ms on every node's management egress (node -> controller)."""
+    lab = Lab(s.lab_id, 2, "b2b", workdir)
+    s.log(f"delay: lab up, +{DELAY_MS:g} ms on eth0")
+    lab.up(s.engine_load_seconds, s.model_bytes)
+    capture = workdir / "capture-noop-delay.json"
+    label = f"+{DELAY_MS:g} ms"
+    try:
+        cold = lab.sparkctl("up", "--yes")
+        if not cold.ok:
+            raise BenchError(f"delay: cold up failed: {cold.failure()}")
+        base = lab.sparkctl("up", "--yes", capture=capture)
+        for node in lab.node_names():
+            lab.delay(node, "eth0", DELAY_MS)
+        res.row(f"ping controller->node, {label}", "ms",
+                note="checks the delay").runs.append(_ping_ms(lab))
+        for _ in range(s.runs):
+            res.add(f"up no-change, 2 nodes, {label}", lab.sparkctl("up", "--yes"))
+        data = lab.inventory_data()
+        for _ in range(s.runs):
+            _floor(res, f"floor: up no-change, 2 nodes, {label}", capture, data)
+        if base.ok:
+            _rtt_equivalents(res, label)
+    finally:
+        lab.restore_faults()
+        lab.down()
+
+
+def _rtt_equivalents(res: Results, label: str) -> None:
+    """(time with delay - time without) / delay = round trips on the critical path."""
+    pairs = {"sparkctl": ("up no-change, 2 nodes", f"up no-change, 2 nodes, {label}"),
+             "floor": ("floor: up no-change, 2 nodes", f"floor: up no-change, 2 nodes, {label}")}
+    for who, (plain, delayed) in pairs.items():
+        a, b = res.rows.get(plain), res.rows.get(delayed)
+        if a and b and a.value is not None and b.value is not None:
+            res.row(f"{who}: sequential RTTs seen ((delayed - plain) / {DELAY_MS:g} ms)", "RTT",
+                    note="measured").runs.append((b.value - a.value) / (DELAY_MS / 1000))
+
+
+def _ping_ms(lab: Lab) -> float | None:
+    host = lab.inventory_data()["nodes"][0]["host"]
+    out = subprocess.run(["ping", "-c", "3", "-i", "0.2", "-W", "2", host], capture_output=True,
+                         text=True, check=False).stdout
+    match = re.search(r"= [\d.]+/([\d.]+)/", out)
+    return float(match.group(1)) if match else None
+
+
+def bench_scale(s: Settings, res: Results, workdir: Path) -> None:
+    """Cold and no-change up on a switch topology of each size (one fresh lab per size)."""
+    for size in s.sizes:
+        lab = Lab(s.lab_id, size, "switch", workdir)
+        s.log(f"scale: {size} nodes (switch): lab up")
+        lab.up(s.engine_load_seconds, s.model_bytes)
+        capture = workdir / f"capture-noop-{size}.json"
+        try:
+            cold = lab.sparkctl("up", "--yes")
+            res.add(f"up cold, {size} nodes", cold, note="switch; 1 run (fresh lab)")
+            if not cold.ok:
+                continue
+            for run in range(s.runs):
+                res.add(f"up no-change, {size} nodes",
+                        lab.sparkctl("up", "--yes", capture=capture if run == 0 else None))
+            data = lab.inventory_data()
+            for _ in range(s.runs):
+                _floor(res, f"floor: up no-change, {size} nodes", capture, data)
+        finally:
+            lab.down()

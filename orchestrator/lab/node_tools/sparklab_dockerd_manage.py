@@ -1,0 +1,264 @@
+"""Commands that act on containers and images: exec, cp, stop/kill, start, rm, pull, images."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+
+from sparklab_dockerd_query import cmd_inspect, render, running
+from sparklab_dockerd_run import env_entries, split_flags, start_container
+from sparklab_dockerd_state import (
+    DEFAULT_PATH,
+    IMAGES,
+    DockerError,
+    alive,
+    all_containers,
+    cdir,
+    find,
+    image_record,
+    lock,
+    pull,
+    remove_dir,
+)
+
+
+def cmd_exec(args: list[str]) -> int:
+    opts, rest = split_flags(args, {"-e", "--env", "-w", "--workdir", "-u", "--user",
+                                    "--env-file"},
+                             {"-d", "--detach", "-i", "--interactive", "-t", "--tty", "-it",
+                              "-ti", "--privileged", "-dit", "-di"}, "exec")
+    if len(rest) < 2:
+        raise DockerError('"docker exec" requires at least 2 arguments.\n'
+                          "See 'docker exec --help'.", 1)
+    c = find(rest[0])
+    pid = running(c, rest[0])
+    flags = {f for f, _ in opts}
+    env = dict(e.partition("=")[::2] for e in c["Config"]["Env"])
+    env.setdefault("HOME", "/root")
+    env.setdefault("HOSTNAME", os.uname().nodename)
+    env.update(dict(e.partition("=")[::2] for e in env_entries(opts)))
+    workdir = next((v for f, v in reversed(opts) if f in ("-w", "--workdir")), None)
+    workdir = workdir or c["sparklab"]["workdir"]
+    argv = ["nsenter", "-t", str(pid), "-m", "-p", f"--wd={workdir}", "--", *rest[1:]]
+    if not flags & {"-i", "--interactive", "-it", "-ti", "-dit", "-di"}:
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+    if flags & {"-d", "--detach", "-dit", "-di"}:
+        if os.fork():
+            return 0
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+    import shutil
+
+    resolved = next((f"{p}/{rest[1]}" for p in env.get("PATH", DEFAULT_PATH).split(":")
+                     if os.path.isfile(f"/proc/{pid}/root{p}/{rest[1]}")), None)
+    if "/" not in rest[1] and resolved is None:
+        raise DockerError(f"OCI runtime exec failed: exec failed: unable to start container "
+                          f'process: exec: "{rest[1]}": executable file not found in $PATH: '
+                          "unknown", 126)
+    os.execve(shutil.which("nsenter") or "/usr/bin/nsenter", argv, env)
+    return 0
+
+
+def cmd_cp(args: list[str]) -> int:
+    import io
+    import subprocess
+    import tarfile
+
+    _, rest = split_flags(args, set(), {"-a", "--archive", "-L", "--follow-link", "-q"}, "cp")
+    if len(rest) != 2:
+        raise DockerError('"docker cp" requires exactly 2 arguments.', 1)
+    src, dst = rest
+    into = ":" in dst.split("/")[0]
+    ref, _, cpath = (dst if into else src).partition(":")
+    if (":" in src.split("/")[0]) == into:
+        raise DockerError("sparklab: docker cp copies between a container and the node: "
+                          "exactly one of SRC/DST must be NAME:PATH", 1)
+    c = find(ref)
+    pid = running(c, ref)
+    enter = ["nsenter", "-t", str(pid), "-m", "--"]
+    if into:
+        if not os.path.exists(src):
+            raise DockerError(f'lstat {src}: no such file or directory', 1)
+        isdir = subprocess.run([*enter, "test", "-d", cpath]).returncode == 0
+        parent, name = (cpath, os.path.basename(src.rstrip("/"))) if isdir else \
+            os.path.split(cpath.rstrip("/"))
+        data = io.BytesIO()
+        with tarfile.open(fileobj=data, mode="w") as tar:
+            tar.add(src, arcname=name)
+        res = subprocess.run([*enter, "tar", "-x", "-C", parent or "/", "-f", "-"],
+                             input=data.getvalue(), capture_output=True)
+        if res.returncode:
+            raise DockerError(f"Error response from daemon: Could not find the file {parent} "
+                              f"in container {ref}", 1)
+        return 0
+    parent, name = os.path.split(cpath.rstrip("/"))
+    res = subprocess.run([*enter, "tar", "-c", "-C", parent or "/", "-f", "-", name],
+                         capture_output=True)
+    if res.returncode:
+        raise DockerError(f"Error response from daemon: Could not find the file {cpath} in "
+                          f"container {ref}", 1)
+    target_parent, target = (dst, name) if os.path.isdir(dst) else os.path.split(dst)
+    with tarfile.open(fileobj=io.BytesIO(res.stdout)) as tar:
+        for member in tar.getmembers():
+            member.name = target + member.name[len(name):]
+        tar.extractall(target_parent or ".")  # our own archive of one path
+    return 0
+
+
+def stop_one(c: dict, timeout: float) -> None:
+    if not c["State"].get("Running"):
+        return
+    pid, monitor_pid = c["State"]["Pid"], c["State"].get("MonitorPid")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if alive(pid):
+        # unshare only reports "failed" when PID 1 dies of a signal: leave a note for monitor().
+        with open(cdir(c["Id"]) + "/killed", "w") as f:
+            f.write(str(int(signal.SIGKILL)))
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(monitor_pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def cmd_stop(args: list[str], kill: bool = False) -> int:
+    opts, rest = split_flags(args, {"-t", "--time", "--timeout", "-s", "--signal"}, set(),
+                             "kill" if kill else "stop")
+    timeout = float(next((v for f, v in reversed(opts) if f in ("-t", "--time", "--timeout")),
+                         10) or 10)
+    code = 0
+    for ref in rest:
+        try:
+            c = find(ref)
+            if kill and not c["State"].get("Running"):
+                raise DockerError(f"Error response from daemon: cannot kill container: {ref}: "
+                                  f"container {c['Id']} is not running", 1)
+            stop_one(c, 0 if kill else timeout)
+            print(ref)
+        except DockerError as exc:
+            print(exc, file=sys.stderr)
+            code = 1
+    return code
+
+
+def cmd_start(args: list[str]) -> int:
+    _, rest = split_flags(args, set(), {"-a", "--attach", "-i"}, "start")
+    for ref in rest:
+        c = find(ref)
+        if c["State"].get("Running"):
+            print(ref)
+            continue
+        fd = lock()
+        try:
+            start_container(c["Id"], "start")
+        finally:
+            os.close(fd)
+    return 0
+
+
+def cmd_rm(args: list[str]) -> int:
+    opts, rest = split_flags(args, set(), {"-f", "--force", "-v", "--volumes", "-fv", "-vf"},
+                             "rm")
+    force = bool({f for f, _ in opts} & {"-f", "--force", "-fv", "-vf"})
+    code = 0
+    for ref in rest:
+        try:
+            c = find(ref)
+        except DockerError as exc:
+            print(exc, file=sys.stderr)
+            code = 1
+            continue
+        if c["State"].get("Running"):
+            if not force:
+                print(f'Error response from daemon: cannot remove container "{c["Name"]}": '
+                      "container is running: stop the container before removing or force "
+                      "remove", file=sys.stderr)
+                code = 1
+                continue
+            stop_one(c, 0)
+        remove_dir(c["Id"])
+        print(ref)
+    return code
+
+
+def cmd_image(args: list[str]) -> int:
+    sub, rest = (args[0], args[1:]) if args else ("ls", [])
+    if sub == "inspect":
+        return cmd_inspect(rest, "image")
+    if sub == "pull":
+        return cmd_pull(rest)
+    if sub in ("ls", "list"):
+        return cmd_images(rest)
+    raise DockerError(f"docker: 'image {sub}' is not a docker command (sparklab).", 1)
+
+
+def cmd_pull(args: list[str]) -> int:
+    _, rest = split_flags(args, {"--platform"}, {"-q", "--quiet", "-a"}, "pull")
+    if len(rest) != 1:
+        raise DockerError('"docker pull" requires exactly 1 argument.', 1)
+    rec = pull(rest[0], sys.stdout)
+    print(rec["RepoTags"][0])
+    return 0
+
+
+def cmd_images(args: list[str]) -> int:
+    opts, _ = split_flags(args, {"--format", "--filter", "-f"}, {"-q", "-a", "--digests"},
+                          "images")
+    fmt = next((v for f, v in reversed(opts) if f == "--format"), None)
+    try:
+        names = sorted(os.listdir(IMAGES))
+    except OSError:
+        names = []
+    recs = [r for r in (image_record(n[:-5].replace("+", "/")) for n in names
+                        if n.endswith(".json")) if r]
+    rows = [{"Repository": r["RepoTags"][0].rsplit(":", 1)[0],
+             "Tag": r["RepoTags"][0].rsplit(":", 1)[1], "ID": r["Id"][7:19],
+             "Digest": r["RepoDigests"][0].split("@")[1], "CreatedSince": "2 weeks ago",
+             "Size": "27GB"} for r in recs]
+    if fmt:
+        for row in rows:
+            print(render(fmt, row))
+        return 0
+    print(f"{'REPOSITORY':<45}{'TAG':<13}{'IMAGE ID':<15}{'CREATED':<14}SIZE")
+    for row in rows:
+        print(f"{row['Repository']:<45}{row['Tag']:<13}{row['ID']:<15}"
+              f"{row['CreatedSince']:<14}{row['Size']}")
+    return 0
+
+
+def cmd_version(args: list[str]) -> int:
+    info = {"Client": {"Version": "27.3.1-sparklab", "ApiVersion": "1.47"},
+            "Server": {"Version": "27.3.1-sparklab", "ApiVersion": "1.47",
+                       "Os": "linux", "Arch": "arm64", "Components": [
+                           {"Name": "sparklab simulated engine", "Version": "1"}]}}
+    if "--format" in args or "-f" in args:
+        print(render(args[-1], info))
+    else:
+        print("Client: sparklab simulated docker\n Version:    27.3.1-sparklab\n"
+              "Server: sparklab dockerd-shim (no real containers)\n Version:    27.3.1-sparklab")
+    return 0
+
+
+def cmd_info(args: list[str]) -> int:
+    running_n = sum(1 for c in all_containers() if c["State"].get("Running"))
+    print(f"Containers: {len(all_containers())}\n Running: {running_n}\n"
+          f"Server Version: 27.3.1-sparklab\nRuntimes: sparklab nvidia\n"
+          f"Default Runtime: sparklab\nName: {os.uname().nodename}\n"
+          "Labels: sparklab simulation")
+    return 0
+
+
+def cmd_kill(args: list[str]) -> int:
+    return cmd_stop(args, kill=True)
+
+
+def cmd_rmi(args: list[str]) -> int:
+    return 0  # images cost nothing in the lab; keeping them mirrors a node that pulled once

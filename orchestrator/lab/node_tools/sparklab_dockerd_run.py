@@ -1,0 +1,279 @@
+"""`docker run`/`start`: option parsing, container records, the monitor that outlives the SSH session."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from sparklab_dockerd_state import (
+    DEFAULT_PATH,
+    SHIM,
+    DockerError,
+    caller_env,
+    cdir,
+    find,
+    image_dir,
+    image_record,
+    lock,
+    normalize_image,
+    now_iso,
+    pull,
+    read_json,
+    remove_dir,
+    set_state,
+    write_json,
+)
+
+RUN_VALUE_FLAGS = {"--name", "-e", "--env", "--env-file", "-v", "--volume", "--label", "-l",
+                   "--network", "--net", "--ulimit", "--device", "--gpus", "--ipc", "--shm-size",
+                   "--restart", "--entrypoint", "-w", "--workdir", "--user", "-u", "--hostname",
+                   "-h", "--pid", "--runtime", "--cap-add", "--security-opt", "--memory", "-m",
+                   "--cpus", "--log-driver", "--log-opt", "--stop-timeout", "--pull",
+                   "--platform", "--add-host", "-p", "--publish", "--tmpfs", "--stop-signal"}
+
+
+RUN_BOOL_FLAGS = {"-d", "--detach", "--rm", "-i", "--interactive", "-t", "--tty", "--privileged",
+                  "--init", "-it", "-dit", "-ti", "-di", "-id"}
+
+
+def split_flags(args: list[str], value_flags: set[str], bool_flags: set[str], cmd: str,
+                ) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """docker-style option parsing: options until the first positional argument."""
+    opts: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return opts, args[i + 1:]
+        if not a.startswith("-") or a == "-":
+            return opts, args[i:]
+        flag, eq, val = a.partition("=")
+        if flag in value_flags:
+            if not eq:
+                if flag.startswith("--") or len(a) == 2:
+                    i += 1
+                    if i >= len(args):
+                        raise DockerError(f"flag needs an argument: {flag}\n"
+                                          f"See 'docker {cmd} --help'.", 125)
+                    val = args[i]
+                else:  # -eFOO=bar
+                    flag, val = a[:2], a[2:]
+            opts.append((flag, val))
+        elif a in bool_flags:
+            opts.append((a, None))
+        elif len(a) > 2 and a[1] != "-" and a[:2] in value_flags:
+            opts.append((a[:2], a[2:]))
+        else:
+            raise DockerError(f"unknown flag: {flag}\nSee 'docker {cmd} --help'.", 125)
+        i += 1
+    return opts, []
+
+
+def env_entries(opts: list[tuple[str, str | None]]) -> list[str]:
+    env: list[str] = []
+    for flag, val in opts:
+        if flag in ("-e", "--env") and val is not None:
+            if "=" in val:
+                env.append(val)
+            elif val in caller_env():
+                env.append(f"{val}={caller_env()[val]}")
+        elif flag == "--env-file" and val is not None:
+            try:
+                with open(val) as f:
+                    lines = f.read().splitlines()
+            except OSError as exc:
+                raise DockerError(f"docker: open {val}: {exc.strerror.lower()}.", 125) from exc
+            for line in lines:
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    env.append(line if "=" in line else f"{line}={caller_env().get(line, '')}")
+    return env
+
+
+def parse_volume(spec: str) -> dict:
+    parts = spec.split(":")
+    if len(parts) < 2 or len(parts) > 3 or not parts[1].startswith("/"):
+        raise DockerError(f"docker: Error response from daemon: invalid volume specification: "
+                          f"'{spec}'.\nSee 'docker run --help'.", 125)
+    if not parts[0].startswith("/"):
+        raise DockerError(f"docker: sparklab: named volume '{parts[0]}' is not supported "
+                          "(use an absolute host path).", 125)
+    mode = parts[2] if len(parts) == 3 else "rw"
+    return {"Type": "bind", "Source": os.path.normpath(parts[0]),
+            "Destination": os.path.normpath(parts[1]), "Mode": mode, "RW": "ro" not in mode,
+            "Propagation": "rprivate"}
+
+
+def cmd_run(args: list[str]) -> int:
+    import secrets
+
+    opts, rest = split_flags(args, RUN_VALUE_FLAGS, RUN_BOOL_FLAGS, "run")
+    flags = {f for f, _ in opts}
+    if not rest:
+        raise DockerError('docker: "docker run" requires at least 1 argument.\n'
+                          "See 'docker run --help'.", 125)
+    if not flags & {"-d", "--detach", "-dit", "-di", "-id"}:
+        raise DockerError("docker: sparklab: only detached runs (-d) are supported.", 125)
+    ref, cmd = rest[0], rest[1:]
+    name_opt = [v for f, v in opts if f == "--name"]
+    env = env_entries(opts)
+    labels = dict((v or "").partition("=")[::2] for f, v in opts if f in ("--label", "-l"))
+    mounts = [parse_volume(v or "") for f, v in opts if f in ("-v", "--volume")]
+    entrypoint = next((v for f, v in reversed(opts) if f == "--entrypoint"), None)
+    workdir = next((v for f, v in reversed(opts) if f in ("-w", "--workdir")), None) or "/"
+    network = next((v for f, v in reversed(opts) if f in ("--network", "--net")), "default")
+    image_name = normalize_image(ref)
+    fd = lock()
+    try:
+        name = name_opt[-1] if name_opt else None
+        if name:
+            try:
+                other = find(name)
+                raise DockerError(
+                    f'docker: Error response from daemon: Conflict. The container name "/{name}" '
+                    f'is already in use by container "{other["Id"]}". You have to remove (or '
+                    "rename) that container to be able to reuse that name.\n"
+                    "See 'docker run --help'.", 125)
+            except DockerError as exc:
+                if exc.code == 125:
+                    raise
+        image = image_record(image_name)
+        if image is None:
+            print(f"Unable to find image '{ref}' locally", file=sys.stderr)
+            try:
+                image = pull(ref, sys.stderr)
+            except DockerError as exc:
+                raise DockerError(f"docker: {exc}.\nSee 'docker run --help'.", 125) from exc
+        argv = ([entrypoint] if entrypoint else []) + (cmd or ([] if entrypoint else ["/bin/bash"]))
+        cid = secrets.token_hex(32)
+        name = name or f"sparklab_{cid[:8]}"
+        d = cdir(cid)
+        os.makedirs(d + "/root", mode=0o700)
+        config = {
+            "Id": cid, "Created": now_iso(), "Path": argv[0], "Args": argv[1:],
+            "Name": "/" + name, "Image": image["Id"], "Driver": "overlay2",
+            "Config": {"Hostname": os.uname().nodename, "Image": ref,
+                       "Env": [f"PATH={DEFAULT_PATH}", *env], "Cmd": cmd or None,
+                       "Entrypoint": [entrypoint] if entrypoint else None,
+                       "WorkingDir": workdir if workdir != "/" else "", "Labels": labels},
+            "HostConfig": {"NetworkMode": network, "Binds": [v for f, v in opts
+                                                             if f in ("-v", "--volume")],
+                           "AutoRemove": "--rm" in flags, "Privileged": "--privileged" in flags,
+                           "RestartPolicy": {"Name": next((v for f, v in opts
+                                                           if f == "--restart"), "no")},
+                           "IpcMode": next((v for f, v in opts if f == "--ipc"), "private"),
+                           "ShmSize": next((v for f, v in opts if f == "--shm-size"), "64m"),
+                           "Ulimits": [v for f, v in opts if f == "--ulimit"],
+                           "Devices": [v for f, v in opts if f == "--device"],
+                           "DeviceRequests": [v for f, v in opts if f == "--gpus"]},
+            "Mounts": mounts,
+            "sparklab": {"argv": argv, "workdir": workdir, "image_dir": image_dir(),
+                         "image_name": image_name},
+        }
+        write_json(d + "/config.json", config)
+        write_json(d + "/state.json", {"Status": "created", "Running": False, "Pid": 0,
+                                       "ExitCode": 0, "StartedAt": "0001-01-01T00:00:00Z",
+                                       "FinishedAt": "0001-01-01T00:00:00Z"})
+    finally:
+        os.close(fd)
+    return start_container(cid, "run")
+
+
+def start_container(cid: str, verb: str) -> int:
+    d = cdir(cid)
+    for marker in ("started", "init-error"):
+        if os.path.exists(f"{d}/{marker}"):
+            os.unlink(f"{d}/{marker}")
+    spawn_monitor(cid)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if os.path.exists(d + "/init-error"):
+            with open(d + "/init-error") as f:
+                msg = f.read().strip()
+            prefix = "docker: " if verb == "run" else ""
+            code = 127 if "not found" in msg else 126
+            raise DockerError(f"{prefix}Error response from daemon: failed to create task for "
+                              f"container: failed to create shim task: OCI runtime create "
+                              f"failed: {msg}: unknown.", code if verb == "run" else 1)
+        if os.path.exists(d + "/started") or not os.path.isdir(d):
+            break
+        if (read_json(d + "/state.json", {}) or {}).get("Status") == "exited":
+            break
+        time.sleep(0.01)
+    print(cid if verb == "run" else find(cid)["Name"][1:])
+    return 0
+
+
+def spawn_monitor(cid: str) -> None:
+    if os.fork():
+        os.wait()
+        return
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        monitor(cid)
+    finally:
+        os._exit(0)
+
+
+def monitor(cid: str) -> None:
+    import selectors
+    import subprocess
+
+    d = cdir(cid)
+    config = read_json(d + "/config.json")
+    assert isinstance(config, dict)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
+         "--propagation", "private", sys.executable, SHIM, "__container_init", cid],
+        stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+        env={"PATH": DEFAULT_PATH, "LIBMOUNT_UTAB": d + "/utab"})
+    os.close(out_w)
+    os.close(err_w)
+    pid = 0
+    while not pid and proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+                pid = int((f.read().split() or ["0"])[0])
+        except OSError:
+            break
+        time.sleep(0.002)
+    set_state(cid, Status="running", Running=True, Pid=pid, MonitorPid=os.getpid(),
+              ExitCode=0, StartedAt=now_iso(), FinishedAt="0001-01-01T00:00:00Z")
+    sel = selectors.DefaultSelector()
+    sel.register(out_r, selectors.EVENT_READ, "stdout")
+    sel.register(err_r, selectors.EVENT_READ, "stderr")
+    pending = {"stdout": b"", "stderr": b""}
+    with open(d + "/log", "a") as log:
+        while sel.get_map():
+            events = sel.select(timeout=1.0)
+            if not events and proc.poll() is not None:
+                break
+            for key, _ in events:
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fd)
+                    chunk = b"\n" if pending[key.data] else b""
+                lines = (pending[key.data] + chunk).split(b"\n")
+                pending[key.data] = lines.pop()
+                for line in lines:
+                    log.write(json.dumps({"log": line.decode(errors="replace") + "\n",
+                                          "stream": key.data, "time": now_iso()}) + "\n")
+                log.flush()
+    rc = proc.wait()
+    code = rc if rc >= 0 else 128 - rc
+    if os.path.exists(d + "/killed"):
+        with open(d + "/killed") as f:
+            code = 128 + int(f.read() or 9)
+        os.unlink(d + "/killed")
+    set_state(cid, Status="exited", Running=False, ExitCode=code, FinishedAt=now_iso())
+    config = read_json(d + "/config.json") or {}
+    if isinstance(config, dict) and config["HostConfig"].get("AutoRemove"):
+        remove_dir(cid)

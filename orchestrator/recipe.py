@@ -1,0 +1,278 @@
+"""Recipes: which model to serve across the cluster, and how (pydantic-validated YAML).
+
+A recipe names the model (and its speculative-decoding draft model), the parallelism, the
+trtllm-serve flags, the extra LLM API options and the memory settings. Built-in recipes live in
+orchestrator/recipes/*.yml; users pass their own as a file path. Everything that would make the
+server fail minutes into loading (a tp_size that is not the node count, an unknown decoding
+type, a missing draft model, more nodes than the inventory has) is refused here, before anything
+runs, with exit code 2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestrator.errors import InputError
+from orchestrator.inventory import Inventory
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+"""Where the container sees the node's Hugging Face cache (the container step mounts it)."""
+SPARK_MEMORY_GB = 128.0
+"""A DGX Spark's unified memory, shared by the CPU, the GPU and the page cache."""
+REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
+NEEDS_DRAFT = ("Eagle", "Eagle3", "DraftTarget")
+# Options sparkctl sets itself from typed recipe fields: setting them twice would be ambiguous.
+RESERVED_OPTIONS = ("speculative_config", "tensor_parallel_size", "max_num_tokens", "backend")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Speculative(_Model):
+    decoding_type: Literal["Eagle", "Eagle3", "DraftTarget", "MTP", "NGram"]
+    """TensorRT-LLM's speculative decoding type (PyTorch backend; `Eagle` is an alias of `Eagle3`)."""
+    max_draft_len: int = Field(ge=1, le=64)
+    """Tokens the draft proposes per step (NVIDIA's pages: 3 for Qwen3-235B, 5 for gpt-oss)."""
+    draft_model: str | None = Field(default=None, pattern=REPO_PATTERN)
+    """Hugging Face id of the draft model (required for Eagle, Eagle3 and DraftTarget)."""
+    draft_revision: str = Field(default="main", pattern=r"^[A-Za-z0-9._/-]{1,100}$")
+    """Branch, tag or commit of the draft model."""
+    draft_dir: str | None = Field(default=None, pattern=r"^/[A-Za-z0-9._/-]+$")
+    """Directory of the draft model inside the container; default: under the mounted HF cache
+    (so it survives container re-creation), /root/.cache/huggingface/drafts/<name>."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """More speculative_config fields (e.g. eagle3_one_model), passed through as they are."""
+
+    @model_validator(mode="after")
+    def _draft_when_needed(self) -> Speculative:
+        if self.decoding_type in NEEDS_DRAFT and not self.draft_model:
+            raise ValueError(
+                f"decoding_type {self.decoding_type} needs a draft model: set "
+                "speculative.draft_model to its Hugging Face id"
+            )
+        reserved = {"decoding_type", "max_draft_len", "speculative_model_dir", "speculative_model"}
+        clash = sorted(reserved & set(self.options))
+        if clash:
+            raise ValueError(f"speculative.options must not set {', '.join(clash)}: use the typed fields")
+        return self
+
+    @property
+    def draft_path(self) -> str | None:
+        if not self.draft_model:
+            return None
+        return self.draft_dir or f"{CONTAINER_HF_HOME}/drafts/{self.draft_model.split('/')[-1]}"
+
+
+class Memory(_Model):
+    weights_gb: float = Field(gt=0, le=4096)
+    """Size of the model's weights on disk (all shards), in GB: split across tp_size nodes."""
+    draft_gb: float = Field(default=0.0, ge=0, le=1024)
+    """Size of the draft model, in GB: counted whole on every node."""
+    kv_cache_fraction: float = Field(default=0.9, gt=0, le=1)
+    """kv_cache_config.free_gpu_memory_fraction: share of the memory left after loading that
+    the KV cache takes."""
+    runtime_gb: float = Field(default=6.0, ge=0, le=128)
+    """CUDA context, activations, CUDA graphs and the server process (rough)."""
+    system_reserve_gb: float = Field(default=8.0, ge=0, le=128)
+    """What the OS and page cache need to stay healthy on unified memory."""
+    parallel_weight_loading: bool = True
+    """False sets TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1 (NVIDIA's fix for OOM while loading)."""
+
+
+class Recipe(_Model):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
+    """Recipe name, as `sparkctl launch NAME` uses it."""
+    description: str = ""
+    model: str = Field(pattern=REPO_PATTERN)
+    """Hugging Face id of the model to serve."""
+    revision: str = Field(default="main", pattern=r"^[A-Za-z0-9._/-]{1,100}$")
+    """Branch, tag or commit of the model."""
+    tp_size: int = Field(default=1, ge=1, le=64)
+    """Tensor parallel size; must equal the number of nodes (one GPU per Spark)."""
+    nodes: int | None = Field(default=None, ge=1, le=64)
+    """Nodes the server spans (head first); default: tp_size."""
+    port: int = Field(default=8000, ge=1024, le=65535)
+    """Port trtllm-serve listens on, on the head (127.0.0.1 unless --host)."""
+    backend: Literal["pytorch"] = "pytorch"
+    max_num_tokens: int | None = Field(default=None, ge=1)
+    """trtllm-serve --max_num_tokens."""
+    speculative: Speculative | None = None
+    """Speculative decoding (the draft model and how it drafts)."""
+    memory: Memory
+    serve_args: list[str] = Field(default_factory=list)
+    """More trtllm-serve flags, verbatim (each item one argv word)."""
+    llm_api_options: dict[str, Any] = Field(default_factory=dict)
+    """More extra LLM API options (TensorRT-LLM field names), written to the YAML config."""
+    source: str = Field(default="<recipe>", exclude=True)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        if self.node_count != self.tp_size:
+            raise ValueError(
+                f"tp_size {self.tp_size} must equal the number of nodes {self.node_count}: "
+                "one GPU per Spark, and TensorRT-LLM needs tp_size == MPI world size"
+            )
+        clash = sorted(set(RESERVED_OPTIONS) & set(self.llm_api_options))
+        if clash:
+            raise ValueError(
+                f"llm_api_options must not set {', '.join(clash)}: use the recipe's own fields "
+                "(speculative, tp_size, max_num_tokens, backend)"
+            )
+        for flag in self.serve_args:
+            if flag.split("=")[0] in ("--host", "--port", "--tp_size", "--extra_llm_api_options",
+                                      "--config"):
+                raise ValueError(f"serve_args must not set {flag}: sparkctl sets it")
+        return self
+
+    @property
+    def node_count(self) -> int:
+        return self.nodes or self.tp_size
+
+    @property
+    def repos(self) -> list[tuple[str, str, str | None]]:
+        """(HF id, revision, local dir or None for the HF cache layout) of every model needed."""
+        out: list[tuple[str, str, str | None]] = [(self.model, self.revision, None)]
+        if self.speculative and self.speculative.draft_model:
+            out.append((self.speculative.draft_model, self.speculative.draft_revision,
+                        self.speculative.draft_path))
+        return out
+
+    def llm_api_config(self) -> dict[str, Any]:
+        """The extra LLM API options file's content (TensorRT-LLM field names)."""
+        config: dict[str, Any] = json.loads(json.dumps(self.llm_api_options))
+        kv = dict(config.get("kv_cache_config") or {})
+        kv.setdefault("free_gpu_memory_fraction", self.memory.kv_cache_fraction)
+        config["kv_cache_config"] = kv
+        if self.speculative:
+            spec: dict[str, Any] = {
+                "decoding_type": self.speculative.decoding_type,
+                "max_draft_len": self.speculative.max_draft_len,
+            }
+            if self.speculative.draft_path:
+                spec["speculative_model_dir"] = self.speculative.draft_path
+            spec.update(self.speculative.options)
+            config["speculative_config"] = spec
+        return config
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yml"))
+
+
+def load_recipe(name_or_path: str) -> Recipe:
+    """A built-in recipe by name, or a recipe file by path; errors name the file and key."""
+    from orchestrator.yamlio import load_yaml_mapping
+
+    path = Path(name_or_path).expanduser()
+    if not (path.suffix in (".yml", ".yaml") or "/" in name_or_path):
+        path = RECIPES_DIR / f"{name_or_path}.yml"
+        if not path.exists():
+            raise InputError(
+                f"no recipe named {name_or_path!r}; built in: {', '.join(builtin_names())} "
+                "(or pass the path of a recipe file)"
+            )
+    data = load_yaml_mapping(path, "recipe")
+    try:
+        return Recipe.model_validate({**data, "source": str(path)})
+    except ValidationError as exc:
+        raise InputError(_explain(path, exc)) from None
+
+
+def _explain(path: Path, exc: ValidationError) -> str:
+    lines = [f"{path}: invalid recipe:"]
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "literal_error":
+            message = f"{message} (got {error.get('input')!r})"
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+def check_against_inventory(recipe: Recipe, inventory: Inventory) -> None:
+    """Refuse (exit 2) a recipe this cluster cannot run."""
+    if recipe.node_count > len(inventory.nodes):
+        raise InputError(
+            f"recipe {recipe.name} needs {recipe.node_count} nodes (tp_size {recipe.tp_size}) but "
+            f"the inventory {inventory.source} has {len(inventory.nodes)}: "
+            f"{', '.join(n.name for n in inventory.nodes)}"
+        )
+
+
+def serving_nodes(recipe: Recipe, inventory: Inventory) -> list[str]:
+    """The nodes that hold a rank, in rank order (head first)."""
+    return [n.name for n in inventory.ordered_nodes()[: recipe.node_count]]
+
+
+def draft_dir_warning(recipe: Recipe) -> str | None:
+    path = recipe.speculative.draft_path if recipe.speculative else None
+    if path and not PurePosixPath(path).is_relative_to(CONTAINER_HF_HOME):
+        return (f"draft_dir {path} is outside the mounted HF cache: it lives in the container "
+                "and is downloaded again whenever the container is re-created")
+    return None
+
+
+def config_hash(recipe: Recipe, argv: list[str], config_text: str) -> str:
+    """What makes a running server the same server: relaunching an equal one is a no-op."""
+    canonical = json.dumps(
+        {"recipe": recipe.model_dump(mode="json"), "argv": argv, "config": config_text},
+        sort_keys=True,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+class MemoryEstimate(_Model):
+    """Per node, in GB, against a Spark's unified memory (a rough guide, said to be one)."""
+
+    weights_gb: float
+    draft_gb: float
+    runtime_gb: float
+    system_reserve_gb: float
+    kv_cache_gb: float
+    total_gb: float
+    free_after_kv_gb: float
+    fits: bool
+    verdict: Literal["fits", "tight", "does not fit"]
+    explanation: str
+
+
+def estimate_memory(recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
+    """Weights split by tp, the draft whole on each node, then the KV cache takes its fraction
+    of what is left after loading (that is how TensorRT-LLM sizes it)."""
+    memory = recipe.memory
+    weights = memory.weights_gb / recipe.tp_size
+    loaded = weights + memory.draft_gb + memory.runtime_gb
+    left = node_memory_gb - loaded
+    kv = max(0.0, left * memory.kv_cache_fraction)
+    free = left - kv
+    fits = left > memory.system_reserve_gb and free >= 0.5 * memory.system_reserve_gb
+    state: Literal["fits", "tight", "does not fit"] = "fits" if fits else "tight"
+    if left <= memory.system_reserve_gb:
+        state = "does not fit"
+        verdict = (f"does NOT fit: weights and runtime take {loaded:.1f} of {node_memory_gb:.0f} GB, "
+                   f"leaving {left:.1f} GB (the OS needs ~{memory.system_reserve_gb:.0f} GB); "
+                   "use more nodes or a smaller model")
+    elif not fits:
+        verdict = (f"tight: the KV cache fraction {memory.kv_cache_fraction} leaves only "
+                   f"{free:.1f} GB for the OS and page cache; lower memory.kv_cache_fraction")
+    else:
+        verdict = f"fits, with {free:.1f} GB left for the OS and page cache"
+    explanation = (
+        f"per node: weights {memory.weights_gb:g} GB / tp {recipe.tp_size} = {weights:.1f} GB, "
+        f"draft {memory.draft_gb:.1f} GB, runtime ~{memory.runtime_gb:.1f} GB -> {loaded:.1f} GB "
+        f"loaded; KV cache {memory.kv_cache_fraction:g} x {max(left, 0):.1f} GB left = {kv:.1f} GB; "
+        f"{verdict} (estimate against {node_memory_gb:.0f} GB unified memory)"
+    )
+    return MemoryEstimate(
+        weights_gb=round(weights, 2), draft_gb=memory.draft_gb, runtime_gb=memory.runtime_gb,
+        system_reserve_gb=memory.system_reserve_gb, kv_cache_gb=round(kv, 2),
+        total_gb=round(loaded + kv, 2), free_after_kv_gb=round(free, 2), fits=fits,
+        verdict=state, explanation=explanation,
+    )

@@ -1,0 +1,402 @@
+"""netcheck: faked facts and probe answers in, check results out."""
+
+from __future__ import annotations
+
+import copy
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from orchestrator.inventory import Inventory
+from orchestrator.inventory_checks import inventory_from_data
+from orchestrator.netcheck import (
+    SPARKCTL_NETPLAN,
+    CheckResult,
+    fabric_links,
+    facts_request,
+    run_node_checks,
+)
+from orchestrator.netcheck_container import check_image_digests, expected_env
+from orchestrator.netprobe import (
+    build_probes,
+    judge_latency,
+    judge_mpirun,
+    judge_ping,
+    judge_probes,
+    judge_ssh,
+    judge_throughput,
+    parse_ping,
+    throughput_links,
+)
+from orchestrator.report import Report
+from orchestrator.transport import Result
+
+IFS = ["enp1s0f1np1", "enP2p1s0f1np1"]
+ROCE = {"enp1s0f1np1": "rocep1s0f1", "enP2p1s0f1np1": "roceP2p1s0f1"}
+PING_OK = ("PING x\n\n--- x ping statistics ---\n3 packets transmitted, 3 received, 0% packet loss, "
+           "time 401ms\nrtt min/avg/max/mdev = 0.031/0.052/0.080/0.010 ms\n")
+PING_DEAD = "--- x ping statistics ---\n3 packets transmitted, 0 received, 100% packet loss, time 2040ms\n"
+
+
+def inventory(nodes: int = 2, **fabric: Any) -> Inventory:
+    data: dict[str, Any] = {
+        "cluster": {"name": "two-sparks", "ssh_key": "/k"},
+        "fabric": {"interfaces": IFS, "mtu": 9000, **fabric},
+        "nodes": [{"name": f"spark-{chr(97 + i)}", "host": f"h{i}"} for i in range(nodes)],
+    }
+    return inventory_from_data(data, "two-sparks.yml")
+
+
+def healthy_facts(inv: Inventory, name: str) -> dict[str, Any]:
+    node = inv.node(name)
+    assert node.addresses
+    env = [f"{k}={v}" for k, v in expected_env(inv).items()]
+    env.append("NCCL_IB_HCA=" + ",".join(ROCE[i] for i in IFS))
+    hostfile = "".join(f"{inv.fabric_address(n)} slots=1\n" for n in inv.ordered_nodes())
+    return {
+        "hostname": name,
+        "links": {
+            i: {"operstate": "UP", "up": True, "carrier": True, "mtu": 9000,
+                "addresses": [node.addresses[i]]} for i in IFS
+        } | {"eth0": {"operstate": "UP", "up": True, "carrier": True, "mtu": 1500,
+                      "addresses": ["10.0.0.2/24"]}},
+        "netplan": {SPARKCTL_NETPLAN: {"exists": True, "interfaces": list(IFS)},
+                    "/etc/netplan/50-cloud-init.yaml": {"exists": True, "interfaces": ["eth0"]}},
+        "ibdev2netdev": {"rc": 0, "devices": {i: {"device": ROCE[i], "state": "Up"} for i in IFS}},
+        "routes": {link.peer_ip: link.interface for link in fabric_links(inv) if link.node == name},
+        "containers": {inv.container.name: {
+            "Image": "sha256:" + "a" * 64, "State": {"Running": True, "Status": "running"},
+            "Config": {"Env": env}}},
+        "images": {inv.container.image: {"Id": "sha256:" + "a" * 64}},
+        "files": {"/etc/sparkctl/hostfile": {"exists": True, "content": hostfile},
+                  "/etc/sparkctl/ssh_config": {"exists": True}},
+        "commands": {f"ethtool:{i}": {"rc": 0, "out": "Settings:\n\tSpeed: 200000Mb/s\n", "err": ""}
+                     for i in IFS},
+    }
+
+
+def failures(results: list[CheckResult]) -> list[CheckResult]:
+    return [r for r in results if r.status == "fail"]
+
+
+def node_results(inv: Inventory, name: str, facts: dict[str, Any]) -> list[CheckResult]:
+    return run_node_checks(inv, inv.node(name), facts)
+
+
+# ---------------------------------------------------------------- links
+
+
+def test_b2b_links_cover_both_directions_on_each_twin() -> None:
+    links = fabric_links(inventory())
+    assert {(lk.node, lk.interface, lk.peer, lk.peer_ip) for lk in links} == {
+        ("spark-a", "enp1s0f1np1", "spark-b", "192.168.200.13"),
+        ("spark-a", "enP2p1s0f1np1", "spark-b", "192.168.201.13"),
+        ("spark-b", "enp1s0f1np1", "spark-a", "192.168.200.12"),
+        ("spark-b", "enP2p1s0f1np1", "spark-a", "192.168.201.12"),
+    }
+    assert len(throughput_links(inventory())) == 2
+
+
+def test_switch_links_every_pair() -> None:
+    inv = inventory(nodes=3)
+    assert len(fabric_links(inv)) == 3 * 2 * 2
+
+
+# ---------------------------------------------------------------- per-node checks
+
+
+def test_healthy_node_passes_everything() -> None:
+    inv = inventory()
+    results = node_results(inv, "spark-a", healthy_facts(inv, "spark-a"))
+    assert results and all(r.status == "pass" for r in results), [r for r in results if r.status != "pass"]
+    assert {r.check for r in results} >= {"interface", "speed", "address", "mtu", "netplan",
+                                          "twin-subnets", "route", "container", "container-env",
+                                          "hostfile"}
+
+
+def test_cut_cable_names_node_interface_and_cable() -> None:
+    inv = inventory()
+    facts = healthy_facts(inv, "spark-b")
+    facts["links"]["enp1s0f1np1"].update(operstate="DOWN", carrier=False)
+    facts["ibdev2netdev"]["devices"]["enp1s0f1np1"]["state"] = "Down"
+    [fail] = [r for r in failures(node_results(inv, "spark-b", facts)) if r.check == "interface"]
+    assert (fail.node, fail.interface) == ("spark-b", "enp1s0f1np1")
+    assert "cable" in fail.message and "Down" in fail.message and fail.fix
+
+
+def test_missing_and_admin_down_interfaces_fail() -> None:
+    inv = inventory()
+    facts = healthy_facts(inv, "spark-a")
+    del facts["links"]["enP2p1s0f1np1"]
+    facts["links"]["enp1s0f1np1"]["up"] = False
+    fails = {(r.check, r.interface) for r in failures(node_results(inv, "spark-a", facts))}
+    assert ("interface", "enP2p1s0f1np1") in fails and ("interface", "enp1s0f1np1") in fails
+
+
+def test_changed_address_fails_with_expected_and_found() -> None:
+    inv = inventory()
+    facts = healthy_facts(inv, "spark-b")
+    facts["links"]["enp1s0f1np1"]["addresses"] = ["192.168.200.99/24"]
+    [fail] = [r for r in failures(node_results(inv, "spark-b", facts)) if r.check == "address"]
+    assert fail.interface == "enp1s0f1np1"
+    assert "192.168.200.13/24" in fail.message and "192.168.200.99/24" in fail.message
+    assert "sparkctl up" in fail.fix
+
+
+def test_mtu_mismatch_fails() -> None:
+    inv = inventory()
+    facts = healthy_facts(inv, "spark-a")
+    facts["links"]["enP2p1s0f1np1"]["mtu"] = 1500
+    [fail] = [r for r in failures(node_results(inv, "spark-a", facts)) if r.check == "mtu"]
+    assert (fail.interface, fail.value, fail.threshold) == ("enP2p1s0f1np1", 1500, 9000)
+
+
+def test_slow_speed_warns() -> None:
+    inv = inventory()
+    facts = healthy_facts(inv, "spark-a")
+    facts["commands"]["ethtool:enp1s0f1np1"]["out"] = "\tSpeed: 100000Mb/s\n"
+    [warn] = [r for r in node_results(inv, "spark-a", facts) if r.status == "warn"]
+    assert (warn.check, warn.value) == ("speed", 100000)
+
+
+def test_other_netplan_file_fighting_warns() -> None:
+    inv = inventory()
+    facts = healthy_facts(inv, "spark-a")
+    facts["netplan"]["/etc/netplan/40-cx7.yaml"] = {"exists": True, "interfaces": ["enp1s0f1np1"]}
+    [warn] = [r for r in node_results(inv, "spark-a", facts) if r.status == "warn"]
+    assert warn.check == "netplan" and "40-cx7.yaml" in warn.message
+
+
+def test_twins_sharing_a_subnet_fail() -> None:
+    inv = inventory()
+    facts = healthy_facts(inv, "spark-a")
+    facts["links"]["enP2p1s0f1np1"]["addresses"] = ["192.168.200.14/24"]
+    checks = {r.check for r in failures(node_results(inv, "spark-a", facts))}
+    assert "twin-subnets" in checks
+
+
+def test_route_through_wrong_interface_fails() -> None:
+    inv = inventory()
+    facts = healthy_facts(inv, "spark-a")
+    facts["routes"]["192.168.201.13"] = "enp1s0f1np1"
+    [fail] = [r for r in failures(node_results(inv, "spark-a", facts)) if r.check == "route"]
+    assert (fail.peer, fail.interface, fail.value) == ("spark-b", "enP2p1s0f1np1", "enp1s0f1np1")
+
+
+def test_container_env_naming_a_down_interface_fails() -> None:
+    inv = inventory()
+    facts = healthy_facts(inv, "spark-b")
+    env = facts["containers"][inv.container.name]["Config"]["Env"]
+    env[:] = [e for e in env if not e.startswith("NCCL_SOCKET_IFNAME=")] + [
+        "NCCL_SOCKET_IFNAME=enp1s0f0np0"]
+    facts["links"]["enp1s0f0np0"] = {"operstate": "DOWN", "up": True, "carrier": False, "mtu": 1500,
+                                     "addresses": []}
+    [fail] = [r for r in failures(node_results(inv, "spark-b", facts)) if r.check == "container-env"]
+    assert fail.interface == "enp1s0f0np0" and "NCCL_SOCKET_IFNAME" in fail.message
+    assert "Socket operation on non-socket" in fail.message
+
+
+def test_container_env_differing_from_inventory_fails() -> None:
+    inv = inventory()
+    facts = healthy_facts(inv, "spark-a")
+    env = facts["containers"][inv.container.name]["Config"]["Env"]
+    env[:] = [e for e in env if not e.startswith("UCX_NET_DEVICES=")] + ["UCX_NET_DEVICES=enp1s0f1np1"]
+    [fail] = failures(node_results(inv, "spark-a", facts))
+    assert fail.check == "container-env" and "UCX_NET_DEVICES" in fail.message
+
+
+def test_stopped_container_fails_and_skips_env() -> None:
+    inv = inventory()
+    facts = healthy_facts(inv, "spark-a")
+    facts["containers"][inv.container.name]["State"] = {"Running": False, "Status": "exited",
+                                                        "ExitCode": 1}
+    results = node_results(inv, "spark-a", facts)
+    assert [r.check for r in failures(results)] == ["container"]
+    assert "docker logs" in failures(results)[0].fix
+
+
+def test_hostfile_with_management_addresses_fails() -> None:
+    inv = inventory()
+    facts = healthy_facts(inv, "spark-a")
+    facts["files"]["/etc/sparkctl/hostfile"]["content"] = "10.0.0.2 slots=1\n10.0.0.3 slots=1\n"
+    [fail] = failures(node_results(inv, "spark-a", facts))
+    assert fail.check == "hostfile" and "mpirun" in fail.message
+
+
+def test_image_digests_differ_fail_on_every_node_without_majority() -> None:
+    inv = inventory()
+    facts = {n.name: healthy_facts(inv, n.name) for n in inv.nodes}
+    assert all(r.status == "pass" for r in check_image_digests(inv, facts))
+    facts["spark-b"]["containers"][inv.container.name]["Image"] = "sha256:" + "b" * 64
+    results = check_image_digests(inv, facts)
+    assert [r.status for r in results] == ["fail", "fail"]
+    assert "spark-b -> sha256:bbbb" in results[0].message
+
+
+def test_facts_request_asks_routes_to_every_peer() -> None:
+    inv = inventory()
+    request = facts_request(inv, inv.node("spark-a"))
+    assert request["routes"] == ["192.168.200.13", "192.168.201.13"]
+    assert request["commands"]["ethtool:enp1s0f1np1"] == "ethtool enp1s0f1np1"
+
+
+# ---------------------------------------------------------------- probes
+
+
+def test_probes_use_the_right_interface_and_full_mtu() -> None:
+    inv = inventory()
+    probes = {p.key: p for p in build_probes(inv, inv.node("spark-a"), deep=True)}
+    mtu = probes["mtu-ping enp1s0f1np1>192.168.200.13"].argv
+    assert mtu[mtu.index("-s") + 1] == "8972" and mtu[mtu.index("-M") + 1] == "do"
+    assert mtu[mtu.index("-I") + 1] == "enp1s0f1np1"
+    ssh = probes["ssh-container enP2p1s0f1np1>192.168.201.13"].argv
+    assert ssh[ssh.index("exec") + 1:ssh.index("exec") + 5] == [
+        "trtllm-multinode", "ssh", "-F", "/etc/sparkctl/ssh_config"]
+    assert "mpirun" in probes and "latency enp1s0f1np1>192.168.200.13" in probes
+    other = build_probes(inv, inv.node("spark-b"), deep=False)
+    assert not any(p.kind in ("mpirun", "latency") for p in other)
+
+
+def test_parse_ping() -> None:
+    assert parse_ping(PING_OK) == (3, 3, 0.052)
+    assert parse_ping(PING_DEAD) == (3, 0, None)
+    assert parse_ping("") == (0, 0, None)
+
+
+def link(node: str = "spark-a", interface: str = "enp1s0f1np1") -> Any:
+    return next(lk for lk in fabric_links(inventory()) if lk.node == node and lk.interface == interface)
+
+
+def test_ping_no_reply_fails_naming_both_ends() -> None:
+    result = judge_ping(inventory(), link(), {"rc": 1, "out": PING_DEAD,
+                                              "err": "ping: Warning: source address might be selected"})
+    assert result.status == "fail" and result.peer == "spark-b" and result.interface == "enp1s0f1np1"
+    assert "100% packet loss" in result.message and "Warning" not in result.message
+    assert judge_ping(inventory(), link(), {"rc": 0, "out": PING_OK}).status == "pass"
+
+
+@pytest.mark.parametrize(("stderr", "cause"), [
+    ("ssh: connect to host 192.168.200.13 port 2233: Connection refused", "sshd on spark-b"),
+    ("root@192.168.200.13: Permission denied (publickey).", "keys not exchanged"),
+    ("Host key verification failed.", "pinned"),
+])
+def test_ssh_failures_name_the_likely_cause(stderr: str, cause: str) -> None:
+    result = judge_ssh(inventory(), link(), "ssh-container", {"rc": 255, "out": "", "err": stderr})
+    assert result.status == "fail" and cause in result.message and result.fix
+    assert "2233" in result.message
+
+
+def test_mpirun_hang_and_missing_host() -> None:
+    inv = inventory()
+    names = {"spark-a": "spark-a", "spark-b": "spark-b"}
+    hang = judge_mpirun(inv, {"rc": 124, "out": "", "err": "", "seconds": 60.0}, names)
+    assert hang.status == "fail" and "fabric IPs" in hang.fix
+    missing = judge_mpirun(inv, {"rc": 1, "out": "spark-a\n", "err": "ORTE error", "seconds": 1}, names)
+    assert missing.status == "fail" and "spark-a" in missing.message
+    ok = judge_mpirun(inv, {"rc": 0, "out": "spark-b\nspark-a\n", "err": "", "seconds": 0.6}, names)
+    assert ok.status == "pass"
+
+
+def test_latency_and_loss_against_thresholds() -> None:
+    inv = inventory(max_latency_ms=1.0)
+    slow = ("50 packets transmitted, 50 received, 0% packet loss, time 1s\n"
+            "rtt min/avg/max/mdev = 5.0/5.2/6.0/0.1 ms\n")
+    lossy = ("50 packets transmitted, 45 received, 10% packet loss, time 1s\n"
+             "rtt min/avg/max/mdev = 0.03/0.05/0.08/0.01 ms\n")
+    fine = ("50 packets transmitted, 50 received, 0% packet loss\n"
+            "rtt min/avg/max/mdev = 0.03/0.05/0.08/0.01 ms")
+    assert judge_latency(inv, link(), {"rc": 0, "out": slow}).status == "fail"
+    lost = judge_latency(inv, link(), {"rc": 0, "out": lossy})
+    assert lost.status == "fail" and "10%" in lost.message
+    assert judge_latency(inv, link(), {"rc": 0, "out": fine}).status == "pass"
+
+
+def test_throughput_against_min_link_gbps() -> None:
+    report = json.dumps({"end": {"sum_received": {"bits_per_second": 9.5e9}}})
+    low = judge_throughput(inventory(), link(), 0, report)
+    assert (low.status, low.value, low.threshold) == ("fail", 9.5, 175.0)
+    assert judge_throughput(inventory(min_link_gbps=1), link(), 0, "warning\n" + report).status == "pass"
+    broken = judge_throughput(inventory(), link(), 1, json.dumps({"error": "unable to connect"}))
+    assert broken.status == "fail" and "unable to connect" in broken.message
+
+
+def test_json_record_has_the_contract_keys() -> None:
+    record = CheckResult("ping", "spark-a", "fail", "no reply.", fix="check the cable").to_json()
+    assert list(record)[:9] == ["check", "node", "peer", "interface", "status", "value", "unit",
+                                "threshold", "message"]
+    assert record["message"].endswith("Fix: check the cable")
+
+
+# ---------------------------------------------------------------- the whole run, faked
+
+
+class FactsTransport:
+    """Answers the gatherer with canned facts, plus canned probe answers."""
+
+    def __init__(self, node: str, facts: dict[str, Any], probe_answer: Any) -> None:
+        self.node, self.facts, self.probe_answer = node, facts, probe_answer
+        self.commands: list[str] = []
+
+    def run(self, command: str, **kwargs: Any) -> Result:
+        self.commands.append(command)
+        request = json.loads(command.split(" ", 2)[2].strip("'"))
+        facts = copy.deepcopy(self.facts)
+        facts["probes"] = {key: self.probe_answer(key) for key in request.get("probes", {})}
+        return Result(self.node, command, 0, json.dumps(facts), "", 0.1)
+
+    def close(self) -> None:
+        pass
+
+
+def fake_session(inv: Inventory, probe_answer: Any) -> Any:
+    from orchestrator.progress import Progress
+
+    report = Report(command="netcheck")
+    for n in inv.nodes:
+        report.host(n.name)
+    transports = {n.name: FactsTransport(n.name, healthy_facts(inv, n.name), probe_answer)
+                  for n in inv.nodes}
+    return SimpleNamespace(inventory=inv, report=report, progress=Progress(quiet=True),
+                           transports=transports, reachable_nodes=lambda: list(inv.nodes))
+
+
+def healthy_probe(key: str) -> dict[str, Any]:
+    if key == "mpirun":
+        return {"rc": 0, "out": "spark-a\nspark-b\n", "err": "", "seconds": 0.5}
+    if key.startswith(("ping", "mtu-ping")):
+        return {"rc": 0, "out": PING_OK, "err": ""}
+    return {"rc": 0, "out": "", "err": "", "seconds": 0.1}
+
+
+def test_run_netcheck_one_command_per_node_all_pass() -> None:
+    from orchestrator.cmd_netcheck import run_netcheck
+
+    session = fake_session(inventory(), healthy_probe)
+    results = run_netcheck(session, deep=False)
+    assert all(r.status == "pass" for r in results), [r for r in results if r.status != "pass"]
+    assert all(len(t.commands) == 1 for t in session.transports.values())
+    assert {"ping", "mtu-ping", "ssh-node", "ssh-container", "mpirun", "image"} <= {r.check for r in results}
+
+
+def test_run_netcheck_sshd_stopped_on_one_node() -> None:
+    from orchestrator.cmd_netcheck import run_netcheck
+
+    def answer(key: str) -> dict[str, Any]:
+        if key.startswith("ssh") and ".13" in key:
+            return {"rc": 255, "out": "", "err": "ssh: connect to host 192.168.200.13 port 2233: "
+                    "Connection refused"}
+        return healthy_probe(key)
+
+    results = run_netcheck(fake_session(inventory(), answer), deep=False)
+    fails = {(r.check, r.node, r.peer) for r in failures(results)}
+    assert fails == {("ssh-node", "spark-a", "spark-b"), ("ssh-container", "spark-a", "spark-b")}
+
+
+def test_judge_probes_reports_a_probe_that_did_not_run() -> None:
+    inv = inventory()
+    facts = {n.name: healthy_facts(inv, n.name) for n in inv.nodes}
+    probes = build_probes(inv, inv.node("spark-b"), deep=False)
+    results = judge_probes(inv, inv.node("spark-b"), probes, {}, facts)
+    assert results and all(r.status == "fail" for r in results)

@@ -1,0 +1,172 @@
+"""Launch planning: faked facts in, decisions and commands out (no nodes needed)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import SparkctlError
+from orchestrator.inventory import Inventory
+from orchestrator.recipe import load_recipe
+from orchestrator.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.steps import models, serve
+
+INVENTORY = Inventory.model_validate({
+    "cluster": {"name": "lab"},
+    "nodes": [
+        {"name": "spark-a", "host": "10.0.0.1",
+         "addresses": {"enp1s0f1np1": "192.168.200.12/24", "enP2p1s0f1np1": "192.168.201.12/24"}},
+        {"name": "spark-b", "host": "10.0.0.2",
+         "addresses": {"enp1s0f1np1": "192.168.200.13/24", "enP2p1s0f1np1": "192.168.201.13/24"}},
+    ],
+})
+RECIPE = load_recipe("qwen3-235b")
+
+
+def spec(replace: bool = False, host: str = "127.0.0.1") -> serve.LaunchSpec:
+    return serve.LaunchSpec(RECIPE, INVENTORY, host, replace, drop_caches=False)
+
+
+def ctx(node: str, facts: dict[str, dict[str, Any]]) -> NodeContext:
+    return NodeContext(inventory=INVENTORY, node=INVENTORY.node(node), facts=facts[node],
+                       cluster_facts=facts, transport=None, options=RunOptions(), shared={})
+
+
+def status_facts(server: dict[str, Any] | None, alive: bool, health: int | None = None) -> dict[str, Any]:
+    answer = {"pids": {"mpirun.pid": {"pid": 7, "alive": alive}} if server else {},
+              "server": server, "health": health}
+    return {"commands": {"serve": {"rc": 0, "out": json.dumps(answer), "err": ""}}}
+
+
+def test_serve_command_spans_the_nodes_and_keeps_each_ranks_log() -> None:
+    argv = serve.serve_argv(RECIPE, "127.0.0.1")
+    assert argv[:3] == ["mpirun", "-np", "2"]
+    assert "HF_HUB_OFFLINE=1" in argv and "NCCL_SOCKET_IFNAME" in argv
+    tail = argv[argv.index("trtllm-llmapi-launch"):]
+    assert tail[:3] == ["trtllm-llmapi-launch", "trtllm-serve", "nvidia/Qwen3-235B-A22B-FP4"]
+    flags = dict(zip(tail[3::2], tail[4::2], strict=False))
+    assert flags["--tp_size"] == "2" and flags["--port"] == "8355" and flags["--host"] == "127.0.0.1"
+    assert flags["--extra_llm_api_options"] == serve.CONFIG_PATH
+    assert flags["--max_num_tokens"] == "1024"
+    assert "rank-" in argv[argv.index("bash") + 2]
+
+
+def test_start_is_detached_and_logs_to_the_run_dir() -> None:
+    command = serve.start_cmd("trtllm-multinode", ["mpirun", "x y"])
+    words = shlex.split(command)
+    assert words[:3] == ["docker", "exec", "-d"]
+    assert "HF_HUB_OFFLINE=1" in words
+    assert any("/var/lib/sparkctl/run/server.log" in w for w in words)
+    assert words[-2:] == ["mpirun", "x y"]
+
+
+@pytest.mark.parametrize(("server", "alive", "health", "replace", "expected"), [
+    (None, False, None, False, "start"),
+    ({"config_hash": "SAME"}, True, 200, False, "noop"),
+    ({"config_hash": "SAME"}, True, 503, False, "loading"),
+    ({"config_hash": "SAME"}, False, None, False, "start"),
+    ({"config_hash": "OTHER"}, True, 200, False, "refuse"),
+    ({"config_hash": "OTHER"}, True, 200, True, "replace"),
+])
+def test_decide(server: dict[str, Any] | None, alive: bool, health: int | None, replace: bool,
+                expected: str) -> None:
+    status = json.loads(status_facts(server, alive, health)["commands"]["serve"]["out"])
+    assert serve.decide(status, "SAME", replace) == expected
+
+
+def test_relaunch_of_the_same_recipe_is_a_noop() -> None:
+    launch = spec()
+    facts = {"spark-a": status_facts({"config_hash": launch.digest}, True, 200),
+             "spark-b": status_facts(None, False)}
+    assert isinstance(serve.StartServer(launch).check(ctx("spark-a", facts)), Unchanged)
+    assert isinstance(serve.StopPrevious(launch).check(ctx("spark-b", facts)), Unchanged)
+
+
+def test_a_different_recipe_is_refused_without_replace_and_replaced_with_it() -> None:
+    facts = {"spark-a": status_facts({"config_hash": "old", "recipe": "gpt"}, True, 200),
+             "spark-b": status_facts(None, False)}
+    with pytest.raises(SparkctlError, match="--replace"):
+        serve.StartServer(spec()).check(ctx("spark-a", facts))
+    change = serve.StartServer(spec(replace=True)).check(ctx("spark-a", facts))
+    assert isinstance(change, Change) and change.summary.startswith("replace")
+    assert isinstance(serve.StopPrevious(spec(replace=True)).check(ctx("spark-a", facts)), Change)
+
+
+def test_config_hash_covers_the_bind_address() -> None:
+    assert spec().digest != spec(host="0.0.0.0").digest
+
+
+def manifest(present: bool, files: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+    files = files if files is not None else {"config.json": [10, "abc"]}
+    return {"present": present, "commit": "c0ffee" if present else None, "files": files if present else {},
+            "root": models.HUB_DIR, "paths": [], "blobs": {}, "bytes": 10}
+
+
+def model_facts(head: dict[str, Any], peer: dict[str, Any], token: bool = False) -> dict[str, Any]:
+    def one(entries: dict[str, Any]) -> dict[str, Any]:
+        return {"commands": {"models": {"rc": 0, "out": json.dumps(entries), "err": ""}},
+                "files": {models.TOKEN_PATH: {"exists": token}}}
+    return {"spark-a": one(head), "spark-b": one(peer)}
+
+
+def test_models_download_only_what_the_head_lacks() -> None:
+    repos = [r for r, _, _ in RECIPE.repos]
+    facts = model_facts({repos[0]: manifest(True), repos[1]: manifest(False)},
+                        {repos[0]: manifest(True), repos[1]: manifest(True)})
+    change = models.Download(RECIPE).check(ctx("spark-a", facts))
+    assert isinstance(change, Change) and change.payload == [repos[1]]
+    facts = model_facts({r: manifest(True) for r in repos}, {r: manifest(True) for r in repos})
+    assert isinstance(models.Download(RECIPE).check(ctx("spark-a", facts)), Unchanged)
+    assert isinstance(models.Distribute(RECIPE).check(ctx("spark-a", facts)), Unchanged)
+
+
+def test_a_leftover_token_file_is_removed_even_when_nothing_is_downloaded() -> None:
+    repos = [r for r, _, _ in RECIPE.repos]
+    facts = model_facts({r: manifest(True) for r in repos}, {r: manifest(True) for r in repos},
+                        token=True)
+    change = models.Download(RECIPE).check(ctx("spark-a", facts))
+    assert isinstance(change, Change) and change.payload == []
+
+
+def test_a_peer_with_different_files_gets_a_copy() -> None:
+    repos = [r for r, _, _ in RECIPE.repos]
+    facts = model_facts({r: manifest(True) for r in repos},
+                        {repos[0]: manifest(True, {"config.json": [11, "abd"]}), repos[1]: manifest(True)})
+    change = models.Distribute(RECIPE).check(ctx("spark-a", facts))
+    assert isinstance(change, Change) and change.payload == ["spark-b"]
+    assert repos[0] in change.summary and repos[1] not in change.summary
+
+
+def test_a_stopped_container_is_a_clear_error() -> None:
+    facts = {"spark-a": {"commands": {"models": {"rc": 1, "out": "", "err": "not running"}}}}
+    with pytest.raises(SparkctlError, match="sparkctl up"):
+        models.Download(RECIPE).check(ctx("spark-a", facts))
+
+
+def test_download_reads_the_token_from_a_file_never_from_argv() -> None:
+    command = models.download_cmd("c", "org/m", "main", None, with_token=True)
+    assert f"HF_TOKEN_PATH={models.TOKEN_PATH}" in shlex.split(command)
+    assert "HF_TOKEN=" not in command and "--token" not in command
+    assert "HF_TOKEN_PATH" not in models.download_cmd("c", "org/m", "main", None, with_token=False)
+    assert "0700" in models.token_write_cmd() and "chmod 600" in models.token_write_cmd()
+
+
+def test_copy_goes_over_the_fabric_through_the_cluster_ssh_config() -> None:
+    command = models.copy_cmd("c", "/root/.cache/huggingface/hub", ["models--a--b/snapshots/x"],
+                              "192.168.200.13", replace=False)
+    words = shlex.split(command)
+    assert words[:4] == ["docker", "exec", "c", "bash"]
+    pipeline = words[-1]
+    assert "tar -C /root/.cache/huggingface/hub -cf - models--a--b/snapshots/x" in pipeline
+    assert "ssh -F /etc/sparkctl/ssh_config 192.168.200.13" in pipeline
+    assert "pipefail" in pipeline and "rm -rf" not in pipeline
+    assert "rm -rf" in models.copy_cmd("c", "/d", ["x"], "192.168.200.13", replace=True)
+
+
+def test_llm_api_config_file_is_managed_and_names_the_draft() -> None:
+    text = serve.render_llm_api_config(RECIPE)
+    assert text.startswith("# Managed by sparkctl")
+    assert "speculative_model_dir: /root/.cache/huggingface/drafts/Qwen3-235B-A22B-Eagle3" in text

@@ -1,0 +1,229 @@
+"""`sparkctl down`'s plan: faked facts in, changes and remote commands out."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from orchestrator.executor import Executor
+from orchestrator.inventory_checks import inventory_from_data
+from orchestrator.progress import Progress
+from orchestrator.render import MANAGED_HEADER
+from orchestrator.report import Report
+from orchestrator.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.steps import teardown
+from orchestrator.transport import Result
+
+INVENTORY = inventory_from_data(
+    {
+        "cluster": {"name": "two-sparks", "ssh_key": "/k"},
+        "fabric": {"interfaces": ["enp1s0f1np1", "enP2p1s0f1np1"]},
+        "nodes": [
+            {"name": "spark-a", "host": "a",
+             "addresses": {"enp1s0f1np1": "192.168.200.12/24", "enP2p1s0f1np1": "192.168.201.12/24"}},
+            {"name": "spark-b", "host": "b",
+             "addresses": {"enp1s0f1np1": "192.168.200.13/24", "enP2p1s0f1np1": "192.168.201.13/24"}},
+        ],
+    },
+    "inv.yml",
+)
+OURS = {"Config": {"Labels": {"sparkctl.managed": "true", "sparkctl.cluster": "two-sparks"}},
+        "State": {"Running": True, "Status": "running"}}
+FOREIGN = {"Config": {"Labels": {}}, "State": {"Running": True}}
+
+
+def cmd(out: str = "", rc: int = 0) -> dict[str, Any]:
+    return {"rc": rc, "out": out, "err": ""}
+
+
+def up_facts(node: str = "spark-a", netplan_content: str | None = None) -> dict[str, Any]:
+    """A node as `up` + `launch` leave it."""
+    suffix = "12" if node == "spark-a" else "13"
+    content = netplan_content if netplan_content is not None else f"{MANAGED_HEADER}\nnetwork: {{}}\n"
+    return {
+        "files": {teardown.NETPLAN_FILE: {"exists": True, "content": content},
+                  teardown.CONFIG_DIR: {"exists": True}, teardown.STATE_DIR: {"exists": True}},
+        "netplan": {teardown.NETPLAN_FILE: {"interfaces": ["enp1s0f1np1", "enP2p1s0f1np1"]},
+                    "/etc/netplan/50-cloud-init.yaml": {"interfaces": ["eth0"]}},
+        "links": {"enp1s0f1np1": {"addresses": [f"192.168.200.{suffix}/24"]},
+                  "enP2p1s0f1np1": {"addresses": [f"192.168.201.{suffix}/24"]},
+                  "eth0": {"addresses": ["10.0.0.1/24"]}},
+        "containers": {"trtllm-multinode": OURS},
+        "commands": {
+            "managed": cmd("abc123\ttrtllm-multinode\trunning\n"),
+            "state_entries": cmd("lock\nrun\nnetplan-backup.yaml\n"),
+            "pid_files": cmd("mpirun.pid\nrank-0.pid\n"),
+        },
+    }
+
+
+def clean_facts() -> dict[str, Any]:
+    return {
+        "files": {teardown.NETPLAN_FILE: {"exists": False}, teardown.CONFIG_DIR: {"exists": False},
+                  teardown.STATE_DIR: {"exists": False}},
+        "netplan": {"/etc/netplan/50-cloud-init.yaml": {"interfaces": ["eth0"]}},
+        "links": {"enp1s0f1np1": {"addresses": []}, "enP2p1s0f1np1": {"addresses": []}},
+        "containers": {"trtllm-multinode": None},
+        "commands": {"managed": cmd(), "state_entries": cmd(), "pid_files": cmd()},
+    }
+
+
+def ctx_for(facts: dict[str, Any], node: str = "spark-a") -> NodeContext:
+    return NodeContext(INVENTORY, INVENTORY.node(node), facts, {node: facts}, None, RunOptions("down"), {})
+
+
+def test_every_step_changes_a_node_that_was_set_up() -> None:
+    ctx = ctx_for(up_facts())
+    phase = teardown.down_phase(INVENTORY, network=True)
+    outcomes = {s.name: s.check(ctx) for s in phase.steps if s.kind == "change"}
+    assert all(isinstance(o, Change) for o in outcomes.values()), outcomes
+    assert "mpirun.pid" in outcomes["stop-server"].summary
+    assert outcomes["containers"].payload == ["abc123"]
+    undo = outcomes["network"].payload
+    assert undo.remove_file
+    assert undo.addresses == [("enP2p1s0f1np1", "192.168.201.12/24"), ("enp1s0f1np1", "192.168.200.12/24")]
+    assert "netplan-backup.yaml" in outcomes["files"].summary and "lock" not in outcomes["files"].summary
+
+
+def test_a_clean_node_needs_nothing_so_down_twice_is_fine() -> None:
+    ctx = ctx_for(clean_facts())
+    for step in teardown.down_phase(INVENTORY, network=True).steps:
+        if step.kind == "change":
+            assert isinstance(step.check(ctx), Unchanged), step.name
+
+
+def test_without_network_the_plan_has_no_network_step() -> None:
+    names = [s.name for s in teardown.down_phase(INVENTORY, network=False).steps]
+    assert names == ["stop-server", "containers", "files", "verify"]
+    assert teardown.build_down_plan(INVENTORY, False).phases[0].name == "down"
+
+
+def test_a_foreign_container_with_our_name_is_left_alone() -> None:
+    facts = clean_facts()
+    facts["containers"]["trtllm-multinode"] = FOREIGN
+    outcome = teardown.RemoveContainers().check(ctx_for(facts))
+    assert isinstance(outcome, Unchanged)
+    assert "left alone" in outcome.reason
+
+
+def test_the_list_of_containers_is_filtered_by_our_labels() -> None:
+    command = teardown.managed_ps_cmd(INVENTORY)
+    assert "label=sparkctl.managed=true" in command
+    assert "label=sparkctl.cluster=two-sparks" in command
+
+
+def test_a_netplan_file_without_our_header_is_not_removed() -> None:
+    facts = up_facts(netplan_content="network: {ethernets: {enp1s0f1np1: {}}}\n")
+    outcome = teardown.RemoveNetwork().check(ctx_for(facts))
+    assert isinstance(outcome, Change)
+    assert not outcome.payload.remove_file
+    assert "no sparkctl header" in outcome.summary
+
+
+def test_addresses_another_netplan_file_configures_are_kept() -> None:
+    facts = up_facts()
+    facts["files"][teardown.NETPLAN_FILE] = {"exists": False}
+    facts["netplan"] = {"/etc/netplan/30-mine.yaml": {"interfaces": ["enp1s0f1np1"]}}
+    outcome = teardown.RemoveNetwork().check(ctx_for(facts))
+    assert isinstance(outcome, Change)
+    assert outcome.payload.addresses == [("enP2p1s0f1np1", "192.168.201.12/24")]
+    assert "another netplan file configures enp1s0f1np1" in outcome.summary
+
+
+def test_network_command_removes_file_applies_then_deletes_addresses() -> None:
+    command = teardown.remove_network_cmd(
+        teardown.NetworkUndo(True, None, [("enp1s0f1np1", "192.168.200.12/24")]))
+    assert command.index("rm -f -- /etc/netplan/40-sparkctl-fabric.yaml") < command.index("netplan apply")
+    assert command.index("netplan apply") < command.index("ip addr del 192.168.200.12/24 dev enp1s0f1np1")
+    assert "eth0" not in command
+
+
+def test_files_command_keeps_the_held_lock() -> None:
+    command = teardown.remove_files_cmd()
+    assert "rm -rf -- /etc/sparkctl" in command
+    assert "! -name lock" in command
+
+
+def test_server_not_stopped_when_its_container_is_gone() -> None:
+    facts = up_facts()
+    facts["containers"]["trtllm-multinode"] = None
+    assert isinstance(teardown.StopServer().check(ctx_for(facts)), Unchanged)
+
+
+class FakeTransport:
+    def __init__(self, node: str, facts: dict[str, Any], journal: list[str]) -> None:
+        self.node, self.facts, self.journal = node, facts, journal
+
+    def run(self, command: str, **kwargs: Any) -> Result:
+        self.journal.append(f"{self.node}: {command}")
+        if command.startswith("python3 - "):
+            return Result(self.node, command, 0, json.dumps(self.facts), "", 0.0)
+        if "action" in command and "stop" in command:
+            return Result(self.node, command, 0, json.dumps({"stopped": ["mpirun.pid"], "left": []}), "", 0)
+        return Result(self.node, command, 0, "", "", 0.0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_unreachable_node_does_not_stop_the_others_cleaning() -> None:
+    journal: list[str] = []
+    report = Report("down")
+    report.host("spark-a")
+    report.fail_host("spark-b", "cannot reach b:22")
+    executor = Executor(INVENTORY, {"spark-a": FakeTransport("spark-a", up_facts(), journal)},
+                        RunOptions("down"), report, Progress(quiet=True))
+    executor.run(teardown.build_down_plan(INVENTORY, network=True))
+    statuses = {s.step: s.status for s in report.hosts["spark-a"].steps}
+    assert statuses == {"stop-server": "changed", "containers": "changed", "network": "changed",
+                        "files": "changed", "verify": "ok"}, report.to_json()
+    assert not report.ok and report.exit_code == 1
+    assert not any(line.startswith("spark-b") for line in journal)
+    removals = [line for line in journal if "docker rm -f abc123" in line]
+    assert removals, journal
+
+
+def test_dry_run_changes_nothing() -> None:
+    journal: list[str] = []
+    report = Report("down")
+    transports = {n: FakeTransport(n, up_facts(n), journal) for n in ("spark-a", "spark-b")}
+    for name in transports:
+        report.host(name)
+    Executor(INVENTORY, transports, RunOptions("down", dry_run=True), report, Progress(quiet=True)).run(
+        teardown.build_down_plan(INVENTORY, network=True))
+    assert all(line.split(": ", 1)[1].startswith("python3 - ") for line in journal), journal
+    assert report.count("planned") == 8
+
+
+def test_verify_reports_leftovers() -> None:
+    class Leftover(FakeTransport):
+        def run(self, command: str, **kwargs: Any) -> Result:
+            return Result(self.node, command, 0, "container: trtllm-multinode\n", "", 0.0)
+
+    ctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, Leftover("spark-a", {}, []),
+                      RunOptions("down"), {})
+    try:
+        teardown.VerifyDown(network=False).apply(ctx, Change("verify"))
+    except Exception as exc:
+        assert "still present after down: container: trtllm-multinode" in str(exc)
+    else:
+        raise AssertionError("verify accepted a leftover container")
+
+
+
+def test_a_users_file_that_up_replaced_is_restored() -> None:
+    facts = up_facts()
+    facts["files"][teardown.NETPLAN_BACKUP] = {"exists": True, "content": "network: {version: 2}\n"}
+    outcome = teardown.RemoveNetwork().check(ctx_for(facts))
+    assert isinstance(outcome, Change)
+    assert outcome.payload.restore == "network: {version: 2}\n"
+    command = teardown.remove_network_cmd(outcome.payload)
+    assert "mv -f /etc/netplan/40-sparkctl-fabric.yaml.sparkctl-tmp" in command
+    assert "ip addr del" not in command
+
+
+def test_our_own_backup_is_not_restored() -> None:
+    facts = up_facts()
+    facts["files"][teardown.NETPLAN_BACKUP] = {"exists": True, "content": MANAGED_HEADER + "\n"}
+    outcome = teardown.RemoveNetwork().check(ctx_for(facts))
+    assert isinstance(outcome, Change) and outcome.payload.restore is None
