@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                     scenarios.bench_scale(settings, results, workdir)
             except BenchError as exc:
                 results.notes.append(f"{name}: {exc}")
+            except (OSError, ValueError, KeyError) as exc:  # a broken lab must not hide the rest
+                results.notes.append(f"{name}: {type(exc).__name__}: {exc}")
     except KeyboardInterrupt:
         print("benchmarks: interrupted (labs taken down)", file=sys.stderr)
         return 130

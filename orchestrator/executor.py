@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +63,7 @@ class Executor:
         self.report = report
         self.progress = progress
         self.shared: dict[str, Any] = {}
+        self._shared_lock = threading.Lock()
         self.failed: set[str] = {name for name, host in report.hosts.items() if host.error}
         self.pool = ThreadPoolExecutor(max_workers=max(1, min(32, len(inventory.nodes))))
 
@@ -154,6 +156,10 @@ class Executor:
             self._fail(node.name, result)
         else:
             self.report.add(node.name, result)
+        if result.status == "changed":
+            # later verification steps (mpirun) re-run only when something changed
+            with self._shared_lock:
+                self.shared.setdefault("changed_steps", []).append(f"{node.name}: {phase.name}/{step.name}")
         self.progress.step(node.name, result)
 
     def _check_and_apply(self, phase: Phase, step: Step, ctx: NodeContext) -> StepResult:

@@ -26,7 +26,11 @@ def inventory_data(ident: LabIdentity, plan: LabPlan, key: Path, known_hosts: Pa
             "ssh_port": 22,
             "management_interface": MGMT_INTERFACE,
         },
-        "fabric": {"interfaces": list(plan.fabric_interfaces), "mtu": 9000},
+        # veth links move a few Gb/s, not a Spark's 200G: the lab judges links by its own
+        # thresholds, so `netcheck --deep` passes on a healthy lab and fails on a delayed one.
+        "fabric": {"interfaces": list(plan.fabric_interfaces), "mtu": 9000,
+                   "topology": plan.topology if len(plan.nodes) != 2 else "b2b",
+                   "min_link_gbps": 1, "max_latency_ms": 5},
         "container": {"image": CONTAINER_IMAGE, "name": CONTAINER_NAME,
                       "ssh_port": CONTAINER_SSH_PORT},
         "nodes": [
@@ -37,7 +41,7 @@ def inventory_data(ident: LabIdentity, plan: LabPlan, key: Path, known_hosts: Pa
 
 
 def write_inventory(data: dict[str, Any], paths: list[Path]) -> None:
-    text = ("# written by `sparkctl lab up` (simulated DGX Spark lab)\n"
+    text = ("# written by `sparkctl lab up` (simulated DGX Spark lab); thresholds are the lab's own\n"
             + yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,6 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.render import sha256
 from orchestrator.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.steps.mpi import record_change
 from orchestrator.steps.ssh_keys import (
     CONF_DIR,
     HOST_PUB,
@@ -216,7 +215,6 @@ class Image(Step):
         except (ValueError, IndexError):
             pulled = None
         ctx.shared.setdefault("image_facts", {})[ctx.node.name] = pulled
-        record_change(ctx, "container/image")
         return None
 
 
@@ -306,7 +304,6 @@ class Container(Step):
                 f"Hint: a container that exits at once usually means its entrypoint failed or "
                 f"port {inventory.container.ssh_port} is taken on the node."
             )
-        record_change(ctx, "container/container")
         return None
 
 

@@ -15,14 +15,9 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.step import Change, NodeContext, Phase, Step
 
-CHANGES_KEY = "changed_steps"
+CHANGES_KEY = "changed_steps"  # filled by the executor for every changed step
 """ctx.shared list of the changes made in this run (the steps of phases 3-4 append to it)."""
 MPIRUN_DEADLINE = 60
-
-
-def record_change(ctx: NodeContext, what: str) -> None:
-    """Note that `what` changed on this node, so the mpi check knows to run."""
-    ctx.shared.setdefault(CHANGES_KEY, []).append(f"{ctx.node.name}: {what}")
 
 
 def mpirun_hostname_cmd(container: str, nodes: int, deadline: int = MPIRUN_DEADLINE) -> str:

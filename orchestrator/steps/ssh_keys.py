@@ -22,7 +22,6 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.render import render
 from orchestrator.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.steps.files import FileSpec, ManagedFiles, files_request, write_files_cmd
-from orchestrator.steps.mpi import record_change
 
 CONF_DIR = "/etc/sparkctl"
 HOST_KEY = f"{CONF_DIR}/ssh_host_ed25519_key"
@@ -169,7 +168,6 @@ class HostKey(Step):
                 f"(output: {result.stdout[-200:]!r}); is openssh-client installed on the node?"
             )
         ctx.shared.setdefault("host_keys", {})[ctx.node.name] = pub
-        record_change(ctx, "ssh-keys/host-key")
         return None
 
 
@@ -230,7 +228,6 @@ class ClusterKey(Step):
             transport.run(write_files_cmd(), stdin=payload, sudo=True,
                           display=f"write {CLUSTER_KEY} (secret, on stdin)").check()
         ctx.shared["cluster_public_key"] = public_key_of(public)
-        record_change(ctx, "ssh-keys/cluster-key")
         return f"cluster key installed on {', '.join(change.payload['targets'])}"
 
 
@@ -284,7 +281,6 @@ class TrustFiles(ManagedFiles):
                 "trust files cannot be written; the ssh-keys phase should have made them"
             )
         message = super().apply(ctx, change)
-        record_change(ctx, "ssh-trust/files")
         return message
 
 

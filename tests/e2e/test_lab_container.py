@@ -140,6 +140,12 @@ def test_docker_errors_and_bookkeeping(nodes: list[Node]) -> None:
     assert a.sh("docker inspect -f '{{.State.Status}} {{.State.ExitCode}}' t").stdout.split() \
         == ["exited", "137"]
     a.sh("docker rm t")
+    res = a.sh(f"docker run --rm {IMAGE} sh -c 'echo out; echo err >&2; exit 5'", check=False)
+    assert (res.returncode, res.stdout) == (5, "out\n") and "err" in res.stderr
+    a.sh(f"docker run -d --name l {IMAGE} sh -c 'echo one; echo two'")
+    assert a.sh("docker logs -f --tail 1 l").stdout == "two\n"
+    assert a.sh("docker inspect -f '{{.State.ExitCode}}' l").stdout.strip() == "0"
+    a.sh("docker rm l")
     assert a.sh("docker ps -aq").stdout == ""
 
 

@@ -185,3 +185,20 @@ def test_secret_never_reaches_a_command_line() -> None:
     assert str(token) == "***" and "hf_sentinel" not in repr(token)
     with pytest.raises(TypeError):
         join(["echo", token])
+
+
+def test_changed_steps_are_recorded_for_later_verification() -> None:
+    shared_seen: list[list[str]] = []
+
+    class Verify(Step):
+        name = "verify"
+        kind = "verify"
+
+        def apply(self, ctx: NodeContext, change: Change) -> str | None:
+            shared_seen.append(list(ctx.shared.get("changed_steps", [])))
+            return "ok"
+
+    plan = Plan("up", [Phase("one", [Recorder("s1")], facts_request),
+                       Phase("two", [Verify()], facts_request)])
+    run(plan, {"spark-a": {"have": 1, "want": 2}, "spark-b": {"have": 1, "want": 1}})
+    assert shared_seen[0] == ["spark-a: one/s1"]

@@ -11,7 +11,6 @@ from up_fakes import CLUSTER_PUB, HOST_KEYS, FakeTransport, context, golden, inv
 from orchestrator.render import sha256
 from orchestrator.step import Change, Unchanged
 from orchestrator.steps import ssh_keys
-from orchestrator.steps.mpi import CHANGES_KEY
 from orchestrator.steps.ssh_keys import (
     CLUSTER_KEY,
     HOST_KEY,
@@ -54,7 +53,6 @@ def test_host_key_generated_when_missing() -> None:
     assert "ssh-keygen -q -t ed25519 -N '' -C sparkctl-container@spark-a" in command
     assert transport.calls[0]["sudo"] is True
     assert ctx.shared["host_keys"]["spark-a"] == HOST_KEYS["spark-a"]
-    assert ctx.shared[CHANGES_KEY] == ["spark-a: ssh-keys/host-key"]
 
 
 def test_host_key_kept_when_only_pub_missing() -> None:

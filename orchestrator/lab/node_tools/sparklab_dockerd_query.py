@@ -250,9 +250,13 @@ def cmd_logs(args: list[str]) -> int:
                     buf = ""
                 continue
             try:
-                if not load(c["Id"])["State"].get("Running"):
-                    return 0
+                running_now = bool(load(c["Id"])["State"].get("Running"))
             except KeyError:
+                running_now = False
+            if not running_now:
+                # The monitor writes every line before it marks the container exited.
+                for line in (buf + f.read()).splitlines(keepends=True):
+                    emit(line)
                 return 0
             time.sleep(0.2)
 

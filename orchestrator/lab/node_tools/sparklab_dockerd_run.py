@@ -113,8 +113,7 @@ def cmd_run(args: list[str]) -> int:
     if not rest:
         raise DockerError('docker: "docker run" requires at least 1 argument.\n'
                           "See 'docker run --help'.", 125)
-    if not flags & {"-d", "--detach", "-dit", "-di", "-id"}:
-        raise DockerError("docker: sparklab: only detached runs (-d) are supported.", 125)
+    detached = bool(flags & {"-d", "--detach", "-dit", "-di", "-id"})
     ref, cmd = rest[0], rest[1:]
     name_opt = [v for f, v in opts if f == "--name"]
     env = env_entries(opts)
@@ -159,7 +158,8 @@ def cmd_run(args: list[str]) -> int:
                        "WorkingDir": workdir if workdir != "/" else "", "Labels": labels},
             "HostConfig": {"NetworkMode": network, "Binds": [v for f, v in opts
                                                              if f in ("-v", "--volume")],
-                           "AutoRemove": "--rm" in flags, "Privileged": "--privileged" in flags,
+                           "AutoRemove": "--rm" in flags and detached,
+                           "Privileged": "--privileged" in flags,
                            "RestartPolicy": {"Name": next((v for f, v in opts
                                                            if f == "--restart"), "no")},
                            "IpcMode": next((v for f, v in opts if f == "--ipc"), "private"),
@@ -177,7 +177,36 @@ def cmd_run(args: list[str]) -> int:
                                        "FinishedAt": "0001-01-01T00:00:00Z"})
     finally:
         os.close(fd)
-    return start_container(cid, "run")
+    if detached:
+        return start_container(cid, "run")
+    return run_attached(cid, remove="--rm" in flags)
+
+
+def run_attached(cid: str, remove: bool) -> int:
+    """Foreground `docker run`: stream the container's output, return its exit code."""
+    import contextlib
+    import io
+
+    from sparklab_dockerd_query import cmd_logs
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            start_container(cid, "run")
+    except DockerError:
+        if remove:
+            remove_dir(cid)
+        raise
+    cmd_logs(["-f", cid])
+    deadline = time.monotonic() + 10
+    state: dict = {}
+    while time.monotonic() < deadline:
+        state = read_json(cdir(cid) + "/state.json", {}) or {}
+        if state.get("Status") == "exited":
+            break
+        time.sleep(0.05)
+    if remove:
+        remove_dir(cid)
+    return int(state.get("ExitCode", 0))
 
 
 def start_container(cid: str, verb: str) -> int:
