@@ -79,7 +79,11 @@ def bench_two_node(s: Settings, res: Results, workdir: Path) -> None:
                 lab.sparkctl("up", "--yes", capture=captures["noop"])  # untimed: the commands
             res.add("up no-change, 2 nodes", lab.sparkctl("up", "--yes"))
             res.add("netcheck, 2 nodes", lab.sparkctl("netcheck"))
-            launch = lab.sparkctl("launch", RECIPE, "--yes", "--timeout", "300")
+            token = workdir / "hf_token"  # the lab's hub takes any hf_* token
+            token.write_text("hf_sparklab_benchmark\n")
+            token.chmod(0o600)
+            launch = lab.sparkctl("launch", RECIPE, "--yes", "--timeout", "300",
+                                  "--hf-token-file", str(token))
             res.add(f"launch {RECIPE}, 2 nodes", launch,
                     note=f"engine load {s.engine_load_seconds:g} s; incl. staging")
             if launch.ok:

@@ -66,6 +66,8 @@ class Executor:
         self._shared_lock = threading.Lock()
         self.failed: set[str] = {name for name, host in report.hosts.items() if host.error}
         self.pool = ThreadPoolExecutor(max_workers=max(1, min(32, len(inventory.nodes))))
+        # (phase, step, nodes) running now: what an interrupt may have left half-done
+        self.current: tuple[str, str, list[str]] | None = None
 
     def run(self, plan: Plan) -> Report:
         try:
@@ -81,8 +83,9 @@ class Executor:
                     break
         except KeyboardInterrupt:
             self.pool.shutdown(wait=False, cancel_futures=True)
-            self.report.notes.append("Interrupted: " + self.changes_summary())
-            raise Interrupted("interrupted by the user") from None
+            summary = self.interrupted_summary()
+            self.report.notes.append("Interrupted: " + summary)
+            raise Interrupted("interrupted by the user; " + summary) from None
         finally:
             self.pool.shutdown(wait=False)
         return self.report
@@ -96,6 +99,15 @@ class Executor:
         ]
         return "changes made: " + ("; ".join(changed) if changed else "none")
 
+    def interrupted_summary(self) -> str:
+        """What an interrupted run did, and what it was doing (that may have completed)."""
+        text = self.changes_summary()
+        if self.current:
+            phase, step, nodes = self.current
+            text += (f"; interrupted during {phase}/{step} on {', '.join(nodes)} "
+                     "(that step may have completed on those nodes)")
+        return text + ". Run the command again: it converges from wherever this stopped"
+
     def _run_phase(self, phase: Phase) -> None:
         nodes = [
             n for n in phase.nodes(self.inventory)
@@ -104,10 +116,12 @@ class Executor:
         if not nodes:
             return
         self.progress.phase(phase.name, len(nodes))
+        self.current = (phase.name, "facts", [n.name for n in nodes])
         facts = self._gather(phase, nodes)
         nodes = [n for n in nodes if n.name in facts]
         for step in phase.steps:
             targets = [n for n in nodes if n.name not in self.failed and self._in_scope(step, n)]
+            self.current = (phase.name, step.name, [n.name for n in targets])
             futures = [self.pool.submit(self._run_step, phase, step, n, facts) for n in targets]
             for future in futures:
                 future.result()

@@ -125,6 +125,11 @@ class Recipe(_Model):
                 f"llm_api_options must not set {', '.join(clash)}: use the recipe's own fields "
                 "(speculative, tp_size, max_num_tokens, backend)"
             )
+        kv_cache = self.llm_api_options.get("kv_cache_config")
+        if kv_cache is not None and not isinstance(kv_cache, dict):
+            # sparkctl adds free_gpu_memory_fraction to it, so it must be a mapping
+            raise ValueError(f"llm_api_options.kv_cache_config must be a mapping of "
+                             f"TensorRT-LLM KvCacheConfig fields, got {type(kv_cache).__name__}")
         for flag in self.serve_args:
             if flag.split("=")[0] in ("--host", "--port", "--tp_size", "--extra_llm_api_options",
                                       "--config"):

@@ -30,7 +30,7 @@ def inventory_data(ident: LabIdentity, plan: LabPlan, key: Path, known_hosts: Pa
         # thresholds, so `netcheck --deep` passes on a healthy lab and fails on a delayed one.
         "fabric": {"interfaces": list(plan.fabric_interfaces), "mtu": 9000,
                    "topology": plan.topology if len(plan.nodes) != 2 else "b2b",
-                   "min_link_gbps": 1, "max_latency_ms": 5},
+                   "min_link_gbps": 0.5, "max_latency_ms": 5},
         "container": {"image": CONTAINER_IMAGE, "name": CONTAINER_NAME,
                       "ssh_port": CONTAINER_SSH_PORT},
         "nodes": [

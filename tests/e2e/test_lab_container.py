@@ -88,7 +88,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
                  "config": SSH_CONFIG, "sshd_config": SSHD_CONFIG, "entry.sh": ENTRY}
         hostfile = "".join(f"{n.fabric_ip}\n" for n in pair)
         for node in pair:
-            install_image_and_addresses(node)
+            set_fabric_addresses(node)
             for name, text in files.items():
                 node.sh(f"mkdir -p ~/e2e-ssh && cat > ~/e2e-ssh/{name}", stdin=text)
             node.sh("chmod 600 ~/e2e-ssh/id_ed25519 && chmod 755 ~/e2e-ssh/entry.sh && "
@@ -98,14 +98,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
         assert lab_cli("down").returncode == 0
 
 
-def install_image_and_addresses(node: Node) -> None:
-    # Until the lab core installs orchestrator/lab/image itself, copy it in (see docs/lab-engine.md).
-    tar = subprocess.run(["tar", "-C", str(ROOT / "orchestrator" / "lab"), "-cf", "-",
-                          "--exclude=__pycache__", "image"], capture_output=True, check=True)
-    subprocess.run(["ssh", "-q", "-i", node.cluster["ssh_key"], "-o",
-                    f"UserKnownHostsFile={node.cluster['known_hosts']}", f"root@{node.host}",
-                    "test -d /usr/local/lib/sparklab/image || "
-                    "tar -C /usr/local/lib/sparklab -xf -"], input=tar.stdout, check=True)
+def set_fabric_addresses(node: Node) -> None:
     # What sparkctl's netplan step would do.
     for ifname, cidr in node.addresses.items():
         node.sh(f"ip addr replace {cidr} dev {ifname}", user="root")
