@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,9 +48,23 @@ def machine() -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in
                 Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
                platform.processor() or "?")
-    return {"nproc": os.cpu_count(), "memory_gib": round(int(meminfo[1]) / MIB, 1),
+    return {"nproc": os.cpu_count(), "source": source_version(),
+            "memory_gib": round(int(meminfo[1]) / MIB, 1),
             "kernel": platform.release(), "cpu": cpu, "python": platform.python_version(),
             "loadavg_at_start": os.getloadavg()[0]}
+
+
+def source_version() -> str:
+    """The commit measured, and whether the tree had local changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head + (" + local changes" if dirty else "")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -100,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                     scenarios.bench_scale(settings, results, workdir)
             except BenchError as exc:
                 results.notes.append(f"{name}: {exc}")
-            except (OSError, ValueError, KeyError) as exc:  # a broken lab must not hide the rest
+            # a broken lab or tool must not hide the other scenarios' figures
+            except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
                 results.notes.append(f"{name}: {type(exc).__name__}: {exc}")
     except KeyboardInterrupt:
         print("benchmarks: interrupted (labs taken down)", file=sys.stderr)
@@ -116,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
 def print_report(results: scenarios.Results, info: dict[str, Any], elapsed: float,
                  args: argparse.Namespace) -> None:
     print(f"\nsparkctl benchmarks: {info['nproc']} CPUs ({info['cpu']}), {info['memory_gib']} GiB,"
-          f" kernel {info['kernel']}; {args.runs} run(s) each, {elapsed:.0f} s in all\n")
+          f" kernel {info['kernel']}, source {info['source']};"
+          f" {args.runs} run(s) each, {elapsed:.0f} s in all\n")
     print(results_table(list(results.rows.values())))
     print()
     print(targets_table(TARGETS, results.rows))

@@ -88,15 +88,12 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
 
     def build(session: Session) -> Plan:
         notes = session.report.notes
+        session.report.extra["not_reached"] = list(session.unreachable)
         if session.unreachable:
             notes.append(
                 f"Not reached: {', '.join(session.unreachable)}. What sparkctl created there is "
                 "still in place; run `sparkctl down` again once it is reachable."
             )
-        if inventory.head_name not in session.transports:
-            # the lock lives on the head; with the head gone no other run can hold it either
-            request.lock = False
-            notes.append(f"The head {inventory.head_name} is unreachable: ran without the cluster lock.")
         notes.append("Kept: the Hugging Face model cache on every node (see docs/operate.md to remove it).")
         if not network:
             notes.append("Kept: the fabric network config (`sparkctl down --network` removes it).")
@@ -105,7 +102,7 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
     request = RunRequest(
         command="down", inventory=inventory, build=build, dry_run=dry_run, yes=yes, as_json=as_json,
         trust_new_hosts=trust_new_hosts, break_lock=break_lock, require_all_nodes=False,
-        values={"network": network},
+        lock_optional=True, values={"network": network},
     )
     return execute(request)
 

@@ -52,6 +52,27 @@ def gather_facts(
     return facts
 
 
+def merge_requests(requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """One facts request that answers all of `requests` (dicts merged, lists joined)."""
+    merged: dict[str, Any] = {}
+    for request in requests:
+        for key, value in request.items():
+            merged[key] = _merge_values(merged[key], value) if key in merged else value
+    return merged
+
+
+def _merge_values(a: Any, b: Any) -> Any:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {**a, **{k: _merge_values(a[k], v) if k in a else v for k, v in b.items()}}
+    if isinstance(a, list) and isinstance(b, list):
+        return a + [item for item in b if item not in a]
+    if isinstance(a, bool) and isinstance(b, bool):
+        return a or b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return max(a, b)
+    return b
+
+
 class Executor:
     def __init__(
         self, inventory: Inventory, transports: dict[str, Transport], options: RunOptions,
@@ -68,9 +89,11 @@ class Executor:
         self.pool = ThreadPoolExecutor(max_workers=max(1, min(32, len(inventory.nodes))))
         # (phase, step, nodes) running now: what an interrupt may have left half-done
         self.current: tuple[str, str, list[str]] | None = None
+        self.prefetched: dict[str, dict[str, Any]] | None = None
 
     def run(self, plan: Plan) -> Report:
         try:
+            self.prefetched = self._prefetch(plan)
             for index, phase in enumerate(plan.phases):
                 self._run_phase(phase)
                 if self.failed:
@@ -117,7 +140,10 @@ class Executor:
             return
         self.progress.phase(phase.name, len(nodes))
         self.current = (phase.name, "facts", [n.name for n in nodes])
-        facts = self._gather(phase, nodes)
+        if self.prefetched is not None and self._facts_still_valid():
+            facts = {n.name: self.prefetched[n.name] for n in nodes if n.name in self.prefetched}
+        else:
+            facts = self._gather(phase, nodes)
         nodes = [n for n in nodes if n.name in facts]
         for step in phase.steps:
             targets = [n for n in nodes if n.name not in self.failed and self._in_scope(step, n)]
@@ -125,6 +151,30 @@ class Executor:
             futures = [self.pool.submit(self._run_step, phase, step, n, facts) for n in targets]
             for future in futures:
                 future.result()
+
+    def _prefetch(self, plan: Plan) -> dict[str, dict[str, Any]] | None:
+        """Gather every phase's facts in one round trip per node, up front.
+
+        They stay valid until something changes: a no-change run and any dry run then cost one
+        round trip per node in all, instead of one per phase. After the first change, each later
+        phase gathers its own fresh facts again.
+        """
+        if len(plan.phases) < 2:
+            return None
+        requests: dict[str, list[dict[str, Any]]] = {}
+        for phase in plan.phases:
+            for node in phase.nodes(self.inventory):
+                if node.name in self.transports and node.name not in self.failed:
+                    requests.setdefault(node.name, []).append(phase.facts(self.inventory, node))
+        merged = Phase("facts", [], lambda inventory, node: merge_requests(requests[node.name]))
+        nodes = [n for n in self.inventory.nodes if n.name in requests]
+        self.progress.phase("facts", len(nodes))
+        return self._gather(merged, nodes)
+
+    def _facts_still_valid(self) -> bool:
+        return self.options.dry_run or not any(
+            s.status == "changed" for host in self.report.hosts.values() for s in host.steps
+        )
 
     def _in_scope(self, step: Step, node: Node) -> bool:
         return step.scope == "node" or node.name == self.inventory.head_name

@@ -6,15 +6,19 @@ rank-N.log on every node; tail's `==> file <==` headers tell which file a line c
 Lines are printed as they arrive, each prefixed with its node and source.
 
 Following: a remote `tail -F` or `docker logs -f` would outlive a closed SSH channel (sshd
-sends no signal to a command without a terminal), so each followed command runs beside a
-watchdog that waits for the channel's stdin to close and then ends it. Ctrl-C closes every
-channel: nothing is left running on the nodes.
+sends no signal to a command without a terminal, even when the controller dies), so followed
+commands run on a pseudo-terminal: when the channel or the whole connection goes, sshd closes
+the terminal and the kernel hangs up every process on it. Ctrl-C closes every channel:
+nothing is left running on the nodes (checked in tests/e2e/test_status_down.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
 
-from orchestrator.commands import docker_cmd, join, quote
+from orchestrator.commands import docker_cmd, quote
 from orchestrator.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.steps.teardown import RUN_DIR
@@ -113,25 +117,13 @@ def file_log_cmd(files: list[str], follow: bool, since: float | None, tail: int 
     return pick + f"tail -v -n {lines}{' -F' if follow else ''} -- $files"
 
 
-def with_watchdog(command: str) -> str:
-    """Run `command` until it ends or until our stdin closes (the channel is gone)."""
-    return (
-        "exec 3<&0; " + join(["sh", "-c", command]) + " </dev/null 2>&1 & child=$!; "
-        "( cat <&3 >/dev/null 2>&1; kill -TERM $child 2>/dev/null ) >/dev/null 2>&1 & "
-        "wait $child"
-    )
-
-
 def sources_for(inventory: Inventory, node: Node, follow: bool, since: float | None,
                 tail: int | None) -> list[LogSource]:
-    plain = [
+    return [
         LogSource(node.name, "container", container_log_cmd(inventory, follow, since, tail) + " 2>&1"),
         LogSource(node.name, "files", file_log_cmd(expected_files(inventory, node), follow, since, tail)
                   + " 2>&1"),
     ]
-    if not follow:
-        return plain
-    return [LogSource(s.node, s.label, with_watchdog(s.command)) for s in plain]
 
 
 class LineTagger:
@@ -167,7 +159,7 @@ class LineTagger:
 class Stream:
     """One remote command whose output is read line by line; close() ends it on the node."""
 
-    def __init__(self, transport: Transport, command: str) -> None:
+    def __init__(self, transport: Transport, command: str, terminal: bool) -> None:
         self.closed = threading.Event()
         self._channel: Any = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -176,13 +168,16 @@ class Stream:
             ssh = connection.client.get_transport()
             channel = ssh.open_session()
             channel.set_combine_stderr(True)
+            if terminal:  # its hang-up ends the command when the channel goes (see above)
+                channel.get_pty(term="dumb", width=500)
             channel.exec_command(command)
             self._channel = channel
             self._reader = channel.makefile("rb")
         else:
+            # its own process group, so close() ends the command and everything it started
             self._process = subprocess.Popen(
-                ["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                ["sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True,
             )
             self._reader = self._process.stdout
 
@@ -198,17 +193,17 @@ class Stream:
         self.closed.set()
         if self._channel is not None:
             self._channel.close()
-        if self._process is not None:
-            if self._process.stdin:
-                self._process.stdin.close()
+        if self._process is not None and self._process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGTERM)
             try:
                 self._process.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                self._process.kill()
+                os.killpg(self._process.pid, signal.SIGKILL)
 
 
 def stream_logs(inventory: Inventory, transports: dict[str, Transport], sources: list[LogSource],
-                out: TextIO | None = None, err: TextIO | None = None) -> int:
+                follow: bool, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Print every source's lines as they arrive; returns the exit code."""
     out = out or sys.stdout
     err = err or sys.stderr
@@ -231,7 +226,7 @@ def stream_logs(inventory: Inventory, transports: dict[str, Transport], sources:
     threads = []
     for source in sources:
         try:
-            stream = Stream(transports[source.node], source.command)
+            stream = Stream(transports[source.node], source.command, terminal=follow)
         except Exception as exc:
             err.write(f"{source.node}: cannot open a log stream: {exc}\n")
             failed = True
@@ -266,6 +261,11 @@ def stream_logs(inventory: Inventory, transports: dict[str, Transport], sources:
     return EXIT_FAILED if failed else EXIT_OK
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM ends a follow as cleanly as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
 def run_logs(inventory: Inventory, node_names: list[str], follow: bool, since: str | None,
              tail: int | None) -> int:
     from orchestrator.session import open_session
@@ -280,5 +280,9 @@ def run_logs(inventory: Inventory, node_names: list[str], follow: bool, since: s
                 code = EXIT_FAILED
         sources = [s for n in nodes if n.name in session.transports
                    for s in sources_for(inventory, n, follow, since_time, tail)]
-        result = stream_logs(inventory, session.transports, sources)
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            result = stream_logs(inventory, session.transports, sources, follow)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     return result if result != EXIT_OK else code

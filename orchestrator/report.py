@@ -67,6 +67,11 @@ class Report:
         return sum(1 for h in self.hosts.values() for s in h.steps if s.status == status)
 
     @property
+    def failures(self) -> int:
+        """Failed steps plus nodes that could not be reached at all."""
+        return self.count("failed") + sum(1 for h in self.hosts.values() if h.error)
+
+    @property
     def exit_code(self) -> int:
         return EXIT_OK if self.ok else EXIT_FAILED
 
@@ -82,8 +87,9 @@ class Report:
             "ok": self.ok,
             "seconds": round(self.seconds, 3),
             "changed": self.count("changed") + self.count("planned"),
-            "failed": self.count("failed") + sum(1 for h in self.hosts.values() if h.error),
+            "failed": self.failures,
             "hosts": hosts,
+            **({"notes": list(self.notes)} if self.notes else {}),
             **self.extra,
         }
 
@@ -130,7 +136,7 @@ def render_table(report: Report, show_diffs: bool = False, verbose: bool = False
                     console.print(step.diff, markup=False, highlight=False)
     summary = (
         f"{report.command}: {len(report.hosts)} node(s), {report.count('changed')} changed, "
-        f"{report.count('failed')} failed"
+        f"{report.failures} failed"
     )
     if report.count("planned"):
         summary += f", {report.count('planned')} would change"

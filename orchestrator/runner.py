@@ -49,6 +49,8 @@ class RunRequest:
     trust_new_hosts: bool = False
     break_lock: bool = False
     lock: bool = True
+    lock_optional: bool = False
+    """Run without the lock when the head (where it lives) is unreachable, and say so (down)."""
     require_all_nodes: bool = True
     values: dict[str, Any] = field(default_factory=dict)
     after: Callable[[Session, Report], None] | None = None
@@ -78,6 +80,11 @@ def execute(request: RunRequest) -> int:
         if not request.yes:
             _confirm_interactively(request, session, plan, options)
         options.dry_run = False
+        if request.lock and request.lock_optional and request.inventory.head_name not in session.transports:
+            request.lock = False
+            session.report.notes.append(
+                f"The head {request.inventory.head_name} is unreachable: ran without the cluster lock."
+            )
         if request.lock:
             with cluster_lock(session, request.command, request.break_lock):
                 run_plan(session, plan, options)

@@ -13,6 +13,7 @@ failing its health checks).
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -364,7 +365,7 @@ def _age(iso: str | None, now: float | None) -> int | None:
     text = iso.replace("Z", "+00:00")
     if "." in text:  # docker prints nanoseconds; fromisoformat takes at most microseconds
         head, _, rest = text.partition(".")
-        digits = "".join(ch for ch in rest if ch.isdigit())
+        digits = "".join(itertools.takewhile(str.isdigit, rest))
         zone = rest[len(digits):]
         text = f"{head}.{digits[:6]}{zone}"
     try:

@@ -123,7 +123,9 @@ def test_delay_and_loss_caught_by_deep(upped: tuple[Lab, Path], faults: Any) -> 
 
 def test_sshd_stopped_in_one_container(upped: tuple[Lab, Path], faults: Any) -> None:
     lab, inventory = upped
-    lab.exec("spark-b", f"docker exec {CONTAINER} sh -c 'kill $(cat /run/sparkctl-sshd.pid)'")
+    # sshd is the container's main process: the exec dies with it (exit 137), as in docker
+    lab.exec("spark-b", f"docker exec {CONTAINER} sh -c 'kill $(cat /run/sparkctl-sshd.pid)'",
+             check=False)
     try:
         code, report = netcheck(inventory)
         assert code == 1

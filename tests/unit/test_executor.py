@@ -202,3 +202,31 @@ def test_changed_steps_are_recorded_for_later_verification() -> None:
                        Phase("two", [Verify()], facts_request)])
     run(plan, {"spark-a": {"have": 1, "want": 2}, "spark-b": {"have": 1, "want": 1}})
     assert shared_seen[0] == ["spark-a: one/s1"]
+
+
+def test_no_change_run_gathers_facts_once_per_node_for_all_phases() -> None:
+    same = {n: {"have": 1, "want": 1} for n in ("spark-a", "spark-b", "spark-c")}
+    plan = Plan("up", [Phase(f"p{i}", [Recorder(f"s{i}")], facts_request) for i in range(4)])
+    report, journal = run(plan, same)
+    assert report.count("ok") == 12
+    assert sorted(node for node, _ in journal) == ["spark-a", "spark-b", "spark-c"]
+
+
+def test_after_a_change_later_phases_gather_fresh_facts() -> None:
+    plan = Plan("up", [Phase(f"p{i}", [Recorder(f"s{i}")], facts_request) for i in range(3)])
+    _, journal = run(plan, {"spark-a": {"have": 1, "want": 2}})
+    gathers = [cmd for _, cmd in journal if cmd.startswith("python3 - ")]
+    # one prefetch; p0 uses it and changes something; p1 and p2 gather again
+    assert len(gathers) == 3
+
+
+def test_merge_requests_answers_every_phase() -> None:
+    from orchestrator.executor import merge_requests
+
+    merged = merge_requests([
+        {"files": {"/a": True}, "links": True, "containers": ["x"], "timeout": 30},
+        {"files": {"/a": False, "/b": False}, "links": False, "containers": ["x", "y"], "timeout": 60,
+         "commands": {"v": "docker version"}},
+    ])
+    assert merged == {"files": {"/a": True, "/b": False}, "links": True, "containers": ["x", "y"],
+                      "timeout": 60, "commands": {"v": "docker version"}}

@@ -1,0 +1,115 @@
+"""Faults of a served model on the lab: a rank dying after ready, and Ctrl-C during launch's
+health wait. (A hang while loading is tests/e2e/test_launch.py's last test.)
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import Lab
+from faultkit import SPARKCTL, converge, env, explain, lock_is_free, report_of, sparkctl, wait_for
+
+pytestmark = pytest.mark.lab
+
+RUN = "/var/lib/sparkctl/run"
+CONTAINER = "trtllm-multinode"
+LAB_CONFIG = "/var/lib/sparklab/config/lab.json"
+TOKEN = "hf_SENTINELserverFaults4242"  # the lab's hub serves gated models to any token
+
+
+def launch(lab: Lab, *extra: str, timeout: str = "60") -> subprocess.CompletedProcess[str]:
+    return sparkctl(lab, "launch", "qwen3-235b", "--inventory", str(lab.inventory), "--yes",
+                    "--json", "--timeout", timeout, *extra, timeout=300, HF_TOKEN=TOKEN)
+
+
+def mpirun_alive(lab: Lab) -> bool:
+    probe = f"docker exec {CONTAINER} sh -c 'kill -0 $(cat {RUN}/mpirun.pid)'"
+    return lab.exec(lab.nodes[0], probe, check=False).returncode == 0
+
+
+def stop_server(lab: Lab) -> None:
+    lab.exec(lab.nodes[0], f"docker exec {CONTAINER} sh -c 'kill $(cat {RUN}/mpirun.pid)'",
+             check=False)
+    wait_for(lab, lab.nodes[0], f"! docker exec {CONTAINER} sh -c 'kill -0 $(cat {RUN}/mpirun.pid)'")
+
+
+def set_engine_load_seconds(lab: Lab, seconds: float) -> None:
+    edit = ("import json,sys; p=sys.argv[1]; c=json.load(open(p)); "
+            f"c['engine_load_seconds']={seconds}; json.dump(c, open(p, 'w'))")
+    for node in lab.nodes:
+        lab.exec(node, ["python3", "-c", edit, LAB_CONFIG])
+
+
+@pytest.fixture
+def serving(lab: Lab) -> Iterator[Lab]:
+    lab.cli("fault", "restore", check=True)
+    converge(lab)
+    result = launch(lab)
+    assert result.returncode == 0, explain(result)
+    yield lab
+    lab.cli("fault", "restore", check=True)
+    stop_server(lab)
+
+
+def test_rank_dying_after_ready_is_reported_and_relaunch_recovers(serving: Lab,
+                                                                  tally: Any) -> None:
+    """What the code does today: status names the dead rank (exit 1); a relaunch of the same
+    recipe takes the dead server for one still loading, waits out --timeout, then stops every
+    rank and exits 1 (GAP: it should see the dead rank and restart at once); the launch after
+    that starts a fresh server."""
+    lab = serving
+    other = lab.nodes[1]
+    lab.cli("fault", "rank-die", "--node", other, check=True)
+    wait_for(lab, other, f"grep -q 'rank-die' {RUN}/rank-1.log")
+    status = sparkctl(lab, "status", "--inventory", str(lab.inventory), "--json")
+    assert status.returncode == 1, explain(status)
+    state = report_of(status)
+    assert state["ok"] is False and state["state"] == "degraded"
+    assert any("rank-1" in p and "ended" in p for p in state["nodes"][other]["problems"]), state
+    assert state["server"]["state"] != "healthy"
+    lab.cli("fault", "restore", check=True)
+    again = launch(lab, timeout="6")
+    assert again.returncode == 1, explain(again)
+    text = json.dumps(report_of(again))
+    assert "not ready within 6s" in text and "every rank was stopped" in text, text
+    assert not mpirun_alive(lab)
+    fresh = launch(lab)
+    assert fresh.returncode == 0, explain(fresh)
+    healthy = sparkctl(lab, "status", "--inventory", str(lab.inventory), "--json")
+    assert healthy.returncode == 0 and report_of(healthy)["server"]["state"] == "healthy"
+    tally.add("faults survived")
+
+
+def test_ctrl_c_during_the_health_wait_leaves_the_server_loading(serving: Lab,
+                                                                 tally: Any) -> None:
+    lab = serving
+    stop_server(lab)
+    set_engine_load_seconds(lab, 40)
+    try:
+        process = subprocess.Popen(
+            [SPARKCTL, "launch", "qwen3-235b", "--inventory", str(lab.inventory), "--yes",
+             "--timeout", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env(lab, HF_TOKEN=TOKEN))
+        seen = []
+        assert process.stderr is not None
+        for line in process.stderr:
+            seen.append(line)
+            if "deadline in" in line:  # the health wait's progress line
+                process.send_signal(signal.SIGINT)
+                break
+        out, err = process.communicate(timeout=60)
+        stderr = "".join(seen) + err
+        assert process.returncode == 130, f"{process.returncode}\n{out}\n{stderr}"
+        for hint in ("sparkctl logs --follow", "sparkctl status", "sparkctl down"):
+            assert hint in stderr, stderr
+        assert "keeps loading" in stderr and "Traceback" not in stderr
+        assert mpirun_alive(lab), "Ctrl-C must stop the waiting only, not the server"
+        assert lock_is_free(lab)
+    finally:
+        set_engine_load_seconds(lab, 3)
+    tally.add("faults survived")
