@@ -207,37 +207,49 @@ def take_lock(owner, stale_seconds):
     return {"held": False, "holder": {}, "age": 0}
 
 
+def collectors(request):
+    """(key, function) for every fact asked for; they run in parallel threads because most of
+    the time is spent waiting on subprocesses (docker, ip, ibdev2netdev)."""
+    timeout = request.get("timeout", 30)
+    tasks = []
+    simple = (
+        ("netplan", lambda: netplan_files()),
+        ("links", lambda: links()),
+        ("ibdev2netdev", lambda: ibdev2netdev()),
+        ("containers", lambda: docker_inspect("container", request["containers"])),
+        ("images", lambda: docker_inspect("image", request["images"])),
+        ("disk", lambda: disk(request["disk"])),
+        ("routes", lambda: routes(request["routes"])),
+        ("resolve", lambda: resolve(request["resolve"])),
+        ("python", lambda: list(sys.version_info[:3])),
+        ("users", lambda: {u: run(["id", u])["rc"] == 0 for u in request["users"]}),
+        ("probes", lambda: probes(request["probes"])),
+    )
+    for key, function in simple:
+        if request.get(key):
+            tasks.append(((key,), function))
+    for path, want in (request.get("files") or {}).items():
+        tasks.append((("files", path), lambda path=path, want=want: file_fact(path, want)))
+    for key, command in (request.get("commands") or {}).items():
+        tasks.append((("commands", key), lambda command=command: run(command, timeout=timeout, shell=True)))
+    return tasks
+
+
 def main():
+    from concurrent.futures import ThreadPoolExecutor
+
     request = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     facts = {"hostname": socket.gethostname(), "time": time.time()}
     if "lock" in request:
         facts["lock"] = take_lock(request["lock"], request.get("lock_stale_seconds", 7200))
-    for path, want in (request.get("files") or {}).items():
-        facts.setdefault("files", {})[path] = file_fact(path, want)
-    if request.get("netplan"):
-        facts["netplan"] = netplan_files()
-    if request.get("links"):
-        facts["links"] = links()
-    if request.get("ibdev2netdev"):
-        facts["ibdev2netdev"] = ibdev2netdev()
-    if request.get("containers"):
-        facts["containers"] = docker_inspect("container", request["containers"])
-    if request.get("images"):
-        facts["images"] = docker_inspect("image", request["images"])
-    if request.get("disk"):
-        facts["disk"] = disk(request["disk"])
-    if request.get("routes"):
-        facts["routes"] = routes(request["routes"])
-    if request.get("resolve"):
-        facts["resolve"] = resolve(request["resolve"])
-    if request.get("python"):
-        facts["python"] = list(sys.version_info[:3])
-    if request.get("users"):
-        facts["users"] = {u: run(["id", u])["rc"] == 0 for u in request["users"]}
-    if request.get("probes"):
-        facts["probes"] = probes(request["probes"])
-    for key, command in (request.get("commands") or {}).items():
-        facts.setdefault("commands", {})[key] = run(command, timeout=request.get("timeout", 30), shell=True)
+    tasks = collectors(request)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = [(key, pool.submit(function)) for key, function in tasks]
+    for key, future in results:
+        if len(key) == 1:
+            facts[key[0]] = future.result()
+        else:
+            facts.setdefault(key[0], {})[key[1]] = future.result()
     json.dump(facts, sys.stdout)
 
 

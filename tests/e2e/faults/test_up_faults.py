@@ -185,9 +185,7 @@ def test_ctrl_c_during_up_says_what_changed_releases_the_lock_and_rerun_converge
         cluster: Lab, tmp_path: Path, tally: Any) -> None:
     lab = cluster
     wanted = inventory_with_mtu(lab, tmp_path, 8000)
-    import subprocess
 
-    from faultkit import SPARKCTL, env
 
     process = subprocess.Popen([SPARKCTL, "up", "--inventory", str(wanted), "--yes"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
