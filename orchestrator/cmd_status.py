@@ -10,7 +10,8 @@ from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
 def _status(inventory_path: str | None, as_json: bool) -> int:
     from orchestrator.report import print_json
     from orchestrator.runner import load_inventory_option
-    from orchestrator.status import gather_status, render_status
+    from orchestrator.status import gather_status
+    from orchestrator.status_render import render_status
 
     inventory, _ = load_inventory_option(inventory_path)
     result = gather_status(inventory)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import logs, status
+from orchestrator import logs, status, status_render
 from orchestrator.errors import InputError
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.steps.teardown import NETPLAN_FILE, SERVER_JSON
@@ -143,12 +143,12 @@ def test_status_request_probes_only_on_the_head() -> None:
 
 def test_human_duration() -> None:
     seconds = (5, 125, 7300, 90000, None)
-    assert [status.human_duration(s) for s in seconds] == ["5s", "2m", "2h01m", "1d1h", "?"]
+    assert [status_render.human_duration(s) for s in seconds] == ["5s", "2m", "2h01m", "1d1h", "?"]
 
 
 def test_render_does_not_crash(capsys: pytest.CaptureFixture[str]) -> None:
     facts = {"spark-a": node_facts("spark-a", server=SERVER, probe={"/health": 503})}
-    status.render_status({**status.assess(INVENTORY, facts, {"spark-b": "down"}), "seconds": 1.0})
+    status_render.render_status({**status.assess(INVENTORY, facts, {"spark-b": "down"}), "seconds": 1.0})
     out = capsys.readouterr().out
     assert "spark-b" in out and "UNHEALTHY" in out and "loading" in out
 

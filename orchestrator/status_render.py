@@ -1,0 +1,93 @@
+"""Rendering `sparkctl status` for people (the JSON is the assessed dict itself)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def human_duration(seconds: int | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, _ = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m"
+
+
+# ------------------------------------------------------------------ rendering
+
+STATE_STYLE = {"up": "green", "serving": "green", "healthy": "green", "not-set-up": "dim",
+               "network-only": "cyan", "problem": "bold red", "unreachable": "bold red",
+               "degraded": "bold red", "starting": "yellow", "down": "bold red",
+               "unhealthy": "bold red", "partial": "yellow"}
+
+
+def _styled(value: str) -> str:
+    style = STATE_STYLE.get(value)
+    return f"[{style}]{value}[/]" if style else value
+
+
+def render_status(status: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    table = Table(title=f"sparkctl status: {status['cluster']} ({_styled(status['state'])})")
+    for column in ("node", "state", "fabric", "container"):
+        table.add_column(column, overflow="fold")
+    for name, node in status["nodes"].items():
+        label = f"{name} ({node['role']})"
+        if not node["reachable"]:
+            table.add_row(label, _styled("unreachable"), "-", "-")
+            continue
+        fabric = []
+        for iface, link in node["network"]["interfaces"].items():
+            mark = "" if link["ok"] else " [red]![/]"
+            addresses = ",".join(link["addresses"]) or "no address"
+            fabric.append(f"{iface} {link['state']} {addresses} mtu {link['mtu']}{mark}")
+        if not node["network"]["configured"]:
+            fabric.append("[dim]not configured by sparkctl[/]")
+        table.add_row(label, _styled(node["state"]), "\n".join(fabric),
+                      _container_cell(node["container"]))
+    console.print(table)
+    server = status.get("server")
+    if server is None:
+        console.print("server: none launched")
+    else:
+        console.print(
+            f"server: {_styled(server['state'])} {server.get('recipe')} ({server.get('model')}"
+            + (f", draft {server['draft_model']}" if server.get("draft_model") else "")
+            + f"), {server['endpoint']}, up {human_duration(server.get('uptime_seconds'))}",
+            markup=True,
+        )
+        if server["state"] != "healthy" and server.get("log_tail"):
+            console.print("  last lines of server.log:")
+            for line in server["log_tail"]:
+                console.print("    " + line, markup=False)
+    problems = [(name, p) for name, node in status["nodes"].items() for p in node["problems"]]
+    for name, problem in problems:
+        console.print(f"[bold red]✗[/] {name}: {escape(problem)}")
+    console.print(("[green]OK[/]" if status["ok"] else "[bold red]UNHEALTHY[/]")
+                  + f" in {status.get('seconds', 0):.1f}s")
+
+
+def _container_cell(container: dict[str, Any]) -> str:
+    status = container["status"]
+    if status == "absent":
+        return "[dim]none[/]"
+    parts = [_styled("up") if status == "running" else _styled(status)]
+    if container.get("uptime_seconds") is not None:
+        parts.append(human_duration(container["uptime_seconds"]))
+    digest = container.get("digest") or container.get("image_id") or ""
+    if digest:
+        parts.append(digest.split(":")[-1][:12])
+    if container.get("config"):
+        parts.append(f"config {container['config']}")
+    return " ".join(parts)
