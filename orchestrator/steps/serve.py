@@ -154,7 +154,7 @@ if a["action"] in ("status", "chat"):
 json.dump(out, sys.stdout)
 """
 
-Decision = Literal["noop", "loading", "start", "replace", "refuse"]
+Decision = Literal["noop", "loading", "start", "replace", "restart", "refuse"]
 
 
 def node_cmd(container: str, **args: Any) -> str:
@@ -207,15 +207,30 @@ def server_record(recipe: Recipe, host: str, digest: str) -> dict[str, Any]:
     }
 
 
-def decide(status: dict[str, Any], digest: str, replace: bool) -> Decision:
-    """What to do given the head's status (server.json, pids, /health) and the wanted config."""
+def decide(status: dict[str, Any], digest: str, replace: bool,
+           dead_ranks: tuple[str, ...] = ()) -> Decision:
+    """What to do given the head's status (server.json, pids, /health), the ranks that died on
+    any node, and the wanted config."""
     server = status.get("server") or {}
     running = bool((status.get("pids") or {}).get("mpirun.pid", {}).get("alive"))
     if not running:
         return "start"
     if server.get("config_hash") == digest:
+        if dead_ranks:
+            # mpirun lives on but a rank is gone: it would never become healthy again
+            return "restart"
         return "noop" if status.get("health") == 200 else "loading"
     return "replace" if replace else "refuse"
+
+
+def dead_ranks(cluster_facts: dict[str, dict[str, Any]], nodes: list[str]) -> tuple[str, ...]:
+    """Recorded rank processes that have ended, as "node: rank-N"."""
+    dead = []
+    for node in nodes:
+        pids = status_from_facts(cluster_facts.get(node, {})).get("pids") or {}
+        dead += [f"{node}: {name.removesuffix('.pid')}" for name, info in sorted(pids.items())
+                 if name.startswith("rank-") and not info.get("alive")]
+    return tuple(dead)
 
 
 def refusal(status: dict[str, Any], recipe: Recipe) -> str:
@@ -242,7 +257,8 @@ class LaunchSpec:
 
     def decision(self, ctx: NodeContext) -> Decision:
         head = ctx.cluster_facts.get(self.inventory.head_name, {})
-        decision = decide(status_from_facts(head), self.digest, self.replace)
+        dead = dead_ranks(ctx.cluster_facts, sorted(self.serving))
+        decision = decide(status_from_facts(head), self.digest, self.replace, dead)
         if decision == "refuse":
             raise SparkctlError(refusal(status_from_facts(head), self.recipe))
         return decision
@@ -315,7 +331,10 @@ class StartServer(Step):
             return Unchanged(f"already serving {recipe.name} (config {self.spec.digest}), /health 200")
         if decision == "loading":
             return Unchanged(f"{recipe.name} (config {self.spec.digest}) is already starting")
-        verb = "replace the running server with" if decision == "replace" else "start"
+        verb = {"replace": "replace the running server with",
+                "restart": "restart (a rank died: "
+                + ", ".join(dead_ranks(ctx.cluster_facts, sorted(self.spec.serving))) + ")",
+                }.get(decision, "start")
         return Change(
             f"{verb} {recipe.model} on {len(self.spec.serving)} node(s) (tp {recipe.tp_size}) at "
             f"{self.spec.host}:{recipe.port}",

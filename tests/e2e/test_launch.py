@@ -13,6 +13,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO, Lab
@@ -137,7 +138,7 @@ def test_the_token_appears_nowhere(launched: tuple[Lab, subprocess.CompletedProc
 
 
 def test_a_hang_ends_at_the_deadline_with_nothing_left(
-        launched: tuple[Lab, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+        launched: tuple[Lab, subprocess.CompletedProcess[str]], tmp_path: Path, tally: Any) -> None:
     lab, _ = launched
     recipe = (REPO / "orchestrator/recipes/qwen3-235b.yml").read_text()
     variant = tmp_path / "qwen-hang.yml"
@@ -159,3 +160,4 @@ def test_a_hang_ends_at_the_deadline_with_nothing_left(
     for node in lab.nodes:
         left = lab.exec(node, "docker exec trtllm-multinode ps -eo args").stdout
         assert "trtllm" not in left and "mpirun" not in left, f"{node}: {left}"
+    tally.add("faults survived")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -87,7 +88,7 @@ def test_trust_new_hosts_pins_the_keys(lab: Path, tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr
 
 
-def test_changed_host_key_is_refused_even_with_trust_flag(lab: Path) -> None:
+def test_changed_host_key_is_refused_even_with_trust_flag(lab: Path, tally: Any) -> None:
     rotated = sparkctl("lab", "fault", "rotate-hostkey", "--node", "spark-b")
     assert rotated.returncode == 0, rotated.stderr
     try:
@@ -98,9 +99,10 @@ def test_changed_host_key_is_refused_even_with_trust_flag(lab: Path) -> None:
         assert "spark-b" in error
     finally:
         assert sparkctl("lab", "fault", "restore", "--node", "spark-b").returncode == 0
+    tally.add("faults survived")
 
 
-def test_unreachable_node_is_named_and_nothing_changes(lab: Path) -> None:
+def test_unreachable_node_is_named_and_nothing_changes(lab: Path, tally: Any) -> None:
     before = netplan_files("spark-a")
     stopped = sparkctl("lab", "fault", "stop-sshd", "--node", "spark-b")
     assert stopped.returncode == 0, stopped.stderr
@@ -114,3 +116,4 @@ def test_unreachable_node_is_named_and_nothing_changes(lab: Path) -> None:
         assert netplan_files("spark-a") == before, "nothing may change on the reachable node"
     finally:
         assert sparkctl("lab", "fault", "restore", "--node", "spark-b").returncode == 0
+    tally.add("faults survived")

@@ -99,7 +99,7 @@ def test_mtu_change_touches_only_the_netplan_file_and_apply(lab: Lab, tmp_path: 
 
 
 def test_fabric_broken_right_before_apply_is_rolled_back(lab: Lab, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+                                                    monkeypatch: pytest.MonkeyPatch, tally: Any) -> None:
     converge(lab)
     before = netplan_text(lab, "spark-a")
     original = network.NetplanApply.apply
@@ -129,6 +129,7 @@ def test_fabric_broken_right_before_apply_is_rolled_back(lab: Lab, tmp_path: Pat
     assert netplan_text(lab, "spark-a") == before
     monkeypatch.undo()
     converge(lab)
+    tally.add("faults survived")
 
 
 KILL_AFTER_APPLY = """
