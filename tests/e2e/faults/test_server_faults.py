@@ -4,7 +4,6 @@ health wait. (A hang while loading is tests/e2e/test_launch.py's last test.)
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 from collections.abc import Iterator
