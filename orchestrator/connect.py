@@ -62,7 +62,6 @@ def open_ssh(
     pin_lock: threading.Lock,
 ) -> SSHTransport:
     import paramiko
-    from fabric import Connection
 
     cluster = inventory.cluster
     key_file = inventory.path_setting(cluster.ssh_key)
@@ -86,27 +85,17 @@ def open_ssh(
         reraise=True,
     )
     def attempt() -> SSHTransport:
-        connection = Connection(
-            node.host,
-            user=cluster.user,
-            port=cluster.ssh_port,
-            connect_timeout=cluster.connect_timeout,
-            connect_kwargs={
-                "key_filename": str(key_file),
-                "look_for_keys": False,
-                "allow_agent": False,
-                "banner_timeout": cluster.connect_timeout,
-                "auth_timeout": cluster.connect_timeout,
-            },
-        )
-        client = connection.client
-        client.get_host_keys().clear()
+        client = paramiko.SSHClient()
         if known_hosts.exists():
             client.load_host_keys(str(known_hosts))
         policy = _pinning_policy(known_hosts, pin_lock) if trust_new_hosts else paramiko.RejectPolicy()
         client.set_missing_host_key_policy(policy)
         try:
-            connection.open()
+            client.connect(
+                node.host, port=cluster.ssh_port, username=cluster.user, key_filename=str(key_file),
+                look_for_keys=False, allow_agent=False, timeout=cluster.connect_timeout,
+                banner_timeout=cluster.connect_timeout, auth_timeout=cluster.connect_timeout,
+            )
         except paramiko.BadHostKeyException as exc:
             raise HostKeyError(
                 f"{node.name}: HOST KEY CHANGED for {node.host}: expected {_fingerprint(exc.expected_key)}, "
@@ -135,7 +124,7 @@ def open_ssh(
         transport = client.get_transport()
         if transport is not None:
             transport.set_keepalive(KEEPALIVE_SECONDS)
-        return SSHTransport(node.name, connection, cluster.user, sudo_password, cluster.command_timeout)
+        return SSHTransport(node.name, client, cluster.user, sudo_password, cluster.command_timeout)
 
     started, opened = time.time(), False
     try:

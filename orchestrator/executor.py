@@ -14,11 +14,14 @@ import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import python_script_cmd
 from orchestrator.errors import SparkctlError
 from orchestrator.facts import gather_script
+
+if TYPE_CHECKING:
+    from orchestrator.lock import ClusterLock
 from orchestrator.inventory import Inventory, Node
 from orchestrator.progress import Progress
 from orchestrator.report import Report, StepResult
@@ -76,8 +79,9 @@ def _merge_values(a: Any, b: Any) -> Any:
 class Executor:
     def __init__(
         self, inventory: Inventory, transports: dict[str, Transport], options: RunOptions,
-        report: Report, progress: Progress,
+        report: Report, progress: Progress, lock: ClusterLock | None = None,
     ) -> None:
+        self.lock = lock
         self.inventory = inventory
         self.transports = transports
         self.options = options
@@ -94,6 +98,8 @@ class Executor:
     def run(self, plan: Plan) -> Report:
         try:
             self.prefetched = self._prefetch(plan)
+            if self.lock is not None:
+                self.lock.ensure()
             for index, phase in enumerate(plan.phases):
                 self._run_phase(phase)
                 if self.failed:
@@ -166,10 +172,16 @@ class Executor:
             for node in phase.nodes(self.inventory):
                 if node.name in self.transports and node.name not in self.failed:
                     requests.setdefault(node.name, []).append(phase.facts(self.inventory, node))
+        head = self.inventory.head_name
+        if self.lock is not None and head in requests:
+            requests[head].append(self.lock.request())
         merged = Phase("facts", [], lambda inventory, node: merge_requests(requests[node.name]))
         nodes = [n for n in self.inventory.nodes if n.name in requests]
         self.progress.phase("facts", len(nodes))
-        return self._gather(merged, nodes)
+        facts = self._gather(merged, nodes)
+        if self.lock is not None and head in facts:
+            self.lock.accept(facts[head].get("lock", {}))
+        return facts
 
     def _facts_still_valid(self) -> bool:
         return self.options.dry_run or not any(

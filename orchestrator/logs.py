@@ -163,9 +163,8 @@ class Stream:
         self.closed = threading.Event()
         self._channel: Any = None
         self._process: subprocess.Popen[bytes] | None = None
-        connection = getattr(transport, "connection", None)
-        if connection is not None:
-            ssh = connection.client.get_transport()
+        ssh = getattr(transport, "paramiko_transport", None)
+        if ssh is not None:
             channel = ssh.open_session()
             channel.set_combine_stderr(True)
             if terminal:  # its hang-up ends the command when the channel goes (see above)

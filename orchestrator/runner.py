@@ -14,10 +14,12 @@ from typing import Any
 
 import click
 
-from orchestrator.errors import EXIT_BAD_INPUT, InputError
+from orchestrator.errors import EXIT_BAD_INPUT, InputError, SparkctlError
+from orchestrator.executor import Interrupted
 from orchestrator.inventory import Inventory
+from orchestrator.lock import ClusterLock
 from orchestrator.report import Report, print_json, render_table
-from orchestrator.session import Session, cluster_lock, open_session, run_plan
+from orchestrator.session import Session, open_session, run_plan
 from orchestrator.step import Plan, RunOptions
 
 log = logging.getLogger("sparkctl.runner")
@@ -85,15 +87,22 @@ def execute(request: RunRequest) -> int:
             session.report.notes.append(
                 f"The head {request.inventory.head_name} is unreachable: ran without the cluster lock."
             )
+        lock = None
         if request.lock:
-            with cluster_lock(session, request.command, request.break_lock):
-                run_plan(session, plan, options)
-                if request.after and session.report.ok:
-                    request.after(session, session.report)
-        else:
-            run_plan(session, plan, options)
+            head = request.inventory.head_name
+            if head not in session.transports:
+                raise SparkctlError(f"cannot lock the cluster: the head {head} is unreachable")
+            lock = ClusterLock(head, session.transports[head], request.command, request.break_lock)
+        try:
+            run_plan(session, plan, options, lock)
             if request.after and session.report.ok:
                 request.after(session, session.report)
+        except Interrupted:
+            _finish(request, session.finish(), run_log)
+            raise
+        finally:
+            if lock is not None:
+                lock.release()
         return _finish(request, session.finish(), run_log)
 
 

@@ -6,24 +6,23 @@ it here.
 
 from __future__ import annotations
 
-import getpass
 import logging
 import os
-import socket
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from orchestrator.errors import LockError, SparkctlError
-from orchestrator.executor import Executor, gather_facts
+from orchestrator.executor import Executor
 from orchestrator.inventory import Inventory, Node
 from orchestrator.progress import Progress
-from orchestrator.report import Report, StepResult
+from orchestrator.report import Report
 from orchestrator.step import Plan, RunOptions
 from orchestrator.transport import SudoPassword, Transport
+
+if TYPE_CHECKING:
+    from orchestrator.lock import ClusterLock
 
 log = logging.getLogger("sparkctl.session")
 
@@ -79,73 +78,9 @@ def open_session(
         session.close()
 
 
-def run_plan(session: Session, plan: Plan, options: RunOptions) -> Report:
+def run_plan(session: Session, plan: Plan, options: RunOptions,
+             lock: ClusterLock | None = None) -> Report:
     executor = Executor(session.inventory, session.transports, options, session.report,
-                        session.progress)
+                        session.progress, lock=lock)
     executor.run(plan)
     return session.report
-
-
-@contextmanager
-def cluster_lock(session: Session, command: str, break_lock: bool = False) -> Iterator[None]:
-    """Hold the cluster lock on the head for the duration of a mutating command."""
-    head = session.inventory.head
-    transport = session.transports.get(head.name)
-    if transport is None:
-        raise SparkctlError(f"cannot lock the cluster: the head {head.name} is unreachable")
-    owner = {
-        "token": uuid.uuid4().hex,
-        "user": getpass.getuser(),
-        "controller": socket.gethostname(),
-        "pid": os.getpid(),
-        "command": command,
-        "started": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    answer = _take_lock(transport, owner, break_lock)
-    holder = answer.get("holder") or {}
-    if not answer.get("held") and _holder_is_gone(holder):
-        answer = _take_lock(transport, owner, True)
-    if not answer.get("held"):
-        holder = answer.get("holder") or {}
-        raise LockError(
-            f"the cluster is locked by another sparkctl run: {holder.get('command', '?')} by "
-            f"{holder.get('user', '?')}@{holder.get('controller', '?')} (pid {holder.get('pid', '?')}), "
-            f"since {holder.get('started', '?')}. Wait for it to finish; if that run is gone, "
-            "run again with --break-lock"
-        )
-    try:
-        yield
-    finally:
-        release = (
-            "grep -q " + owner["token"] + " /var/lib/sparkctl/lock/owner 2>/dev/null && "
-            "rm -rf /var/lib/sparkctl/lock || true"
-        )
-        try:
-            transport.run(release, sudo=True, timeout=30)
-        except SparkctlError as exc:
-            log.warning("could not release the lock on %s: %s", head.name, exc)
-
-
-def _take_lock(transport: Transport, owner: dict[str, object], force: bool) -> dict[str, object]:
-    request = {"lock": {**owner, "break": force}, "lock_stale_seconds": LOCK_STALE_SECONDS}
-    return gather_facts(transport, request).get("lock", {})
-
-
-def _holder_is_gone(holder: dict[str, object]) -> bool:
-    """A lock left by a run on this very controller whose process has died is stale."""
-    if holder.get("controller") != socket.gethostname():
-        return False
-    pid = holder.get("pid")
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def record_failure(report: Report, node: str, phase: str, step: str, message: str) -> None:
-    report.add(node, StepResult(phase, step, "failed", message=message))

@@ -1,9 +1,10 @@
 """One narrow way to run commands on a node: `run()` and `close()`.
 
-`SSHTransport` keeps one SSH connection per node for the whole run (fabric opens it, so
-~/.ssh/config and ProxyJump work); host keys are verified against known_hosts with a reject
-policy. `LocalTransport` runs commands directly when sparkctl runs on the node itself.
-Retries cover connecting only: a mutating command is never retried blindly.
+`SSHTransport` keeps one SSH connection per node for the whole run (a paramiko client; fabric
+was dropped because importing it and invoke cost more start-up time than anything it gave us);
+host keys are verified against known_hosts with a reject policy. `LocalTransport` runs commands
+directly when sparkctl runs on the node itself. Retries cover connecting only: a mutating
+command is never retried blindly.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from orchestrator.commands import join, sh_cmd
 from orchestrator.errors import CommandError, TransportError
@@ -181,10 +182,10 @@ class LocalTransport(_SudoMixin):
 class SSHTransport(_SudoMixin):
     """One SSH connection to one node, opened by `connect()` and reused for every command."""
 
-    def __init__(self, node: str, connection: object, user: str, sudo_password: SudoPassword,
+    def __init__(self, node: str, client: Any, user: str, sudo_password: SudoPassword,
                  default_timeout: float = 300.0) -> None:
         self.node = node
-        self.connection = connection  # fabric.Connection, already open
+        self.client = client  # paramiko.SSHClient, already connected
         self.user = user
         self.user_is_root = user == "root"
         self.sudo_password = sudo_password
@@ -194,7 +195,7 @@ class SSHTransport(_SudoMixin):
     def _execute(self, command: str, stdin: bytes, timeout: float) -> tuple[int, str, str]:
         import paramiko
 
-        transport = self.connection.client.get_transport()  # type: ignore[attr-defined]
+        transport = self.paramiko_transport
         if transport is None or not transport.is_active():
             raise TransportError(f"{self.node}: the SSH connection was lost")
         self.commands_sent += 1
@@ -208,10 +209,15 @@ class SSHTransport(_SudoMixin):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(f"{self.node}: the SSH connection broke: {exc}") from None
 
+    @property
+    def paramiko_transport(self) -> Any:
+        """The connection itself, for extra channels (streams, port forwarding)."""
+        return self.client.get_transport()
+
     def close(self) -> None:
         # closing must never hide the real outcome of a run
         with contextlib.suppress(Exception):
-            self.connection.close()  # type: ignore[attr-defined]
+            self.client.close()  # type: ignore[attr-defined]
 
 
 def _collect(channel: object, timeout: float, node: str) -> tuple[int, str, str]:

@@ -37,8 +37,7 @@ class Forwarder:
         self._thread = threading.Thread(target=self._accept_loop, daemon=True)
 
     def _ssh(self) -> Any:
-        connection = getattr(self.transport, "connection", None)
-        return connection.client.get_transport() if connection is not None else None  # type: ignore[attr-defined]
+        return getattr(self.transport, "paramiko_transport", None)
 
     def start(self) -> Forwarder:
         self._thread.start()

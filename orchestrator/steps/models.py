@@ -162,13 +162,13 @@ def manifests_from_facts(ctx: NodeContext, node: str) -> dict[str, Any]:
 def stream_run(transport: Transport, command: str, on_line: Callable[[str], None],
                timeout: float, display: str) -> tuple[int, str]:
     """Run a long command and hand its output lines (progress bars too) over as they come."""
-    connection = getattr(transport, "connection", None)
-    if connection is None:  # local transport: no streaming, same result
+    ssh = getattr(transport, "paramiko_transport", None)
+    if ssh is None:  # local transport: no streaming, same result
         result = transport.run(command, timeout=timeout, display=display)
         for line in (result.stdout + result.stderr).splitlines()[-5:]:
             on_line(line)
         return result.exit_status, result.stderr
-    channel = connection.client.get_transport().open_session()
+    channel = ssh.open_session()
     channel.set_combine_stderr(True)
     channel.exec_command(command)
     channel.shutdown_write()
