@@ -169,7 +169,8 @@ def test_copy_goes_over_the_fabric_through_the_cluster_ssh_config() -> None:
     assert words[:4] == ["docker", "exec", "c", "bash"]
     pipeline = words[-1]
     assert "tar -C /root/.cache/huggingface/hub -cf - models--a--b/snapshots/x" in pipeline
-    assert "ssh -F /etc/sparkctl/ssh_config 192.168.200.13" in pipeline
+    assert ("ssh -F /etc/sparkctl/ssh_config -c aes128-gcm@openssh.com -o Compression=no "
+            "192.168.200.13") in pipeline
     assert "pipefail" in pipeline and "rm -rf" not in pipeline
     assert "rm -rf" in models.copy_cmd("c", "/d", ["x"], "192.168.200.13", replace=True)
 
