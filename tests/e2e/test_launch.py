@@ -68,6 +68,20 @@ def test_launch_serves_across_both_nodes(launched: tuple[Lab, subprocess.Complet
     assert server["tp_size"] == 2 and server["host"] == "127.0.0.1" and server["port"] == 8355
 
 
+def test_models_are_fetched_from_outside_once_on_the_head_only(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    """The lab's simulated hub logs every download (an "outbox" the containers can write); the
+    HF cache survives `down`, so over the whole lab's life each repo is fetched once, by the head."""
+    lab, _ = launched
+    log = "cat /var/lib/sparklab/outbox/hf-downloads.log 2>/dev/null || true"
+    head = [json.loads(line) for line in lab.exec(lab.nodes[0], log).stdout.splitlines()]
+    other = lab.exec(lab.nodes[1], log).stdout
+    assert other == "", f"{lab.nodes[1]} downloaded from outside: {other}"
+    repos = [entry["repo"] for entry in head]
+    assert repos.count(MODEL) == 1 and repos.count("nvidia/Qwen3-235B-A22B-Eagle3") == 1, repos
+    assert {entry["host"] for entry in head} == {lab.nodes[0]}
+
+
 def test_models_are_identical_on_both_nodes(launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
     lab, _ = launched
     listing = ("cd /home/nvidia/.cache/huggingface && find hub/models--nvidia--Qwen3-235B-A22B-FP4 "
