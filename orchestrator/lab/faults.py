@@ -13,7 +13,7 @@ import click
 
 from orchestrator.lab import lab as lab_core
 from orchestrator.lab.identity import MGMT_INTERFACE, NODE_LAB_DIR, LabError, LabIdentity
-from orchestrator.lab.network import run, switch_port_name
+from orchestrator.lab.network import cable_end_names, run, switch_port_name
 from orchestrator.lab.node import node_exec, node_path
 from orchestrator.lab.node_fs import new_host_key
 
@@ -50,19 +50,16 @@ def _require_interface(ident: LabIdentity, node: str, iface: str) -> None:
 # --- each fault: apply(ident, state, record) fills the record; undo(ident, record) ---
 
 def _cable_ends(state: dict[str, Any], node: str, iface: str) -> list[tuple[str, str]]:
-    """(netns, ifname) of both ends of the cable plugged into node:iface."""
+    """(netns, ifname) of the fabric-side ports of the cable plugged into node:iface: downing
+    them takes the carrier away from the node ends, as pulling a real cable does."""
     ident = LabIdentity(state["lab_id"])
-    for cable in state["cables"]:
-        for this, this_if, other, other_if in ((cable["a"], cable["a_if"], cable["b"],
-                                                cable["b_if"]), (cable["b"], cable["b_if"],
-                                                                 cable["a"], cable["a_if"])):
-            if this == node and this_if == iface:
-                return [(ident.netns(node), iface), (ident.netns(other), other_if)]
+    for index, cable in enumerate(state["cables"]):
+        if (node, iface) in ((cable["a"], cable["a_if"]), (cable["b"], cable["b_if"])):
+            return [(ident.fabric_netns, end) for end in cable_end_names(ident, index)]
     for port in state["switch_ports"]:
         if port["node"] == node and port["interface"] == iface:
             index = _node_state(state, node)["index"]
-            return [(ident.netns(node), iface),
-                    (ident.fabric_netns, switch_port_name(ident, index, port["bridge_index"]))]
+            return [(ident.fabric_netns, switch_port_name(ident, index, port["bridge_index"]))]
     raise LabError(f"{node}:{iface} has no cable (cabled: "
                    f"{', '.join(_node_state(state, node)['cabled'])})", 2)
 
@@ -76,12 +73,12 @@ def _cut_cable(ident: LabIdentity, state: dict[str, Any], rec: Record) -> None:
 def _undo_cut_cable(ident: LabIdentity, rec: Record) -> None:
     for netns, ifname in rec["ends"]:
         run(["ip", "-n", netns, "link", "set", ifname, "up"], check=False)
-    # carrier reaches operstate asynchronously: return once the cable works again
+    # carrier reaches operstate asynchronously: return once the node's end works again
     deadline = time.monotonic() + 10
-    for netns, ifname in rec["ends"]:
-        while time.monotonic() < deadline and "state UP" not in run(
-                ["ip", "-n", netns, "link", "show", ifname], check=False):
-            time.sleep(0.05)
+    node_ns = ident.netns(rec["node"])
+    while time.monotonic() < deadline and "state UP" not in run(
+            ["ip", "-n", node_ns, "link", "show", rec["interface"]], check=False):
+        time.sleep(0.05)
 
 
 def _stop_sshd(ident: LabIdentity, state: dict[str, Any], rec: Record) -> None:

@@ -81,7 +81,7 @@ def up(ident: LabIdentity, opts: UpOptions) -> Path:
                    "host": ident.mgmt_address(n.index), "cabled": n.cabled,
                    "addresses": n.addresses} for n in plan.nodes],
         "netns": [ident.netns(n.name) for n in plan.nodes]
-        + ([ident.fabric_netns] if plan.switch_ports else []),
+        + ([ident.fabric_netns] if plan.switch_ports or plan.cables else []),
         "cables": [vars(c) for c in plan.cables],
         "switch_ports": [vars(p) for p in plan.switch_ports],
         "faults": [],

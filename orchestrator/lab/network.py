@@ -66,9 +66,11 @@ def create_node_netns(ident: LabIdentity, node: str, index: int) -> None:
 
 def create_fabric(ident: LabIdentity, plan: LabPlan) -> None:
     per_ns: dict[str, list[str]] = {ident.netns(n.name): [] for n in plan.nodes}
-    for cable in plan.cables:
-        a_ns, b_ns = ident.netns(cable.a), ident.netns(cable.b)
-        per_ns[a_ns].append(f"link add {cable.a_if} type veth peer name {cable.b_if} netns {b_ns}")
+    if plan.cables or plan.switch_ports:
+        run(["ip", "netns", "add", ident.fabric_netns])
+        per_ns[ident.fabric_netns] = []
+    if plan.cables:
+        _create_patch_panel(ident, plan, per_ns)
     if plan.switch_ports:
         _create_switch(ident, plan, per_ns)
     for node in plan.nodes:
@@ -99,9 +101,36 @@ def wait_carrier(ident: LabIdentity, plan: LabPlan, timeout: float = 10.0) -> No
         raise LabError(f"fabric links did not come up: {pending}", 1)
 
 
+def cable_end_names(ident: LabIdentity, cable_index: int) -> tuple[str, str]:
+    """The two patch-panel ports of a cable, in the fabric namespace."""
+    return f"{ident.prefix}c{cable_index}a", f"{ident.prefix}c{cable_index}b"
+
+
+def _create_patch_panel(ident: LabIdentity, plan: LabPlan, per_ns: dict[str, list[str]]) -> None:
+    """Every cable runs through a two-port bridge in the fabric namespace, out of the nodes'
+    reach. Pulling it (downing both panel ports) then looks as it does on a Spark: both node
+    ends stay administratively up with their addresses but lose carrier, and nothing inside a
+    node (networkd included) can plug it back in."""
+    fabric = ident.fabric_netns
+    commands = ["link set lo up"]
+    ports: list[str] = []
+    for index, cable in enumerate(plan.cables):
+        a_end, b_end = cable_end_names(ident, index)
+        bridge = f"{ident.prefix}c{index}"
+        per_ns[ident.netns(cable.a)].append(
+            f"link add {cable.a_if} type veth peer name {a_end} netns {fabric}")
+        per_ns[ident.netns(cable.b)].append(
+            f"link add {cable.b_if} type veth peer name {b_end} netns {fabric}")
+        commands += [f"link add {bridge} type bridge", f"link set {bridge} mtu {FABRIC_SWITCH_MTU}",
+                     f"link set {bridge} up"]
+        ports += [f"link set {end} mtu {FABRIC_SWITCH_MTU} master {bridge} up"
+                  for end in (a_end, b_end)]
+    ip_batch(commands, netns=fabric)
+    per_ns[fabric] += ports  # runs after the node batches created the peers
+
+
 def _create_switch(ident: LabIdentity, plan: LabPlan, per_ns: dict[str, list[str]]) -> None:
     fabric = ident.fabric_netns
-    run(["ip", "netns", "add", fabric])
     commands = ["link set lo up"]
     twins = sorted({p.bridge_index for p in plan.switch_ports})
     for twin in twins:
@@ -117,7 +146,7 @@ def _create_switch(ident: LabIdentity, plan: LabPlan, per_ns: dict[str, list[str
         ports.append(f"link set {peer} mtu {FABRIC_SWITCH_MTU} master "
                      f"{ident.prefix}f{port.bridge_index} up")
     ip_batch(commands, netns=fabric)
-    per_ns[fabric] = ports  # runs after the node batches created the peers
+    per_ns[fabric] += ports  # runs after the node batches created the peers
 
 
 def switch_port_name(ident: LabIdentity, node_index: int, twin: int) -> str:

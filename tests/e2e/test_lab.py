@@ -27,6 +27,14 @@ NETPLAN = """network:
 """
 
 
+@pytest.fixture(scope="module", autouse=True)
+def untouched_lab(lab_session: list[Lab]) -> None:
+    """These tests look at a lab as `lab up` leaves it (no fabric addresses, no containers);
+    other modules share the session's lab and set it up, so start this module from a new one."""
+    lab_cli("up", "--force", check=True)
+    lab_session[0] = Lab.load(LAB_ID)
+
+
 # --- pure wiring rules (no root) ---------------------------------------------------------
 
 def test_b2b_addresses_follow_the_contract() -> None:
