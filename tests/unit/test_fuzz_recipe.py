@@ -10,7 +10,6 @@ raise InputError (exit 2) naming the file: never a traceback. The CLI checks run
 
 from __future__ import annotations
 
-import copy
 import math
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fuzzkit import COMMON_HOSTILE, mutate, paths, scalars, values
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,50 +31,18 @@ REPO = Path(__file__).resolve().parents[2]
 VALID: dict[str, Any] = yaml.safe_load((RECIPES_DIR / "qwen3-235b.yml").read_text())
 
 HOSTILE_STRINGS = st.sampled_from([
-    "", " ", "a" * 5000, "$(touch /tmp/sparkctl-pwned)", "`id`", "; rm -rf /", "x\ny", "\x00",
-    "ünïcødé", "🚀", "../../etc/passwd", "'\"", "--help", "-rf", "--host=0.0.0.0", "--port",
-    "9" * 400, "\u202e", "nvidia/Qwen3-235B-A22B-FP4", "Eagle", "nan", "1e999", "~", "*",
+    *COMMON_HOSTILE, "$(touch /tmp/sparkctl-pwned)", "--host=0.0.0.0", "--port",
+    "nvidia/Qwen3-235B-A22B-FP4", "Eagle", "nan", "1e999", "~", "*",
     "org/model; id", "org/../model", "/etc/sparkctl", "{{ 7*7 }}", "%s%n", "\ud7ff\ue000",
 ])
-SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True), HOSTILE_STRINGS, st.text(max_size=40),
-)
-VALUES = st.recursive(SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
-), max_leaves=12)
-
-
-def paths(data: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix] if prefix else []
-    if isinstance(data, dict):
-        for key, value in data.items():
-            out += paths(value, (*prefix, key))
-    elif isinstance(data, list):
-        for index, value in enumerate(data):
-            out += paths(value, (*prefix, index))
-    return out
+SCALARS = scalars(HOSTILE_STRINGS, infinity=True)
+VALUES = values(SCALARS)
 
 
 # every key of the recipe, plus the optional ones the built-in leaves out
 ALL_PATHS = [*paths(VALID), ("serve_args",), ("speculative", "draft_dir"),
              ("speculative", "options"), ("speculative", "draft_revision"),
              ("memory", "runtime_gb"), ("memory", "parallel_weight_loading")]
-
-
-def mutate(data: dict[str, Any], path: tuple[Any, ...], action: str, value: Any) -> dict[str, Any]:
-    out = copy.deepcopy(data)
-    parent: Any = out
-    for part in path[:-1]:
-        parent = parent[part]
-    last = path[-1]
-    if action == "delete" and isinstance(parent, dict):
-        parent.pop(last, None)
-    elif action == "extra" and isinstance(parent, dict):
-        parent[f"{last}_typo"] = value
-    else:
-        parent[last] = value
-    return out
 
 
 def load_and_use(path: Path) -> bool:
