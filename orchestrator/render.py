@@ -14,7 +14,7 @@ from typing import Any
 
 import jinja2
 
-MANAGED_HEADER = "# Managed by sparkctl: changes here are overwritten by `sparkctl up`."
+MANAGED_HEADER = "# Managed by sparkctl: edits here are overwritten by its next run (up, launch)."
 
 
 def templates_dir() -> Path:

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Managed by sparkctl: changes here are overwritten by `sparkctl up`.
+# Managed by sparkctl: edits here are overwritten by its next run (up, launch).
 # Entrypoint of the sparkctl TensorRT-LLM container (mounted read-only from /etc/sparkctl).
 # It only runs the sshd that MPI's launcher uses (mpirun -> ssh -> orted); sshd's config, its
 # pinned host key and the cluster's authorized key all live in /etc/sparkctl, written by
