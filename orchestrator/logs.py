@@ -31,7 +31,7 @@ from typing import Any, TextIO
 from orchestrator.commands import docker_cmd, quote
 from orchestrator.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.steps.teardown import RUN_DIR
+from orchestrator.paths import RUN_DIR
 from orchestrator.transport import Transport
 
 HEADER = re.compile(r"^==> (.+) <==$")

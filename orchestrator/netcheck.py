@@ -16,12 +16,10 @@ from typing import Any, Literal
 
 from orchestrator.commands import join
 from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import HOSTFILE, NETPLAN_FILE, SSH_CONFIG
 
 Status = Literal["pass", "warn", "fail"]
-SPARKCTL_NETPLAN = "/etc/netplan/40-sparkctl-fabric.yaml"
 EXPECTED_SPEED_MBPS = 200000  # a ConnectX-7 QSFP port on a DGX Spark
-HOSTFILE = "/etc/sparkctl/hostfile"
-SSH_CONFIG = "/etc/sparkctl/ssh_config"
 
 
 @dataclass
@@ -210,9 +208,9 @@ def check_netplan(inventory: Inventory, node: Node, facts: dict[str, Any]) -> li
     out = []
     files = facts.get("netplan") or {}
     for interface in inventory.fabric.interfaces:
-        ours = interface in (files.get(SPARKCTL_NETPLAN) or {}).get("interfaces", [])
+        ours = interface in (files.get(NETPLAN_FILE) or {}).get("interfaces", [])
         others = sorted(path for path, fact in files.items()
-                        if path != SPARKCTL_NETPLAN and interface in (fact.get("interfaces") or []))
+                        if path != NETPLAN_FILE and interface in (fact.get("interfaces") or []))
         result = CheckResult("netplan", node.name, "pass", "", interface=interface,
                              value=",".join(others) or None)
         if others:
@@ -223,11 +221,11 @@ def check_netplan(inventory: Inventory, node: Node, facts: dict[str, Any]) -> li
             result.fix = f"remove {interface} from those files (sparkctl never edits them)"
         elif not ours:
             result.status = "warn"
-            result.message = (f"{SPARKCTL_NETPLAN} does not configure {interface}: the live "
+            result.message = (f"{NETPLAN_FILE} does not configure {interface}: the live "
                               "settings will not survive a reboot.")
             result.fix = "run `sparkctl up`"
         else:
-            result.message = f"only {SPARKCTL_NETPLAN} configures {interface}."
+            result.message = f"only {NETPLAN_FILE} configures {interface}."
         out.append(result)
     return out
 

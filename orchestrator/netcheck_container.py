@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.inventory import Inventory, Node
-from orchestrator.netcheck import HOSTFILE, SSH_CONFIG, CheckResult, _link
+from orchestrator.netcheck import CheckResult, _link
+from orchestrator.paths import HOSTFILE, SSH_CONFIG
 
 
 def expected_env(inventory: Inventory) -> dict[str, str]:

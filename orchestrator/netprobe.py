@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.inventory import Inventory, Node
-from orchestrator.netcheck import SSH_CONFIG, CheckResult, Link, fabric_links
+from orchestrator.netcheck import CheckResult, Link, fabric_links
+from orchestrator.paths import SSH_CONFIG
 
 MPIRUN_DEADLINE = 60
 DEEP_PINGS = 50

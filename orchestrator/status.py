@@ -23,7 +23,8 @@ from typing import Any
 from orchestrator.commands import quote
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.steps.teardown import NETPLAN_FILE, RUN_DIR, SERVER_JSON, managed_ps_cmd
+from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
+from orchestrator.steps.teardown import managed_ps_cmd
 
 SERVER_LOG = f"{RUN_DIR}/server.log"
 LOG_TAIL_LINES = 8

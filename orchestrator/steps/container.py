@@ -17,17 +17,16 @@ from typing import Any
 from orchestrator.commands import docker_cmd, env_args, join, quote
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import CONFIG_DIR, RUN_DIR
 from orchestrator.render import sha256
 from orchestrator.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.steps.ssh_keys import (
-    CONF_DIR,
     HOST_PUB,
     entrypoint_content,
     fabric_addresses,
     sshd_config_content,
 )
 
-RUN_DIR = "/var/lib/sparkctl/run"
 INFINIBAND = "/dev/infiniband"
 HASH_LABEL = "sparkctl.config-hash"
 READY_DEADLINE = 60
@@ -54,9 +53,9 @@ def fabric_env(inventory: Inventory, roce_devices: list[str]) -> dict[str, str]:
         "NCCL_IB_HCA": ",".join(roce_devices),
         "OMPI_MCA_btl_tcp_if_include": interfaces,
         "OMPI_MCA_oob_tcp_if_include": interfaces,
-        "OMPI_MCA_orte_default_hostfile": f"{CONF_DIR}/hostfile",
+        "OMPI_MCA_orte_default_hostfile": f"{CONFIG_DIR}/hostfile",
         "OMPI_MCA_rmaps_ppr_n_pernode": "1",
-        "OMPI_MCA_plm_rsh_args": f"-F {CONF_DIR}/ssh_config",
+        "OMPI_MCA_plm_rsh_args": f"-F {CONFIG_DIR}/ssh_config",
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         "CPATH": "/usr/local/cuda/include",
@@ -92,12 +91,12 @@ def run_args(inventory: Inventory, node: Node, roce: list[str], hf_cache: str,
     if infiniband:
         args += ["--device", f"{INFINIBAND}:{INFINIBAND}"]
     args += env_args("-e", fabric_env(inventory, roce))
-    args += ["-v", f"{CONF_DIR}:{CONF_DIR}:ro", "-v", f"{RUN_DIR}:{RUN_DIR}",
+    args += ["-v", f"{CONFIG_DIR}:{CONFIG_DIR}:ro", "-v", f"{RUN_DIR}:{RUN_DIR}",
              "-v", f"{hf_cache}:/root/.cache/huggingface"]
     for key, value in (("managed", "true"), ("cluster", inventory.cluster.name),
                        ("node", node.name)):
         args += ["--label", f"sparkctl.{key}={value}"]
-    return [*args, container.image, "bash", f"{CONF_DIR}/entrypoint.sh"]
+    return [*args, container.image, "bash", f"{CONFIG_DIR}/entrypoint.sh"]
 
 
 def config_hash(args: list[str], entrypoint: str, sshd_config: str) -> str:

@@ -20,13 +20,12 @@ from typing import Any
 from orchestrator.commands import Secret, docker_exec_cmd, install_file_cmd, join, quote
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import SSH_CONFIG, TOKEN_PATH
 from orchestrator.recipe import CONTAINER_HF_HOME, Recipe, serving_nodes
 from orchestrator.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.transport import Transport
 
-TOKEN_PATH = "/etc/sparkctl/secrets/hf_token"
 HUB_DIR = f"{CONTAINER_HF_HOME}/hub"
-SSH_CONFIG = "/etc/sparkctl/ssh_config"
 DOWNLOAD_TIMEOUT = 24 * 3600.0
 COPY_TIMEOUT = 12 * 3600.0
 

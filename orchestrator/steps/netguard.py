@@ -16,10 +16,9 @@ from typing import Any
 
 from orchestrator.commands import join, quote
 from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import NETPLAN_FILE, STATE_DIR
 from orchestrator.render import templates_dir
 
-NETPLAN_PATH = "/etc/netplan/40-sparkctl-fabric.yaml"
-STATE_DIR = "/var/lib/sparkctl"
 BACKUP_PATH = f"{STATE_DIR}/netplan-backup.yaml"
 ABSENT_MARKER = f"{STATE_DIR}/netplan-backup.absent"
 ROLLED_BACK_PATH = f"{STATE_DIR}/netplan-rolled-back.json"
@@ -49,7 +48,7 @@ def write_netplan_cmd(backup: bool) -> str:
     (or an "absent" marker). It is kept, not refreshed, while an unconfirmed file is in place.
     """
     new = "$tmp/etc/netplan/40-sparkctl-fabric.yaml"
-    target = quote(NETPLAN_PATH)
+    target = quote(NETPLAN_FILE)
     lines = [
         "set -e",
         SBIN_PATH,
@@ -59,7 +58,7 @@ def write_netplan_cmd(backup: bool) -> str:
         'mkdir -p "$tmp/etc/netplan"',
         f'cat > "{new}"',
         f'if ! out=$(netplan generate --root-dir "$tmp" 2>&1); then '
-        f'echo "netplan generate rejected the rendered {NETPLAN_PATH}: $out" >&2; exit 3; fi',
+        f'echo "netplan generate rejected the rendered {NETPLAN_FILE}: $out" >&2; exit 3; fi',
         f"mkdir -p {quote(STATE_DIR)} && chmod 755 {quote(STATE_DIR)}",
     ]
     if backup:

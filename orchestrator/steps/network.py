@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import NETPLAN_FILE
 from orchestrator.render import render, sha256, unified_diff
 from orchestrator.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.steps import netguard
@@ -27,7 +28,6 @@ from orchestrator.steps.netguard import (
     BACKUP_PATH,
     CONFIRMED_SHA_PATH,
     DECIDED_PATH,
-    NETPLAN_PATH,
     ROLLED_BACK_PATH,
     ArmConfig,
 )
@@ -43,7 +43,7 @@ def phase(inventory: Inventory) -> Phase:
 
 def network_request(inventory: Inventory, node: Node) -> dict[str, Any]:
     files = {
-        NETPLAN_PATH: True, BACKUP_PATH: False, ABSENT_MARKER: False, ROLLED_BACK_PATH: True,
+        NETPLAN_FILE: True, BACKUP_PATH: False, ABSENT_MARKER: False, ROLLED_BACK_PATH: True,
         CONFIRMED_SHA_PATH: True, ARMED_PATH: False, DECIDED_PATH: False,
     }
     return {"files": files, "netplan": True, "links": True}
@@ -65,7 +65,7 @@ def conflicting_files(ctx: NodeContext) -> list[str]:
     ours = set(ctx.inventory.fabric.interfaces)
     out = []
     for path, fact in sorted((ctx.facts.get("netplan") or {}).items()):
-        if path == NETPLAN_PATH:
+        if path == NETPLAN_FILE:
             continue
         shared = sorted(ours & set(fact.get("interfaces") or []))
         if shared:
@@ -85,7 +85,7 @@ def _warnings(ctx: NodeContext) -> str:
 
 def should_back_up(ctx: NodeContext) -> bool:
     """Refresh the backup unless an unconfirmed file of an unfinished run is in place."""
-    current = _file(ctx, NETPLAN_PATH)
+    current = _file(ctx, NETPLAN_FILE)
     have_backup = _file(ctx, BACKUP_PATH).get("exists") or _file(ctx, ABSENT_MARKER).get("exists")
     confirmed = (_file(ctx, CONFIRMED_SHA_PATH).get("content") or "").strip()
     unconfirmed = current.get("exists") and current.get("sha256") != confirmed
@@ -97,23 +97,23 @@ class NetplanFile(Step):
 
     def check(self, ctx: NodeContext) -> Outcome:
         content = render_netplan(ctx.inventory, ctx.node)
-        fact = _file(ctx, NETPLAN_PATH)
+        fact = _file(ctx, NETPLAN_FILE)
         same = fact.get("exists") and fact.get("sha256") == sha256(content)
         if same and fact.get("mode") == 0o600:
-            return Unchanged(f"{NETPLAN_PATH} up to date{_warnings(ctx)}")
+            return Unchanged(f"{NETPLAN_FILE} up to date{_warnings(ctx)}")
         if same:
-            return Change(f"chmod 600 {NETPLAN_PATH}{_warnings(ctx)}",
-                          diff=f"{NETPLAN_PATH}: mode {fact.get('mode', 0):o} -> 600\n",
+            return Change(f"chmod 600 {NETPLAN_FILE}{_warnings(ctx)}",
+                          diff=f"{NETPLAN_FILE}: mode {fact.get('mode', 0):o} -> 600\n",
                           payload=(content, should_back_up(ctx)))
-        diff = unified_diff(NETPLAN_PATH, fact.get("content") if fact.get("exists") else None, content)
+        diff = unified_diff(NETPLAN_FILE, fact.get("content") if fact.get("exists") else None, content)
         verb = "update" if fact.get("exists") else "write"
-        return Change(f"{verb} {NETPLAN_PATH} (validated with netplan generate){_warnings(ctx)}",
+        return Change(f"{verb} {NETPLAN_FILE} (validated with netplan generate){_warnings(ctx)}",
                       diff=diff, payload=(content, should_back_up(ctx)))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         content, backup = change.payload
         result = ctx.run(netguard.write_netplan_cmd(backup), stdin=content, sudo=True,
-                         display=f"validate and install {NETPLAN_PATH}")
+                         display=f"validate and install {NETPLAN_FILE}")
         if result.exit_status == 3:
             raise SparkctlError(
                 f"{ctx.node.name}: network/netplan: {result.stderr.strip()[-600:]}\n"
@@ -193,7 +193,7 @@ class NetplanApply(Step):
             raise SparkctlError(
                 f"{ctx.node.name}: network/apply: {answer.get('error', 'netplan apply failed')}; "
                 f"rolled back: {netguard.describe_rollback(answer.get('rollback'))}. "
-                f"See `journalctl -u systemd-networkd` and {NETPLAN_PATH} on the node"
+                f"See `journalctl -u systemd-networkd` and {NETPLAN_FILE} on the node"
             )
         _mark_for_confirmation(ctx)
         return None

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from orchestrator.commands import quote
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 from orchestrator.inventory import Inventory
-from orchestrator.steps.serve import RUN_DIR, node_call
+from orchestrator.paths import RUN_DIR
+from orchestrator.steps.serve import node_call
 from orchestrator.transport import Transport
 
 POLL_SECONDS = 3.0

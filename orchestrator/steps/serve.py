@@ -17,13 +17,13 @@ import yaml
 from orchestrator.commands import docker_exec_cmd, join
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import RUN_DIR
 from orchestrator.recipe import Recipe, config_hash, serving_nodes
 from orchestrator.render import render
 from orchestrator.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.steps.files import FileSpec, ManagedFiles, files_request
 from orchestrator.transport import Transport
 
-RUN_DIR = "/var/lib/sparkctl/run"
 CONFIG_PATH = "/etc/sparkctl/extra-llm-api-config.yml"
 DEFAULT_HOST = "127.0.0.1"
 PASSED_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES", "CPATH", "TRITON_PTXAS_PATH")

@@ -22,16 +22,11 @@ from typing import Any
 from orchestrator.commands import docker_cmd, install_file_cmd, join, quote
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import CONFIG_DIR, NETPLAN_BACKUP, NETPLAN_FILE, RUN_DIR, STATE_DIR
 from orchestrator.render import MANAGED_HEADER
 from orchestrator.step import Change, NodeContext, Outcome, Phase, Plan, Step, Unchanged
 
-NETPLAN_FILE = "/etc/netplan/40-sparkctl-fabric.yaml"
-NETPLAN_BACKUP = "/var/lib/sparkctl/netplan-backup.yaml"
 """What stood at NETPLAN_FILE before `up` wrote it (the network step's rollback copy)."""
-CONFIG_DIR = "/etc/sparkctl"
-STATE_DIR = "/var/lib/sparkctl"
-RUN_DIR = f"{STATE_DIR}/run"
-SERVER_JSON = f"{RUN_DIR}/server.json"
 LOCK_NAME = "lock"
 """The cluster lock lives in STATE_DIR on the head and is held while down runs: kept."""
 SERVER_STOP_SECONDS = 20

@@ -17,6 +17,7 @@ import yaml
 from conftest import REPO, Lab, lab_cli
 
 from orchestrator.inventory_checks import load_inventory
+from orchestrator.paths import NETPLAN_FILE
 from orchestrator.report import Report
 from orchestrator.session import open_session, run_plan
 from orchestrator.step import Plan, RunOptions
@@ -62,7 +63,7 @@ def link_state(lab: Lab, node: str, iface: str) -> tuple[int, list[str]]:
 
 
 def netplan_text(lab: Lab, node: str) -> str:
-    return lab.exec(node, f"cat {netguard.NETPLAN_PATH} 2>/dev/null || true").stdout
+    return lab.exec(node, f"cat {NETPLAN_FILE} 2>/dev/null || true").stdout
 
 
 def converge(lab: Lab) -> None:
@@ -78,7 +79,7 @@ def test_fresh_lab_gets_addresses_and_mtu_then_nothing_changes(lab: Lab) -> None
             mtu, addresses = link_state(lab, node, iface)
             wanted = next(n for n in lab.data["nodes"] if n["name"] == node)["addresses"][iface]
             assert mtu == 9000 and wanted in addresses, (node, iface, mtu, addresses)
-        mode = lab.exec(node, f"stat -c %a {netguard.NETPLAN_PATH}").stdout.strip()
+        mode = lab.exec(node, f"stat -c %a {NETPLAN_FILE}").stdout.strip()
         assert mode == "600"
     again = run_phases(lab.inventory)
     assert again.ok and again.count("changed") == 0, again.to_json()

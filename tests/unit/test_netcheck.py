@@ -12,7 +12,6 @@ import pytest
 from orchestrator.inventory import Inventory
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.netcheck import (
-    SPARKCTL_NETPLAN,
     CheckResult,
     fabric_links,
     facts_request,
@@ -30,6 +29,7 @@ from orchestrator.netprobe import (
     parse_ping,
     throughput_links,
 )
+from orchestrator.paths import NETPLAN_FILE
 from orchestrator.report import Report
 from orchestrator.transport import Result
 
@@ -62,7 +62,7 @@ def healthy_facts(inv: Inventory, name: str) -> dict[str, Any]:
                 "addresses": [node.addresses[i]]} for i in IFS
         } | {"eth0": {"operstate": "UP", "up": True, "carrier": True, "mtu": 1500,
                       "addresses": ["10.0.0.2/24"]}},
-        "netplan": {SPARKCTL_NETPLAN: {"exists": True, "interfaces": list(IFS)},
+        "netplan": {NETPLAN_FILE: {"exists": True, "interfaces": list(IFS)},
                     "/etc/netplan/50-cloud-init.yaml": {"exists": True, "interfaces": ["eth0"]}},
         "ibdev2netdev": {"rc": 0, "devices": {i: {"device": ROCE[i], "state": "Up"} for i in IFS}},
         "routes": {link.peer_ip: link.interface for link in fabric_links(inv) if link.node == name},

@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory_checks import inventory_from_data
+from orchestrator.paths import NETPLAN_FILE
 from orchestrator.render import sha256
 from orchestrator.step import Change, NodeContext, RunOptions, Unchanged
 from orchestrator.steps import netguard, network
@@ -33,7 +34,7 @@ def facts(netplan_content: str | None = None, mode: int = 0o600, **extra: Any) -
     files: dict[str, Any] = {path: {"exists": False} for path in network.network_request(
         INVENTORY, NODE_A)["files"]}
     if netplan_content is not None:
-        files[netguard.NETPLAN_PATH] = {"exists": True, "mode": mode, "sha256": sha256(netplan_content),
+        files[NETPLAN_FILE] = {"exists": True, "mode": mode, "sha256": sha256(netplan_content),
                                         "content": netplan_content}
     out: dict[str, Any] = {
         "files": files,
@@ -87,7 +88,7 @@ def test_other_netplan_files_defining_our_interfaces_are_reported_not_touched() 
     node_facts["netplan"] = {
         "/etc/netplan/40-cx7.yaml": {"exists": True, "interfaces": ["enp1s0f1np1"]},
         "/etc/netplan/01-mgmt.yaml": {"exists": True, "interfaces": ["enP7s7"]},
-        netguard.NETPLAN_PATH: {"exists": True, "interfaces": ["enp1s0f1np1", "enP2p1s0f1np1"]},
+        NETPLAN_FILE: {"exists": True, "interfaces": ["enp1s0f1np1", "enP2p1s0f1np1"]},
     }
     outcome = network.NetplanFile().check(ctx(node_facts))
     assert isinstance(outcome, Unchanged)

@@ -11,7 +11,7 @@ import pytest
 from orchestrator import logs, status, status_render
 from orchestrator.errors import InputError
 from orchestrator.inventory_checks import inventory_from_data
-from orchestrator.steps.teardown import NETPLAN_FILE, SERVER_JSON
+from orchestrator.paths import NETPLAN_FILE, SERVER_JSON
 
 INVENTORY = inventory_from_data(
     {
