@@ -56,6 +56,11 @@ def _download_and_extract() -> None:
         result = subprocess.run(["apt-get", "download", *missing], cwd=debs_dir,
                                 capture_output=True, text=True, check=False)
         if result.returncode != 0:
+            # a fresh machine may have empty package lists: refresh them once and retry
+            subprocess.run(["apt-get", "update", "-q"], capture_output=True, check=False)
+            result = subprocess.run(["apt-get", "download", *missing], cwd=debs_dir,
+                                    capture_output=True, text=True, check=False)
+        if result.returncode != 0:
             raise LabError("could not download netplan for the lab nodes "
                            f"(apt-get download {' '.join(missing)}):\n{result.stderr.strip()}\n"
                            "try `apt-get update` first", 1)
