@@ -250,7 +250,21 @@ def _first_json(text: str) -> Any:
     start = text.find("{")
     if start < 0:
         raise ValueError("no JSON")
-    return json.JSONDecoder().raw_decode(text[start:])[0]
+    # iperf3 writes bare nan/-nan/inf into its "JSON" now and then (e.g. CPU utilisation)
+    cleaned = re.sub(r"(?<=[:\s\[,])-?(?:nan|inf)\b", "null", text[start:])
+    return json.JSONDecoder().raw_decode(cleaned)[0]
+
+
+def _received_bits_per_second(output: str) -> float:
+    """iperf3 -J's received rate; if its JSON does not parse, the same field found by pattern."""
+    try:
+        return float(_first_json(output)["end"]["sum_received"]["bits_per_second"])
+    except ValueError:
+        found = re.findall(r'"sum_received"\s*:\s*\{[^{}]*?"bits_per_second"\s*:\s*([0-9.eE+]+)',
+                           output)
+        if not found:
+            raise
+        return float(found[-1])
 
 
 def judge_throughput(inventory: Inventory, link: Link, rc: int, output: str,
@@ -258,7 +272,7 @@ def judge_throughput(inventory: Inventory, link: Link, rc: int, output: str,
     limit = inventory.fabric.min_link_gbps
     result = _base("throughput", link, unit="Gb/s", threshold=limit)
     try:
-        gbps = _first_json(output)["end"]["sum_received"]["bits_per_second"] / 1e9
+        gbps = _received_bits_per_second(output) / 1e9
     except (ValueError, KeyError, TypeError):
         try:
             error = str(_first_json(output).get("error", ""))

@@ -400,3 +400,17 @@ def test_judge_probes_reports_a_probe_that_did_not_run() -> None:
     probes = build_probes(inv, inv.node("spark-b"), deep=False)
     results = judge_probes(inv, inv.node("spark-b"), probes, {}, facts)
     assert results and all(r.status == "fail" for r in results)
+
+
+def test_iperf3_output_with_bare_nan_still_parses() -> None:
+    from orchestrator.netprobe import _first_json
+
+    text = 'warm-up\n{"end": {"sum_received": {"bits_per_second": 9.5e9}, "cpu": -nan, "x": [nan, inf]}}'
+    assert _first_json(text)["end"]["sum_received"]["bits_per_second"] == 9.5e9
+
+
+def test_iperf3_rate_is_found_even_when_its_json_is_broken() -> None:
+    from orchestrator.netprobe import _received_bits_per_second
+
+    broken = '{"start": {"x": bad}, "end": {"sum_received": {"bytes": 5,\n"bits_per_second":\t8.5e9}}}'
+    assert _received_bits_per_second(broken) == 8.5e9
