@@ -37,14 +37,21 @@ def inventory() -> Iterator[Path]:
                        timeout=180, check=False)
 
 
-def run_in_terminal(argv: list[str], answer: str, timeout: float = 120) -> tuple[int, str]:
-    """Run argv on a pseudo-terminal, answer the first password prompt, return (exit, output)."""
+def run_in_terminal(argv: list[str], answer: str, timeout: float = 120,
+                    confirm: str | None = None) -> tuple[int, str]:
+    """Run argv on a pseudo-terminal as a person would: answer the sudo password prompt with
+    `answer` and, when given, the "Apply these changes?" question with `confirm`."""
+    replies = [(b"sudo password for nvidia", answer)]
+    if confirm is not None:
+        replies.append((b"Apply these changes?", confirm))
     pid, fd = pty.fork()
     if pid == 0:  # child
         os.execve(argv[0], argv, ENV)
     output = b""
-    prompts = 0
+    answered: dict[bytes, int] = {}
     deadline = time.monotonic() + timeout
+    status = 0
+    finished = 0
     while time.monotonic() < deadline:
         ready, _, _ = select.select([fd], [], [], 0.5)
         if ready:
@@ -55,16 +62,18 @@ def run_in_terminal(argv: list[str], answer: str, timeout: float = 120) -> tuple
             if not chunk:
                 break
             output += chunk
-            if output.count(b"sudo password for nvidia") > prompts:
-                prompts += 1
-                os.write(fd, answer.encode() + b"\n")
+            for prompt, reply in replies:
+                if output.count(prompt) > answered.get(prompt, 0):
+                    answered[prompt] = answered.get(prompt, 0) + 1
+                    os.write(fd, reply.encode() + b"\n")
         finished, status = os.waitpid(pid, os.WNOHANG)
         if finished:
             break
     else:
         os.kill(pid, 9)
         raise AssertionError(f"timed out; output so far:\n{output.decode(errors='replace')}")
-    _, status = os.waitpid(pid, 0) if not finished else (pid, status)
+    if not finished:
+        _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
 
 
@@ -97,3 +106,25 @@ def test_without_a_terminal_it_says_what_to_do(inventory: Path) -> None:
     )
     assert result.returncode == 1
     assert "allow passwordless sudo for sparkctl or run it from a terminal" in result.stdout
+
+
+def test_interactive_up_shows_the_plan_and_asks_before_changing(inventory: Path) -> None:
+    up = [str(BIN / "sparkctl"), "up", "--inventory", str(inventory)]
+    netplan = "ls /etc/netplan"
+    code, output = run_in_terminal(up, PASSWORD, confirm="n")
+    assert code == 1 and "cancelled; nothing was changed" in output, output
+    assert "+++ /etc/netplan/40-sparkctl-fabric.yaml" in output, "the plan shows the diff"
+    assert "40-sparkctl" not in node_exec("spark-a", netplan), "no means nothing changed"
+    code, output = run_in_terminal(up, PASSWORD, confirm="y", timeout=240)
+    assert code == 0, output
+    assert output.count("sudo password for nvidia") == 1, "one prompt for plan and apply"
+    assert "40-sparkctl-fabric.yaml" in node_exec("spark-a", netplan)
+    code, output = run_in_terminal(up, PASSWORD, confirm="y")
+    assert code == 0 and "Nothing to change." in output, output
+    assert "Apply these changes?" not in output
+
+
+def node_exec(node: str, command: str) -> str:
+    result = subprocess.run([str(BIN / "sparkctl"), "lab", "exec", node, "--", "sh", "-c", command],
+                            env=ENV, capture_output=True, text=True, timeout=60, check=True)
+    return result.stdout
