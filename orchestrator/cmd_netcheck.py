@@ -122,7 +122,8 @@ def render(results: list[CheckResult], seconds: float, verbose: bool) -> None:
         table.add_row(r.check, r.node, r.peer or "", r.interface or "",
                       f"[{STATUS_STYLE[r.status]}]{r.status}[/]", value, _shown(r.threshold),
                       escape(r.message))
-    console.print(table)
+    if table.row_count:
+        console.print(table)
     problems = [r for r in results if r.status != "pass"]
     for r in problems:
         where = " ".join(x for x in (r.node, r.interface or "", f"-> {r.peer}" if r.peer else "") if x)

@@ -138,6 +138,20 @@ class Inventory(_Model):
         assert node.addresses is not None
         return node.addresses[interface or self.fabric.interfaces[0]].split("/")[0]
 
+    def mpi_address(self, node: Node) -> str:
+        """The address the head reaches `node` at: its hostfile line. In a ring only the link
+        a node shares with the head is reachable from there, so pick the first fabric interface
+        whose subnet the head also has; on a cable or a switch that is simply the first one."""
+        if node.name == self.head_name:
+            return self.fabric_address(node)
+        head_networks = {
+            ipaddress.IPv4Interface(cidr).network for cidr in (self.head.addresses or {}).values()
+        }
+        for name in self.fabric.interfaces:
+            if ipaddress.IPv4Interface((node.addresses or {})[name]).network in head_networks:
+                return self.fabric_address(node, name)
+        return self.fabric_address(node)
+
     def path_setting(self, value: str) -> Path:
         """Expand ~ and resolve a path relative to the inventory file's folder."""
         path = Path(value).expanduser()

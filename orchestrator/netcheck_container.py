@@ -128,7 +128,7 @@ def _check_ib_hca(inventory: Inventory, node: Node, facts: dict[str, Any],
 def check_hostfile(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
     """mpirun hangs when the hostfile names addresses that are not the fabric's."""
     fact = (facts.get("files") or {}).get(HOSTFILE) or {}
-    want = [inventory.fabric_address(n) for n in inventory.ordered_nodes()]
+    want = [inventory.mpi_address(n) for n in inventory.ordered_nodes()]
     result = CheckResult("hostfile", node.name, "pass", f"{HOSTFILE} lists the fabric addresses.",
                          threshold=",".join(want))
     if not fact.get("exists"):

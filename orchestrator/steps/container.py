@@ -55,6 +55,10 @@ def fabric_env(inventory: Inventory, roce_devices: list[str]) -> dict[str, str]:
         "OMPI_MCA_oob_tcp_if_include": interfaces,
         "OMPI_MCA_orte_default_hostfile": f"{CONFIG_DIR}/hostfile",
         "OMPI_MCA_rmaps_ppr_n_pernode": "1",
+        # the head starts every node's daemon itself and talks to each directly: in a ring
+        # only the head's own links are reachable from it, so no daemon may relay for another
+        "OMPI_MCA_plm_rsh_no_tree_spawn": "1",
+        "OMPI_MCA_routed": "direct",
         "OMPI_MCA_plm_rsh_args": f"-F {CONFIG_DIR}/ssh_config",
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",

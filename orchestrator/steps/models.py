@@ -282,7 +282,7 @@ class Distribute(Step):
         head = read_manifests(ctx.transport, container, self.recipe)  # type: ignore[arg-type]
         theirs = self._peer_manifests(ctx, peers)
         def copy_to(peer: str) -> list[str]:
-            ip = ctx.inventory.fabric_address(ctx.inventory.node(peer))
+            ip = ctx.inventory.mpi_address(ctx.inventory.node(peer))
             done = []
             for repo, _, local in self.recipe.repos:
                 mine = head[repo]

@@ -68,7 +68,7 @@ def authorized_keys_content(cluster_public_key: str) -> str:
 
 
 def hostfile_content(inventory: Inventory) -> str:
-    addresses = [inventory.fabric_address(node) for node in inventory.ordered_nodes()]
+    addresses = [inventory.mpi_address(node) for node in inventory.ordered_nodes()]
     return render("mpi/hostfile.j2", addresses=addresses)
 
 

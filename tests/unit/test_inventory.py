@@ -210,3 +210,21 @@ def test_every_inventory_key_is_documented() -> None:
     for model in (Cluster, Fabric, Container, Node):
         for key in model.model_fields:
             assert f"| `{key}` |" in docs, f"docs/inventory.md does not document {model.__name__}.{key}"
+
+
+@pytest.mark.parametrize("name", ["two-sparks.yml", "three-sparks-ring.yml", "sparks-switch.yml"])
+def test_every_shipped_inventory_is_valid(name: str) -> None:
+    inventory = load_inventory(REPO / "inventories" / name)
+    assert inventory.head_name == "spark-a"
+    for node in inventory.nodes:
+        assert set(node.addresses or {}) == set(inventory.fabric.interfaces)
+
+
+def test_hostfile_addresses_are_reachable_from_the_head() -> None:
+    ring = load_inventory(REPO / "inventories" / "three-sparks-ring.yml")
+    # spark-b's first interface is on the b-c link; the head reaches it on the a-b link
+    assert [ring.mpi_address(n) for n in ring.ordered_nodes()] == [
+        "192.168.200.12", "192.168.200.13", "192.168.204.14"]
+    switch = load_inventory(REPO / "inventories" / "sparks-switch.yml")
+    assert [switch.mpi_address(n) for n in switch.ordered_nodes()] == [
+        "192.168.200.12", "192.168.200.13", "192.168.200.14", "192.168.200.15"]
