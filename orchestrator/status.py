@@ -57,30 +57,28 @@ print(json.dumps(out))
 
 
 def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
-    is_head = node.name == inventory.head_name
-    files = {NETPLAN_FILE: False, "/etc/sparkctl/entrypoint.sh": False,
-             "/etc/sparkctl/sshd_config": False}
-    commands = {"managed": managed_ps_cmd(inventory, r"{{.Names}}\t{{.State}}")}
-    if is_head:
+    """One facts request: what status shows, plus what the container step needs to compute the
+    config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
+    from orchestrator.executor import merge_requests
+    from orchestrator.steps import container as container_step
+    from orchestrator.steps.serve import node_cmd
+    from orchestrator.steps.ssh_keys import ENTRYPOINT, SSHD_CONFIG
+
+    commands = {
+        "managed": managed_ps_cmd(inventory, r"{{.Names}}\t{{.State}}"),
+        # launch's pid files, checked inside the container (the pids live in its namespace)
+        "processes": node_cmd(inventory.container.name, action="status") + " 2>/dev/null",
+    }
+    files = {NETPLAN_FILE: False, ENTRYPOINT: False, SSHD_CONFIG: False}
+    if node.name == inventory.head_name:
+        # the probe runs on the node, not in the container: it must answer with the container down
         files[SERVER_JSON] = True
         commands["probe"] = "python3 -c " + quote(PROBE) + " " + quote(SERVER_JSON)
         commands["server_log"] = f"tail -n {LOG_TAIL_LINES} {quote(SERVER_LOG)} 2>/dev/null || true"
-    request: dict[str, Any] = {
-        "files": files, "links": True, "ibdev2netdev": True,
-        "containers": [inventory.container.name], "images": [inventory.container.image],
-        "commands": commands, "timeout": 40,
-    }
-    try:  # what the container step needs to compute the hash `up` would label with
-        from orchestrator.steps import container as container_step
-        from orchestrator.steps.serve import node_cmd
-    except ImportError:
-        return request
-    extra = container_step.facts(inventory, node)
-    request["files"].update(extra.get("files") or {})
-    request["commands"].update(extra.get("commands") or {})
-    # launch's pid files, checked inside the container (the pids live in its namespace)
-    commands["processes"] = node_cmd(inventory.container.name, action="status") + " 2>/dev/null"
-    return request
+    own = {"files": files, "links": True, "ibdev2netdev": True,
+           "containers": [inventory.container.name], "images": [inventory.container.image],
+           "commands": commands, "timeout": 40}
+    return merge_requests([own, container_step.facts(inventory, node)])
 
 
 def gather_status(inventory: Inventory) -> dict[str, Any]:

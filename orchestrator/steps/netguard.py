@@ -16,10 +16,9 @@ from typing import Any
 
 from orchestrator.commands import join, quote
 from orchestrator.inventory import Inventory, Node
-from orchestrator.paths import NETPLAN_FILE, STATE_DIR
+from orchestrator.paths import NETPLAN_BACKUP, NETPLAN_FILE, STATE_DIR
 from orchestrator.render import templates_dir
 
-BACKUP_PATH = f"{STATE_DIR}/netplan-backup.yaml"
 ABSENT_MARKER = f"{STATE_DIR}/netplan-backup.absent"
 ROLLED_BACK_PATH = f"{STATE_DIR}/netplan-rolled-back.json"
 CONFIRMED_SHA_PATH = f"{STATE_DIR}/netplan-confirmed.sha256"
@@ -62,11 +61,12 @@ def write_netplan_cmd(backup: bool) -> str:
         f"mkdir -p {quote(STATE_DIR)} && chmod 755 {quote(STATE_DIR)}",
     ]
     if backup:
+        saved, staged = quote(NETPLAN_BACKUP), quote(NETPLAN_BACKUP + ".tmp")
         lines.append(
-            f"if [ -e {target} ]; then cp {target} {quote(BACKUP_PATH)}.tmp && "
-            f"chmod 600 {quote(BACKUP_PATH)}.tmp && mv -f {quote(BACKUP_PATH)}.tmp {quote(BACKUP_PATH)} "
+            f"if [ -e {target} ]; then cp {target} {staged} && "
+            f"chmod 600 {staged} && mv -f {staged} {saved} "
             f"&& rm -f {quote(ABSENT_MARKER)}; "
-            f"else rm -f {quote(BACKUP_PATH)} && touch {quote(ABSENT_MARKER)}; fi"
+            f"else rm -f {saved} && touch {quote(ABSENT_MARKER)}; fi"
         )
     lines += [
         "mkdir -p /etc/netplan",

@@ -18,14 +18,13 @@ from typing import Any
 
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.paths import NETPLAN_FILE
+from orchestrator.paths import NETPLAN_BACKUP, NETPLAN_FILE
 from orchestrator.render import render, sha256, unified_diff
 from orchestrator.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.steps import netguard
 from orchestrator.steps.netguard import (
     ABSENT_MARKER,
     ARMED_PATH,
-    BACKUP_PATH,
     CONFIRMED_SHA_PATH,
     DECIDED_PATH,
     ROLLED_BACK_PATH,
@@ -43,7 +42,7 @@ def phase(inventory: Inventory) -> Phase:
 
 def network_request(inventory: Inventory, node: Node) -> dict[str, Any]:
     files = {
-        NETPLAN_FILE: True, BACKUP_PATH: False, ABSENT_MARKER: False, ROLLED_BACK_PATH: True,
+        NETPLAN_FILE: True, NETPLAN_BACKUP: False, ABSENT_MARKER: False, ROLLED_BACK_PATH: True,
         CONFIRMED_SHA_PATH: True, ARMED_PATH: False, DECIDED_PATH: False,
     }
     return {"files": files, "netplan": True, "links": True}
@@ -86,7 +85,7 @@ def _warnings(ctx: NodeContext) -> str:
 def should_back_up(ctx: NodeContext) -> bool:
     """Refresh the backup unless an unconfirmed file of an unfinished run is in place."""
     current = _file(ctx, NETPLAN_FILE)
-    have_backup = _file(ctx, BACKUP_PATH).get("exists") or _file(ctx, ABSENT_MARKER).get("exists")
+    have_backup = _file(ctx, NETPLAN_BACKUP).get("exists") or _file(ctx, ABSENT_MARKER).get("exists")
     confirmed = (_file(ctx, CONFIRMED_SHA_PATH).get("content") or "").strip()
     unconfirmed = current.get("exists") and current.get("sha256") != confirmed
     return not (have_backup and unconfirmed)
