@@ -10,11 +10,11 @@ APT_PACKAGES := openssh-server openssh-client openmpi-bin iperf3 sudo iproute2 i
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml lab/pyproject.toml
 	@$(MAKE) --no-print-directory system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' -e ./lab
 	touch $@
 
 system-deps:

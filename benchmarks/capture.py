@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator import transport as transport_module
+from orchestrator.remote import transport as transport_module
 
 _records: list[dict[str, Any]] = []
 _lock = threading.Lock()

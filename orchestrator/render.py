@@ -1,4 +1,5 @@
-"""Templates from templates/ (shipped in the wheel as orchestrator/templates).
+"""Templates from templates/ (shipped in the wheel as orchestrator/templates) and from each
+engine's own folder (orchestrator/engines/NAME/templates/).
 
 StrictUndefined: a missing value is a bug, never an empty string in a config file.
 Every managed file starts with a header naming sparkctl, so users know who wrote it.
@@ -28,7 +29,8 @@ def templates_dir() -> Path:
 @cache
 def environment() -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        # shared templates by their path under templates/; an engine's as "NAME/templates/FILE"
+        loader=jinja2.FileSystemLoader([str(templates_dir()), str(Path(__file__).parent / "engines")]),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

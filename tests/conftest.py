@@ -6,7 +6,9 @@ summary shows one line per category, so a run says how much was proven, not only
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +31,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section("sparkctl reliability tally")
     for category in sorted(_TALLY):
         terminalreporter.write_line(f"{category}: {_TALLY[category]}")
+
+
+
+# Subprocesses (`python -m orchestrator.cli`, `python -m sparklab.cli`) import the tree under
+# test, not whatever checkout happens to be installed in the venv.
+_REPO = Path(__file__).resolve().parents[1]
+os.environ["PYTHONPATH"] = os.pathsep.join([str(_REPO), str(_REPO / "lab")])

@@ -26,7 +26,7 @@ def lab_cli(*args: str, lab_id: int = LAB_ID, check: bool = False,
     """`sparkctl lab ARGS` for a given lab id (runs the module, so it works before the lead
     mounts the group under sparkctl)."""
     env = {**os.environ, "SPARKLAB_ID": str(lab_id)}
-    result = subprocess.run([sys.executable, "-m", "orchestrator.lab.cli", *args], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "sparklab.cli", *args], cwd=REPO,
                             env=env, capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"lab {' '.join(args)} failed ({result.returncode}):\n"
@@ -58,7 +58,7 @@ class Lab:
              user: str | None = None, input_text: str | None = None
              ) -> subprocess.CompletedProcess[str]:
         """Run a command inside a node (a string goes to sh -c)."""
-        from orchestrator.lab.node import node_exec
+        from sparklab.node import node_exec
 
         argv = ["sh", "-c", command] if isinstance(command, str) else list(command)
         return node_exec(self.lab_id, node, argv, check=check, user=user, input_text=input_text)
@@ -81,8 +81,8 @@ class Lab:
         return lab_cli(*args, lab_id=self.lab_id, check=check)
 
     def healthy(self) -> bool:
-        from orchestrator.lab.identity import LabIdentity
-        from orchestrator.lab.node import recorded_pid
+        from sparklab.identity import LabIdentity
+        from sparklab.node import recorded_pid
 
         ident = LabIdentity(self.lab_id)
         return self.inventory.exists() and all(

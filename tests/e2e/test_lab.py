@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 from conftest import LAB_ID, Lab, lab_cli, require_lab_host
-
-from orchestrator.lab.identity import LabError
-from orchestrator.lab.topology import build_plan, parse_ports
+from sparklab.identity import LabError
+from sparklab.topology import build_plan, parse_ports
 
 # A second lab id for tests that create and destroy their own labs (topologies, teardown).
 ALT_ID = int(os.environ.get("SPARKLAB_ALT_ID", str((LAB_ID + 4) % 10)))

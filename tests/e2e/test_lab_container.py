@@ -46,7 +46,7 @@ RUN = ("docker run -d --rm --name trtllm-multinode --gpus '\"device=all\"' --net
 
 
 def lab_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator.lab.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "sparklab.cli", *args], cwd=ROOT,
                           env={**os.environ, "SPARKLAB_ID": LAB_ID}, capture_output=True,
                           text=True, timeout=120)
 

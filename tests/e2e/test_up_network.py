@@ -16,12 +16,12 @@ import pytest
 import yaml
 from conftest import REPO, Lab, lab_cli
 
+from orchestrator.core.report import Report
+from orchestrator.core.session import open_session, run_plan
+from orchestrator.core.step import Plan, RunOptions
 from orchestrator.inventory_checks import load_inventory
 from orchestrator.paths import NETPLAN_FILE
-from orchestrator.report import Report
-from orchestrator.session import open_session, run_plan
-from orchestrator.step import Plan, RunOptions
-from orchestrator.steps import netguard, network, preflight
+from orchestrator.phases import netguard, network, preflight
 
 pytestmark = pytest.mark.lab
 FABRIC = ("enp1s0f1np1", "enP2p1s0f1np1")
@@ -138,7 +138,8 @@ import os, signal, sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
 sys.path.insert(0, {tests!r})
-from orchestrator.steps import netguard, network
+from orchestrator.phases import netguard
+from orchestrator.phases import network
 from test_up_network import run_phases
 netguard.GUARD_SECONDS = {seconds}
 def die(self, ctx, change):

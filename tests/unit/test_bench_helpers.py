@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import floor, tracing
 from benchmarks.stats import Measurement, Target, median, results_table, targets_table
-from orchestrator import transport
+from orchestrator.remote import transport
 
 
 def test_median_ignores_failed_runs() -> None:

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from up_fakes import IBDEV, FakeTransport, context, golden, inventory
 
+from orchestrator.core.step import Change, Unchanged
 from orchestrator.errors import SparkctlError
-from orchestrator.step import Change, Unchanged
-from orchestrator.steps import container as c
+from orchestrator.phases import container as c
 
 IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
 REPO = IMAGE.rsplit(":", 1)[0]

@@ -1,4 +1,4 @@
-"""The lab's simulated TensorRT-LLM tools (orchestrator/lab/image), run without root on loopback."""
+"""The lab's simulated TensorRT-LLM tools (lab/sparklab/image), run without root on loopback."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-IMAGE = Path(__file__).resolve().parents[2] / "orchestrator" / "lab" / "image"
+IMAGE = Path(__file__).resolve().parents[2] / "lab" / "sparklab" / "image"
 BIN = IMAGE / "bin"
 sys.path.insert(0, str(IMAGE))
 

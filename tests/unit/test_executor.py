@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
+from orchestrator.core.executor import Executor
+from orchestrator.core.progress import Progress
+from orchestrator.core.report import Report
+from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Plan, RunOptions, Step, Unchanged
 from orchestrator.errors import CommandError, SparkctlError
-from orchestrator.executor import Executor
 from orchestrator.inventory_checks import inventory_from_data
-from orchestrator.progress import Progress
-from orchestrator.report import Report
-from orchestrator.step import Change, NodeContext, Outcome, Phase, Plan, RunOptions, Step, Unchanged
-from orchestrator.transport import Result
+from orchestrator.remote.transport import Result
 
 INVENTORY = inventory_from_data(
     {
@@ -221,7 +221,7 @@ def test_after_a_change_later_phases_gather_fresh_facts() -> None:
 
 
 def test_merge_requests_answers_every_phase() -> None:
-    from orchestrator.executor import merge_requests
+    from orchestrator.core.executor import merge_requests
 
     merged = merge_requests([
         {"files": {"/a": True}, "links": True, "containers": ["x"], "timeout": 30},

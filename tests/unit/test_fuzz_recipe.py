@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.commands import join
+from orchestrator.engines.trtllm.recipe import RECIPES_DIR, config_hash, estimate_memory, load_recipe
+from orchestrator.engines.trtllm.serve import render_llm_api_config, serve_argv
 from orchestrator.errors import InputError
-from orchestrator.recipe import RECIPES_DIR, config_hash, estimate_memory, load_recipe
-from orchestrator.steps.serve import render_llm_api_config, serve_argv
 
 REPO = Path(__file__).resolve().parents[2]
 VALID: dict[str, Any] = yaml.safe_load((RECIPES_DIR / "qwen3-235b.yml").read_text())

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from up_fakes import FakeTransport, context, inventory
 
+from orchestrator.core.step import Change, RunOptions
+from orchestrator.engines.trtllm import mpi
 from orchestrator.errors import SparkctlError
-from orchestrator.step import Change, RunOptions
-from orchestrator.steps import mpi
 
 FACTS = {"spark-a": {"hostname": "spark-a"}, "spark-b": {"hostname": "spark-b"}}
 

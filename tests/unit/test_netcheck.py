@@ -9,16 +9,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.inventory import Inventory
-from orchestrator.inventory_checks import inventory_from_data
-from orchestrator.netcheck import (
+from orchestrator.checks.netcheck import (
     CheckResult,
     fabric_links,
     facts_request,
     run_node_checks,
 )
-from orchestrator.netcheck_container import check_image_digests, expected_env
-from orchestrator.netprobe import (
+from orchestrator.checks.netcheck_container import check_image_digests, expected_env
+from orchestrator.checks.netprobe import (
     build_probes,
     judge_latency,
     judge_mpirun,
@@ -29,9 +27,11 @@ from orchestrator.netprobe import (
     parse_ping,
     throughput_links,
 )
+from orchestrator.core.report import Report
+from orchestrator.inventory import Inventory
+from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.paths import NETPLAN_FILE
-from orchestrator.report import Report
-from orchestrator.transport import Result
+from orchestrator.remote.transport import Result
 
 IFS = ["enp1s0f1np1", "enP2p1s0f1np1"]
 ROCE = {"enp1s0f1np1": "rocep1s0f1", "enP2p1s0f1np1": "roceP2p1s0f1"}
@@ -351,7 +351,7 @@ class FactsTransport:
 
 
 def fake_session(inv: Inventory, probe_answer: Any) -> Any:
-    from orchestrator.progress import Progress
+    from orchestrator.core.progress import Progress
 
     report = Report(command="netcheck")
     for n in inv.nodes:
@@ -371,7 +371,7 @@ def healthy_probe(key: str) -> dict[str, Any]:
 
 
 def test_run_netcheck_one_command_per_node_all_pass() -> None:
-    from orchestrator.cmd_netcheck import run_netcheck
+    from orchestrator.cli.netcheck import run_netcheck
 
     session = fake_session(inventory(), healthy_probe)
     results = run_netcheck(session, deep=False)
@@ -381,7 +381,7 @@ def test_run_netcheck_one_command_per_node_all_pass() -> None:
 
 
 def test_run_netcheck_sshd_stopped_on_one_node() -> None:
-    from orchestrator.cmd_netcheck import run_netcheck
+    from orchestrator.cli.netcheck import run_netcheck
 
     def answer(key: str) -> dict[str, Any]:
         if key.startswith("ssh") and ".13" in key:
@@ -403,14 +403,14 @@ def test_judge_probes_reports_a_probe_that_did_not_run() -> None:
 
 
 def test_iperf3_output_with_bare_nan_still_parses() -> None:
-    from orchestrator.netprobe import _first_json
+    from orchestrator.checks.netprobe import _first_json
 
     text = 'warm-up\n{"end": {"sum_received": {"bits_per_second": 9.5e9}, "cpu": -nan, "x": [nan, inf]}}'
     assert _first_json(text)["end"]["sum_received"]["bits_per_second"] == 9.5e9
 
 
 def test_iperf3_rate_is_found_even_when_its_json_is_broken() -> None:
-    from orchestrator.netprobe import _received_bits_per_second
+    from orchestrator.checks.netprobe import _received_bits_per_second
 
     broken = '{"start": {"x": bad}, "end": {"sum_received": {"bytes": 5,\n"bits_per_second":\t8.5e9}}}'
     assert _received_bits_per_second(broken) == 8.5e9

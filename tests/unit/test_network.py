@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.paths import NETPLAN_FILE
+from orchestrator.phases import netguard, network
+from orchestrator.remote.transport import Result
 from orchestrator.render import sha256
-from orchestrator.step import Change, NodeContext, RunOptions, Unchanged
-from orchestrator.steps import netguard, network
-from orchestrator.transport import Result
 
 GOLDEN = Path(__file__).parent / "golden" / "netplan-spark-a.yaml"
 INVENTORY = inventory_from_data(

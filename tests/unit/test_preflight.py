@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from orchestrator.core.step import NodeContext, RunOptions, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory_checks import inventory_from_data
-from orchestrator.step import NodeContext, RunOptions, Unchanged
-from orchestrator.steps import preflight
+from orchestrator.phases import preflight
 
 INVENTORY = inventory_from_data(
     {"cluster": {"name": "two-sparks", "ssh_key": "/k"},

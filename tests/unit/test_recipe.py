@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import InputError
-from orchestrator.inventory import Inventory
-from orchestrator.recipe import (
+from orchestrator.engines.trtllm.recipe import (
     builtin_names,
     check_against_inventory,
     config_hash,
@@ -16,6 +14,8 @@ from orchestrator.recipe import (
     load_recipe,
     serving_nodes,
 )
+from orchestrator.errors import InputError
+from orchestrator.inventory import Inventory
 
 GOOD = """
 name: mine

@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
+from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.engines.trtllm import serve
+from orchestrator.engines.trtllm.recipe import load_recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory
-from orchestrator.recipe import load_recipe
-from orchestrator.step import Change, NodeContext, RunOptions, Unchanged
-from orchestrator.steps import models, serve
+from orchestrator.phases import models
 
 INVENTORY = Inventory.model_validate({
     "cluster": {"name": "lab"},

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 from up_fakes import CLUSTER_PUB, HOST_KEYS, FakeTransport, context, golden, inventory
 
-from orchestrator.render import sha256
-from orchestrator.step import Change, Unchanged
-from orchestrator.steps import ssh_keys
-from orchestrator.steps.ssh_keys import (
+from orchestrator.core.step import Change, Unchanged
+from orchestrator.phases import ssh_keys
+from orchestrator.phases.ssh_keys import (
     CLUSTER_KEY,
     HOST_KEY,
     HOST_PUB,
@@ -21,6 +20,7 @@ from orchestrator.steps.ssh_keys import (
     public_from_private,
     trust_files,
 )
+from orchestrator.render import sha256
 
 PRIVATE_SHA = "aa" * 32
 

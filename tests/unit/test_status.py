@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import logs, status, status_render
+from orchestrator.checks import logs, status, status_render
 from orchestrator.errors import InputError
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.paths import NETPLAN_FILE, SERVER_JSON

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator.executor import Executor
+from orchestrator.core.executor import Executor
+from orchestrator.core.progress import Progress
+from orchestrator.core.report import Report
+from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
 from orchestrator.inventory_checks import inventory_from_data
-from orchestrator.progress import Progress
+from orchestrator.phases import teardown
+from orchestrator.remote.transport import Result
 from orchestrator.render import MANAGED_HEADER
-from orchestrator.report import Report
-from orchestrator.step import Change, NodeContext, RunOptions, Unchanged
-from orchestrator.steps import teardown
-from orchestrator.transport import Result
 
 INVENTORY = inventory_from_data(
     {

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from orchestrator.errors import CommandError, TransportError
-from orchestrator.transport import LocalTransport, SudoPassword, is_local_host
+from orchestrator.remote.transport import LocalTransport, SudoPassword, is_local_host
 
 
 def transport() -> LocalTransport:

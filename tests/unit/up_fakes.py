@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.step import NodeContext, RunOptions
 from orchestrator.inventory import Inventory
 from orchestrator.inventory_checks import inventory_from_data
-from orchestrator.step import NodeContext, RunOptions
-from orchestrator.transport import Result
+from orchestrator.remote.transport import Result
 
 GOLDEN = Path(__file__).parent / "golden" / "up"
 HOST_KEYS = {

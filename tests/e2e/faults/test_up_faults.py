@@ -143,8 +143,8 @@ def test_container_sshd_dying_is_named_by_netcheck_and_repaired_by_up(cluster: L
 
 
 DROP_SSH_OF_NODE = """
-from orchestrator.lab.node import node_exec
-from orchestrator.steps import container
+from sparklab.node import node_exec
+from orchestrator.phases import container
 original = container.Container.apply
 # the node-side sshd processes of the cluster user's session, found with ps in the node
 KILL = "ps -eo pid=,args= | awk '$2 == \\"sshd:\\" && $3 ~ /^nvidia/ {{print $1}}' | xargs -r kill"
@@ -212,7 +212,7 @@ def test_ctrl_c_during_up_says_what_changed_releases_the_lock_and_rerun_converge
 
 
 HOLD_THE_LOCK = """
-from orchestrator.steps import mpi
+from orchestrator.engines.trtllm import mpi
 original = mpi.MpirunHostname.apply
 def apply(self, ctx, change):
     open({held!r}, "w").close()

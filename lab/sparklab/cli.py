@@ -1,0 +1,138 @@
+"""`sparkctl lab ...`: a simulated DGX Spark cluster on this machine (root, Linux)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from sparklab import faults as lab_faults
+from sparklab import lab as lab_core
+from sparklab.identity import LabError, LabIdentity
+from sparklab.node import node_exec
+from sparklab.topology import TOPOLOGIES, parse_ports
+
+
+def _ident() -> LabIdentity:
+    return LabIdentity.from_env()
+
+
+def _fail(err: LabError) -> None:
+    click.echo(f"error: {err.message}", err=True)
+    sys.exit(err.exit_code)
+
+
+@click.group(name="lab")
+def lab() -> None:
+    """A simulated DGX Spark cluster (network namespaces, real sshd/netplan; no GPU).
+
+    SPARKLAB_ID=0..9 selects an independent lab.
+    """
+
+
+@lab.command()
+@click.option("--nodes", type=int, default=None, help="number of nodes (b2b: 2, ring: 3)")
+@click.option("--topology", type=click.Choice(TOPOLOGIES), default="b2b", show_default=True)
+@click.option("--ports", default=None, help="the cabled twins, default enp1s0f1np1,enP2p1s0f1np1")
+@click.option("--inventory-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="also write the inventory here")
+@click.option("--force", is_flag=True, help="tear down a lab with this id first")
+@click.option("--sudo-password", is_flag=True,
+              help="nvidia needs a password for sudo (from $SPARKLAB_SUDO_PASSWORD or a prompt)")
+@click.option("--engine-load-seconds", type=float, default=3.0, show_default=True,
+              help="simulated engine load time")
+@click.option("--model-bytes", type=int, default=4 * 1024 * 1024, show_default=True,
+              help="size of simulated model files")
+def up(nodes: int | None, topology: str, ports: str | None, inventory_out: Path | None,
+       force: bool, sudo_password: bool, engine_load_seconds: float, model_bytes: int) -> None:
+    """Bring up a lab and write its inventory."""
+    try:
+        password = None
+        if sudo_password:
+            password = os.environ.get("SPARKLAB_SUDO_PASSWORD") or click.prompt(
+                "sudo password for nvidia in the lab", hide_input=True,
+                confirmation_prompt=True)
+        opts = lab_core.UpOptions(topology=topology, nodes=nodes, ports=parse_ports(ports),
+                                  inventory_out=inventory_out, force=force,
+                                  sudo_password=password,
+                                  engine_load_seconds=engine_load_seconds,
+                                  model_bytes=model_bytes)
+        ident = _ident()
+        inventory = lab_core.up(ident, opts)
+    except LabError as err:
+        _fail(err)
+        return
+    state = lab_core.load_state(ident) or {}
+    click.echo(f"lab {ident.lab_id} up: {len(state.get('nodes', []))} nodes, {topology}, "
+               f"{state.get('up_seconds')} s", err=True)
+    click.echo(str(inventory))
+    if inventory_out:
+        click.echo(str(inventory_out))
+
+
+@lab.command()
+def down() -> None:
+    """Stop the lab's nodes and remove everything it created."""
+    try:
+        ident = _ident()
+        removed = lab_core.down(ident)
+    except LabError as err:
+        _fail(err)
+        return
+    if not removed:
+        click.echo(f"lab {ident.lab_id} is not up; nothing to do")
+    else:
+        click.echo(f"lab {ident.lab_id} down ({len(removed)} items removed)")
+
+
+@lab.command()
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def status(as_json: bool) -> None:
+    """Nodes, their PIDs, links and active faults."""
+    try:
+        info = lab_core.status(_ident())
+    except LabError as err:
+        _fail(err)
+        return
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    if not info["nodes"]:
+        click.echo(f"lab {info['lab_id']} is not up")
+        return
+    click.echo(f"lab {info['lab_id']}: {info['topology']}, {info['status']}, "
+               f"inventory {info['inventory']}")
+    for node in info["nodes"]:
+        alive = f"pid {node['pid']}" if node["alive"] else "DEAD"
+        click.echo(f"  {node['name']:10} {node['host']:14} {alive}")
+        for name, state in node["links"].items():
+            click.echo(f"      {name:16} {state}")
+    click.echo("faults: " + (", ".join(lab_faults.describe(f) for f in info["faults"])
+                             or "none"))
+
+
+@lab.command(name="exec", context_settings={"ignore_unknown_options": True})
+@click.argument("node")
+@click.option("--user", default=None, help="run as this user (default root)")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_command(node: str, user: str | None, argv: tuple[str, ...]) -> None:
+    """Run a command inside a node: `lab exec spark-a -- ip -br addr`."""
+    try:
+        result = node_exec(_ident(), node, list(argv), check=False, user=user,
+                           input_text=None if sys.stdin.isatty() else sys.stdin.read())
+    except LabError as err:
+        _fail(err)
+        return
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    sys.exit(result.returncode)
+
+
+lab.add_command(lab_faults.fault)
+
+
+if __name__ == "__main__":
+    lab()

@@ -1,0 +1,201 @@
+"""`lab up`, `lab down`, `lab status`: the whole life of a simulated DGX Spark cluster."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparklab import network
+from sparklab.identity import (
+    ALL_FABRIC_INTERFACES,
+    LabError,
+    LabIdentity,
+    require_root_linux,
+)
+from sparklab.inventory import inventory_data, write_inventory
+from sparklab.netplan_install import netplan_root
+from sparklab.node import (
+    kill_node,
+    recorded_pid,
+    start_node,
+    wait_ready,
+    write_init,
+)
+from sparklab.node_fs import NodeSpec, build_usr_layer, prepare_node
+from sparklab.topology import LabPlan, build_plan
+
+
+@dataclass
+class UpOptions:
+    topology: str = "b2b"
+    nodes: int | None = None
+    ports: tuple[str, str] = ("enp1s0f1np1", "enP2p1s0f1np1")
+    inventory_out: Path | None = None
+    force: bool = False
+    sudo_password: str | None = None
+    engine_load_seconds: float = 3.0
+    model_bytes: int = 4 * 1024 * 1024
+
+
+def state_file(ident: LabIdentity) -> Path:
+    return ident.state_dir / "lab.json"
+
+
+def load_state(ident: LabIdentity) -> dict[str, Any] | None:
+    try:
+        return json.loads(state_file(ident).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def save_state(ident: LabIdentity, state: dict[str, Any]) -> None:
+    tmp = state_file(ident).with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(state_file(ident))
+
+
+def is_up(ident: LabIdentity) -> bool:
+    prefix = f"{ident.prefix}-"
+    return ident.state_dir.exists() or any(n.startswith(prefix) for n in network.netns_list())
+
+
+def up(ident: LabIdentity, opts: UpOptions) -> Path:
+    require_root_linux()
+    plan = build_plan(opts.topology, opts.nodes, opts.ports)
+    if is_up(ident):
+        if not opts.force:
+            raise LabError(f"lab {ident.lab_id} is already up (state in {ident.state_dir}); "
+                           "run `sparkctl lab down` first, or `lab up --force` to recreate it", 1)
+        down(ident)
+    np_root = netplan_root()
+    started = time.monotonic()
+    ident.state_dir.mkdir(parents=True, mode=0o700)
+    state: dict[str, Any] = {
+        "lab_id": ident.lab_id, "topology": plan.topology, "status": "starting",
+        "nodes": [{"name": n.name, "index": n.index, "netns": ident.netns(n.name),
+                   "host": ident.mgmt_address(n.index), "cabled": n.cabled,
+                   "addresses": n.addresses} for n in plan.nodes],
+        "netns": [ident.netns(n.name) for n in plan.nodes]
+        + ([ident.fabric_netns] if plan.switch_ports or plan.cables else []),
+        "cables": [vars(c) for c in plan.cables],
+        "switch_ports": [vars(p) for p in plan.switch_ports],
+        "faults": [],
+    }
+    save_state(ident, state)
+    try:
+        inventory = _bring_up(ident, plan, opts, np_root)
+    except BaseException:
+        down(ident, quiet=True)
+        raise
+    state["status"] = "up"
+    state["inventory"] = str(inventory)
+    state["up_seconds"] = round(time.monotonic() - started, 2)
+    save_state(ident, state)
+    return inventory
+
+
+def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path) -> Path:
+    ssh_dir = ident.state_dir / "ssh"
+    ssh_dir.mkdir(mode=0o700)
+    key = ssh_dir / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
+                    f"sparklab{ident.lab_id}", "-f", str(key)], check=True, capture_output=True)
+    pubkey = key.with_suffix(".pub").read_text()
+    network.create_management(ident)
+    for node in plan.nodes:
+        network.create_node_netns(ident, node.name, node.index)
+    network.create_fabric(ident, plan)
+    usr_lowers = [build_usr_layer(ident), np_root / "usr", Path("/usr")]
+    hosts = "".join(f"{ident.mgmt_address(n.index)}\t{n.name}\n" for n in plan.nodes)
+    password_hash = _hash_password(opts.sudo_password) if opts.sudo_password else None
+    host_keys: dict[str, str] = {}
+    for node in plan.nodes:
+        spec = NodeSpec(node.name, node.index, ident.mgmt_address(node.index), hosts, pubkey,
+                        password_hash, {"engine_load_seconds": opts.engine_load_seconds,
+                                        "model_bytes": opts.model_bytes, "node": node.name})
+        node_dir = prepare_node(ident, spec)
+        pub = node_dir / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key.pub"
+        host_keys[node.name] = " ".join(pub.read_text().split()[:2])
+        write_init(ident, node.name, usr_lowers)
+    procs = {node.name: start_node(ident, node.name) for node in plan.nodes}
+    for name, proc in procs.items():
+        wait_ready(ident, name, proc)
+    network.wait_carrier(ident, plan)
+    known_hosts = ssh_dir / "known_hosts"
+    known_hosts.write_text("".join(f"{ident.mgmt_address(n.index)} {host_keys[n.name]}\n"
+                                   for n in plan.nodes))
+    inventory = ident.state_dir / "inventory.yml"
+    data = inventory_data(ident, plan, key, known_hosts)
+    write_inventory(data, [inventory] + ([opts.inventory_out] if opts.inventory_out else []))
+    return inventory
+
+
+def _hash_password(password: str) -> str:
+    result = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=password + "\n",
+                            capture_output=True, text=True, check=True)
+    return result.stdout.strip()
+
+
+def down(ident: LabIdentity, quiet: bool = False) -> list[str]:
+    """Stop every recorded node, delete the lab's namespaces and links, remove its state."""
+    require_root_linux()
+    state = load_state(ident) or {}
+    if not is_up(ident):
+        return []
+    removed: list[str] = []
+    nodes_dir = ident.state_dir / "nodes"
+    for node_dir in sorted(nodes_dir.iterdir()) if nodes_dir.is_dir() else []:
+        for pid in kill_node(ident, node_dir.name):
+            removed.append(f"process {pid} ({node_dir.name})")
+    removed += network.delete_all(ident, state.get("netns", []))
+    removed += _unmount_leftovers(ident)
+    shutil.rmtree(ident.state_dir, ignore_errors=True)
+    removed.append(f"state {ident.state_dir}")
+    return removed
+
+
+def _unmount_leftovers(ident: LabIdentity) -> list[str]:
+    """Node mounts live in the nodes' private mount namespaces; this only guards the host."""
+    root = str(ident.state_dir)
+    removed = []
+    for line in reversed(Path("/proc/mounts").read_text().splitlines()):
+        target = line.split()[1]
+        if target == root or target.startswith(root + "/"):
+            subprocess.run(["umount", "-l", target], check=False)
+            removed.append(f"mount {target}")
+    return removed
+
+
+def status(ident: LabIdentity) -> dict[str, Any]:
+    require_root_linux()
+    state = load_state(ident)
+    if state is None:
+        return {"lab_id": ident.lab_id, "up": is_up(ident), "nodes": [], "faults": []}
+    nodes = []
+    for node in state["nodes"]:
+        node_dir = ident.node_dir(node["name"])
+        pid = recorded_pid(node_dir / "pid")
+        links = _link_states(node["netns"])
+        nodes.append({**node, "pid": pid, "alive": pid is not None,
+                      "unshare_pid": recorded_pid(node_dir / "unshare.pid"), "links": links})
+    return {"lab_id": ident.lab_id, "up": True, "status": state.get("status"),
+            "topology": state["topology"], "inventory": state.get("inventory"),
+            "state_dir": str(ident.state_dir), "nodes": nodes, "faults": state.get("faults", [])}
+
+
+def _link_states(netns: str) -> dict[str, str]:
+    out = subprocess.run(["ip", "-n", netns, "-j", "link", "show"], capture_output=True,
+                         text=True, check=False)
+    if out.returncode != 0:
+        return {}
+    result = {}
+    for link in json.loads(out.stdout or "[]"):
+        name = link["ifname"]
+        if name in ALL_FABRIC_INTERFACES or name == "eth0":
+            result[name] = f"{link.get('operstate', '?')} mtu {link.get('mtu')}"
+    return result

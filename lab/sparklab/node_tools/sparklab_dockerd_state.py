@@ -1,0 +1,248 @@
+"""Container and image state of the lab runtime: paths, JSON records, lookups, locking."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+ROOT = "/var/lib/sparklab"
+
+
+CONTAINERS = ROOT + "/containers"
+
+
+IMAGES = ROOT + "/images"
+
+
+CONFIG = ROOT + "/config"
+
+
+OUTBOX = ROOT + "/outbox"
+
+
+OUTBOX_IN_CONTAINER = "/var/lib/sparklab-outbox"
+
+
+IMAGE_IN_CONTAINER = "/usr/local/lib/sparklab-image"
+
+
+SHIM = os.path.join(os.path.dirname(os.path.realpath(__file__)), "dockerd-shim")
+
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Container paths that are private to the container, so creating a -v mount point there never
+# touches the node or the host root filesystem.
+
+
+PRIVATE_PREFIXES = ("/etc/", "/opt/", "/root", "/tmp/", "/run/", "/usr/local/", "/workspace")
+
+
+OVERLAID = ("/etc", "/opt")
+
+
+class DockerError(Exception):
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def now_iso() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e9):09d}Z"
+
+
+def parse_iso(text: str) -> float:
+    import calendar
+
+    base, _, frac = text.rstrip("Z").partition(".")
+    return calendar.timegm(time.strptime(base, "%Y-%m-%dT%H:%M:%S")) + float("0." + (frac or "0"))
+
+
+def read_json(path: str, default: object = None) -> object:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def write_json(path: str, data: object) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def image_dir() -> str:
+    lab = read_json(CONFIG + "/lab.json", {}) or {}
+    here = os.path.dirname(SHIM)
+    for cand in (os.environ.get("SPARKLAB_IMAGE_DIR"), lab.get("image_dir"),
+                 "/usr/local/lib/sparklab/image", os.path.join(here, "..", "image")):
+        if cand and os.path.isfile(os.path.join(cand, "catalog.json")):
+            return os.path.realpath(cand)
+    raise DockerError("sparklab: lab image files not found (install lab/sparklab/image "
+                      "at /usr/local/lib/sparklab/image)", 125)
+
+
+def normalize_image(ref: str) -> str:
+    last = ref.rsplit("/", 1)[-1]
+    if "@" not in ref and ":" not in last:
+        ref += ":latest"
+    if "/" not in ref.split(":")[0]:
+        ref = "docker.io/library/" + ref
+    return ref
+
+
+def catalog_digest(name: str) -> str | None:
+    import hashlib
+
+    d = image_dir()
+    catalog = read_json(d + "/catalog.json", {}) or {}
+    if name not in catalog.get("images", {}):
+        return None
+    h = hashlib.sha256(name.encode())
+    for base, dirs, files in sorted(os.walk(d)):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        for fn in sorted(files):
+            h.update(fn.encode())
+            with open(os.path.join(base, fn), "rb") as f:
+                h.update(f.read())
+    return "sha256:" + h.hexdigest()
+
+
+def node_digest(name: str) -> str | None:
+    """Digest as this node reports it; the drift hook may override it (docs/lab-engine.md)."""
+    override = read_json(CONFIG + "/image-digest-override.json", {}) or {}
+    digest = catalog_digest(name)
+    if digest is None:
+        return None
+    return override.get(name) or override.get("image") or digest
+
+
+def image_id(digest: str) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(("config:" + digest).encode()).hexdigest()
+
+
+def image_record(name: str) -> dict | None:
+    rec = read_json(f"{IMAGES}/{name.replace('/', '+')}.json")
+    if not isinstance(rec, dict):
+        return None
+    digest = node_digest(name) or rec["digest"]
+    repo = name.rsplit(":", 1)[0]
+    return {"Id": image_id(digest), "RepoTags": [name], "RepoDigests": [f"{repo}@{digest}"],
+            "Created": rec["pulled"], "Size": 27_000_000_000,
+            "Config": {"Env": [f"PATH={DEFAULT_PATH}"], "Cmd": ["/bin/bash"], "Entrypoint": None,
+                       "Labels": {"org.sparklab.simulated": "true"}}}
+
+
+def pull(ref: str, out: object) -> dict:
+    name = normalize_image(ref)
+    digest = node_digest(name)
+    if digest is None:
+        raise DockerError(f"Error response from daemon: manifest for {ref} not found: "
+                          "manifest unknown: manifest unknown", 1)
+    os.makedirs(IMAGES, exist_ok=True)
+    repo, tag = name.rsplit(":", 1)
+    print(f"{tag}: Pulling from {repo.split('/', 1)[1]}", file=out)
+    fresh = image_record(name) is None
+    write_json(f"{IMAGES}/{name.replace('/', '+')}.json", {"name": name, "digest": digest,
+                                                           "pulled": now_iso()})
+    print(f"Digest: {digest}", file=out)
+    status = "Downloaded newer image for" if fresh else "Image is up to date for"
+    print(f"Status: {status} {name}", file=out)
+    return image_record(name) or {}
+
+
+def cdir(cid: str) -> str:
+    return f"{CONTAINERS}/{cid}"
+
+
+def load(cid: str) -> dict:
+    cfg = read_json(cdir(cid) + "/config.json")
+    if not isinstance(cfg, dict):
+        raise KeyError(cid)
+    state = read_json(cdir(cid) + "/state.json", {}) or {}
+    if state.get("Running") and not alive(state.get("Pid")) and not alive(state.get("MonitorPid")):
+        state.update(Status="exited", Running=False, ExitCode=137, FinishedAt=now_iso())
+    cfg["State"] = state
+    return cfg
+
+
+def all_containers() -> list[dict]:
+    out = []
+    try:
+        names = os.listdir(CONTAINERS)
+    except OSError:
+        return out
+    for cid in names:
+        if len(cid) == 64:
+            try:
+                out.append(load(cid))
+            except KeyError:
+                continue
+    out.sort(key=lambda c: c["Created"], reverse=True)
+    return out
+
+
+def find(ref: str) -> dict:
+    for c in all_containers():
+        if c["Name"] == "/" + ref or c["Name"] == ref or c["Id"] == ref:
+            return c
+    matches = [c for c in all_containers() if len(ref) >= 3 and c["Id"].startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    raise DockerError(f"Error response from daemon: No such container: {ref}", 1)
+
+
+def lock() -> int:
+    import fcntl
+
+    ensure_state_fs()
+    fd = os.open(CONTAINERS + "/.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def ensure_state_fs() -> None:
+    # Overlay upper dirs cannot live on overlayfs (the node's /var is one): the containers' layers
+    # live on a tmpfs mounted in the node's mount namespace, gone with the node.
+    os.makedirs(CONTAINERS, exist_ok=True)
+    os.makedirs(OUTBOX, mode=0o755, exist_ok=True)
+    os.makedirs(OUTBOX_IN_CONTAINER, mode=0o755, exist_ok=True)
+    if not os.path.ismount(CONTAINERS):
+        import subprocess
+
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0700,size=8g", "sparklab-containers",
+                        CONTAINERS], check=True)
+
+
+def set_state(cid: str, **changes: object) -> None:
+    path = cdir(cid) + "/state.json"
+    state = read_json(path, {}) or {}
+    state.update(changes)
+    write_json(path, state)
+
+
+def remove_dir(cid: str) -> None:
+    import shutil
+
+    shutil.rmtree(cdir(cid), ignore_errors=True)
+
+
+CALLER_ENV: dict[str, str] | None = None
+
+
+def caller_env() -> dict[str, str]:
+    return CALLER_ENV if CALLER_ENV is not None else dict(os.environ)

@@ -1,0 +1,185 @@
+"""netcheck's container checks: what the containers really run with (from `docker inspect`).
+
+The environment a running container has is what NCCL, UCX and Open MPI read, whatever the
+inventory says now; a container started by hand, or before the inventory changed, shows here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.checks.netcheck import CheckResult, _link
+from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import HOSTFILE, SSH_CONFIG
+
+
+def expected_env(inventory: Inventory) -> dict[str, str]:
+    """The variables `up` sets from the inventory that decide which interfaces carry traffic."""
+    interfaces = ",".join(inventory.fabric.interfaces)
+    return {
+        "NCCL_SOCKET_IFNAME": interfaces,
+        "UCX_NET_DEVICES": interfaces,
+        "OMPI_MCA_btl_tcp_if_include": interfaces,
+        "OMPI_MCA_oob_tcp_if_include": interfaces,
+        "OMPI_MCA_orte_default_hostfile": HOSTFILE,
+        "OMPI_MCA_plm_rsh_args": f"-F {SSH_CONFIG}",
+    }
+
+
+INTERFACE_LISTS = ("NCCL_SOCKET_IFNAME", "UCX_NET_DEVICES", "OMPI_MCA_btl_tcp_if_include",
+                   "OMPI_MCA_oob_tcp_if_include")
+
+
+def _container(inventory: Inventory, facts: dict[str, Any]) -> dict[str, Any] | None:
+    entry = (facts.get("containers") or {}).get(inventory.container.name)
+    return entry if isinstance(entry, dict) and "error" not in entry else None
+
+
+def container_running(inventory: Inventory, facts: dict[str, Any]) -> bool:
+    container = _container(inventory, facts)
+    return bool(container and (container.get("State") or {}).get("Running"))
+
+
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    pairs = (container.get("Config") or {}).get("Env") or []
+    return dict(str(item).partition("=")[::2] for item in pairs)
+
+
+def check_container_running(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+    name = inventory.container.name
+    raw = (facts.get("containers") or {}).get(name)
+    container = _container(inventory, facts)
+    result = CheckResult("container", node.name, "pass", f"{name} is running.")
+    if container is None:
+        result.status = "fail"
+        detail = raw.get("error") if isinstance(raw, dict) else "no such container"
+        result.message = f"container {name} on {node.name}: {detail}."
+        result.fix = "run `sparkctl up` (it creates the container with the fabric settings)"
+    elif not (container.get("State") or {}).get("Running"):
+        state = container.get("State") or {}
+        result.status, result.value = "fail", state.get("Status")
+        result.message = (f"container {name} on {node.name} is {state.get('Status', 'not running')} "
+                          f"(exit code {state.get('ExitCode')}): its entrypoint failed or the SSH "
+                          f"port {inventory.container.ssh_port} is taken.")
+        result.fix = f"`docker logs {name}` on {node.name}, then `sparkctl up`"
+    return [result]
+
+
+def _named_interfaces(value: str) -> list[str]:
+    """NCCL's syntax: '=' means exact names, '^' excludes (nothing to check then)."""
+    if value.startswith("^"):
+        return []
+    return [part.split(":")[0] for part in value.lstrip("=").split(",") if part]
+
+
+def check_container_env(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+    container = _container(inventory, facts)
+    if container is None:
+        return []
+    env = container_env(container)
+    out = []
+    for key, want in expected_env(inventory).items():
+        have = env.get(key)
+        result = CheckResult("container-env", node.name, "pass", f"{key}={have}.",
+                             interface=None, value=have, threshold=want)
+        down = []
+        if key in INTERFACE_LISTS and have:
+            down = [i for i in _named_interfaces(have)
+                    if not (_link(facts, i) or {}).get("up")
+                    or not (_link(facts, i) or {}).get("carrier")]
+        if down:
+            result.status = "fail"
+            result.interface = down[0]
+            result.message = (f"{key}={have} in {inventory.container.name} on {node.name} names "
+                              f"{', '.join(down)}, which is missing or down: NCCL fails with "
+                              "'Socket operation on non-socket', MPI hangs.")
+            result.fix = ("recreate the container with the inventory's fabric interfaces "
+                          "(`sparkctl up` replaces a stale container), and bring the fabric up")
+        elif have != want:
+            result.status = "fail"
+            result.message = (f"{key} in {inventory.container.name} on {node.name} is {have!r}, the "
+                              f"inventory gives {want!r}: traffic may take the wrong interface.")
+            result.fix = "`sparkctl up` recreates the container with the inventory's settings"
+        out.append(result)
+    out += _check_ib_hca(inventory, node, facts, env)
+    return out
+
+
+def _check_ib_hca(inventory: Inventory, node: Node, facts: dict[str, Any],
+                  env: dict[str, str]) -> list[CheckResult]:
+    """NCCL ran at ~3 GB/s until NCCL_IB_HCA covered both twins (REFERENCE.md 4.1)."""
+    devices = ((facts.get("ibdev2netdev") or {}).get("devices")) or {}
+    wanted = [devices[i]["device"] for i in inventory.fabric.interfaces if i in devices]
+    if not wanted:
+        return []
+    have = env.get("NCCL_IB_HCA", "")
+    named = {part.split(":")[0] for part in have.lstrip("=^").split(",") if part}
+    missing = [d for d in wanted if d not in named]
+    result = CheckResult("container-env", node.name, "pass", f"NCCL_IB_HCA={have}.",
+                         value=have or None, threshold=",".join(wanted))
+    if missing:
+        result.status = "warn"
+        result.message = (f"NCCL_IB_HCA={have!r} on {node.name} leaves out {', '.join(missing)}: "
+                          "NCCL then uses fewer RoCE devices (seen at ~3 GB/s instead of ~24 GB/s).")
+        result.fix = "`sparkctl up` sets NCCL_IB_HCA to the RoCE devices of every fabric interface"
+    return [result]
+
+
+def check_hostfile(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+    """mpirun hangs when the hostfile names addresses that are not the fabric's."""
+    fact = (facts.get("files") or {}).get(HOSTFILE) or {}
+    want = [inventory.mpi_address(n) for n in inventory.ordered_nodes()]
+    result = CheckResult("hostfile", node.name, "pass", f"{HOSTFILE} lists the fabric addresses.",
+                         threshold=",".join(want))
+    if not fact.get("exists"):
+        result.status, result.message = "fail", f"{HOSTFILE} is missing on {node.name}."
+        result.fix = "run `sparkctl up`"
+        return [result]
+    have = [line.split()[0] for line in str(fact.get("content", "")).splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+    result.value = ",".join(have)
+    if sorted(have) != sorted(want):
+        result.status = "fail"
+        result.message = (f"{HOSTFILE} on {node.name} lists {', '.join(have) or 'nothing'}, expected "
+                          f"the fabric addresses {', '.join(want)}: mpirun would hang or use the "
+                          "management network.")
+        result.fix = "run `sparkctl up` (it rewrites the hostfile from the inventory)"
+    return [result]
+
+
+CONTAINER_CHECKS = [check_container_running, check_container_env, check_hostfile]
+
+
+def check_image_digests(inventory: Inventory, facts_by_node: dict[str, dict[str, Any]]) -> list[CheckResult]:
+    """Every node must run the same image, byte for byte (tags drift between nodes)."""
+    images: dict[str, str] = {}
+    for name, facts in facts_by_node.items():
+        container = _container(inventory, facts)
+        image_id = (container or {}).get("Image")
+        if not image_id:
+            local = (facts.get("images") or {}).get(inventory.container.image) or {}
+            image_id = local.get("Id") if isinstance(local, dict) else None
+        if image_id:
+            images[name] = str(image_id)
+    distinct = sorted(set(images.values()))
+    if len(distinct) <= 1:
+        value = distinct[0][:19] if distinct else None
+        return [CheckResult("image", name, "pass", f"same image on every node ({value}).",
+                            value=value) for name in images]
+    majority = max(distinct, key=lambda d: sum(1 for v in images.values() if v == d))
+    listing = ", ".join(f"{n} -> {d[:19]}" for n, d in sorted(images.items()))
+    has_majority = list(images.values()).count(majority) > len(images) / 2
+    out = []
+    for name, digest in images.items():
+        status = "pass" if has_majority and digest == majority else "fail"
+        out.append(CheckResult(
+            "image", name, status, f"the nodes run different images: {listing}.",
+            value=digest[:19], threshold=majority[:19] if status == "fail" else None,
+            fix="" if status == "pass" else (
+                f"pull {inventory.container.image} on every node, then `sparkctl up` "
+                "(it refuses to start when digests differ)"),
+        ))
+    return out
+
+
+CLUSTER_CHECKS = [check_image_digests]

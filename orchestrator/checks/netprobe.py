@@ -1,0 +1,329 @@
+"""netcheck's link probes: what to run on each node, and how to judge what came back.
+
+Each node gets ONE remote command: the facts gatherer with a `probes` request (pings to every
+peer address from the right interface, don't-fragment pings at the full MTU, SSH to every peer's
+container sshd from the node and from inside the container, and on the head `mpirun hostname`),
+all run at once on the node so a dead link costs one timeout. Judging is pure (unit-tested).
+`--deep` adds a longer ping train and an iperf3 run per link, one link at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.checks.netcheck import CheckResult, Link, fabric_links
+from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import SSH_CONFIG
+
+MPIRUN_DEADLINE = 60
+DEEP_PINGS = 50
+IPERF_SECONDS = 2
+IPERF_PORT_BASE = 5301
+MAX_LOSS_PCT = 1.0
+
+
+@dataclass(frozen=True)
+class Probe:
+    key: str
+    kind: str
+    argv: list[str]
+    timeout: float
+    link: Link | None = None
+
+
+def _ping_argv(link: Link, count: int, interval: float, extra: list[str] | None = None) -> list[str]:
+    return ["ping", "-n", "-q", "-c", str(count), "-i", str(interval), "-W", "2", *(extra or []),
+            "-I", link.interface, link.peer_ip]
+
+
+def build_probes(inventory: Inventory, node: Node, deep: bool) -> list[Probe]:
+    """Every probe `node` runs; keys are unique per node and name the link."""
+    probes: list[Probe] = []
+    name = inventory.container.name
+    ssh = ["ssh", "-F", SSH_CONFIG, "-o", "ConnectTimeout=5"]
+    for link in fabric_links(inventory):
+        if link.node != node.name:
+            continue
+        tag = f"{link.interface}>{link.peer_ip}"
+        probes += [
+            Probe(f"ping {tag}", "ping", _ping_argv(link, 3, 0.2), 15, link),
+            Probe(f"mtu-ping {tag}", "mtu-ping",
+                  _ping_argv(link, 2, 0.2, ["-M", "do", "-s", str(inventory.fabric.mtu - 28)]),
+                  15, link),
+            Probe(f"ssh-node {tag}", "ssh-node",
+                  ["timeout", "-k", "2", "15", *ssh, link.peer_ip, "true"], 25, link),
+            Probe(f"ssh-container {tag}", "ssh-container",
+                  ["timeout", "-k", "2", "20", "docker", "exec", name, *ssh, link.peer_ip, "true"],
+                  30, link),
+        ]
+        if deep:
+            probes.append(Probe(f"latency {tag}", "latency", _ping_argv(link, DEEP_PINGS, 0.02), 30, link))
+    if node.name == inventory.head_name and len(inventory.nodes) > 1:
+        argv = ["timeout", "-k", "5", str(MPIRUN_DEADLINE + 10), "docker", "exec", name,
+                "timeout", "-k", "5", str(MPIRUN_DEADLINE), "mpirun", "-np", str(len(inventory.nodes)),
+                "hostname"]
+        probes.append(Probe("mpirun", "mpirun", argv, MPIRUN_DEADLINE + 30))
+    return probes
+
+
+def probe_request(probes: list[Probe]) -> dict[str, Any]:
+    return {p.key: {"argv": p.argv, "timeout": p.timeout} for p in probes}
+
+
+# ---------------------------------------------------------------- parsing and judging
+
+def parse_ping(text: str) -> tuple[int, int, float | None]:
+    """(sent, received, average rtt in ms) from iputils ping's summary."""
+    counts = re.search(r"(\d+) packets transmitted, (\d+) (?:packets )?received", text)
+    rtt = re.search(r"= [\d.]+/([\d.]+)/", text)
+    sent, received = (int(counts.group(1)), int(counts.group(2))) if counts else (0, 0)
+    return sent, received, float(rtt.group(1)) if rtt else None
+
+
+NOISE = ("Warning: source address might be selected",)
+
+
+def _tail(answer: dict[str, Any]) -> str:
+    """The most telling line of a probe's output (ping's loss summary beats its warnings)."""
+    out = (answer.get("out") or "").strip().splitlines()
+    err = [line for line in (answer.get("err") or "").strip().splitlines()
+           if line.strip() and not any(n in line for n in NOISE)]
+    summary = [line for line in out if "packets transmitted" in line]
+    lines = err or summary or out
+    return lines[-1].strip()[:200] if lines else f"exit {answer.get('rc')}"
+
+
+def _base(kind: str, link: Link, **kwargs: Any) -> CheckResult:
+    return CheckResult(kind, link.node, "pass", "", peer=link.peer, interface=link.interface, **kwargs)
+
+
+def judge_ping(inventory: Inventory, link: Link, answer: dict[str, Any]) -> CheckResult:
+    sent, received, avg = parse_ping(answer.get("out", ""))
+    limit = inventory.fabric.max_latency_ms
+    result = _base("ping", link, value=avg, unit="ms", threshold=limit)
+    route = f"{link.node} {link.interface} -> {link.peer} {link.peer_interface} ({link.peer_ip})"
+    if received == 0:
+        result.status = "fail"
+        result.message = (f"no reply on {route}: {_tail(answer)}. Likely: the cable is cut or "
+                          f"unplugged, {link.peer}'s {link.peer_interface} is down, or its address "
+                          "is not the inventory's.")
+        result.fix = (f"see the interface/address checks of both nodes; `ip -br addr show "
+                      f"{link.peer_interface}` on {link.peer}; `sparkctl up` restores addresses")
+    elif received < sent:
+        result.status = "warn"
+        result.message = f"{sent - received} of {sent} pings lost on {route}."
+        result.fix = "a lossy link: reseat the cable; `sparkctl netcheck --deep` measures loss"
+    elif avg is not None and avg > limit:
+        result.status = "warn"
+        result.message = f"round trip {avg:.3f} ms on {route}, above fabric.max_latency_ms."
+        result.fix = "`sparkctl netcheck --deep` measures it properly"
+    else:
+        result.message = f"{route} answers."
+    return result
+
+
+def judge_mtu_ping(inventory: Inventory, link: Link, answer: dict[str, Any]) -> CheckResult:
+    mtu = inventory.fabric.mtu
+    _, received, avg = parse_ping(answer.get("out", ""))
+    result = _base("mtu-ping", link, value=avg, unit="ms", threshold=mtu)
+    if received == 0:
+        result.status = "fail"
+        result.message = (f"a {mtu}-byte don't-fragment ping from {link.node} {link.interface} to "
+                          f"{link.peer} ({link.peer_ip}) got no answer ({_tail(answer)}): the MTU "
+                          "differs somewhere on the path (or the link is down).")
+        result.fix = (f"both ends need MTU {mtu}: check the mtu results of {link.node} and "
+                      f"{link.peer}; `sparkctl up` sets it")
+    else:
+        result.message = f"full {mtu}-byte frames pass without fragmenting."
+    return result
+
+
+SSH_CAUSES = [
+    ("Connection refused", "the container's sshd on {peer} is not running (container exited or "
+     "sshd stopped)", "`docker logs {name}` on {peer}; `sparkctl up` restarts the container"),
+    ("Permission denied", "the cluster key is not authorized on {peer} (keys not exchanged)",
+     "`sparkctl up` rewrites /etc/sparkctl/authorized_keys on every node"),
+    ("Host key verification failed", "{peer}'s container host key differs from the pinned one",
+     "`sparkctl up` re-pins the host keys in /etc/sparkctl/known_hosts"),
+    ("REMOTE HOST IDENTIFICATION HAS CHANGED", "{peer}'s container host key changed",
+     "`sparkctl up` re-pins the host keys in /etc/sparkctl/known_hosts"),
+    ("timed out", "the fabric path to {peer} is broken or filtered",
+     "fix the ping failures first"),
+    ("No route to host", "the fabric path to {peer} is broken", "fix the ping failures first"),
+    ("Can't open user config file", "sparkctl's SSH files are missing on {node}",
+     "run `sparkctl up`"),
+    ("No such container", "the container is not running on {node}", "run `sparkctl up`"),
+    ("is not running", "the container is not running on {node}", "run `sparkctl up`"),
+]
+
+
+def judge_ssh(inventory: Inventory, link: Link, kind: str, answer: dict[str, Any]) -> CheckResult:
+    port = inventory.container.ssh_port
+    result = _base(kind, link, value=answer.get("seconds"), unit="s")
+    origin = f"{link.node}'s container" if kind == "ssh-container" else link.node
+    if answer.get("rc") == 0:
+        result.message = f"{origin} reaches {link.peer}:{port} ({link.peer_ip}) with pinned keys."
+        return result
+    text = (answer.get("err") or "") + (answer.get("out") or "")
+    cause, fix = "unknown", f"run `ssh -F {SSH_CONFIG} -v {link.peer_ip} true` on {link.node}"
+    if answer.get("rc") == 124:
+        cause, fix = "the connection hung", "fix the ping failures first"
+    for marker, why, what in SSH_CAUSES:
+        if marker.lower() in text.lower():
+            cause, fix = why, what
+            break
+    fill = {"peer": link.peer, "node": link.node, "name": inventory.container.name}
+    result.status = "fail"
+    result.message = (f"ssh from {origin} to {link.peer}:{port} ({link.peer_ip}) failed: {_tail(answer)}. "
+                      f"Likely: {cause.format(**fill)}.")
+    result.fix = fix.format(**fill)
+    return result
+
+
+def judge_mpirun(inventory: Inventory, answer: dict[str, Any],
+                 hostnames: dict[str, str]) -> CheckResult:
+    head = inventory.head_name
+    want = sorted(hostnames.values())
+    seen = sorted(line.strip() for line in (answer.get("out") or "").splitlines() if line.strip())
+    result = CheckResult("mpirun", head, "pass", "", value=answer.get("seconds"), unit="s",
+                         threshold=MPIRUN_DEADLINE)
+    if answer.get("rc") == 124 or (answer.get("seconds") or 0) >= MPIRUN_DEADLINE:
+        result.status = "fail"
+        result.message = (f"`mpirun -np {len(inventory.nodes)} hostname` hung for {MPIRUN_DEADLINE}s in "
+                          f"{inventory.container.name} on {head}.")
+        result.fix = "hostfile IPs must be fabric IPs, and every ssh check must pass; fix those first"
+    elif answer.get("rc") != 0 or sorted(set(seen)) != sorted(set(want)):
+        result.status = "fail"
+        result.message = (f"`mpirun -np {len(inventory.nodes)} hostname` on {head} exited "
+                          f"{answer.get('rc')} and printed {', '.join(seen) or 'nothing'} (expected "
+                          f"{', '.join(want)}): {_tail(answer)}.")
+        result.fix = "fix the ssh-container and hostfile checks first; then `sparkctl up --verify`"
+    else:
+        result.message = f"mpirun reached every container: {', '.join(seen)}."
+    return result
+
+
+def judge_latency(inventory: Inventory, link: Link, answer: dict[str, Any]) -> CheckResult:
+    sent, received, avg = parse_ping(answer.get("out", ""))
+    limit = inventory.fabric.max_latency_ms
+    loss = 100.0 * (sent - received) / sent if sent else 100.0
+    result = _base("latency", link, value=avg, unit="ms", threshold=limit)
+    route = f"{link.node} {link.interface} -> {link.peer} ({link.peer_ip})"
+    if received == 0 or avg is None:
+        result.status = "fail"
+        result.message = f"no replies on {route}: {_tail(answer)}."
+        result.fix = "fix the ping check first"
+    elif loss > MAX_LOSS_PCT or avg > limit:
+        result.status = "fail"
+        result.message = (f"{route}: average round trip {avg:.3f} ms (limit {limit} ms), "
+                          f"{loss:.0f}% of {sent} pings lost: a degraded cable or port, or traffic "
+                          "shaping (tc qdisc) on the interface.")
+        result.fix = (f"`tc qdisc show dev {link.interface}` on both nodes; reseat or replace the "
+                      "cable; all-reduce latency bounds decode speed")
+    else:
+        result.message = f"{route}: {avg:.3f} ms average, no loss in {sent} pings."
+    return result
+
+
+def iperf_server_cmd(link: Link, port: int) -> str:
+    from orchestrator.commands import join
+
+    # -1: serve one test and exit; `timeout` bounds it if the client never comes
+    server = join(["timeout", "30", "iperf3", "-s", "-1", "-B", link.peer_ip, "-p", port])
+    return f"setsid {server} >/dev/null 2>&1 </dev/null &"
+
+
+def iperf_client_cmd(link: Link, port: int) -> str:
+    from orchestrator.commands import join
+
+    client = join(["iperf3", "-c", link.peer_ip, "-B", link.local_ip, "-p", port,
+                   "-t", IPERF_SECONDS, "-P", "4", "-J"])
+    # the server needs a moment to listen: retry a refused connection, briefly
+    return (f"i=0; while [ $i -lt 25 ]; do out=$({client}) && {{ printf '%s\\n' \"$out\"; exit 0; }}; "
+            "i=$((i+1)); sleep 0.2; done; printf '%s\\n' \"$out\"; exit 1")
+
+
+def _first_json(text: str) -> Any:
+    start = text.find("{")
+    if start < 0:
+        raise ValueError("no JSON")
+    # iperf3 writes bare nan/-nan/inf into its "JSON" now and then (e.g. CPU utilisation)
+    cleaned = re.sub(r"(?<=[:\s\[,])-?(?:nan|inf)\b", "null", text[start:])
+    return json.JSONDecoder().raw_decode(cleaned)[0]
+
+
+def _received_bits_per_second(output: str) -> float:
+    """iperf3 -J's received rate; if its JSON does not parse, the same field found by pattern."""
+    try:
+        return float(_first_json(output)["end"]["sum_received"]["bits_per_second"])
+    except ValueError:
+        found = re.findall(r'"sum_received"\s*:\s*\{[^{}]*?"bits_per_second"\s*:\s*([0-9.eE+]+)',
+                           output)
+        if not found:
+            raise
+        return float(found[-1])
+
+
+def judge_throughput(inventory: Inventory, link: Link, rc: int, output: str,
+                     stderr: str = "") -> CheckResult:
+    limit = inventory.fabric.min_link_gbps
+    result = _base("throughput", link, unit="Gb/s", threshold=limit)
+    try:
+        gbps = _received_bits_per_second(output) / 1e9
+    except (ValueError, KeyError, TypeError):
+        try:
+            error = str(_first_json(output).get("error", ""))
+        except (ValueError, AttributeError):
+            error = ""
+        error = error or (stderr.strip() or output.strip())[-200:]
+        result.status = "fail"
+        result.message = (f"iperf3 from {link.node} {link.interface} to {link.peer} ({link.peer_ip}) "
+                          f"did not run (exit {rc}): {error}.")
+        result.fix = "is iperf3 installed on both nodes? fix the ping and address checks first"
+        return result
+    result.value = round(gbps, 2)
+    if gbps < limit:
+        result.status = "fail"
+        result.message = (f"{link.node} {link.interface} -> {link.peer}: {gbps:.2f} Gb/s, below "
+                          f"fabric.min_link_gbps {limit}: a degraded link (ethtool may still say "
+                          "200G), a shaped interface, or a too-small MTU.")
+        result.fix = "reseat or replace the cable; check the mtu and latency results"
+    else:
+        result.message = f"{link.node} {link.interface} -> {link.peer}: {gbps:.2f} Gb/s."
+    return result
+
+
+def judge_probes(inventory: Inventory, node: Node, probes: list[Probe],
+                 answers: dict[str, Any], facts_by_node: dict[str, dict[str, Any]]) -> list[CheckResult]:
+    from orchestrator.checks.netcheck_container import container_running
+
+    out: list[CheckResult] = []
+    running = container_running(inventory, facts_by_node.get(node.name) or {})
+    for probe in probes:
+        answer = answers.get(probe.key) or {"rc": -1, "err": "the probe did not run"}
+        link = probe.link
+        if probe.kind in ("ssh-container", "mpirun") and not running:
+            continue  # the container check already failed this node
+        if probe.kind == "mpirun":
+            hostnames = {n: f.get("hostname", "?") for n, f in facts_by_node.items()}
+            out.append(judge_mpirun(inventory, answer, hostnames))
+            continue
+        assert link is not None
+        if probe.kind == "ping":
+            out.append(judge_ping(inventory, link, answer))
+        elif probe.kind == "mtu-ping":
+            out.append(judge_mtu_ping(inventory, link, answer))
+        elif probe.kind in ("ssh-node", "ssh-container"):
+            out.append(judge_ssh(inventory, link, probe.kind, answer))
+        elif probe.kind == "latency":
+            out.append(judge_latency(inventory, link, answer))
+    return out
+
+
+def throughput_links(inventory: Inventory) -> list[Link]:
+    """One direction per link for iperf3: from the node listed first in the inventory."""
+    order = {n.name: i for i, n in enumerate(inventory.nodes)}
+    return [link for link in fabric_links(inventory) if order[link.node] < order[link.peer]]

@@ -1,0 +1,376 @@
+"""`sparkctl status`: what runs on each node and whether it is healthy, read from the nodes.
+
+Everything comes from the nodes themselves in one facts round trip per node (links, our
+netplan file, container labels, image digests, the server record and a health probe the head
+runs against its own 127.0.0.1), never from a cache on the controller, so status answers the
+same from any machine holding the inventory.
+
+Exit code: 0 when every node answered and nothing is unhealthy (a cluster that is simply not
+set up, or torn down, is healthy); 1 when a node is unreachable or anything is unhealthy
+(stale or stopped container, fabric link down or address missing, server starting, down or
+failing its health checks).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+from orchestrator.commands import quote
+from orchestrator.errors import SparkctlError
+from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
+from orchestrator.phases.teardown import managed_ps_cmd
+
+SERVER_LOG = f"{RUN_DIR}/server.log"
+LOG_TAIL_LINES = 8
+
+# Runs on the head: the server listens on the head's loopback, so the probe runs there too.
+PROBE = r"""
+import json, sys, urllib.request, urllib.error
+try:
+    with open(sys.argv[1]) as handle:
+        server = json.load(handle)
+except Exception as exc:
+    print(json.dumps({"error": "no server record: %s" % exc})); sys.exit(0)
+host = server.get("host") or "127.0.0.1"
+if host in ("0.0.0.0", "::", "localhost"):
+    host = "127.0.0.1"
+out = {}
+for path, timeout in (("/health", 5), ("/health_generate", 20)):
+    try:
+        with urllib.request.urlopen("http://%s:%s%s" % (host, server.get("port", 8000), path),
+                                    timeout=timeout) as answer:
+            out[path] = answer.status
+    except urllib.error.HTTPError as exc:
+        out[path] = exc.code
+    except Exception as exc:
+        out[path] = str(getattr(exc, "reason", exc))[:200]
+    if out[path] != 200:
+        break
+print(json.dumps(out))
+"""
+
+
+def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
+    """One facts request: what status shows, plus what the container step needs to compute the
+    config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
+    from orchestrator.core.executor import merge_requests
+    from orchestrator.engines.trtllm.serve import node_cmd
+    from orchestrator.phases import container as container_step
+    from orchestrator.phases.ssh_keys import ENTRYPOINT, SSHD_CONFIG
+
+    commands = {
+        "managed": managed_ps_cmd(inventory, r"{{.Names}}\t{{.State}}"),
+        # launch's pid files, checked inside the container (the pids live in its namespace)
+        "processes": node_cmd(inventory.container.name, action="status") + " 2>/dev/null",
+    }
+    files = {NETPLAN_FILE: False, ENTRYPOINT: False, SSHD_CONFIG: False}
+    if node.name == inventory.head_name:
+        # the probe runs on the node, not in the container: it must answer with the container down
+        files[SERVER_JSON] = True
+        commands["probe"] = "python3 -c " + quote(PROBE) + " " + quote(SERVER_JSON)
+        commands["server_log"] = f"tail -n {LOG_TAIL_LINES} {quote(SERVER_LOG)} 2>/dev/null || true"
+    own = {"files": files, "links": True, "ibdev2netdev": True,
+           "containers": [inventory.container.name], "images": [inventory.container.image],
+           "commands": commands, "timeout": 40}
+    return merge_requests([own, container_step.facts(inventory, node)])
+
+
+def gather_status(inventory: Inventory) -> dict[str, Any]:
+    """Connect, gather every node's facts in parallel, assess. Unreachable nodes are reported."""
+    from orchestrator.core.executor import gather_facts
+    from orchestrator.core.session import open_session
+
+    started = time.monotonic()
+    with open_session(inventory, "status", quiet=True) as session:
+        errors = {name: host.error for name, host in session.report.hosts.items() if host.error}
+
+        def one(node: Node) -> tuple[str, dict[str, Any] | str]:
+            try:
+                return node.name, gather_facts(session.transports[node.name],
+                                               status_facts(inventory, node), timeout=90)
+            except SparkctlError as exc:
+                return node.name, str(exc)
+
+        facts: dict[str, dict[str, Any]] = {}
+        nodes = session.reachable_nodes()
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(nodes)))) as pool:
+            for name, value in pool.map(one, nodes):
+                if isinstance(value, str):
+                    errors[name] = value
+                else:
+                    facts[name] = value
+    result = assess(inventory, facts, errors)
+    result["seconds"] = round(time.monotonic() - started, 3)
+    return result
+
+
+# ------------------------------------------------------------------ assessment (pure)
+
+def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[str, str]
+           ) -> dict[str, Any]:
+    nodes: dict[str, dict[str, Any]] = {}
+    for node in inventory.ordered_nodes():
+        if node.name in facts:
+            nodes[node.name] = assess_node(inventory, node, facts[node.name])
+        else:
+            nodes[node.name] = {
+                "name": node.name, "host": node.host, "role": _role(inventory, node),
+                "reachable": False, "state": "unreachable",
+                "problems": [f"unreachable: {errors.get(node.name, 'no answer')}"],
+            }
+    _compare_digests(nodes)
+    _compare_setup(nodes)
+    head = inventory.head_name
+    server = assess_server(inventory, facts.get(head), nodes[head]) if head in facts else None
+    if server is not None and server["problem"]:
+        nodes[head]["problems"].append(server["problem"])
+        nodes[head]["state"] = "problem"
+    if server is not None:
+        _check_processes(nodes, facts)
+    ok = all(not n["problems"] for n in nodes.values())
+    return {
+        "command": "status", "ok": ok, "cluster": inventory.cluster.name, "head": head,
+        "state": cluster_state(nodes, server), "nodes": nodes, "server": server,
+    }
+
+
+def _role(inventory: Inventory, node: Node) -> str:
+    return "head" if node.name == inventory.head_name else "worker"
+
+
+def assess_node(inventory: Inventory, node: Node, facts: dict[str, Any]) -> dict[str, Any]:
+    problems: list[str] = []
+    network = assess_network(inventory, node, facts, problems)
+    container = assess_container(inventory, node, facts, problems)
+    if problems:
+        state = "problem"
+    elif container["status"] == "running":
+        state = "up"
+    elif network["configured"]:
+        state = "network-only"
+    else:
+        state = "not-set-up"
+    return {
+        "name": node.name, "host": node.host, "role": _role(inventory, node), "reachable": True,
+        "state": state, "problems": problems, "network": network, "container": container,
+    }
+
+
+def assess_network(inventory: Inventory, node: Node, facts: dict[str, Any],
+                   problems: list[str]) -> dict[str, Any]:
+    configured = bool(((facts.get("files") or {}).get(NETPLAN_FILE) or {}).get("exists"))
+    links = facts.get("links") or {}
+    devices = (facts.get("ibdev2netdev") or {}).get("devices") or {}
+    interfaces: dict[str, Any] = {}
+    for iface in inventory.fabric.interfaces:
+        link = links.get(iface)
+        expected = (node.addresses or {}).get(iface)
+        if link is None:
+            entry: dict[str, Any] = {"state": "missing", "addresses": [], "mtu": None,
+                                     "expected": expected, "ok": False}
+            if configured:
+                problems.append(f"fabric interface {iface} does not exist")
+        else:
+            state = (devices.get(iface) or {}).get("state") or link.get("operstate", "?")
+            up = state.lower() == "up" or link.get("operstate") == "UP"
+            has_address = expected is None or expected in link.get("addresses", [])
+            mtu_ok = link.get("mtu") == inventory.fabric.mtu
+            entry = {"state": state, "device": (devices.get(iface) or {}).get("device"),
+                     "addresses": link.get("addresses", []), "mtu": link.get("mtu"),
+                     "expected": expected, "ok": up and has_address and mtu_ok}
+            if configured and not up:
+                problems.append(f"fabric link {iface} is {state} (cable in, peer powered on?)")
+            if configured and not has_address:
+                problems.append(f"{iface} lacks its address {expected} (run `sparkctl up`)")
+            if configured and has_address and not mtu_ok:
+                problems.append(f"{iface} MTU is {link.get('mtu')}, want {inventory.fabric.mtu}")
+        interfaces[iface] = entry
+    return {"configured": configured, "interfaces": interfaces}
+
+
+def assess_container(inventory: Inventory, node: Node, facts: dict[str, Any],
+                     problems: list[str]) -> dict[str, Any]:
+    name = inventory.container.name
+    info = (facts.get("containers") or {}).get(name)
+    image = (facts.get("images") or {}).get(inventory.container.image) or {}
+    digests = image.get("RepoDigests") or []
+    out: dict[str, Any] = {"name": name, "status": "absent",
+                           "digest": digests[0].split("@", 1)[-1] if digests else None}
+    if not info:
+        return out
+    if "error" in info:
+        problems.append(f"docker inspect {name} failed: {info['error']}")
+        out["status"] = "unknown"
+        return out
+    labels = (info.get("Config") or {}).get("Labels") or {}
+    if labels.get("sparkctl.managed") != "true" or labels.get("sparkctl.cluster") != inventory.cluster.name:
+        out["status"] = "foreign"
+        problems.append(f"container {name} was not created by sparkctl for this cluster")
+        return out
+    state = info.get("State") or {}
+    out.update({
+        "status": state.get("Status") or ("running" if state.get("Running") else "exited"),
+        "image": (info.get("Config") or {}).get("Image"),
+        "image_id": info.get("Image"),
+        "started": state.get("StartedAt"),
+        "uptime_seconds": _age(state.get("StartedAt"), facts.get("time")) if state.get("Running") else None,
+        "config_hash": labels.get("sparkctl.config-hash"),
+    })
+    if image.get("Id") and info.get("Image") and image["Id"] != info["Image"]:
+        out["image_current"] = False
+    desired = desired_config_hash(inventory, node, facts)
+    out["config"] = "unknown" if desired is None else (
+        "current" if desired == labels.get("sparkctl.config-hash") else "stale")
+    if not state.get("Running"):
+        problems.append(f"container {name} is {out['status']} (exit code {state.get('ExitCode')}; "
+                        f"`sparkctl logs --node {node.name}` shows why; `sparkctl up` restarts it)")
+    elif out["config"] == "stale" or out.get("image_current") is False:
+        problems.append(f"container {name} runs an old configuration or image (run `sparkctl up`)")
+    return out
+
+
+def desired_config_hash(inventory: Inventory, node: Node, facts: dict[str, Any]) -> str | None:
+    """The hash `up` would label the container with now; None when it cannot be computed here."""
+    try:
+        from orchestrator.core.step import NodeContext, RunOptions
+        from orchestrator.phases.container import Container
+    except ImportError:
+        return None
+    ctx = NodeContext(inventory=inventory, node=node, facts=facts, cluster_facts={}, transport=None,
+                      options=RunOptions(command="status"), shared={})
+    try:
+        return Container().wanted(ctx)[1]
+    except Exception:  # facts the container step cannot use (no ibdev2netdev...): unknown, not a crash
+        return None
+
+
+def _compare_digests(nodes: dict[str, dict[str, Any]]) -> None:
+    digests = {name: (n.get("container") or {}).get("image_id") for name, n in nodes.items()
+               if (n.get("container") or {}).get("status") == "running"}
+    if len(set(digests.values())) > 1:
+        listing = ", ".join(f"{name} -> {value}" for name, value in digests.items())
+        for name in digests:
+            nodes[name]["problems"].append(f"containers run different images: {listing}")
+            nodes[name]["state"] = "problem"
+
+
+def server_processes(facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """launch's pid files on a node ({"rank-1.pid": {"pid": 42, "alive": True}}), or {}."""
+    answer = (facts.get("commands") or {}).get("processes") or {}
+    if answer.get("rc") != 0:
+        return {}
+    try:
+        return dict(json.loads(answer.get("out") or "{}").get("pids") or {})
+    except (json.JSONDecodeError, AttributeError):
+        return {}
+
+
+def _check_processes(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]]) -> None:
+    """With a server recorded, every process launch recorded must still run."""
+    for name, node_facts in facts.items():
+        processes = server_processes(node_facts)
+        nodes[name]["processes"] = processes
+        dead = sorted(f"{pid_file.removesuffix('.pid')} (pid {info.get('pid')})"
+                      for pid_file, info in processes.items() if not info.get("alive"))
+        if dead:
+            nodes[name]["problems"].append(f"server process ended: {', '.join(dead)}; "
+                                           "`sparkctl logs` shows why")
+            nodes[name]["state"] = "problem"
+
+
+def _compare_setup(nodes: dict[str, dict[str, Any]]) -> None:
+    """Half a cluster set up is a problem even when each half looks fine on its own."""
+    reached = [n for n in nodes.values() if n["reachable"]]
+    running = [n for n in reached if (n.get("container") or {}).get("status") == "running"]
+    configured = [n for n in reached if (n.get("network") or {}).get("configured")]
+    for node in reached:
+        if running and node not in running and (node.get("container") or {}).get("status") == "absent":
+            node["problems"].append("no container here while other nodes run theirs (run `sparkctl up`)")
+            node["state"] = "problem"
+        if configured and node not in configured:
+            node["problems"].append(
+                "fabric not configured here while other nodes have it (run `sparkctl up`)")
+            node["state"] = "problem"
+
+
+def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict[str, Any]
+                  ) -> dict[str, Any] | None:
+    if facts is None:
+        return None
+    record = ((facts.get("files") or {}).get(SERVER_JSON) or {})
+    if not record.get("exists"):
+        return None
+    try:
+        server = json.loads(record.get("content") or "{}")
+    except json.JSONDecodeError:
+        server = {}
+    commands = facts.get("commands") or {}
+    log_tail = ((commands.get("server_log") or {}).get("out") or "").splitlines()
+    try:
+        probe = json.loads((commands.get("probe") or {}).get("out") or "{}")
+    except json.JSONDecodeError:
+        probe = {"error": "the health probe printed no JSON"}
+    port = server.get("port")
+    out: dict[str, Any] = {
+        "recipe": server.get("recipe"), "model": server.get("model"),
+        "draft_model": server.get("draft_model"), "port": port,
+        "endpoint": f"http://127.0.0.1:{port} on {inventory.head_name} (`sparkctl tunnel` forwards it)",
+        "started": server.get("started"), "uptime_seconds": _age(server.get("started"), facts.get("time")),
+        "health": probe, "log_tail": log_tail, "problem": "",
+    }
+    container_running = (head.get("container") or {}).get("status") == "running"
+    health, generate = probe.get("/health"), probe.get("/health_generate")
+    if not container_running:
+        out["state"] = "down"
+        out["problem"] = "server recorded but the head container is not running"
+    elif health == 200 and generate == 200:
+        out["state"] = "healthy"
+    elif health == 503:
+        out["state"] = "starting"
+        out["problem"] = "server is still loading (/health answers 503)"
+    elif health == 200:
+        out["state"] = "unhealthy"
+        out["problem"] = (f"server answers /health but not /health_generate ({generate}): "
+                          "a rank may have died; see `sparkctl logs`")
+    else:
+        out["state"] = "down"
+        reason = health if health is not None else probe.get("error", "no answer")
+        out["problem"] = f"server not answering on port {port} ({reason}): crashed? see `sparkctl logs`"
+    return out
+
+
+def cluster_state(nodes: dict[str, dict[str, Any]], server: dict[str, Any] | None) -> str:
+    states = {n["state"] for n in nodes.values()}
+    if "unreachable" in states or "problem" in states:
+        return "degraded"
+    if server is not None and server.get("state") == "healthy":
+        return "serving"
+    if states == {"up"}:
+        return "up"
+    if states <= {"network-only", "not-set-up"}:
+        return "network-only" if "network-only" in states else "not-set-up"
+    return "partial"
+
+
+def _age(iso: str | None, now: float | None) -> int | None:
+    if not iso or iso.startswith("0001-"):
+        return None
+    text = iso.replace("Z", "+00:00")
+    if "." in text:  # docker prints nanoseconds; fromisoformat takes at most microseconds
+        head, _, rest = text.partition(".")
+        digits = "".join(itertools.takewhile(str.isdigit, rest))
+        zone = rest[len(digits):]
+        text = f"{head}.{digits[:6]}{zone}"
+    try:
+        started = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if started.tzinfo is None:
+        return None
+    return max(0, int((now or time.time()) - started.timestamp()))

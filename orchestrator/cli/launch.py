@@ -1,0 +1,316 @@
+"""`sparkctl launch`, `chat`, `tunnel` and `recipes`: thin wrappers over recipe.py and steps/."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
+
+DEFAULT_TOKEN_FILE = "~/.cache/huggingface/token"
+
+
+def _note(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def read_hf_token(token_file: str | None) -> Any:
+    """HF_TOKEN from the environment, else the token file; a Secret (never printed) or None."""
+    from orchestrator.commands import Secret
+    from orchestrator.errors import InputError
+    from orchestrator.state import register_secret
+
+    value = os.environ.get("HF_TOKEN", "").strip()
+    if not value:
+        path = Path(token_file or DEFAULT_TOKEN_FILE).expanduser()
+        if path.exists():
+            try:
+                value = path.read_text().strip()
+            except OSError as exc:
+                raise InputError(f"cannot read the HF token file {path}: {exc.strerror}") from None
+        elif token_file:
+            raise InputError(f"HF token file not found: {path}")
+    if not value:
+        return None
+    secret = Secret(value)
+    register_secret(secret)
+    return secret
+
+
+def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool,
+            as_json: bool, timeout: float, replace: bool, host: str, drop_caches: bool,
+            hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
+            ignore_memory: bool) -> int:
+    from orchestrator.core.report import StepResult
+    from orchestrator.core.runner import RunRequest, execute, load_inventory_option
+    from orchestrator.core.step import Plan
+    from orchestrator.engines.trtllm import readiness, serve
+    from orchestrator.engines.trtllm.recipe import (
+        check_against_inventory,
+        draft_dir_warning,
+        estimate_memory,
+        load_recipe,
+    )
+    from orchestrator.errors import InputError, SparkctlError
+    from orchestrator.phases import models
+
+    recipe = load_recipe(recipe_name)
+    inventory, _ = load_inventory_option(inventory_path)
+    check_against_inventory(recipe, inventory)
+    estimate = estimate_memory(recipe)
+    _note(f"memory: {estimate.explanation}")
+    if estimate.verdict == "does not fit" and not ignore_memory:
+        raise InputError(f"recipe {recipe.name} does not fit in a Spark's memory (see above); "
+                         "--ignore-memory launches it anyway")
+    if warning := draft_dir_warning(recipe):
+        _note(f"warning: {warning}")
+    if host != serve.DEFAULT_HOST:
+        _note(f"warning: the server will listen on {host}:{recipe.port}; trtllm-serve has no API "
+              "key, so anyone who reaches that address can use it")
+    token = read_hf_token(hf_token_file)
+    spec = serve.LaunchSpec(recipe, inventory, host, replace, drop_caches)
+    head = inventory.head_name
+    endpoint = f"http://{host}:{recipe.port} on {head}"
+
+    def build(session: Any) -> Plan:
+        session.report.extra.update(endpoint=endpoint, model=recipe.model, recipe=recipe.name)
+        transport = session.transports[head]
+        status = serve.node_call(transport, inventory.container.name, action="status",
+                                 port=recipe.port)
+        if serve.decide(status, spec.digest, replace) == "refuse":
+            raise SparkctlError(serve.refusal(status, recipe))
+        return Plan("launch", [models.phase(recipe, inventory), serve.phase(spec)])
+
+    def after(session: Any, report: Any) -> None:
+        try:
+            ready = readiness.wait_until_ready(session.transports, inventory, recipe.model,
+                                               recipe.port, timeout, _note)
+            report.add(head, StepResult("serve", "ready", "ok", ready.seconds,
+                                        f"/health, /health_generate, /v1/models: {recipe.model}"))
+            smoke = readiness.smoke_test(session.transports[head], inventory.container.name,
+                                         recipe.model, recipe.port)
+            report.add(head, StepResult("serve", "smoke-test", "ok", message=smoke))
+            report.notes.append(f"Serving {recipe.model} at {endpoint}. Try `sparkctl chat "
+                                "\"Hello\"`, or `sparkctl tunnel` for other clients.")
+        except readiness.LaunchFailed as exc:
+            report.add(head, StepResult("serve", "ready", "failed", message=exc.reason))
+            report.notes.append(exc.details)
+            report.extra["log_tails"] = exc.details
+        except SparkctlError as exc:
+            if exc.exit_code == 130:
+                raise
+            report.add(head, StepResult("serve", "ready", "failed", message=str(exc)))
+
+    request = RunRequest(
+        command="launch", inventory=inventory, build=build, dry_run=dry_run, yes=yes,
+        as_json=as_json, trust_new_hosts=trust_new_hosts, break_lock=break_lock,
+        values={"hf_token": token, "progress_note": _note}, after=after,
+    )
+    return execute(request)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("recipe_name", metavar="RECIPE")
+@inventory_option
+@click.option("--dry-run", is_flag=True, help="Show the plan and the memory estimate; change nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Apply without asking (needed when not on a terminal).")
+@json_option
+@click.option("--timeout", type=click.FloatRange(min=1), default=1800.0, show_default=True,
+              help="Seconds to wait for the server to answer before stopping it.")
+@click.option("--replace", is_flag=True, help="Replace a server running a different recipe.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address trtllm-serve binds on the head (it has no API key: keep localhost).")
+@click.option("--drop-caches", is_flag=True, help="Drop the page cache on every node first.")
+@click.option("--hf-token-file", metavar="FILE",
+              help=f"HF token file when $HF_TOKEN is unset (default {DEFAULT_TOKEN_FILE}).")
+@click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
+@click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
+@click.option("--ignore-memory", is_flag=True, help="Launch even if the memory estimate says no.")
+def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
+           timeout: float, replace: bool, host: str, drop_caches: bool,
+           hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
+           ignore_memory: bool) -> None:
+    """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
+
+    \b
+    models  fetched once on the head (hf download in its container), copied to the other
+            nodes over the fabric, verified identical; the HF token exists only meanwhile
+    serve   extra LLM API config, `mpirun ... trtllm-serve` started detached on the head,
+            then /health, /health_generate, /v1/models and one real chat completion
+    Relaunching the same recipe is a no-op. See docs/launch.md.
+    """
+    run_command(lambda: _launch(recipe_name, inventory_path, dry_run, yes, as_json, timeout,
+                                replace, host, drop_caches, hf_token_file, trust_new_hosts,
+                                break_lock, ignore_memory))
+
+
+def _server_on_head(inventory_path: str | None, command: str) -> Any:
+    """Connect to the head only; returns (session manager, inventory)."""
+    from orchestrator.core.runner import load_inventory_option
+    from orchestrator.core.session import open_session
+
+    inventory, _ = load_inventory_option(inventory_path)
+    return open_session(inventory, command, nodes=[inventory.head], quiet=True), inventory
+
+
+def _running_server(session: Any, inventory: Any) -> tuple[Any, dict[str, Any]]:
+    from orchestrator.engines.trtllm.serve import node_call
+    from orchestrator.errors import SparkctlError
+
+    transport = session.transports.get(inventory.head_name)
+    if transport is None:
+        raise SparkctlError(f"cannot reach the head {inventory.head_name}: "
+                            + session.report.hosts[inventory.head_name].error)
+    status = node_call(transport, inventory.container.name, action="status")
+    server = status.get("server")
+    if not server or not status.get("pids", {}).get("mpirun.pid", {}).get("alive"):
+        raise SparkctlError("no model server is running: start one with `sparkctl launch RECIPE`")
+    return transport, server
+
+
+def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_json: bool) -> int:
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    from orchestrator.core.report import print_json
+    from orchestrator.errors import SparkctlError
+    from orchestrator.remote.tunnel import Forwarder
+
+    if prompt is None:
+        prompt = sys.stdin.read().strip() if not sys.stdin.isatty() else "Paris is great because"
+    manager, inventory = _server_on_head(inventory_path, "chat")
+    with manager as session:
+        transport, server = _running_server(session, inventory)
+        with Forwarder(transport, int(server["port"])) as forward:
+            body = {"model": server["model"], "max_tokens": max_tokens,
+                    "messages": [{"role": "user", "content": prompt}]}
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{forward.local_port}/v1/chat/completions",
+                data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+            started = time.monotonic()
+            try:
+                with urllib.request.urlopen(request, timeout=600) as response:
+                    answer = json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                raise SparkctlError(f"the server answered HTTP {exc.code}: {exc.read()[:300]!r}") from None
+            except (urllib.error.URLError, OSError) as exc:
+                raise SparkctlError(f"no answer through the tunnel to {inventory.head_name}: {exc}") from None
+            seconds = time.monotonic() - started
+    text = answer["choices"][0]["message"].get("content") or ""
+    tokens = (answer.get("usage") or {}).get("completion_tokens", 0)
+    rate = tokens / max(seconds, 1e-3)
+    if as_json:
+        print_json({"command": "chat", "ok": True, "model": server["model"], "reply": text,
+                    "completion_tokens": tokens, "seconds": round(seconds, 3),
+                    "tokens_per_second": round(rate, 2)})
+    else:
+        click.echo(text)
+        _note(f"[{server['model']}: {tokens} tokens in {seconds:.2f}s, {rate:.1f} tokens/s]")
+    return 0
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("prompt", required=False)
+@inventory_option
+@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@json_option
+def chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_json: bool) -> None:
+    """Send one chat completion to the running server, through SSH to the head.
+
+    PROMPT defaults to stdin (when piped). Prints the reply, and tokens/s on stderr.
+    """
+    run_command(lambda: _chat(prompt, inventory_path, max_tokens, as_json))
+
+
+def _tunnel(inventory_path: str | None, local_port: int | None) -> int:
+    import threading
+
+    from orchestrator.remote.tunnel import Forwarder
+
+    manager, inventory = _server_on_head(inventory_path, "tunnel")
+    with manager as session:
+        transport, server = _running_server(session, inventory)
+        port = int(server["port"])
+        with Forwarder(transport, port, local_port if local_port is not None else port) as forward:
+            url = f"http://127.0.0.1:{forward.local_port}"
+            click.echo(f"Forwarding {url} -> {inventory.head_name} 127.0.0.1:{port} "
+                       f"({server['model']}). OpenAI clients: base_url={url}/v1. Ctrl-C to stop.",
+                       err=True)
+            try:
+                threading.Event().wait()
+            except KeyboardInterrupt:
+                _note("tunnel closed")
+    return 0
+
+
+@click.command(context_settings=CONTEXT)
+@inventory_option
+@click.option("--local-port", type=click.IntRange(0, 65535), default=None,
+              help="Local port (127.0.0.1 only); default: the server's port; 0 picks a free one.")
+def tunnel(inventory_path: str | None, local_port: int | None) -> None:
+    """Forward a local port to the server on the head until Ctrl-C (for other clients)."""
+    run_command(lambda: _tunnel(inventory_path, local_port))
+
+
+@click.group(context_settings=CONTEXT, invoke_without_command=True)
+@click.pass_context
+def recipes(ctx: click.Context) -> None:
+    """List built-in recipes, or show one (name or file) with its memory estimate."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(list_recipes)
+
+
+@recipes.command("list")
+def list_recipes() -> None:
+    """The built-in recipes, one a line."""
+    def body() -> int:
+        from orchestrator.engines.trtllm.recipe import builtin_names, estimate_memory, load_recipe
+
+        for name in builtin_names():
+            recipe = load_recipe(name)
+            spec = recipe.speculative
+            drafting = f"{spec.decoding_type} {spec.max_draft_len}" if spec else "no draft"
+            fits = "fits" if estimate_memory(recipe).fits else "DOES NOT FIT"
+            click.echo(f"{name:16} {recipe.model:38} nodes {recipe.node_count}  {drafting:12} "
+                       f"port {recipe.port}  {fits}")
+        return 0
+
+    run_command(body)
+
+
+@recipes.command("show")
+@click.argument("name")
+@json_option
+def show_recipe(name: str, as_json: bool) -> None:
+    """A recipe, its LLM API config, its serve command and its memory estimate per node."""
+    def body() -> int:
+        import yaml
+
+        from orchestrator.commands import join
+        from orchestrator.core.report import print_json
+        from orchestrator.engines.trtllm.recipe import estimate_memory, load_recipe
+        from orchestrator.engines.trtllm.serve import DEFAULT_HOST, render_llm_api_config, serve_argv
+
+        recipe = load_recipe(name)
+        estimate = estimate_memory(recipe)
+        if as_json:
+            print_json({"recipe": recipe.model_dump(mode="json"),
+                        "memory": estimate.model_dump(mode="json"),
+                        "llm_api_config": recipe.llm_api_config()})
+            return 0
+        click.echo(f"# {recipe.source}")
+        click.echo(yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
+        click.echo("# extra LLM API config (/etc/sparkctl/extra-llm-api-config.yml):")
+        click.echo(render_llm_api_config(recipe))
+        click.echo("# serve command (in the head container):")
+        click.echo(join(serve_argv(recipe, DEFAULT_HOST)))
+        click.echo(f"\n# memory: {estimate.explanation}")
+        return 0 if estimate.fits else 1
+
+    run_command(body)

@@ -1,0 +1,183 @@
+"""`sparkctl netcheck`: read-only checks of every node and every fabric link.
+
+One remote command per node (facts + link probes, run at once on the node), in parallel on all
+nodes; `--deep` then measures each link with iperf3, one link at a time. It changes nothing,
+so it takes no cluster lock and may run next to anything.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import click
+
+from orchestrator.checks.netcheck import CheckResult
+from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
+
+PROBE_ROUND_TIMEOUT = 150.0
+
+
+def run_netcheck(session: Any, deep: bool) -> list[CheckResult]:
+    """Every check's result, for every node the session reached (and a fail for the others)."""
+    from orchestrator.checks.netcheck import facts_request, run_node_checks
+    from orchestrator.checks.netcheck_container import CLUSTER_CHECKS
+    from orchestrator.checks.netprobe import build_probes, judge_probes, probe_request
+    from orchestrator.core.executor import gather_facts
+    from orchestrator.errors import SparkctlError
+
+    inventory = session.inventory
+    results: list[CheckResult] = []
+    for name, host in session.report.hosts.items():
+        if host.error:
+            results.append(CheckResult(
+                "connect", name, "fail", f"cannot reach {name} over SSH: {host.error}",
+                fix="check cluster.user, cluster.ssh_key and the node's management address"))
+    nodes = session.reachable_nodes()
+    probes = {node.name: build_probes(inventory, node, deep) for node in nodes}
+
+    def one(node: Any) -> dict[str, Any]:
+        request = {**facts_request(inventory, node), "probes": probe_request(probes[node.name])}
+        return gather_facts(session.transports[node.name], request, timeout=PROBE_ROUND_TIMEOUT)
+
+    session.progress.note(f"netcheck: probing {len(nodes)} node(s) and their links...")
+    facts_by_node: dict[str, dict[str, Any]] = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes)))) as pool:
+        futures = {node.name: pool.submit(one, node) for node in nodes}
+        for name, future in futures.items():
+            try:
+                facts_by_node[name] = future.result()
+            except SparkctlError as exc:
+                results.append(CheckResult("facts", name, "fail", str(exc),
+                                           fix="is python3 on the node? see the run log"))
+    for node in nodes:
+        facts = facts_by_node.get(node.name)
+        if facts is None:
+            continue
+        results += run_node_checks(inventory, node, facts)
+        results += judge_probes(inventory, node, probes[node.name], facts.get("probes") or {},
+                                facts_by_node)
+    for check in CLUSTER_CHECKS:
+        results += check(inventory, facts_by_node)
+    if deep:
+        session.progress.note("netcheck --deep: measuring each link with iperf3, one at a time...")
+        results += measure_throughput(session)
+    return results
+
+
+def measure_throughput(session: Any) -> list[CheckResult]:
+    from orchestrator.checks.netprobe import (
+        IPERF_PORT_BASE,
+        iperf_client_cmd,
+        iperf_server_cmd,
+        judge_throughput,
+        throughput_links,
+    )
+    from orchestrator.errors import SparkctlError
+
+    inventory = session.inventory
+    out = []
+    for index, link in enumerate(throughput_links(inventory)):
+        client, server = session.transports.get(link.node), session.transports.get(link.peer)
+        if client is None or server is None:
+            continue
+        port = IPERF_PORT_BASE + index
+        try:
+            server.run(iperf_server_cmd(link, port), timeout=20).check()
+            result = client.run(iperf_client_cmd(link, port), timeout=60)
+            out.append(judge_throughput(inventory, link, result.exit_status, result.stdout,
+                                        result.stderr))
+        except SparkctlError as exc:
+            out.append(judge_throughput(inventory, link, 1, str(exc)))
+    return out
+
+
+STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def render(results: list[CheckResult], seconds: float, verbose: bool) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from orchestrator.checks.netcheck import summary
+
+    console = Console(highlight=False)
+    table = Table(title="sparkctl netcheck", expand=False)
+    for column in ("check", "node", "peer", "interface", "status", "value", "threshold", "message"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        if r.status == "pass" and not verbose and len(results) > 40:
+            continue
+        value = f"{_shown(r.value)} {r.unit or ''}".strip() if r.value is not None else ""
+        table.add_row(r.check, r.node, r.peer or "", r.interface or "",
+                      f"[{STATUS_STYLE[r.status]}]{r.status}[/]", value, _shown(r.threshold),
+                      escape(r.message))
+    if table.row_count:
+        console.print(table)
+    problems = [r for r in results if r.status != "pass"]
+    for r in problems:
+        where = " ".join(x for x in (r.node, r.interface or "", f"-> {r.peer}" if r.peer else "") if x)
+        style = STATUS_STYLE[r.status]
+        console.print(f"[{style}]{r.status}[/] {r.check} {escape(where)}: {escape(r.message)}")
+        if r.fix:
+            console.print(f"    fix: {r.fix}", markup=False)
+    counts = summary(results)
+    hidden = "" if verbose or len(results) <= 40 else " (-v shows passing rows)"
+    line = (f"netcheck: {counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail "
+            f"in {seconds:.1f}s{hidden}")
+    console.print(("[bold red]FAILED[/] " if counts["fail"] else "[green]OK[/] ") + line)
+
+
+def _netcheck(inventory_path: str | None, as_json: bool, deep: bool, verbose: bool,
+              trust_new_hosts: bool) -> int:
+    from orchestrator.core.report import print_json
+    from orchestrator.core.runner import load_inventory_option
+    from orchestrator.core.session import open_session
+
+    inventory, _ = load_inventory_option(inventory_path)
+    started = time.monotonic()
+    with open_session(inventory, "netcheck", trust_new_hosts=trust_new_hosts) as session:
+        results = run_netcheck(session, deep)
+    seconds = time.monotonic() - started
+    ok = all(r.status != "fail" for r in results)
+    if as_json:
+        print_json({"command": "netcheck", "ok": ok, "seconds": round(seconds, 3), "deep": deep,
+                    "checks": [r.to_json() for r in results]})
+    else:
+        render(results, seconds, verbose)
+    return 0 if ok else 1
+
+
+@click.command(context_settings=CONTEXT)
+@inventory_option
+@json_option
+@click.option("--deep", is_flag=True,
+              help="Also measure each link: iperf3 throughput and a 50-ping latency/loss train.")
+@click.option("--verbose", "-v", is_flag=True, help="Show passing rows too on large clusters.")
+@click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
+def netcheck(inventory_path: str | None, as_json: bool, deep: bool, verbose: bool,
+             trust_new_hosts: bool) -> None:
+    """Check the fabric on every node and link; read-only, exit 1 when a check fails.
+
+    \b
+    Per node:  fabric interfaces exist, are up, speed, addresses, MTU, netplan files,
+               twins on separate subnets, routes to each peer leave the right interface,
+               container running with the inventory's NCCL/UCX/MPI environment, hostfile,
+               the same image digest everywhere.
+    Per link:  ping from the right interface (both directions), don't-fragment ping at the
+               full MTU, SSH node->container and container->container with pinned keys,
+               `mpirun -np N hostname` across the containers (60 s deadline).
+    --deep:    iperf3 throughput vs fabric.min_link_gbps, latency/loss vs fabric.max_latency_ms.
+    Every failure names node, interface and the fix. See docs/netcheck.md.
+    """
+    run_command(lambda: _netcheck(inventory_path, as_json, deep, verbose, trust_new_hosts))

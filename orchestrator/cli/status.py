@@ -1,0 +1,136 @@
+"""`sparkctl status`, `sparkctl logs` and `sparkctl down` (see docs/operate.md)."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
+
+
+def _status(inventory_path: str | None, as_json: bool) -> int:
+    from orchestrator.checks.status import gather_status
+    from orchestrator.checks.status_render import render_status
+    from orchestrator.core.report import print_json
+    from orchestrator.core.runner import load_inventory_option
+
+    inventory, _ = load_inventory_option(inventory_path)
+    result = gather_status(inventory)
+    if as_json:
+        print_json(result)
+    else:
+        render_status(result)
+    return 0 if result["ok"] else 1
+
+
+@click.command(context_settings=CONTEXT)
+@inventory_option
+@json_option
+def status(inventory_path: str | None, as_json: bool) -> None:
+    """What runs on each node, and whether it is healthy (read from the nodes, not a cache).
+
+    \b
+    Per node: reachable, fabric links and addresses, the container (image digest, uptime,
+    whether its configuration is current), and the server on the head (recipe, model,
+    health probed on the head's 127.0.0.1, endpoint, uptime).
+    Exit 0: every node answered and nothing is unhealthy (a cluster not set up is fine).
+    Exit 1: a node is unreachable, or something is unhealthy (listed under the table).
+    """
+    run_command(lambda: _status(inventory_path, as_json))
+
+
+def _tail_value(text: str) -> int | None:
+    from orchestrator.errors import InputError
+
+    if text == "all":
+        return None
+    if not text.isdigit():
+        raise InputError(f"--tail {text!r}: give a number of lines or 'all'")
+    return int(text)
+
+
+def _logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since: str | None,
+          tail: str) -> int:
+    from orchestrator.checks.logs import run_logs
+    from orchestrator.core.runner import load_inventory_option
+
+    inventory, _ = load_inventory_option(inventory_path)
+    return run_logs(inventory, list(nodes), follow, since, _tail_value(tail))
+
+
+@click.command(context_settings=CONTEXT)
+@inventory_option
+@click.option("--node", "-n", "nodes", multiple=True, metavar="NAME",
+              help="Only this node (repeatable; default: every node).")
+@click.option("--follow", "-f", is_flag=True, help="Keep streaming new lines from every node.")
+@click.option("--since", metavar="T", help="Only lines since T: 30s, 10m, 2h, 1d, an ISO or Unix time.")
+@click.option("--tail", default="100", show_default=True, metavar="N",
+              help="Lines from the end of each log to start with ('all' for everything).")
+def logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since: str | None,
+         tail: str) -> None:
+    """Container, server and rank logs of every node, interleaved, prefixed with node and source.
+
+    \b
+    Sources: `docker logs` of the container on each node; on the head server.log (mpirun's
+    output); on each node rank-N.log (that rank's own output), from /var/lib/sparkctl/run.
+    --follow streams from every node at once; Ctrl-C stops it (exit 130) and leaves nothing
+    running on the nodes.
+    """
+    run_command(lambda: _logs(inventory_path, nodes, follow, since, tail))
+
+
+def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,
+          trust_new_hosts: bool, break_lock: bool) -> int:
+    from orchestrator.core.runner import RunRequest, execute, load_inventory_option
+    from orchestrator.core.session import Session
+    from orchestrator.core.step import Plan
+    from orchestrator.phases.teardown import build_down_plan
+
+    inventory, _ = load_inventory_option(inventory_path)
+
+    def build(session: Session) -> Plan:
+        notes = session.report.notes
+        session.report.extra["not_reached"] = list(session.unreachable)
+        if session.unreachable:
+            notes.append(
+                f"Not reached: {', '.join(session.unreachable)}. What sparkctl created there is "
+                "still in place; run `sparkctl down` again once it is reachable."
+            )
+        notes.append("Kept: the Hugging Face model cache on every node (see docs/operate.md to remove it).")
+        if not network:
+            notes.append("Kept: the fabric network config (`sparkctl down --network` removes it).")
+        return build_down_plan(inventory, network)
+
+    request = RunRequest(
+        command="down", inventory=inventory, build=build, dry_run=dry_run, yes=yes, as_json=as_json,
+        trust_new_hosts=trust_new_hosts, break_lock=break_lock, require_all_nodes=False,
+        lock_optional=True, values={"network": network},
+    )
+    return execute(request)
+
+
+@click.command(context_settings=CONTEXT)
+@inventory_option
+@click.option("--network", is_flag=True,
+              help="Also remove the fabric netplan file and the fabric addresses sparkctl set.")
+@click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Remove without asking (needed when not on a terminal).")
+@json_option
+@click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
+@click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
+def down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,
+         trust_new_hosts: bool, break_lock: bool) -> None:
+    """Stop the server and the containers, remove sparkctl's files; --network: the fabric config too.
+
+    \b
+    In order, on every reachable node:
+      stop-server  mpirun in the head container is stopped (its ranks end with it)
+      containers   containers labelled sparkctl.managed=true for this cluster are removed
+      network      (--network) /etc/netplan/40-sparkctl-fabric.yaml removed, netplan
+                   re-applied, the inventory's fabric addresses deleted
+      files        /etc/sparkctl (cluster keys, trust files) and /var/lib/sparkctl removed
+      verify       nothing of the above is left
+    Never touched: other containers, other netplan files, your ~/.ssh, the Hugging Face cache.
+    Safe to run again. An unreachable node is reported (exit 1); run down again later.
+    """
+    run_command(lambda: _down(inventory_path, network, dry_run, yes, as_json, trust_new_hosts,
+                              break_lock))

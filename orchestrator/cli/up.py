@@ -1,0 +1,61 @@
+"""`sparkctl up` and `sparkctl plan`."""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
+
+
+def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
+        trust_new_hosts: bool, break_lock: bool, verify: bool, command: str = "up") -> int:
+    from orchestrator.core.plan import build_up_plan
+    from orchestrator.core.runner import RunRequest, execute, load_inventory_option
+    from orchestrator.state import remember_inventory
+
+    inventory, path = load_inventory_option(inventory_path)
+    request = RunRequest(
+        command=command, inventory=inventory, build=lambda session: build_up_plan(inventory),
+        dry_run=dry_run, yes=yes, as_json=as_json, trust_new_hosts=trust_new_hosts,
+        break_lock=break_lock, values={"verify": verify},
+    )
+    code = execute(request)
+    if code == 0 and not dry_run:
+        remember_inventory(path)
+    return code
+
+
+@click.command(context_settings=CONTEXT)
+@inventory_option
+@click.option("--dry-run", is_flag=True, help="Show what would change, with diffs; change nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Apply without asking (needed when not on a terminal).")
+@json_option
+@click.option("--trust-new-hosts", is_flag=True,
+              help="Pin unknown SSH host keys on first use (a changed key is always refused).")
+@click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
+@click.option("--verify/--no-verify", default=False,
+              help="Run the mpirun check even when nothing changed (it always runs after changes).")
+def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
+       trust_new_hosts: bool, break_lock: bool, verify: bool) -> None:
+    """Bring the cluster up: fabric network, SSH trust, containers, MPI hostfile.
+
+    \b
+    Phases, in lock-step on every node:
+      preflight  read-only checks on every node; any problem: nothing changes anywhere
+      network    fabric netplan file (0600), validated, applied with automatic rollback
+      ssh        a dedicated cluster key pair for MPI and pinned container host keys
+      container  the TensorRT-LLM container with the fabric's NCCL/UCX/MPI settings
+      mpi        the hostfile; `mpirun hostname` across all containers proves it
+    Safe to run again: it changes only what is wrong. See docs/up.md.
+    """
+    run_command(lambda: _up(inventory_path, dry_run, yes, as_json, trust_new_hosts, break_lock, verify))
+
+
+@click.command(context_settings=CONTEXT)
+@inventory_option
+@json_option
+@click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
+def plan(inventory_path: str | None, as_json: bool, trust_new_hosts: bool) -> None:
+    """Show what `up` would change, with diffs, without changing anything (= up --dry-run)."""
+    run_command(lambda: _up(inventory_path, True, False, as_json, trust_new_hosts, False, False,
+                            command="plan"))

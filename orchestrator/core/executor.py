@@ -1,0 +1,259 @@
+"""Running a plan: phases in lock-step across nodes, each node in parallel.
+
+For each phase: gather facts on every node (one remote command each), then run the steps in
+lock-step too (step k on every node before step k+1), so a cluster-wide step sees what the
+steps before it produced on every node. A failed node stops its own remaining steps; the run
+stops after the phase, and the report still holds every node's outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.commands import python_script_cmd
+from orchestrator.errors import SparkctlError
+from orchestrator.remote.facts import gather_script
+
+if TYPE_CHECKING:
+    from orchestrator.core.lock import ClusterLock
+from orchestrator.core.progress import Progress
+from orchestrator.core.report import Report, StepResult
+from orchestrator.core.step import Change, NodeContext, Phase, Plan, RunOptions, Step
+from orchestrator.inventory import Inventory, Node
+from orchestrator.remote.transport import Transport
+
+log = logging.getLogger("sparkctl.executor")
+
+
+class Interrupted(SparkctlError):
+    exit_code = 130
+
+
+def gather_facts(
+    transport: Transport, request: dict[str, Any], timeout: float = 120.0
+) -> dict[str, Any]:
+    """Run the node-side gatherer once and return its JSON answer."""
+    result = transport.run(
+        python_script_cmd(request), stdin=gather_script(), sudo=True, timeout=timeout,
+        display="python3 - <facts gatherer>",
+    ).check()
+    try:
+        facts = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise SparkctlError(
+            f"{transport.node}: the facts gatherer printed no JSON (is python3 installed on the "
+            f"node?): {result.stdout[-200:]!r} {result.stderr[-300:]!r}"
+        ) from None
+    if not isinstance(facts, dict):
+        raise SparkctlError(f"{transport.node}: the facts gatherer answered {type(facts).__name__}")
+    return facts
+
+
+def merge_requests(requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """One facts request that answers all of `requests` (dicts merged, lists joined)."""
+    merged: dict[str, Any] = {}
+    for request in requests:
+        for key, value in request.items():
+            merged[key] = _merge_values(merged[key], value) if key in merged else value
+    return merged
+
+
+def _merge_values(a: Any, b: Any) -> Any:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {**a, **{k: _merge_values(a[k], v) if k in a else v for k, v in b.items()}}
+    if isinstance(a, list) and isinstance(b, list):
+        return a + [item for item in b if item not in a]
+    if isinstance(a, bool) and isinstance(b, bool):
+        return a or b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return max(a, b)
+    return b
+
+
+class Executor:
+    def __init__(
+        self, inventory: Inventory, transports: dict[str, Transport], options: RunOptions,
+        report: Report, progress: Progress, lock: ClusterLock | None = None,
+    ) -> None:
+        self.lock = lock
+        self.inventory = inventory
+        self.transports = transports
+        self.options = options
+        self.report = report
+        self.progress = progress
+        self.shared: dict[str, Any] = {}
+        self._shared_lock = threading.Lock()
+        self.failed: set[str] = {name for name, host in report.hosts.items() if host.error}
+        self.pool = ThreadPoolExecutor(max_workers=max(1, min(32, len(inventory.nodes))))
+        # (phase, step, nodes) running now: what an interrupt may have left half-done
+        self.current: tuple[str, str, list[str]] | None = None
+        self.prefetched: dict[str, dict[str, Any]] | None = None
+
+    def run(self, plan: Plan) -> Report:
+        try:
+            self.prefetched = self._prefetch(plan)
+            if self.lock is not None:
+                self.lock.ensure()
+            for index, phase in enumerate(plan.phases):
+                self._run_phase(phase)
+                if self.failed:
+                    later = [p.name for p in plan.phases[index + 1:]]
+                    if later:
+                        self.report.notes.append(
+                            f"Stopped after phase '{phase.name}' because "
+                            f"{', '.join(sorted(self.failed))} failed; not run: {', '.join(later)}."
+                        )
+                    break
+        except KeyboardInterrupt:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            summary = self.interrupted_summary()
+            self.report.notes.append("Interrupted: " + summary)
+            raise Interrupted("interrupted by the user; " + summary) from None
+        finally:
+            self.pool.shutdown(wait=False)
+        return self.report
+
+    def changes_summary(self) -> str:
+        changed = [
+            f"{node}: {s.phase}/{s.step}"
+            for node, host in self.report.hosts.items()
+            for s in host.steps
+            if s.status == "changed"
+        ]
+        return "changes made: " + ("; ".join(changed) if changed else "none")
+
+    def interrupted_summary(self) -> str:
+        """What an interrupted run did, and what it was doing (that may have completed)."""
+        text = self.changes_summary()
+        if self.current:
+            phase, step, nodes = self.current
+            text += (f"; interrupted during {phase}/{step} on {', '.join(nodes)} "
+                     "(that step may have completed on those nodes)")
+        return text + ". Run the command again: it converges from wherever this stopped"
+
+    def _run_phase(self, phase: Phase) -> None:
+        nodes = [
+            n for n in phase.nodes(self.inventory)
+            if n.name in self.transports and n.name not in self.failed
+        ]
+        if not nodes:
+            return
+        self.progress.phase(phase.name, len(nodes))
+        self.current = (phase.name, "facts", [n.name for n in nodes])
+        if self.prefetched is not None and self._facts_still_valid():
+            facts = {n.name: self.prefetched[n.name] for n in nodes if n.name in self.prefetched}
+        else:
+            facts = self._gather(phase, nodes)
+        nodes = [n for n in nodes if n.name in facts]
+        for step in phase.steps:
+            targets = [n for n in nodes if n.name not in self.failed and self._in_scope(step, n)]
+            self.current = (phase.name, step.name, [n.name for n in targets])
+            futures = [self.pool.submit(self._run_step, phase, step, n, facts) for n in targets]
+            for future in futures:
+                future.result()
+
+    def _prefetch(self, plan: Plan) -> dict[str, dict[str, Any]] | None:
+        """Gather every phase's facts in one round trip per node, up front.
+
+        They stay valid until something changes: a no-change run and any dry run then cost one
+        round trip per node in all, instead of one per phase. After the first change, each later
+        phase gathers its own fresh facts again.
+        """
+        if len(plan.phases) < 2:
+            return None
+        requests: dict[str, list[dict[str, Any]]] = {}
+        for phase in plan.phases:
+            for node in phase.nodes(self.inventory):
+                if node.name in self.transports and node.name not in self.failed:
+                    requests.setdefault(node.name, []).append(phase.facts(self.inventory, node))
+        head = self.inventory.head_name
+        if self.lock is not None and head in requests:
+            requests[head].append(self.lock.request())
+        merged = Phase("facts", [], lambda inventory, node: merge_requests(requests[node.name]))
+        nodes = [n for n in self.inventory.nodes if n.name in requests]
+        self.progress.phase("facts", len(nodes))
+        facts = self._gather(merged, nodes)
+        if self.lock is not None and head in facts:
+            self.lock.accept(facts[head].get("lock", {}))
+        return facts
+
+    def _facts_still_valid(self) -> bool:
+        return self.options.dry_run or not any(
+            s.status == "changed" for host in self.report.hosts.values() for s in host.steps
+        )
+
+    def _in_scope(self, step: Step, node: Node) -> bool:
+        return step.scope == "node" or node.name == self.inventory.head_name
+
+    def _gather(self, phase: Phase, nodes: list[Node]) -> dict[str, dict[str, Any]]:
+        def one(node: Node) -> tuple[str, dict[str, Any] | str]:
+            try:
+                request = phase.facts(self.inventory, node)
+                return node.name, gather_facts(self.transports[node.name], request)
+            except SparkctlError as exc:
+                return node.name, str(exc)
+
+        facts: dict[str, dict[str, Any]] = {}
+        for name, value in self.pool.map(one, nodes):
+            if isinstance(value, str):
+                self._fail(name, StepResult(phase.name, "facts", "failed", 0.0, value))
+            else:
+                facts[name] = value
+        return facts
+
+    def _run_step(
+        self, phase: Phase, step: Step, node: Node, facts: dict[str, dict[str, Any]]
+    ) -> None:
+        ctx = NodeContext(
+            inventory=self.inventory, node=node, facts=facts[node.name], cluster_facts=facts,
+            transport=self.transports[node.name], options=self.options, shared=self.shared,
+            transports=self.transports,
+        )
+        started = time.monotonic()
+        try:
+            result = self._check_and_apply(phase, step, ctx)
+        except SparkctlError as exc:
+            result = StepResult(phase.name, step.name, "failed", message=str(exc))
+        except Exception as exc:  # a bug must still leave a full report behind
+            log.error("internal error in %s/%s on %s:\n%s", phase.name, step.name, node.name,
+                      traceback.format_exc())
+            result = StepResult(
+                phase.name, step.name, "failed",
+                message=f"internal error: {type(exc).__name__}: {exc} (details in the run log)",
+            )
+        result.seconds = time.monotonic() - started
+        if result.status == "failed":
+            self._fail(node.name, result)
+        else:
+            self.report.add(node.name, result)
+        if result.status == "changed":
+            # later verification steps (mpirun) re-run only when something changed
+            with self._shared_lock:
+                self.shared.setdefault("changed_steps", []).append(f"{node.name}: {phase.name}/{step.name}")
+        self.progress.step(node.name, result)
+
+    def _check_and_apply(self, phase: Phase, step: Step, ctx: NodeContext) -> StepResult:
+        if step.kind == "verify":
+            if self.options.dry_run:
+                return StepResult(phase.name, step.name, "skipped", message="verified after changes")
+            message = step.apply(ctx, Change("verify"))
+            return StepResult(phase.name, step.name, "ok", message=message or "verified")
+        outcome = step.check(ctx)
+        if not isinstance(outcome, Change):
+            return StepResult(phase.name, step.name, "ok", message=outcome.reason)
+        if self.options.dry_run:
+            return StepResult(phase.name, step.name, "planned", message=outcome.summary,
+                              diff=outcome.diff)
+        message = step.apply(ctx, outcome)
+        return StepResult(phase.name, step.name, "changed", message=message or outcome.summary,
+                          diff=outcome.diff)
+
+    def _fail(self, node: str, result: StepResult) -> None:
+        self.failed.add(node)
+        self.report.add(node, result)

@@ -1,0 +1,93 @@
+"""The cluster lock: one mutating sparkctl run per cluster at a time.
+
+It lives on the head (`mkdir /var/lib/sparkctl/lock` is atomic) and names its holder. Taking it
+costs no round trip of its own: the request rides along with the executor's first facts
+gathering on the head. A lock older than two hours, or left by a dead process of this very
+controller, is stale and taken over; --break-lock takes it from a run that is gone elsewhere.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import socket
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from orchestrator.core.executor import gather_facts
+from orchestrator.errors import LockError, SparkctlError
+from orchestrator.remote.transport import Transport
+
+log = logging.getLogger("sparkctl.lock")
+
+LOCK_DIR = "/var/lib/sparkctl/lock"
+LOCK_STALE_SECONDS = 2 * 3600
+
+
+class ClusterLock:
+    def __init__(self, head: str, transport: Transport, command: str, break_lock: bool = False) -> None:
+        self.head = head
+        self.transport = transport
+        self.break_lock = break_lock
+        self.held = False
+        self.owner = {
+            "token": uuid.uuid4().hex,
+            "user": getpass.getuser(),
+            "controller": socket.gethostname(),
+            "pid": os.getpid(),
+            "command": command,
+            "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+
+    def request(self, force: bool = False) -> dict[str, Any]:
+        """The facts request that takes the lock (merged into the head's first gathering)."""
+        return {"lock": {**self.owner, "break": force or self.break_lock},
+                "lock_stale_seconds": LOCK_STALE_SECONDS}
+
+    def accept(self, answer: dict[str, Any]) -> None:
+        """Judge the gatherer's answer to request(); raise LockError when another run holds it."""
+        if not answer.get("held") and _holder_is_gone(answer.get("holder") or {}):
+            answer = gather_facts(self.transport, self.request(force=True)).get("lock", {})
+        if not answer.get("held"):
+            holder = answer.get("holder") or {}
+            raise LockError(
+                f"the cluster is locked by another sparkctl run: {holder.get('command', '?')} by "
+                f"{holder.get('user', '?')}@{holder.get('controller', '?')} "
+                f"(pid {holder.get('pid', '?')}), since {holder.get('started', '?')}. Wait for it "
+                "to finish; if that run is gone, run again with --break-lock"
+            )
+        self.held = True
+
+    def ensure(self) -> None:
+        """Take the lock now, with its own round trip, unless a gathering already took it."""
+        if not self.held:
+            self.accept(gather_facts(self.transport, self.request()).get("lock", {}))
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        release = (f"grep -q {self.owner['token']} {LOCK_DIR}/owner 2>/dev/null && "
+                   f"rm -rf {LOCK_DIR} || true")
+        try:
+            self.transport.run(release, sudo=True, timeout=30)
+            self.held = False
+        except SparkctlError as exc:
+            log.warning("could not release the lock on %s: %s", self.head, exc)
+
+
+def _holder_is_gone(holder: dict[str, Any]) -> bool:
+    """A lock left by a run on this very controller whose process has died is stale."""
+    if holder.get("controller") != socket.gethostname():
+        return False
+    pid = holder.get("pid")
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

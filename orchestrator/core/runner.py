@@ -1,0 +1,142 @@
+"""What every mutating command does around its plan: load, connect, lock, preview, confirm,
+execute, report. Commands only build the plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orchestrator.core.executor import Interrupted
+from orchestrator.core.lock import ClusterLock
+from orchestrator.core.report import Report, print_json, render_table
+from orchestrator.core.session import Session, open_session, run_plan
+from orchestrator.core.step import Plan, RunOptions
+from orchestrator.errors import EXIT_BAD_INPUT, InputError, SparkctlError
+from orchestrator.inventory import Inventory
+
+log = logging.getLogger("sparkctl.runner")
+
+
+def load_inventory_option(option: str | None) -> tuple[Inventory, Path]:
+    from orchestrator.inventory_checks import load_inventory, resolve_inventory_path
+    from orchestrator.state import state_dir
+
+    path = resolve_inventory_path(option, state_dir())
+    if not path.exists():
+        hint = "" if option else (
+            " (no --inventory given, $SPARKCTL_INVENTORY unset and no earlier `up` remembered; "
+            "pass --inventory FILE, or run `sparkctl lab up` for a simulated cluster)"
+        )
+        raise InputError(f"inventory file not found: {path}{hint}")
+    return load_inventory(path), path
+
+
+@dataclass
+class RunRequest:
+    command: str
+    inventory: Inventory
+    build: Callable[[Session], Plan]
+    """Builds the plan once connected (some plans depend on what the nodes already run)."""
+    dry_run: bool = False
+    yes: bool = False
+    as_json: bool = False
+    trust_new_hosts: bool = False
+    break_lock: bool = False
+    lock: bool = True
+    lock_optional: bool = False
+    """Run without the lock when the head (where it lives) is unreachable, and say so (down)."""
+    require_all_nodes: bool = True
+    values: dict[str, Any] = field(default_factory=dict)
+    after: Callable[[Session, Report], None] | None = None
+    """Runs after a successful execution (e.g. launch's health wait), with the lock held."""
+
+
+def execute(request: RunRequest) -> int:
+    """Run a plan on the cluster and print the report; returns the exit code."""
+    from orchestrator.state import start_run_log
+
+    run_log = start_run_log(request.command)
+    with open_session(request.inventory, request.command, trust_new_hosts=request.trust_new_hosts,
+                      quiet=False) as session:
+        if session.unreachable and request.require_all_nodes:
+            session.report.notes.append(
+                "Nothing was changed: every node must be reachable for "
+                f"`{request.command}` (unreachable: {', '.join(session.unreachable)})."
+            )
+            return _finish(request, session.finish(), run_log)
+        if not session.transports:
+            return _finish(request, session.finish(), run_log)
+        plan = request.build(session)
+        options = RunOptions(command=request.command, dry_run=True, values=request.values)
+        if request.dry_run:
+            run_plan(session, plan, options)
+            return _finish(request, session.finish(), run_log, show_diffs=True)
+        if not request.yes:
+            _confirm_interactively(request, session, plan, options)
+        options.dry_run = False
+        if request.lock and request.lock_optional and request.inventory.head_name not in session.transports:
+            request.lock = False
+            session.report.notes.append(
+                f"The head {request.inventory.head_name} is unreachable: ran without the cluster lock."
+            )
+        lock = None
+        if request.lock:
+            head = request.inventory.head_name
+            if head not in session.transports:
+                raise SparkctlError(f"cannot lock the cluster: the head {head} is unreachable")
+            lock = ClusterLock(head, session.transports[head], request.command, request.break_lock)
+        try:
+            run_plan(session, plan, options, lock)
+            if request.after and session.report.ok:
+                request.after(session, session.report)
+        except Interrupted:
+            _finish(request, session.finish(), run_log)
+            raise
+        finally:
+            if lock is not None:
+                lock.release()
+        return _finish(request, session.finish(), run_log)
+
+
+def _confirm_interactively(request: RunRequest, session: Session, plan: Plan,
+                           options: RunOptions) -> None:
+    if not sys.stdin.isatty():
+        raise InputError(
+            f"`{request.command}` changes the cluster and stdin is not a terminal: "
+            "pass --yes to apply, or --dry-run to only see the plan", EXIT_BAD_INPUT
+        )
+    preview = Report(command=f"{request.command} (plan)")
+    preview_session = Session(session.inventory, preview, session.progress, session.transports)
+    for name in session.report.hosts:
+        preview.host(name)
+    run_plan(preview_session, plan, options)
+    render_table(preview, show_diffs=True)
+    if not preview.ok:
+        raise InputError("the plan itself failed (see above); nothing was changed", 1)
+    if preview.count("planned") == 0:
+        click.echo("Nothing to change.", err=True)
+    elif not click.confirm("Apply these changes?", default=False, err=True):
+        raise InputError("cancelled; nothing was changed", 1)
+    session.report.hosts = {name: type(host)() for name, host in session.report.hosts.items()}
+
+
+def _finish(request: RunRequest, report: Report, run_log: Path | None,
+            show_diffs: bool = False) -> int:
+    if run_log is not None:
+        report.extra.setdefault("log", str(run_log))
+    log.info("report: %s", report.to_json())
+    if request.as_json:
+        print_json(report.to_json())
+    else:
+        render_table(report, show_diffs=show_diffs, verbose=os.environ.get("SPARKCTL_VERBOSE") == "1")
+        if run_log is not None and not report.ok:
+            click.echo(f"Run log: {run_log}", err=True)
+    return report.exit_code

@@ -1,0 +1,112 @@
+"""Steps and phases: what a plan is made of.
+
+A Step looks at the facts its phase gathered on a node and says what would change
+(`check` -> Change) or why nothing needs to (`check` -> Unchanged). `apply` makes the change.
+`check` is pure over the facts, so planning is unit-tested with faked facts and a no-change run
+costs one round trip per phase per node. A verification step (kind "verify") only observes,
+after the changes before it; it never counts as a change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from orchestrator.inventory import Inventory, Node
+from orchestrator.remote.transport import Transport
+
+Scope = Literal["node", "head"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a step would do on a node."""
+
+    summary: str
+    diff: str = ""
+    payload: Any = None
+
+
+@dataclass(frozen=True)
+class Unchanged:
+    """Already right, and why."""
+
+    reason: str
+
+
+Outcome = Change | Unchanged
+
+
+@dataclass
+class RunOptions:
+    """Per-run settings that steps may read (never secrets in plain text)."""
+
+    command: str = "up"
+    dry_run: bool = False
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class NodeContext:
+    """Everything a step sees for one node during one phase."""
+
+    inventory: Inventory
+    node: Node
+    facts: dict[str, Any]
+    cluster_facts: dict[str, dict[str, Any]]
+    """Every node's facts of this phase, by node name (for cluster-wide steps)."""
+    transport: Transport | None
+    options: RunOptions
+    shared: dict[str, Any]
+    """Values steps hand to later steps in the same run (e.g. generated public keys)."""
+    transports: dict[str, Transport] = field(default_factory=dict)
+    """Every reachable node's transport, for the few cluster-wide steps that write elsewhere."""
+
+    @property
+    def is_head(self) -> bool:
+        return self.node.name == self.inventory.head_name
+
+    def run(self, command: str, **kwargs: Any) -> Any:
+        assert self.transport is not None, "apply() called without a transport"
+        return self.transport.run(command, **kwargs)
+
+
+class Step:
+    """Base class: subclasses set `name`, and implement `check` and `apply`."""
+
+    name = "step"
+    kind: Literal["change", "verify"] = "change"
+    scope: Scope = "node"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        raise NotImplementedError
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        """Make the change; return a message for the report (or None for the summary)."""
+        raise NotImplementedError
+
+
+FactsSpec = Callable[[Inventory, Node], dict[str, Any]]
+
+
+@dataclass
+class Phase:
+    """Steps that run on every node (or the head) after every node finished the phase before."""
+
+    name: str
+    steps: list[Step]
+    facts: FactsSpec
+    """Builds the facts request for a node; the node-side gatherer answers it in one command."""
+    head_only: bool = False
+
+    def nodes(self, inventory: Inventory) -> list[Node]:
+        if self.head_only:
+            return [inventory.head]
+        return list(inventory.nodes)
+
+
+@dataclass
+class Plan:
+    command: str
+    phases: list[Phase]

@@ -1,0 +1,374 @@
+"""The model server: extra LLM API config, `mpirun ... trtllm-serve` started detached on the head.
+
+A relaunch of the same recipe is a no-op (server.json's config hash matches and /health is 200);
+a different recipe replaces the running one only with --replace. What runs is recorded on the
+nodes (server.json on the head, a pid file per process), so stopping kills exactly what sparkctl
+started. Readiness is judged over HTTP on the head afterwards (steps/readiness.py).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import yaml
+
+from orchestrator.commands import docker_exec_cmd, join
+from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
+from orchestrator.engines.trtllm.recipe import Recipe, config_hash, serving_nodes
+from orchestrator.errors import SparkctlError
+from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import RUN_DIR
+from orchestrator.phases.files import FileSpec, ManagedFiles, files_request
+from orchestrator.remote.transport import Transport
+from orchestrator.render import render
+
+CONFIG_PATH = "/etc/sparkctl/extra-llm-api-config.yml"
+DEFAULT_HOST = "127.0.0.1"
+PASSED_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES", "CPATH", "TRITON_PTXAS_PATH")
+RANK_WRAPPER = (
+    'r="${OMPI_COMM_WORLD_RANK:-0}"; echo $$ > ' + RUN_DIR + '/rank-"$r".pid; '
+    'exec "$@" > ' + RUN_DIR + '/rank-"$r".log 2>&1'
+)
+SERVER_WRAPPER = (
+    f"echo $$ > {RUN_DIR}/mpirun.pid; exec \"$@\" > {RUN_DIR}/server.log 2>&1"
+)
+
+# Runs inside a container (python3, stdlib). Actions: status (pids, server.json, HTTP probes),
+# stop (what the pid files name, with descendants), started (record server.json once the
+# detached mpirun wrote its pid), chat (one completion, for the smoke test).
+NODE_SCRIPT = r"""
+import json, os, signal, sys, time, urllib.request, urllib.error
+a = json.loads(sys.argv[1]); run = a["run"]
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+def cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+def pidfiles():
+    out = {}
+    for name in sorted(os.listdir(run)) if os.path.isdir(run) else []:
+        if name.endswith(".pid"):
+            try:
+                pid = int(open(os.path.join(run, name)).read().strip())
+            except (OSError, ValueError):
+                continue
+            ours = any(w in cmdline(pid) for w in ("mpirun", "trtllm", "orted"))
+            out[name] = {"pid": pid, "alive": alive(pid) and ours}
+    return out
+def http(path, body=None, timeout=10):
+    url = "http://127.0.0.1:%d%s" % (a["port"], path)
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")[:20000]
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")[:2000]
+    except Exception as e:
+        return 0, str(e)[:300]
+def children(pid):
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(open("/proc/%s/stat" % entry).read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                kids += [int(entry)] + children(int(entry))
+    return kids
+out = {"action": a["action"]}
+if a["action"] == "started":
+    deadline = time.time() + 15
+    while time.time() < deadline and not os.path.exists(os.path.join(run, "mpirun.pid")):
+        time.sleep(0.2)
+    try:
+        pid = int(open(os.path.join(run, "mpirun.pid")).read().strip())
+    except (OSError, ValueError):
+        pid = None
+    record = dict(a["server"], mpirun_pid=pid)
+    tmp = os.path.join(run, "server.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1)
+    os.rename(tmp, os.path.join(run, "server.json"))
+    time.sleep(a.get("settle", 2))
+    out.update(pid=pid, alive=bool(pid and alive(pid)))
+    try:
+        out["log"] = open(os.path.join(run, "server.log")).read()[-3000:]
+    except OSError:
+        out["log"] = ""
+if a["action"] == "stop":
+    targets = {}
+    for name, info in pidfiles().items():
+        if info["alive"]:
+            for pid in [info["pid"]] + children(info["pid"]):
+                targets[pid] = name
+    for pid in targets:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.time() + a.get("grace", 15)
+    while time.time() < deadline and any(alive(p) for p in targets):
+        time.sleep(0.2)
+    killed = [p for p in targets if alive(p)]
+    for pid in killed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.2)
+    for name in pidfiles():
+        os.unlink(os.path.join(run, name))
+    if a.get("rotate"):
+        for name in os.listdir(run):
+            if name.endswith(".log"):
+                os.replace(os.path.join(run, name), os.path.join(run, name + ".1"))
+    out.update(stopped=sorted(set(targets.values())), killed=len(killed),
+               left=[p for p in targets if alive(p)])
+if a["action"] in ("status", "chat"):
+    out["pids"] = pidfiles()
+    try:
+        out["server"] = json.load(open(os.path.join(run, "server.json")))
+    except (OSError, ValueError):
+        out["server"] = None
+    if a.get("port"):
+        out["health"] = http("/health")[0]
+        if a.get("deep") and out["health"] == 200:
+            out["health_generate"] = http("/health_generate", timeout=60)[0]
+            code, body = http("/v1/models")
+            out["models"] = [m.get("id") for m in json.loads(body).get("data", [])] if code == 200 else []
+    if a["action"] == "chat":
+        started = time.time()
+        code, body = http("/v1/chat/completions", a["request"], timeout=a.get("timeout", 120))
+        out.update(code=code, body=body, seconds=time.time() - started)
+json.dump(out, sys.stdout)
+"""
+
+Decision = Literal["noop", "loading", "start", "replace", "restart", "refuse"]
+
+
+def node_cmd(container: str, **args: Any) -> str:
+    payload = json.dumps({"run": RUN_DIR, **args}, sort_keys=True)
+    return docker_exec_cmd(container, ["python3", "-c", NODE_SCRIPT, payload])
+
+
+def node_call(transport: Transport, container: str, timeout: float = 120, **args: Any) -> dict[str, Any]:
+    result = transport.run(node_cmd(container, **args), timeout=timeout,
+                           display=f"docker exec {container} python3 -c <sparkctl {args['action']}>")
+    result.check()
+    return dict(json.loads(result.stdout))
+
+
+def render_llm_api_config(recipe: Recipe) -> str:
+    options = yaml.safe_dump(recipe.llm_api_config(), sort_keys=False, default_flow_style=False)
+    return render("trtllm/templates/extra-llm-api-config.yml.j2", recipe=recipe.name,
+                  options=options.rstrip())
+
+
+def serve_argv(recipe: Recipe, host: str) -> list[str]:
+    """mpirun across the serving nodes; each rank's output in its own node's rank-N.log."""
+    passed = ["HF_HUB_OFFLINE=1", *PASSED_ENV]
+    if not recipe.memory.parallel_weight_loading:
+        passed.append("TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1")
+    argv = ["mpirun", "-np", str(recipe.node_count)]
+    for name in passed:
+        argv += ["-x", name]
+    argv += ["bash", "-c", RANK_WRAPPER, "sparkctl-rank",
+             "trtllm-llmapi-launch", "trtllm-serve", recipe.model,
+             "--backend", recipe.backend, "--tp_size", str(recipe.tp_size)]
+    if recipe.max_num_tokens:
+        argv += ["--max_num_tokens", str(recipe.max_num_tokens)]
+    argv += ["--extra_llm_api_options", CONFIG_PATH, "--port", str(recipe.port), "--host", host,
+             *recipe.serve_args]
+    return argv
+
+
+def start_cmd(container: str, argv: list[str]) -> str:
+    """Detached (docker exec -d), mpirun's own output in server.log, its pid in mpirun.pid."""
+    return docker_exec_cmd(container, ["bash", "-c", SERVER_WRAPPER, "sparkctl-server", *argv],
+                           env={"HF_HUB_OFFLINE": "1"}, detach=True)
+
+
+def server_record(recipe: Recipe, host: str, digest: str) -> dict[str, Any]:
+    draft = recipe.speculative.draft_model if recipe.speculative else None
+    return {
+        "recipe": recipe.name, "model": recipe.model, "draft_model": draft, "port": recipe.port,
+        "host": host, "tp_size": recipe.tp_size,
+        "started": datetime.now(UTC).isoformat(timespec="seconds"), "config_hash": digest,
+    }
+
+
+def decide(status: dict[str, Any], digest: str, replace: bool,
+           dead_ranks: tuple[str, ...] = ()) -> Decision:
+    """What to do given the head's status (server.json, pids, /health), the ranks that died on
+    any node, and the wanted config."""
+    server = status.get("server") or {}
+    running = bool((status.get("pids") or {}).get("mpirun.pid", {}).get("alive"))
+    if not running:
+        return "start"
+    if server.get("config_hash") == digest:
+        if dead_ranks:
+            # mpirun lives on but a rank is gone: it would never become healthy again
+            return "restart"
+        return "noop" if status.get("health") == 200 else "loading"
+    return "replace" if replace else "refuse"
+
+
+def dead_ranks(cluster_facts: dict[str, dict[str, Any]], nodes: list[str]) -> tuple[str, ...]:
+    """Recorded rank processes that have ended, as "node: rank-N"."""
+    dead = []
+    for node in nodes:
+        pids = status_from_facts(cluster_facts.get(node, {})).get("pids") or {}
+        dead += [f"{node}: {name.removesuffix('.pid')}" for name, info in sorted(pids.items())
+                 if name.startswith("rank-") and not info.get("alive")]
+    return tuple(dead)
+
+
+def refusal(status: dict[str, Any], recipe: Recipe) -> str:
+    server = status.get("server") or {}
+    return (f"the cluster already serves recipe {server.get('recipe', '?')} "
+            f"({server.get('model', '?')}, started {server.get('started', '?')}); launching "
+            f"{recipe.name} would replace it: pass --replace, or stop it first with `sparkctl down`")
+
+
+class LaunchSpec:
+    """Everything the serve steps share, computed once (pure)."""
+
+    def __init__(self, recipe: Recipe, inventory: Inventory, host: str, replace: bool,
+                 drop_caches: bool) -> None:
+        self.recipe = recipe
+        self.inventory = inventory
+        self.host = host
+        self.replace = replace
+        self.drop_caches = drop_caches
+        self.config_text = render_llm_api_config(recipe)
+        self.argv = serve_argv(recipe, host)
+        self.digest = config_hash(recipe, self.argv, self.config_text)
+        self.serving = serving_nodes(recipe, inventory)
+
+    def decision(self, ctx: NodeContext) -> Decision:
+        head = ctx.cluster_facts.get(self.inventory.head_name, {})
+        dead = dead_ranks(ctx.cluster_facts, sorted(self.serving))
+        decision = decide(status_from_facts(head), self.digest, self.replace, dead)
+        if decision == "refuse":
+            raise SparkctlError(refusal(status_from_facts(head), self.recipe))
+        return decision
+
+
+def status_from_facts(facts: dict[str, Any]) -> dict[str, Any]:
+    answer = facts.get("commands", {}).get("serve", {})
+    if answer.get("rc") != 0:
+        return {"error": answer.get("err", "")[-300:]}
+    return dict(json.loads(answer["out"]))
+
+
+class StopPrevious(Step):
+    name = "stop-previous"
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        if self.spec.decision(ctx) in ("noop", "loading"):
+            return Unchanged("the same server keeps running")
+        mine = status_from_facts(ctx.facts)
+        running = sorted(name for name, info in (mine.get("pids") or {}).items() if info["alive"])
+        if not running:
+            return Unchanged("nothing running")
+        return Change(f"stop the running server processes ({', '.join(running)})")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        answer = node_call(ctx.transport, ctx.inventory.container.name,  # type: ignore[arg-type]
+                           action="stop", rotate=True)
+        if answer.get("left"):
+            raise SparkctlError(f"{ctx.node.name}: processes {answer['left']} survived SIGKILL")
+        return f"stopped {', '.join(answer.get('stopped', [])) or 'nothing'}"
+
+
+class DropCaches(Step):
+    """NVIDIA's advice for unified-memory trouble while loading; optional, failure tolerated."""
+
+    name = "drop-caches"
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        if not self.spec.drop_caches or ctx.node.name not in self.spec.serving:
+            return Unchanged("not asked (--drop-caches)")
+        if self.spec.decision(ctx) in ("noop", "loading"):
+            return Unchanged("the server is already loaded")
+        return Change("sync; echo 3 > /proc/sys/vm/drop_caches")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        result = ctx.run("sync; echo 3 > /proc/sys/vm/drop_caches", sudo=True, timeout=120)
+        if result.ok:
+            return "dropped the page cache"
+        return ("could NOT drop the page cache (" + (result.stderr.strip().splitlines() or ["?"])[-1]
+                + "; /proc/sys is read-only here, e.g. in the lab); continuing without it")
+
+
+class StartServer(Step):
+    name = "server"
+    scope = "head"
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        decision = self.spec.decision(ctx)
+        recipe = self.spec.recipe
+        if decision == "noop":
+            return Unchanged(f"already serving {recipe.name} (config {self.spec.digest}), /health 200")
+        if decision == "loading":
+            return Unchanged(f"{recipe.name} (config {self.spec.digest}) is already starting")
+        verb = {"replace": "replace the running server with",
+                "restart": "restart (a rank died: "
+                + ", ".join(dead_ranks(ctx.cluster_facts, sorted(self.spec.serving))) + ")",
+                }.get(decision, "start")
+        return Change(
+            f"{verb} {recipe.model} on {len(self.spec.serving)} node(s) (tp {recipe.tp_size}) at "
+            f"{self.spec.host}:{recipe.port}",
+            diff=join(self.spec.argv) + "\n",
+        )
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        container = ctx.inventory.container.name
+        display = f"docker exec -d {container} mpirun ... trtllm-serve {self.spec.recipe.model}"
+        ctx.run(start_cmd(container, self.spec.argv), timeout=60, display=display).check()
+        record = server_record(self.spec.recipe, self.spec.host, self.spec.digest)
+        answer = node_call(ctx.transport, container, action="started", server=record)  # type: ignore[arg-type]
+        if not answer.get("alive"):
+            raise SparkctlError(
+                f"{ctx.node.name}: mpirun exited at once; {RUN_DIR}/server.log ends with:\n"
+                + "\n".join(answer.get("log", "").strip().splitlines()[-15:])
+            )
+        return f"mpirun started (pid {answer.get('pid')} in {container}), config {self.spec.digest}"
+
+
+def phase(spec: LaunchSpec) -> Phase:
+    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
+        port = spec.recipe.port if node.name == inv.head_name else None
+        return {
+            "files": files_request([CONFIG_PATH]),
+            "commands": {"serve": node_cmd(inv.container.name, action="status", port=port)},
+        }
+
+    def config_files(ctx: NodeContext) -> list[FileSpec]:
+        if ctx.node.name not in spec.serving:
+            return []
+        return [FileSpec(CONFIG_PATH, 0o644, spec.config_text)]
+
+    steps: list[Step] = [StopPrevious(spec), ManagedFiles("llm-api-config", config_files),
+                         DropCaches(spec), StartServer(spec)]
+    return Phase("serve", steps, facts)

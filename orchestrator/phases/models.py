@@ -1,0 +1,354 @@
+"""Models on every serving node, fetched from the internet once.
+
+The head downloads each missing model inside its container (`hf download`, the token read from a
+0600 file that HF_TOKEN_PATH names, removed again afterwards); the other nodes get a copy over the
+fabric link (tar through the containers' sshd, with the cluster key); then every node's files are
+compared with the head's (revision, names, sizes, checksums of the small files). Only what is
+missing or different is fetched or copied.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.commands import Secret, docker_exec_cmd, install_file_cmd, join, quote
+from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
+from orchestrator.engines.trtllm.recipe import CONTAINER_HF_HOME, Recipe, serving_nodes
+from orchestrator.errors import SparkctlError
+from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import SSH_CONFIG, TOKEN_PATH
+from orchestrator.remote.transport import Transport
+
+HUB_DIR = f"{CONTAINER_HF_HOME}/hub"
+DOWNLOAD_TIMEOUT = 24 * 3600.0
+COPY_TIMEOUT = 12 * 3600.0
+
+# Runs inside a container (python3, stdlib): what each model's files are on this node.
+MANIFEST_SCRIPT = r"""
+import hashlib, json, os, sys
+args = json.loads(sys.argv[1])
+def digest(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read())
+    return h.hexdigest()
+def walk(top, skip_cache):
+    files = {}
+    for base, dirs, names in os.walk(top):
+        if skip_cache:
+            dirs[:] = [d for d in dirs if not (base == top and d == ".cache")]
+        for name in names:
+            path = os.path.join(base, name)
+            size = os.stat(path).st_size
+            files[os.path.relpath(path, top)] = [size, digest(path) if size <= 1048576 else None]
+    return files
+out = {}
+for repo in args["repos"]:
+    key, rev, local = repo["repo"], repo["revision"], repo.get("dir")
+    entry = {"present": False, "commit": None, "files": {}, "root": None, "paths": [], "blobs": {}}
+    try:
+        if local:
+            if os.path.isdir(local):
+                entry["files"] = walk(local, True)
+                meta = os.path.join(local, ".cache", "huggingface", "download")
+                for base, _, names in os.walk(meta):
+                    for name in names:
+                        if name.endswith(".metadata"):
+                            with open(os.path.join(base, name)) as f:
+                                entry["commit"] = f.readline().strip() or None
+                            break
+            entry["root"], entry["paths"] = os.path.dirname(local), [os.path.basename(local)]
+            entry["present"] = "config.json" in entry["files"]
+        else:
+            folder = "models--" + key.replace("/", "--")
+            full = os.path.join(args["hub"], folder)
+            commit = rev
+            ref = os.path.join(full, "refs", rev)
+            if os.path.isfile(ref):
+                with open(ref) as f:
+                    commit = f.read().strip()
+            snap = os.path.join(full, "snapshots", commit)
+            entry["root"] = args["hub"]
+            if os.path.isdir(snap):
+                entry["commit"] = commit
+                entry["files"] = walk(snap, False)
+                paths = [os.path.join(folder, "snapshots", commit)]
+                if os.path.isfile(ref):
+                    paths.append(os.path.join(folder, "refs", rev))
+                for base, _, names in os.walk(snap):
+                    for name in names:
+                        target = os.path.realpath(os.path.join(base, name))
+                        if target.startswith(os.path.join(full, "blobs") + os.sep):
+                            rel = os.path.relpath(target, args["hub"])
+                            entry["blobs"][rel] = os.stat(target).st_size
+                entry["paths"] = paths
+            partial = [n for n in os.listdir(os.path.join(full, "blobs"))
+                       if n.endswith(".incomplete")] if os.path.isdir(os.path.join(full, "blobs")) else []
+            entry["present"] = "config.json" in entry["files"] and not partial
+    except OSError as exc:
+        entry["error"] = str(exc)
+    entry["bytes"] = sum(size for size, _ in entry["files"].values())
+    out[key] = entry
+json.dump(out, sys.stdout)
+"""
+
+
+def repo_requests(recipe: Recipe) -> list[dict[str, Any]]:
+    return [{"repo": repo, "revision": rev, "dir": local} for repo, rev, local in recipe.repos]
+
+
+def manifest_cmd(container: str, recipe: Recipe) -> str:
+    args = json.dumps({"hub": HUB_DIR, "repos": repo_requests(recipe)}, sort_keys=True)
+    return docker_exec_cmd(container, ["python3", "-c", MANIFEST_SCRIPT, args])
+
+
+def download_cmd(container: str, repo: str, revision: str, local_dir: str | None,
+                 with_token: bool) -> str:
+    """`hf download` in the container; the token is a file HF_TOKEN_PATH names, never a value."""
+    argv = ["hf", "download", repo, "--revision", revision]
+    if local_dir:
+        argv += ["--local-dir", local_dir]
+    env = {"HF_TOKEN_PATH": TOKEN_PATH} if with_token else {}
+    return docker_exec_cmd(container, argv, env=env)
+
+
+BULK_CIPHER = "aes128-gcm@openssh.com"
+
+
+def copy_cmd(container: str, root: str, paths: list[str], peer_ip: str, replace: bool) -> str:
+    """Stream files from the head container to a peer's container over the fabric (tar | ssh)."""
+    remote = f"mkdir -p {quote(root)} && tar -C {quote(root)} -xf -"
+    if replace:
+        remote = f"rm -rf {join(f'{root}/{p}' for p in paths)} && {remote}"
+    # AES-GCM: the fastest cipher where the CPU has AES instructions (a Spark's Grace cores do);
+    # no compression: safetensors do not compress, and it would cost CPU on both ends
+    pipeline = (
+        f"set -o pipefail; tar -C {quote(root)} -cf - {join(paths)} | "
+        f"ssh -F {SSH_CONFIG} -c {BULK_CIPHER} -o Compression=no {quote(peer_ip)} {quote(remote)}"
+    )
+    return docker_exec_cmd(container, ["bash", "-c", pipeline])
+
+
+def token_write_cmd() -> str:
+    return f"install -d -m 0700 /etc/sparkctl/secrets && {install_file_cmd(TOKEN_PATH, 0o600)}"
+
+
+def comparable(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"commit": entry.get("commit"), "files": entry.get("files")}
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def read_manifests(transport: Transport, container: str, recipe: Recipe) -> dict[str, Any]:
+    result = transport.run(manifest_cmd(container, recipe), timeout=600,
+                           display=f"docker exec {container} python3 -c <model manifest>").check()
+    return dict(json.loads(result.stdout))
+
+
+def manifests_from_facts(ctx: NodeContext, node: str) -> dict[str, Any]:
+    answer = ctx.cluster_facts.get(node, {}).get("commands", {}).get("models", {})
+    if answer.get("rc") != 0:
+        raise SparkctlError(
+            f"{node}: cannot look at the models in container {ctx.inventory.container.name} "
+            f"(is it running? run `sparkctl up`): {answer.get('err', '')[-300:]}"
+        )
+    return dict(json.loads(answer["out"]))
+
+
+def stream_run(transport: Transport, command: str, on_line: Callable[[str], None],
+               timeout: float, display: str) -> tuple[int, str]:
+    """Run a long command and hand its output lines (progress bars too) over as they come."""
+    ssh = getattr(transport, "paramiko_transport", None)
+    if ssh is None:  # local transport: no streaming, same result
+        result = transport.run(command, timeout=timeout, display=display)
+        for line in (result.stdout + result.stderr).splitlines()[-5:]:
+            on_line(line)
+        return result.exit_status, result.stderr
+    channel = ssh.open_session()
+    channel.set_combine_stderr(True)
+    channel.exec_command(command)
+    channel.shutdown_write()
+    deadline, buffer, tail = time.monotonic() + timeout, "", ""
+    while not channel.exit_status_ready() or channel.recv_ready():
+        if time.monotonic() > deadline:
+            channel.close()
+            raise SparkctlError(f"{transport.node}: `{display}` did not finish in {timeout:.0f}s")
+        select.select([channel], [], [], 1.0)
+        while channel.recv_ready():
+            buffer += channel.recv(65536).decode(errors="replace")
+        *lines, buffer = buffer.replace("\r", "\n").split("\n")
+        for line in lines:
+            if line.strip():
+                on_line(line.strip())
+                tail = (tail + "\n" + line)[-2000:]
+    status = channel.recv_exit_status()
+    channel.close()
+    return status, (tail + "\n" + buffer)[-2000:]
+
+
+class Download(Step):
+    """Fetch what the head lacks, once, inside its container; the token lives only meanwhile."""
+
+    name = "download"
+    scope = "head"
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        manifests = manifests_from_facts(ctx, ctx.node.name)
+        missing = [repo for repo, _, _ in self.recipe.repos if not manifests[repo]["present"]]
+        leftover = ctx.facts.get("files", {}).get(TOKEN_PATH, {}).get("exists", False)
+        if not missing:
+            if leftover:
+                return Change("remove a leftover HF token file", payload=[])
+            have = ", ".join(f"{r} ({gb(manifests[r]['bytes'])})" for r, _, _ in self.recipe.repos)
+            return Unchanged(f"already on {ctx.node.name}: {have}")
+        size = self.recipe.memory.weights_gb
+        return Change(f"download {', '.join(missing)} on {ctx.node.name} (model ~{size:g} GB)",
+                      payload=missing)
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        token: Secret | None = ctx.options.values.get("hf_token")
+        container = ctx.inventory.container.name
+        progress = ctx.options.values.get("progress_note") or (lambda line: None)
+        fetched = []
+        try:
+            if change.payload and token:
+                ctx.run(token_write_cmd(), stdin=token.reveal() + "\n", sudo=True,
+                        display=f"install {TOKEN_PATH} (0600, from stdin)").check()
+            for repo, revision, local in self.recipe.repos:
+                if repo not in change.payload:
+                    continue
+                progress(f"        ↓ {ctx.node.name}: hf download {repo} ({revision})")
+                last = [0.0]
+
+                def on_line(line: str, repo: str = repo, last: list[float] = last) -> None:
+                    if time.monotonic() - last[0] > 5 or "100%" in line:
+                        last[0] = time.monotonic()
+                        progress(f"          {repo}: {line[-110:]}")
+
+                display = f"docker exec {container} hf download {repo}"
+                status, tail = stream_run(ctx.transport,  # type: ignore[arg-type]
+                                          download_cmd(container, repo, revision, local, bool(token)),
+                                          on_line, DOWNLOAD_TIMEOUT, display)
+                if status != 0:
+                    hint = "" if token else (
+                        " (no HF token was given: set HF_TOKEN or pass --hf-token-file for gated "
+                        "models)")
+                    raise SparkctlError(f"{ctx.node.name}: download of {repo} failed (exit "
+                                        f"{status}){hint}:\n{tail.strip()[-800:]}")
+                fetched.append(repo)
+        finally:
+            ctx.run(f"rm -f {quote(TOKEN_PATH)}", sudo=True, timeout=60)
+        ctx.shared["downloaded"] = fetched
+        return f"downloaded {', '.join(fetched)}" if fetched else "removed a leftover HF token file"
+
+
+class Distribute(Step):
+    """Copy the head's files to every serving node that differs, then prove all are identical."""
+
+    name = "distribute"
+    scope = "head"
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        peers = [n for n in serving_nodes(self.recipe, ctx.inventory) if n != ctx.node.name]
+        head = manifests_from_facts(ctx, ctx.node.name)
+        todo = []
+        for repo, _, _ in self.recipe.repos:
+            for peer in peers:
+                theirs = manifests_from_facts(ctx, peer)[repo]
+                if not head[repo]["present"] or comparable(theirs) != comparable(head[repo]):
+                    todo.append(f"{repo} -> {peer}")
+        if todo:
+            return Change("copy over the fabric: " + ", ".join(todo), payload=peers)
+        return Unchanged(summary(self.recipe, head, [ctx.node.name, *peers]))
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        container = ctx.inventory.container.name
+        progress = ctx.options.values.get("progress_note") or (lambda line: None)
+        peers: list[str] = change.payload
+        head = read_manifests(ctx.transport, container, self.recipe)  # type: ignore[arg-type]
+        theirs = self._peer_manifests(ctx, peers)
+        def copy_to(peer: str) -> list[str]:
+            ip = ctx.inventory.mpi_address(ctx.inventory.node(peer))
+            done = []
+            for repo, _, local in self.recipe.repos:
+                mine = head[repo]
+                if comparable(theirs[peer][repo]) == comparable(mine):
+                    continue
+                paths = mine["paths"] + sorted(
+                    rel for rel, size in mine["blobs"].items()
+                    if theirs[peer][repo]["blobs"].get(rel) != size
+                )
+                progress(f"        → {peer}: {repo} ({gb(mine['bytes'])}) over the fabric to {ip}")
+                started = time.monotonic()
+                ctx.run(copy_cmd(container, mine["root"], paths, ip, replace=bool(local)),
+                        timeout=COPY_TIMEOUT,
+                        display=f"tar {repo} | ssh {ip} (container {container})").check()
+                rate = mine["bytes"] / max(time.monotonic() - started, 1e-3)
+                done.append(f"{repo} -> {peer} ({gb(mine['bytes'])}, {gb(rate)}/s)")
+            return done
+
+        # every peer at once: each gets its own stream over its own link (or switch port)
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(peers)))) as pool:
+            copied = [line for lines in pool.map(copy_to, peers) for line in lines]
+        after = self._peer_manifests(ctx, peers)
+        for peer in peers:
+            for repo, _, _ in self.recipe.repos:
+                if comparable(after[peer][repo]) != comparable(head[repo]):
+                    raise SparkctlError(
+                        f"{peer}: {repo} still differs from {ctx.node.name} after the copy "
+                        f"({len(after[peer][repo]['files'])} vs {len(head[repo]['files'])} files); "
+                        "check disk space on the node and run launch again"
+                    )
+        return "copied " + "; ".join(copied) + "; " + summary(
+            self.recipe, head, [ctx.node.name, *peers])
+
+    def _peer_manifests(self, ctx: NodeContext, peers: list[str]) -> dict[str, dict[str, Any]]:
+        container = ctx.inventory.container.name
+        with ThreadPoolExecutor(max_workers=max(1, len(peers))) as pool:
+            futures = {p: pool.submit(read_manifests, ctx.transports[p], container, self.recipe)
+                       for p in peers}
+            return {p: f.result() for p, f in futures.items()}
+
+
+def summary(recipe: Recipe, head: dict[str, Any], nodes: list[str]) -> str:
+    parts = [
+        f"{repo}@{(head[repo].get('commit') or 'local')[:12]}: {len(head[repo]['files'])} files, "
+        f"{gb(head[repo]['bytes'])}" for repo, _, _ in recipe.repos
+    ]
+    return "identical on " + ", ".join(nodes) + ": " + "; ".join(parts)
+
+
+@dataclass
+class ServingPhase(Phase):
+    """A phase on the nodes that hold a rank (head first), not the whole inventory."""
+
+    serving: list[str] = field(default_factory=list)
+
+    def nodes(self, inventory: Inventory) -> list[Node]:
+        return [inventory.node(name) for name in self.serving]
+
+
+def phase(recipe: Recipe, inventory: Inventory) -> Phase:
+    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
+        return {
+            "files": {TOKEN_PATH: False},
+            "commands": {"models": manifest_cmd(inv.container.name, recipe)},
+            "timeout": 600,
+        }
+
+    return ServingPhase("models", [Download(recipe), Distribute(recipe)], facts,
+                        serving=serving_nodes(recipe, inventory))

@@ -1,0 +1,275 @@
+"""Phase "network": the fabric netplan file, applied with automatic rollback.
+
+Three steps, in lock-step over the nodes:
+  netplan  render /etc/netplan/40-sparkctl-fabric.yaml, compare by sha256, validate it with
+           `netplan generate` in a temp root, keep a backup, install it 0600 (one command)
+  apply    when the live addresses/MTU differ: arm a detached rollback guard, `netplan apply`
+  confirm  for nodes applied in this run (or with a guard still waiting from an earlier run):
+           a FRESH management SSH connection, then every fabric peer must answer a ping; then
+           the guard is confirmed, otherwise the node rolls back at once and the step fails.
+The management interface is never written: only the inventory's fabric interfaces are in the file.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
+from orchestrator.errors import SparkctlError
+from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import NETPLAN_BACKUP, NETPLAN_FILE
+from orchestrator.phases import netguard
+from orchestrator.phases.netguard import (
+    ABSENT_MARKER,
+    ARMED_PATH,
+    CONFIRMED_SHA_PATH,
+    DECIDED_PATH,
+    ROLLED_BACK_PATH,
+    ArmConfig,
+)
+from orchestrator.remote.transport import SSHTransport, Transport
+from orchestrator.render import render, sha256, unified_diff
+
+SHARED_KEY = "network.to_confirm"
+"""ctx.shared[SHARED_KEY]: names of nodes whose apply must be confirmed in this run."""
+
+
+def phase(inventory: Inventory) -> Phase:
+    return Phase("network", [NetplanFile(), NetplanApply(), ConfirmFabric()], facts=network_request)
+
+
+def network_request(inventory: Inventory, node: Node) -> dict[str, Any]:
+    files = {
+        NETPLAN_FILE: True, NETPLAN_BACKUP: False, ABSENT_MARKER: False, ROLLED_BACK_PATH: True,
+        CONFIRMED_SHA_PATH: True, ARMED_PATH: False, DECIDED_PATH: False,
+    }
+    return {"files": files, "netplan": True, "links": True}
+
+
+def render_netplan(inventory: Inventory, node: Node) -> str:
+    addresses = node.addresses or {}
+    interfaces = [{"name": name, "address": addresses[name]} for name in inventory.fabric.interfaces]
+    return render("netplan/fabric.yaml.j2", node=node.name, cluster=inventory.cluster.name,
+                  interfaces=interfaces, mtu=inventory.fabric.mtu)
+
+
+def _file(ctx: NodeContext, path: str) -> dict[str, Any]:
+    return ctx.facts.get("files", {}).get(path, {})
+
+
+def conflicting_files(ctx: NodeContext) -> list[str]:
+    """Other netplan files that define our fabric interfaces: reported, never overwritten."""
+    ours = set(ctx.inventory.fabric.interfaces)
+    out = []
+    for path, fact in sorted((ctx.facts.get("netplan") or {}).items()):
+        if path == NETPLAN_FILE:
+            continue
+        shared = sorted(ours & set(fact.get("interfaces") or []))
+        if shared:
+            out.append(f"{path} also defines {', '.join(shared)}")
+        elif fact.get("error"):
+            out.append(f"{path} could not be read as YAML ({fact['error'][:80]})")
+    return out
+
+
+def _warnings(ctx: NodeContext) -> str:
+    conflicts = conflicting_files(ctx)
+    if not conflicts:
+        return ""
+    return ("; WARNING: " + "; ".join(conflicts)
+            + " (netplan merges them with ours; remove the fabric interfaces from those files)")
+
+
+def should_back_up(ctx: NodeContext) -> bool:
+    """Refresh the backup unless an unconfirmed file of an unfinished run is in place."""
+    current = _file(ctx, NETPLAN_FILE)
+    have_backup = _file(ctx, NETPLAN_BACKUP).get("exists") or _file(ctx, ABSENT_MARKER).get("exists")
+    confirmed = (_file(ctx, CONFIRMED_SHA_PATH).get("content") or "").strip()
+    unconfirmed = current.get("exists") and current.get("sha256") != confirmed
+    return not (have_backup and unconfirmed)
+
+
+class NetplanFile(Step):
+    name = "netplan"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        content = render_netplan(ctx.inventory, ctx.node)
+        fact = _file(ctx, NETPLAN_FILE)
+        same = fact.get("exists") and fact.get("sha256") == sha256(content)
+        if same and fact.get("mode") == 0o600:
+            return Unchanged(f"{NETPLAN_FILE} up to date{_warnings(ctx)}")
+        if same:
+            return Change(f"chmod 600 {NETPLAN_FILE}{_warnings(ctx)}",
+                          diff=f"{NETPLAN_FILE}: mode {fact.get('mode', 0):o} -> 600\n",
+                          payload=(content, should_back_up(ctx)))
+        diff = unified_diff(NETPLAN_FILE, fact.get("content") if fact.get("exists") else None, content)
+        verb = "update" if fact.get("exists") else "write"
+        return Change(f"{verb} {NETPLAN_FILE} (validated with netplan generate){_warnings(ctx)}",
+                      diff=diff, payload=(content, should_back_up(ctx)))
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        content, backup = change.payload
+        result = ctx.run(netguard.write_netplan_cmd(backup), stdin=content, sudo=True,
+                         display=f"validate and install {NETPLAN_FILE}")
+        if result.exit_status == 3:
+            raise SparkctlError(
+                f"{ctx.node.name}: network/netplan: {result.stderr.strip()[-600:]}\n"
+                "Nothing was installed; check fabric.interfaces, the addresses and fabric.mtu "
+                "in the inventory"
+            )
+        result.check()
+        return None
+
+
+def live_drift(ctx: NodeContext) -> tuple[list[str], ArmConfig]:
+    """What differs between the live fabric links and the inventory, and how to undo an apply."""
+    links = ctx.facts.get("links") or {}
+    mtu = ctx.inventory.fabric.mtu
+    drift: list[str] = []
+    added: list[tuple[str, str]] = []
+    previous_mtu: dict[str, int | None] = {}
+    for iface in ctx.inventory.fabric.interfaces:
+        link = links.get(iface)
+        if link is None:
+            raise SparkctlError(f"{ctx.node.name}: fabric interface {iface} does not exist "
+                                "(preflight lists the interfaces this node has)")
+        address = (ctx.node.addresses or {})[iface]
+        previous_mtu[iface] = link.get("mtu")
+        if address not in link.get("addresses", []):
+            drift.append(f"{iface}: add {address} (has {', '.join(link.get('addresses') or []) or 'none'})")
+            added.append((iface, address))
+        if link.get("mtu") != mtu:
+            drift.append(f"{iface}: mtu {link.get('mtu')} -> {mtu}")
+    return drift, ArmConfig(added=added, previous_mtu=previous_mtu, seconds=netguard.GUARD_SECONDS)
+
+
+def _earlier_rollback(ctx: NodeContext) -> str:
+    fact = _file(ctx, ROLLED_BACK_PATH)
+    if not fact.get("exists"):
+        return ""
+    try:
+        reason = json.loads(fact.get("content") or "{}").get("reason", "?")
+    except json.JSONDecodeError:
+        reason = "?"
+    return f"; note: an earlier apply was rolled back on this node ({reason})"
+
+
+def guard_pending(ctx: NodeContext) -> bool:
+    return bool(_file(ctx, ARMED_PATH).get("exists")) and not _file(ctx, DECIDED_PATH).get("exists")
+
+
+def _mark_for_confirmation(ctx: NodeContext) -> None:
+    ctx.shared.setdefault(SHARED_KEY, set()).add(ctx.node.name)
+
+
+class NetplanApply(Step):
+    name = "apply"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        drift, config = live_drift(ctx)
+        if not drift:
+            if guard_pending(ctx):
+                if not ctx.options.dry_run:
+                    _mark_for_confirmation(ctx)
+                return Unchanged("live addresses and MTU match; a rollback guard from an earlier, "
+                                 "interrupted run is waiting and is confirmed below")
+            return Unchanged(f"live addresses and MTU {ctx.inventory.fabric.mtu} match the "
+                             f"inventory{_earlier_rollback(ctx)}")
+        return Change(f"netplan apply ({'; '.join(drift)}), rolled back automatically unless "
+                      f"confirmed within {config.seconds}s{_earlier_rollback(ctx)}",
+                      diff="\n".join(drift) + "\n", payload=config)
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        config: ArmConfig = change.payload
+        result = ctx.run(netguard.arm_and_apply_cmd(config), stdin=netguard.guard_script(),
+                         sudo=True, timeout=180, display="arm rollback guard; netplan apply")
+        answer = netguard.parse_answer(result.stdout)
+        if result.exit_status != 0 or not answer.get("applied"):
+            if not answer:
+                result.check()
+            raise SparkctlError(
+                f"{ctx.node.name}: network/apply: {answer.get('error', 'netplan apply failed')}; "
+                f"rolled back: {netguard.describe_rollback(answer.get('rollback'))}. "
+                f"See `journalctl -u systemd-networkd` and {NETPLAN_FILE} on the node"
+            )
+        _mark_for_confirmation(ctx)
+        return None
+
+
+def open_fresh_transport(ctx: NodeContext) -> tuple[Transport, bool]:
+    """A NEW management connection (proves the controller still reaches the node after apply).
+
+    Returns (transport, opened): a local or test transport is reused and must not be closed.
+    """
+    current = ctx.transport
+    if not isinstance(current, SSHTransport):
+        assert current is not None
+        return current, False
+    from orchestrator.remote.connect import open_ssh
+
+    return open_ssh(ctx.inventory, ctx.node, current.sudo_password, False, threading.Lock()), True
+
+
+class ConfirmFabric(Step):
+    name = "confirm"
+    kind = "verify"
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        if ctx.node.name not in ctx.shared.get(SHARED_KEY, set()):
+            return "nothing applied in this run; nothing to confirm"
+        checks = netguard.peer_checks(ctx.inventory, ctx.node)
+        sha = sha256(render_netplan(ctx.inventory, ctx.node))
+        command = netguard.guard_cmd("confirm", netguard.confirm_config(checks, sha))
+        try:
+            fresh, opened = open_fresh_transport(ctx)
+        except SparkctlError as exc:
+            raise SparkctlError(
+                f"{ctx.node.name}: network/confirm: a fresh management connection failed after "
+                f"netplan apply ({exc}); {self._abort(ctx, 'fresh management connection failed')}"
+            ) from None
+        try:
+            result = fresh.run(command, stdin=netguard.guard_script(), sudo=True,
+                               timeout=netguard.PING_SECONDS + 120,
+                               display="ping fabric peers; confirm or roll back")
+        finally:
+            if opened:
+                fresh.close()
+        answer = netguard.parse_answer(result.stdout)
+        outcome = answer.get("outcome")
+        if outcome == "confirmed":
+            peers = ", ".join(f"{c.peer} on {c.interface}" for c in checks) or "no peers"
+            return f"confirmed: fresh management connection ok; peers answer: {peers}"
+        if outcome == "rolled-back":
+            failed = "; ".join(
+                f"{f['peer']} unreachable on {f['interface']} ({f['address']})"
+                for f in answer.get("failures", [])
+            ) or "rollback requested"
+            raise SparkctlError(
+                f"{ctx.node.name}: network/confirm: rolled back: {failed} from {ctx.node.name}; "
+                f"the node is back on its previous network config "
+                f"({netguard.describe_rollback(answer.get('rollback'))}). Check the cables "
+                "(`sparkctl netcheck`, ibdev2netdev) and the fabric addresses in the inventory"
+            )
+        if outcome == "late":
+            raise SparkctlError(
+                f"{ctx.node.name}: network/confirm: too late, the rollback guard already rolled "
+                f"back ({netguard.describe_rollback(answer.get('rollback'))}); run `sparkctl up` again"
+            )
+        result.check()
+        raise SparkctlError(f"{ctx.node.name}: network/confirm: no answer from the guard: "
+                            f"{result.stdout[-300:]!r} {result.stderr[-300:]!r}")
+
+    @staticmethod
+    def _abort(ctx: NodeContext, reason: str) -> str:
+        """Roll back now over the old connection; if that is gone too, the guard's deadline does it."""
+        try:
+            result = ctx.run(netguard.guard_cmd("abort", {"reason": reason}),
+                             stdin=netguard.guard_script(), sudo=True, timeout=120,
+                             display="roll back netplan now")
+            answer = netguard.parse_answer(result.stdout)
+            return "rolled back: " + netguard.describe_rollback(answer.get("rollback"))
+        except SparkctlError:
+            return (f"its rollback guard restores the previous network config within "
+                    f"{netguard.GUARD_SECONDS}s")

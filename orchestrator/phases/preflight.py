@@ -1,0 +1,209 @@
+"""Phase "preflight": read-only checks on every node before anything changes.
+
+One step per node collects EVERY problem of that node, so one run lists all of them. Any
+problem fails the step; the executor then stops after this phase, so nothing changes anywhere.
+Reachability and sudo are proven by the facts gathering itself (a node that cannot be reached
+or cannot sudo fails at connect/facts, before this step).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from typing import Any
+
+from orchestrator.commands import quote
+from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
+from orchestrator.errors import SparkctlError
+from orchestrator.inventory import Inventory, Node
+
+MIN_FREE_BYTES = 20 * 10**9
+MAX_CLOCK_SKEW_SECONDS = 60.0
+MIN_PYTHON = (3, 8)
+DOCKER_DIR = "/var/lib/docker"
+
+
+def phase(inventory: Inventory) -> Phase:
+    return Phase("preflight", [PreflightChecks()], facts=preflight_request)
+
+
+def preflight_request(inventory: Inventory, node: Node) -> dict[str, Any]:
+    user = inventory.cluster.user
+    return {
+        "links": True,
+        "ibdev2netdev": True,
+        "python": True,
+        "resolve": [node.host],
+        "images": [inventory.container.image],
+        "disk": [DOCKER_DIR],
+        "commands": {
+            "docker": "docker version --format '{{.Server.Version}}'",
+            "groups": f"id -nG {quote(user)}",
+            "netplan": "PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin; command -v netplan",
+        },
+    }
+
+
+def _command(facts: dict[str, Any], key: str) -> dict[str, Any]:
+    return (facts.get("commands") or {}).get(key) or {"rc": 127, "out": "", "err": "not run"}
+
+
+def _tail(result: dict[str, Any]) -> str:
+    lines = (result.get("err") or result.get("out") or "").strip().splitlines()
+    return lines[-1] if lines else "no output"
+
+
+def check_docker(inventory: Inventory, facts: dict[str, Any]) -> tuple[list[str], list[str]]:
+    problems: list[str] = []
+    notes: list[str] = []
+    docker = _command(facts, "docker")
+    if docker["rc"] != 0:
+        problems.append(f"docker is not usable (`docker version` exited {docker['rc']}: {_tail(docker)}); "
+                        "install Docker and start its daemon")
+    else:
+        notes.append(f"docker {docker['out'].strip()}")
+    user = inventory.cluster.user
+    groups = _command(facts, "groups")
+    if user != "root":
+        if groups["rc"] != 0:
+            problems.append(f"user {user} does not exist on the node ({_tail(groups)})")
+        elif "docker" not in groups["out"].split():
+            problems.append(f"user {user} is not in the docker group: run `sudo usermod -aG docker "
+                            f"{user}` on the node, then log in again")
+    image = inventory.container.image
+    present = (facts.get("images") or {}).get(image)
+    if isinstance(present, dict) and not present.get("error"):
+        digest = (present.get("RepoDigests") or [present.get("Id", "?")])[0]
+        notes.append(f"image present ({str(digest)[-19:]})")
+    else:
+        notes.append(f"image {image} not present yet (pulled in the container phase)")
+    return problems, notes
+
+
+def check_fabric(inventory: Inventory, facts: dict[str, Any]) -> list[str]:
+    """Every fabric interface exists and its RoCE port is Up (the cable is in that port)."""
+    problems: list[str] = []
+    links = facts.get("links") or {}
+    ib = facts.get("ibdev2netdev") or {}
+    devices: dict[str, dict[str, str]] = ib.get("devices") or {}
+    up_ports = sorted(name for name, dev in devices.items() if dev.get("state") == "Up")
+    hint = (f"ports with a cable (ibdev2netdev Up): {', '.join(up_ports)}; if the cable is in the "
+            "other port, list those in fabric.interfaces" if up_ports else
+            "ibdev2netdev shows no port Up: is the QSFP cable plugged in on both ends?")
+    if "error" in links:
+        return [f"cannot list interfaces: `ip -j addr` failed: {links['error']}"]
+    for iface in inventory.fabric.interfaces:
+        if iface not in links:
+            problems.append(f"fabric interface {iface} does not exist (interfaces: "
+                            f"{', '.join(sorted(n for n in links if n != 'lo'))}); check "
+                            "fabric.interfaces in the inventory")
+            continue
+        device = devices.get(iface)
+        if ib.get("rc", 0) != 0 and not devices:
+            if not links[iface].get("carrier"):
+                problems.append(f"fabric interface {iface} has no carrier (ibdev2netdev is not "
+                                "available to say more): is the QSFP cable in this port?")
+            continue
+        if device is None:
+            problems.append(f"fabric interface {iface} is not a RoCE port (ibdev2netdev does not "
+                            f"list it); {hint}")
+        elif device.get("state") != "Up":
+            problems.append(f"fabric interface {iface} is Down (ibdev2netdev: {device.get('device')} "
+                            f"==> {iface} ({device.get('state')})): is the QSFP cable in this port? {hint}")
+    return problems
+
+
+def management_interface(node: Node, facts: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """The interface holding the address node.host resolves to ON the node (None if unknown)."""
+    resolved = (facts.get("resolve") or {}).get(node.host) or []
+    wanted = set()
+    for address in resolved:
+        try:
+            wanted.add(str(ipaddress.ip_address(address.split("%")[0])))
+        except ValueError:
+            continue
+    for name, link in sorted((facts.get("links") or {}).items()):
+        if not isinstance(link, dict):
+            continue
+        for cidr in link.get("addresses", []):
+            if cidr.split("/")[0] in wanted:
+                return name, resolved
+    return None, resolved
+
+
+def check_management(inventory: Inventory, node: Node, facts: dict[str, Any]) -> tuple[list[str], list[str]]:
+    name, resolved = management_interface(node, facts)
+    if name is None:
+        where = f"resolves to {', '.join(resolved)}" if resolved else "does not resolve"
+        return [], [f"could not tell the management interface ({node.host} {where} on the node and no "
+                    "interface holds it; NAT or a proxy?)"]
+    if name in inventory.fabric.interfaces:
+        return [f"the management connection ({node.host}) runs over fabric interface {name}; "
+                "sparkctl would cut its own session. Connect through the management port "
+                f"({inventory.cluster.management_interface}) or take {name} out of fabric.interfaces"], []
+    notes = [f"management on {name}"]
+    if name != inventory.cluster.management_interface:
+        notes.append(f"(cluster.management_interface says {inventory.cluster.management_interface})")
+    return [], notes
+
+
+def check_system(facts: dict[str, Any], now: float) -> tuple[list[str], list[str]]:
+    problems: list[str] = []
+    notes: list[str] = []
+    netplan = _command(facts, "netplan")
+    if netplan["rc"] != 0 or not netplan["out"].strip():
+        problems.append("netplan is not installed (needed for the fabric config): "
+                        "`sudo apt-get install netplan.io`")
+    python = tuple(facts.get("python") or (0, 0, 0))
+    if python[:2] < MIN_PYTHON:
+        problems.append(f"python3 {'.'.join(map(str, python))} is too old: sparkctl's node-side "
+                        f"scripts need {'.'.join(map(str, MIN_PYTHON))} or newer")
+    space = (facts.get("disk") or {}).get(DOCKER_DIR) or {}
+    if "error" in space:
+        problems.append(f"cannot check free disk space for {DOCKER_DIR}: {space['error']}")
+    elif space.get("free_bytes", 0) < MIN_FREE_BYTES:
+        problems.append(f"only {space.get('free_bytes', 0) / 1e9:.1f} GB free on {space.get('checked')} "
+                        f"(for {DOCKER_DIR}); the image and models need at least "
+                        f"{MIN_FREE_BYTES / 1e9:.0f} GB")
+    else:
+        notes.append(f"{space['free_bytes'] / 1e9:.0f} GB free")
+    node_time = facts.get("time")
+    if isinstance(node_time, int | float) and abs(node_time - now) > MAX_CLOCK_SKEW_SECONDS:
+        notes.append(f"WARNING: clock is {node_time - now:+.0f}s off the controller's (image pulls "
+                     "fail with 'Root CA' errors on skewed clocks; enable NTP)")
+    return problems, notes
+
+
+def preflight_problems(inventory: Inventory, node: Node, facts: dict[str, Any],
+                       now: float | None = None) -> tuple[list[str], list[str]]:
+    """(problems, notes) of one node; pure over its facts."""
+    problems: list[str] = []
+    notes: list[str] = []
+    for found, said in (
+        check_docker(inventory, facts),
+        (check_fabric(inventory, facts), []),
+        check_management(inventory, node, facts),
+        check_system(facts, time.time() if now is None else now),
+    ):
+        problems += found
+        notes += said
+    return problems, notes
+
+
+class PreflightChecks(Step):
+    """All of a node's read-only checks; fails listing every problem found."""
+
+    name = "checks"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        problems, notes = preflight_problems(ctx.inventory, ctx.node, ctx.facts)
+        if problems:
+            listed = "\n".join(f"  - {p}" for p in problems)
+            raise SparkctlError(
+                f"{ctx.node.name}: preflight found {len(problems)} problem(s); nothing was changed:\n"
+                f"{listed}"
+            )
+        return Unchanged("ready: " + ", ".join(notes))
+
+    def apply(self, ctx: NodeContext, change: Any) -> str | None:  # never called: check never changes
+        return None

@@ -1,0 +1,334 @@
+"""`sparkctl down`: undo what `up` and `launch` created on each node, and nothing else.
+
+One phase, steps in lock-step on every reachable node: stop the server processes (every rank),
+remove the containers labelled as ours, (with --network) remove our netplan file and the fabric
+addresses the inventory gave, then remove /etc/sparkctl and /var/lib/sparkctl, and verify. One
+phase, because the executor stops after the first phase when a node is unreachable, and down
+must still clean every node it can reach.
+
+The server is stopped by launch's own stop script (its pid files, with descendants), so only
+processes sparkctl started are signalled. Never touched: containers without our labels (even
+one with our name), netplan files other than ours (and ours only if it carries the managed
+header), addresses on interfaces the inventory does not list as fabric, the user's ~/.ssh, and
+the Hugging Face cache (models are hundreds of GB; docs/operate.md says how to remove them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.commands import docker_cmd, install_file_cmd, join, quote
+from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Plan, Step, Unchanged
+from orchestrator.errors import SparkctlError
+from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import CONFIG_DIR, NETPLAN_BACKUP, NETPLAN_FILE, RUN_DIR, STATE_DIR
+from orchestrator.render import MANAGED_HEADER
+
+"""What stood at NETPLAN_FILE before `up` wrote it (the network step's rollback copy)."""
+LOCK_NAME = "lock"
+"""The cluster lock lives in STATE_DIR on the head and is held while down runs: kept."""
+SERVER_STOP_SECONDS = 20
+CONTAINER_STOP_SECONDS = 20
+
+
+def managed_filter_args(inventory: Inventory) -> list[str]:
+    """docker filters selecting only the containers sparkctl made for this cluster."""
+    return ["--filter", "label=sparkctl.managed=true",
+            "--filter", f"label=sparkctl.cluster={inventory.cluster.name}"]
+
+
+def managed_ps_cmd(inventory: Inventory, fmt: str = r"{{.ID}}\t{{.Names}}\t{{.State}}") -> str:
+    """One line per managed container (default: full id, name, state)."""
+    return docker_cmd("ps", "-a", "--no-trunc", *managed_filter_args(inventory), "--format", fmt)
+
+
+def down_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
+    return {
+        "files": {NETPLAN_FILE: True, NETPLAN_BACKUP: True, CONFIG_DIR: False, STATE_DIR: False},
+        "netplan": True,
+        "links": True,
+        "containers": [inventory.container.name],
+        "commands": {
+            "managed": managed_ps_cmd(inventory),
+            "state_entries": f"ls -A {quote(STATE_DIR)} 2>/dev/null || true",
+            "pid_files": f"ls {quote(RUN_DIR)} 2>/dev/null | grep '[.]pid$' || true",
+        },
+    }
+
+
+@dataclass(frozen=True)
+class ManagedContainer:
+    id: str
+    name: str
+    state: str
+
+
+def managed_containers(facts: dict[str, Any]) -> list[ManagedContainer]:
+    answer = (facts.get("commands") or {}).get("managed") or {}
+    if answer.get("rc", 0) != 0:
+        raise SparkctlError(
+            f"cannot list containers (`docker ps` exited {answer.get('rc')}): "
+            f"{answer.get('err', '').strip()[-300:]}; is docker running and the user in the docker group?"
+        )
+    out = []
+    for line in (answer.get("out") or "").splitlines():
+        parts = line.strip().split("\t")
+        if len(parts) >= 2 and parts[0]:
+            out.append(ManagedContainer(parts[0], parts[1], parts[2] if len(parts) > 2 else "?"))
+    return out
+
+
+def _is_ours(container: dict[str, Any] | None, inventory: Inventory) -> bool:
+    labels = ((container or {}).get("Config") or {}).get("Labels") or {}
+    return (labels.get("sparkctl.managed") == "true"
+            and labels.get("sparkctl.cluster") == inventory.cluster.name)
+
+
+def _file(ctx: NodeContext, path: str) -> dict[str, Any]:
+    return (ctx.facts.get("files") or {}).get(path) or {"exists": False}
+
+
+class StopServer(Step):
+    """Stop what launch started on this node, by the pid files it recorded (mpirun, ranks)."""
+
+    name = "stop-server"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        container = (ctx.facts.get("containers") or {}).get(ctx.inventory.container.name)
+        running = bool(((container or {}).get("State") or {}).get("Running"))
+        pids = _pid_files(ctx)
+        if not pids:
+            return Unchanged("no server processes recorded")
+        if not (running and _is_ours(container, ctx.inventory)):
+            return Unchanged(f"container not running, so neither is {', '.join(pids)}")
+        return Change(f"stop the server processes recorded in {', '.join(pids)}")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        from orchestrator.engines.trtllm.serve import node_cmd
+
+        command = node_cmd(ctx.inventory.container.name, action="stop", grace=SERVER_STOP_SECONDS)
+        result = ctx.run(command, sudo=True, timeout=SERVER_STOP_SECONDS + 60,
+                         display="stop the server (launch's pid files)")
+        if not result.ok:
+            # the container may have stopped meanwhile: removing it next ends everything anyway
+            return (f"could not stop it gracefully (exit {result.exit_status}); "
+                    "the container removal ends it")
+        try:
+            answer = json.loads(result.stdout)
+        except json.JSONDecodeError:
+            return "stopped (the stop script gave no answer)"
+        if answer.get("left"):
+            raise SparkctlError(f"{ctx.node.name}: stop-server: processes {answer['left']} survived "
+                                "SIGKILL; run `sparkctl down` again")
+        return f"stopped {', '.join(answer.get('stopped') or []) or 'nothing (already gone)'}"
+
+
+def _pid_files(ctx: NodeContext) -> list[str]:
+    answer = (ctx.facts.get("commands") or {}).get("pid_files") or {}
+    return sorted(e.rsplit("/", 1)[-1] for e in (answer.get("out") or "").split() if e.endswith(".pid"))
+
+
+class RemoveContainers(Step):
+    """Stop and remove the containers labelled as this cluster's; leave every other alone."""
+
+    name = "containers"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        ours = managed_containers(ctx.facts)
+        note = ""
+        named = (ctx.facts.get("containers") or {}).get(ctx.inventory.container.name)
+        if named and not _is_ours(named, ctx.inventory):
+            note = (f"; left alone: container {ctx.inventory.container.name} (not created by "
+                    "sparkctl for this cluster)")
+        if not ours:
+            return Unchanged("no sparkctl container" + note)
+        names = ", ".join(f"{c.name} ({c.state})" for c in ours)
+        return Change(f"remove {names}{note}", payload=[c.id for c in ours])
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        ctx.run(remove_containers_cmd(change.payload), sudo=True,
+                timeout=CONTAINER_STOP_SECONDS + 60, display="docker stop + rm (sparkctl containers)"
+                ).check()
+        return None
+
+
+def remove_containers_cmd(ids: list[str]) -> str:
+    # stop first so the entrypoint gets TERM; rm -f also covers one that will not stop
+    return (docker_cmd("stop", "-t", CONTAINER_STOP_SECONDS, *ids) + " >/dev/null 2>&1; "
+            + docker_cmd("rm", "-f", *ids) + " >/dev/null")
+
+
+@dataclass(frozen=True)
+class NetworkUndo:
+    remove_file: bool
+    restore: str | None
+    """Content to put back at NETPLAN_FILE: a file of the user's that `up` replaced."""
+    addresses: list[tuple[str, str]]
+    """(interface, CIDR) pairs to delete: inventory fabric addresses still configured."""
+
+
+class RemoveNetwork(Step):
+    """Remove our netplan file, re-apply netplan, delete the fabric addresses we configured."""
+
+    name = "network"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        fact = _file(ctx, NETPLAN_FILE)
+        remove_file = bool(fact.get("exists"))
+        notes: list[str] = []
+        if remove_file and MANAGED_HEADER not in (fact.get("content") or ""):
+            remove_file = False
+            notes.append(f"left alone: {NETPLAN_FILE} has no sparkctl header (not ours)")
+        if not remove_file and fact.get("exists") is False:
+            notes.append("no sparkctl netplan file")
+        restore = None
+        backup = _file(ctx, NETPLAN_BACKUP)
+        if remove_file and backup.get("exists") and MANAGED_HEADER not in (backup.get("content") or ""):
+            restore = backup.get("content")
+        addresses = [] if restore is not None else self._addresses_to_flush(ctx, notes)
+        if not remove_file and not addresses:
+            return Unchanged("; ".join(notes) or "nothing to remove")
+        parts = []
+        if restore is not None:
+            parts.append(f"restore the {NETPLAN_FILE} that was there before `up`, netplan apply")
+        elif remove_file:
+            parts.append(f"remove {NETPLAN_FILE}, netplan apply")
+        if addresses:
+            parts.append("delete " + ", ".join(f"{a} on {i}" for i, a in addresses))
+        diff = ""
+        if remove_file:
+            diff = "".join(f"-{line}\n" for line in (fact.get("content") or "").splitlines())
+        return Change("; ".join(parts + notes), diff=diff,
+                      payload=NetworkUndo(remove_file, restore, addresses))
+
+    def _addresses_to_flush(self, ctx: NodeContext, notes: list[str]) -> list[tuple[str, str]]:
+        links = ctx.facts.get("links") or {}
+        claimed = {
+            iface
+            for path, entry in (ctx.facts.get("netplan") or {}).items()
+            if path != NETPLAN_FILE
+            for iface in entry.get("interfaces", [])
+        }
+        out = []
+        for iface, address in sorted((ctx.node.addresses or {}).items()):
+            if iface not in ctx.inventory.fabric.interfaces:
+                continue
+            if address not in ((links.get(iface) or {}).get("addresses") or []):
+                continue
+            if iface in claimed:
+                notes.append(f"left alone: {address} on {iface} (another netplan file configures {iface})")
+                continue
+            out.append((iface, address))
+        return out
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        undo: NetworkUndo = change.payload
+        result = ctx.run(remove_network_cmd(undo), stdin=undo.restore, sudo=True, timeout=120,
+                         display="remove sparkctl fabric config")
+        if not result.ok:
+            raise SparkctlError(
+                f"{ctx.node.name}: network: removing the fabric config failed (exit "
+                f"{result.exit_status}): {result.stderr.strip()[-400:]}. Check `netplan get` and "
+                f"`ip addr` on the node; run `sparkctl down --network` again"
+            )
+        return None
+
+
+def remove_network_cmd(undo: NetworkUndo) -> str:
+    """One command: file gone, netplan re-applied, then our addresses deleted.
+
+    netplan apply leaves addresses on interfaces it no longer manages, hence the explicit
+    deletes; each one tolerates an address that is already gone.
+    """
+    lines = ["status=0"]
+    if undo.restore is not None:  # the old content arrives on stdin
+        lines.append(f"{{ {install_file_cmd(NETPLAN_FILE, 0o600)}; }} || status=1")
+        lines.append("netplan apply || status=1")
+    elif undo.remove_file:
+        lines.append(join(["rm", "-f", "--", NETPLAN_FILE]) + " || status=1")
+        lines.append("netplan apply || status=1")
+    lines += [f"ip addr del {quote(address)} dev {quote(iface)} 2>/dev/null"
+              for iface, address in undo.addresses]
+    lines.append("exit $status")
+    return "; ".join(lines)
+
+
+class RemoveFiles(Step):
+    """/etc/sparkctl (cluster keys, trust files, entrypoint) and /var/lib/sparkctl (state)."""
+
+    name = "files"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        targets = []
+        if _file(ctx, CONFIG_DIR).get("exists"):
+            targets.append(f"{CONFIG_DIR}/")
+        entries = _state_entries(ctx)
+        if entries:
+            targets.append(f"{STATE_DIR}/{{{','.join(entries)}}}")
+        if not targets:
+            return Unchanged("no sparkctl files")
+        return Change("remove " + ", ".join(targets) + " (Hugging Face cache kept)")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        ctx.run(remove_files_cmd(), sudo=True, display="remove /etc/sparkctl, /var/lib/sparkctl").check()
+        return None
+
+
+def _state_entries(ctx: NodeContext) -> list[str]:
+    answer = (ctx.facts.get("commands") or {}).get("state_entries") or {}
+    return sorted(e for e in (answer.get("out") or "").split() if e and e != LOCK_NAME)
+
+
+def remove_files_cmd() -> str:
+    state = quote(STATE_DIR)
+    return (
+        f"rm -rf -- {quote(CONFIG_DIR)} && "
+        f"if [ -d {state} ]; then find {state} -mindepth 1 -maxdepth 1 ! -name {LOCK_NAME} "
+        f"-exec rm -rf -- {{}} + && rmdir {state} 2>/dev/null; fi; true"
+    )
+
+
+class VerifyDown(Step):
+    """Prove nothing sparkctl made is left on the node (fresh look, after the changes)."""
+
+    name = "verify"
+    kind = "verify"
+
+    def __init__(self, network: bool) -> None:
+        self.network = network
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        result = ctx.run(verify_cmd(ctx.inventory, self.network), sudo=True, timeout=60,
+                         display="check nothing is left")
+        left = [line for line in result.stdout.splitlines() if line.strip()]
+        if result.exit_status not in (0, 1) or left:
+            detail = "; ".join(left) or result.stderr.strip()[-300:]
+            raise SparkctlError(f"{ctx.node.name}: still present after down: {detail}")
+        return "nothing left" + ("" if self.network else " (fabric network kept: --network removes it)")
+
+    def check(self, ctx: NodeContext) -> Outcome:  # verify steps are never checked
+        return Unchanged("verify")
+
+
+def verify_cmd(inventory: Inventory, network: bool) -> str:
+    checks = [
+        managed_ps_cmd(inventory, "container: {{.Names}}"),
+        f"[ ! -e {quote(CONFIG_DIR)} ] || echo 'directory: {CONFIG_DIR}'",
+    ]
+    if network:
+        checks.append(f"[ ! -e {quote(NETPLAN_FILE)} ] || echo 'file: {NETPLAN_FILE}'")
+    return "; ".join(checks) + "; true"
+
+
+def down_phase(inventory: Inventory, network: bool) -> Phase:
+    steps: list[Step] = [StopServer(), RemoveContainers()]
+    if network:
+        steps.append(RemoveNetwork())
+    steps += [RemoveFiles(), VerifyDown(network)]
+    return Phase("down", steps, down_facts)
+
+
+def build_down_plan(inventory: Inventory, network: bool) -> Plan:
+    return Plan("down", [down_phase(inventory, network)])

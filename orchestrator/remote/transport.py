@@ -1,0 +1,265 @@
+"""One narrow way to run commands on a node: `run()` and `close()`.
+
+`SSHTransport` keeps one SSH connection per node for the whole run (a paramiko client; fabric
+was dropped because importing it and invoke cost more start-up time than anything it gave us);
+host keys are verified against known_hosts with a reject policy. `LocalTransport` runs commands
+directly when sparkctl runs on the node itself. Retries cover connecting only: a mutating
+command is never retried blindly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import select
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from orchestrator.commands import join, sh_cmd
+from orchestrator.errors import CommandError, TransportError
+
+SUDO_PASSWORD_NEEDED = ("a password is required", "a terminal is required")
+TRACE_ENV = "SPARKCTL_TRACE"
+_trace_lock = threading.Lock()
+
+
+def trace_event(event: str, node: str, started: float, ended: float, **fields: object) -> None:
+    """Opt-in timing record for benchmarks: with $SPARKCTL_TRACE=path, append one JSON line.
+
+    Times are wall-clock (time.time()) so records of several processes line up. Never pass
+    stdin or other secrets here: only sizes, exit codes and the displayed command.
+    """
+    path = os.environ.get(TRACE_ENV)
+    if not path:
+        return
+    record = {"event": event, "node": node, "start": round(started, 6), "end": round(ended, 6),
+              "seconds": round(ended - started, 6), "pid": os.getpid(), **fields}
+    with _trace_lock, open(path, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a remote command did."""
+
+    node: str
+    command: str
+    exit_status: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+    def check(self) -> Result:
+        """Raise CommandError unless the command succeeded."""
+        if not self.ok:
+            raise CommandError(self.node, self.command, self.exit_status, self.stderr)
+        return self
+
+
+class Transport(Protocol):
+    node: str
+
+    def run(
+        self, command: str, *, stdin: bytes | str | None = None, sudo: bool = False,
+        timeout: float | None = None, display: str | None = None,
+    ) -> Result: ...
+
+    def close(self) -> None: ...
+
+
+class SudoPassword:
+    """Asks for the sudo password at most once per run, shared by every node's transport."""
+
+    def __init__(self, prompt: bool = True) -> None:
+        self._lock = threading.Lock()
+        self._password: str | None = None
+        self._prompt = prompt
+
+    def get(self, user: str) -> str:
+        with self._lock:
+            if self._password is None:
+                if not self._prompt:
+                    raise TransportError(
+                        f"sudo on the nodes asks {user}'s password and no terminal is attached; "
+                        "allow passwordless sudo for sparkctl or run it from a terminal"
+                    )
+                self._password = getpass.getpass(f"[sparkctl] sudo password for {user} on the nodes: ")
+            return self._password
+
+
+class _SudoMixin:
+    """Wraps commands in sudo; passwordless first, then the shared password on stdin."""
+
+    node: str
+    user_is_root: bool
+    sudo_password: SudoPassword
+    user: str
+    _needs_password = False
+
+    def _execute(self, command: str, stdin: bytes, timeout: float) -> tuple[int, str, str]:
+        raise NotImplementedError
+
+    def _command(self, command: str, sudo: bool, stdin: bytes) -> tuple[str, bytes]:
+        if not sudo or self.user_is_root:
+            return command, stdin
+        if self._needs_password:
+            password = self.sudo_password.get(self.user).encode() + b"\n"
+            return f"sudo -S -p '' -- {sh_cmd(command)}", password + stdin
+        return f"sudo -n -- {sh_cmd(command)}", stdin
+
+    def run(
+        self, command: str, *, stdin: bytes | str | None = None, sudo: bool = False,
+        timeout: float | None = None, display: str | None = None,
+    ) -> Result:
+        data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+        limit = timeout if timeout is not None else self.default_timeout  # type: ignore[attr-defined]
+        started = time.monotonic()
+        label = display or command
+        wrapped, payload = self._command(command, sudo, data)
+        status, out, err = self._traced(wrapped, payload, limit, label, sudo)
+        if sudo and status != 0 and not self._needs_password and any(
+            marker in err for marker in SUDO_PASSWORD_NEEDED
+        ):
+            self._needs_password = True
+            wrapped, payload = self._command(command, sudo, data)
+            status, out, err = self._traced(wrapped, payload, limit, label, sudo)
+            if status != 0 and ("incorrect password" in err or "Sorry, try again" in err):
+                raise TransportError(f"{self.node}: sudo refused the password for {self.user}")
+        return Result(self.node, label, status, out, err, time.monotonic() - started)
+
+    def _traced(self, command: str, stdin: bytes, timeout: float, label: str,
+                sudo: bool) -> tuple[int, str, str]:
+        """`_execute`, timed into $SPARKCTL_TRACE when set (one line per round trip)."""
+        if not os.environ.get(TRACE_ENV):
+            return self._execute(command, stdin, timeout)
+        started, status = time.time(), None
+        try:
+            status, out, err = self._execute(command, stdin, timeout)
+            return status, out, err
+        finally:
+            trace_event("command", self.node, started, time.time(), command=label[:200],
+                        sudo=sudo, exit=status, stdin_bytes=len(stdin),
+                        local=isinstance(self, LocalTransport))
+
+
+class LocalTransport(_SudoMixin):
+    """Runs on this machine: used when the controller is one of the nodes."""
+
+    def __init__(self, node: str, user: str, sudo_password: SudoPassword,
+                 default_timeout: float = 300.0) -> None:
+        import os
+
+        self.node = node
+        self.user = user
+        self.user_is_root = os.geteuid() == 0
+        self.sudo_password = sudo_password
+        self.default_timeout = default_timeout
+
+    def _execute(self, command: str, stdin: bytes, timeout: float) -> tuple[int, str, str]:
+        try:
+            proc = subprocess.run(
+                ["sh", "-c", command], input=stdin, capture_output=True, timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise TransportError(f"{self.node}: command timed out after {timeout:.0f}s") from None
+        return proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+
+    def close(self) -> None:
+        return None
+
+
+class SSHTransport(_SudoMixin):
+    """One SSH connection to one node, opened by `connect()` and reused for every command."""
+
+    def __init__(self, node: str, client: Any, user: str, sudo_password: SudoPassword,
+                 default_timeout: float = 300.0) -> None:
+        self.node = node
+        self.client = client  # paramiko.SSHClient, already connected
+        self.user = user
+        self.user_is_root = user == "root"
+        self.sudo_password = sudo_password
+        self.default_timeout = default_timeout
+        self.commands_sent = 0
+
+    def _execute(self, command: str, stdin: bytes, timeout: float) -> tuple[int, str, str]:
+        import paramiko
+
+        transport = self.paramiko_transport
+        if transport is None or not transport.is_active():
+            raise TransportError(f"{self.node}: the SSH connection was lost")
+        self.commands_sent += 1
+        try:
+            channel = transport.open_session(timeout=timeout)
+            channel.exec_command(command)
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            return _collect(channel, timeout, self.node)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(f"{self.node}: the SSH connection broke: {exc}") from None
+
+    @property
+    def paramiko_transport(self) -> Any:
+        """The connection itself, for extra channels (streams, port forwarding)."""
+        return self.client.get_transport()
+
+    def close(self) -> None:
+        # closing must never hide the real outcome of a run
+        with contextlib.suppress(Exception):
+            self.client.close()  # type: ignore[attr-defined]
+
+
+def _collect(channel: object, timeout: float, node: str) -> tuple[int, str, str]:
+    """Read a channel's stdout and stderr until the command exits or the deadline passes."""
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + timeout
+    chan = channel  # paramiko.Channel
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            chan.close()  # type: ignore[attr-defined]
+            raise TransportError(f"{node}: command did not finish within {timeout:.0f}s")
+        select.select([chan], [], [], min(remaining, 1.0))
+        while chan.recv_ready():  # type: ignore[attr-defined]
+            out += chan.recv(65536)  # type: ignore[attr-defined]
+        while chan.recv_stderr_ready():  # type: ignore[attr-defined]
+            err += chan.recv_stderr(65536)  # type: ignore[attr-defined]
+        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():  # type: ignore[attr-defined]
+            status = chan.recv_exit_status()  # type: ignore[attr-defined]
+            chan.close()  # type: ignore[attr-defined]
+            return status, out.decode(errors="replace"), err.decode(errors="replace")
+        if chan.closed and not chan.exit_status_ready():  # type: ignore[attr-defined]
+            raise TransportError(f"{node}: the SSH channel closed before the command finished")
+
+
+def is_local_host(host: str) -> bool:
+    """True when `host` names this machine (then no SSH is needed)."""
+    if host in ("localhost", "127.0.0.1", "::1"):
+        return True
+    try:
+        import ifaddr  # pure Python, maintained (netifaces was a C extension last released in 2021)
+
+        addresses = {
+            ip.ip if isinstance(ip.ip, str) else ip.ip[0]
+            for adapter in ifaddr.get_adapters()
+            for ip in adapter.ips
+        }
+        resolved = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except (OSError, ValueError):
+        return False
+    return bool(resolved & addresses) or host == socket.gethostname()
+
+
+def describe(argv: list[str]) -> str:
+    return join(argv)
