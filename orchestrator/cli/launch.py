@@ -48,55 +48,47 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     from orchestrator.core.report import StepResult
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan
-    from orchestrator.engines.trtllm import readiness, serve
-    from orchestrator.engines.trtllm.recipe import (
-        check_against_inventory,
-        draft_dir_warning,
-        estimate_memory,
-        load_recipe,
-    )
+    from orchestrator.engines import check_against_inventory, engine_of, load_recipe
+    from orchestrator.engines.base import DEFAULT_HOST, LaunchFailed, LaunchOptions
     from orchestrator.errors import InputError, SparkctlError
-    from orchestrator.phases import models
 
     recipe = load_recipe(recipe_name)
+    engine = engine_of(recipe)
     inventory, _ = load_inventory_option(inventory_path)
     check_against_inventory(recipe, inventory)
-    estimate = estimate_memory(recipe)
+    estimate = engine.estimate_memory(recipe)
     _note(f"memory: {estimate.explanation}")
     if estimate.verdict == "does not fit" and not ignore_memory:
         raise InputError(f"recipe {recipe.name} does not fit in a Spark's memory (see above); "
                          "--ignore-memory launches it anyway")
-    if warning := draft_dir_warning(recipe):
+    for warning in engine.warnings(recipe):
         _note(f"warning: {warning}")
-    if host != serve.DEFAULT_HOST:
-        _note(f"warning: the server will listen on {host}:{recipe.port}; trtllm-serve has no API "
-              "key, so anyone who reaches that address can use it")
+    if host != DEFAULT_HOST:
+        _note(f"warning: the server will listen on {host}:{recipe.port}; {engine.title}'s server "
+              "has no API key here, so anyone who reaches that address can use it")
     token = read_hf_token(hf_token_file)
-    spec = serve.LaunchSpec(recipe, inventory, host, replace, drop_caches)
+    options = LaunchOptions(host=host, replace=replace, drop_caches=drop_caches, timeout=timeout)
     head = inventory.head_name
     endpoint = f"http://{host}:{recipe.port} on {head}"
 
     def build(session: Any) -> Plan:
-        session.report.extra.update(endpoint=endpoint, model=recipe.model, recipe=recipe.name)
-        transport = session.transports[head]
-        status = serve.node_call(transport, inventory.container.name, action="status",
-                                 port=recipe.port)
-        if serve.decide(status, spec.digest, replace) == "refuse":
-            raise SparkctlError(serve.refusal(status, recipe))
-        return Plan("launch", [models.phase(recipe, inventory), serve.phase(spec)])
+        session.report.extra.update(endpoint=endpoint, model=recipe.model, recipe=recipe.name,
+                                    engine=engine.name)
+        refusal = engine.refusal(recipe, inventory, options, session.transports[head])
+        if refusal:
+            raise SparkctlError(refusal)
+        return Plan("launch", engine.launch_phases(recipe, inventory, options))
 
     def after(session: Any, report: Any) -> None:
         try:
-            ready = readiness.wait_until_ready(session.transports, inventory, recipe.model,
-                                               recipe.port, timeout, _note)
+            ready = engine.wait_ready(session.transports, recipe, inventory, timeout, _note)
             report.add(head, StepResult("serve", "ready", "ok", ready.seconds,
-                                        f"/health, /health_generate, /v1/models: {recipe.model}"))
-            smoke = readiness.smoke_test(session.transports[head], inventory.container.name,
-                                         recipe.model, recipe.port)
+                                        f"answering: {', '.join(ready.models) or recipe.model}"))
+            smoke = engine.smoke_test(session.transports[head], recipe, inventory)
             report.add(head, StepResult("serve", "smoke-test", "ok", message=smoke))
             report.notes.append(f"Serving {recipe.model} at {endpoint}. Try `sparkctl chat "
                                 "\"Hello\"`, or `sparkctl tunnel` for other clients.")
-        except readiness.LaunchFailed as exc:
+        except LaunchFailed as exc:
             report.add(head, StepResult("serve", "ready", "failed", message=exc.reason))
             report.notes.append(exc.details)
             report.extra["log_tails"] = exc.details
@@ -270,15 +262,16 @@ def recipes(ctx: click.Context) -> None:
 def list_recipes() -> None:
     """The built-in recipes, one a line."""
     def body() -> int:
-        from orchestrator.engines.trtllm.recipe import builtin_names, estimate_memory, load_recipe
+        from orchestrator.engines import builtin_names, engine_of, load_recipe
 
         for name in builtin_names():
             recipe = load_recipe(name)
-            spec = recipe.speculative
+            engine = engine_of(recipe)
+            spec = getattr(recipe, "speculative", None)
             drafting = f"{spec.decoding_type} {spec.max_draft_len}" if spec else "no draft"
-            fits = "fits" if estimate_memory(recipe).fits else "DOES NOT FIT"
-            click.echo(f"{name:16} {recipe.model:38} nodes {recipe.node_count}  {drafting:12} "
-                       f"port {recipe.port}  {fits}")
+            fits = "fits" if engine.estimate_memory(recipe).fits else "DOES NOT FIT"
+            click.echo(f"{name:16} {engine.name:7} {recipe.model:38} nodes {recipe.node_count}  "
+                       f"{drafting:12} port {recipe.port}  {fits}")
         return 0
 
     run_command(body)
@@ -288,28 +281,25 @@ def list_recipes() -> None:
 @click.argument("name")
 @json_option
 def show_recipe(name: str, as_json: bool) -> None:
-    """A recipe, its LLM API config, its serve command and its memory estimate per node."""
+    """A recipe, its engine's generated config, its serve command and its memory estimate."""
     def body() -> int:
         import yaml
 
-        from orchestrator.commands import join
         from orchestrator.core.report import print_json
-        from orchestrator.engines.trtllm.recipe import estimate_memory, load_recipe
-        from orchestrator.engines.trtllm.serve import DEFAULT_HOST, render_llm_api_config, serve_argv
+        from orchestrator.engines import engine_of, load_recipe
 
         recipe = load_recipe(name)
-        estimate = estimate_memory(recipe)
+        engine = engine_of(recipe)
+        estimate = engine.estimate_memory(recipe)
         if as_json:
-            print_json({"recipe": recipe.model_dump(mode="json"),
-                        "memory": estimate.model_dump(mode="json"),
-                        "llm_api_config": recipe.llm_api_config()})
+            print_json({"recipe": recipe.model_dump(mode="json"), "engine": engine.name,
+                        "memory": estimate.model_dump(mode="json"), **engine.config_preview(recipe)})
             return 0
         click.echo(f"# {recipe.source}")
         click.echo(yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
-        click.echo("# extra LLM API config (/etc/sparkctl/extra-llm-api-config.yml):")
-        click.echo(render_llm_api_config(recipe))
-        click.echo("# serve command (in the head container):")
-        click.echo(join(serve_argv(recipe, DEFAULT_HOST)))
+        for title, text in engine.describe(recipe):
+            click.echo(f"# {title}:")
+            click.echo(text)
         click.echo(f"\n# memory: {estimate.explanation}")
         return 0 if estimate.fits else 1
 

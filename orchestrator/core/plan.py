@@ -1,21 +1,24 @@
-"""The plans of each command, assembled from phases (pure: no I/O)."""
+"""The plans of each command, assembled from phases in one place (pure: no I/O)."""
 
 from __future__ import annotations
 
 from orchestrator.core.step import Plan
 from orchestrator.inventory import Inventory
 
+UP_ENGINES = ("trtllm",)
+"""Engines whose node set-up `up` does (TensorRT-LLM's container with its sshd, and MPI)."""
+
 
 def build_up_plan(inventory: Inventory) -> Plan:
-    """preflight -> network -> ssh keys -> trust files -> container -> mpi."""
-    from orchestrator.engines.trtllm import mpi
-    from orchestrator.phases import container, network, preflight, ssh_keys
+    """preflight -> network -> ssh keys -> trust files -> each engine's phases (container, mpi)."""
+    from orchestrator.engines import get_engine
+    from orchestrator.phases import network, preflight, ssh_keys
 
     phases = [
         preflight.phase(inventory),
         network.phase(inventory),
         *ssh_keys.phases(inventory),
-        container.phase(inventory),
-        mpi.phase(inventory),
     ]
+    for name in UP_ENGINES:
+        phases += get_engine(name).up_phases(inventory)
     return Plan("up", phases)

@@ -1,0 +1,114 @@
+"""The engines sparkctl can serve with, and recipes: which engine, which model, how.
+
+Adding an engine: a folder orchestrator/engines/NAME/ whose package exposes `ENGINE` (see
+base.Engine), and one line in REGISTRY. Recipes are YAML files; built-in ones live in each
+engine's recipes/ folder, users pass their own by path. `engine:` picks the engine (default
+trtllm, so recipes written before there were several engines keep working).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import InputError
+
+if TYPE_CHECKING:
+    from orchestrator.engines.base import BaseRecipe, Engine
+    from orchestrator.inventory import Inventory
+
+ENGINES_DIR = Path(__file__).parent
+DEFAULT_ENGINE = "trtllm"
+REGISTRY = {
+    "trtllm": "orchestrator.engines.trtllm",
+}
+"""engine name -> the package whose ENGINE implements it (imported on first use)."""
+
+
+def get_engine(name: str) -> Engine:
+    if name not in REGISTRY:
+        raise InputError(f"unknown engine {name!r}; sparkctl serves with: {', '.join(sorted(REGISTRY))}")
+    engine: Engine = importlib.import_module(REGISTRY[name]).ENGINE
+    return engine
+
+
+def recipe_files() -> dict[str, Path]:
+    """Built-in recipes by name, from every registered engine's recipes/ folder."""
+    found: dict[str, Path] = {}
+    for name in sorted(REGISTRY):
+        for path in sorted((ENGINES_DIR / name / "recipes").glob("*.yml")):
+            found[path.stem] = path
+    return found
+
+
+def builtin_names() -> list[str]:
+    return sorted(recipe_files())
+
+
+def load_recipe(name_or_path: str) -> Any:
+    """A built-in recipe by name, or a recipe file by path; errors name the file and key."""
+    from pydantic import ValidationError
+
+    from orchestrator.yamlio import load_yaml_mapping
+
+    path = Path(name_or_path).expanduser()
+    if not (path.suffix in (".yml", ".yaml") or "/" in name_or_path):
+        builtin = recipe_files().get(name_or_path)
+        if builtin is None:
+            raise InputError(
+                f"no recipe named {name_or_path!r}; built in: {', '.join(builtin_names())} "
+                "(or pass the path of a recipe file)"
+            )
+        path = builtin
+    data = load_yaml_mapping(path, "recipe")
+    engine_name = data.get("engine", DEFAULT_ENGINE)
+    if engine_name not in REGISTRY:
+        raise InputError(f"{path}: invalid recipe:\n  engine: {engine_name!r} is not an engine "
+                         f"sparkctl knows; use one of: {', '.join(sorted(REGISTRY))}")
+    engine = get_engine(str(engine_name))
+    try:
+        return engine.recipe_type.model_validate({**data, "engine": engine_name, "source": str(path)})
+    except ValidationError as exc:
+        raise InputError(explain(path, exc)) from None
+
+
+def explain(path: Path, exc: Any) -> str:
+    lines = [f"{path}: invalid recipe:"]
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "literal_error":
+            message = f"{message} (got {error.get('input')!r})"
+        lines.append(f"  {where}: {message}")
+    return "\n".join(lines)
+
+
+def engine_of(recipe: BaseRecipe) -> Engine:
+    return get_engine(recipe.engine)
+
+
+def check_against_inventory(recipe: BaseRecipe, inventory: Inventory) -> None:
+    """Refuse (exit 2) a recipe this cluster cannot run."""
+    if recipe.node_count > len(inventory.nodes):
+        raise InputError(
+            f"recipe {recipe.name} needs {recipe.node_count} nodes but the inventory "
+            f"{inventory.source} has {len(inventory.nodes)}: "
+            f"{', '.join(n.name for n in inventory.nodes)}"
+        )
+
+
+def serving_nodes(recipe: BaseRecipe, inventory: Inventory) -> list[str]:
+    """The nodes the server runs on, in rank order (head first)."""
+    return [n.name for n in inventory.ordered_nodes()[: recipe.node_count]]
+
+
+def config_hash(recipe: BaseRecipe, argv: list[str], config_text: str) -> str:
+    """What makes a running server the same server: relaunching an equal one is a no-op."""
+    canonical = json.dumps(
+        {"recipe": recipe.model_dump(mode="json"), "argv": argv, "config": config_text},
+        sort_keys=True,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

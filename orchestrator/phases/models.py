@@ -19,7 +19,9 @@ from typing import Any
 
 from orchestrator.commands import Secret, docker_exec_cmd, install_file_cmd, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines.trtllm.recipe import CONTAINER_HF_HOME, Recipe, serving_nodes
+from orchestrator.engines import serving_nodes
+from orchestrator.engines.base import CONTAINER_HF_HOME
+from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import SSH_CONFIG, TOKEN_PATH

@@ -23,12 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.commands import join
-from orchestrator.engines.trtllm.recipe import RECIPES_DIR, config_hash, estimate_memory, load_recipe
+from orchestrator.engines import config_hash, load_recipe, recipe_files
+from orchestrator.engines.trtllm.recipe import estimate_memory
 from orchestrator.engines.trtllm.serve import render_llm_api_config, serve_argv
 from orchestrator.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
-VALID: dict[str, Any] = yaml.safe_load((RECIPES_DIR / "qwen3-235b.yml").read_text())
+VALID: dict[str, Any] = yaml.safe_load(recipe_files()["qwen3-235b"].read_text())
 
 HOSTILE_STRINGS = st.sampled_from([
     *COMMON_HOSTILE, "$(touch /tmp/sparkctl-pwned)", "--host=0.0.0.0", "--port",
@@ -113,7 +114,7 @@ def bomb(levels: int) -> str:
         for i in range(levels))
 
 
-VALID_TEXT = (RECIPES_DIR / "qwen3-235b.yml").read_text()
+VALID_TEXT = recipe_files()["qwen3-235b"].read_text()
 YAML_TEXTS = st.one_of(
     st.text(max_size=300),
     st.builds(lambda k: VALID_TEXT + f"{k}: 1\n", st.sampled_from(["name", "model", "memory"])),

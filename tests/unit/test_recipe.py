@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.engines.trtllm.recipe import (
+from orchestrator.engines import (
     builtin_names,
     check_against_inventory,
     config_hash,
-    estimate_memory,
     load_recipe,
     serving_nodes,
 )
+from orchestrator.engines.trtllm.recipe import estimate_memory
 from orchestrator.errors import InputError
 from orchestrator.inventory import Inventory
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.engines import load_recipe
 from orchestrator.engines.trtllm import serve
-from orchestrator.engines.trtllm.recipe import load_recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory
 from orchestrator.phases import models

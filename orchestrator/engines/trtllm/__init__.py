@@ -1,0 +1,94 @@
+"""TensorRT-LLM over MPI: a container with its own sshd on every node, an MPI hostfile over the
+fabric, and `mpirun ... trtllm-llmapi-launch trtllm-serve` started on the head.
+
+`up` adds the container and MPI phases; `launch` fetches the models, writes the extra LLM API
+options and starts the server; readiness is /health, /health_generate (one token through every
+rank) and /v1/models.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import yaml
+
+from orchestrator.engines.base import (
+    SPARK_MEMORY_GB,
+    LaunchOptions,
+    MemoryEstimate,
+    Note,
+    Ready,
+)
+from orchestrator.engines.trtllm.recipe import Recipe
+
+if TYPE_CHECKING:
+    from orchestrator.core.step import Phase
+    from orchestrator.inventory import Inventory
+    from orchestrator.remote.transport import Transport
+
+
+class TrtllmEngine:
+    name = "trtllm"
+    title = "TensorRT-LLM"
+    recipe_type = Recipe
+
+    def up_phases(self, inventory: Inventory) -> list[Phase]:
+        from orchestrator.engines.trtllm import mpi
+        from orchestrator.phases import container
+
+        return [container.phase(inventory), mpi.phase(inventory)]
+
+    def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
+        from orchestrator.engines.trtllm import serve
+        from orchestrator.phases import models
+
+        spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches)
+        return [models.phase(recipe, inventory), serve.phase(spec)]
+
+    def refusal(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions,
+                head: Transport) -> str | None:
+        from orchestrator.engines.trtllm import serve
+
+        spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches)
+        status = serve.node_call(head, inventory.container.name, action="status", port=recipe.port)
+        if serve.decide(status, spec.digest, options.replace) == "refuse":
+            return serve.refusal(status, recipe)
+        return None
+
+    def wait_ready(self, transports: dict[str, Transport], recipe: Recipe, inventory: Inventory,
+                   timeout: float, note: Note) -> Ready:
+        from orchestrator.engines.trtllm import readiness
+
+        return readiness.wait_until_ready(transports, inventory, recipe.model, recipe.port,
+                                          timeout, note)
+
+    def smoke_test(self, head: Transport, recipe: Recipe, inventory: Inventory) -> str:
+        from orchestrator.engines.trtllm import readiness
+
+        return readiness.smoke_test(head, inventory.container.name, recipe.model, recipe.port)
+
+    def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
+        from orchestrator.engines.trtllm.recipe import estimate_memory
+
+        return estimate_memory(recipe, node_memory_gb)
+
+    def describe(self, recipe: Recipe) -> list[tuple[str, str]]:
+        from orchestrator.commands import join
+        from orchestrator.engines.base import DEFAULT_HOST
+        from orchestrator.engines.trtllm.serve import CONFIG_PATH, render_llm_api_config, serve_argv
+
+        return [(f"extra LLM API config ({CONFIG_PATH})", render_llm_api_config(recipe)),
+                ("serve command (in the head container)", join(serve_argv(recipe, DEFAULT_HOST)))]
+
+    def warnings(self, recipe: Recipe) -> list[str]:
+        from orchestrator.engines.trtllm.recipe import draft_dir_warning
+
+        warning = draft_dir_warning(recipe)
+        return [warning] if warning else []
+
+    def config_preview(self, recipe: Recipe) -> dict[str, object]:
+        """What --json of `recipes show` adds for this engine."""
+        return {"llm_api_config": yaml.safe_load(yaml.safe_dump(recipe.llm_api_config()))}
+
+
+ENGINE = TrtllmEngine()

@@ -12,9 +12,9 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from orchestrator.commands import quote
+from orchestrator.engines.base import LaunchFailed, Ready
 from orchestrator.engines.trtllm.serve import node_call
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 from orchestrator.inventory import Inventory
@@ -24,21 +24,6 @@ from orchestrator.remote.transport import Transport
 POLL_SECONDS = 3.0
 PRINT_EVERY = 10.0
 LOG_TAIL_LINES = 25
-
-
-class LaunchFailed(SparkctlError):
-    """The server did not come up; `details` holds every node's log tail (long, for the notes)."""
-
-    def __init__(self, reason: str, details: str) -> None:
-        super().__init__(f"{reason}\n{details}")
-        self.reason = reason
-        self.details = details
-
-
-@dataclass
-class Ready:
-    seconds: float
-    models: list[str]
 
 
 def _stage(status: dict[str, object]) -> str:

@@ -10,39 +10,36 @@ runs, with exit code 2.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from orchestrator.errors import InputError
-from orchestrator.inventory import Inventory
+from orchestrator.engines.base import (
+    CONTAINER_HF_HOME,
+    REPO_PATTERN,
+    REVISION_PATTERN,
+    SPARK_MEMORY_GB,
+    BaseRecipe,
+    MemoryEstimate,
+    StrictModel,
+    verdict_of,
+)
 
-RECIPES_DIR = Path(__file__).parent / "recipes"
-CONTAINER_HF_HOME = "/root/.cache/huggingface"
-"""Where the container sees the node's Hugging Face cache (the container step mounts it)."""
-SPARK_MEMORY_GB = 128.0
-"""A DGX Spark's unified memory, shared by the CPU, the GPU and the page cache."""
-REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 NEEDS_DRAFT = ("Eagle", "Eagle3", "DraftTarget")
 # Options sparkctl sets itself from typed recipe fields: setting them twice would be ambiguous.
 RESERVED_OPTIONS = ("speculative_config", "tensor_parallel_size", "max_num_tokens", "backend")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Speculative(_Model):
+class Speculative(StrictModel):
     decoding_type: Literal["Eagle", "Eagle3", "DraftTarget", "MTP", "NGram"]
     """TensorRT-LLM's speculative decoding type (PyTorch backend; `Eagle` is an alias of `Eagle3`)."""
     max_draft_len: int = Field(ge=1, le=64)
     """Tokens the draft proposes per step (NVIDIA's pages: 3 for Qwen3-235B, 5 for gpt-oss)."""
     draft_model: str | None = Field(default=None, pattern=REPO_PATTERN)
     """Hugging Face id of the draft model (required for Eagle, Eagle3 and DraftTarget)."""
-    draft_revision: str = Field(default="main", pattern=r"^[A-Za-z0-9._/-]{1,100}$")
+    draft_revision: str = Field(default="main", pattern=REVISION_PATTERN)
     """Branch, tag or commit of the draft model."""
     draft_dir: str | None = Field(default=None, pattern=r"^/[A-Za-z0-9._/-]+$")
     """Directory of the draft model inside the container; default: under the mounted HF cache
@@ -70,47 +67,19 @@ class Speculative(_Model):
         return self.draft_dir or f"{CONTAINER_HF_HOME}/drafts/{self.draft_model.split('/')[-1]}"
 
 
-class Memory(_Model):
-    weights_gb: float = Field(gt=0, le=4096)
-    """Size of the model's weights on disk (all shards), in GB: split across tp_size nodes."""
-    draft_gb: float = Field(default=0.0, ge=0, le=1024)
-    """Size of the draft model, in GB: counted whole on every node."""
-    kv_cache_fraction: float = Field(default=0.9, gt=0, le=1)
-    """kv_cache_config.free_gpu_memory_fraction: share of the memory left after loading that
-    the KV cache takes."""
-    runtime_gb: float = Field(default=6.0, ge=0, le=128)
-    """CUDA context, activations, CUDA graphs and the server process (rough)."""
-    system_reserve_gb: float = Field(default=8.0, ge=0, le=128)
-    """What the OS and page cache need to stay healthy on unified memory."""
-    parallel_weight_loading: bool = True
-    """False sets TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1 (NVIDIA's fix for OOM while loading)."""
-
-
-class Recipe(_Model):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
-    """Recipe name, as `sparkctl launch NAME` uses it."""
-    description: str = ""
-    model: str = Field(pattern=REPO_PATTERN)
-    """Hugging Face id of the model to serve."""
-    revision: str = Field(default="main", pattern=r"^[A-Za-z0-9._/-]{1,100}$")
-    """Branch, tag or commit of the model."""
+class Recipe(BaseRecipe):
+    engine: Literal["trtllm"] = "trtllm"
     tp_size: int = Field(default=1, ge=1, le=64)
     """Tensor parallel size; must equal the number of nodes (one GPU per Spark)."""
-    nodes: int | None = Field(default=None, ge=1, le=64)
-    """Nodes the server spans (head first); default: tp_size."""
-    port: int = Field(default=8000, ge=1024, le=65535)
-    """Port trtllm-serve listens on, on the head (127.0.0.1 unless --host)."""
     backend: Literal["pytorch"] = "pytorch"
     max_num_tokens: int | None = Field(default=None, ge=1)
     """trtllm-serve --max_num_tokens."""
     speculative: Speculative | None = None
     """Speculative decoding (the draft model and how it drafts)."""
-    memory: Memory
     serve_args: list[str] = Field(default_factory=list)
     """More trtllm-serve flags, verbatim (each item one argv word)."""
     llm_api_options: dict[str, Any] = Field(default_factory=dict)
     """More extra LLM API options (TensorRT-LLM field names), written to the YAML config."""
-    source: str = Field(default="<recipe>", exclude=True)
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
@@ -167,85 +136,12 @@ class Recipe(_Model):
         return config
 
 
-def builtin_names() -> list[str]:
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yml"))
-
-
-def load_recipe(name_or_path: str) -> Recipe:
-    """A built-in recipe by name, or a recipe file by path; errors name the file and key."""
-    from orchestrator.yamlio import load_yaml_mapping
-
-    path = Path(name_or_path).expanduser()
-    if not (path.suffix in (".yml", ".yaml") or "/" in name_or_path):
-        path = RECIPES_DIR / f"{name_or_path}.yml"
-        if not path.exists():
-            raise InputError(
-                f"no recipe named {name_or_path!r}; built in: {', '.join(builtin_names())} "
-                "(or pass the path of a recipe file)"
-            )
-    data = load_yaml_mapping(path, "recipe")
-    try:
-        return Recipe.model_validate({**data, "source": str(path)})
-    except ValidationError as exc:
-        raise InputError(_explain(path, exc)) from None
-
-
-def _explain(path: Path, exc: ValidationError) -> str:
-    lines = [f"{path}: invalid recipe:"]
-    for error in exc.errors():
-        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "literal_error":
-            message = f"{message} (got {error.get('input')!r})"
-        lines.append(f"  {where}: {message}")
-    return "\n".join(lines)
-
-
-def check_against_inventory(recipe: Recipe, inventory: Inventory) -> None:
-    """Refuse (exit 2) a recipe this cluster cannot run."""
-    if recipe.node_count > len(inventory.nodes):
-        raise InputError(
-            f"recipe {recipe.name} needs {recipe.node_count} nodes (tp_size {recipe.tp_size}) but "
-            f"the inventory {inventory.source} has {len(inventory.nodes)}: "
-            f"{', '.join(n.name for n in inventory.nodes)}"
-        )
-
-
-def serving_nodes(recipe: Recipe, inventory: Inventory) -> list[str]:
-    """The nodes that hold a rank, in rank order (head first)."""
-    return [n.name for n in inventory.ordered_nodes()[: recipe.node_count]]
-
-
 def draft_dir_warning(recipe: Recipe) -> str | None:
     path = recipe.speculative.draft_path if recipe.speculative else None
     if path and not PurePosixPath(path).is_relative_to(CONTAINER_HF_HOME):
         return (f"draft_dir {path} is outside the mounted HF cache: it lives in the container "
                 "and is downloaded again whenever the container is re-created")
     return None
-
-
-def config_hash(recipe: Recipe, argv: list[str], config_text: str) -> str:
-    """What makes a running server the same server: relaunching an equal one is a no-op."""
-    canonical = json.dumps(
-        {"recipe": recipe.model_dump(mode="json"), "argv": argv, "config": config_text},
-        sort_keys=True,
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-
-class MemoryEstimate(_Model):
-    """Per node, in GB, against a Spark's unified memory (a rough guide, said to be one)."""
-
-    weights_gb: float
-    draft_gb: float
-    runtime_gb: float
-    system_reserve_gb: float
-    kv_cache_gb: float
-    total_gb: float
-    free_after_kv_gb: float
-    fits: bool
-    verdict: Literal["fits", "tight", "does not fit"]
-    explanation: str
 
 
 def estimate_memory(recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
@@ -257,10 +153,8 @@ def estimate_memory(recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> 
     left = node_memory_gb - loaded
     kv = max(0.0, left * memory.kv_cache_fraction)
     free = left - kv
-    fits = left > memory.system_reserve_gb and free >= 0.5 * memory.system_reserve_gb
-    state: Literal["fits", "tight", "does not fit"] = "fits" if fits else "tight"
-    if left <= memory.system_reserve_gb:
-        state = "does not fit"
+    fits, state = verdict_of(left, free, memory.system_reserve_gb)
+    if state == "does not fit":
         verdict = (f"does NOT fit: weights and runtime take {loaded:.1f} of {node_memory_gb:.0f} GB, "
                    f"leaving {left:.1f} GB (the OS needs ~{memory.system_reserve_gb:.0f} GB); "
                    "use more nodes or a smaller model")

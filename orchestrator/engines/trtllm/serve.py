@@ -16,7 +16,8 @@ import yaml
 
 from orchestrator.commands import docker_exec_cmd, join
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines.trtllm.recipe import Recipe, config_hash, serving_nodes
+from orchestrator.engines import config_hash, serving_nodes
+from orchestrator.engines.trtllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import RUN_DIR
@@ -25,7 +26,6 @@ from orchestrator.remote.transport import Transport
 from orchestrator.render import render
 
 CONFIG_PATH = "/etc/sparkctl/extra-llm-api-config.yml"
-DEFAULT_HOST = "127.0.0.1"
 PASSED_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES", "CPATH", "TRITON_PTXAS_PATH")
 RANK_WRAPPER = (
     'r="${OMPI_COMM_WORLD_RANK:-0}"; echo $$ > ' + RUN_DIR + '/rank-"$r".pid; '

@@ -1,0 +1,185 @@
+"""What every engine shares: the recipe fields common to all, and the `Engine` seam.
+
+An engine (TensorRT-LLM over MPI, vLLM over Ray, SGLang) is one folder under
+orchestrator/engines/ with one `ENGINE` object implementing `Engine`, and one line in the
+registry (engines/__init__.py). Everything engine-specific lives behind this protocol: the
+recipe fields (a pydantic model discriminated on `engine:`), the phases `up` and `launch` add,
+readiness, the commands `recipes show` prints, and the memory estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.errors import SparkctlError
+
+if TYPE_CHECKING:
+    from orchestrator.core.step import Phase
+    from orchestrator.inventory import Inventory
+    from orchestrator.remote.transport import Transport
+
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+"""Where a container sees the node's Hugging Face cache (every engine's container mounts it)."""
+SPARK_MEMORY_GB = 128.0
+"""A DGX Spark's unified memory, shared by the CPU, the GPU and the page cache."""
+REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
+REVISION_PATTERN = r"^[A-Za-z0-9._/-]{1,100}$"
+DEFAULT_HOST = "127.0.0.1"
+"""Servers bind to localhost on their node; clients come through SSH (chat, tunnel, bench)."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Memory(StrictModel):
+    weights_gb: float = Field(gt=0, le=4096)
+    """Size of the model's weights on disk (all shards), in GB: split across the serving nodes."""
+    draft_gb: float = Field(default=0.0, ge=0, le=1024)
+    """Size of the draft model, in GB: counted whole on every node."""
+    kv_cache_fraction: float = Field(default=0.9, gt=0, le=1)
+    """The engine's memory fraction: TensorRT-LLM's kv_cache_config.free_gpu_memory_fraction
+    (share of what is left after loading), vLLM's --gpu-memory-utilization and SGLang's
+    --mem-fraction-static (shares of the whole memory)."""
+    runtime_gb: float = Field(default=6.0, ge=0, le=128)
+    """CUDA context, activations, CUDA graphs and the server process (rough)."""
+    system_reserve_gb: float = Field(default=8.0, ge=0, le=128)
+    """What the OS and page cache need to stay healthy on unified memory."""
+    parallel_weight_loading: bool = True
+    """TensorRT-LLM only: False sets TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1 (NVIDIA's fix
+    for OOM while loading)."""
+
+
+class BaseRecipe(StrictModel):
+    """The fields every engine's recipe has; each engine adds its own and fixes `engine`."""
+
+    engine: str = "trtllm"
+    """Which engine serves the recipe: trtllm (default), vllm or sglang."""
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
+    """Recipe name, as `sparkctl launch NAME` uses it."""
+    description: str = ""
+    model: str = Field(pattern=REPO_PATTERN)
+    """Hugging Face id of the model to serve."""
+    revision: str = Field(default="main", pattern=REVISION_PATTERN)
+    """Branch, tag or commit of the model."""
+    nodes: int | None = Field(default=None, ge=1, le=64)
+    """Nodes the server spans (head first); default: what the parallelism needs."""
+    port: int = Field(default=8000, ge=1024, le=65535)
+    """Port the server listens on, on its first node (127.0.0.1 unless --host)."""
+    memory: Memory
+    source: str = Field(default="<recipe>", exclude=True)
+
+    @property
+    def node_count(self) -> int:
+        return self.nodes or 1
+
+    @property
+    def repos(self) -> list[tuple[str, str, str | None]]:
+        """(HF id, revision, local dir or None for the HF cache layout) of every model needed."""
+        return [(self.model, self.revision, None)]
+
+
+Verdict = Literal["fits", "tight", "does not fit"]
+
+
+class MemoryEstimate(StrictModel):
+    """Per node, in GB, against a Spark's unified memory (a rough guide, said to be one)."""
+
+    weights_gb: float
+    draft_gb: float
+    runtime_gb: float
+    system_reserve_gb: float
+    kv_cache_gb: float
+    total_gb: float
+    free_after_kv_gb: float
+    fits: bool
+    verdict: Verdict
+    explanation: str
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What `sparkctl launch` was asked, beyond the recipe."""
+
+    host: str = DEFAULT_HOST
+    replace: bool = False
+    drop_caches: bool = False
+    timeout: float = 1800.0
+
+
+class LaunchFailed(SparkctlError):
+    """The server did not come up; `details` holds every node's log tail (long, for the notes)."""
+
+    def __init__(self, reason: str, details: str) -> None:
+        super().__init__(f"{reason}\n{details}")
+        self.reason = reason
+        self.details = details
+
+
+@dataclass
+class Ready:
+    seconds: float
+    models: list[str]
+
+
+Note = Callable[[str], None]
+
+
+class Engine(Protocol):
+    """One serving engine. Pure where it can be: phases are built without any remote call."""
+
+    name: str
+    """The `engine:` value of its recipes."""
+    title: str
+    """How people call it (TensorRT-LLM, vLLM, SGLang)."""
+    recipe_type: type[BaseRecipe]
+
+    def up_phases(self, inventory: Inventory) -> list[Phase]:
+        """Phases `up` adds after the shared ones (TensorRT-LLM: its container and MPI)."""
+        ...
+
+    def launch_phases(self, recipe: Any, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
+        """Models on the serving nodes, then the server started (the plan of `launch`)."""
+        ...
+
+    def refusal(self, recipe: Any, inventory: Inventory, options: LaunchOptions,
+                head: Transport) -> str | None:
+        """Why launching would be refused before planning (another server running), or None."""
+        ...
+
+    def wait_ready(self, transports: dict[str, Transport], recipe: Any, inventory: Inventory,
+                   timeout: float, note: Note) -> Ready:
+        """Wait until the server answers (readiness verified over HTTP), or raise."""
+        ...
+
+    def smoke_test(self, head: Transport, recipe: Any, inventory: Inventory) -> str:
+        """One real request through the server; a line for the report."""
+        ...
+
+    def estimate_memory(self, recipe: Any, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
+        ...
+
+    def describe(self, recipe: Any) -> list[tuple[str, str]]:
+        """(title, text) sections `recipes show` prints: config files and the serve command."""
+        ...
+
+    def warnings(self, recipe: Any) -> list[str]:
+        """Things about the recipe a user should know before launching (not errors)."""
+        ...
+
+    def config_preview(self, recipe: Any) -> dict[str, object]:
+        """What `recipes show --json` adds for this engine (its generated configuration)."""
+        ...
+
+
+def verdict_of(left_gb: float, free_gb: float, reserve_gb: float) -> tuple[bool, Verdict]:
+    """Shared judgement: what is left after loading must exceed the OS reserve, and what the
+    engine's cache leaves must be at least half of it."""
+    fits = left_gb > reserve_gb and free_gb >= 0.5 * reserve_gb
+    if left_gb <= reserve_gb:
+        return False, "does not fit"
+    return fits, "fits" if fits else "tight"
