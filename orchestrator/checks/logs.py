@@ -14,16 +14,12 @@ nothing is left running on the nodes (checked in tests/e2e/test_status_down.py).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import queue
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
@@ -32,6 +28,7 @@ from orchestrator.commands import docker_cmd, quote
 from orchestrator.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import RUN_DIR
+from orchestrator.remote.stream import Stream
 from orchestrator.remote.transport import Transport
 
 HEADER = re.compile(r"^==> (.+) <==$")
@@ -152,53 +149,6 @@ class LineTagger:
         out = [(self.label, "")] if self.held_blank else []
         self.held_blank = False
         return [*out, (self.label, line)]
-
-
-# ------------------------------------------------------------------ streaming
-
-class Stream:
-    """One remote command whose output is read line by line; close() ends it on the node."""
-
-    def __init__(self, transport: Transport, command: str, terminal: bool) -> None:
-        self.closed = threading.Event()
-        self._channel: Any = None
-        self._process: subprocess.Popen[bytes] | None = None
-        ssh = getattr(transport, "paramiko_transport", None)
-        if ssh is not None:
-            channel = ssh.open_session()
-            channel.set_combine_stderr(True)
-            if terminal:  # its hang-up ends the command when the channel goes (see above)
-                channel.get_pty(term="dumb", width=500)
-            channel.exec_command(command)
-            self._channel = channel
-            self._reader = channel.makefile("rb")
-        else:
-            # its own process group, so close() ends the command and everything it started
-            self._process = subprocess.Popen(
-                ["sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
-            self._reader = self._process.stdout
-
-    def lines(self) -> Iterator[str]:
-        try:
-            for raw in iter(self._reader.readline, b""):
-                yield raw.decode(errors="replace")
-        except (OSError, EOFError, ValueError):
-            if not self.closed.is_set():
-                raise
-
-    def close(self) -> None:
-        self.closed.set()
-        if self._channel is not None:
-            self._channel.close()
-        if self._process is not None and self._process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._process.pid, signal.SIGTERM)
-            try:
-                self._process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._process.pid, signal.SIGKILL)
 
 
 def stream_logs(inventory: Inventory, transports: dict[str, Transport], sources: list[LogSource],

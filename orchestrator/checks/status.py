@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +24,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
 from orchestrator.phases.teardown import managed_ps_cmd
+from orchestrator.remote.cluster import parallel
 
 SERVER_LOG = f"{RUN_DIR}/server.log"
 LOG_TAIL_LINES = 8
@@ -99,12 +99,11 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
 
         facts: dict[str, dict[str, Any]] = {}
         nodes = session.reachable_nodes()
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(nodes)))) as pool:
-            for name, value in pool.map(one, nodes):
-                if isinstance(value, str):
-                    errors[name] = value
-                else:
-                    facts[name] = value
+        for name, value in (outcome.get() for outcome in parallel(one, nodes, limit=16).values()):
+            if isinstance(value, str):
+                errors[name] = value
+            else:
+                facts[name] = value
     result = assess(inventory, facts, errors)
     result["seconds"] = round(time.monotonic() - started, 3)
     return result

@@ -8,13 +8,13 @@ so it takes no cluster lock and may run next to anything.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import click
 
 from orchestrator.checks.netcheck import CheckResult
 from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
+from orchestrator.remote.cluster import parallel
 
 PROBE_ROUND_TIMEOUT = 150.0
 
@@ -43,14 +43,13 @@ def run_netcheck(session: Any, deep: bool) -> list[CheckResult]:
 
     session.progress.note(f"netcheck: probing {len(nodes)} node(s) and their links...")
     facts_by_node: dict[str, dict[str, Any]] = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes)))) as pool:
-        futures = {node.name: pool.submit(one, node) for node in nodes}
-        for name, future in futures.items():
-            try:
-                facts_by_node[name] = future.result()
-            except SparkctlError as exc:
-                results.append(CheckResult("facts", name, "fail", str(exc),
-                                           fix="is python3 on the node? see the run log"))
+    by_name = {node.name: node for node in nodes}
+    for name, outcome in parallel(lambda name: one(by_name[name]), by_name).items():
+        if isinstance(outcome.error, SparkctlError):
+            results.append(CheckResult("facts", name, "fail", str(outcome.error),
+                                       fix="is python3 on the node? see the run log"))
+        else:
+            facts_by_node[name] = outcome.get()
     for node in nodes:
         facts = facts_by_node.get(node.name)
         if facts is None:

@@ -13,11 +13,11 @@ import logging
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import python_script_cmd
 from orchestrator.errors import SparkctlError
+from orchestrator.remote.cluster import executor_pool
 from orchestrator.remote.facts import gather_script
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class Executor:
         self.shared: dict[str, Any] = {}
         self._shared_lock = threading.Lock()
         self.failed: set[str] = {name for name, host in report.hosts.items() if host.error}
-        self.pool = ThreadPoolExecutor(max_workers=max(1, min(32, len(inventory.nodes))))
+        self.pool = executor_pool(len(inventory.nodes))
         # (phase, step, nodes) running now: what an interrupt may have left half-done
         self.current: tuple[str, str, list[str]] | None = None
         self.prefetched: dict[str, dict[str, Any]] | None = None

@@ -10,10 +10,7 @@ missing or different is fetched or copied.
 from __future__ import annotations
 
 import json
-import select
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +22,8 @@ from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import SSH_CONFIG, TOKEN_PATH
+from orchestrator.remote.cluster import parallel
+from orchestrator.remote.stream import stream_run
 from orchestrator.remote.transport import Transport
 
 HUB_DIR = f"{CONTAINER_HF_HOME}/hub"
@@ -165,37 +164,6 @@ def manifests_from_facts(ctx: NodeContext, node: str) -> dict[str, Any]:
     return dict(json.loads(answer["out"]))
 
 
-def stream_run(transport: Transport, command: str, on_line: Callable[[str], None],
-               timeout: float, display: str) -> tuple[int, str]:
-    """Run a long command and hand its output lines (progress bars too) over as they come."""
-    ssh = getattr(transport, "paramiko_transport", None)
-    if ssh is None:  # local transport: no streaming, same result
-        result = transport.run(command, timeout=timeout, display=display)
-        for line in (result.stdout + result.stderr).splitlines()[-5:]:
-            on_line(line)
-        return result.exit_status, result.stderr
-    channel = ssh.open_session()
-    channel.set_combine_stderr(True)
-    channel.exec_command(command)
-    channel.shutdown_write()
-    deadline, buffer, tail = time.monotonic() + timeout, "", ""
-    while not channel.exit_status_ready() or channel.recv_ready():
-        if time.monotonic() > deadline:
-            channel.close()
-            raise SparkctlError(f"{transport.node}: `{display}` did not finish in {timeout:.0f}s")
-        select.select([channel], [], [], 1.0)
-        while channel.recv_ready():
-            buffer += channel.recv(65536).decode(errors="replace")
-        *lines, buffer = buffer.replace("\r", "\n").split("\n")
-        for line in lines:
-            if line.strip():
-                on_line(line.strip())
-                tail = (tail + "\n" + line)[-2000:]
-    status = channel.recv_exit_status()
-    channel.close()
-    return status, (tail + "\n" + buffer)[-2000:]
-
-
 class Download(Step):
     """Fetch what the head lacks, once, inside its container; the token lives only meanwhile."""
 
@@ -304,8 +272,8 @@ class Distribute(Step):
             return done
 
         # every peer at once: each gets its own stream over its own link (or switch port)
-        with ThreadPoolExecutor(max_workers=max(1, min(8, len(peers)))) as pool:
-            copied = [line for lines in pool.map(copy_to, peers) for line in lines]
+        copied = [line for outcome in parallel(copy_to, peers, limit=8).values()
+                  for line in outcome.get()]
         after = self._peer_manifests(ctx, peers)
         for peer in peers:
             for repo, _, _ in self.recipe.repos:
@@ -320,10 +288,8 @@ class Distribute(Step):
 
     def _peer_manifests(self, ctx: NodeContext, peers: list[str]) -> dict[str, dict[str, Any]]:
         container = ctx.inventory.container.name
-        with ThreadPoolExecutor(max_workers=max(1, len(peers))) as pool:
-            futures = {p: pool.submit(read_manifests, ctx.transports[p], container, self.recipe)
-                       for p in peers}
-            return {p: f.result() for p, f in futures.items()}
+        answers = parallel(lambda p: read_manifests(ctx.transports[p], container, self.recipe), peers)
+        return {p: outcome.get() for p, outcome in answers.items()}
 
 
 def summary(recipe: Recipe, head: dict[str, Any], nodes: list[str]) -> str:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from orchestrator.errors import HostKeyError, InputError, TransportError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.remote.cluster import parallel
 from orchestrator.remote.transport import (
     LocalTransport,
     SSHTransport,
@@ -152,15 +152,16 @@ def connect_all(
 
     transports: dict[str, Transport] = {}
     errors: dict[str, str] = {}
-    with ThreadPoolExecutor(max_workers=min(32, len(nodes)) or 1) as pool:
-        futures = {node.name: pool.submit(one, node) for node in nodes}
-        for name, future in futures.items():
-            try:
-                transports[name] = future.result()
-            except InputError:
-                for transport in transports.values():
-                    transport.close()
-                raise
-            except TransportError as exc:
-                errors[name] = str(exc)
+    by_name = {node.name: node for node in nodes}
+    outcomes = parallel(lambda name: one(by_name[name]), by_name)
+    for name, outcome in outcomes.items():
+        if isinstance(outcome.error, TransportError):
+            errors[name] = str(outcome.error)
+        elif outcome.ok:
+            transports[name] = outcome.get()
+    for outcome in outcomes.values():
+        if outcome.error is not None and not isinstance(outcome.error, TransportError):
+            for transport in transports.values():
+                transport.close()
+            outcome.get()  # bad input (InputError) or a bug: raised after closing the others
     return transports, errors

@@ -195,7 +195,7 @@ class SSHTransport(_SudoMixin):
     def _execute(self, command: str, stdin: bytes, timeout: float) -> tuple[int, str, str]:
         import paramiko
 
-        transport = self.paramiko_transport
+        transport = self.client.get_transport()
         if transport is None or not transport.is_active():
             raise TransportError(f"{self.node}: the SSH connection was lost")
         self.commands_sent += 1
@@ -208,11 +208,6 @@ class SSHTransport(_SudoMixin):
             return _collect(channel, timeout, self.node)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(f"{self.node}: the SSH connection broke: {exc}") from None
-
-    @property
-    def paramiko_transport(self) -> Any:
-        """The connection itself, for extra channels (streams, port forwarding)."""
-        return self.client.get_transport()
 
     def close(self) -> None:
         # closing must never hide the real outcome of a run

@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from orchestrator.errors import SparkctlError
+from orchestrator.remote.stream import open_forward
 from orchestrator.remote.transport import Transport
 
 
@@ -35,9 +36,6 @@ class Forwarder:
         self.local_port = self.listener.getsockname()[1]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, daemon=True)
-
-    def _ssh(self) -> Any:
-        return getattr(self.transport, "paramiko_transport", None)
 
     def start(self) -> Forwarder:
         self._thread.start()
@@ -63,10 +61,7 @@ class Forwarder:
             threading.Thread(target=self._serve, args=(client, peer), daemon=True).start()
 
     def _open_remote(self, peer: tuple[str, int]) -> Any:
-        ssh = self._ssh()
-        if ssh is None:  # the controller is the head itself: plain TCP
-            return socket.create_connection(self.remote, timeout=10)
-        return ssh.open_channel("direct-tcpip", self.remote, peer, timeout=10)
+        return open_forward(self.transport, self.remote, peer)
 
     def _serve(self, client: socket.socket, peer: tuple[str, int]) -> None:
         try:

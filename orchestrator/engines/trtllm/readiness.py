@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from orchestrator.commands import quote
 from orchestrator.engines.base import LaunchFailed, Ready
@@ -19,6 +18,7 @@ from orchestrator.engines.trtllm.serve import node_call
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 from orchestrator.inventory import Inventory
 from orchestrator.paths import RUN_DIR
+from orchestrator.remote.cluster import Cluster
 from orchestrator.remote.transport import Transport
 
 POLL_SECONDS = 3.0
@@ -85,9 +85,7 @@ def log_tails(transports: dict[str, Transport], lines: int = LOG_TAIL_LINES) -> 
         except SparkctlError as exc:
             return f"(could not read the logs: {exc})"
 
-    with ThreadPoolExecutor(max_workers=max(1, len(transports))) as pool:
-        futures = {name: pool.submit(one, t) for name, t in transports.items()}
-        return {name: future.result() for name, future in futures.items()}
+    return Cluster(transports).values(lambda _, transport: one(transport))
 
 
 def stop_everywhere(transports: dict[str, Transport], container: str) -> dict[str, str]:
@@ -99,9 +97,7 @@ def stop_everywhere(transports: dict[str, Transport], container: str) -> dict[st
             return f"could not stop: {exc}"
         return f"still running: {answer['left']}" if answer.get("left") else ""
 
-    with ThreadPoolExecutor(max_workers=max(1, len(transports))) as pool:
-        futures = {name: pool.submit(one, t) for name, t in transports.items()}
-        return {name: future.result() for name, future in futures.items()}
+    return Cluster(transports).values(lambda _, transport: one(transport))
 
 
 def fail_and_clean(transports: dict[str, Transport], inventory: Inventory,
