@@ -22,6 +22,7 @@ from typing import Any
 from orchestrator.commands import quote
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.node import script
 from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
 from orchestrator.phases.teardown import managed_ps_cmd
 from orchestrator.remote.cluster import parallel
@@ -30,30 +31,7 @@ SERVER_LOG = f"{RUN_DIR}/server.log"
 LOG_TAIL_LINES = 8
 
 # Runs on the head: the server listens on the head's loopback, so the probe runs there too.
-PROBE = r"""
-import json, sys, urllib.request, urllib.error
-try:
-    with open(sys.argv[1]) as handle:
-        server = json.load(handle)
-except Exception as exc:
-    print(json.dumps({"error": "no server record: %s" % exc})); sys.exit(0)
-host = server.get("host") or "127.0.0.1"
-if host in ("0.0.0.0", "::", "localhost"):
-    host = "127.0.0.1"
-out = {}
-for path, timeout in (("/health", 5), ("/health_generate", 20)):
-    try:
-        with urllib.request.urlopen("http://%s:%s%s" % (host, server.get("port", 8000), path),
-                                    timeout=timeout) as answer:
-            out[path] = answer.status
-    except urllib.error.HTTPError as exc:
-        out[path] = exc.code
-    except Exception as exc:
-        out[path] = str(getattr(exc, "reason", exc))[:200]
-    if out[path] != 200:
-        break
-print(json.dumps(out))
-"""
+PROBE = script("probe.py")
 
 
 def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:

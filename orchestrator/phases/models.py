@@ -21,6 +21,7 @@ from orchestrator.engines.base import CONTAINER_HF_HOME
 from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.node import script
 from orchestrator.paths import SSH_CONFIG, TOKEN_PATH
 from orchestrator.remote.cluster import parallel
 from orchestrator.remote.stream import stream_run
@@ -31,73 +32,7 @@ DOWNLOAD_TIMEOUT = 24 * 3600.0
 COPY_TIMEOUT = 12 * 3600.0
 
 # Runs inside a container (python3, stdlib): what each model's files are on this node.
-MANIFEST_SCRIPT = r"""
-import hashlib, json, os, sys
-args = json.loads(sys.argv[1])
-def digest(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        h.update(f.read())
-    return h.hexdigest()
-def walk(top, skip_cache):
-    files = {}
-    for base, dirs, names in os.walk(top):
-        if skip_cache:
-            dirs[:] = [d for d in dirs if not (base == top and d == ".cache")]
-        for name in names:
-            path = os.path.join(base, name)
-            size = os.stat(path).st_size
-            files[os.path.relpath(path, top)] = [size, digest(path) if size <= 1048576 else None]
-    return files
-out = {}
-for repo in args["repos"]:
-    key, rev, local = repo["repo"], repo["revision"], repo.get("dir")
-    entry = {"present": False, "commit": None, "files": {}, "root": None, "paths": [], "blobs": {}}
-    try:
-        if local:
-            if os.path.isdir(local):
-                entry["files"] = walk(local, True)
-                meta = os.path.join(local, ".cache", "huggingface", "download")
-                for base, _, names in os.walk(meta):
-                    for name in names:
-                        if name.endswith(".metadata"):
-                            with open(os.path.join(base, name)) as f:
-                                entry["commit"] = f.readline().strip() or None
-                            break
-            entry["root"], entry["paths"] = os.path.dirname(local), [os.path.basename(local)]
-            entry["present"] = "config.json" in entry["files"]
-        else:
-            folder = "models--" + key.replace("/", "--")
-            full = os.path.join(args["hub"], folder)
-            commit = rev
-            ref = os.path.join(full, "refs", rev)
-            if os.path.isfile(ref):
-                with open(ref) as f:
-                    commit = f.read().strip()
-            snap = os.path.join(full, "snapshots", commit)
-            entry["root"] = args["hub"]
-            if os.path.isdir(snap):
-                entry["commit"] = commit
-                entry["files"] = walk(snap, False)
-                paths = [os.path.join(folder, "snapshots", commit)]
-                if os.path.isfile(ref):
-                    paths.append(os.path.join(folder, "refs", rev))
-                for base, _, names in os.walk(snap):
-                    for name in names:
-                        target = os.path.realpath(os.path.join(base, name))
-                        if target.startswith(os.path.join(full, "blobs") + os.sep):
-                            rel = os.path.relpath(target, args["hub"])
-                            entry["blobs"][rel] = os.stat(target).st_size
-                entry["paths"] = paths
-            partial = [n for n in os.listdir(os.path.join(full, "blobs"))
-                       if n.endswith(".incomplete")] if os.path.isdir(os.path.join(full, "blobs")) else []
-            entry["present"] = "config.json" in entry["files"] and not partial
-    except OSError as exc:
-        entry["error"] = str(exc)
-    entry["bytes"] = sum(size for size, _ in entry["files"].values())
-    out[key] = entry
-json.dump(out, sys.stdout)
-"""
+MANIFEST_SCRIPT = script("manifest.py")
 
 
 def repo_requests(recipe: Recipe) -> list[dict[str, Any]]:

@@ -1,0 +1,131 @@
+"""Server control inside a container (runs as `python3 -c`, one JSON argument).
+
+Actions: status (pid files, server.json, HTTP probes), stop (what the pid files name, with
+descendants), started (record server.json once the detached launcher wrote its pid), chat (one
+completion, for the smoke test). Standard library only: it runs on the container's python3.
+"""
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+
+a = json.loads(sys.argv[1])
+run = a["run"]
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+def cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+def pidfiles():
+    out = {}
+    for name in sorted(os.listdir(run)) if os.path.isdir(run) else []:
+        if name.endswith(".pid"):
+            try:
+                pid = int(read(os.path.join(run, name)).strip())
+            except (OSError, ValueError):
+                continue
+            ours = any(w in cmdline(pid) for w in ("mpirun", "trtllm", "orted"))
+            out[name] = {"pid": pid, "alive": alive(pid) and ours}
+    return out
+def http(path, body=None, timeout=10):
+    url = "http://127.0.0.1:%d%s" % (a["port"], path)
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")[:20000]
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")[:2000]
+    except Exception as e:
+        return 0, str(e)[:300]
+def children(pid):
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(read(f"/proc/{entry}/stat").rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                kids += [int(entry), *children(int(entry))]
+    return kids
+out = {"action": a["action"]}
+if a["action"] == "started":
+    deadline = time.time() + 15
+    while time.time() < deadline and not os.path.exists(os.path.join(run, "mpirun.pid")):
+        time.sleep(0.2)
+    try:
+        pid = int(read(os.path.join(run, "mpirun.pid")).strip())
+    except (OSError, ValueError):
+        pid = None
+    record = dict(a["server"], mpirun_pid=pid)
+    tmp = os.path.join(run, "server.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1)
+    os.rename(tmp, os.path.join(run, "server.json"))
+    time.sleep(a.get("settle", 2))
+    out.update(pid=pid, alive=bool(pid and alive(pid)))
+    try:
+        out["log"] = read(os.path.join(run, "server.log"))[-3000:]
+    except OSError:
+        out["log"] = ""
+if a["action"] == "stop":
+    targets = {}
+    for name, info in pidfiles().items():
+        if info["alive"]:
+            for pid in [info["pid"], *children(info["pid"])]:
+                targets[pid] = name
+    for pid in targets:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + a.get("grace", 15)
+    while time.time() < deadline and any(alive(p) for p in targets):
+        time.sleep(0.2)
+    killed = [p for p in targets if alive(p)]
+    for pid in killed:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    for name in pidfiles():
+        os.unlink(os.path.join(run, name))
+    if a.get("rotate"):
+        for name in os.listdir(run):
+            if name.endswith(".log"):
+                os.replace(os.path.join(run, name), os.path.join(run, name + ".1"))
+    out.update(stopped=sorted(set(targets.values())), killed=len(killed),
+               left=[p for p in targets if alive(p)])
+if a["action"] in ("status", "chat"):
+    out["pids"] = pidfiles()
+    try:
+        out["server"] = json.loads(read(os.path.join(run, "server.json")))
+    except (OSError, ValueError):
+        out["server"] = None
+    if a.get("port"):
+        out["health"] = http("/health")[0]
+        if a.get("deep") and out["health"] == 200:
+            out["health_generate"] = http("/health_generate", timeout=60)[0]
+            code, body = http("/v1/models")
+            out["models"] = [m.get("id") for m in json.loads(body).get("data", [])] if code == 200 else []
+    if a["action"] == "chat":
+        started = time.time()
+        code, body = http("/v1/chat/completions", a["request"], timeout=a.get("timeout", 120))
+        out.update(code=code, body=body, seconds=time.time() - started)
+json.dump(out, sys.stdout)
