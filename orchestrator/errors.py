@@ -1,6 +1,6 @@
 """The errors sparkctl shows to users. Each carries the exit code the CLI returns.
 
-Exit codes (a contract, see DESIGN.md): 0 ok, 1 a check or step failed, 2 bad usage or bad
+Exit codes (a contract, see docs/contracts.md): 0 ok, 1 a check or step failed, 2 bad usage or bad
 input, 130 interrupted.
 """
 

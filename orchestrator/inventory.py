@@ -1,6 +1,6 @@
 """The inventory: which Sparks, how to reach them, which fabric interfaces, which container.
 
-Key names are a contract other tools read (DESIGN.md): keys may be added, never renamed.
+Key names are a contract other tools read (docs/contracts.md): keys may be added, never renamed.
 Validation catches what breaks clusters, and every message names the file, the key path and
 what would be valid.
 """

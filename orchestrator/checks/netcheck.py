@@ -24,7 +24,7 @@ EXPECTED_SPEED_MBPS = 200000  # a ConnectX-7 QSFP port on a DGX Spark
 
 @dataclass
 class CheckResult:
-    """One line of the netcheck report (the JSON keys are a contract, see DESIGN.md)."""
+    """One line of the netcheck report (the JSON keys are a contract, see docs/contracts.md)."""
 
     check: str
     node: str
