@@ -77,7 +77,9 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
 
         facts: dict[str, dict[str, Any]] = {}
         nodes = session.reachable_nodes()
-        for name, value in (outcome.get() for outcome in parallel(one, nodes, limit=16).values()):
+        by_name = {node.name: node for node in nodes}
+        answers = parallel(lambda name: one(by_name[name]), by_name, limit=16)
+        for name, value in (outcome.get() for outcome in answers.values()):
             if isinstance(value, str):
                 errors[name] = value
             else:
