@@ -45,12 +45,11 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             as_json: bool, timeout: float, replace: bool, host: str, drop_caches: bool,
             hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
             ignore_memory: bool) -> int:
-    from orchestrator.core.report import StepResult
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan
     from orchestrator.engines import check_against_inventory, engine_of, load_recipe
-    from orchestrator.engines.base import DEFAULT_HOST, LaunchFailed, LaunchOptions
-    from orchestrator.errors import InputError, SparkctlError
+    from orchestrator.engines.base import DEFAULT_HOST, LaunchOptions
+    from orchestrator.errors import InputError
 
     recipe = load_recipe(recipe_name)
     engine = engine_of(recipe)
@@ -71,31 +70,17 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     head = inventory.head_name
     endpoint = f"http://{host}:{recipe.port} on {head}"
 
+    plan = Plan("launch", engine.launch_phases(recipe, inventory, options))
+
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, model=recipe.model, recipe=recipe.name,
                                     engine=engine.name)
-        refusal = engine.refusal(recipe, inventory, options, session.transports[head])
-        if refusal:
-            raise SparkctlError(refusal)
-        return Plan("launch", engine.launch_phases(recipe, inventory, options))
+        return plan
 
     def after(session: Any, report: Any) -> None:
-        try:
-            ready = engine.wait_ready(session.transports, recipe, inventory, timeout, _note)
-            report.add(head, StepResult("serve", "ready", "ok", ready.seconds,
-                                        f"answering: {', '.join(ready.models) or recipe.model}"))
-            smoke = engine.smoke_test(session.transports[head], recipe, inventory)
-            report.add(head, StepResult("serve", "smoke-test", "ok", message=smoke))
+        if not dry_run and report.ok:
             report.notes.append(f"Serving {recipe.model} at {endpoint}. Try `sparkctl chat "
                                 "\"Hello\"`, or `sparkctl tunnel` for other clients.")
-        except LaunchFailed as exc:
-            report.add(head, StepResult("serve", "ready", "failed", message=exc.reason))
-            report.notes.append(exc.details)
-            report.extra["log_tails"] = exc.details
-        except SparkctlError as exc:
-            if exc.exit_code == 130:
-                raise
-            report.add(head, StepResult("serve", "ready", "failed", message=str(exc)))
 
     request = RunRequest(
         command="launch", inventory=inventory, build=build, dry_run=dry_run, yes=yes,

@@ -117,6 +117,8 @@ class Executor:
             raise Interrupted("interrupted by the user; " + summary) from None
         finally:
             self.pool.shutdown(wait=False)
+            # long explanations steps leave for the end (e.g. every node's log tail)
+            self.report.notes.extend(self.shared.get("notes", []))
         return self.report
 
     def changes_summary(self) -> str:

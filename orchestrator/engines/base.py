@@ -9,7 +9,6 @@ readiness, the commands `recipes show` prints, and the memory estimate.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -20,7 +19,6 @@ from orchestrator.errors import SparkctlError
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
     from orchestrator.inventory import Inventory
-    from orchestrator.remote.transport import Transport
 
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 """Where a container sees the node's Hugging Face cache (every engine's container mounts it)."""
@@ -126,9 +124,6 @@ class Ready:
     models: list[str]
 
 
-Note = Callable[[str], None]
-
-
 class Engine(Protocol):
     """One serving engine. Pure where it can be: phases are built without any remote call."""
 
@@ -143,21 +138,9 @@ class Engine(Protocol):
         ...
 
     def launch_phases(self, recipe: Any, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
-        """Models on the serving nodes, then the server started (the plan of `launch`)."""
-        ...
-
-    def refusal(self, recipe: Any, inventory: Inventory, options: LaunchOptions,
-                head: Transport) -> str | None:
-        """Why launching would be refused before planning (another server running), or None."""
-        ...
-
-    def wait_ready(self, transports: dict[str, Transport], recipe: Any, inventory: Inventory,
-                   timeout: float, note: Note) -> Ready:
-        """Wait until the server answers (readiness verified over HTTP), or raise."""
-        ...
-
-    def smoke_test(self, head: Transport, recipe: Any, inventory: Inventory) -> str:
-        """One real request through the server; a line for the report."""
+        """The plan of `launch`, built without any remote call: refuse a different running
+        server (judged from facts), models on the serving nodes, the server started, then
+        verify steps that wait for readiness over HTTP and send one real request."""
         ...
 
     def estimate_memory(self, recipe: Any, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:

@@ -12,19 +12,12 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from orchestrator.engines.base import (
-    SPARK_MEMORY_GB,
-    LaunchOptions,
-    MemoryEstimate,
-    Note,
-    Ready,
-)
+from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 from orchestrator.engines.trtllm.recipe import Recipe
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
     from orchestrator.inventory import Inventory
-    from orchestrator.remote.transport import Transport
 
 
 class TrtllmEngine:
@@ -39,33 +32,14 @@ class TrtllmEngine:
         return [container.phase(inventory), mpi.phase(inventory)]
 
     def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
-        from orchestrator.engines.trtllm import serve
+        """Refuse a different running server first (from facts), then the models, then the
+        server, verified ready by a real token through every rank and one chat completion."""
+        from orchestrator.engines.trtllm import readiness, serve
         from orchestrator.phases import models
 
         spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches)
-        return [models.phase(recipe, inventory), serve.phase(spec)]
-
-    def refusal(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions,
-                head: Transport) -> str | None:
-        from orchestrator.engines.trtllm import serve
-
-        spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches)
-        status = serve.node_call(head, inventory.container.name, action="status", port=recipe.port)
-        if serve.decide(status, spec.digest, options.replace) == "refuse":
-            return serve.refusal(status, recipe)
-        return None
-
-    def wait_ready(self, transports: dict[str, Transport], recipe: Recipe, inventory: Inventory,
-                   timeout: float, note: Note) -> Ready:
-        from orchestrator.engines.trtllm import readiness
-
-        return readiness.wait_until_ready(transports, inventory, recipe.model, recipe.port,
-                                          timeout, note)
-
-    def smoke_test(self, head: Transport, recipe: Recipe, inventory: Inventory) -> str:
-        from orchestrator.engines.trtllm import readiness
-
-        return readiness.smoke_test(head, inventory.container.name, recipe.model, recipe.port)
+        ready = [readiness.WaitReady(recipe, options.timeout), readiness.SmokeTest(recipe)]
+        return [serve.guard_phase(spec), models.phase(recipe, inventory), serve.phase(spec, ready)]
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
         from orchestrator.engines.trtllm.recipe import estimate_memory

@@ -243,7 +243,36 @@ class StartServer(Step):
         return f"mpirun started (pid {answer.get('pid')} in {container}), config {self.spec.digest}"
 
 
-def phase(spec: LaunchSpec) -> Phase:
+class ServerGuard(Step):
+    """Before anything is fetched: is a different server running that this launch would
+    replace? Refused (with what runs) unless --replace; judged from the head's facts, so
+    planning makes no remote call of its own."""
+
+    name = "running-server"
+    scope = "head"
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        decision = self.spec.decision(ctx)  # raises the refusal
+        server = status_from_facts(ctx.facts).get("server") or {}
+        if decision == "replace":
+            return Unchanged(f"{server.get('recipe', '?')} runs; --replace: it is replaced below")
+        if decision in ("noop", "loading", "restart"):
+            return Unchanged(f"{server.get('recipe', self.spec.recipe.name)} already runs here")
+        return Unchanged("no other server runs")
+
+
+def guard_phase(spec: LaunchSpec) -> Phase:
+    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
+        return {"commands": {"serve": node_cmd(inv.container.name, action="status",
+                                               port=spec.recipe.port)}}
+
+    return Phase("server-check", [ServerGuard(spec)], facts, head_only=True)
+
+
+def phase(spec: LaunchSpec, ready_steps: list[Step] | None = None) -> Phase:
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         port = spec.recipe.port if node.name == inv.head_name else None
         return {
@@ -257,5 +286,5 @@ def phase(spec: LaunchSpec) -> Phase:
         return [FileSpec(CONFIG_PATH, 0o644, spec.config_text)]
 
     steps: list[Step] = [StopPrevious(spec), ManagedFiles("llm-api-config", config_files),
-                         DropCaches(spec), StartServer(spec)]
+                         DropCaches(spec), StartServer(spec), *(ready_steps or [])]
     return Phase("serve", steps, facts)
