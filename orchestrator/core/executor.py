@@ -93,6 +93,7 @@ class Executor:
         self.pool = executor_pool(len(inventory.nodes))
         # (phase, step, nodes) running now: what an interrupt may have left half-done
         self.current: tuple[str, str, list[str]] | None = None
+        self.current_hint: str | None = None
         self.prefetched: dict[str, dict[str, Any]] | None = None
 
     def run(self, plan: Plan) -> Report:
@@ -137,6 +138,8 @@ class Executor:
             phase, step, nodes = self.current
             text += (f"; interrupted during {phase}/{step} on {', '.join(nodes)} "
                      "(that step may have completed on those nodes)")
+        if self.current_hint:  # the step knows best what an interrupt leaves behind
+            return f"{text}. {self.current_hint}"
         return text + ". Run the command again: it converges from wherever this stopped"
 
     def _run_phase(self, phase: Phase) -> None:
@@ -156,6 +159,7 @@ class Executor:
         for step in phase.steps:
             targets = [n for n in nodes if n.name not in self.failed and self._in_scope(step, n)]
             self.current = (phase.name, step.name, [n.name for n in targets])
+            self.current_hint = step.interrupt_hint(self.inventory)
             futures = [self.pool.submit(self._run_step, phase, step, n, facts) for n in targets]
             for future in futures:
                 future.result()

@@ -86,6 +86,10 @@ class Step:
         """Make the change; return a message for the report (or None for the summary)."""
         raise NotImplementedError
 
+    def interrupt_hint(self, inventory: Inventory) -> str | None:
+        """What a Ctrl-C during this step leaves behind and what to do (None: just re-run)."""
+        return None
+
 
 FactsSpec = Callable[[Inventory, Node], dict[str, Any]]
 

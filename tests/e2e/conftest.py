@@ -104,11 +104,16 @@ def lab_session() -> Iterator[list[Lab]]:
     lab_cli("down")
 
 
-@pytest.fixture
-def lab(lab_session: list[Lab]) -> Lab:
-    """The session's 2-node b2b lab, brought back if a test module took it down."""
+def healthy_lab(lab_session: list[Lab]) -> Lab:
+    """The session's 2-node b2b lab, brought back if a test module took it down (module-scoped
+    fixtures call this; tests take the `lab` fixture)."""
     current = lab_session[0]
     if not current.healthy():
         lab_cli("up", "--force", check=True)
         lab_session[0] = current = Lab.load(LAB_ID)
     return current
+
+
+@pytest.fixture
+def lab(lab_session: list[Lab]) -> Lab:
+    return healthy_lab(lab_session)

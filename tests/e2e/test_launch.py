@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, Lab
+from conftest import REPO, Lab, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -39,7 +39,7 @@ def sparkctl(*args: str, timeout: float = 300, token: bool = True) -> subprocess
 
 @pytest.fixture(scope="module")
 def launched(lab_session: list[Lab]) -> Iterator[tuple[Lab, subprocess.CompletedProcess[str]]]:
-    lab = lab_session[0]
+    lab = healthy_lab(lab_session)
     inventory = str(lab.inventory)
     up = sparkctl("up", "--inventory", inventory, "--yes", token=False)
     assert up.returncode == 0, up.stdout + up.stderr

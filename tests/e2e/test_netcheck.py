@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, Lab
+from conftest import REPO, Lab, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -29,7 +29,7 @@ def sparkctl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[st
 
 @pytest.fixture(scope="module")
 def upped(lab_session: list[Lab], tmp_path_factory: pytest.TempPathFactory) -> tuple[Lab, Path]:
-    lab = lab_session[0]
+    lab = healthy_lab(lab_session)
     data = yaml.safe_load(lab.inventory.read_text())
     # lab thresholds (the lead may put these in the lab's own inventory)
     data["fabric"].setdefault("min_link_gbps", 1)

@@ -11,7 +11,7 @@ import subprocess
 from typing import Any
 
 import pytest
-from conftest import REPO, Lab
+from conftest import REPO, Lab, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -45,7 +45,7 @@ TREES = "/etc/sparkctl /var/lib/sparkctl /etc/netplan/40-sparkctl-fabric.yaml"
 
 @pytest.fixture(scope="module")
 def set_up(lab_session: list[Lab]) -> Lab:
-    lab = lab_session[0]
+    lab = healthy_lab(lab_session)
     up = subprocess.run([str(REPO / ".venv/bin/sparkctl"), "up", "--inventory", str(lab.inventory),
                          "--yes"], capture_output=True, text=True, timeout=300, cwd=REPO,
                         env={**os.environ, "SPARKCTL_STATE_DIR": str(lab.state_dir / "ctl-perm")})

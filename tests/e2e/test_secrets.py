@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, Lab
+from conftest import REPO, Lab, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -64,7 +64,7 @@ def sparkctl(state: Path, *args: str) -> subprocess.Popen[str]:
 
 @pytest.fixture(scope="module")
 def leak(lab_session: list[Lab], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leak]:
-    lab = lab_session[0]
+    lab = healthy_lab(lab_session)
     state = tmp_path_factory.mktemp("secrets-state")
     inventory = str(lab.inventory)
     up = sparkctl(state, "up", "--inventory", inventory, "--yes", "--json")

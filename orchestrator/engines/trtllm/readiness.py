@@ -142,6 +142,10 @@ class WaitReady(Step):
         self.recipe = recipe
         self.timeout = timeout
 
+    def interrupt_hint(self, inventory: Inventory) -> str | None:
+        return (f"Stopped waiting; the server keeps loading on {inventory.head_name}. Follow it "
+                "with `sparkctl logs --follow` or `sparkctl status`; stop it with `sparkctl down`")
+
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         note = ctx.options.values.get("progress_note") or (lambda line: None)
         try:
