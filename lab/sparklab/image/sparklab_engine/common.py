@@ -102,9 +102,31 @@ def nccl_interface() -> tuple[str, str]:
                     f"{spec or '<unset>'}: no such interface that is up with an IPv4 address)")
 
 
+HOSTFILE_VARS = ("OMPI_MCA_orte_default_hostfile", "PRTE_MCA_prte_default_hostfile")
+
+
+def _container_env() -> dict[str, str]:
+    """The container's own environment (its PID 1's: what `docker run -e` set)."""
+    try:
+        with open("/proc/1/environ", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return {}
+    return dict(item.partition("=")[::2] for item in raw.split("\0") if "=" in item)
+
+
 def leader_address() -> str:
-    """Lab stand-in for NCCL's unique-id broadcast: rank 0 listens on the hostfile's first host."""
-    path = os.environ.get("OMPI_MCA_orte_default_hostfile", "")  # noqa: SIM112 (MPI spells it so)
+    """Lab stand-in for NCCL's unique-id broadcast: rank 0 listens on the hostfile's first host.
+
+    Open MPI 4 hands its ranks OMPI_MCA_orte_default_hostfile; Open MPI 5 (PRRTE) keeps
+    PRTE_MCA_* to itself, so the hostfile is then looked up in the container's environment.
+    """
+    path, source = "", HOSTFILE_VARS[0]
+    for env in (os.environ, _container_env()):
+        found = next(((name, env[name]) for name in HOSTFILE_VARS if env.get(name)), None)
+        if found:
+            source, path = found
+            break
     try:
         with open(path) as f:
             for line in f:
@@ -114,7 +136,7 @@ def leader_address() -> str:
     except OSError:
         pass
     raise NcclError(f"NCCL error: invalid usage (sparklab: cannot read the MPI hostfile "
-                    f"'{path}' named by OMPI_MCA_orte_default_hostfile to find rank 0)")
+                    f"'{path}' named by {source} to find rank 0)")
 
 
 def rendezvous_port() -> int:
