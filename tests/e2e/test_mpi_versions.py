@@ -16,6 +16,8 @@ import yaml
 from conftest import Lab
 from test_launch import RUN, sparkctl
 
+from orchestrator.engines.trtllm.mpi_env import record_path
+
 pytestmark = pytest.mark.lab
 
 IMAGES = {4: "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12",
@@ -46,7 +48,7 @@ def test_launch_puts_ranks_on_both_nodes(lab: Lab, tmp_path: Path, major: int) -
     assert f"Open MPI {major}." in steps["mpi-version"]["message"]
     assert steps["mpirun"]["message"].endswith(f"reached {head}, {other}")
     # recorded on the node, keyed by the image, with the image ID it was detected for
-    record = json.loads(lab.exec(other, "cat /var/lib/sparkctl/images/*.json").stdout)
+    record = json.loads(lab.exec(other, f"cat {record_path(IMAGES[major])}").stdout)
     assert record["major"] == major and record["image"] == IMAGES[major]
     env = lab.exec(head, "docker inspect -f '{{json .Config.Env}}' trtllm-multinode").stdout
     hostfile_var = "PRTE_MCA_prte_default_hostfile" if major == 5 else "OMPI_MCA_orte_default_hostfile"
@@ -74,8 +76,9 @@ def test_ompi4_environment_puts_both_ranks_on_the_head_under_ompi5(lab: Lab, tmp
     assert up.returncode == 0, up.stdout + up.stderr
     ompi4 = ("-e OMPI_MCA_orte_default_hostfile=/etc/sparkctl/hostfile "
              "-e 'OMPI_MCA_plm_rsh_args=-F /etc/sparkctl/ssh_config' -e OMPI_MCA_rmaps_ppr_n_pernode=1")
-    cmd = (f"docker exec {ompi4} trtllm-multinode env -u PRTE_MCA_prte_default_hostfile "
-           "-u PRTE_MCA_plm_ssh_args timeout 60 mpirun -np 2 hostname")
+    only_ompi4 = ("for v in \\$(env | grep -o '^PRTE_MCA_[A-Za-z_]*'); do unset \\$v; done; "
+                  "exec timeout 60 mpirun -np 2 hostname")
+    cmd = f"docker exec {ompi4} trtllm-multinode sh -c \"{only_ompi4}\""
     out = lab.exec(lab.nodes[0], cmd, check=False)
     assert isinstance(out, subprocess.CompletedProcess)
     assert out.stdout.split() == [lab.nodes[0], lab.nodes[0]], out.stdout + out.stderr

@@ -81,3 +81,18 @@ def test_ring_adds_nvidia_ring_settings_and_lower_pass_mark() -> None:
     assert min_nccl_busbw(ring) == 10.0
     assert ring_capable((2, 27, 7)) is False and ring_capable((2, 30, 1)) is True
     assert ring_capable(None) is None
+
+
+def test_ring_preflight_warns_with_the_version_found() -> None:
+    from orchestrator.engines.trtllm.nccl_env import NCCL_FACT, ring_nccl_warning
+
+    def facts(out: str) -> dict:
+        return {"commands": {NCCL_FACT: {"out": out}}}
+
+    ring = _inventory("ring")
+    old = ring_nccl_warning(ring, facts("/usr/lib/aarch64-linux-gnu/libnccl.so.2.27.7\n"))
+    assert old and "NCCL 2.27.7" in old and "not ring-capable" in old and "Fix:" in old
+    assert ring_nccl_warning(ring, facts("/usr/lib/aarch64-linux-gnu/libnccl.so.2.30.1\n")) is None
+    unknown = ring_nccl_warning(ring, facts(""))
+    assert unknown and "could not tell the NCCL version" in unknown
+    assert ring_nccl_warning(_inventory("switch"), facts("libnccl.so.2.27.7")) is None

@@ -58,3 +58,45 @@ def ring_capable(version: tuple[int, int, int] | None) -> bool | None:
     if version is None:
         return None
     return version[:2] >= RING_MIN_NCCL
+
+
+# ---------------------------------------------------------------- ring capability (preflight)
+NCCL_FACT = "image_nccl"
+_NCCL_PROBE = (
+    "ls -1 /usr/lib/*-linux-gnu/libnccl.so.* /usr/local/lib/libnccl.so.* "
+    "/usr/local/nccl/lib/libnccl.so.* 2>/dev/null; "
+    "ls -1d /usr/local/lib/python3*/dist-packages/nvidia_nccl* "
+    "/usr/lib/python3*/dist-packages/nvidia_nccl* 2>/dev/null; true"
+)
+
+
+def ring_nccl_fact(image: str) -> dict[str, str]:
+    """Facts `commands` entry (ring only): the NCCL library files of the image, when it is on
+    the node (never pulls in preflight)."""
+    from orchestrator.commands import docker_cmd, quote
+
+    probe = docker_cmd("run", "--rm", "--network", "none", image, "sh", "-c", _NCCL_PROBE)
+    inspect = docker_cmd("image", "inspect", image)
+    return {NCCL_FACT: f"if {inspect} >/dev/null 2>&1; then {probe}; else echo {quote('not-pulled')}; fi"}
+
+
+def ring_nccl_warning(inventory: Inventory, facts: dict) -> str | None:
+    """A preflight note for a ring whose image's NCCL is not (known to be) ring-capable."""
+    if inventory.topology != "ring":
+        return None
+    out = (((facts.get("commands") or {}).get(NCCL_FACT) or {}).get("out") or "").strip()
+    if out == "not-pulled":
+        return None  # known after the pull; the next `up` or `netcheck --deep` tells
+    found = [parse_nccl_version(line) for line in out.splitlines()]
+    versions = sorted(v for v in found if v)
+    fix = ("Fix: use an image with NCCL >= 2.30 (three-node ring support), or build NCCL from "
+           "source as NVIDIA's ring setup does and mount it into the container")
+    if not versions:
+        return (f"WARNING: ring: could not tell the NCCL version of {inventory.container.image} "
+                f"(found {out.splitlines()[0] if out else 'no libnccl.so.X.Y.Z'}); a ring needs a "
+                f"ring-aware NCCL (>= 2.30). {fix}")
+    version = versions[-1]
+    if ring_capable(version):
+        return None
+    return (f"WARNING: ring: {inventory.container.image} ships NCCL {'.'.join(map(str, version))}, "
+            f"which is not ring-capable (< 2.30): NCCL cannot route a three-node ring. {fix}")

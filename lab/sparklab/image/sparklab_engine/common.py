@@ -105,24 +105,34 @@ def nccl_interface() -> tuple[str, str]:
 HOSTFILE_VARS = ("OMPI_MCA_orte_default_hostfile", "PRTE_MCA_prte_default_hostfile")
 
 
-def _container_env() -> dict[str, str]:
-    """The container's own environment (its PID 1's: what `docker run -e` set)."""
-    try:
-        with open("/proc/1/environ", "rb") as f:
-            raw = f.read().decode(errors="replace")
-    except OSError:
-        return {}
-    return dict(item.partition("=")[::2] for item in raw.split("\0") if "=" in item)
+def _launcher_envs() -> list[dict[str, str]]:
+    """The environments of this process's ancestors (the MPI daemon that started the rank, its
+    launcher): where PRRTE's own PRTE_MCA_* settings live."""
+    envs, pid = [], os.getppid()
+    for _ in range(6):
+        if pid <= 1:
+            break
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                raw = f.read().decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        envs.append(dict(item.partition("=")[::2] for item in raw.split("\0") if "=" in item))
+        pid = ppid
+    return envs
 
 
 def leader_address() -> str:
     """Lab stand-in for NCCL's unique-id broadcast: rank 0 listens on the hostfile's first host.
 
     Open MPI 4 hands its ranks OMPI_MCA_orte_default_hostfile; Open MPI 5 (PRRTE) keeps
-    PRTE_MCA_* to itself, so the hostfile is then looked up in the container's environment.
+    PRTE_MCA_* to itself, so the hostfile is then looked up in the environment of the daemon
+    that started the rank (prted, or prterun on the head).
     """
     path, source = "", HOSTFILE_VARS[0]
-    for env in (os.environ, _container_env()):
+    for env in (os.environ, *_launcher_envs()):
         found = next(((name, env[name]) for name in HOSTFILE_VARS if env.get(name)), None)
         if found:
             source, path = found
