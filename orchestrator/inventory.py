@@ -65,6 +65,9 @@ class Fabric(_Model):
     """netcheck --deep fails a link measured below this (NVIDIA's guidance: 175 Gbps)."""
     max_latency_ms: float = Field(default=1.0, gt=0)
     """netcheck fails a link whose round trip is above this."""
+    min_nccl_busbw_gbps: float | None = Field(default=None, gt=0)
+    """netcheck --deep fails NCCL's all_gather bus bandwidth (GB/s) below this; default 21.875
+    (direct or switch) or 10 (ring), NVIDIA's pass marks."""
 
     @field_validator("interfaces")
     @classmethod

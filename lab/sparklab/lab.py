@@ -27,6 +27,7 @@ from sparklab.node import (
     write_init,
 )
 from sparklab.node_fs import NodeSpec, build_usr_layer, prepare_node
+from sparklab.openmpi_install import openmpi5_root
 from sparklab.topology import LabPlan, build_plan
 
 
@@ -110,7 +111,8 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
     for node in plan.nodes:
         network.create_node_netns(ident, node.name, node.index)
     network.create_fabric(ident, plan)
-    usr_lowers = [build_usr_layer(ident), np_root / "usr", Path("/usr")]
+    # Open MPI 5 (PyPI wheel) is only used by containers of the images that ask for it
+    usr_lowers = [build_usr_layer(ident), np_root / "usr", openmpi5_root() / "usr", Path("/usr")]
     hosts = "".join(f"{ident.mgmt_address(n.index)}\t{n.name}\n" for n in plan.nodes)
     password_hash = _hash_password(opts.sudo_password) if opts.sudo_password else None
     host_keys: dict[str, str] = {}

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from orchestrator.commands import join
+from orchestrator.engines.trtllm.mpi_env import record_fact
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import HOSTFILE, NETPLAN_FILE, SSH_CONFIG
 
@@ -303,7 +304,8 @@ def facts_request(inventory: Inventory, node: Node) -> dict[str, Any]:
         "containers": [inventory.container.name],
         "images": [inventory.container.image],
         "files": {HOSTFILE: True, SSH_CONFIG: False},
-        "commands": {f"ethtool:{i}": join(["ethtool", i]) for i in inventory.fabric.interfaces},
+        "commands": {**{f"ethtool:{i}": join(["ethtool", i]) for i in inventory.fabric.interfaces},
+                     **record_fact(inventory.container.image)},
         "timeout": 10,
     }
 

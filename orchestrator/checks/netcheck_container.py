@@ -9,25 +9,42 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.checks.netcheck import CheckResult, _link
+from orchestrator.engines.trtllm.mpi_env import (
+    guess_major_from_tag,
+    hostfile_var,
+    launcher_interface_var,
+    mpi_environment,
+    recorded,
+    ssh_args_var,
+)
 from orchestrator.inventory import Inventory, Node
-from orchestrator.paths import HOSTFILE, SSH_CONFIG
+from orchestrator.paths import HOSTFILE
 
 
-def expected_env(inventory: Inventory) -> dict[str, str]:
-    """The variables `up` sets from the inventory that decide which interfaces carry traffic."""
+def expected_env(inventory: Inventory, mpi_major: int = 4) -> dict[str, str]:
+    """The variables `up` sets from the inventory that decide which interfaces carry traffic and
+    where mpirun finds its hostfile: named for the image's Open MPI (4: ORTE, 5: PRRTE)."""
     interfaces = ",".join(inventory.fabric.interfaces)
+    mpi = mpi_environment(mpi_major, list(inventory.fabric.interfaces), inventory.topology)
+    keys = ("OMPI_MCA_btl_tcp_if_include", launcher_interface_var(mpi_major),
+            hostfile_var(mpi_major), ssh_args_var(mpi_major))
     return {
         "NCCL_SOCKET_IFNAME": interfaces,
         "UCX_NET_DEVICES": interfaces,
-        "OMPI_MCA_btl_tcp_if_include": interfaces,
-        "OMPI_MCA_oob_tcp_if_include": interfaces,
-        "OMPI_MCA_orte_default_hostfile": HOSTFILE,
-        "OMPI_MCA_plm_rsh_args": f"-F {SSH_CONFIG}",
+        **{key: mpi[key] for key in keys if key in mpi},
     }
 
 
+def image_mpi_major(inventory: Inventory, facts: dict[str, Any]) -> int:
+    """The Open MPI major the node recorded for its image (`up` detects it), else from the tag."""
+    image = (facts.get("images") or {}).get(inventory.container.image)
+    image_id = image.get("Id") if isinstance(image, dict) else None
+    record = recorded(facts, image_id)
+    return int(record["major"]) if record else guess_major_from_tag(inventory.container.image)
+
+
 INTERFACE_LISTS = ("NCCL_SOCKET_IFNAME", "UCX_NET_DEVICES", "OMPI_MCA_btl_tcp_if_include",
-                   "OMPI_MCA_oob_tcp_if_include")
+                   "OMPI_MCA_oob_tcp_if_include", "PRTE_MCA_prte_if_include")
 
 
 def _container(inventory: Inventory, facts: dict[str, Any]) -> dict[str, Any] | None:
@@ -78,7 +95,7 @@ def check_container_env(inventory: Inventory, node: Node, facts: dict[str, Any])
         return []
     env = container_env(container)
     out = []
-    for key, want in expected_env(inventory).items():
+    for key, want in expected_env(inventory, image_mpi_major(inventory, facts)).items():
         have = env.get(key)
         result = CheckResult("container-env", node.name, "pass", f"{key}={have}.",
                              interface=None, value=have, threshold=want)

@@ -16,6 +16,14 @@ from typing import Any
 
 from orchestrator.commands import docker_cmd, env_args, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
+from orchestrator.engines.trtllm.mpi_env import (
+    detect_and_record_cmd,
+    guess_major_from_tag,
+    mpi_environment,
+    record_fact,
+    recorded,
+)
+from orchestrator.engines.trtllm.nccl_env import nccl_environment
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import CONFIG_DIR, RUN_DIR
@@ -40,28 +48,17 @@ def facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         "containers": [inventory.container.name],
         "files": {INFINIBAND: False},
         "ibdev2netdev": True,
-        "commands": {"home": f"getent passwd {quote(user)} | cut -d: -f6"},
+        "commands": {"home": f"getent passwd {quote(user)} | cut -d: -f6",
+                     **record_fact(inventory.container.image)},
     }
 
 
 # ---------------------------------------------------------------- pure pieces
-def fabric_env(inventory: Inventory, roce_devices: list[str]) -> dict[str, str]:
-    interfaces = ",".join(inventory.fabric.interfaces)
+def fabric_env(inventory: Inventory, roce_devices: list[str], mpi_major: int = 4) -> dict[str, str]:
+    """NCCL/UCX from the inventory, the launcher's MPI names for the image's Open MPI."""
     return {
-        "UCX_NET_DEVICES": interfaces,
-        "NCCL_SOCKET_IFNAME": interfaces,
-        "NCCL_IB_HCA": ",".join(roce_devices),
-        "OMPI_MCA_btl_tcp_if_include": interfaces,
-        "OMPI_MCA_oob_tcp_if_include": interfaces,
-        "OMPI_MCA_orte_default_hostfile": f"{CONFIG_DIR}/hostfile",
-        "OMPI_MCA_rmaps_ppr_n_pernode": "1",
-        # the head starts every node's daemon itself and talks to each directly: in a ring
-        # only the head's own links are reachable from it, so no daemon may relay for another
-        "OMPI_MCA_plm_rsh_no_tree_spawn": "1",
-        "OMPI_MCA_routed": "direct",
-        "OMPI_MCA_plm_rsh_args": f"-F {CONFIG_DIR}/ssh_config",
-        "OMPI_ALLOW_RUN_AS_ROOT": "1",
-        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        **nccl_environment(inventory, roce_devices),
+        **mpi_environment(mpi_major, list(inventory.fabric.interfaces), inventory.topology),
         "CPATH": "/usr/local/cuda/include",
         "TRITON_PTXAS_PATH": "/usr/local/cuda/bin/ptxas",
     }
@@ -87,14 +84,14 @@ def hf_cache_dir(inventory: Inventory, home: str) -> str:
 
 
 def run_args(inventory: Inventory, node: Node, roce: list[str], hf_cache: str,
-             infiniband: bool) -> list[str]:
+             infiniband: bool, mpi_major: int = 4) -> list[str]:
     """`docker run` arguments without the config-hash label (the hash is taken over them)."""
     container = inventory.container
     args = ["run", "-d", "--name", container.name, "--network", "host", "--ipc", "host",
             "--gpus", "all", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
     if infiniband:
         args += ["--device", f"{INFINIBAND}:{INFINIBAND}"]
-    args += env_args("-e", fabric_env(inventory, roce))
+    args += env_args("-e", fabric_env(inventory, roce, mpi_major))
     args += ["-v", f"{CONFIG_DIR}:{CONFIG_DIR}:ro", "-v", f"{RUN_DIR}:{RUN_DIR}",
              "-v", f"{hf_cache}:/root/.cache/huggingface"]
     for key, value in (("managed", "true"), ("cluster", inventory.cluster.name),
@@ -174,7 +171,8 @@ def container_diff(current: dict[str, Any], args: list[str]) -> str:
     want_keys = {e.split("=", 1)[0] for e in want_env}
     config = current.get("Config") or {}
     have_env = [e for e in config.get("Env") or []
-                if e.split("=", 1)[0] in want_keys or e.startswith(("NCCL_", "UCX_", "OMPI_"))]
+                if e.split("=", 1)[0] in want_keys
+                or e.startswith(("NCCL_", "UCX_", "OMPI_", "PRTE_"))]
     have_labels = config.get("Labels") or {}
     want_labels = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--label")
     old = describe(have_env, (current.get("HostConfig") or {}).get("Binds") or [],
@@ -247,6 +245,61 @@ class ImageDigest(Step):
         return Unchanged(f"{image} {mine}")
 
 
+MPI_KEY = "mpi"  # ctx.shared: node -> {"version": "5.0.11", "major": 5, ...}
+
+
+def _image_id(ctx: NodeContext) -> str | None:
+    image = ctx.inventory.container.image
+    fact = (ctx.shared.get("image_facts") or {}).get(ctx.node.name) or \
+        (ctx.facts.get("images") or {}).get(image)
+    return fact.get("Id") if isinstance(fact, dict) and "error" not in fact else None
+
+
+class MpiVersion(Step):
+    """Which Open MPI the image ships (4: ORTE names, 5: PRRTE names), detected once per image
+    ID with `mpirun --version` in a throw-away container and recorded on the node."""
+
+    name = "mpi-version"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        image_id = _image_id(ctx)
+        record = recorded(ctx.facts, image_id) if image_id else None
+        if record:
+            ctx.shared.setdefault(MPI_KEY, {})[ctx.node.name] = record
+            return Unchanged(f"Open MPI {record['version']} in the image (recorded)")
+        return Change(f"detect the image's MPI: docker run --rm {ctx.inventory.container.image} "
+                      "mpirun --version")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        image = ctx.inventory.container.image
+        image_id = _image_id(ctx)
+        if not image_id:
+            raise SparkctlError(f"{ctx.node.name}: container/mpi-version: {image} has no image "
+                                "ID on the node (pull failed?)")
+        result = ctx.run(detect_and_record_cmd(image, image_id), sudo=True, timeout=180,
+                         display=f"docker run --rm {image} mpirun --version")
+        try:
+            record = json.loads(result.stdout.strip().splitlines()[-1]) if result.ok else None
+        except (ValueError, IndexError):
+            record = None
+        if not record:
+            raise SparkctlError(
+                f"{ctx.node.name}: container/mpi-version: `mpirun --version` in {image} failed "
+                f"(exit {result.exit_status}):\n{result.stderr.strip()[-800:]}\n"
+                "Hint: sparkctl launches TensorRT-LLM with Open MPI's mpirun; the image must "
+                "have it on its PATH.")
+        ctx.shared.setdefault(MPI_KEY, {})[ctx.node.name] = record
+        return f"Open MPI {record['version']} (recorded in the node's /var/lib/sparkctl/images)"
+
+
+def mpi_major(ctx: NodeContext) -> int:
+    """The image's Open MPI major version: detected, else (preview only) from the tag."""
+    record = (ctx.shared.get(MPI_KEY) or {}).get(ctx.node.name)
+    if record:
+        return int(record["major"])
+    return guess_major_from_tag(ctx.inventory.container.image)
+
+
 class Container(Step):
     name = "container"
 
@@ -288,7 +341,7 @@ class Container(Step):
                                 f"{inventory.cluster.user} (getent passwd); needed for the HF cache")
         infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
         args = run_args(inventory, node, roce_devices(inventory, ctx.facts, node.name),
-                        hf_cache_dir(inventory, home), infiniband)
+                        hf_cache_dir(inventory, home), infiniband, mpi_major(ctx))
         return args, config_hash(args, entrypoint_content(), sshd_config_content(inventory, node))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
@@ -311,4 +364,4 @@ class Container(Step):
 
 
 def phase(inventory: Inventory) -> Phase:
-    return Phase("container", [Image(), ImageDigest(), Container()], facts)
+    return Phase("container", [Image(), ImageDigest(), MpiVersion(), Container()], facts)

@@ -14,6 +14,7 @@ from typing import Any
 
 from orchestrator.commands import quote
 from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
+from orchestrator.engines.trtllm.nccl_env import ring_nccl_fact, ring_nccl_warning
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 
@@ -28,6 +29,13 @@ def phase(inventory: Inventory) -> Phase:
 
 
 def preflight_request(inventory: Inventory, node: Node) -> dict[str, Any]:
+    request = _base_request(inventory, node)
+    if inventory.topology == "ring":
+        request["commands"].update(ring_nccl_fact(inventory.container.image))
+    return request
+
+
+def _base_request(inventory: Inventory, node: Node) -> dict[str, Any]:
     user = inventory.cluster.user
     return {
         "links": True,
@@ -187,6 +195,9 @@ def preflight_problems(inventory: Inventory, node: Node, facts: dict[str, Any],
     ):
         problems += found
         notes += said
+    ring = ring_nccl_warning(inventory, facts)
+    if ring:
+        notes.append(ring)
     return problems, notes
 
 

@@ -95,6 +95,13 @@ def container_init(cid: str) -> None:
         # Not recursive: the containers' state tmpfs stays out of the container.
         mount(ROOT, ROOT, None, MS_BIND)
         mount(None, ROOT, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+        # What the image itself carries beyond the simulated engine (e.g. Open MPI 5).
+        for m in lab.get("image_mounts") or []:
+            if not os.path.isdir(m["source"]):
+                raise OSError(f"sparklab: image {lab['image_name']} needs {m['source']} on the "
+                              "node (`lab up` installs it); recreate the lab")
+            make_mountpoint(m["destination"], m["source"])
+            bind(m["source"], m["destination"], readonly=True)
         for m in config["Mounts"]:
             if not os.path.exists(m["Source"]):
                 os.makedirs(m["Source"], exist_ok=True)

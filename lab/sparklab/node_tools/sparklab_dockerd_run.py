@@ -11,9 +11,11 @@ from sparklab_dockerd_state import (
     SHIM,
     DockerError,
     caller_env,
+    catalog_entry,
     cdir,
     find,
     image_dir,
+    image_path,
     image_record,
     lock,
     normalize_image,
@@ -153,7 +155,7 @@ def cmd_run(args: list[str]) -> int:
             "Id": cid, "Created": now_iso(), "Path": argv[0], "Args": argv[1:],
             "Name": "/" + name, "Image": image["Id"], "Driver": "overlay2",
             "Config": {"Hostname": os.uname().nodename, "Image": ref,
-                       "Env": [f"PATH={DEFAULT_PATH}", *env], "Cmd": cmd or None,
+                       "Env": [f"PATH={image_path(image_name)}", *env], "Cmd": cmd or None,
                        "Entrypoint": [entrypoint] if entrypoint else None,
                        "WorkingDir": workdir if workdir != "/" else "", "Labels": labels},
             "HostConfig": {"NetworkMode": network, "Binds": [v for f, v in opts
@@ -169,7 +171,8 @@ def cmd_run(args: list[str]) -> int:
                            "DeviceRequests": [v for f, v in opts if f == "--gpus"]},
             "Mounts": mounts,
             "sparklab": {"argv": argv, "workdir": workdir, "image_dir": image_dir(),
-                         "image_name": image_name},
+                         "image_name": image_name,
+                         "image_mounts": catalog_entry(image_name).get("mounts") or []},
         }
         write_json(d + "/config.json", config)
         write_json(d + "/state.json", {"Status": "created", "Running": False, "Pid": 0,

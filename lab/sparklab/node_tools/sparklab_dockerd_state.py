@@ -103,6 +103,19 @@ def normalize_image(ref: str) -> str:
     return ref
 
 
+def catalog_entry(name: str) -> dict:
+    """The image's catalog entry ({} for an unknown image)."""
+    catalog = read_json(image_dir() + "/catalog.json", {}) or {}
+    entry = (catalog.get("images") or {}).get(name)
+    return entry if isinstance(entry, dict) else {}
+
+
+def image_path(name: str) -> str:
+    """The image's PATH: DEFAULT_PATH after what the catalog entry puts first (its own MPI)."""
+    first = catalog_entry(name).get("path_prepend")
+    return f"{first}:{DEFAULT_PATH}" if first else DEFAULT_PATH
+
+
 def catalog_digest(name: str) -> str | None:
     import hashlib
 
@@ -143,7 +156,7 @@ def image_record(name: str) -> dict | None:
     repo = name.rsplit(":", 1)[0]
     return {"Id": image_id(digest), "RepoTags": [name], "RepoDigests": [f"{repo}@{digest}"],
             "Created": rec["pulled"], "Size": 27_000_000_000,
-            "Config": {"Env": [f"PATH={DEFAULT_PATH}"], "Cmd": ["/bin/bash"], "Entrypoint": None,
+            "Config": {"Env": [f"PATH={image_path(name)}"], "Cmd": ["/bin/bash"], "Entrypoint": None,
                        "Labels": {"org.sparklab.simulated": "true"}}}
 
 

@@ -71,7 +71,8 @@ class MpirunHostname(Step):
             raise SparkctlError(
                 f"{where} printed {sorted(set(result.stdout.split()))} but not "
                 f"{', '.join(missing)}: ranks did not land on every node (check the hostfile "
-                "/etc/sparkctl/hostfile and OMPI_MCA_rmaps_ppr_n_pernode)"
+                "/etc/sparkctl/hostfile, and that the container's MPI environment matches the "
+                "image's Open MPI: `sparkctl netcheck` shows both)"
             )
         return f"mpirun -np {count} hostname reached {', '.join(expected)}"
 

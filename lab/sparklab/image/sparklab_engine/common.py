@@ -102,9 +102,41 @@ def nccl_interface() -> tuple[str, str]:
                     f"{spec or '<unset>'}: no such interface that is up with an IPv4 address)")
 
 
+HOSTFILE_VARS = ("OMPI_MCA_orte_default_hostfile", "PRTE_MCA_prte_default_hostfile")
+
+
+def _launcher_envs() -> list[dict[str, str]]:
+    """The environments of this process's ancestors (the MPI daemon that started the rank, its
+    launcher): where PRRTE's own PRTE_MCA_* settings live."""
+    envs, pid = [], os.getppid()
+    for _ in range(6):
+        if pid <= 1:
+            break
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                raw = f.read().decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        envs.append(dict(item.partition("=")[::2] for item in raw.split("\0") if "=" in item))
+        pid = ppid
+    return envs
+
+
 def leader_address() -> str:
-    """Lab stand-in for NCCL's unique-id broadcast: rank 0 listens on the hostfile's first host."""
-    path = os.environ.get("OMPI_MCA_orte_default_hostfile", "")  # noqa: SIM112 (MPI spells it so)
+    """Lab stand-in for NCCL's unique-id broadcast: rank 0 listens on the hostfile's first host.
+
+    Open MPI 4 hands its ranks OMPI_MCA_orte_default_hostfile; Open MPI 5 (PRRTE) keeps
+    PRTE_MCA_* to itself, so the hostfile is then looked up in the environment of the daemon
+    that started the rank (prted, or prterun on the head).
+    """
+    path, source = "", HOSTFILE_VARS[0]
+    for env in (os.environ, *_launcher_envs()):
+        found = next(((name, env[name]) for name in HOSTFILE_VARS if env.get(name)), None)
+        if found:
+            source, path = found
+            break
     try:
         with open(path) as f:
             for line in f:
@@ -114,7 +146,7 @@ def leader_address() -> str:
     except OSError:
         pass
     raise NcclError(f"NCCL error: invalid usage (sparklab: cannot read the MPI hostfile "
-                    f"'{path}' named by OMPI_MCA_orte_default_hostfile to find rank 0)")
+                    f"'{path}' named by {source} to find rank 0)")
 
 
 def rendezvous_port() -> int:

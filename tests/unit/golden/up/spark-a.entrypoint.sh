@@ -32,7 +32,7 @@ chmod 0755 /run/sshd
 # A session started over ssh gets sshd's environment, not the container's: hand MPI's remote
 # orted (and the ranks it starts) the image's PATH/LD_LIBRARY_PATH and the fabric settings.
 setenv_args=()
-for name in PATH LD_LIBRARY_PATH CPATH TRITON_PTXAS_PATH $(compgen -e | grep -E '^(NCCL|UCX|OMPI)_' || true); do
+for name in PATH LD_LIBRARY_PATH CPATH TRITON_PTXAS_PATH $(compgen -e | grep -E '^(NCCL|UCX|OMPI|PRTE)_' || true); do
     value=${!name-}
     [ -n "$value" ] || continue
     case $value in
