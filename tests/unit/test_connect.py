@@ -21,7 +21,6 @@ from orchestrator.remote import connect
 from orchestrator.remote.transport import LocalTransport, SSHTransport, SudoPassword
 
 
-
 def _client_key() -> tuple[str, paramiko.PKey]:
     """An ed25519 key in OpenSSH format, the kind `cluster.ssh_key` names in practice."""
     import subprocess
