@@ -6,6 +6,7 @@ exit status the command names), and can be told to refuse every key.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -92,10 +93,8 @@ class SSHServer:
             transport = paramiko.Transport(client)
             transport.add_server_key(self.host_key)
             self.transports.append(transport)
-            try:
+            with contextlib.suppress(paramiko.SSHException, EOFError, OSError):
                 transport.start_server(server=Server(self.accept))
-            except (paramiko.SSHException, EOFError, OSError):
-                pass
 
     def close(self) -> None:
         self.sock.close()
