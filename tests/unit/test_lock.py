@@ -118,7 +118,8 @@ def test_release_removes_only_our_own_lock(fake_transport: Any) -> None:
 
 
 def test_a_failed_release_is_logged_not_raised(fake_transport: Any, caplog: pytest.LogCaptureFixture) -> None:
-    transport = head(fake_transport).on("^grep", answer=TransportError("spark-a: the SSH connection was lost"))
+    lost = TransportError("spark-a: the SSH connection was lost")
+    transport = head(fake_transport).on("^grep", answer=lost)
     lock = ClusterLock("spark-a", transport, "up")
     lock.ensure()
     lock.release()

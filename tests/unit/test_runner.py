@@ -155,7 +155,8 @@ def test_every_node_must_be_reachable_unless_the_command_says_otherwise(
     assert "Nothing was changed" in payload["notes"][0] and "spark-b" in payload["notes"][0]
 
 
-def test_no_reachable_node_at_all_fails_without_a_plan(cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_reachable_node_at_all_fails_without_a_plan(cluster: Any,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     c = cluster(unreachable={"spark-a": "down", "spark-b": "down"})
     built: list[bool] = []
     code = runner.execute(request(c, yes=True, require_all_nodes=False,

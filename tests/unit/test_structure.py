@@ -169,7 +169,8 @@ def test_wheels_split_product_and_lab(tmp_path: Path) -> None:
         "docs", "benchmarks"))
     wheels = tmp_path / "dist"
     for project in (source, source / "lab"):
-        built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(wheels), str(project)],
+        built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(wheels),
+                                str(project)],
                                capture_output=True, text=True, cwd=tmp_path)
         assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     sparkctl = set(zipfile.ZipFile(next(wheels.glob("dgx_sparkctl-*.whl"))).namelist())
