@@ -23,19 +23,27 @@ system-deps:
 demo: install
 	$(BIN)/python scripts/demo.py
 
+# Unit tests alone must cover this much of orchestrator/ (branches included; the lab is not
+# measured). Measured 82.4 % on 2026-11-23; the goal is 85 (node/netguard.py, phases/models.py,
+# checks/status.py are the big untested parts).
+COVERAGE_MIN ?= 82
+UNIT_COV := --cov=orchestrator --cov-branch --cov-report=term:skip-covered --cov-fail-under=$(COVERAGE_MIN)
+
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/mypy
+	$(BIN)/python -m pytest tests/unit -q $(UNIT_COV)
 	scripts/run-e2e $(BIN)/python
 
 unit: install
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q $(UNIT_COV)
 
 e2e: install
 	scripts/run-e2e $(BIN)/python
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: install
 	$(BIN)/python -m benchmarks.run

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.checks.netcheck import CheckResult, _link
+from orchestrator.checks.netcheck import CheckResult, Status, _link
 from orchestrator.engines.trtllm.mpi_env import (
     guess_major_from_tag,
     hostfile_var,
@@ -188,7 +188,7 @@ def check_image_digests(inventory: Inventory, facts_by_node: dict[str, dict[str,
     has_majority = list(images.values()).count(majority) > len(images) / 2
     out = []
     for name, digest in images.items():
-        status = "pass" if has_majority and digest == majority else "fail"
+        status: Status = "pass" if has_majority and digest == majority else "fail"
         out.append(CheckResult(
             "image", name, status, f"the nodes run different images: {listing}.",
             value=digest[:19], threshold=majority[:19] if status == "fail" else None,

@@ -32,7 +32,7 @@ class LazyGroup(click.Group):
             import importlib
 
             module, attribute = self.lazy[name].split(":")
-            return getattr(importlib.import_module(module), attribute)  # type: ignore[no-any-return]
+            return getattr(importlib.import_module(module), attribute)
         if name in PLUGINS:
             return plugin_command(name)
         return super().get_command(ctx, name)

@@ -125,7 +125,10 @@ def _confirm_interactively(request: RunRequest, session: Session, plan: Plan,
         click.echo("Nothing to change.", err=True)
     elif not click.confirm("Apply these changes?", default=False, err=True):
         raise InputError("cancelled; nothing was changed", 1)
-    session.report.hosts = {name: type(host)() for name, host in session.report.hosts.items()}
+    # the preview ran on its own report; only steps are dropped: a node that could not be
+    # reached stays failed (issue #12: a prompt-confirmed `down` showed it ok and exited 0)
+    for host in session.report.hosts.values():
+        host.steps = []
 
 
 def _finish(request: RunRequest, report: Report, run_log: Path | None,

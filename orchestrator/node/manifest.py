@@ -26,7 +26,7 @@ def walk(top, skip_cache):
 out = {}
 for repo in args["repos"]:
     key, rev, local = repo["repo"], repo["revision"], repo.get("dir")
-    entry = {"present": False, "commit": None, "files": {}, "root": None, "paths": [], "blobs": {}}
+    entry: dict = {"present": False, "commit": None, "files": {}, "root": None, "paths": [], "blobs": {}}
     try:
         if local:
             if os.path.isdir(local):

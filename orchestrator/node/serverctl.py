@@ -72,10 +72,9 @@ if a["action"] == "started":
     deadline = time.time() + 15
     while time.time() < deadline and not os.path.exists(os.path.join(run, "mpirun.pid")):
         time.sleep(0.2)
-    try:
+    pid = None
+    with contextlib.suppress(OSError, ValueError):
         pid = int(read(os.path.join(run, "mpirun.pid")).strip())
-    except (OSError, ValueError):
-        pid = None
     record = dict(a["server"], mpirun_pid=pid)
     tmp = os.path.join(run, "server.json.tmp")
     with open(tmp, "w") as f:

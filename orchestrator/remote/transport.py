@@ -212,10 +212,10 @@ class SSHTransport(_SudoMixin):
     def close(self) -> None:
         # closing must never hide the real outcome of a run
         with contextlib.suppress(Exception):
-            self.client.close()  # type: ignore[attr-defined]
+            self.client.close()
 
 
-def _collect(channel: object, timeout: float, node: str) -> tuple[int, str, str]:
+def _collect(channel: Any, timeout: float, node: str) -> tuple[int, str, str]:
     """Read a channel's stdout and stderr until the command exits or the deadline passes."""
     out, err = bytearray(), bytearray()
     deadline = time.monotonic() + timeout
@@ -223,18 +223,18 @@ def _collect(channel: object, timeout: float, node: str) -> tuple[int, str, str]
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            chan.close()  # type: ignore[attr-defined]
+            chan.close()
             raise TransportError(f"{node}: command did not finish within {timeout:.0f}s")
         select.select([chan], [], [], min(remaining, 1.0))
-        while chan.recv_ready():  # type: ignore[attr-defined]
-            out += chan.recv(65536)  # type: ignore[attr-defined]
-        while chan.recv_stderr_ready():  # type: ignore[attr-defined]
-            err += chan.recv_stderr(65536)  # type: ignore[attr-defined]
-        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():  # type: ignore[attr-defined]
-            status = chan.recv_exit_status()  # type: ignore[attr-defined]
-            chan.close()  # type: ignore[attr-defined]
+        while chan.recv_ready():
+            out += chan.recv(65536)
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(65536)
+        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            status = chan.recv_exit_status()
+            chan.close()
             return status, out.decode(errors="replace"), err.decode(errors="replace")
-        if chan.closed and not chan.exit_status_ready():  # type: ignore[attr-defined]
+        if chan.closed and not chan.exit_status_ready():
             raise TransportError(f"{node}: the SSH channel closed before the command finished")
 
 

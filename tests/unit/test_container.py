@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import pytest
-from up_fakes import IBDEV, FakeTransport, context, golden, inventory
 
 from orchestrator.core.step import Change, Unchanged
 from orchestrator.errors import SparkctlError
@@ -14,6 +13,10 @@ from orchestrator.phases import container as c
 
 IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
 REPO = IMAGE.rsplit(":", 1)[0]
+IBDEV = {
+    "enp1s0f1np1": {"device": "rocep1s0f1", "state": "Up"},
+    "enP2p1s0f1np1": {"device": "roceP2p1s0f1", "state": "Up"},
+}
 
 
 def node_facts(name: str = "spark-a", running: dict[str, Any] | None = None,
@@ -29,9 +32,12 @@ def node_facts(name: str = "spark-a", running: dict[str, Any] | None = None,
     }
 
 
-def wanted(inv: Any, name: str = "spark-a") -> tuple[list[str], str]:
-    ctx = context(inv, name, {name: node_facts(name)})
-    return c.Container().wanted(ctx)
+@pytest.fixture
+def wanted(context: Any) -> Any:
+    def wanted_(inv: Any, name: str = "spark-a") -> tuple[list[str], str]:
+        ctx = context(inv, name, {name: node_facts(name)})
+        return c.Container().wanted(ctx)  # type: ignore[no-any-return]
+    return wanted_
 
 
 def running_container(args: list[str], digest: str, running: bool = True,
@@ -47,14 +53,14 @@ def running_container(args: list[str], digest: str, running: bool = True,
     }
 
 
-def test_run_argv_matches_golden() -> None:
+def test_run_argv_matches_golden(inventory: Any, golden: Any, wanted: Any) -> None:
     args, digest = wanted(inventory())
     golden("docker-run.spark-a.txt", "\n".join(c.with_hash(args, digest)) + "\n")
     assert "--rm" not in args
     assert args[-3:] == [IMAGE, "bash", "/etc/sparkctl/entrypoint.sh"]
 
 
-def test_fabric_env_follows_the_inventory() -> None:
+def test_fabric_env_follows_the_inventory(inventory: Any) -> None:
     inv = inventory()
     env = c.fabric_env(inv, ["rocep1s0f1", "roceP2p1s0f1"])
     assert env["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1,enP2p1s0f1np1"
@@ -73,14 +79,14 @@ def inventory_with_interfaces(interfaces: list[str]) -> Any:
                                           {"name": "spark-b", "host": "b"}]}, "inv.yml")
 
 
-def test_missing_roce_device_is_a_clear_error() -> None:
+def test_missing_roce_device_is_a_clear_error(inventory: Any, context: Any) -> None:
     facts = node_facts()
     facts["ibdev2netdev"] = {"rc": 0, "devices": {}}
     with pytest.raises(SparkctlError, match="ibdev2netdev shows no RoCE device for enp1s0f1np1"):
         c.Container().check(context(inventory(), "spark-a", {"spark-a": facts}))
 
 
-def test_infiniband_device_passed_only_when_present() -> None:
+def test_infiniband_device_passed_only_when_present(inventory: Any, context: Any, wanted: Any) -> None:
     facts = node_facts()
     facts["files"][c.INFINIBAND] = {"exists": True}
     args, _ = c.Container().wanted(context(inventory(), "spark-a", {"spark-a": facts}))
@@ -88,7 +94,7 @@ def test_infiniband_device_passed_only_when_present() -> None:
     assert "/dev/infiniband:/dev/infiniband" not in wanted(inventory())[0]
 
 
-def test_container_life_cycle_decisions() -> None:
+def test_container_life_cycle_decisions(inventory: Any, context: Any, wanted: Any) -> None:
     inv = inventory()
     args, digest = wanted(inv)
     step = c.Container()
@@ -108,7 +114,7 @@ def test_container_life_cycle_decisions() -> None:
         check(running_container(args, digest, managed=False))
 
 
-def test_config_hash_depends_on_what_the_container_reads() -> None:
+def test_config_hash_depends_on_what_the_container_reads(inventory: Any, wanted: Any) -> None:
     base = wanted(inventory())[1]
     assert wanted(inventory())[1] == base
     assert wanted(inventory(ssh_port=2234))[1] != base  # sshd_config changes
@@ -116,7 +122,7 @@ def test_config_hash_depends_on_what_the_container_reads() -> None:
     assert c.config_hash(["a"], "x", "y") != c.config_hash(["a"], "x2", "y")
 
 
-def test_image_pulled_only_when_missing_and_digests_must_match() -> None:
+def test_image_pulled_only_when_missing_and_digests_must_match(inventory: Any, context: Any) -> None:
     inv = inventory()
     assert isinstance(c.Image().check(context(inv, "spark-a", {"spark-a": node_facts()})),
                       Unchanged)
@@ -130,10 +136,10 @@ def test_image_pulled_only_when_missing_and_digests_must_match() -> None:
     assert isinstance(outcome, Unchanged) and "sha256:1111" in outcome.reason
 
 
-def test_pull_feeds_the_digest_check() -> None:
+def test_pull_feeds_the_digest_check(inventory: Any, context: Any, fake_transport: Any) -> None:
     inv = inventory()
     pulled = json.dumps([{"Id": "sha256:x", "RepoDigests": [f"{REPO}@sha256:7"]}])
-    transport = FakeTransport("spark-a", [(0, pulled, "")])
+    transport = fake_transport("spark-a", [(0, pulled, "")])
     ctx = context(inv, "spark-a", {"spark-a": node_facts(pulled=False)},
                   transports={"spark-a": transport})
     c.Image().apply(ctx, Change("pull"))
@@ -141,7 +147,7 @@ def test_pull_feeds_the_digest_check() -> None:
     assert c.image_digest(ctx.shared["image_facts"]["spark-a"], IMAGE) == "sha256:7"
 
 
-def test_replace_command_waits_for_the_pinned_host_key() -> None:
+def test_replace_command_waits_for_the_pinned_host_key(inventory: Any, wanted: Any) -> None:
     inv = inventory()
     args, digest = wanted(inv)
     command = c.replace_container_cmd(inv, inv.node("spark-a"), c.with_hash(args, digest),
@@ -153,10 +159,10 @@ def test_replace_command_waits_for_the_pinned_host_key() -> None:
     assert "docker rm" not in fresh
 
 
-def test_failed_start_names_node_and_hint() -> None:
+def test_failed_start_names_node_and_hint(inventory: Any, context: Any, fake_transport: Any) -> None:
     inv = inventory()
     ctx = context(inv, "spark-a", {"spark-a": node_facts()},
-                  transports={"spark-a": FakeTransport("spark-a", [(3, "", "exited; log")])})
+                  transports={"spark-a": fake_transport("spark-a", [(3, "", "exited; log")])})
     change = c.Container().check(ctx)
     assert isinstance(change, Change)
     with pytest.raises(SparkctlError, match=r"(?s)spark-a: container/container.*port 2233 is taken"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
@@ -14,7 +13,6 @@ from orchestrator.core.report import Report
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Plan, RunOptions, Step, Unchanged
 from orchestrator.errors import CommandError, SparkctlError
 from orchestrator.inventory_checks import inventory_from_data
-from orchestrator.remote.transport import Result
 
 INVENTORY = inventory_from_data(
     {
@@ -24,30 +22,6 @@ INVENTORY = inventory_from_data(
     },
     "inv.yml",
 )
-
-
-class FakeTransport:
-    """Answers the facts gatherer with canned facts and records every other command."""
-
-    def __init__(self, node: str, facts: dict[str, Any], journal: list[tuple[str, str]],
-                 lock: threading.Lock) -> None:
-        self.node = node
-        self.facts = facts
-        self.journal = journal
-        self.lock = lock
-
-    def run(self, command: str, *, stdin: Any = None, sudo: bool = False, timeout: Any = None,
-            display: Any = None) -> Result:
-        with self.lock:
-            self.journal.append((self.node, command))
-        if command.startswith("python3 - "):
-            return Result(self.node, command, 0, json.dumps(self.facts), "", 0.0)
-        if command == "false":
-            return Result(self.node, command, 1, "", "boom", 0.0)
-        return Result(self.node, command, 0, "", "", 0.0)
-
-    def close(self) -> None:
-        pass
 
 
 class Recorder(Step):
@@ -71,22 +45,27 @@ def facts_request(inventory: Any, node: Any) -> dict[str, Any]:
     return {"node": node.name}
 
 
-def run(plan: Plan, facts: dict[str, dict[str, Any]], dry_run: bool = False
-        ) -> tuple[Report, list[tuple[str, str]]]:
-    journal: list[tuple[str, str]] = []
-    lock = threading.Lock()
-    transports = {name: FakeTransport(name, f, journal, lock) for name, f in facts.items()}
-    report = Report("up")
-    for name in facts:
-        report.host(name)
-    Executor(INVENTORY, transports, RunOptions(dry_run=dry_run), report, Progress(quiet=True)).run(plan)  # type: ignore[arg-type]
-    return report, journal
+@pytest.fixture
+def run(fake_transport: Any) -> Any:
+    """Runs a plan on fake nodes answering the gatherer with `facts`; `false` fails with boom."""
+    def run_(plan: Plan, facts: dict[str, dict[str, Any]], dry_run: bool = False
+             ) -> tuple[Report, list[tuple[str, str]]]:
+        journal: list[tuple[str, str]] = []
+        lock = threading.Lock()
+        transports = {name: fake_transport(name, facts=f, journal=journal, journal_lock=lock)
+                      .on(r"^false$", 1, "", "boom") for name, f in facts.items()}
+        report = Report("up")
+        for name in facts:
+            report.host(name)
+        Executor(INVENTORY, transports, RunOptions(dry_run=dry_run), report, Progress(quiet=True)).run(plan)
+        return report, journal
+    return run_
 
 
 ALL_CHANGE = {n: {"have": 1, "want": 2} for n in ("spark-a", "spark-b", "spark-c")}
 
 
-def test_phases_run_in_lock_step() -> None:
+def test_phases_run_in_lock_step(run: Any) -> None:
     plan = Plan("up", [Phase("one", [Recorder("s1"), Recorder("s2")], facts_request),
                        Phase("two", [Recorder("s3")], facts_request)])
     report, journal = run(plan, ALL_CHANGE)
@@ -97,7 +76,7 @@ def test_phases_run_in_lock_step() -> None:
     assert max(i for i, c in enumerate(order) if c == "s2") < min(i for i, c in enumerate(order) if c == "s3")
 
 
-def test_unchanged_steps_cost_only_the_facts_round_trip() -> None:
+def test_unchanged_steps_cost_only_the_facts_round_trip(run: Any) -> None:
     same = {n: {"have": 1, "want": 1} for n in ("spark-a", "spark-b", "spark-c")}
     plan = Plan("up", [Phase("one", [Recorder("s1"), Recorder("s2")], facts_request)])
     report, journal = run(plan, same)
@@ -105,7 +84,7 @@ def test_unchanged_steps_cost_only_the_facts_round_trip() -> None:
     assert len(journal) == 3 and all(cmd.startswith("python3 - ") for _, cmd in journal)
 
 
-def test_a_failed_node_stops_the_run_after_the_phase() -> None:
+def test_a_failed_node_stops_the_run_after_the_phase(run: Any) -> None:
     failing = {"spark-a": {"have": 1, "want": 2}, "spark-b": {"have": 1, "want": 2},
                "spark-c": {"have": 1, "want": 2}}
     plan = Plan("up", [
@@ -137,7 +116,7 @@ class _FailOn(Recorder):
         return None
 
 
-def test_dry_run_applies_nothing_and_reports_diffs() -> None:
+def test_dry_run_applies_nothing_and_reports_diffs(run: Any) -> None:
     plan = Plan("up", [Phase("one", [Recorder("s1")], facts_request)])
     report, journal = run(plan, ALL_CHANGE, dry_run=True)
     assert all(cmd.startswith("python3 - ") for _, cmd in journal)
@@ -146,14 +125,14 @@ def test_dry_run_applies_nothing_and_reports_diffs() -> None:
     assert payload["changed"] == 3 and payload["hosts"]["spark-a"]["steps"][0]["diff"] == "-old\n+new\n"
 
 
-def test_head_scoped_steps_run_on_the_head_only() -> None:
+def test_head_scoped_steps_run_on_the_head_only(run: Any) -> None:
     step = Recorder("headonly")
     step.scope = "head"
     _, journal = run(Plan("up", [Phase("one", [step], facts_request)]), ALL_CHANGE)
     assert [n for n, c in journal if c == "echo headonly"] == ["spark-a"]
 
 
-def test_internal_errors_become_a_failed_step_not_a_crash() -> None:
+def test_internal_errors_become_a_failed_step_not_a_crash(run: Any) -> None:
     class Broken(Recorder):
         def check(self, ctx: NodeContext) -> Outcome:
             raise KeyError("oops")
@@ -163,7 +142,7 @@ def test_internal_errors_become_a_failed_step_not_a_crash() -> None:
     assert all("internal error: KeyError" in m for m in messages)
 
 
-def test_json_report_contract() -> None:
+def test_json_report_contract(run: Any) -> None:
     report, _ = run(Plan("up", [Phase("one", [Recorder("s1")], facts_request)]), ALL_CHANGE)
     payload = report.to_json()
     assert set(payload) >= {"command", "ok", "seconds", "changed", "failed", "hosts"}
@@ -187,7 +166,7 @@ def test_secret_never_reaches_a_command_line() -> None:
         join(["echo", token])
 
 
-def test_changed_steps_are_recorded_for_later_verification() -> None:
+def test_changed_steps_are_recorded_for_later_verification(run: Any) -> None:
     shared_seen: list[list[str]] = []
 
     class Verify(Step):
@@ -204,7 +183,7 @@ def test_changed_steps_are_recorded_for_later_verification() -> None:
     assert shared_seen[0] == ["spark-a: one/s1"]
 
 
-def test_no_change_run_gathers_facts_once_per_node_for_all_phases() -> None:
+def test_no_change_run_gathers_facts_once_per_node_for_all_phases(run: Any) -> None:
     same = {n: {"have": 1, "want": 1} for n in ("spark-a", "spark-b", "spark-c")}
     plan = Plan("up", [Phase(f"p{i}", [Recorder(f"s{i}")], facts_request) for i in range(4)])
     report, journal = run(plan, same)
@@ -212,7 +191,7 @@ def test_no_change_run_gathers_facts_once_per_node_for_all_phases() -> None:
     assert sorted(node for node, _ in journal) == ["spark-a", "spark-b", "spark-c"]
 
 
-def test_after_a_change_later_phases_gather_fresh_facts() -> None:
+def test_after_a_change_later_phases_gather_fresh_facts(run: Any) -> None:
     plan = Plan("up", [Phase(f"p{i}", [Recorder(f"s{i}")], facts_request) for i in range(3)])
     _, journal = run(plan, {"spark-a": {"have": 1, "want": 2}})
     gathers = [cmd for _, cmd in journal if cmd.startswith("python3 - ")]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,11 +26,9 @@ from orchestrator.checks.netprobe import (
     parse_ping,
     throughput_links,
 )
-from orchestrator.core.report import Report
 from orchestrator.inventory import Inventory
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.paths import NETPLAN_FILE
-from orchestrator.remote.transport import Result
 
 IFS = ["enp1s0f1np1", "enP2p1s0f1np1"]
 ROCE = {"enp1s0f1np1": "rocep1s0f1", "enP2p1s0f1np1": "roceP2p1s0f1"}
@@ -332,34 +329,18 @@ def test_json_record_has_the_contract_keys() -> None:
 # ---------------------------------------------------------------- the whole run, faked
 
 
-class FactsTransport:
-    """Answers the gatherer with canned facts, plus canned probe answers."""
-
-    def __init__(self, node: str, facts: dict[str, Any], probe_answer: Any) -> None:
-        self.node, self.facts, self.probe_answer = node, facts, probe_answer
-        self.commands: list[str] = []
-
-    def run(self, command: str, **kwargs: Any) -> Result:
-        self.commands.append(command)
-        request = json.loads(command.split(" ", 2)[2].strip("'"))
-        facts = copy.deepcopy(self.facts)
-        facts["probes"] = {key: self.probe_answer(key) for key in request.get("probes", {})}
-        return Result(self.node, command, 0, json.dumps(facts), "", 0.1)
-
-    def close(self) -> None:
-        pass
-
-
-def fake_session(inv: Inventory, probe_answer: Any) -> Any:
-    from orchestrator.core.progress import Progress
-
-    report = Report(command="netcheck")
-    for n in inv.nodes:
-        report.host(n.name)
-    transports = {n.name: FactsTransport(n.name, healthy_facts(inv, n.name), probe_answer)
-                  for n in inv.nodes}
-    return SimpleNamespace(inventory=inv, report=report, progress=Progress(quiet=True),
-                           transports=transports, reachable_nodes=lambda: list(inv.nodes))
+@pytest.fixture
+def fake_session(fake_cluster: Any) -> Any:
+    """A session on the shared fake cluster: healthy facts, probes answered by `probe_answer`."""
+    def fake_session_(inv: Inventory, probe_answer: Any) -> Any:
+        def facts(name: str) -> Any:
+            def answer(request: dict[str, Any]) -> dict[str, Any]:
+                facts = copy.deepcopy(healthy_facts(inv, name))
+                facts["probes"] = {key: probe_answer(key) for key in request.get("probes", {})}
+                return facts
+            return answer
+        return fake_cluster(inv, facts={n.name: facts(n.name) for n in inv.nodes}).session("netcheck")
+    return fake_session_
 
 
 def healthy_probe(key: str) -> dict[str, Any]:
@@ -370,7 +351,7 @@ def healthy_probe(key: str) -> dict[str, Any]:
     return {"rc": 0, "out": "", "err": "", "seconds": 0.1}
 
 
-def test_run_netcheck_one_command_per_node_all_pass() -> None:
+def test_run_netcheck_one_command_per_node_all_pass(fake_session: Any) -> None:
     from orchestrator.cli.netcheck import run_netcheck
 
     session = fake_session(inventory(), healthy_probe)
@@ -380,7 +361,7 @@ def test_run_netcheck_one_command_per_node_all_pass() -> None:
     assert {"ping", "mtu-ping", "ssh-node", "ssh-container", "mpirun", "image"} <= {r.check for r in results}
 
 
-def test_run_netcheck_sshd_stopped_on_one_node() -> None:
+def test_run_netcheck_sshd_stopped_on_one_node(fake_session: Any) -> None:
     from orchestrator.cli.netcheck import run_netcheck
 
     def answer(key: str) -> dict[str, Any]:

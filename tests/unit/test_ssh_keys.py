@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from up_fakes import CLUSTER_PUB, HOST_KEYS, FakeTransport, context, golden, inventory
 
 from orchestrator.core.step import Change, Unchanged
 from orchestrator.phases import ssh_keys
@@ -23,6 +23,11 @@ from orchestrator.phases.ssh_keys import (
 from orchestrator.render import sha256
 
 PRIVATE_SHA = "aa" * 32
+HOST_KEYS = {
+    "spark-a": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfSparkA0000000000000000000000000000",
+    "spark-b": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyOfSparkB0000000000000000000000000000",
+}
+CLUSTER_PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIClusterKey000000000000000000000000000000000"
 
 
 def key_facts(host: bool = True, host_pub: bool = True, cluster_sha: str | None = PRIVATE_SHA,
@@ -40,12 +45,12 @@ def key_facts(host: bool = True, host_pub: bool = True, cluster_sha: str | None 
     return {"hostname": name, "files": files}
 
 
-def test_host_key_generated_when_missing() -> None:
+def test_host_key_generated_when_missing(inventory: Any, context: Any, fake_transport: Any) -> None:
     inv = inventory()
     ctx = context(inv, "spark-a", {"spark-a": key_facts(host=False, host_pub=False)})
     outcome = HostKey().check(ctx)
     assert isinstance(outcome, Change) and outcome.payload is False
-    transport = FakeTransport("spark-a", [(0, HOST_KEYS["spark-a"] + " c\n", "")])
+    transport = fake_transport("spark-a", [(0, HOST_KEYS["spark-a"] + " c\n", "")])
     ctx = context(inv, "spark-a", {"spark-a": key_facts(host=False, host_pub=False)},
                   transports={"spark-a": transport})
     HostKey().apply(ctx, outcome)
@@ -55,7 +60,7 @@ def test_host_key_generated_when_missing() -> None:
     assert ctx.shared["host_keys"]["spark-a"] == HOST_KEYS["spark-a"]
 
 
-def test_host_key_kept_when_only_pub_missing() -> None:
+def test_host_key_kept_when_only_pub_missing(inventory: Any, context: Any) -> None:
     ctx = context(inventory(), "spark-a", {"spark-a": key_facts(host_pub=False)})
     outcome = HostKey().check(ctx)
     assert isinstance(outcome, Change) and outcome.payload is True
@@ -63,19 +68,19 @@ def test_host_key_kept_when_only_pub_missing() -> None:
     assert "ssh-keygen -y -f" in command and "rm -f" not in command
 
 
-def test_host_key_present_is_unchanged_with_fingerprint() -> None:
+def test_host_key_present_is_unchanged_with_fingerprint(inventory: Any, context: Any) -> None:
     outcome = HostKey().check(context(inventory(), "spark-a", {"spark-a": key_facts()}))
     assert isinstance(outcome, Unchanged) and "SHA256:" in outcome.reason
 
 
-def test_cluster_key_generated_when_head_has_none() -> None:
+def test_cluster_key_generated_when_head_has_none(inventory: Any, context: Any) -> None:
     facts = {"spark-a": key_facts(cluster_sha=None), "spark-b": key_facts(name="spark-b")}
     outcome = ClusterKey().check(context(inventory(), "spark-a", facts))
     assert isinstance(outcome, Change)
     assert outcome.payload == {"generate": True, "targets": ["spark-a", "spark-b"]}
 
 
-def test_cluster_key_copied_only_where_it_differs() -> None:
+def test_cluster_key_copied_only_where_it_differs(inventory: Any, context: Any) -> None:
     facts = {"spark-a": key_facts(), "spark-b": key_facts(name="spark-b", cluster_sha="bb" * 32)}
     outcome = ClusterKey().check(context(inventory(), "spark-a", facts))
     assert isinstance(outcome, Change) and outcome.payload["targets"] == ["spark-b"]
@@ -83,10 +88,10 @@ def test_cluster_key_copied_only_where_it_differs() -> None:
     assert isinstance(ClusterKey().check(context(inventory(), "spark-a", same)), Unchanged)
 
 
-def test_cluster_key_travels_on_stdin_only() -> None:
+def test_cluster_key_travels_on_stdin_only(inventory: Any, context: Any, fake_transport: Any) -> None:
     inv = inventory()
     facts = {"spark-a": key_facts(cluster_sha=None), "spark-b": key_facts(name="spark-b")}
-    transports = {"spark-a": FakeTransport("spark-a"), "spark-b": FakeTransport("spark-b")}
+    transports = {"spark-a": fake_transport("spark-a"), "spark-b": fake_transport("spark-b")}
     ctx = context(inv, "spark-a", facts, transports=transports)
     message = ClusterKey().apply(ctx, ClusterKey().check(ctx))  # type: ignore[arg-type]
     assert message == "cluster key installed on spark-a, spark-b"
@@ -107,23 +112,26 @@ def test_generated_key_pair_matches() -> None:
     assert public_from_private(private, "c") == public
 
 
-def trust_context(**container: object):  # type: ignore[no-untyped-def]
-    inv = inventory(**container)
-    facts = {name: {"hostname": name, "files": {
-        HOST_PUB: {"exists": True, "content": HOST_KEYS[name] + "\n"},
-        ssh_keys.CLUSTER_PUB: {"exists": True, "content": CLUSTER_PUB + " sparkctl\n"},
-    }} for name in ("spark-a", "spark-b")}
-    return context(inv, "spark-a", facts)
+@pytest.fixture
+def trust_context(inventory: Any, context: Any) -> Any:
+    def trust_context_(**container: object) -> Any:
+        inv = inventory(**container)
+        facts = {name: {"hostname": name, "files": {
+            HOST_PUB: {"exists": True, "content": HOST_KEYS[name] + "\n"},
+            ssh_keys.CLUSTER_PUB: {"exists": True, "content": CLUSTER_PUB + " sparkctl\n"},
+        }} for name in ("spark-a", "spark-b")}
+        return context(inv, "spark-a", facts)
+    return trust_context_
 
 
-def test_trust_files_match_golden() -> None:
+def test_trust_files_match_golden(golden: Any, trust_context: Any) -> None:
     for spec in trust_files(trust_context()):
         name = Path(spec.path).name
         golden(f"spark-a.{name}", spec.content)
         assert spec.mode == (0o755 if name == "entrypoint.sh" else 0o644)
 
 
-def test_no_host_key_checking_is_ever_turned_off() -> None:
+def test_no_host_key_checking_is_ever_turned_off(trust_context: Any) -> None:
     text = "\n".join(spec.content for spec in trust_files(trust_context())).lower()
     assert "stricthostkeychecking yes" in text
     assert "stricthostkeychecking no" not in text
@@ -131,14 +139,14 @@ def test_no_host_key_checking_is_ever_turned_off() -> None:
     assert "curl" not in text
 
 
-def test_ssh_port_change_touches_only_what_depends_on_it() -> None:
+def test_ssh_port_change_touches_only_what_depends_on_it(trust_context: Any) -> None:
     before = {s.path: sha256(s.content) for s in trust_files(trust_context())}
     after = {s.path: sha256(s.content) for s in trust_files(trust_context(ssh_port=2234))}
     changed = sorted(Path(p).name for p in before if before[p] != after[p])
     assert changed == ["known_hosts", "ssh_config", "sshd_config"]
 
 
-def test_trust_files_refuse_to_write_without_keys() -> None:
+def test_trust_files_refuse_to_write_without_keys(trust_context: Any) -> None:
     ctx = trust_context()
     ctx.cluster_facts["spark-b"]["files"][HOST_PUB] = {"exists": False}
     step = ssh_keys.TrustFiles("files", trust_files)

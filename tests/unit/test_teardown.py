@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import pytest
 
 from orchestrator.core.executor import Executor
 from orchestrator.core.progress import Progress
@@ -11,7 +12,6 @@ from orchestrator.core.report import Report
 from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.phases import teardown
-from orchestrator.remote.transport import Result
 from orchestrator.render import MANAGED_HEADER
 
 INVENTORY = inventory_from_data(
@@ -150,57 +150,47 @@ def test_server_not_stopped_when_its_container_is_gone() -> None:
     assert isinstance(teardown.StopServer().check(ctx_for(facts)), Unchanged)
 
 
-class FakeTransport:
-    def __init__(self, node: str, facts: dict[str, Any], journal: list[str]) -> None:
-        self.node, self.facts, self.journal = node, facts, journal
-
-    def run(self, command: str, **kwargs: Any) -> Result:
-        self.journal.append(f"{self.node}: {command}")
-        if command.startswith("python3 - "):
-            return Result(self.node, command, 0, json.dumps(self.facts), "", 0.0)
-        if "action" in command and "stop" in command:
-            return Result(self.node, command, 0, json.dumps({"stopped": ["mpirun.pid"], "left": []}), "", 0)
-        return Result(self.node, command, 0, "", "", 0.0)
-
-    def close(self) -> None:
-        pass
+@pytest.fixture
+def node(fake_transport: Any) -> Any:
+    """A node as up + launch leave it; `stop` answers that the server stopped."""
+    def node_(name: str, facts: dict[str, Any], journal: list[tuple[str, str]]) -> Any:
+        return (fake_transport(name, facts=facts, journal=journal)
+                .on(r"action.*stop", answer={"stopped": ["mpirun.pid"], "left": []}))
+    return node_
 
 
-def test_an_unreachable_node_does_not_stop_the_others_cleaning() -> None:
-    journal: list[str] = []
+def test_an_unreachable_node_does_not_stop_the_others_cleaning(node: Any) -> None:
+    journal: list[tuple[str, str]] = []
     report = Report("down")
     report.host("spark-a")
     report.fail_host("spark-b", "cannot reach b:22")
-    executor = Executor(INVENTORY, {"spark-a": FakeTransport("spark-a", up_facts(), journal)},
+    executor = Executor(INVENTORY, {"spark-a": node("spark-a", up_facts(), journal)},
                         RunOptions("down"), report, Progress(quiet=True))
     executor.run(teardown.build_down_plan(INVENTORY, network=True))
     statuses = {s.step: s.status for s in report.hosts["spark-a"].steps}
     assert statuses == {"stop-server": "changed", "containers": "changed", "network": "changed",
                         "files": "changed", "verify": "ok"}, report.to_json()
     assert not report.ok and report.exit_code == 1
-    assert not any(line.startswith("spark-b") for line in journal)
-    removals = [line for line in journal if "docker rm -f abc123" in line]
+    assert not any(name == "spark-b" for name, _ in journal)
+    removals = [line for _, line in journal if "docker rm -f abc123" in line]
     assert removals, journal
 
 
-def test_dry_run_changes_nothing() -> None:
-    journal: list[str] = []
+def test_dry_run_changes_nothing(node: Any) -> None:
+    journal: list[tuple[str, str]] = []
     report = Report("down")
-    transports = {n: FakeTransport(n, up_facts(n), journal) for n in ("spark-a", "spark-b")}
+    transports = {n: node(n, up_facts(n), journal) for n in ("spark-a", "spark-b")}
     for name in transports:
         report.host(name)
     Executor(INVENTORY, transports, RunOptions("down", dry_run=True), report, Progress(quiet=True)).run(
         teardown.build_down_plan(INVENTORY, network=True))
-    assert all(line.split(": ", 1)[1].startswith("python3 - ") for line in journal), journal
+    assert all(line.startswith("python3 - ") for _, line in journal), journal
     assert report.count("planned") == 8
 
 
-def test_verify_reports_leftovers() -> None:
-    class Leftover(FakeTransport):
-        def run(self, command: str, **kwargs: Any) -> Result:
-            return Result(self.node, command, 0, "container: trtllm-multinode\n", "", 0.0)
-
-    ctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, Leftover("spark-a", {}, []),
+def test_verify_reports_leftovers(fake_transport: Any) -> None:
+    leftover = fake_transport("spark-a").on("", 0, "container: trtllm-multinode\n")
+    ctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, leftover,
                       RunOptions("down"), {})
     try:
         teardown.VerifyDown(network=False).apply(ctx, Change("verify"))
