@@ -49,11 +49,22 @@ class FakeSSH:
         return socket.create_connection(("127.0.0.1", self.port))
 
 
+class FakeClient:
+    """paramiko.SSHClient: the connection behind it is the FakeSSH."""
+
+    def __init__(self, ssh: FakeSSH) -> None:
+        self.ssh = ssh
+
+    def get_transport(self) -> FakeSSH:
+        return self.ssh
+
+
 class HeadTransport:
     node = "spark-a"
 
     def __init__(self, ssh: FakeSSH | None) -> None:
-        self.paramiko_transport = ssh
+        if ssh is not None:  # a local transport (the controller is the head) has no client
+            self.client = FakeClient(ssh)
 
 
 def roundtrip(port: int, payload: bytes) -> bytes:
