@@ -37,10 +37,10 @@ PROBE = script("probe.py")
 def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     """One facts request: what status shows, plus what the container step needs to compute the
     config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
-    from orchestrator.core.executor import merge_requests
     from orchestrator.engines.trtllm.serve import node_cmd
     from orchestrator.phases import container as container_step
     from orchestrator.phases.ssh_keys import ENTRYPOINT, SSHD_CONFIG
+    from orchestrator.remote.facts import merge_requests
 
     commands = {
         "managed": managed_ps_cmd(inventory, r"{{.Names}}\t{{.State}}"),
@@ -61,8 +61,8 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
 
 def gather_status(inventory: Inventory) -> dict[str, Any]:
     """Connect, gather every node's facts in parallel, assess. Unreachable nodes are reported."""
-    from orchestrator.core.executor import gather_facts
     from orchestrator.core.session import open_session
+    from orchestrator.remote.facts import gather_facts
 
     started = time.monotonic()
     with open_session(inventory, "status", quiet=True) as session:

@@ -24,8 +24,8 @@ def run_netcheck(session: Any, deep: bool) -> list[CheckResult]:
     from orchestrator.checks.netcheck import facts_request, run_node_checks
     from orchestrator.checks.netcheck_container import CLUSTER_CHECKS
     from orchestrator.checks.netprobe import build_probes, judge_probes, probe_request
-    from orchestrator.core.executor import gather_facts
     from orchestrator.errors import SparkctlError
+    from orchestrator.remote.facts import gather_facts
 
     inventory = session.inventory
     results: list[CheckResult] = []

@@ -8,17 +8,15 @@ stops after the phase, and the report still holds every node's outcome.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands import python_script_cmd
 from orchestrator.errors import SparkctlError
 from orchestrator.remote.cluster import executor_pool
-from orchestrator.remote.facts import gather_script
+from orchestrator.remote.facts import gather_facts, merge_requests
 
 if TYPE_CHECKING:
     from orchestrator.core.lock import ClusterLock
@@ -33,47 +31,6 @@ log = logging.getLogger("sparkctl.executor")
 
 class Interrupted(SparkctlError):
     exit_code = 130
-
-
-def gather_facts(
-    transport: Transport, request: dict[str, Any], timeout: float = 120.0
-) -> dict[str, Any]:
-    """Run the node-side gatherer once and return its JSON answer."""
-    result = transport.run(
-        python_script_cmd(request), stdin=gather_script(), sudo=True, timeout=timeout,
-        display="python3 - <facts gatherer>",
-    ).check()
-    try:
-        facts = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        raise SparkctlError(
-            f"{transport.node}: the facts gatherer printed no JSON (is python3 installed on the "
-            f"node?): {result.stdout[-200:]!r} {result.stderr[-300:]!r}"
-        ) from None
-    if not isinstance(facts, dict):
-        raise SparkctlError(f"{transport.node}: the facts gatherer answered {type(facts).__name__}")
-    return facts
-
-
-def merge_requests(requests: list[dict[str, Any]]) -> dict[str, Any]:
-    """One facts request that answers all of `requests` (dicts merged, lists joined)."""
-    merged: dict[str, Any] = {}
-    for request in requests:
-        for key, value in request.items():
-            merged[key] = _merge_values(merged[key], value) if key in merged else value
-    return merged
-
-
-def _merge_values(a: Any, b: Any) -> Any:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return {**a, **{k: _merge_values(a[k], v) if k in a else v for k, v in b.items()}}
-    if isinstance(a, list) and isinstance(b, list):
-        return a + [item for item in b if item not in a]
-    if isinstance(a, bool) and isinstance(b, bool):
-        return a or b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return max(a, b)
-    return b
 
 
 class Executor:

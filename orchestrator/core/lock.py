@@ -16,8 +16,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator.core.executor import gather_facts
 from orchestrator.errors import LockError, SparkctlError
+from orchestrator.remote.facts import gather_facts
 from orchestrator.remote.transport import Transport
 
 log = logging.getLogger("sparkctl.lock")

@@ -200,7 +200,7 @@ def test_after_a_change_later_phases_gather_fresh_facts(run: Any) -> None:
 
 
 def test_merge_requests_answers_every_phase() -> None:
-    from orchestrator.core.executor import merge_requests
+    from orchestrator.remote.facts import merge_requests
 
     merged = merge_requests([
         {"files": {"/a": True}, "links": True, "containers": ["x"], "timeout": 30},

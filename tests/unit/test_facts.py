@@ -1,0 +1,78 @@
+"""Typed facts: requests merge exactly (conflicts raise), answers read as types."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import SparkctlError
+from orchestrator.remote.facts import (
+    Command,
+    CommandResult,
+    DockerObject,
+    FactConflict,
+    File,
+    FileInfo,
+    merge_requests,
+    request_of,
+)
+
+
+def test_requests_merge_section_by_section() -> None:
+    merged = merge_requests([
+        {"files": {"/a": False}, "containers": ["c1"], "links": True, "timeout": 30},
+        {"files": {"/a": True, "/b": False}, "containers": ["c1", "c2"], "timeout": 90},
+        {"commands": {"home": "getent passwd nvidia"}, "ibdev2netdev": True},
+    ])
+    assert merged == {
+        "files": {"/a": True, "/b": False},  # asking for content wins
+        "containers": ["c1", "c2"],
+        "links": True,
+        "timeout": 90,
+        "commands": {"home": "getent passwd nvidia"},
+        "ibdev2netdev": True,
+    }
+
+
+def test_merging_never_changes_the_inputs() -> None:
+    first = {"containers": ["c1"]}
+    merge_requests([first, {"containers": ["c2"]}])
+    assert first == {"containers": ["c1"]}
+
+
+def test_one_command_key_with_two_commands_is_a_bug_not_a_guess() -> None:
+    with pytest.raises(FactConflict, match="'serve'"):
+        merge_requests([{"commands": {"serve": "a"}}, {"commands": {"serve": "b"}}])
+    # the same command twice is fine
+    assert merge_requests([{"commands": {"x": "a"}}, {"commands": {"x": "a"}}]) == {
+        "commands": {"x": "a"}}
+
+
+def test_unknown_sections_must_agree() -> None:
+    with pytest.raises(FactConflict):
+        merge_requests([{"lock": {"token": "1"}}, {"lock": {"token": "2"}}])
+
+
+def test_typed_reads() -> None:
+    answer = {
+        "commands": {"home": {"rc": 0, "out": "/home/nvidia\n", "err": ""}},
+        "files": {"/etc/x": {"exists": True, "mode": 0o644, "uid": 0, "size": 3,
+                             "sha256": "abc", "content": "hi\n"}, "/etc/y": {"exists": False}},
+        "containers": {"c1": {"State": {"Running": True}}, "c2": None},
+        "images": {"img": {"error": "permission denied"}},
+    }
+    home = Command("home", "getent passwd nvidia").read(answer)
+    assert home == CommandResult(0, "/home/nvidia\n", "") and home.ok
+    assert Command("absent", "true").read(answer) is None
+    assert File("/etc/x", content=True).read(answer) == FileInfo(True, 0o644, 0, 3, "abc", "hi\n")
+    assert File("/etc/y").read(answer) == FileInfo(False)
+    assert DockerObject("containers", "c1").read(answer) == {"State": {"Running": True}}
+    assert DockerObject("containers", "c2").read(answer) is None
+    with pytest.raises(SparkctlError, match="spark-a: `docker image inspect img` failed"):
+        DockerObject("images", "img").read(answer, "spark-a")
+
+
+def test_request_of_builds_one_request_for_many_facts() -> None:
+    request = request_of(Command("home", "getent passwd u"), File("/etc/x", content=True),
+                         DockerObject("containers", "c1"), DockerObject("images", "i"))
+    assert request == {"commands": {"home": "getent passwd u"}, "files": {"/etc/x": True},
+                       "containers": ["c1"], "images": ["i"]}
