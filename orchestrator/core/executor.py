@@ -75,8 +75,10 @@ class Executor:
             raise Interrupted("interrupted by the user; " + summary) from None
         finally:
             self.pool.shutdown(wait=False)
-            # long explanations steps leave for the end (e.g. every node's log tail)
+            # long explanations steps leave for the end (e.g. every node's log tail), and the
+            # fields they add to the JSON report
             self.report.notes.extend(self.shared.get("notes", []))
+            self.report.extra.update(self.shared.get("report_extra", {}))
         return self.report
 
     def changes_summary(self) -> str:

@@ -154,6 +154,7 @@ class WaitReady(Step):
         except LaunchFailed as exc:
             # the head alone runs this step, so nothing else touches `shared` meanwhile
             ctx.shared.setdefault("notes", []).append(exc.details)
+            ctx.shared.setdefault("report_extra", {})["log_tails"] = exc.details
             raise SparkctlError(exc.reason) from None
         return f"/health, /health_generate, /v1/models: {', '.join(ready.models)} ({ready.seconds:.1f}s)"
 
