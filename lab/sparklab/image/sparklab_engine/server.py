@@ -293,13 +293,15 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         chunk_obj = obj + ".chunk" if chat else obj
-        if chat:
-            event({"id": rid, "object": chunk_obj, "created": created, "model": model,
-                   "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None, "finish_reason": None}]})
         first = True
+        role_sent = not chat
         # one event per engine iteration (several tokens when drafts were accepted)
         while (words := job.chunks.get()) is not None:
+            if not role_sent:  # like the real servers: the role chunk comes with the first output
+                role_sent = True
+                event({"id": rid, "object": chunk_obj, "created": created, "model": model,
+                       "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None, "finish_reason": None}]})
             piece = ("" if first else " ") + " ".join(words)
             first = False
             choice = {"index": 0, "delta": {"content": piece}} if chat else \
