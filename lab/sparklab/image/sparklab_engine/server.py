@@ -106,8 +106,9 @@ class EngineState:
                 seconds += perf_model.step_seconds(self.perf, self.tp, len(decoding),
                                                    self.draft_len)
             now = time.monotonic()
-            # absolute pacing: jitter in one iteration is made up in the next (no drift)
-            clock = (clock if now - clock < 0.5 else now) + seconds
+            # absolute pacing while busy: jitter in one iteration is made up in the next (no
+            # drift); after idling (or falling > 0.5 s behind) the clock restarts from now
+            clock = (clock if decoding and now - clock < 0.5 else now) + seconds
             if clock > now:
                 time.sleep(clock - now)
             for job in new:
