@@ -127,7 +127,7 @@ def render_sweep(result: dict[str, Any]) -> None:
     rows = sweep_rows(result["runs"])
     conc = sorted({c for r in rows for c in r["tg_by_concurrency"]})
     table = Table(title=f"sparkctl bench --sweep {result['key']}")
-    table.add_column(result["key"])
+    table.add_column(result["key"].split(".")[-1], no_wrap=True)
     for c in conc:
         table.add_column(f"tg c{c} (t/s)", justify="right")
     table.add_column("acceptance rate", justify="right")
