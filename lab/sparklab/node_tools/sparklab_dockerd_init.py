@@ -74,6 +74,14 @@ def container_init(cid: str) -> None:
         stage = d + "/stage-image"
         os.makedirs(stage, exist_ok=True)
         bind(lab["image_dir"], stage, readonly=True)
+        # -v sources as the node sees them, taken before /etc and /opt get their overlays: a
+        # bind taken through the overlay would show a lower-dir snapshot (a file the node later
+        # replaces, like extra-llm-api-config.yml on a relaunch, would stay stale inside).
+        sources = []
+        for m in config["Mounts"]:
+            if not os.path.exists(m["Source"]):
+                os.makedirs(m["Source"], exist_ok=True)
+            sources.append(os.open(m["Source"], os.O_PATH))
         for path in OVERLAID:
             layer = f"{d}/layers{path}"
             os.makedirs(layer + "/upper", exist_ok=True)
@@ -102,11 +110,13 @@ def container_init(cid: str) -> None:
                               "node (`lab up` installs it); recreate the lab")
             make_mountpoint(m["destination"], m["source"])
             bind(m["source"], m["destination"], readonly=True)
-        for m in config["Mounts"]:
-            if not os.path.exists(m["Source"]):
-                os.makedirs(m["Source"], exist_ok=True)
-            make_mountpoint(m["Destination"], m["Source"])
-            bind(m["Source"], m["Destination"], readonly=not m["RW"])
+        # -v sources were opened before the overlays went up, so a file the node rewrote is
+        # seen as it is now, as with a real bind mount
+        for i, m in enumerate(config["Mounts"]):
+            fd = sources[i]
+            make_mountpoint(m["Destination"], f"/proc/self/fd/{fd}")
+            bind(f"/proc/self/fd/{fd}", m["Destination"], readonly=not m["RW"])
+            os.close(fd)
         argv = lab["argv"]
         exe = argv[0] if "/" in argv[0] else next(
             (f"{p}/{argv[0]}" for p in env.get("PATH", DEFAULT_PATH).split(":")

@@ -89,8 +89,8 @@ def start_cmd(container: str, argv: list[str]) -> str:
 def server_record(recipe: Recipe, host: str, digest: str) -> dict[str, Any]:
     draft = recipe.speculative.draft_model if recipe.speculative else None
     return {
-        "recipe": recipe.name, "model": recipe.model, "draft_model": draft, "port": recipe.port,
-        "host": host, "tp_size": recipe.tp_size,
+        "recipe": recipe.name, "engine": recipe.engine, "model": recipe.model,
+        "draft_model": draft, "port": recipe.port, "host": host, "tp_size": recipe.tp_size,
         "started": datetime.now(UTC).isoformat(timespec="seconds"), "config_hash": digest,
     }
 

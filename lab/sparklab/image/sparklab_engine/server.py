@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import queue
 import sys
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from .common import lab_config, trt_log
+from . import perf_model
+from .common import trt_log
 from .llm_args import draft_model
 
 WORDS = ("the", "city", "light", "river", "bread", "museum", "evening", "streets", "art",
@@ -18,7 +20,36 @@ WORDS = ("the", "city", "light", "river", "bread", "museum", "evening", "streets
          "many", "small", "squares", "wine")
 
 
+class Job:
+    """One request inside the simulated engine: tokens come out per iteration, as chunks."""
+
+    def __init__(self, prompt_tokens: int, words: list[str], offset: float) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.words = words
+        self.sent = 0
+        self.steps = 0
+        self.offset = offset
+        self.chunks: queue.Queue[list[str] | None] = queue.Queue()
+
+    @property
+    def done(self) -> bool:
+        return self.sent >= len(self.words)
+
+    def emit(self, count: int) -> int:
+        count = min(count, len(self.words) - self.sent)
+        self.chunks.put(self.words[self.sent:self.sent + count])
+        self.sent += count
+        if self.done:
+            self.chunks.put(None)
+        return count
+
+
 class EngineState:
+    """Rank 0's engine: an in-flight batching scheduler paced by perf_model (wall clock).
+
+    Each iteration runs the context phase of the requests that arrived (each yields its first
+    token) and one decode step of the others (each yields 1 + accepted draft tokens)."""
+
     def __init__(self, cli: dict, options: dict) -> None:
         self.model = cli["model"]
         self.options = options
@@ -29,43 +60,89 @@ class EngineState:
         self.stats: list[dict] = []
         self.stats_lock = threading.Lock()
         self.iteration = 0
-        self.iter_ms = float(lab_config()["ms_per_iteration"])
+        self.tp = int(options.get("tensor_parallel_size") or cli.get("tp_size") or 1)
+        self.perf = perf_model.spec_of(self.model)
+        self.draft_len = int(self.spec.get("max_draft_len") or 0) if draft_model(self.spec) or \
+            self.spec.get("decoding_type") in ("MTP", "NGram") else 0
+        self.cond = threading.Condition()
+        self.pending: list[Job] = []
+        self.active: list[Job] = []
+        threading.Thread(target=self.loop, daemon=True).start()
 
     def healthy(self) -> bool:
         return self.ready and not (self.leader and self.leader.dead)
 
-    def generate(self, prompt: str, max_tokens: int) -> list[str]:
+    def submit(self, prompt: str, max_tokens: int, prompt_tokens: int | None = None) -> Job:
         """Deterministic tokens from the prompt; one rendezvous step per request."""
         if self.leader:
             self.leader.forward()
         seed = hashlib.sha256(prompt.encode()).digest()
-        tokens = [WORDS[hashlib.sha256(seed + i.to_bytes(4, "big")).digest()[0] % len(WORDS)]
-                  for i in range(max_tokens)]
-        draft_len = int(self.spec.get("max_draft_len") or 0) if draft_model(self.spec) or \
-            self.spec.get("decoding_type") in ("MTP", "NGram") else 0
-        done = 0
-        while done < len(tokens):
-            accepted = seed[done % 32] % (draft_len + 1) if draft_len else 0
-            step = min(accepted + 1, len(tokens) - done)
-            done += step
-            time.sleep(self.iter_ms / 1000)
-            self.record(draft_len, accepted)
-        return tokens
+        words = [WORDS[hashlib.sha256(seed + i.to_bytes(4, "big")).digest()[0] % len(WORDS)]
+                 for i in range(max(max_tokens, 1))]
+        job = Job(prompt_tokens or len(prompt.split()), words, seed[0] / 256)
+        with self.cond:
+            self.pending.append(job)
+            self.cond.notify()
+        return job
 
-    def record(self, draft_len: int, accepted: int) -> None:
+    def generate(self, prompt: str, max_tokens: int) -> list[str]:
+        job = self.submit(prompt, max_tokens)
+        out: list[str] = []
+        while (chunk := job.chunks.get()) is not None:
+            out += chunk
+        return out
+
+    def loop(self) -> None:
+        clock = 0.0
+        while True:
+            with self.cond:
+                while not self.pending and not self.active:
+                    self.cond.wait()
+                new, self.pending = self.pending, []
+            decoding = list(self.active)
+            seconds = sum(perf_model.prefill_seconds(self.perf, self.tp, j.prompt_tokens)
+                          for j in new)
+            if decoding:
+                seconds += perf_model.step_seconds(self.perf, self.tp, len(decoding),
+                                                   self.draft_len)
+            now = time.monotonic()
+            # absolute pacing while busy: jitter in one iteration is made up in the next (no
+            # drift); after idling (or falling > 0.5 s behind) the clock restarts from now
+            clock = (clock if decoding and now - clock < 0.5 else now) + seconds
+            if clock > now:
+                time.sleep(clock - now)
+            for job in new:
+                job.emit(1)  # the context phase yields the first token
+            accepted = 0
+            for job in decoding:
+                draw = (job.offset + job.steps * perf_model.ACCEPT_SEQUENCE) % 1.0
+                hit = perf_model.accepted_draw(self.draft_len, draw) if self.draft_len else 0
+                job.steps += 1
+                accepted += hit
+                job.emit(1 + hit)
+            self.record(len(new) + len(decoding), len(new), len(decoding), accepted, seconds)
+            with self.cond:
+                self.active = [j for j in decoding + new if not j.done]
+
+    def record(self, active: int, new: int, decoding: int, accepted: int, seconds: float) -> None:
+        """One iteration's stats, with TensorRT-LLM's field names (IterationStats JSON)."""
         if not self.collect_stats:
             return
         with self.stats_lock:
             self.iteration += 1
-            entry: dict = {"iter": self.iteration, "iterLatencyMS": self.iter_ms,
-                           "numActiveRequests": 1, "numNewActiveRequests": 0,
+            ms = round(seconds * 1000, 3)
+            entry: dict = {"iter": self.iteration, "iterLatencyMS": ms,
+                           "numActiveRequests": active, "numNewActiveRequests": new,
                            "gpuMemUsage": 0, "cpuMemUsage": 0, "pinnedMemUsage": 0,
                            "timestamp": time.strftime("%m-%d-%Y %H:%M:%S")}
-            if draft_len:
+            if self.draft_len:  # every iteration, zeros when no request drafted
                 entry["specDecodingStats"] = {
-                    "numDraftTokens": draft_len, "numAcceptedTokens": accepted,
-                    "numRequestsWithDraftTokens": 1, "acceptanceLength": accepted + 1.0,
-                    "iterLatencyMS": self.iter_ms, "draftOverhead": 0.1}
+                    "numDraftTokens": self.draft_len * decoding, "numAcceptedTokens": accepted,
+                    "numRequestsWithDraftTokens": decoding,
+                    "acceptanceLength": (accepted + decoding) / decoding if decoding else 0.0,
+                    "iterLatencyMS": ms,
+                    "draftOverhead": perf_model.DRAFT_COST * self.draft_len /
+                    (1 + (perf_model.DRAFT_COST + perf_model.VERIFY_COST) * self.draft_len)}
             self.stats.append(entry)
             del self.stats[:-1000]
 
@@ -167,27 +244,35 @@ class Handler(BaseHTTPRequestHandler):
         except (ValueError, TypeError) as exc:
             self.send_error_json(400, str(exc))
             return
+        if "return_token_ids" in body:
+            # recent trtllm-serve validates requests strictly and refuses this vLLM extension
+            self.send_error_json(400, "1 validation error for ChatCompletionRequest\n"
+                                 "return_token_ids\n  Extra inputs are not permitted "
+                                 "[type=extra_forbidden, input_value=True, input_type=bool]")
+            return
         if not self.state.healthy():
             self.send_error_json(503, "The engine is not ready or an executor worker died")
             return
+        prompt_tokens = len(prompt.split()) + (4 if chat else 0)
         try:
-            tokens = self.state.generate(prompt, max_tokens)
+            job = self.state.submit(prompt, max_tokens, prompt_tokens)
         except Exception as exc:
             trt_log("E", f"Request failed: {exc}")
             self.send_error_json(500, f"Executor worker failed: {exc}")
             return
-        self.reply(body, chat, prompt, tokens)
+        self.reply(body, chat, prompt_tokens, job)
 
-    def reply(self, body: dict, chat: bool, prompt: str, tokens: list[str]) -> None:
+    def reply(self, body: dict, chat: bool, prompt_tokens: int, job: Job) -> None:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         model = body.get("model") or self.state.model
-        usage = {"prompt_tokens": len(prompt.split()) + (4 if chat else 0),
-                 "completion_tokens": len(tokens)}
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(job.words)}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         obj = "chat.completion" if chat else "text_completion"
-        text = " ".join(tokens)
         if not body.get("stream"):
+            while job.chunks.get() is not None:
+                pass
+            text = " ".join(job.words)
             choice: dict = {"index": 0, "logprobs": None, "finish_reason": "length",
                             "stop_reason": None}
             if chat:
@@ -209,16 +294,20 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         chunk_obj = obj + ".chunk" if chat else obj
-        for i, tok in enumerate([None, *tokens]):
-            piece = tok if i <= 1 else " " + (tok or "")
-            if chat:
-                delta = {"role": "assistant", "content": ""} if tok is None else \
-                    {"content": piece}
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
-            elif tok is None:
-                continue
-            else:
-                choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
+        first = True
+        role_sent = not chat
+        # one event per engine iteration (several tokens when drafts were accepted)
+        while (words := job.chunks.get()) is not None:
+            if not role_sent:  # like the real servers: the role chunk comes with the first output
+                role_sent = True
+                event({"id": rid, "object": chunk_obj, "created": created, "model": model,
+                       "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None, "finish_reason": None}]})
+            piece = ("" if first else " ") + " ".join(words)
+            first = False
+            choice = {"index": 0, "delta": {"content": piece}} if chat else \
+                {"index": 0, "text": piece}
+            choice.update(logprobs=None, finish_reason=None)
             event({"id": rid, "object": chunk_obj, "created": created, "model": model,
                    "choices": [choice]})
         last = {"index": 0, "logprobs": None, "finish_reason": "length", "stop_reason": None}

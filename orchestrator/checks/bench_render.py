@@ -1,0 +1,231 @@
+"""Showing bench results: the owners' table (rich), a sweep table, two runs compared, a plot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.checks.bench_run import figure, find, peak, spec_summary
+from orchestrator.checks.bench_sweep import sweep_rows
+
+
+def num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _concurrencies(doc: dict[str, Any]) -> list[int]:
+    return sorted({c["concurrency"] for c in doc.get("cells", [])})
+
+
+def gen_cell(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "-"
+    total, per = figure(cell, "tg_throughput"), figure(cell, "tg_req_throughput")
+    if cell["concurrency"] == 1:
+        return num(total)
+    return f"{num(total)} ({num(per)}/req)"
+
+
+def pp_cell(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "-"
+    return f"{num(figure(cell, 'pp_throughput'), 0)} t/s, TTFT {num(figure(cell, 'ttft_ms'), 0)} ms"
+
+
+def result_rows(doc: dict[str, Any]) -> list[list[str]]:
+    """Rows of the owners' table: tgN (depth 0), ppN @ depth D, peak, acceptance."""
+    s = doc["settings"]
+    conc = _concurrencies(doc)
+    pp0, depth0, tg0 = s["pp"][0], s["depth"][0], s["tg"][0]
+    rows = []
+    for tg in s["tg"]:
+        rows.append([f"tg{tg} (t/s)" + (f" @ d{depth0}" if depth0 else "")]
+                    + [gen_cell(find(doc, depth0, pp0, tg, c)) for c in conc])
+    for pp in s["pp"]:
+        for depth in s["depth"]:
+            rows.append([f"pp{pp}, depth {depth:,}"] + [pp_cell(find(doc, depth, pp, tg0, c))
+                                                        for c in conc])
+    peaks = []
+    for c in conc:
+        found = [figure(cell, "peak_throughput") for cell in doc["cells"] if cell["concurrency"] == c]
+        values = [v for v in found if v is not None]
+        peaks.append(num(max(values)) if values else "-")
+    rows.append(["peak (t/s)", *peaks])
+    spec_row = ["spec. decoding: acceptance rate / length"]
+    for c in conc:
+        rates = [cell["spec_decoding"] for cell in doc["cells"]
+                 if cell["concurrency"] == c and cell.get("spec_decoding")]
+        if rates:
+            part = {"cells": [{"spec_decoding": r, "concurrency": c} for r in rates]}
+            summary = spec_summary(part) or {}
+            spec_row.append(f"{num(summary.get('acceptance_rate'), 2)} / "
+                            f"{num(summary.get('acceptance_length'), 2)}")
+        else:
+            spec_row.append("-")
+    rows.append(spec_row)
+    return rows
+
+
+def header_lines(doc: dict[str, Any]) -> list[str]:
+    server = doc.get("server") or {}
+    lines = [f"{server.get('model', '?')} - recipe {server.get('recipe', '?')} "
+             f"(config {server.get('config_hash', '?')}), engine {server.get('engine', '?')}",
+             f"image {server.get('image', '?')} @ {server.get('image_digest') or '?'}"]
+    s = doc["settings"]
+    lines.append(f"{s['runs']} run(s) per cell{', after a warmup' if s['warmup'] else ''}; "
+                 f"latency {num(doc.get('latency_ms'))} ms subtracted from TTFT")
+    value, at = peak(doc)
+    if value is not None:
+        lines.append(f"peak burst: {num(value)} t/s at c{at}")
+    notes = {c.get("spec_note") for c in doc.get("cells", []) if c.get("spec_note")}
+    lines += [f"speculative decoding: {n}" for n in sorted(notes)]
+    if doc.get("interrupted"):
+        lines.append("INTERRUPTED: partial results")
+    return lines
+
+
+def node_rows(doc: dict[str, Any]) -> list[list[str]]:
+    cells = doc.get("cells") or []
+    state = (cells[-1].get("nodes") if cells else None) or doc.get("nodes_before") or {}
+    rows = []
+    for node, s in state.items():
+        if "error" in s:
+            rows.append([node, s["error"], "", "", ""])
+            continue
+        rows.append([node, f"{num(s.get('sm_clock_mhz'), 0)} MHz", f"{num(s.get('temperature_c'), 0)} C",
+                     f"{num(s.get('power_w'))} W",
+                     f"{num(s.get('memory_used_gb'))} / {num(s.get('memory_total_gb'))} GB"])
+    return rows
+
+
+def render(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    for line in header_lines(doc):
+        console.print(line, markup=False)
+    table = Table(title="sparkctl bench")
+    table.add_column("config")
+    for c in _concurrencies(doc):
+        table.add_column(f"c{c}", justify="right")
+    for row in result_rows(doc):
+        table.add_row(*row)
+    console.print(table)
+    nodes = Table(title="nodes after the last cell")
+    for column in ("node", "GPU clock", "temp", "power", "memory used"):
+        nodes.add_column(column)
+    for row in node_rows(doc):
+        nodes.add_row(*row)
+    console.print(nodes)
+
+
+def render_sweep(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    rows = sweep_rows(result["runs"])
+    conc = sorted({c for r in rows for c in r["tg_by_concurrency"]})
+    table = Table(title=f"sparkctl bench --sweep {result['key']}")
+    table.add_column(result["key"].split(".")[-1], no_wrap=True)
+    for c in conc:
+        table.add_column(f"tg c{c} (t/s)", justify="right")
+    table.add_column("acceptance rate", justify="right")
+    table.add_column("acceptance length", justify="right")
+    for row in rows:
+        mark = " *best*" if row["value"] == result["best"] else ""
+        table.add_row(f"{row['value']}{mark}", *[num(row["tg_by_concurrency"].get(c)) for c in conc],
+                      num(row["acceptance_rate"], 2), num(row["acceptance_length"], 2))
+    console.print(table)
+    console.print(f"best: {result['best']} (highest generation throughput at the lowest "
+                  f"concurrency); original recipe restored: {result['restored']}", markup=False)
+
+
+COMPARED = (("tg_throughput", "t/s", True), ("tg_req_throughput", "t/s/req", True),
+            ("peak_throughput", "peak t/s", True), ("pp_throughput", "pp t/s", True),
+            ("ttft_ms", "TTFT ms", False))
+
+
+def compare_rows(a: dict[str, Any], b: dict[str, Any]) -> list[list[str]]:
+    """Cells present in both runs: each figure A, B and B/A (higher is better except TTFT)."""
+    rows = []
+    for cell in a.get("cells", []):
+        other = find(b, cell["depth"], cell["pp"], cell["tg"], cell["concurrency"])
+        if other is None:
+            continue
+        name = f"pp{cell['pp']} tg{cell['tg']} d{cell['depth']} c{cell['concurrency']}"
+        for key, title, _ in COMPARED:
+            va, vb = figure(cell, key), figure(other, key)
+            if va is None and vb is None:
+                continue
+            ratio = f"{vb / va:.2f}x" if va and vb is not None else "-"
+            rows.append([name, title, num(va), num(vb), ratio])
+    sa, sb = spec_summary(a) or {}, spec_summary(b) or {}
+    for key in ("acceptance_rate", "acceptance_length"):
+        va, vb = sa.get(key), sb.get(key)
+        if va is not None or vb is not None:
+            ratio = f"{vb / va:.2f}x" if va and vb is not None else "-"
+            rows.append(["whole run", key.replace("_", " "), num(va, 2), num(vb, 2), ratio])
+    return rows
+
+
+def render_compare(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    for tag, doc in zip("AB", (a, b), strict=True):
+        server = doc.get("server") or {}
+        console.print(f"{tag}: {names['AB'.index(tag)]}: {server.get('recipe')} "
+                      f"config {server.get('config_hash')}, started {doc.get('started')}", markup=False)
+    table = Table(title="sparkctl bench compare (B/A)")
+    for column, justify in (("cell", "left"), ("figure", "left"), ("A", "right"), ("B", "right"),
+                            ("B/A", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for row in compare_rows(a, b):
+        table.add_row(*row)
+    console.print(table)
+
+
+def plot(doc: dict[str, Any], path: str) -> None:
+    """Throughput vs concurrency (one line per tg, aggregate and per request); for a sweep, a
+    second panel: throughput and acceptance length vs the swept value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = doc.get("sweep")
+    runs = sweep["runs"] if sweep else [doc]
+    fig, axes = plt.subplots(1, 2 if sweep else 1, figsize=(12 if sweep else 7, 4.5), squeeze=False)
+    ax = axes[0][0]
+    for run in runs:
+        s = run["settings"]
+        for tg in s["tg"]:
+            cells = sorted((c for c in run["cells"] if c["tg"] == tg and c["depth"] == s["depth"][0]
+                            and c["pp"] == s["pp"][0]), key=lambda c: c["concurrency"])
+            xs = [c["concurrency"] for c in cells]
+            tag = f"tg{tg}" + (f" {sweep['key']}={run['value']}" if sweep else "")
+            ax.plot(xs, [figure(c, "tg_throughput") or 0 for c in cells], marker="o", label=tag)
+            if not sweep:
+                ax.plot(xs, [figure(c, "tg_req_throughput") or 0 for c in cells], marker="x",
+                        linestyle="--", label=f"{tag} per request")
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("generation tokens/s (aggregate)")
+    ax.set_title("throughput vs concurrency")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    if sweep:
+        rows = sweep_rows(runs)
+        ax2 = axes[0][1]
+        xs = [str(r["value"]) for r in rows]
+        ax2.bar(xs, [r["score"] or 0 for r in rows], color="tab:blue", alpha=0.7)
+        ax2.set_xlabel(sweep["key"])
+        ax2.set_ylabel("tokens/s at the lowest concurrency")
+        twin = ax2.twinx()
+        twin.plot(xs, [r["acceptance_length"] or 0 for r in rows], color="tab:red", marker="o")
+        twin.set_ylabel("acceptance length", color="tab:red")
+        ax2.set_title(f"vs {sweep['key']} (best {sweep['best']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,284 @@
+"""`sparkctl bench`: how fast the running server is, measured like llama-benchy, through SSH.
+
+Thin: options, the session and the forward (like `chat`), then orchestrator/checks/bench_*.py
+measure, judge and render. See docs/bench.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
+
+
+def _note(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected comma-separated integers") from None
+    if not values or any(v < 0 for v in values):
+        raise click.BadParameter(f"{text!r}: expected comma-separated integers >= 0")
+    return values
+
+
+def _node_state(session: Any) -> dict[str, Any]:
+    from orchestrator.checks.bench_metrics import NODE_STATE_CMD, parse_node_state
+    from orchestrator.remote.cluster import parallel
+
+    def one(name: str) -> dict[str, Any]:
+        result = session.transports[name].run(NODE_STATE_CMD, timeout=30,
+                                              display="nvidia-smi --query-gpu=...")
+        return parse_node_state(result.stdout)
+
+    names = [n.name for n in session.inventory.nodes if n.name in session.transports]
+    out = {name: (o.get() if o.ok else {"error": str(o.error)}) for name, o in parallel(one, names).items()}
+    for name in session.unreachable:
+        out[name] = {"error": "unreachable"}
+    return out
+
+
+def _server_info(session: Any, inventory: Any, transport: Any, server: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    from orchestrator.commands import docker_cmd
+    from orchestrator.phases.container import image_digest
+
+    image = inventory.container.image
+    result = transport.run(docker_cmd("image", "inspect", image), timeout=30)
+    facts = None
+    if result.ok:
+        try:
+            facts = (json.loads(result.stdout) or [None])[0]
+        except ValueError:
+            facts = None
+    keys = ("recipe", "model", "draft_model", "engine", "config_hash", "tp_size", "port", "started")
+    return {**{k: server.get(k) for k in keys}, "engine": server.get("engine") or "trtllm",
+            "image": image, "image_digest": image_digest(facts, image), "head": inventory.head_name}
+
+
+class Bench:
+    """The session, the forward and the target of one `sparkctl bench` invocation."""
+
+    def __init__(self, session: Any, inventory: Any, expected: str | None) -> None:
+        from orchestrator.cli.launch import _running_server
+
+        self.session, self.inventory, self.expected = session, inventory, expected
+        self.transport, server = _running_server(session, inventory)
+        if expected and server.get("recipe") != expected:
+            from orchestrator.errors import SparkctlError
+
+            raise SparkctlError(f"the running server is recipe {server.get('recipe')!r}, not "
+                                f"{expected!r} (--server)")
+        self.server = server
+
+    def measure(self, config: Any, forward_port: int) -> dict[str, Any]:
+        from orchestrator.checks.bench_client import Endpoint
+        from orchestrator.checks.bench_metrics import meter_for
+        from orchestrator.checks.bench_run import Target, run_bench
+        from orchestrator.cli.launch import _running_server
+
+        _, self.server = _running_server(self.session, self.inventory)  # fresh after a relaunch
+        info = _server_info(self.session, self.inventory, self.transport, self.server)
+        endpoint = Endpoint(forward_port, self.server["model"])
+
+        def fetch() -> str:
+            status, body = endpoint.get("/metrics")
+            return body.decode(errors="replace") if status == 200 else ""
+
+        target = Target(endpoint, meter_for(info["engine"], fetch),
+                        lambda: _node_state(self.session), _note)
+        _note(f"[bench] {info['model']} ({info['recipe']}, {info['engine']}) on {info['head']}, "
+              "through the SSH forward")
+        doc = run_bench(config, target)
+        doc["server"] = info
+        return doc
+
+
+def _relaunch_cmd(recipe: str, inventory_path: str, timeout: float) -> list[str]:
+    return [sys.executable, "-m", "orchestrator.cli", "launch", recipe, "--inventory",
+            inventory_path, "--replace", "--yes", "--json", "--timeout", str(timeout)]
+
+
+def relauncher(inventory_path: str, timeout: float) -> Any:
+    """`sparkctl launch FILE --replace --yes` in its own process group (a Ctrl-C reaches only
+    bench, which then stops the launch's waiting and restores the original recipe)."""
+    import json
+    import os
+    import signal
+    import subprocess
+
+    from orchestrator.errors import SparkctlError
+
+    def relaunch(recipe: Any) -> None:
+        proc = subprocess.Popen(_relaunch_cmd(str(recipe), inventory_path, timeout),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate()
+        except KeyboardInterrupt:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.communicate()
+            raise
+        if proc.returncode != 0:
+            try:
+                reason = json.loads(out).get("error") or ""
+            except ValueError:
+                reason = ""
+            tail = (reason or err.strip())[-800:]
+            raise SparkctlError(f"launch {recipe} failed (exit {proc.returncode}): {tail}")
+
+    return relaunch
+
+
+def _finish(doc: dict[str, Any], as_json: bool, save: str | None, plot_path: str | None) -> int:
+    import time
+    from pathlib import Path
+
+    from orchestrator.checks import bench_render
+    from orchestrator.core.report import print_json
+
+    if save:
+        folder = Path(save).expanduser()
+        folder.mkdir(parents=True, exist_ok=True)
+        import json
+
+        file = folder / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        file.write_text(json.dumps(doc, indent=1))
+        _note(f"[bench] saved {file}")
+    if plot_path:
+        bench_render.plot(doc, plot_path)
+        _note(f"[bench] plot written to {plot_path}")
+    if as_json:
+        print_json(doc)
+    elif "sweep" in doc:
+        bench_render.render_sweep(doc["sweep"])
+    else:
+        bench_render.render(doc)
+    return 130 if doc.get("interrupted") else (0 if doc.get("ok") else 1)
+
+
+def _bench(opts: dict[str, Any]) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from orchestrator.checks.bench_run import BenchConfig
+    from orchestrator.core.runner import load_inventory_option
+    from orchestrator.core.session import open_session
+    from orchestrator.remote.tunnel import Forwarder
+
+    config = BenchConfig(tg=opts["tg"], pp=opts["pp"], depth=opts["depth"],
+                         concurrency=[c for c in opts["concurrency"] if c > 0] or [1],
+                         runs=opts["runs"], warmup=not opts["no_warmup"])
+    inventory, inventory_path = load_inventory_option(opts["inventory_path"])
+    with open_session(inventory, "bench", quiet=True) as session:
+        bench = Bench(session, inventory, opts["server"])
+        with Forwarder(bench.transport, int(bench.server["port"])) as forward:
+            if not opts["sweep"]:
+                doc = bench.measure(config, forward.local_port)
+                doc.update(command="bench", ok=not doc["interrupted"] and not any(
+                    c["figures"]["error_count"] for c in doc["cells"]))
+                return _finish(doc, opts["as_json"], opts["save"], opts["plot"])
+            from orchestrator.checks.bench_sweep import parse_sweep, run_sweep, write_variants
+            from orchestrator.engines import load_recipe
+
+            key, values = parse_sweep(opts["sweep"])
+            original = opts["recipe"] or bench.server["recipe"]
+            recipe = load_recipe(original)
+            data = recipe.model_dump(mode="json", exclude_none=True)
+            with tempfile.TemporaryDirectory(prefix="sparkctl-sweep-") as tmp:
+                key, files = write_variants(data, key, values, Path(tmp), load_recipe)
+                result = run_sweep(values, files, relauncher(str(inventory_path), opts["timeout"]),
+                                   lambda value: bench.measure(config, forward.local_port),
+                                   original, _note)
+            result.update(key=key, values=values, original=str(original))
+            doc = {"command": "bench", "schema": "sparkctl-bench-sweep/1", "sweep": result,
+                   "interrupted": result["interrupted"],
+                   "ok": not result["error"] and result["restored"] and not result["interrupted"]}
+            return _finish(doc, opts["as_json"], opts["save"], opts["plot"])
+
+
+@click.group(context_settings=CONTEXT, invoke_without_command=True)
+@inventory_option
+@click.option("--server", metavar="NAME", help="Refuse unless the running server is this recipe.")
+@click.option("--tg", default="128,256", show_default=True, help="Tokens to generate per request.")
+@click.option("--pp", default="2048", show_default=True, help="Prompt tokens per request.")
+@click.option("--depth", default="0,16384", show_default=True,
+              help="Context tokens before the prompt (a system message).")
+@click.option("--concurrency", "-c", default="1,4,8", show_default=True,
+              help="Simultaneous requests.")
+@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Measured batches per cell (mean and std over them).")
+@click.option("--no-warmup", is_flag=True, help="Skip the discarded warmup batch of each cell.")
+@click.option("--sweep", metavar="KEY=V1,V2,...",
+              help="Relaunch with each value of a recipe key (e.g. speculative.max_draft_len=1,2,3,4),"
+                   " benchmark each, restore the original recipe.")
+@click.option("--recipe", metavar="RECIPE",
+              help="With --sweep: the recipe to vary and restore (default: the running one's name).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=1800.0, show_default=True,
+              help="With --sweep: seconds each relaunch may take.")
+@json_option
+@click.option("--save", metavar="DIR", help="Keep the results as DIR/bench-<time>.json.")
+@click.option("--plot", metavar="FILE.png", help="Draw throughput vs concurrency (needs matplotlib).")
+@click.pass_context
+def bench(ctx: click.Context, **opts: Any) -> None:
+    """Measure the running server like llama-benchy: tg and pp throughput, TTFT, peak,
+    speculative acceptance, with every node's GPU state. Through SSH, as `chat`.
+
+    \b
+      sparkctl bench                                  # tg128,256 x c1,4,8; pp2048 @ d0,16K
+      sparkctl bench --tg 64 -c 1,2 --depth 0 --runs 1 --json
+      sparkctl bench --sweep speculative.max_draft_len=1,2,3,4,8 --plot sweep.png
+      sparkctl bench compare before.json after.json
+    Ctrl-C stops the benchmark (never the server) and exits 130. See docs/bench.md.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    for key in ("tg", "pp", "depth", "concurrency"):
+        opts[key] = _ints(opts[key])
+    if opts["plot"]:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.UsageError("--plot needs matplotlib: pip install 'dgx-sparkctl[bench]'") from None
+    run_command(lambda: _bench(opts))
+
+
+@bench.command("compare")
+@click.argument("first", type=click.Path(exists=True, dir_okay=False))
+@click.argument("second", type=click.Path(exists=True, dir_okay=False))
+@json_option
+def compare(first: str, second: str, as_json: bool) -> None:
+    """Two saved runs (bench --save / --json) side by side, with B/A ratios."""
+    def body() -> int:
+        import json
+        from pathlib import Path
+
+        from orchestrator.checks.bench_render import compare_rows, render_compare
+        from orchestrator.core.report import print_json
+        from orchestrator.errors import InputError
+
+        docs = []
+        for path in (first, second):
+            try:
+                doc = json.loads(Path(path).read_text())
+            except ValueError as exc:
+                raise InputError(f"{path}: not JSON: {exc}") from None
+            if "cells" not in doc:
+                raise InputError(f"{path}: not a `sparkctl bench` result (no cells)")
+            docs.append(doc)
+        if as_json:
+            rows = compare_rows(docs[0], docs[1])
+            print_json({"command": "bench compare", "a": first, "b": second, "rows": [
+                dict(zip(("cell", "figure", "a", "b", "ratio"), r, strict=True)) for r in rows]})
+        else:
+            render_compare(docs[0], docs[1], (first, second))
+        return 0
+
+    run_command(body)
