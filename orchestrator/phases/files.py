@@ -1,31 +1,27 @@
 """Managed files: render, compare by sha256 on the node, write all changed files at once.
 
 One step writes every changed file of its phase in one remote command (a JSON list on stdin,
-written atomically by a tiny node-side script), so a cold run costs one round trip for files,
-and an unchanged file costs none beyond the phase's facts.
+written atomically by the node-side ledger script, orchestrator/node/ledger.py), so a cold run
+costs one round trip for files, and an unchanged file costs none beyond the phase's facts.
+
+The ledger is the one rule for every file sparkctl writes, restores or removes on a node: it
+records the sha256 of what sparkctl wrote (and what stood there before), and a file whose
+content on disk is not exactly that is never overwritten, restored over or removed: it is left
+alone and the report says so.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
+from orchestrator.errors import SparkctlError
+from orchestrator.remote.transport import Result
 from orchestrator.render import sha256, unified_diff
-
-WRITER = r"""
-import json, os, sys
-for entry in json.load(sys.stdin):
-    path, mode = entry["path"], int(entry["mode"], 8)
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    tmp = path + ".sparkctl-tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(entry["content"])
-    os.chmod(tmp, mode)
-    os.rename(tmp, path)
-"""
 
 
 @dataclass(frozen=True)
@@ -43,7 +39,66 @@ def files_request(paths: list[str]) -> dict[str, bool]:
 
 
 def write_files_cmd() -> str:
-    return "python3 -c " + _quote(WRITER)
+    """Write the JSON list of {path, mode, content} on stdin through the ledger."""
+    return ledger_cmd("write")
+
+
+def ledger_cmd(mode: str, *args: str) -> str:
+    from orchestrator.commands import join
+    from orchestrator.node import script
+
+    return "python3 -c " + _quote(script("ledger.py")) + " " + join([mode, *args])
+
+
+def ledger_answer(result: Result, node: str, what: str) -> dict[str, Any]:
+    """The ledger script's JSON answer; a full disk or read-only filesystem named with node,
+    path and free space; any other failure as the command's own error."""
+    answer: dict[str, Any] = {}
+    for line in reversed(result.stdout.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            answer = value
+            break
+    if answer.get("error"):
+        raise SparkctlError(f"{node}: {what}: " + describe_os_error(answer))
+    if not answer:
+        result.check()
+    return answer
+
+
+def describe_os_error(answer: dict[str, Any]) -> str:
+    """{"error", "errno", "path", "free_bytes"} from a node-side script, in words."""
+    path = answer.get("path") or "?"
+    free = answer.get("free_bytes")
+    room = f" ({format_bytes(free)} free)" if isinstance(free, int) else ""
+    if answer.get("errno") == errno.ENOSPC:
+        return f"no space left on the filesystem of {path}{room}: free some space on the node"
+    if answer.get("errno") == errno.EROFS:
+        return f"the filesystem of {path} is read-only: remount it read-write"
+    return f"{path}: {answer.get('error')}{room}"
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def check_written(result: Result, node: str, what: str) -> list[str]:
+    """Raise when a file was left alone (not sparkctl's); return the paths written."""
+    answer = ledger_answer(result, node, what)
+    left = answer.get("left") or []
+    if left:
+        raise SparkctlError(
+            f"{node}: {what}: " + "; ".join(str(e.get("reason")) for e in left)
+            + ". sparkctl never overwrites a file it did not write: move it away "
+            "(or put back what sparkctl wrote) and run the command again"
+        )
+    return list(answer.get("written") or [])
 
 
 def _quote(text: str) -> str:
@@ -85,5 +140,6 @@ class ManagedFiles(Step):
         payload = json.dumps(
             [{"path": s.path, "mode": f"{s.mode:o}", "content": s.content} for s in specs]
         )
-        ctx.run(write_files_cmd(), stdin=payload, sudo=True, display="write managed files").check()
+        result = ctx.run(write_files_cmd(), stdin=payload, sudo=True, display="write managed files")
+        check_written(result, ctx.node.name, self.name)
         return None
