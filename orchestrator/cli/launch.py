@@ -18,24 +18,45 @@ def _note(line: str) -> None:
     click.echo(line, err=True)
 
 
+MAX_TOKEN_BYTES = 4096
+"""A Hugging Face token is ~40 characters; a token file larger than this is the wrong file."""
+
+
+def check_token(value: str, source: str) -> None:
+    """A token is one line of printable ASCII without spaces; say what is wrong, never the value."""
+    from orchestrator.errors import InputError
+
+    if "\n" in value or "\r" in value:
+        raise InputError(f"{source} holds more than one line; a Hugging Face token is one line "
+                         "(hf_...): check the file or variable (its content is not shown)")
+    bad = next((c for c in value if not (c.isascii() and c.isprintable()) or c.isspace()), None)
+    if bad is not None:
+        raise InputError(f"{source} contains a space, control or non-ASCII character; a Hugging "
+                         "Face token is printable ASCII (hf_...) (its content is not shown)")
+
+
 def read_hf_token(token_file: str | None) -> Any:
     """HF_TOKEN from the environment, else the token file; a Secret (never printed) or None."""
     from orchestrator.commands import Secret
     from orchestrator.errors import InputError
     from orchestrator.state import register_secret
+    from orchestrator.yamlio import read_user_file
 
-    value = os.environ.get("HF_TOKEN", "").strip()
-    if not value:
+    value = os.environ.get("HF_TOKEN", "")
+    source = "HF_TOKEN"
+    if not value.strip():
         path = Path(token_file or DEFAULT_TOKEN_FILE).expanduser()
-        if path.exists():
+        source = f"the HF token file {path}"
+        if token_file or os.path.lexists(path):
+            raw = read_user_file(path, "HF token", limit=MAX_TOKEN_BYTES)
             try:
-                value = path.read_text().strip()
-            except OSError as exc:
-                raise InputError(f"cannot read the HF token file {path}: {exc.strerror}") from None
-        elif token_file:
-            raise InputError(f"HF token file not found: {path}")
+                value = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InputError(f"{source} is not UTF-8 text") from None
+    value = value.strip()
     if not value:
         return None
+    check_token(value, source)
     secret = Secret(value)
     register_secret(secret)
     return secret
