@@ -183,6 +183,20 @@ class Executor:
             self.lock.accept(facts[head].get("lock", {}))
         return facts
 
+    def _refuse_full_disks(self, facts: dict[str, dict[str, Any]]) -> None:
+        """Before anything changes: a node whose disk is full (or read-only) where sparkctl
+        writes would fail half-way with a confusing error. `down` still runs: it frees space."""
+        from orchestrator.phases.files import space_problems
+
+        if self.options.command == "down":
+            return
+        problems = [f"{name}: {problem}" for name, node_facts in sorted(facts.items())
+                    for problem in space_problems(node_facts)]
+        if problems:
+            done = self.changes_summary() if not self._facts_still_valid() else "nothing was changed"
+            raise SparkctlError("; ".join(problems) + ". Free some space on the node (or remount "
+                                f"it read-write) and run the command again; {done}")
+
     def _facts_still_valid(self) -> bool:
         return self.options.dry_run or not any(
             s.status == "changed" for host in self.report.hosts.values() for s in host.steps
@@ -205,6 +219,7 @@ class Executor:
                 self._fail(name, StepResult(phase.name, "facts", "failed", 0.0, value))
             else:
                 facts[name] = value
+        self._refuse_full_disks(facts)
         return facts
 
     def _run_step(

@@ -81,6 +81,30 @@ def describe_os_error(answer: dict[str, Any]) -> str:
     return f"{path}: {answer.get('error')}{room}"
 
 
+MIN_FREE_BYTES = 1_000_000
+"""Less free than this where sparkctl writes (state, config, netplan) counts as a full disk."""
+
+
+def space_problems(facts: dict[str, Any]) -> list[str]:
+    """A full disk or read-only filesystem where sparkctl writes, named with path and free space
+    (from the `space` fact every facts gathering answers)."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for path, entry in sorted((facts.get("space") or {}).items()):
+        checked = entry.get("checked", path)
+        if checked in seen:
+            continue
+        free = entry.get("free_bytes")
+        if entry.get("readonly"):
+            problems.append(f"the filesystem of {path} ({checked}) is read-only")
+            seen.add(checked)
+        elif isinstance(free, int) and free < MIN_FREE_BYTES:
+            problems.append(f"disk full: {format_bytes(free)} free on the filesystem of {path} "
+                            f"({checked})")
+            seen.add(checked)
+    return problems
+
+
 def format_bytes(n: int) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
