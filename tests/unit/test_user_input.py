@@ -98,3 +98,43 @@ def test_a_good_token_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     path = tmp_path / "token"
     path.write_text("hf_GoodToken123\n")
     assert read_hf_token(str(path)).reveal() == "hf_GoodToken123"
+
+
+def remembered_inventory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    inventory = tmp_path / "remembered.yml"
+    inventory.write_text((Path(__file__).parents[2] / "inventories" / "two-sparks.yml").read_text())
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "last-inventory").write_text(str(inventory) + "\n")
+    monkeypatch.setenv("SPARKCTL_STATE_DIR", str(state))
+    monkeypatch.delenv("SPARKCTL_INVENTORY", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return inventory
+
+
+@pytest.mark.parametrize("argv", [["down", "--yes"], ["up", "--yes"], ["launch", "qwen3-235b", "--yes"]])
+def test_yes_off_a_terminal_on_a_remembered_inventory_is_refused(
+        argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    inventory = remembered_inventory(tmp_path, monkeypatch)
+    monkeypatch.setenv("HF_TOKEN", "hf_UnitTestToken42")
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 2, result.output
+    assert "--inventory" in result.output and "SPARKCTL_INVENTORY" in result.output
+    assert "two-sparks" in result.output and str(inventory) in result.output
+
+
+def test_a_named_inventory_passes_and_an_implicit_one_is_shown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.core import runner
+
+    inventory = remembered_inventory(tmp_path, monkeypatch)
+    monkeypatch.setenv("SPARKCTL_INVENTORY", str(inventory))
+    named, _ = runner.load_inventory_option(None)
+    runner.check_named_cluster(runner.RunRequest("down", named, lambda s: None, yes=True))  # type: ignore[arg-type,return-value]
+    monkeypatch.delenv("SPARKCTL_INVENTORY")
+    runner.IMPLICIT.clear()
+    implicit, _ = runner.load_inventory_option(None)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    runner.check_named_cluster(runner.RunRequest("down", implicit, lambda s: None))  # type: ignore[arg-type,return-value]
+    err = capsys.readouterr().err
+    assert "acting on cluster two-sparks (head spark-a" in err and "remembered from the last `up`" in err
