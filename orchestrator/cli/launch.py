@@ -95,10 +95,11 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     token = read_hf_token(hf_token_file)
     spec = serve.LaunchSpec(recipe, inventory, host, replace, drop_caches)
     head = inventory.head_name
-    endpoint = f"http://{host}:{recipe.port} on {head}"
+    endpoint = f"http://{host}:{recipe.port}"
 
     def build(session: Any) -> Plan:
-        session.report.extra.update(endpoint=endpoint, model=recipe.model, recipe=recipe.name)
+        session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,
+                                    recipe=recipe.name)
         transport = session.transports[head]
         status = serve.node_call(transport, inventory.container.name, action="status",
                                  port=recipe.port)
@@ -115,7 +116,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             smoke = readiness.smoke_test(session.transports[head], inventory.container.name,
                                          recipe.model, recipe.port)
             report.add(head, StepResult("serve", "smoke-test", "ok", message=smoke))
-            report.notes.append(f"Serving {recipe.model} at {endpoint}. Try `sparkctl chat "
+            report.notes.append(f"Serving {recipe.model} at {endpoint} on {head}. Try `sparkctl chat "
                                 "\"Hello\"`, or `sparkctl tunnel` for other clients.")
         except readiness.LaunchFailed as exc:
             report.add(head, StepResult("serve", "ready", "failed", message=exc.reason))
@@ -267,6 +268,7 @@ def _tunnel(inventory_path: str | None, local_port: int | None) -> int:
                 threading.Event().wait()
             except KeyboardInterrupt:
                 _note("tunnel closed")
+                return 130  # interrupted, as every command (docs: exit codes)
     return 0
 
 

@@ -113,7 +113,11 @@ def execute(request: RunRequest) -> int:
             return _finish(request, session.finish(), run_log)
         if not session.transports:
             return _finish(request, session.finish(), run_log)
-        plan = request.build(session)
+        try:
+            plan = request.build(session)
+        except SparkctlError as exc:
+            diagnose_disks(session, exc)
+            raise
         options = RunOptions(command=request.command, dry_run=True, values=request.values)
         if request.dry_run:
             run_plan(session, plan, options)
@@ -143,6 +147,23 @@ def execute(request: RunRequest) -> int:
             if lock is not None:
                 lock.release()
         return _finish(request, session.finish(), run_log)
+
+
+def diagnose_disks(session: Session, failure: SparkctlError) -> None:
+    """A command that failed before its plan ran (e.g. a `docker exec` finding no container):
+    when a node's disk is full or read-only, that is the cause to name (node, path, free)."""
+    from orchestrator.core.executor import gather_facts
+    from orchestrator.phases.files import space_problems
+
+    problems: list[str] = []
+    for name, transport in session.transports.items():
+        try:
+            problems += [f"{name}: {p}" for p in space_problems(gather_facts(transport, {}, 30))]
+        except SparkctlError:
+            continue
+    if problems:
+        raise SparkctlError("; ".join(problems) + f". Free some space on the node and run the "
+                            f"command again (it failed with: {failure})") from None
 
 
 def _confirm_interactively(request: RunRequest, session: Session, plan: Plan,
