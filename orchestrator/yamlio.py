@@ -165,3 +165,37 @@ def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
         kind = "empty" if data is None else type(data).__name__
         raise InputError(f"{path}: expected a mapping of keys at the top level, found {kind}")
     return data
+
+
+MAX_PROMPT_BYTES = 1_000_000
+
+
+def read_prompt(prompt: str | None, stream: Any, default: str) -> str:
+    """A chat prompt from the argument, else from `stream` (piped stdin, read as bytes, bounded),
+    else `default` on a terminal. Invalid UTF-8 and empty input are refused (exit 2), never sent."""
+    if prompt is None:
+        if stream.isatty():
+            return default
+        raw = stream.buffer.read(MAX_PROMPT_BYTES + 1) if hasattr(stream, "buffer") else (
+            stream.read(MAX_PROMPT_BYTES + 1))
+        if isinstance(raw, str):
+            raw = raw.encode("utf-8", "surrogateescape")
+        if len(raw) > MAX_PROMPT_BYTES:
+            raise InputError(f"the prompt on stdin is larger than {MAX_PROMPT_BYTES} bytes")
+        try:
+            prompt = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"the prompt on stdin is not UTF-8 text (invalid byte at offset "
+                             f"{exc.start}); nothing was sent") from None
+        where = "on stdin"
+    else:
+        where = "given"
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError("the prompt argument is not UTF-8 text; nothing was sent") from None
+    prompt = prompt.strip()
+    if not prompt:
+        raise InputError(f"the prompt {where} is empty; nothing was sent "
+                         "(pass PROMPT or pipe text to `sparkctl chat`)")
+    return prompt

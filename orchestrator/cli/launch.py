@@ -203,9 +203,9 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
     from orchestrator.core.report import print_json
     from orchestrator.errors import SparkctlError
     from orchestrator.remote.tunnel import Forwarder
+    from orchestrator.yamlio import read_prompt
 
-    if prompt is None:
-        prompt = sys.stdin.read().strip() if not sys.stdin.isatty() else "Paris is great because"
+    prompt = read_prompt(prompt, sys.stdin, "Paris is great because")
     manager, inventory = _server_on_head(inventory_path, "chat")
     with manager as session:
         transport, server = _running_server(session, inventory)

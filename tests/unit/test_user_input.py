@@ -138,3 +138,26 @@ def test_a_named_inventory_passes_and_an_implicit_one_is_shown(
     runner.check_named_cluster(runner.RunRequest("down", implicit, lambda s: None))  # type: ignore[arg-type,return-value]
     err = capsys.readouterr().err
     assert "acting on cluster two-sparks (head spark-a" in err and "remembered from the last `up`" in err
+
+
+@pytest.mark.parametrize(("stdin", "message"), [(b"caf\xe9 au lait\n", "not UTF-8"),
+                                                (b"", "empty"), (b"  \n\t\n", "empty")])
+def test_chat_refuses_bad_stdin_before_connecting(stdin: bytes, message: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.cli import launch as launch_cli
+
+    def never(*args: object) -> None:
+        raise AssertionError("chat connected with a prompt it should have refused")
+
+    monkeypatch.setattr(launch_cli, "_server_on_head", never)
+    result = CliRunner().invoke(cli, ["chat"], input=stdin)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_chat_refuses_an_empty_prompt_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.cli import launch as launch_cli
+
+    monkeypatch.setattr(launch_cli, "_server_on_head", lambda *a: (_ for _ in ()).throw(AssertionError))
+    result = CliRunner().invoke(cli, ["chat", "   "])
+    assert result.exit_code == 2 and "empty" in result.output
