@@ -278,9 +278,18 @@ def check_routes(inventory: Inventory, node: Node, facts: dict[str, Any]) -> lis
     return out
 
 
+def check_disk(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+    """A full disk or read-only filesystem where sparkctl writes (state, config, netplan)."""
+    from orchestrator.phases.files import space_problems
+
+    return [CheckResult("disk", node.name, "fail", f"{problem}.",
+                        fix="free some space on the node (or remount it read-write)")
+            for problem in space_problems(facts)]
+
+
 NODE_CHECKS: list[NodeCheck] = [
     check_interface_up, check_speed, check_addresses, check_mtu, check_netplan,
-    check_twin_subnets, check_routes,
+    check_twin_subnets, check_routes, check_disk,
 ]
 
 

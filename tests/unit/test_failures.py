@@ -116,3 +116,11 @@ def test_tunnel_exits_130_on_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(threading.Event, "wait", interrupted)
     result = CliRunner().invoke(cli, ["tunnel"])
     assert result.exit_code == 130, result.output
+
+
+def test_netcheck_names_a_full_disk() -> None:
+    from orchestrator.checks.netcheck import check_disk
+
+    results = check_disk(INVENTORY, INVENTORY.node("spark-a"), {"space": FULL})
+    assert [(r.check, r.status) for r in results] == [("disk", "fail")]
+    assert "0 bytes free" in results[0].message and "/var/lib/sparkctl" in results[0].message
