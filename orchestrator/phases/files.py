@@ -20,6 +20,7 @@ from typing import Any
 
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
+from orchestrator.paths import LEDGER
 from orchestrator.remote.transport import Result
 from orchestrator.render import sha256, unified_diff
 
@@ -129,6 +130,26 @@ def _quote(text: str) -> str:
     from orchestrator.commands import quote
 
     return quote(text)
+
+
+def ledger_entries(ctx: NodeContext) -> dict[str, Any]:
+    """The node's ledger of files sparkctl wrote (path -> {sha256, before})."""
+    try:
+        data = json.loads(((ctx.facts.get("files") or {}).get(LEDGER) or {}).get("content") or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def ownership(ctx: NodeContext, path: str) -> str:
+    """ours | changed | unrecorded | absent, as orchestrator/node/ledger.py decides it."""
+    fact = (ctx.facts.get("files") or {}).get(path) or {}
+    if not fact.get("exists"):
+        return "absent"
+    entry = ledger_entries(ctx).get(path)
+    if entry is None:
+        return "unrecorded"
+    return "ours" if entry.get("sha256") == fact.get("sha256") else "changed"
 
 
 class ManagedFiles(Step):

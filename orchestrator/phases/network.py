@@ -19,9 +19,9 @@ from typing import Any
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.paths import NETPLAN_BACKUP, NETPLAN_FILE
+from orchestrator.paths import LEDGER, NETPLAN_BACKUP, NETPLAN_FILE
 from orchestrator.phases import netguard
-from orchestrator.phases.files import check_written
+from orchestrator.phases.files import check_written, ownership
 from orchestrator.phases.netguard import (
     ABSENT_MARKER,
     ARMED_PATH,
@@ -44,7 +44,7 @@ def phase(inventory: Inventory) -> Phase:
 def network_request(inventory: Inventory, node: Node) -> dict[str, Any]:
     files = {
         NETPLAN_FILE: True, NETPLAN_BACKUP: False, ABSENT_MARKER: False, ROLLED_BACK_PATH: True,
-        CONFIRMED_SHA_PATH: True, ARMED_PATH: False, DECIDED_PATH: False,
+        CONFIRMED_SHA_PATH: True, ARMED_PATH: False, DECIDED_PATH: False, LEDGER: True,
     }
     return {"files": files, "netplan": True, "links": True}
 
@@ -98,7 +98,12 @@ class NetplanFile(Step):
                           payload=content)
         diff = unified_diff(NETPLAN_FILE, fact.get("content") if fact.get("exists") else None, content)
         verb = "update" if fact.get("exists") else "write"
-        return Change(f"{verb} {NETPLAN_FILE} (validated with netplan generate){_warnings(ctx)}",
+        kept = ""
+        if (fact.get("exists") and LEDGER in (ctx.facts.get("files") or {})
+                and ownership(ctx, NETPLAN_FILE) != "ours"):
+            verb = "replace"
+            kept = "; the file there was not written by sparkctl: it is kept, `down --network` puts it back"
+        return Change(f"{verb} {NETPLAN_FILE} (validated with netplan generate){kept}{_warnings(ctx)}",
                       diff=diff, payload=content)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:

@@ -24,7 +24,7 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Plan, St
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import CONFIG_DIR, LEDGER, NETPLAN_FILE, RUN_DIR, STATE_DIR
-from orchestrator.phases.files import ledger_answer, ledger_cmd
+from orchestrator.phases.files import ledger_answer, ledger_cmd, ledger_entries, ownership
 
 LOCK_NAME = "lock"
 """The cluster lock lives in STATE_DIR on the head and is held while down runs: kept."""
@@ -167,26 +167,6 @@ class NetworkUndo:
     """What stood there before `up` was a file of the user's: it is put back (for the summary)."""
     addresses: list[tuple[str, str]]
     """(interface, CIDR) pairs to delete: inventory fabric addresses still configured."""
-
-
-def ledger_entries(ctx: NodeContext) -> dict[str, Any]:
-    """The node's ledger of files sparkctl wrote (path -> {sha256, before})."""
-    try:
-        data = json.loads(_file(ctx, LEDGER).get("content") or "{}")
-    except json.JSONDecodeError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def ownership(ctx: NodeContext, path: str) -> str:
-    """ours | changed | unrecorded | absent, as orchestrator/node/ledger.py decides it."""
-    fact = _file(ctx, path)
-    if not fact.get("exists"):
-        return "absent"
-    entry = ledger_entries(ctx).get(path)
-    if entry is None:
-        return "unrecorded"
-    return "ours" if entry.get("sha256") == fact.get("sha256") else "changed"
 
 
 class RemoveNetwork(Step):

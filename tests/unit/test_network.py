@@ -208,3 +208,13 @@ def test_guard_script_is_python38_compatible() -> None:
     import ast
 
     ast.parse(netguard.guard_script(), feature_version=(3, 8))
+
+
+def test_a_users_file_at_our_path_is_replaced_only_with_a_note_that_it_is_kept() -> None:
+    from orchestrator.paths import LEDGER
+
+    node_facts = facts("network: {version: 2}\n")
+    node_facts["files"][LEDGER] = {"exists": False}
+    outcome = network.NetplanFile().check(ctx(node_facts))
+    assert isinstance(outcome, Change) and outcome.summary.startswith("replace")
+    assert "not written by sparkctl: it is kept" in outcome.summary
