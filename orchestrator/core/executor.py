@@ -94,8 +94,10 @@ class Executor:
         # (phase, step, nodes) running now: what an interrupt may have left half-done
         self.current: tuple[str, str, list[str]] | None = None
         self.prefetched: dict[str, dict[str, Any]] | None = None
+        self.phase_names: set[str] = set()
 
     def run(self, plan: Plan) -> Report:
+        self.phase_names = {phase.name for phase in plan.phases}
         try:
             self.prefetched = self._prefetch(plan)
             if self.lock is not None:
@@ -185,11 +187,12 @@ class Executor:
 
     def _refuse_full_disks(self, facts: dict[str, dict[str, Any]]) -> None:
         """Before anything changes: a node whose disk is full (or read-only) where sparkctl
-        writes would fail half-way with a confusing error. `down` still runs: it frees space."""
+        writes would fail half-way with a confusing error. `down` still runs: it frees space.
+        Plans with a preflight phase (up) get it there, as a failed check in the report."""
         from orchestrator.phases.files import space_problems
 
-        if self.options.command == "down":
-            return
+        if self.options.command == "down" or "preflight" in self.phase_names:
+            return  # down frees space; a preflight phase reports it as its own failed check
         problems = [f"{name}: {problem}" for name, node_facts in sorted(facts.items())
                     for problem in space_problems(node_facts)]
         if problems:
