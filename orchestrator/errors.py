@@ -6,6 +6,8 @@ input, 130 interrupted.
 
 from __future__ import annotations
 
+import re
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -49,6 +51,10 @@ class CommandError(SparkctlError):
         message = f"{host}: `{command}` exited {exit_status}"
         if tail:
             message += f":\n{tail}"
+        container = missing_container(command, stderr)
+        if container:
+            message = (f"the container {container} is not running on {host}: "
+                       "run `sparkctl up` first")
         super().__init__(message)
         self.host = host
         self.command = command
@@ -58,3 +64,18 @@ class CommandError(SparkctlError):
 
 class LockError(SparkctlError):
     """Another sparkctl run holds the cluster lock."""
+
+
+_MISSING = (re.compile(r"No such container: ([\w.-]+)"),
+            re.compile(r"[Cc]ontainer ([\w.-]+) is not running"))
+
+
+def missing_container(command: str, stderr: str) -> str | None:
+    """The container a `docker exec` needed and did not find running, else None."""
+    if "docker" not in command:
+        return None
+    for pattern in _MISSING:
+        found = pattern.search(stderr)
+        if found:
+            return found.group(1)
+    return None

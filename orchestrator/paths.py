@@ -18,3 +18,6 @@ HOSTFILE = f"{CONFIG_DIR}/hostfile"
 TOKEN_PATH = f"{CONFIG_DIR}/secrets/hf_token"
 NETPLAN_BACKUP = f"{STATE_DIR}/netplan-backup.yaml"
 SERVER_JSON = f"{RUN_DIR}/server.json"
+LEDGER = f"{STATE_DIR}/ledger.json"
+"""What sparkctl wrote on the node (sha256 per path) and what stood there before: nothing is
+overwritten, restored or removed unless it is exactly what sparkctl wrote (node/ledger.py)."""

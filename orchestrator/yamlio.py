@@ -8,6 +8,9 @@ column.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -95,14 +98,64 @@ def load_yaml_text(text: str, source: str) -> Any:
             loader.dispose()
 
 
-def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
-    """Read `path` and return its top-level mapping, or raise an InputError naming the file."""
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def file_kind(mode: int) -> str:
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_user_file(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a file the user named, bounded BEFORE reading: only a regular file, and at
+    most `limit` bytes (limit+1 are read to tell). Devices (/dev/zero), FIFOs, sockets and
+    directories are refused by kind, never opened for a read that could block or never end.
+    Every error is an InputError naming the file."""
     try:
-        raw = path.read_bytes()
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; the kind is checked on the
+        # opened descriptor itself (fstat), so a file swapped after a stat cannot slip through
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise InputError(f"{what} file not found: {path}") from None
+    except IsADirectoryError:
+        raise InputError(f"{what} file {path} is a directory, not a file") from None
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket, or a FIFO without a writer on some systems
+            raise InputError(f"{what} file {path} is not a regular file") from None
+        raise InputError(f"cannot read {what} file {path}: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputError(f"{what} file {path} is {file_kind(mode)}, not a regular file")
+        chunks: list[bytes] = []
+        remaining = limit + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
     except OSError as exc:
         raise InputError(f"cannot read {what} file {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    if len(raw) > limit:
+        raise InputError(f"{what} file {path} is larger than {limit} bytes; is it the right file?")
+    return raw
+
+
+def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """Read `path` and return its top-level mapping, or raise an InputError naming the file."""
+    raw = read_user_file(path, what)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -112,3 +165,37 @@ def load_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
         kind = "empty" if data is None else type(data).__name__
         raise InputError(f"{path}: expected a mapping of keys at the top level, found {kind}")
     return data
+
+
+MAX_PROMPT_BYTES = 1_000_000
+
+
+def read_prompt(prompt: str | None, stream: Any, default: str) -> str:
+    """A chat prompt from the argument, else from `stream` (piped stdin, read as bytes, bounded),
+    else `default` on a terminal. Invalid UTF-8 and empty input are refused (exit 2), never sent."""
+    if prompt is None:
+        if stream.isatty():
+            return default
+        raw = stream.buffer.read(MAX_PROMPT_BYTES + 1) if hasattr(stream, "buffer") else (
+            stream.read(MAX_PROMPT_BYTES + 1))
+        if isinstance(raw, str):
+            raw = raw.encode("utf-8", "surrogateescape")
+        if len(raw) > MAX_PROMPT_BYTES:
+            raise InputError(f"the prompt on stdin is larger than {MAX_PROMPT_BYTES} bytes")
+        try:
+            prompt = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"the prompt on stdin is not UTF-8 text (invalid byte at offset "
+                             f"{exc.start}); nothing was sent") from None
+        where = "on stdin"
+    else:
+        where = "given"
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError("the prompt argument is not UTF-8 text; nothing was sent") from None
+    prompt = prompt.strip()
+    if not prompt:
+        raise InputError(f"the prompt {where} is empty; nothing was sent "
+                         "(pass PROMPT or pipe text to `sparkctl chat`)")
+    return prompt

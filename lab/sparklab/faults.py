@@ -114,16 +114,34 @@ LISTENER = ("import socket,time\ns=socket.socket()\n"
             "s.bind(('0.0.0.0',{port}))\ns.listen(16)\nwhile True: time.sleep(3600)\n")
 
 
+def _listeners(ident: LabIdentity, node: str, port: int) -> str:
+    return _sh(ident, node, f"ss -Hltnp 'sport = :{port}'", check=False).strip()
+
+
 def _occupy_port(ident: LabIdentity, state: dict[str, Any], rec: Record) -> None:
-    code = LISTENER.format(port=int(rec["port"]))
+    """A listener of ours on the port, proven by its PID in `ss -p`: a port someone else
+    already holds is refused (the fault would not be ours to restore, and would not take)."""
+    port = int(rec["port"])
+    taken = _listeners(ident, rec["node"], port)
+    if taken:
+        raise LabError(f"occupy-port: port {port} in {rec['node']} is already in use "
+                       f"({taken.split()[-1]}): nothing injected", 1)
+    code = LISTENER.format(port=port)
     pid = _sh(ident, rec["node"], f"setsid /usr/bin/python3 -c \"{code}\" </dev/null "
               ">/dev/null 2>&1 & echo $!").strip()
     rec["pid"] = int(pid)  # PID inside the node's PID namespace
     for _ in range(100):
-        if _sh(ident, rec["node"], f"ss -Hltn 'sport = :{rec['port']}'", check=False).strip():
+        if f"pid={rec['pid']}," in _listeners(ident, rec["node"], port):
             return
+        alive = _sh(ident, rec["node"], f"kill -0 {rec['pid']} 2>/dev/null && echo yes",
+                    check=False).strip()
+        if not alive:
+            break
         time.sleep(0.05)
-    raise LabError(f"occupy-port: nothing listens on {rec['port']} in {rec['node']}", 1)
+    _undo_occupy_port(ident, rec)
+    raise LabError(f"occupy-port: the listener could not bind port {port} in {rec['node']} "
+                   f"(now: {_listeners(ident, rec['node'], port) or 'nothing listens'}): "
+                   "nothing injected", 1)
 
 
 def _undo_occupy_port(ident: LabIdentity, rec: Record) -> None:

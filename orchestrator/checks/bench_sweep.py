@@ -60,14 +60,14 @@ def with_value(data: dict[str, Any], path: list[str], value: Any) -> dict[str, A
 
 
 def write_variants(recipe_data: dict[str, Any], key: str, values: list[Any], folder: Path,
-                   validate: Callable[[str], Any]) -> tuple[str, list[Path]]:
+                   validate: Callable[[Path], Any]) -> tuple[str, list[Path]]:
     """One recipe file per value, each validated before anything is relaunched."""
     path = resolve_key(recipe_data, key)
     files = []
     for value in values:
         file = folder / f"{recipe_data['name']}-{'.'.join(path)}-{value}.yml"
         file.write_text(yaml.safe_dump(with_value(recipe_data, path, value), sort_keys=False))
-        validate(str(file))
+        validate(file)
         files.append(file)
     return ".".join(path), files
 

@@ -19,7 +19,8 @@ from orchestrator.engines.trtllm.mpi_env import record_fact
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import HOSTFILE, NETPLAN_FILE, SSH_CONFIG
 
-Status = Literal["pass", "warn", "fail"]
+Status = Literal["pass", "warn", "fail", "skip"]
+"""`skip`: the check depends on an earlier check that failed (the message says which)."""
 EXPECTED_SPEED_MBPS = 200000  # a ConnectX-7 QSFP port on a DGX Spark
 
 
@@ -278,9 +279,18 @@ def check_routes(inventory: Inventory, node: Node, facts: dict[str, Any]) -> lis
     return out
 
 
+def check_disk(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+    """A full disk or read-only filesystem where sparkctl writes (state, config, netplan)."""
+    from orchestrator.core.disks import space_problems
+
+    return [CheckResult("disk", node.name, "fail", f"{problem}.",
+                        fix="free some space on the node (or remount it read-write)")
+            for problem in space_problems(facts)]
+
+
 NODE_CHECKS: list[NodeCheck] = [
     check_interface_up, check_speed, check_addresses, check_mtu, check_netplan,
-    check_twin_subnets, check_routes,
+    check_twin_subnets, check_routes, check_disk,
 ]
 
 
@@ -311,7 +321,7 @@ def facts_request(inventory: Inventory, node: Node) -> dict[str, Any]:
 
 
 def summary(results: list[CheckResult]) -> dict[str, int]:
-    counts = {"pass": 0, "warn": 0, "fail": 0}
+    counts = {"pass": 0, "warn": 0, "fail": 0, "skip": 0}
     for result in results:
         counts[result.status] += 1
     return counts

@@ -327,3 +327,43 @@ def throughput_links(inventory: Inventory) -> list[Link]:
     """One direction per link for iperf3: from the node listed first in the inventory."""
     order = {n.name: i for i, n in enumerate(inventory.nodes)}
     return [link for link in fabric_links(inventory) if order[link.node] < order[link.peer]]
+
+
+LINK_DEPENDENT = ("mtu-ping", "latency", "ssh-node", "ssh-container", "throughput")
+"""Checks over one link that cannot say anything when that link's ping failed."""
+
+
+def apply_dependencies(results: list[CheckResult]) -> list[CheckResult]:
+    """A check that depends on an earlier failed check is shown as skipped with the reason,
+    instead of failing with a misleading cause; a fix that blames pings is only given when a
+    ping on that link did fail."""
+    failed_pings = {(r.node, r.interface, r.peer) for r in results
+                    if r.check == "ping" and r.status == "fail"}
+    unreached = sorted({r.node for r in results if r.check in ("connect", "facts") and r.status == "fail"})
+    failed_ssh = [r for r in results if r.check == "ssh-container" and r.status == "fail"]
+    for r in results:
+        if r.status not in ("fail", "warn"):
+            continue
+        key = (r.node, r.interface, r.peer)
+        if r.check in LINK_DEPENDENT and key in failed_pings:
+            _skip(r, f"the ping from {r.node} {r.interface} to {r.peer} failed (see that row)")
+        elif r.check == "mpirun" and unreached:
+            _skip(r, f"{', '.join(unreached)} could not be checked (see the connect/facts rows), "
+                     "so the expected hostnames are not all known")
+        elif r.check == "mpirun" and failed_ssh:
+            links = ", ".join(f"{x.node}->{x.peer}" for x in failed_ssh)
+            _skip(r, f"ssh between containers failed ({links}; see those rows)")
+        elif "ping" in r.fix and r.check != "ping":
+            r.fix = (f"the ping on this link passed, so the path works: another process may hold "
+                     f"the port on {r.peer} (`ss -ltnp` there), or a firewall drops it")
+            if r.check == "throughput":
+                r.fix = "is iperf3 installed on both nodes? " + r.fix
+            elif r.check.startswith("ssh"):
+                r.fix += "; `sparkctl up` restarts the container's sshd"
+    return results
+
+
+def _skip(result: CheckResult, reason: str) -> None:
+    result.status = "skip"
+    result.message = f"skipped: {reason}."
+    result.fix = ""

@@ -107,6 +107,11 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
     _compare_setup(nodes)
     head = inventory.head_name
     server = assess_server(inventory, facts.get(head), nodes[head]) if head in facts else None
+    server_unknown = None
+    if head not in facts:
+        server_unknown = f"the head {head} is unreachable"
+    elif server is None and (nodes[head].get("container") or {}).get("status") == "unknown":
+        server_unknown = f"could not look on {head}: {nodes[head]['container'].get('why')}"
     if server is not None and server["problem"]:
         nodes[head]["problems"].append(server["problem"])
         nodes[head]["state"] = "problem"
@@ -116,6 +121,7 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
     return {
         "command": "status", "ok": ok, "cluster": inventory.cluster.name, "head": head,
         "state": cluster_state(nodes, server), "nodes": nodes, "server": server,
+        **({"server_unknown": server_unknown} if server_unknown else {}),
     }
 
 
@@ -124,9 +130,20 @@ def _role(inventory: Inventory, node: Node) -> str:
 
 
 def assess_node(inventory: Inventory, node: Node, facts: dict[str, Any]) -> dict[str, Any]:
+    from orchestrator.core.disks import space_problems
+
     problems: list[str] = []
     network = assess_network(inventory, node, facts, problems)
     container = assess_container(inventory, node, facts, problems)
+    space = space_problems(facts)
+    problems.extend(f"{p}: free some space on the node" if "full" in p else p for p in space)
+    managed = (facts.get("commands") or {}).get("managed") or {}
+    if container["status"] == "absent" and (space or managed.get("rc", 0) != 0):
+        # "none" only when we could look: a full disk hides docker's state, a failing docker
+        # answers nothing
+        why = "; ".join(space) or f"`docker ps` exited {managed.get('rc')}: " + str(
+            managed.get("err", "")).strip()[-200:]
+        container.update(status="unknown", why=why)
     if problems:
         state = "problem"
     elif container["status"] == "running":
@@ -299,7 +316,7 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     out: dict[str, Any] = {
         "recipe": server.get("recipe"), "model": server.get("model"),
         "draft_model": server.get("draft_model"), "port": port,
-        "endpoint": f"http://127.0.0.1:{port} on {inventory.head_name} (`sparkctl tunnel` forwards it)",
+        "endpoint": f"http://127.0.0.1:{port}", "node": inventory.head_name,
         "started": server.get("started"), "uptime_seconds": _age(server.get("started"), facts.get("time")),
         "health": probe, "log_tail": log_tail, "problem": "",
     }

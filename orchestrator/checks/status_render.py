@@ -58,13 +58,16 @@ def render_status(status: dict[str, Any]) -> None:
                       _container_cell(node["container"]))
     console.print(table)
     server = status.get("server")
-    if server is None:
+    if server is None and status.get("server_unknown"):
+        console.print(f"server: unknown: {escape(status['server_unknown'])}")
+    elif server is None:
         console.print("server: none launched")
     else:
         console.print(
             f"server: {_styled(server['state'])} {server.get('recipe')} ({server.get('model')}"
             + (f", draft {server['draft_model']}" if server.get("draft_model") else "")
-            + f"), {server['endpoint']}, up {human_duration(server.get('uptime_seconds'))}",
+            + f"), {server['endpoint']} on {server.get('node')} (`sparkctl tunnel` forwards it), "
+            + f"up {human_duration(server.get('uptime_seconds'))}",
             markup=True,
         )
         if server["state"] != "healthy" and server.get("log_tail"):
@@ -82,6 +85,10 @@ def _container_cell(container: dict[str, Any]) -> str:
     status = container["status"]
     if status == "absent":
         return "[dim]none[/]"
+    if status == "unknown":
+        from rich.markup import escape
+
+        return f"[yellow]unknown[/]: {escape(str(container.get('why') or 'could not look'))}"
     parts = [_styled("up") if status == "running" else _styled(status)]
     if container.get("uptime_seconds") is not None:
         parts.append(human_duration(container["uptime_seconds"]))

@@ -131,6 +131,26 @@ def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
     )(func)
 
 
+def wants_json(argv: list[str] | None = None) -> bool:
+    """`--json` among the arguments (before a `--`): errors then go to stdout as JSON too."""
+    args = sys.argv[1:] if argv is None else argv
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
+
+
+def json_error(command: str, message: str, exit_code: int) -> None:
+    """The error object every `--json` command prints on stdout when it cannot run at all
+    (bad input, a failure before any report): {"command", "ok": false, "error", "exit_code"}."""
+    import json
+
+    sys.stdout.write(json.dumps({"command": command, "ok": False, "error": message,
+                                 "exit_code": exit_code}) + "\n")
+
+
+def _command_name() -> str:
+    context = click.get_current_context(silent=True)
+    return context.info_name if context is not None and context.info_name else "sparkctl"
+
+
 def run_command(body: Callable[[], int]) -> None:
     """Run a command body and turn every known error into a message and an exit code."""
     from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
@@ -139,15 +159,31 @@ def run_command(body: Callable[[], int]) -> None:
         code = body()
     except SparkctlError as exc:
         click.echo(f"sparkctl: {exc}", err=True)
+        if wants_json():
+            json_error(_command_name(), str(exc), exc.exit_code)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("sparkctl: interrupted", err=True)
+        if wants_json():
+            json_error(_command_name(), "interrupted", EXIT_INTERRUPTED)
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(code)
 
 
 def main() -> None:
-    cli(prog_name="sparkctl")
+    if not wants_json():
+        cli(prog_name="sparkctl")
+        return
+    try:
+        cli(prog_name="sparkctl", standalone_mode=False)
+    except click.UsageError as exc:  # bad option or argument: click's message, as JSON too
+        exc.show()
+        name = exc.ctx.info_name if exc.ctx is not None and exc.ctx.info_name else "sparkctl"
+        json_error(name, exc.format_message(), exc.exit_code)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

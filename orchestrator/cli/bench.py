@@ -193,7 +193,8 @@ def _bench(opts: dict[str, Any]) -> int:
             recipe = load_recipe(original)
             data = recipe.model_dump(mode="json", exclude_none=True)
             with tempfile.TemporaryDirectory(prefix="sparkctl-sweep-") as tmp:
-                key, files = write_variants(data, key, values, Path(tmp), load_recipe)
+                key, files = write_variants(data, key, values, Path(tmp),
+                                             lambda path: load_recipe(str(path)))
                 result = run_sweep(values, files, relauncher(str(inventory_path), opts["timeout"]),
                                    lambda value: bench.measure(config, forward.local_port),
                                    original, _note)

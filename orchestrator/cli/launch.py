@@ -18,24 +18,45 @@ def _note(line: str) -> None:
     click.echo(line, err=True)
 
 
+MAX_TOKEN_BYTES = 4096
+"""A Hugging Face token is ~40 characters; a token file larger than this is the wrong file."""
+
+
+def check_token(value: str, source: str) -> None:
+    """A token is one line of printable ASCII without spaces; say what is wrong, never the value."""
+    from orchestrator.errors import InputError
+
+    if "\n" in value or "\r" in value:
+        raise InputError(f"{source} holds more than one line; a Hugging Face token is one line "
+                         "(hf_...): check the file or variable (its content is not shown)")
+    bad = next((c for c in value if not (c.isascii() and c.isprintable()) or c.isspace()), None)
+    if bad is not None:
+        raise InputError(f"{source} contains a space, control or non-ASCII character; a Hugging "
+                         "Face token is printable ASCII (hf_...) (its content is not shown)")
+
+
 def read_hf_token(token_file: str | None) -> Any:
     """HF_TOKEN from the environment, else the token file; a Secret (never printed) or None."""
     from orchestrator.commands import Secret
     from orchestrator.errors import InputError
     from orchestrator.state import register_secret
+    from orchestrator.yamlio import read_user_file
 
-    value = os.environ.get("HF_TOKEN", "").strip()
-    if not value:
+    value = os.environ.get("HF_TOKEN", "")
+    source = "HF_TOKEN"
+    if not value.strip():
         path = Path(token_file or DEFAULT_TOKEN_FILE).expanduser()
-        if path.exists():
+        source = f"the HF token file {path}"
+        if token_file or os.path.lexists(path):
+            raw = read_user_file(path, "HF token", limit=MAX_TOKEN_BYTES)
             try:
-                value = path.read_text().strip()
-            except OSError as exc:
-                raise InputError(f"cannot read the HF token file {path}: {exc.strerror}") from None
-        elif token_file:
-            raise InputError(f"HF token file not found: {path}")
+                value = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InputError(f"{source} is not UTF-8 text") from None
+    value = value.strip()
     if not value:
         return None
+    check_token(value, source)
     secret = Secret(value)
     register_secret(secret)
     return secret
@@ -68,18 +89,18 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     token = read_hf_token(hf_token_file)
     options = LaunchOptions(host=host, replace=replace, drop_caches=drop_caches, timeout=timeout)
     head = inventory.head_name
-    endpoint = f"http://{host}:{recipe.port} on {head}"
+    endpoint = f"http://{host}:{recipe.port}"
 
     plan = Plan("launch", engine.launch_phases(recipe, inventory, options))
 
     def build(session: Any) -> Plan:
-        session.report.extra.update(endpoint=endpoint, model=recipe.model, recipe=recipe.name,
-                                    engine=engine.name)
+        session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,
+                                    recipe=recipe.name, engine=engine.name)
         return plan
 
     def after(session: Any, report: Any) -> None:
         if not dry_run and report.ok:
-            report.notes.append(f"Serving {recipe.model} at {endpoint}. Try `sparkctl chat "
+            report.notes.append(f"Serving {recipe.model} at {endpoint} on {head}. Try `sparkctl chat "
                                 "\"Hello\"`, or `sparkctl tunnel` for other clients.")
 
     request = RunRequest(
@@ -158,9 +179,9 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
     from orchestrator.core.report import print_json
     from orchestrator.errors import SparkctlError
     from orchestrator.remote.tunnel import Forwarder
+    from orchestrator.yamlio import read_prompt
 
-    if prompt is None:
-        prompt = sys.stdin.read().strip() if not sys.stdin.isatty() else "Paris is great because"
+    prompt = read_prompt(prompt, sys.stdin, "Paris is great because")
     manager, inventory = _server_on_head(inventory_path, "chat")
     with manager as session:
         transport, server = _running_server(session, inventory)
@@ -223,6 +244,7 @@ def _tunnel(inventory_path: str | None, local_port: int | None) -> int:
                 threading.Event().wait()
             except KeyboardInterrupt:
                 _note("tunnel closed")
+                return 130  # interrupted, as every command (docs: exit codes)
     return 0
 
 

@@ -23,7 +23,12 @@ def run_netcheck(session: Any, deep: bool) -> list[CheckResult]:
     """Every check's result, for every node the session reached (and a fail for the others)."""
     from orchestrator.checks.netcheck import facts_request, run_node_checks
     from orchestrator.checks.netcheck_container import CLUSTER_CHECKS
-    from orchestrator.checks.netprobe import build_probes, judge_probes, probe_request
+    from orchestrator.checks.netprobe import (
+        apply_dependencies,
+        build_probes,
+        judge_probes,
+        probe_request,
+    )
     from orchestrator.errors import SparkctlError
     from orchestrator.remote.facts import gather_facts
 
@@ -62,7 +67,7 @@ def run_netcheck(session: Any, deep: bool) -> list[CheckResult]:
     if deep:
         session.progress.note("netcheck --deep: measuring each link with iperf3, one at a time...")
         results += measure_throughput(session)
-    return results
+    return apply_dependencies(results)
 
 
 def measure_throughput(session: Any) -> list[CheckResult]:
@@ -92,7 +97,7 @@ def measure_throughput(session: Any) -> list[CheckResult]:
     return out
 
 
-STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
 
 def _shown(value: Any) -> str:
@@ -132,8 +137,9 @@ def render(results: list[CheckResult], seconds: float, verbose: bool) -> None:
             console.print(f"    fix: {r.fix}", markup=False)
     counts = summary(results)
     hidden = "" if verbose or len(results) <= 40 else " (-v shows passing rows)"
-    line = (f"netcheck: {counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail "
-            f"in {seconds:.1f}s{hidden}")
+    skipped = f", {counts['skip']} skipped" if counts["skip"] else ""
+    line = (f"netcheck: {counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail"
+            f"{skipped} in {seconds:.1f}s{hidden}")
     console.print(("[bold red]FAILED[/] " if counts["fail"] else "[green]OK[/] ") + line)
 
 

@@ -52,8 +52,10 @@ class Executor:
         self.current: tuple[str, str, list[str]] | None = None
         self.current_hint: str | None = None
         self.prefetched: dict[str, dict[str, Any]] | None = None
+        self.phase_names: set[str] = set()
 
     def run(self, plan: Plan) -> Report:
+        self.phase_names = {phase.name for phase in plan.phases}
         try:
             self.prefetched = self._prefetch(plan)
             if self.lock is not None:
@@ -148,6 +150,21 @@ class Executor:
             self.lock.accept(facts[head].get("lock", {}))
         return facts
 
+    def _refuse_full_disks(self, facts: dict[str, dict[str, Any]]) -> None:
+        """Before anything changes: a node whose disk is full (or read-only) where sparkctl
+        writes would fail half-way with a confusing error. `down` still runs: it frees space.
+        Plans with a preflight phase (up) get it there, as a failed check in the report."""
+        from orchestrator.core.disks import space_problems
+
+        if self.options.command == "down" or "preflight" in self.phase_names:
+            return  # down frees space; a preflight phase reports it as its own failed check
+        problems = [f"{name}: {problem}" for name, node_facts in sorted(facts.items())
+                    for problem in space_problems(node_facts)]
+        if problems:
+            done = self.changes_summary() if not self._facts_still_valid() else "nothing was changed"
+            raise SparkctlError("; ".join(problems) + ". Free some space on the node (or remount "
+                                f"it read-write) and run the command again; {done}")
+
     def _facts_still_valid(self) -> bool:
         return self.options.dry_run or not any(
             s.status == "changed" for host in self.report.hosts.values() for s in host.steps
@@ -170,6 +187,7 @@ class Executor:
                 self._fail(name, StepResult(phase.name, "facts", "failed", 0.0, value))
             else:
                 facts[name] = value
+        self._refuse_full_disks(facts)
         return facts
 
     def _run_step(

@@ -50,6 +50,11 @@ class ClusterLock:
         """Judge the gatherer's answer to request(); raise LockError when another run holds it."""
         if not answer.get("held") and _holder_is_gone(answer.get("holder") or {}):
             answer = gather_facts(self.transport, self.request(force=True)).get("lock", {})
+        if not answer.get("held") and answer.get("error"):
+            from orchestrator.core.disks import describe_os_error
+
+            raise SparkctlError(f"{self.head}: cannot take the cluster lock: "
+                                + describe_os_error(answer["error"]))
         if not answer.get("held"):
             holder = answer.get("holder") or {}
             raise LockError(

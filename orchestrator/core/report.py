@@ -103,6 +103,15 @@ STATUS_STYLE = {
 }
 
 
+ALWAYS_SHOWN = ("left alone", "skipped:", "unknown")
+"""Rows whose message says sparkctl left something of the user's alone (or could not look) are
+shown even when the step was otherwise fine: the user must know."""
+
+
+def worth_showing(message: str) -> bool:
+    return any(marker in message for marker in ALWAYS_SHOWN)
+
+
 def render_table(report: Report, show_diffs: bool = False, verbose: bool = False) -> None:
     """Print the report for people: a row per step that did something (all rows with -v)."""
     from rich.console import Console
@@ -118,7 +127,8 @@ def render_table(report: Report, show_diffs: bool = False, verbose: bool = False
         if host.error:
             table.add_row(node, "-", "connect", "[bold red]failed[/]", "", host.error)
         for step in host.steps:
-            if step.status in ("ok", "skipped") and not verbose and len(report.hosts) > 1:
+            if (step.status in ("ok", "skipped") and not verbose and len(report.hosts) > 1
+                    and not worth_showing(step.message)):
                 quiet_ok += 1
                 continue
             style = STATUS_STYLE.get(step.status, "")

@@ -25,6 +25,12 @@ from orchestrator.inventory import Inventory
 log = logging.getLogger("sparkctl.runner")
 
 
+IMPLICIT: dict[str, str] = {}
+"""Inventory source -> how it was chosen when the user did not name it (no --inventory, no
+$SPARKCTL_INVENTORY): mutating commands then say which cluster they act on, and refuse --yes
+off a terminal (docs/inventory.md)."""
+
+
 def load_inventory_option(option: str | None) -> tuple[Inventory, Path]:
     from orchestrator.inventory_checks import load_inventory, resolve_inventory_path
     from orchestrator.state import state_dir
@@ -36,7 +42,39 @@ def load_inventory_option(option: str | None) -> tuple[Inventory, Path]:
             "pass --inventory FILE, or run `sparkctl lab up` for a simulated cluster)"
         )
         raise InputError(f"inventory file not found: {path}{hint}")
-    return load_inventory(path), path
+    inventory = load_inventory(path)
+    if not option and not os.environ.get("SPARKCTL_INVENTORY"):
+        remembered = (state_dir() / "last-inventory")
+        try:
+            from_up = remembered.read_text().strip() == str(path)
+        except OSError:
+            from_up = False
+        IMPLICIT[inventory.source] = ("remembered from the last `up` on this account" if from_up
+                                      else "the default in the current directory")
+    return inventory, path
+
+
+def implicit_cluster(inventory: Inventory) -> str | None:
+    """'cluster NAME (head H, inventory F; how it was chosen)' when the user did not name it."""
+    origin = IMPLICIT.get(inventory.source)
+    if origin is None:
+        return None
+    return (f"cluster {inventory.cluster.name} (head {inventory.head_name}, inventory "
+            f"{inventory.source}; {origin})")
+
+
+def check_named_cluster(request: RunRequest) -> None:
+    """A mutating command must not act on a cluster the user never named without showing it,
+    and never unattended: off a terminal, --yes needs --inventory or $SPARKCTL_INVENTORY."""
+    which = implicit_cluster(request.inventory)
+    if which is None or request.dry_run:
+        return
+    if request.yes and not sys.stdin.isatty():
+        raise InputError(
+            f"`sparkctl {request.command} --yes` was not told which cluster to act on: without "
+            f"--inventory it would act on {which}. Name it: pass --inventory FILE or set "
+            "SPARKCTL_INVENTORY=FILE", EXIT_BAD_INPUT)
+    click.echo(f"sparkctl {request.command}: acting on {which}", err=True)
 
 
 @dataclass
@@ -63,6 +101,7 @@ def execute(request: RunRequest) -> int:
     """Run a plan on the cluster and print the report; returns the exit code."""
     from orchestrator.state import start_run_log
 
+    check_named_cluster(request)
     run_log = start_run_log(request.command)
     with open_session(request.inventory, request.command, trust_new_hosts=request.trust_new_hosts,
                       quiet=False) as session:
@@ -74,7 +113,11 @@ def execute(request: RunRequest) -> int:
             return _finish(request, session.finish(), run_log)
         if not session.transports:
             return _finish(request, session.finish(), run_log)
-        plan = request.build(session)
+        try:
+            plan = request.build(session)
+        except SparkctlError as exc:
+            diagnose_disks(session, exc)
+            raise
         options = RunOptions(command=request.command, dry_run=True, values=request.values)
         if request.dry_run:
             run_plan(session, plan, options)
@@ -106,6 +149,23 @@ def execute(request: RunRequest) -> int:
         return _finish(request, session.finish(), run_log)
 
 
+def diagnose_disks(session: Session, failure: SparkctlError) -> None:
+    """A command that failed before its plan ran (e.g. a `docker exec` finding no container):
+    when a node's disk is full or read-only, that is the cause to name (node, path, free)."""
+    from orchestrator.core.disks import space_problems
+    from orchestrator.remote.facts import gather_facts
+
+    problems: list[str] = []
+    for name, transport in session.transports.items():
+        try:
+            problems += [f"{name}: {p}" for p in space_problems(gather_facts(transport, {}, 30))]
+        except SparkctlError:
+            continue
+    if problems:
+        raise SparkctlError("; ".join(problems) + f". Free some space on the node and run the "
+                            f"command again (it failed with: {failure})") from None
+
+
 def _confirm_interactively(request: RunRequest, session: Session, plan: Plan,
                            options: RunOptions) -> None:
     if not sys.stdin.isatty():
@@ -123,7 +183,9 @@ def _confirm_interactively(request: RunRequest, session: Session, plan: Plan,
         raise InputError("the plan itself failed (see above); nothing was changed", 1)
     if preview.count("planned") == 0:
         click.echo("Nothing to change.", err=True)
-    elif not click.confirm("Apply these changes?", default=False, err=True):
+    elif not click.confirm(f"Apply these changes to cluster {request.inventory.cluster.name} "
+                           f"(head {request.inventory.head_name}, inventory "
+                           f"{request.inventory.source})?", default=False, err=True):
         raise InputError("cancelled; nothing was changed", 1)
     # the preview ran on its own report; only steps are dropped: a node that could not be
     # reached stays failed (issue #12: a prompt-confirmed `down` showed it ok and exited 0)

@@ -180,10 +180,31 @@ def resolve(hosts):
     return out
 
 
+def os_error(exc, where):
+    """A write that failed (full disk, read-only filesystem), with the free space where it failed."""
+    path = exc.filename or where
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    try:
+        st = os.statvfs(probe or "/")
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = None
+    return {"error": exc.strerror or str(exc), "errno": exc.errno, "path": path, "free_bytes": free}
+
+
 def take_lock(owner, stale_seconds):
     """mkdir is atomic: the first run to create the directory holds the lock."""
     base = "/var/lib/sparkctl"
     lock = os.path.join(base, "lock")
+    try:
+        return _take_lock(base, lock, owner, stale_seconds)
+    except OSError as exc:
+        return {"held": False, "error": os_error(exc, lock)}
+
+
+def _take_lock(base, lock, owner, stale_seconds):
     os.makedirs(base, exist_ok=True)
     for _ in range(2):
         try:
@@ -197,14 +218,43 @@ def take_lock(owner, stale_seconds):
             age = time.time() - os.stat(lock).st_mtime
             if holder.get("token") == owner.get("token"):
                 return {"held": True}
-            if age > stale_seconds or owner.get("break"):
+            # no owner: a run that could not write it (full disk) or died right after mkdir
+            half_made = not holder.get("token") and age > 30
+            if age > stale_seconds or owner.get("break") or half_made:
                 subprocess.run(["rm", "-rf", lock])
                 continue
             return {"held": False, "holder": holder, "age": age}
-        with open(os.path.join(lock, "owner"), "w") as handle:
-            json.dump(owner, handle)
+        try:
+            with open(os.path.join(lock, "owner"), "w") as handle:
+                json.dump(owner, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError:
+            subprocess.run(["rm", "-rf", lock])  # never leave a lock without its owner
+            raise
         return {"held": True}
     return {"held": False, "holder": {}, "age": 0}
+
+
+SPACE_PATHS = ("/var/lib/sparkctl", "/etc/sparkctl", "/etc/netplan")
+
+
+def space():
+    """Free space and read-only flag where sparkctl writes (always answered: a full disk or a
+    read-only filesystem must be named, not surface later as some other failure)."""
+    out = {}
+    for path in SPACE_PATHS:
+        probe = path
+        while probe and not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        try:
+            st = os.statvfs(probe or "/")
+        except OSError as exc:
+            out[path] = {"error": str(exc)}
+            continue
+        out[path] = {"free_bytes": st.f_bavail * st.f_frsize, "checked": probe or "/",
+                     "readonly": bool(st.f_flag & os.ST_RDONLY)}
+    return out
 
 
 def collectors(request):
@@ -239,7 +289,7 @@ def main():
     from concurrent.futures import ThreadPoolExecutor
 
     request = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
-    facts = {"hostname": socket.gethostname(), "time": time.time()}
+    facts = {"hostname": socket.gethostname(), "time": time.time(), "space": space()}
     if "lock" in request:
         facts["lock"] = take_lock(request["lock"], request.get("lock_stale_seconds", 7200))
     tasks = collectors(request)

@@ -9,6 +9,7 @@ Whoever creates the `decided` directory first (mkdir is atomic) wins: the confir
 rollback, never both.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ BACKUP = os.path.join(BASE, "netplan-backup.yaml")
 ABSENT = os.path.join(BASE, "netplan-backup.absent")
 ROLLED_BACK = os.path.join(BASE, "netplan-rolled-back.json")
 CONFIRMED_SHA = os.path.join(BASE, "netplan-confirmed.sha256")
+LEDGER = os.path.join(BASE, "ledger.json")
 # keep the node's own PATH order (site overrides in /usr/local first); only make sure sbin is there
 os.environ["PATH"] = os.environ.get("PATH", "/usr/bin:/bin") + ":/usr/local/sbin:/usr/sbin:/sbin"
 
@@ -82,15 +84,46 @@ def guard_alive():
     return pid if b"netguard.py" in cmdline and b"guard" in cmdline else None
 
 
+def sha_of(target):
+    try:
+        with open(target, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def ledger_entry():
+    """What sparkctl's ledger (orchestrator/node/ledger.py) says it wrote at NETPLAN_FILE."""
+    ledger = read_json(LEDGER) or {}
+    return ledger, ledger.get(NETPLAN_FILE)
+
+
+def set_ledger_sha(ledger, sha):
+    entry = ledger.get(NETPLAN_FILE)
+    if sha is None:
+        ledger.pop(NETPLAN_FILE, None)
+    elif entry is not None:
+        entry["sha256"] = sha
+    write_json(LEDGER, ledger)
+
+
 def rollback(cfg, reason):
-    if os.path.exists(ABSENT):
+    ledger, entry = ledger_entry()
+    current = sha_of(NETPLAN_FILE)
+    if current is not None and (entry is None or entry.get("sha256") != current):
+        # never touch a file sparkctl did not write (a user's edit since, or a stale marker)
+        restored = (f"left alone: {NETPLAN_FILE} is not the file sparkctl wrote "
+                    "(changed since); nothing restored")
+    elif os.path.exists(ABSENT):
         remove(NETPLAN_FILE)
+        set_ledger_sha(ledger, None)
         restored = "removed the sparkctl netplan file (there was none before)"
     elif os.path.exists(BACKUP):
         tmp = NETPLAN_FILE + ".sparkctl-tmp"
         shutil.copyfile(BACKUP, tmp)
         os.chmod(tmp, 0o600)
         os.rename(tmp, NETPLAN_FILE)
+        set_ledger_sha(ledger, sha_of(NETPLAN_FILE))
         restored = "restored the previous netplan file"
     else:
         restored = "no backup to restore"

@@ -1,8 +1,13 @@
 """Managed files: render, compare by sha256 on the node, write all changed files at once.
 
 One step writes every changed file of its phase in one remote command (a JSON list on stdin,
-written atomically by a tiny node-side script), so a cold run costs one round trip for files,
-and an unchanged file costs none beyond the phase's facts.
+written atomically by the node-side ledger script, orchestrator/node/ledger.py), so a cold run
+costs one round trip for files, and an unchanged file costs none beyond the phase's facts.
+
+The ledger is the one rule for every file sparkctl writes, restores or removes on a node: it
+records the sha256 of what sparkctl wrote (and what stood there before), and a file whose
+content on disk is not exactly that is never overwritten, restored over or removed: it is left
+alone and the report says so.
 """
 
 from __future__ import annotations
@@ -10,22 +15,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from orchestrator.core.disks import describe_os_error
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
+from orchestrator.errors import SparkctlError
+from orchestrator.paths import LEDGER
+from orchestrator.remote.transport import Result
 from orchestrator.render import sha256, unified_diff
-
-WRITER = r"""
-import json, os, sys
-for entry in json.load(sys.stdin):
-    path, mode = entry["path"], int(entry["mode"], 8)
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    tmp = path + ".sparkctl-tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(entry["content"])
-    os.chmod(tmp, mode)
-    os.rename(tmp, path)
-"""
 
 
 @dataclass(frozen=True)
@@ -43,13 +40,73 @@ def files_request(paths: list[str]) -> dict[str, bool]:
 
 
 def write_files_cmd() -> str:
-    return "python3 -c " + _quote(WRITER)
+    """Write the JSON list of {path, mode, content} on stdin through the ledger."""
+    return ledger_cmd("write")
+
+
+def ledger_cmd(mode: str, *args: str) -> str:
+    from orchestrator.commands import join
+    from orchestrator.node import script
+
+    return "python3 -c " + _quote(script("ledger.py")) + " " + join([mode, *args])
+
+
+def ledger_answer(result: Result, node: str, what: str) -> dict[str, Any]:
+    """The ledger script's JSON answer; a full disk or read-only filesystem named with node,
+    path and free space; any other failure as the command's own error."""
+    answer: dict[str, Any] = {}
+    for line in reversed(result.stdout.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            answer = value
+            break
+    if answer.get("error"):
+        raise SparkctlError(f"{node}: {what}: " + describe_os_error(answer))
+    if not answer:
+        result.check()
+    return answer
+
+
+def check_written(result: Result, node: str, what: str) -> list[str]:
+    """Raise when a file was left alone (not sparkctl's); return the paths written."""
+    answer = ledger_answer(result, node, what)
+    left = answer.get("left") or []
+    if left:
+        raise SparkctlError(
+            f"{node}: {what}: " + "; ".join(str(e.get("reason")) for e in left)
+            + ". sparkctl never overwrites a file it did not write: move it away "
+            "(or put back what sparkctl wrote) and run the command again"
+        )
+    return list(answer.get("written") or [])
 
 
 def _quote(text: str) -> str:
     from orchestrator.commands import quote
 
     return quote(text)
+
+
+def ledger_entries(ctx: NodeContext) -> dict[str, Any]:
+    """The node's ledger of files sparkctl wrote (path -> {sha256, before})."""
+    try:
+        data = json.loads(((ctx.facts.get("files") or {}).get(LEDGER) or {}).get("content") or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def ownership(ctx: NodeContext, path: str) -> str:
+    """ours | changed | unrecorded | absent, as orchestrator/node/ledger.py decides it."""
+    fact = (ctx.facts.get("files") or {}).get(path) or {}
+    if not fact.get("exists"):
+        return "absent"
+    entry = ledger_entries(ctx).get(path)
+    if entry is None:
+        return "unrecorded"
+    return "ours" if entry.get("sha256") == fact.get("sha256") else "changed"
 
 
 class ManagedFiles(Step):
@@ -85,5 +142,6 @@ class ManagedFiles(Step):
         payload = json.dumps(
             [{"path": s.path, "mode": f"{s.mode:o}", "content": s.content} for s in specs]
         )
-        ctx.run(write_files_cmd(), stdin=payload, sudo=True, display="write managed files").check()
+        result = ctx.run(write_files_cmd(), stdin=payload, sudo=True, display="write managed files")
+        check_written(result, ctx.node.name, self.name)
         return None

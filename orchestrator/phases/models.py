@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.commands import Secret, docker_exec_cmd, install_file_cmd, join, quote
+from orchestrator.commands import Secret, docker_exec_cmd, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import serving_nodes
 from orchestrator.engines.base import CONTAINER_HF_HOME
@@ -23,6 +23,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.node import script
 from orchestrator.paths import SSH_CONFIG, TOKEN_PATH
+from orchestrator.phases.files import check_written
 from orchestrator.remote.cluster import parallel
 from orchestrator.remote.stream import stream_run
 from orchestrator.remote.transport import Transport
@@ -72,7 +73,18 @@ def copy_cmd(container: str, root: str, paths: list[str], peer_ip: str, replace:
 
 
 def token_write_cmd() -> str:
-    return f"install -d -m 0700 /etc/sparkctl/secrets && {install_file_cmd(TOKEN_PATH, 0o600)}"
+    """The token file through the node's ledger (orchestrator/node/ledger.py): the content
+    arrives on stdin as JSON, never on a command line."""
+    from orchestrator.phases.files import write_files_cmd
+
+    return f"install -d -m 0700 /etc/sparkctl/secrets && {write_files_cmd()}"
+
+
+def token_remove_cmd() -> str:
+    """Remove the token file only if it is the one sparkctl wrote (ledger)."""
+    from orchestrator.phases.files import ledger_cmd
+
+    return f"printf '%s' {quote(json.dumps([TOKEN_PATH]))} | {ledger_cmd('undo')}"
 
 
 def comparable(entry: dict[str, Any]) -> dict[str, Any]:
@@ -128,8 +140,11 @@ class Download(Step):
         fetched = []
         try:
             if change.payload and token:
-                ctx.run(token_write_cmd(), stdin=token.reveal() + "\n", sudo=True,
-                        display=f"install {TOKEN_PATH} (0600, from stdin)").check()
+                payload = json.dumps([{"path": TOKEN_PATH, "mode": "600",
+                                       "content": token.reveal() + "\n"}])
+                result = ctx.run(token_write_cmd(), stdin=payload, sudo=True,
+                                 display=f"install {TOKEN_PATH} (0600, from stdin)")
+                check_written(result, ctx.node.name, "models/download")
             for repo, revision, local in self.recipe.repos:
                 if repo not in change.payload:
                     continue
@@ -153,7 +168,7 @@ class Download(Step):
                                         f"{status}){hint}:\n{tail.strip()[-800:]}")
                 fetched.append(repo)
         finally:
-            ctx.run(f"rm -f {quote(TOKEN_PATH)}", sudo=True, timeout=60)
+            ctx.run(token_remove_cmd(), sudo=True, timeout=60)
         ctx.shared["downloaded"] = fetched
         return f"downloaded {', '.join(fetched)}" if fetched else "removed a leftover HF token file"
 

@@ -40,14 +40,19 @@ def guard_script() -> str:
     return script("netguard.py")
 
 
-def write_netplan_cmd(backup: bool) -> str:
-    """stdin -> temp root -> `netplan generate` (validation) -> backup -> install 0600, atomically.
+def write_netplan_cmd() -> str:
+    """stdin -> temp root -> `netplan generate` (validation) -> rollback point -> install 0600.
 
-    The backup is what the rollback guard restores: the node's file before sparkctl changed it
-    (or an "absent" marker). It is kept, not refreshed, while an unconfirmed file is in place.
+    The install goes through the node-side ledger (orchestrator/node/ledger.py): a file of the
+    user's at our path is kept as the original (down puts it back), and the rollback point the
+    guard restores is what is on disk now, unless that is sparkctl's own unconfirmed file from an
+    unfinished run (then the point that run saved stays). Never a marker left by an older run.
     """
+    from orchestrator.phases.files import ledger_cmd
+
     new = "$tmp/etc/netplan/40-sparkctl-fabric.yaml"
-    target = quote(NETPLAN_FILE)
+    install = ledger_cmd("install", "__NEW__", NETPLAN_FILE, "600", NETPLAN_BACKUP, ABSENT_MARKER,
+                         CONFIRMED_SHA_PATH).replace("__NEW__", f'"{new}"')
     lines = [
         "set -e",
         SBIN_PATH,
@@ -59,20 +64,8 @@ def write_netplan_cmd(backup: bool) -> str:
         f'if ! out=$(netplan generate --root-dir "$tmp" 2>&1); then '
         f'echo "netplan generate rejected the rendered {NETPLAN_FILE}: $out" >&2; exit 3; fi',
         f"mkdir -p {quote(STATE_DIR)} && chmod 755 {quote(STATE_DIR)}",
-    ]
-    if backup:
-        saved, staged = quote(NETPLAN_BACKUP), quote(NETPLAN_BACKUP + ".tmp")
-        lines.append(
-            f"if [ -e {target} ]; then cp {target} {staged} && "
-            f"chmod 600 {staged} && mv -f {staged} {saved} "
-            f"&& rm -f {quote(ABSENT_MARKER)}; "
-            f"else rm -f {saved} && touch {quote(ABSENT_MARKER)}; fi"
-        )
-    lines += [
         "mkdir -p /etc/netplan",
-        f'cp "{new}" {target}.sparkctl-tmp',
-        f"chmod 600 {target}.sparkctl-tmp && chown root:root {target}.sparkctl-tmp",
-        f"mv -f {target}.sparkctl-tmp {target}",
+        install,
     ]
     return "\n".join(lines)
 

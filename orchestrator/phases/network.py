@@ -19,8 +19,9 @@ from typing import Any
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.paths import NETPLAN_BACKUP, NETPLAN_FILE
+from orchestrator.paths import LEDGER, NETPLAN_BACKUP, NETPLAN_FILE
 from orchestrator.phases import netguard
+from orchestrator.phases.files import check_written, ownership
 from orchestrator.phases.netguard import (
     ABSENT_MARKER,
     ARMED_PATH,
@@ -43,7 +44,7 @@ def phase(inventory: Inventory) -> Phase:
 def network_request(inventory: Inventory, node: Node) -> dict[str, Any]:
     files = {
         NETPLAN_FILE: True, NETPLAN_BACKUP: False, ABSENT_MARKER: False, ROLLED_BACK_PATH: True,
-        CONFIRMED_SHA_PATH: True, ARMED_PATH: False, DECIDED_PATH: False,
+        CONFIRMED_SHA_PATH: True, ARMED_PATH: False, DECIDED_PATH: False, LEDGER: True,
     }
     return {"files": files, "netplan": True, "links": True}
 
@@ -82,15 +83,6 @@ def _warnings(ctx: NodeContext) -> str:
             + " (netplan merges them with ours; remove the fabric interfaces from those files)")
 
 
-def should_back_up(ctx: NodeContext) -> bool:
-    """Refresh the backup unless an unconfirmed file of an unfinished run is in place."""
-    current = _file(ctx, NETPLAN_FILE)
-    have_backup = _file(ctx, NETPLAN_BACKUP).get("exists") or _file(ctx, ABSENT_MARKER).get("exists")
-    confirmed = (_file(ctx, CONFIRMED_SHA_PATH).get("content") or "").strip()
-    unconfirmed = current.get("exists") and current.get("sha256") != confirmed
-    return not (have_backup and unconfirmed)
-
-
 class NetplanFile(Step):
     name = "netplan"
 
@@ -103,15 +95,20 @@ class NetplanFile(Step):
         if same:
             return Change(f"chmod 600 {NETPLAN_FILE}{_warnings(ctx)}",
                           diff=f"{NETPLAN_FILE}: mode {fact.get('mode', 0):o} -> 600\n",
-                          payload=(content, should_back_up(ctx)))
+                          payload=content)
         diff = unified_diff(NETPLAN_FILE, fact.get("content") if fact.get("exists") else None, content)
         verb = "update" if fact.get("exists") else "write"
-        return Change(f"{verb} {NETPLAN_FILE} (validated with netplan generate){_warnings(ctx)}",
-                      diff=diff, payload=(content, should_back_up(ctx)))
+        kept = ""
+        if (fact.get("exists") and LEDGER in (ctx.facts.get("files") or {})
+                and ownership(ctx, NETPLAN_FILE) != "ours"):
+            verb = "replace"
+            kept = "; the file there was not written by sparkctl: it is kept, `down --network` puts it back"
+        return Change(f"{verb} {NETPLAN_FILE} (validated with netplan generate){kept}{_warnings(ctx)}",
+                      diff=diff, payload=content)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        content, backup = change.payload
-        result = ctx.run(netguard.write_netplan_cmd(backup), stdin=content, sudo=True,
+        content = change.payload
+        result = ctx.run(netguard.write_netplan_cmd(), stdin=content, sudo=True,
                          display=f"validate and install {NETPLAN_FILE}")
         if result.exit_status == 3:
             raise SparkctlError(
@@ -119,7 +116,7 @@ class NetplanFile(Step):
                 "Nothing was installed; check fabric.interfaces, the addresses and fabric.mtu "
                 "in the inventory"
             )
-        result.check()
+        check_written(result, ctx.node.name, "network/netplan")
         return None
 
 

@@ -175,6 +175,9 @@ def check_system(facts: dict[str, Any], now: float) -> tuple[list[str], list[str
                         f"{MIN_FREE_BYTES / 1e9:.0f} GB")
     else:
         notes.append(f"{space['free_bytes'] / 1e9:.0f} GB free")
+    from orchestrator.core.disks import space_problems
+
+    problems += space_problems(facts)  # where sparkctl itself writes: state, config, netplan
     node_time = facts.get("time")
     if isinstance(node_time, int | float) and abs(node_time - now) > MAX_CLOCK_SKEW_SECONDS:
         notes.append(f"WARNING: clock is {node_time - now:+.0f}s off the controller's (image pulls "

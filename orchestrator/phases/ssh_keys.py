@@ -21,7 +21,13 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Un
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import CONFIG_DIR, HOSTFILE, SSH_CONFIG
-from orchestrator.phases.files import FileSpec, ManagedFiles, files_request, write_files_cmd
+from orchestrator.phases.files import (
+    FileSpec,
+    ManagedFiles,
+    check_written,
+    files_request,
+    write_files_cmd,
+)
 from orchestrator.render import render
 
 HOST_KEY = f"{CONFIG_DIR}/ssh_host_ed25519_key"
@@ -223,8 +229,9 @@ class ClusterKey(Step):
             transport = ctx.transport if name == ctx.node.name else ctx.transports.get(name)
             if transport is None:
                 raise SparkctlError(f"{name}: no connection to install the cluster key on")
-            transport.run(write_files_cmd(), stdin=payload, sudo=True,
-                          display=f"write {CLUSTER_KEY} (secret, on stdin)").check()
+            result = transport.run(write_files_cmd(), stdin=payload, sudo=True,
+                                   display=f"write {CLUSTER_KEY} (secret, on stdin)")
+            check_written(result, name, "cluster-key")
         ctx.shared["cluster_public_key"] = public_key_of(public)
         return f"cluster key installed on {', '.join(change.payload['targets'])}"
 

@@ -19,14 +19,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.commands import docker_cmd, install_file_cmd, join, quote
+from orchestrator.commands import docker_cmd, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Plan, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.paths import CONFIG_DIR, NETPLAN_BACKUP, NETPLAN_FILE, RUN_DIR, STATE_DIR
-from orchestrator.render import MANAGED_HEADER
+from orchestrator.paths import CONFIG_DIR, LEDGER, NETPLAN_FILE, RUN_DIR, STATE_DIR
+from orchestrator.phases.files import ledger_answer, ledger_cmd, ledger_entries, ownership
 
-"""What stood at NETPLAN_FILE before `up` wrote it (the network step's rollback copy)."""
 LOCK_NAME = "lock"
 """The cluster lock lives in STATE_DIR on the head and is held while down runs: kept."""
 SERVER_STOP_SECONDS = 20
@@ -46,7 +45,7 @@ def managed_ps_cmd(inventory: Inventory, fmt: str = r"{{.ID}}\t{{.Names}}\t{{.St
 
 def down_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     return {
-        "files": {NETPLAN_FILE: True, NETPLAN_BACKUP: True, CONFIG_DIR: False, STATE_DIR: False},
+        "files": {NETPLAN_FILE: True, LEDGER: True, CONFIG_DIR: False, STATE_DIR: False},
         "netplan": True,
         "links": True,
         "containers": [inventory.container.name],
@@ -163,8 +162,9 @@ def remove_containers_cmd(ids: list[str]) -> str:
 @dataclass(frozen=True)
 class NetworkUndo:
     remove_file: bool
-    restore: str | None
-    """Content to put back at NETPLAN_FILE: a file of the user's that `up` replaced."""
+    """Undo our netplan file through the ledger: restore what stood there before, or remove it."""
+    restore: bool
+    """What stood there before `up` was a file of the user's: it is put back (for the summary)."""
     addresses: list[tuple[str, str]]
     """(interface, CIDR) pairs to delete: inventory fabric addresses still configured."""
 
@@ -176,22 +176,23 @@ class RemoveNetwork(Step):
 
     def check(self, ctx: NodeContext) -> Outcome:
         fact = _file(ctx, NETPLAN_FILE)
-        remove_file = bool(fact.get("exists"))
+        owner = ownership(ctx, NETPLAN_FILE)
         notes: list[str] = []
-        if remove_file and MANAGED_HEADER not in (fact.get("content") or ""):
-            remove_file = False
-            notes.append(f"left alone: {NETPLAN_FILE} has no sparkctl header (not ours)")
-        if not remove_file and fact.get("exists") is False:
+        if owner == "unrecorded":
+            notes.append(f"left alone: {NETPLAN_FILE} was not written by sparkctl")
+        elif owner == "changed":
+            notes.append(f"left alone: {NETPLAN_FILE} was changed since sparkctl wrote it")
+        elif owner == "absent":
             notes.append("no sparkctl netplan file")
-        restore = None
-        backup = _file(ctx, NETPLAN_BACKUP)
-        if remove_file and backup.get("exists") and MANAGED_HEADER not in (backup.get("content") or ""):
-            restore = backup.get("content")
-        addresses = [] if restore is not None else self._addresses_to_flush(ctx, notes)
+        remove_file = owner == "ours"
+        before = (ledger_entries(ctx).get(NETPLAN_FILE) or {}).get("before") or {}
+        restore = remove_file and before.get("kind") == "file"
+        kept_file = owner in ("unrecorded", "changed")
+        addresses = [] if restore else self._addresses_to_flush(ctx, notes, kept_file)
         if not remove_file and not addresses:
             return Unchanged("; ".join(notes) or "nothing to remove")
         parts = []
-        if restore is not None:
+        if restore:
             parts.append(f"restore the {NETPLAN_FILE} that was there before `up`, netplan apply")
         elif remove_file:
             parts.append(f"remove {NETPLAN_FILE}, netplan apply")
@@ -203,12 +204,13 @@ class RemoveNetwork(Step):
         return Change("; ".join(parts + notes), diff=diff,
                       payload=NetworkUndo(remove_file, restore, addresses))
 
-    def _addresses_to_flush(self, ctx: NodeContext, notes: list[str]) -> list[tuple[str, str]]:
+    def _addresses_to_flush(self, ctx: NodeContext, notes: list[str],
+                            kept_file: bool) -> list[tuple[str, str]]:
         links = ctx.facts.get("links") or {}
         claimed = {
             iface
             for path, entry in (ctx.facts.get("netplan") or {}).items()
-            if path != NETPLAN_FILE
+            if path != NETPLAN_FILE or kept_file
             for iface in entry.get("interfaces", [])
         }
         out = []
@@ -225,29 +227,33 @@ class RemoveNetwork(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         undo: NetworkUndo = change.payload
-        result = ctx.run(remove_network_cmd(undo), stdin=undo.restore, sudo=True, timeout=120,
+        result = ctx.run(remove_network_cmd(undo), sudo=True, timeout=120,
                          display="remove sparkctl fabric config")
+        note = None
+        if undo.remove_file:
+            answer = ledger_answer(result, ctx.node.name, "network")
+            left = [str(e.get("reason")) for e in answer.get("left") or []]
+            note = "; ".join(left) or None
         if not result.ok:
             raise SparkctlError(
                 f"{ctx.node.name}: network: removing the fabric config failed (exit "
                 f"{result.exit_status}): {result.stderr.strip()[-400:]}. Check `netplan get` and "
                 f"`ip addr` on the node; run `sparkctl down --network` again"
             )
-        return None
+        return note
 
 
 def remove_network_cmd(undo: NetworkUndo) -> str:
-    """One command: file gone, netplan re-applied, then our addresses deleted.
+    """One command: file gone (or the user's put back, through the ledger: only when what is on
+    disk is exactly what sparkctl wrote), netplan re-applied, then our addresses deleted.
 
     netplan apply leaves addresses on interfaces it no longer manages, hence the explicit
     deletes; each one tolerates an address that is already gone.
     """
     lines = ["status=0"]
-    if undo.restore is not None:  # the old content arrives on stdin
-        lines.append(f"{{ {install_file_cmd(NETPLAN_FILE, 0o600)}; }} || status=1")
-        lines.append("netplan apply || status=1")
-    elif undo.remove_file:
-        lines.append(join(["rm", "-f", "--", NETPLAN_FILE]) + " || status=1")
+    if undo.remove_file:
+        lines.append(f"printf '%s' {quote(json.dumps([NETPLAN_FILE]))} | {ledger_cmd('undo')} "
+                     "|| status=1")
         lines.append("netplan apply || status=1")
     lines += [f"ip addr del {quote(address)} dev {quote(iface)} 2>/dev/null"
               for iface, address in undo.addresses]
@@ -256,24 +262,44 @@ def remove_network_cmd(undo: NetworkUndo) -> str:
 
 
 class RemoveFiles(Step):
-    """/etc/sparkctl (cluster keys, trust files, entrypoint) and /var/lib/sparkctl (state)."""
+    """/etc/sparkctl (cluster keys, trust files, entrypoint) and /var/lib/sparkctl (state).
+
+    /etc/sparkctl is sparkctl's own directory, but a file in it that sparkctl wrote and someone
+    changed since is left alone (the ledger says which). Without --network the ledger (and the
+    user's original netplan file it keeps) stays, so a later `down --network` can still undo the
+    netplan file exactly.
+    """
 
     name = "files"
+
+    def __init__(self, network: bool = True) -> None:
+        self.network = network
+
+    def keep(self, ctx: NodeContext) -> set[str]:
+        keep = {LOCK_NAME}
+        if not self.network and NETPLAN_FILE in ledger_entries(ctx):
+            keep |= {LEDGER.rsplit("/", 1)[-1], "originals"}
+        return keep
 
     def check(self, ctx: NodeContext) -> Outcome:
         targets = []
         if _file(ctx, CONFIG_DIR).get("exists"):
             targets.append(f"{CONFIG_DIR}/")
-        entries = _state_entries(ctx)
+        entries = [e for e in _state_entries(ctx) if e not in self.keep(ctx)]
         if entries:
             targets.append(f"{STATE_DIR}/{{{','.join(entries)}}}")
         if not targets:
             return Unchanged("no sparkctl files")
-        return Change("remove " + ", ".join(targets) + " (Hugging Face cache kept)")
+        return Change("remove " + ", ".join(targets) + " (Hugging Face cache kept)",
+                      payload=sorted(self.keep(ctx)))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        ctx.run(remove_files_cmd(), sudo=True, display="remove /etc/sparkctl, /var/lib/sparkctl").check()
-        return None
+        result = ctx.run(remove_files_cmd(change.payload or [LOCK_NAME]), sudo=True,
+                         display="remove /etc/sparkctl, /var/lib/sparkctl")
+        answer = ledger_answer(result, ctx.node.name, "files")
+        result.check()
+        left = [str(e.get("reason")) for e in answer.get("left") or []]
+        return "; ".join(left) or None
 
 
 def _state_entries(ctx: NodeContext) -> list[str]:
@@ -281,11 +307,14 @@ def _state_entries(ctx: NodeContext) -> list[str]:
     return sorted(e for e in (answer.get("out") or "").split() if e and e != LOCK_NAME)
 
 
-def remove_files_cmd() -> str:
+def remove_files_cmd(keep: list[str]) -> str:
+    """/etc/sparkctl through the ledger (changed files of sparkctl's stay), then the state
+    directory except the names in `keep` (the lock, on the head, is held while down runs)."""
     state = quote(STATE_DIR)
+    spare = " ".join(f"! -name {quote(name)}" for name in keep)
     return (
-        f"rm -rf -- {quote(CONFIG_DIR)} && "
-        f"if [ -d {state} ]; then find {state} -mindepth 1 -maxdepth 1 ! -name {LOCK_NAME} "
+        f"{ledger_cmd('purge', CONFIG_DIR)} && "
+        f"if [ -d {state} ]; then find {state} -mindepth 1 -maxdepth 1 {spare} "
         f"-exec rm -rf -- {{}} + && rmdir {state} 2>/dev/null; fi; true"
     )
 
@@ -317,8 +346,10 @@ def verify_cmd(inventory: Inventory, network: bool) -> str:
         managed_ps_cmd(inventory, "container: {{.Names}}"),
         f"[ ! -e {quote(CONFIG_DIR)} ] || echo 'directory: {CONFIG_DIR}'",
     ]
-    if network:
-        checks.append(f"[ ! -e {quote(NETPLAN_FILE)} ] || echo 'file: {NETPLAN_FILE}'")
+    if network:  # a file of the user's at our path was left alone on purpose: only ours counts
+        probe = f"printf '%s' {quote(json.dumps([NETPLAN_FILE]))} | {ledger_cmd('check')}"
+        checks.append(f"[ ! -e {quote(NETPLAN_FILE)} ] || {{ {probe} | grep -q '\"ours\"' && "
+                      f"echo 'file: {NETPLAN_FILE}'; }}")
     return "; ".join(checks) + "; true"
 
 
@@ -326,7 +357,7 @@ def down_phase(inventory: Inventory, network: bool) -> Phase:
     steps: list[Step] = [StopServer(), RemoveContainers()]
     if network:
         steps.append(RemoveNetwork())
-    steps += [RemoveFiles(), VerifyDown(network)]
+    steps += [RemoveFiles(network), VerifyDown(network)]
     return Phase("down", steps, down_facts)
 
 

@@ -71,6 +71,16 @@ def open_ssh(
             f"{inventory.source}: cluster.ssh_key: {key_file} does not exist "
             "(the private key that reaches the nodes' management address)"
         )
+    if not key_file.is_file():
+        from orchestrator.yamlio import file_kind
+
+        raise InputError(f"{inventory.source}: cluster.ssh_key: {key_file} is "
+                         f"{file_kind(key_file.stat().st_mode)}, not a private key file")
+    if known_hosts.exists() and not known_hosts.is_file():
+        from orchestrator.yamlio import file_kind
+
+        raise InputError(f"{inventory.source}: cluster.known_hosts: {known_hosts} is "
+                         f"{file_kind(known_hosts.stat().st_mode)}, not a known_hosts file")
     if not known_hosts.exists() and not trust_new_hosts:
         raise HostKeyError(
             f"{node.name}: known_hosts file {known_hosts} does not exist, so {node.host}'s host key "

@@ -202,6 +202,42 @@ def test_occupy_port_binds_and_restore_frees_it(restore_after: Lab) -> None:
 
 
 @pytest.mark.lab
+@pytest.mark.lab
+def test_occupy_port_on_a_port_in_use_says_it_did_not_take(restore_after: Lab) -> None:
+    """Issue #20: against a port already in use (sshd's 22) it reported "injected" while its
+    listener failed to bind."""
+    lab = restore_after
+    result = lab.cli("fault", "occupy-port", "--node", "spark-a", "--port", "22")
+    assert result.returncode != 0 and "injected" not in result.stdout
+    assert "already in use" in result.stderr and "nothing injected" in result.stderr
+    assert "occupy-port" not in lab.cli("status").stdout.split("faults", 1)[-1]
+
+
+IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
+
+
+@pytest.mark.lab
+def test_a_file_deleted_on_the_node_is_gone_in_a_container_bind_mount(lab: Lab) -> None:
+    """Issue #20: the container's /etc overlay kept serving a file deleted on the node (the HF
+    token file). A real bind mount shows the node's directory as it is: opened by name after
+    the deletion, the file is not there."""
+    lab.exec("spark-a", "docker rm -f e2e-bind >/dev/null 2>&1; mkdir -p /etc/e2e-bind/secrets && "
+             "echo e2e-secret > /etc/e2e-bind/secrets/token")
+    try:
+        lab.exec("spark-a", f"docker run -d --name e2e-bind -v /etc/e2e-bind:/etc/e2e-bind:ro {IMAGE} "
+                 "sleep 600")
+        seen = lab.exec("spark-a", "docker exec e2e-bind cat /etc/e2e-bind/secrets/token")
+        assert seen.stdout.strip() == "e2e-secret"
+        lab.exec("spark-a", "rm /etc/e2e-bind/secrets/token")
+        after = lab.exec("spark-a", "docker exec e2e-bind cat /etc/e2e-bind/secrets/token", check=False)
+        assert after.returncode != 0 and "No such file" in after.stderr, after
+        lab.exec("spark-a", "echo replaced > /etc/e2e-bind/secrets/token")
+        assert lab.exec("spark-a", "docker exec e2e-bind cat /etc/e2e-bind/secrets/token"
+                        ).stdout.strip() == "replaced"
+    finally:
+        lab.exec("spark-a", "docker rm -f e2e-bind; rm -rf /etc/e2e-bind", check=False)
+
+
 def test_delay_adds_latency_on_management_and_fabric(restore_after: Lab) -> None:
     lab = restore_after
     lab.cli("fault", "delay", "--node", "spark-a", "--interface", "eth0", "--ms", "80",

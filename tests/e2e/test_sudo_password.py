@@ -43,7 +43,7 @@ def run_in_terminal(argv: list[str], answer: str, timeout: float = 120,
     `answer` and, when given, the "Apply these changes?" question with `confirm`."""
     replies = [(b"sudo password for nvidia", answer)]
     if confirm is not None:
-        replies.append((b"Apply these changes?", confirm))
+        replies.append((b"Apply these changes", confirm))
     pid, fd = pty.fork()
     if pid == 0:  # child
         os.execve(argv[0], argv, ENV)
@@ -121,7 +121,7 @@ def test_interactive_up_shows_the_plan_and_asks_before_changing(inventory: Path)
     assert "40-sparkctl-fabric.yaml" in node_exec("spark-a", netplan)
     code, output = run_in_terminal(up, PASSWORD, confirm="y")
     assert code == 0 and "Nothing to change." in output, output
-    assert "Apply these changes?" not in output
+    assert "Apply these changes" not in output
 
 
 def node_exec(node: str, command: str) -> str:

@@ -208,3 +208,32 @@ def test_other_port_works_with_matching_inventory_and_fails_preflight_without(la
         lab_cli("up", "--force", lab_id=lab.lab_id, check=True)
 
 
+
+
+def sparkctl_cli(*args: str, inventory: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args, "--inventory", str(inventory)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_issue_20_a_users_file_written_after_a_rollback_survives_down_network(
+        lab: Lab, tmp_path: Path) -> None:
+    """up (no netplan file before) is rolled back; the user then writes their own file at
+    sparkctl's path; neither `up`'s rollback nor `down --network` may delete it."""
+    converge(lab)
+    down = sparkctl_cli("down", "--network", "--yes", inventory=lab.inventory)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not netplan_text(lab, "spark-a")
+    path = with_inventory(lab, tmp_path, lambda d: d["fabric"].update(mtu=8000))
+    kill_controller_after_apply(path, seconds=2)
+    lab.exec("spark-a", f"for i in $(seq 150); do test -e {netguard.ROLLED_BACK_PATH} && exit 0; "
+             "sleep 0.2; done; exit 1")
+    assert not netplan_text(lab, "spark-a")  # rolled back: there was no file before
+    users = "# Managed by sparkctl (copied by hand)\nnetwork:\n  version: 2\n"
+    lab.exec("spark-a", f"umask 077; cat > {NETPLAN_FILE}", input_text=users)
+    try:
+        down = sparkctl_cli("down", "--network", "--yes", inventory=lab.inventory)
+        assert netplan_text(lab, "spark-a") == users, down.stdout
+        assert "left alone" in down.stdout, down.stdout
+    finally:
+        lab.exec("spark-a", f"rm -f {NETPLAN_FILE}")
+    converge(lab)

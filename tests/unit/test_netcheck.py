@@ -395,3 +395,33 @@ def test_iperf3_rate_is_found_even_when_its_json_is_broken() -> None:
 
     broken = '{"start": {"x": bad}, "end": {"sum_received": {"bytes": 5,\n"bits_per_second":\t8.5e9}}}'
     assert _received_bits_per_second(broken) == 8.5e9
+
+
+def test_checks_depending_on_a_failed_check_are_skipped_with_the_reason() -> None:
+    """Issue #20: a node's sshd stopped (connect failed) made mpirun report a bogus hostname
+    mismatch; a taken port got "fix the ping failures first" with no ping failed."""
+    from orchestrator.checks.netcheck import CheckResult
+    from orchestrator.checks.netprobe import apply_dependencies
+
+    results = [
+        CheckResult("connect", "spark-b", "fail", "cannot reach spark-b over SSH: refused"),
+        CheckResult("mpirun", "spark-a", "fail", "`mpirun -np 2 hostname` printed spark-a, spark-b "
+                    "(expected spark-a)"),
+    ]
+    apply_dependencies(results)
+    assert results[1].status == "skip" and "spark-b could not be checked" in results[1].message
+    assert results[1].fix == ""
+
+    hung = CheckResult("ssh-container", "spark-a", "fail", "ssh hung", peer="spark-b",
+                       interface="enp1s0f1np1", fix="fix the ping failures first")
+    ping_ok = CheckResult("ping", "spark-a", "pass", "ok", peer="spark-b", interface="enp1s0f1np1")
+    apply_dependencies([ping_ok, hung])
+    assert hung.status == "fail" and "ping on this link passed" in hung.fix
+
+    hung = CheckResult("ssh-container", "spark-a", "fail", "ssh hung", peer="spark-b",
+                       interface="enp1s0f1np1", fix="fix the ping failures first")
+    ping_bad = CheckResult("ping", "spark-a", "fail", "no reply", peer="spark-b", interface="enp1s0f1np1")
+    mpirun = CheckResult("mpirun", "spark-a", "fail", "hung")
+    apply_dependencies([ping_bad, hung, mpirun])
+    assert hung.status == "skip" and "ping from spark-a enp1s0f1np1 to spark-b failed" in hung.message
+    assert mpirun.status == "skip" and "ssh between containers failed" in mpirun.message

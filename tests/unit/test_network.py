@@ -69,8 +69,7 @@ def test_missing_file_is_written_with_backup_and_diff() -> None:
     assert isinstance(outcome, Change)
     assert outcome.summary.startswith("write /etc/netplan/40-sparkctl-fabric.yaml")
     assert "+      mtu: 9000" in outcome.diff
-    content, backup = outcome.payload
-    assert content == GOLDEN.read_text() and backup is True
+    assert outcome.payload == GOLDEN.read_text()
 
 
 def test_same_content_and_mode_is_unchanged() -> None:
@@ -96,20 +95,10 @@ def test_other_netplan_files_defining_our_interfaces_are_reported_not_touched() 
     assert "01-mgmt" not in outcome.reason
 
 
-def test_backup_is_kept_while_an_unconfirmed_file_is_in_place() -> None:
-    node_facts = facts("old unconfirmed content\n")
-    node_facts["files"][netguard.ABSENT_MARKER] = {"exists": True}
-    assert network.should_back_up(ctx(node_facts)) is False
-    node_facts["files"][netguard.CONFIRMED_SHA_PATH] = {
-        "exists": True, "content": sha256("old unconfirmed content\n") + "\n"}
-    assert network.should_back_up(ctx(node_facts)) is True
-
-
-def test_write_command_validates_before_installing() -> None:
-    command = netguard.write_netplan_cmd(backup=True)
-    assert command.index("netplan generate --root-dir") < command.index("mv -f /etc/netplan")
-    assert "netplan-backup.absent" in command
-    assert "netplan-backup" not in netguard.write_netplan_cmd(backup=False)
+def test_write_command_validates_before_installing_through_the_ledger() -> None:
+    command = netguard.write_netplan_cmd()
+    assert command.index("netplan generate --root-dir") < command.index("install ")
+    assert "netplan-backup.absent" in command and "netplan-confirmed.sha256" in command
 
 
 def test_live_state_matching_is_unchanged() -> None:
@@ -219,3 +208,13 @@ def test_guard_script_is_python38_compatible() -> None:
     import ast
 
     ast.parse(netguard.guard_script(), feature_version=(3, 8))
+
+
+def test_a_users_file_at_our_path_is_replaced_only_with_a_note_that_it_is_kept() -> None:
+    from orchestrator.paths import LEDGER
+
+    node_facts = facts("network: {version: 2}\n")
+    node_facts["files"][LEDGER] = {"exists": False}
+    outcome = network.NetplanFile().check(ctx(node_facts))
+    assert isinstance(outcome, Change) and outcome.summary.startswith("replace")
+    assert "not written by sparkctl: it is kept" in outcome.summary

@@ -160,7 +160,8 @@ def test_download_reads_the_token_from_a_file_never_from_argv() -> None:
     assert f"HF_TOKEN_PATH={models.TOKEN_PATH}" in shlex.split(command)
     assert "HF_TOKEN=" not in command and "--token" not in command
     assert "HF_TOKEN_PATH" not in models.download_cmd("c", "org/m", "main", None, with_token=False)
-    assert "0700" in models.token_write_cmd() and "chmod 600" in models.token_write_cmd()
+    assert "0700" in models.token_write_cmd() and models.token_write_cmd().endswith(" write")
+    assert models.token_remove_cmd().endswith(" undo")
 
 
 def test_copy_goes_over_the_fabric_through_the_cluster_ssh_config() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from orchestrator.core.report import Report
 from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.phases import teardown
-from orchestrator.render import MANAGED_HEADER
+from orchestrator.render import MANAGED_HEADER, sha256
 
 INVENTORY = inventory_from_data(
     {
@@ -40,8 +41,11 @@ def up_facts(node: str = "spark-a", netplan_content: str | None = None) -> dict[
     """A node as `up` + `launch` leave it."""
     suffix = "12" if node == "spark-a" else "13"
     content = netplan_content if netplan_content is not None else f"{MANAGED_HEADER}\nnetwork: {{}}\n"
+    ledger = {teardown.NETPLAN_FILE: {"sha256": sha256(f"{MANAGED_HEADER}\nnetwork: {{}}\n"),
+                                      "before": {"kind": "absent"}}}
     return {
-        "files": {teardown.NETPLAN_FILE: {"exists": True, "content": content},
+        "files": {teardown.NETPLAN_FILE: {"exists": True, "content": content, "sha256": sha256(content)},
+                  teardown.LEDGER: {"exists": True, "content": json.dumps(ledger)},
                   teardown.CONFIG_DIR: {"exists": True}, teardown.STATE_DIR: {"exists": True}},
         "netplan": {teardown.NETPLAN_FILE: {"interfaces": ["enp1s0f1np1", "enP2p1s0f1np1"]},
                     "/etc/netplan/50-cloud-init.yaml": {"interfaces": ["eth0"]}},
@@ -112,12 +116,23 @@ def test_the_list_of_containers_is_filtered_by_our_labels() -> None:
     assert "label=sparkctl.cluster=two-sparks" in command
 
 
-def test_a_netplan_file_without_our_header_is_not_removed() -> None:
+def test_a_netplan_file_sparkctl_did_not_write_is_left_alone_with_its_addresses() -> None:
     facts = up_facts(netplan_content="network: {ethernets: {enp1s0f1np1: {}}}\n")
     outcome = teardown.RemoveNetwork().check(ctx_for(facts))
-    assert isinstance(outcome, Change)
-    assert not outcome.payload.remove_file
-    assert "no sparkctl header" in outcome.summary
+    assert isinstance(outcome, Unchanged)
+    assert "changed since sparkctl wrote it" in outcome.reason
+
+
+def test_issue_20_a_users_file_at_our_path_after_a_rollback_is_never_removed() -> None:
+    """The rolled-back `up` left no ledger entry (or a stale one); the user then wrote a file
+    at sparkctl's own path, even one carrying our header: down --network must keep it."""
+    users = f"{MANAGED_HEADER}\n# my own edit\nnetwork: {{}}\n"
+    for ledger in ({}, {teardown.NETPLAN_FILE: {"sha256": "0" * 64, "before": {"kind": "absent"}}}):
+        facts = up_facts(netplan_content=users)
+        facts["files"][teardown.LEDGER] = {"exists": True, "content": json.dumps(ledger)}
+        outcome = teardown.RemoveNetwork().check(ctx_for(facts))
+        assert isinstance(outcome, Unchanged), outcome
+        assert "left alone" in outcome.reason
 
 
 def test_addresses_another_netplan_file_configures_are_kept() -> None:
@@ -132,15 +147,15 @@ def test_addresses_another_netplan_file_configures_are_kept() -> None:
 
 def test_network_command_removes_file_applies_then_deletes_addresses() -> None:
     command = teardown.remove_network_cmd(
-        teardown.NetworkUndo(True, None, [("enp1s0f1np1", "192.168.200.12/24")]))
-    assert command.index("rm -f -- /etc/netplan/40-sparkctl-fabric.yaml") < command.index("netplan apply")
+        teardown.NetworkUndo(True, False, [("enp1s0f1np1", "192.168.200.12/24")]))
+    assert command.index(" undo") < command.index("netplan apply")
     assert command.index("netplan apply") < command.index("ip addr del 192.168.200.12/24 dev enp1s0f1np1")
     assert "eth0" not in command
 
 
 def test_files_command_keeps_the_held_lock() -> None:
-    command = teardown.remove_files_cmd()
-    assert "rm -rf -- /etc/sparkctl" in command
+    command = teardown.remove_files_cmd(["lock"])
+    assert "purge /etc/sparkctl" in command
     assert "! -name lock" in command
 
 
@@ -203,17 +218,22 @@ def test_verify_reports_leftovers(fake_transport: Any) -> None:
 
 def test_a_users_file_that_up_replaced_is_restored() -> None:
     facts = up_facts()
-    facts["files"][teardown.NETPLAN_BACKUP] = {"exists": True, "content": "network: {version: 2}\n"}
+    ledger = json.loads(facts["files"][teardown.LEDGER]["content"])
+    ledger[teardown.NETPLAN_FILE]["before"] = {"kind": "file", "copy": "/x", "sha256": "y"}
+    facts["files"][teardown.LEDGER]["content"] = json.dumps(ledger)
     outcome = teardown.RemoveNetwork().check(ctx_for(facts))
     assert isinstance(outcome, Change)
-    assert outcome.payload.restore == "network: {version: 2}\n"
+    assert outcome.payload.restore is True and "restore the" in outcome.summary
     command = teardown.remove_network_cmd(outcome.payload)
-    assert "mv -f /etc/netplan/40-sparkctl-fabric.yaml.sparkctl-tmp" in command
+    assert " undo" in command
     assert "ip addr del" not in command
 
 
-def test_our_own_backup_is_not_restored() -> None:
+def test_without_network_the_ledger_stays_for_a_later_down_network() -> None:
     facts = up_facts()
-    facts["files"][teardown.NETPLAN_BACKUP] = {"exists": True, "content": MANAGED_HEADER + "\n"}
-    outcome = teardown.RemoveNetwork().check(ctx_for(facts))
-    assert isinstance(outcome, Change) and outcome.payload.restore is None
+    facts["commands"]["state_entries"] = cmd("lock\nrun\nledger.json\noriginals\n")
+    outcome = teardown.RemoveFiles(network=False).check(ctx_for(facts))
+    assert isinstance(outcome, Change)
+    assert "ledger.json" not in outcome.summary and "ledger.json" in outcome.payload
+    outcome = teardown.RemoveFiles(network=True).check(ctx_for(facts))
+    assert "ledger.json" in outcome.summary

@@ -74,14 +74,20 @@ def container_init(cid: str) -> None:
         stage = d + "/stage-image"
         os.makedirs(stage, exist_ok=True)
         bind(lab["image_dir"], stage, readonly=True)
-        # -v sources as the node sees them, taken before /etc and /opt get their overlays: a
-        # bind taken through the overlay would show a lower-dir snapshot (a file the node later
-        # replaces, like extra-llm-api-config.yml on a relaunch, would stay stale inside).
-        sources = []
-        for m in config["Mounts"]:
+        # Bind sources are taken from the node's own tree BEFORE /etc and /opt are overlaid, as
+        # docker binds host paths: a bind through the overlay would show the overlay's (cached)
+        # view, where a file deleted on the node could still be opened by name.
+        staged = []
+        for index, m in enumerate(config["Mounts"]):
             if not os.path.exists(m["Source"]):
                 os.makedirs(m["Source"], exist_ok=True)
-            sources.append(os.open(m["Source"], os.O_PATH))
+            point = f"{d}/stage-mount-{index}"
+            if os.path.isdir(m["Source"]):
+                os.makedirs(point, exist_ok=True)
+            else:
+                open(point, "a").close()
+            bind(m["Source"], point, readonly=not m["RW"])
+            staged.append((point, m))
         for path in OVERLAID:
             layer = f"{d}/layers{path}"
             os.makedirs(layer + "/upper", exist_ok=True)
@@ -100,6 +106,9 @@ def container_init(cid: str) -> None:
         # Outbox first: a bind taken from inside the read-only lab dir would be read-only too.
         if os.path.isdir(OUTBOX_IN_CONTAINER):
             bind(OUTBOX, OUTBOX_IN_CONTAINER)
+        for point, m in staged:  # before ROOT is re-bound: the stage points live under it
+            make_mountpoint(m["Destination"], m["Source"])
+            mount(point, m["Destination"], None, MS_MOVE)
         # Not recursive: the containers' state tmpfs stays out of the container.
         mount(ROOT, ROOT, None, MS_BIND)
         mount(None, ROOT, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
@@ -110,13 +119,6 @@ def container_init(cid: str) -> None:
                               "node (`lab up` installs it); recreate the lab")
             make_mountpoint(m["destination"], m["source"])
             bind(m["source"], m["destination"], readonly=True)
-        # -v sources were opened before the overlays went up, so a file the node rewrote is
-        # seen as it is now, as with a real bind mount
-        for i, m in enumerate(config["Mounts"]):
-            fd = sources[i]
-            make_mountpoint(m["Destination"], f"/proc/self/fd/{fd}")
-            bind(f"/proc/self/fd/{fd}", m["Destination"], readonly=not m["RW"])
-            os.close(fd)
         argv = lab["argv"]
         exe = argv[0] if "/" in argv[0] else next(
             (f"{p}/{argv[0]}" for p in env.get("PATH", DEFAULT_PATH).split(":")

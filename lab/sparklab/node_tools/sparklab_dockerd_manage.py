@@ -123,7 +123,8 @@ def stop_one(c: dict, timeout: float) -> None:
         # unshare only reports "failed" when PID 1 dies of a signal: leave a note for monitor().
         with open(cdir(c["Id"]) + "/killed", "w") as f:
             f.write(str(int(signal.SIGKILL)))
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it may end on its own meanwhile
+            os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while alive(monitor_pid) and time.monotonic() < deadline:
         time.sleep(0.02)
