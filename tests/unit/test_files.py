@@ -12,9 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import FakeCluster
 
 from orchestrator.core.step import Change, NodeContext, Unchanged
+from orchestrator.errors import CommandError
 from orchestrator.phases.files import FileSpec, ManagedFiles, files_request, write_files_cmd
 from orchestrator.render import sha256
 
@@ -89,12 +91,8 @@ def test_apply_writes_every_changed_file_in_one_sudo_command(
 def test_a_failed_write_raises(fake_cluster: Callable[..., FakeCluster]) -> None:
     cluster, ctx = context(fake_cluster, {})
     cluster["spark-a"].on("python3 -c", 1, "", "Read-only file system")
-    try:
+    with pytest.raises(CommandError, match="Read-only file system"):
         step().apply(ctx, Change("write", payload=SPECS[:1]))
-    except Exception as exc:
-        assert "Read-only file system" in str(exc)
-    else:
-        raise AssertionError("a failed write must raise")
 
 
 def test_the_writer_writes_atomically_with_the_modes_asked(tmp_path: Path) -> None:
