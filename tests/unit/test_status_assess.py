@@ -1,0 +1,182 @@
+"""More of checks/status.py: gathering over the fake cluster, and the assessment's less common
+verdicts (missing interfaces, wrong MTU, inspect errors, old images, mixed images, half-set-up
+fabric, unreadable records, cluster states, timestamps)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import FakeCluster
+from test_status import INVENTORY, NOW, SERVER, node_facts
+
+from orchestrator.checks import status
+from orchestrator.paths import SERVER_JSON
+
+BOTH = ("spark-a", "spark-b")
+
+
+def assess(facts: dict[str, dict[str, Any]], errors: dict[str, str] | None = None) -> dict[str, Any]:
+    return status.assess(INVENTORY, facts, errors or {})
+
+
+def test_gather_status_asks_every_reachable_node_once(fake_cluster: Callable[..., FakeCluster],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = fake_cluster(INVENTORY, facts={"spark-a": node_facts("spark-a")},
+                           unreachable={"spark-b": "connection refused"})
+    monkeypatch.setattr("orchestrator.remote.connect.connect_all", cluster.connect_all)
+
+    result = status.gather_status(INVENTORY)
+
+    assert not result["ok"] and result["state"] == "degraded"
+    assert result["nodes"]["spark-a"]["state"] == "up"
+    assert result["nodes"]["spark-b"]["problems"] == ["unreachable: connection refused"]
+    (call,) = cluster["spark-a"].calls
+    assert call.sudo and call.timeout == 90
+    assert call.request == json.loads(json.dumps(status.status_facts(INVENTORY, INVENTORY.node("spark-a"))))
+    assert result["seconds"] >= 0
+    assert cluster["spark-a"].closed  # the session closed its connections
+
+
+def test_gather_status_reports_a_node_whose_gatherer_failed(fake_cluster: Callable[..., FakeCluster],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = fake_cluster(INVENTORY, facts={"spark-a": node_facts("spark-a"),
+                                             "spark-b": (0, "python3: not found", "")})
+    monkeypatch.setattr("orchestrator.remote.connect.connect_all", cluster.connect_all)
+
+    result = status.gather_status(INVENTORY)
+
+    assert result["nodes"]["spark-b"]["state"] == "unreachable"
+    assert "the facts gatherer printed no JSON" in result["nodes"]["spark-b"]["problems"][0]
+    assert result["nodes"]["spark-a"]["reachable"]
+
+
+def test_interfaces_missing_without_address_or_with_the_wrong_mtu() -> None:
+    facts = {n: node_facts(n) for n in BOTH}
+    del facts["spark-a"]["links"]["enp1s0f1np1"]
+    facts["spark-b"]["links"]["enp1s0f1np1"]["mtu"] = 1500
+    result = assess(facts)
+    a, b = result["nodes"]["spark-a"], result["nodes"]["spark-b"]
+    assert a["network"]["interfaces"]["enp1s0f1np1"] == {
+        "state": "missing", "addresses": [], "mtu": None, "expected": "192.168.200.12/24", "ok": False}
+    assert a["problems"] == ["fabric interface enp1s0f1np1 does not exist"]
+    assert b["problems"] == ["enp1s0f1np1 MTU is 1500, want 9000"]
+    assert not b["network"]["interfaces"]["enp1s0f1np1"]["ok"]
+
+    facts = {n: node_facts(n) for n in BOTH}
+    facts["spark-b"]["links"]["enp1s0f1np1"]["addresses"] = []
+    facts["spark-b"]["links"]["enp1s0f1np1"]["mtu"] = 1500  # the address is the first thing to fix
+    assert assess(facts)["nodes"]["spark-b"]["problems"] == [
+        "enp1s0f1np1 lacks its address 192.168.200.13/24 (run `sparkctl up`)"]
+
+
+def test_an_unconfigured_node_has_no_fabric_complaints_but_half_a_cluster_has() -> None:
+    facts = {n: node_facts(n, configured=False, container=None) for n in BOTH}
+    del facts["spark-a"]["links"]["enp1s0f1np1"]
+    assert assess(facts)["ok"]
+
+    facts = {"spark-a": node_facts("spark-a", container=None),
+             "spark-b": node_facts("spark-b", configured=False, container=None)}
+    result = assess(facts)
+    assert result["nodes"]["spark-a"]["state"] == "network-only"
+    assert result["nodes"]["spark-b"]["problems"] == [
+        "fabric not configured here while other nodes have it (run `sparkctl up`)"]
+    assert result["state"] == "degraded"
+
+
+def test_inspect_errors_and_an_old_image() -> None:
+    facts = {n: node_facts(n) for n in BOTH}
+    facts["spark-a"]["containers"]["trtllm-multinode"] = {"error": "permission denied"}
+    facts["spark-b"]["images"][INVENTORY.container.image]["Id"] = "sha256:newer"
+    result = assess(facts)
+    assert result["nodes"]["spark-a"]["container"]["status"] == "unknown"
+    assert result["nodes"]["spark-a"]["problems"] == [
+        "docker inspect trtllm-multinode failed: permission denied"]
+    b = result["nodes"]["spark-b"]
+    assert b["container"]["image_current"] is False
+    assert b["problems"] == [
+        "container trtllm-multinode runs an old configuration or image (run `sparkctl up`)"]
+
+
+def test_containers_on_different_images_are_a_problem_everywhere() -> None:
+    facts = {n: node_facts(n) for n in BOTH}
+    facts["spark-b"]["containers"]["trtllm-multinode"]["Image"] = "sha256:other"
+    facts["spark-b"]["images"][INVENTORY.container.image]["Id"] = "sha256:other"
+    result = assess(facts)
+    problem = "containers run different images: spark-a -> sha256:img, spark-b -> sha256:other"
+    for name in BOTH:
+        assert result["nodes"][name]["problems"] == [problem]
+        assert result["nodes"][name]["state"] == "problem"
+
+
+def test_without_the_container_step_the_config_is_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "orchestrator.phases.container", None)  # import fails
+    facts = node_facts("spark-a")
+    assert status.desired_config_hash(INVENTORY, INVENTORY.node("spark-a"), facts) is None
+    assert assess({n: node_facts(n) for n in BOTH})["nodes"]["spark-a"]["container"]["config"] == "unknown"
+
+
+def test_unreadable_server_records_and_probe_answers() -> None:
+    facts = {n: node_facts(n, server=SERVER) for n in BOTH}
+    facts["spark-a"]["files"][SERVER_JSON]["content"] = "{truncated"
+    facts["spark-a"]["commands"]["probe"]["out"] = "Traceback (most recent call last):"
+    server = assess(facts)["server"]
+    assert server["model"] is None and server["port"] is None and server["uptime_seconds"] is None
+    assert server["health"] == {"error": "the health probe printed no JSON"}
+    assert server["state"] == "down"
+    assert server["problem"] == ("server not answering on port None (the health probe printed no JSON): "
+                                 "crashed? see `sparkctl logs`")
+    assert status.assess_server(INVENTORY, None, {}) is None
+
+
+def test_a_server_recorded_with_the_head_container_stopped_is_down() -> None:
+    facts = {"spark-a": node_facts("spark-a", container="exited", server=SERVER,
+                                   probe={"/health": 200, "/health_generate": 200}),
+             "spark-b": node_facts("spark-b")}
+    result = assess(facts)
+    assert result["server"]["state"] == "down"
+    assert "server recorded but the head container is not running" in result["nodes"]["spark-a"]["problems"]
+
+
+def test_process_answers_that_cannot_be_read_are_no_processes() -> None:
+    facts = node_facts("spark-a")
+    facts["commands"]["processes"] = {"rc": 0, "out": "not json"}
+    assert status.server_processes(facts) == {}
+    facts["commands"]["processes"] = {"rc": 0, "out": "[1, 2]"}
+    assert status.server_processes(facts) == {}
+    facts["commands"]["processes"] = {"rc": 1, "out": json.dumps({"pids": {"x.pid": {}}})}
+    assert status.server_processes(facts) == {}
+    facts["commands"]["processes"] = {"rc": 0, "out": json.dumps({"pids": {"x.pid": {"pid": 1}}})}
+    assert status.server_processes(facts) == {"x.pid": {"pid": 1}}
+
+
+@pytest.mark.parametrize(("states", "server", "expected"), [
+    ({"up"}, None, "up"),
+    ({"up"}, {"state": "healthy"}, "serving"),
+    ({"up"}, {"state": "starting"}, "up"),
+    ({"up", "problem"}, None, "degraded"),
+    ({"network-only", "not-set-up"}, None, "network-only"),
+    ({"not-set-up"}, None, "not-set-up"),
+    ({"up", "network-only"}, None, "partial"),
+])
+def test_cluster_state(states: set[str], server: dict[str, Any] | None, expected: str) -> None:
+    nodes = {f"n{i}": {"state": state} for i, state in enumerate(sorted(states))}
+    assert status.cluster_state(nodes, server) == expected
+
+
+@pytest.mark.parametrize(("iso", "age"), [
+    ("2025-06-15T14:00:00Z", int(NOW - 1749996000)),
+    ("2025-06-15T14:00:00.123456789+00:00", int(NOW - 1749996000.123456)),
+    ("2025-06-15T14:00:00.5Z", int(NOW - 1749996000.5)),
+    ("2030-01-01T00:00:00Z", 0),  # a clock ahead of the node's: never negative
+    ("0001-01-01T00:00:00Z", None),  # docker's "never started"
+    ("2025-06-15T14:00:00", None),  # no zone: cannot be compared
+    ("yesterday", None),
+    ("", None),
+    (None, None),
+])
+def test_ages_from_docker_and_server_timestamps(iso: str | None, age: int | None) -> None:
+    assert status._age(iso, NOW) == age
