@@ -19,6 +19,7 @@ from sparklab.identity import (
 )
 from sparklab.inventory import inventory_data, write_inventory
 from sparklab.netplan_install import netplan_root
+from sparklab.ray_install import ray_lower_layers
 from sparklab.node import (
     kill_node,
     recorded_pid,
@@ -110,7 +111,7 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
     for node in plan.nodes:
         network.create_node_netns(ident, node.name, node.index)
     network.create_fabric(ident, plan)
-    usr_lowers = [build_usr_layer(ident), np_root / "usr", Path("/usr")]
+    usr_lowers = [build_usr_layer(ident), np_root / "usr", *ray_lower_layers(), Path("/usr")]
     hosts = "".join(f"{ident.mgmt_address(n.index)}\t{n.name}\n" for n in plan.nodes)
     password_hash = _hash_password(opts.sudo_password) if opts.sudo_password else None
     host_keys: dict[str, str] = {}

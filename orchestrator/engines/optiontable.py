@@ -1,0 +1,239 @@
+"""Check engine command lines and TensorRT-LLM llm_args YAML against the extracted option tables.
+
+The tables (engines/<engine>/options.json) are written by scripts/extract-engine-options from
+each engine's real source at a pinned version, so a recipe is rejected here for exactly the
+reasons the real engine would reject it, and the lab's simulated engines use the same tables.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+# pydantic v2 lax mode turns these into booleans (True == 1 and False == 0 in a set);
+# anything else (2, "maybe") is rejected.
+_BOOL_TRUE = {1, "1", "true", "True", "TRUE", "yes", "on", "t", "y"}
+_BOOL_FALSE = {0, "0", "false", "False", "FALSE", "no", "off", "f", "n"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str  # a flag ("--tp_size") or a dotted llm_args path ("kv_cache_config.dtype")
+    message: str
+    engine: str  # "TensorRT-LLM 1.3.0rc12"
+    suggestion: str | None = None
+
+    def __str__(self) -> str:
+        hint = f" (did you mean {self.suggestion}?)" if self.suggestion else ""
+        return f"{self.key}: {self.message} in {self.engine}{hint}"
+
+
+@dataclass
+class OptionTable:
+    engine: str
+    version: str
+    flags: dict[str, dict[str, Any]]
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    root_model: str | None = None
+    underscores_equal_dashes: bool = False
+    _spellings: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for canonical, spec in self.flags.items():
+            for spelling in [canonical, *spec.get("aliases", [])]:
+                self._spellings[self._norm(spelling)] = canonical
+
+    @property
+    def label(self) -> str:
+        return f"{self.engine} {self.version}"
+
+    def _norm(self, flag: str) -> str:
+        # vLLM's FlexibleArgumentParser reads --max_model_len as --max-model-len.
+        return flag.replace("_", "-") if self.underscores_equal_dashes else flag
+
+    def _lookup(self, flag: str) -> tuple[str | None, bool]:
+        """The canonical flag for a spelling, and whether it was the --no- form of a boolean."""
+        canonical = self._spellings.get(self._norm(flag))
+        if canonical is not None:
+            return canonical, False
+        if flag.startswith("--no-"):
+            positive = self._spellings.get(self._norm("--" + flag[5:]))
+            if positive and self.flags[positive]["kind"] == "bool_optional":
+                return positive, True
+        return None, False
+
+    def _problem(self, key: str, message: str, candidates: list[str] | None = None) -> Problem:
+        close = difflib.get_close_matches(key, candidates or [], n=1, cutoff=0.6)
+        return Problem(key, message, self.label, close[0] if close else None)
+
+    def check_flags(self, argv: list[str]) -> list[Problem]:
+        """Problems with a serve command's options; positional words (the model) are skipped."""
+        problems: list[Problem] = []
+        spellings = sorted(self._spellings)
+        i = 0
+        while i < len(argv):
+            token = argv[i]
+            i += 1
+            if not token.startswith("-") or token in ("-", "--"):
+                continue
+            flag, eq, inline = token.partition("=")
+            canonical, negated = self._lookup(flag)
+            if canonical is None:
+                problems.append(self._problem(flag, "unknown option", spellings))
+                continue
+            spec = self.flags[canonical]
+            kind = spec["kind"]
+            if kind in ("store_true", "store_false") or negated or (kind == "bool_optional" and not eq):
+                if eq:
+                    problems.append(self._problem(flag, "takes no value"))
+                continue
+            if eq:
+                values = [inline]
+            elif i < len(argv) and not _looks_like_flag(argv[i]):
+                values = [argv[i]]
+                i += 1
+                # nargs="+"/"*" options (vLLM's list fields) swallow every following word.
+                while spec.get("nargs") in ("+", "*") or kind == "list":
+                    if i >= len(argv) or _looks_like_flag(argv[i]):
+                        break
+                    values.append(argv[i])
+                    i += 1
+            elif spec.get("nargs") in ("?", "*"):
+                continue
+            else:
+                problems.append(self._problem(flag, "needs a value"))
+                continue
+            for value in values:
+                problem = self._check_value(flag, spec, value)
+                if problem:
+                    problems.append(problem)
+        return problems
+
+    def _check_value(self, flag: str, spec: dict[str, Any], value: str) -> Problem | None:
+        choices = spec.get("choices")
+        if choices and value not in [str(c) for c in choices if c is not None]:
+            return self._problem(flag, f"{value!r} is not one of {', '.join(map(str, choices))}",
+                                 [str(c) for c in choices])
+        kind = spec["kind"]
+        try:
+            if kind == "int":
+                int(value)
+            elif kind == "float":
+                float(value)
+        except ValueError:
+            return self._problem(flag, f"{value!r} is not {'an integer' if kind == 'int' else 'a number'}")
+        if kind in ("bool", "bool_optional") and value not in _BOOL_TRUE | _BOOL_FALSE:
+            return self._problem(flag, f"{value!r} is not a boolean")
+        return None
+
+    def check_llm_args(self, mapping: Any, model: str | None = None, prefix: str = "") -> list[Problem]:
+        """Problems with an llm_args mapping (TensorRT-LLM's extra_llm_api_options YAML)."""
+        name = model or self.root_model
+        if name is None or name not in self.models:
+            return [Problem(prefix or "<root>", "no llm_args table", self.label)]
+        spec = self.models[name]
+        if not isinstance(mapping, dict):
+            return [Problem(prefix or "<root>", f"must be a mapping ({name})", self.label)]
+        fields = spec["fields"]
+        by_name = {alias: key for key, f in fields.items() for alias in [key, *f.get("aliases", [])]}
+        problems: list[Problem] = []
+        for key, value in mapping.items():
+            path = f"{prefix}{key}"
+            real = by_name.get(str(key))
+            if real is None:
+                if spec["forbid_extra"]:
+                    close = difflib.get_close_matches(str(key), sorted(by_name), n=1, cutoff=0.6)
+                    problems.append(Problem(path, f"is not a field of {name}", self.label,
+                                            close[0] if close else None))
+                continue
+            problems += self._check_field(path, fields[real], value)
+        return problems
+
+    def _check_field(self, path: str, info: dict[str, Any], value: Any) -> list[Problem]:
+        if value is None:
+            ok = info.get("optional") or info.get("default") is None
+            return [] if ok else [Problem(path, "cannot be null", self.label)]
+        refs = [r for r in info.get("refs", []) if r in self.models]
+        if refs and isinstance(value, dict):
+            target = self._pick_model(refs, value)
+            if target is None:
+                wanted = sorted({v for r in refs for v in self._literals(r, "decoding_type")})
+                return [Problem(f"{path}.decoding_type", f"must be one of {', '.join(wanted)}", self.label,
+                                _closest(str(value.get("decoding_type")), wanted))]
+            return self.check_llm_args(value, target, prefix=f"{path}.")
+        kind = info.get("kind")
+        literals = info.get("literals")
+        if literals and not refs and value not in literals:
+            return [Problem(path, f"{value!r} is not one of {', '.join(map(str, literals))}", self.label,
+                            _closest(str(value), [str(v) for v in literals]))]
+        bad = (
+            (kind == "bool" and not _is_lax_bool(value))
+            or (kind == "int" and (isinstance(value, bool) or not _is_lax_int(value)))
+            or (kind == "float" and (isinstance(value, bool) or not _is_lax_float(value)))
+            or (kind == "list" and not isinstance(value, list | tuple))
+            or (kind == "dict" and not isinstance(value, dict))
+        )
+        return [Problem(path, f"{value!r} is not a valid {kind}", self.label)] if bad else []
+
+    def _literals(self, model: str, field_name: str) -> list[Any]:
+        return list(self.models[model]["fields"].get(field_name, {}).get("literals", []))
+
+    def _pick_model(self, refs: list[str], value: dict[str, Any]) -> str | None:
+        """The model a nested mapping validates against; unions pick by their decoding_type tag."""
+        tagged = [r for r in refs if self._literals(r, "decoding_type")]
+        if len(refs) == 1 or not tagged:
+            return refs[0]
+        tag = value.get("decoding_type")
+        return next((r for r in tagged if tag in self._literals(r, "decoding_type")), None)
+
+
+def _looks_like_flag(token: str) -> bool:
+    # "-1" or "-0.5" is a value, "-tp" or "--port" is an option.
+    return token.startswith("-") and not _is_lax_float(token)
+
+
+def _closest(word: str, candidates: list[str]) -> str | None:
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _is_lax_bool(value: Any) -> bool:
+    # pydantic accepts the ints 0/1 but not 1.0 or 2; strings are matched exactly.
+    if isinstance(value, float):
+        return False
+    return value in _BOOL_TRUE or value in _BOOL_FALSE
+
+
+def _is_lax_int(value: Any) -> bool:
+    if isinstance(value, int):
+        return True
+    if isinstance(value, float):
+        return value.is_integer()
+    try:
+        int(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+def _is_lax_float(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def load_table(engine: str, path: Path | None = None) -> OptionTable:
+    """The table for "trtllm", "vllm" or "sglang", from the JSON beside this module."""
+    data = json.loads((path or _HERE / engine / "options.json").read_text())
+    prov = data["provenance"]
+    return OptionTable(
+        engine=prov["engine"], version=prov["version"], flags=data["serve_flags"],
+        models=data.get("llm_args", {}), root_model=data.get("root_model"),
+        underscores_equal_dashes=data.get("flag_style", {}).get("underscores_equal_dashes", False),
+    )
