@@ -19,7 +19,6 @@ from sparklab.identity import (
 )
 from sparklab.inventory import inventory_data, write_inventory
 from sparklab.netplan_install import netplan_root
-from sparklab.ray_install import ray_lower_layers
 from sparklab.node import (
     kill_node,
     recorded_pid,
@@ -28,6 +27,7 @@ from sparklab.node import (
     write_init,
 )
 from sparklab.node_fs import NodeSpec, build_usr_layer, prepare_node
+from sparklab.ray_install import ray_lower_layers
 from sparklab.topology import LabPlan, build_plan
 
 

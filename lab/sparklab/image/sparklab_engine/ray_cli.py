@@ -24,7 +24,7 @@ def _value(args: list[str], flag: str) -> tuple[int, str | None]:
 
 
 def _set(args: list[str], flag: str, value: str) -> list[str]:
-    i, old = _value(args, flag)
+    i, _ = _value(args, flag)
     if i < 0:
         return [*args, flag, value]
     if args[i] == flag:

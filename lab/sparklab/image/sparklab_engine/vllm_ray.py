@@ -119,17 +119,13 @@ class RayExecutor:
         ray.get([w.step.remote() for w in self.workers], timeout=60)
 
     def shutdown(self) -> None:
+        from contextlib import suppress
+
         for worker in self.workers:
-            try:
+            with suppress(Exception):
                 ray.kill(worker)
-            except Exception:
-                pass
         if self.pg is not None:
-            try:
+            with suppress(Exception):
                 remove_placement_group(self.pg)
-            except Exception:
-                pass
-        try:
+        with suppress(Exception):
             ray.shutdown()
-        except Exception:
-            pass
