@@ -74,10 +74,24 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, model=recipe.model, recipe=recipe.name,
                                     engine=engine.name)
-        refusal = engine.refusal(recipe, inventory, options, session.transports[head])
-        if refusal:
-            raise SparkctlError(refusal)
-        return Plan("launch", engine.launch_phases(recipe, inventory, options))
+        from orchestrator.engines.running import (
+            current_server,
+            other_engine_refusal,
+            stop_other_engine_phase,
+        )
+
+        phases = []
+        running = current_server(session.transports[head], inventory)
+        other = other_engine_refusal(running, recipe)
+        if other and not replace:
+            raise SparkctlError(other)
+        if other and running is not None:
+            phases.append(stop_other_engine_phase(running, inventory))
+        else:
+            refusal = engine.refusal(recipe, inventory, options, session.transports[head])
+            if refusal:
+                raise SparkctlError(refusal)
+        return Plan("launch", [*phases, *engine.launch_phases(recipe, inventory, options)])
 
     def after(session: Any, report: Any) -> None:
         try:
@@ -150,16 +164,15 @@ def _server_on_head(inventory_path: str | None, command: str) -> Any:
 
 
 def _running_server(session: Any, inventory: Any) -> tuple[Any, dict[str, Any]]:
-    from orchestrator.engines.trtllm.serve import node_call
+    from orchestrator.engines.running import current_server
     from orchestrator.errors import SparkctlError
 
     transport = session.transports.get(inventory.head_name)
     if transport is None:
         raise SparkctlError(f"cannot reach the head {inventory.head_name}: "
                             + session.report.hosts[inventory.head_name].error)
-    status = node_call(transport, inventory.container.name, action="status")
-    server = status.get("server")
-    if not server or not status.get("pids", {}).get("mpirun.pid", {}).get("alive"):
+    server = current_server(transport, inventory)
+    if not server:
         raise SparkctlError("no model server is running: start one with `sparkctl launch RECIPE`")
     return transport, server
 
