@@ -24,7 +24,8 @@ SENTINEL_PATTERN = SENTINEL[:10] + "[" + SENTINEL[10] + "]" + SENTINEL[11:]
 MODEL = "nvidia/MiniMax-M2.7-NVFP4"
 RUN = "/var/lib/sparkctl/run"
 CONTAINER = "sparkctl-vllm"
-RAY_PROCESSES = "ps -eo pid,args | grep -E 'raylet|gcs_server|ray start|vllm serve|ray::' | grep -v grep || true"
+RAY_PROCESSES = ("ps -eo pid,args | grep -E 'raylet|gcs_server|ray start|vllm serve|ray::' "
+                 "| grep -v grep || true")
 
 
 def sparkctl(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:

@@ -50,7 +50,7 @@ def test_unknown_flag_names_the_flag_the_version_and_the_nearest(tmp_path: Path)
 
 
 def test_bad_values_and_reserved_flags_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="kv-cache-dtype.*fp9"):
+    with pytest.raises(InputError, match=r"kv-cache-dtype.*fp9"):
         load_recipe(recipe_file(tmp_path, serve_args=["--kv-cache-dtype", "fp9"]))
     with pytest.raises(InputError, match="must not set --port"):
         load_recipe(recipe_file(tmp_path, serve_args=["--port", "9000"]))
@@ -119,7 +119,8 @@ def test_worker_start_failure_names_the_head_address_and_a_fix() -> None:
     step = c.Container(ray.spec_for(recipe, "worker"), name="ray-worker")
     change = step.check(ctx)
     assert isinstance(change, Change)
-    with pytest.raises(SparkctlError, match=r"(?s)spark-b: container/ray-worker.*192\.168\.200\.12:6379.*netcheck"):
+    expected = r"(?s)spark-b: container/ray-worker.*192\.168\.200\.12:6379.*netcheck"
+    with pytest.raises(SparkctlError, match=expected):
         step.apply(ctx, change)
 
 
