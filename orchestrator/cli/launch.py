@@ -283,7 +283,7 @@ def list_recipes() -> None:
             spec = getattr(recipe, "speculative", None)
             drafting = f"{spec.decoding_type} {spec.max_draft_len}" if spec else "no draft"
             fits = "fits" if engine.estimate_memory(recipe).fits else "DOES NOT FIT"
-            click.echo(f"{name:16} {engine.name:7} {recipe.model:38} nodes {recipe.node_count}  "
+            click.echo(f"{name:18} {engine.name:7} {recipe.model:38} nodes {recipe.node_count}  "
                        f"{drafting:12} port {recipe.port}  {fits}")
         return 0
 
