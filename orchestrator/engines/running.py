@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import quote
 from orchestrator.errors import SparkctlError
-from orchestrator.paths import SERVER_JSON
+from orchestrator.paths import RUN_DIR, SERVER_JSON
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
@@ -88,7 +88,9 @@ def stop_other_engine_phase(running: dict[str, Any], inventory: Inventory) -> Ph
             else:  # engines with their own per-server containers: remove those containers
                 ids = docker_cmd("ps", "-aq", *managed_filter_args(ctx.inventory), "--filter",
                                  f"label=sparkctl.engine={engine}")
-                command = f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids >/dev/null"
+                pid_file = quote(f"{RUN_DIR}/{running.get('main') or 'server.pid'}")
+                command = (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids "
+                           f">/dev/null; rm -f {pid_file}")
             ctx.run(command, sudo=True, timeout=120, display=f"stop {engine}'s server").check()
             return f"stopped {engine}'s server"
 

@@ -156,3 +156,18 @@ def test_another_engine_serving_is_refused_naming_recipe_and_engine() -> None:
     assert message and "qwen3-235b" in message and "TensorRT-LLM" in message and "--replace" in message
     assert other_engine_refusal(dict(trt, engine="vllm"), vllm_recipe) is None
     assert other_engine_refusal(None, vllm_recipe) is None
+
+
+def test_replace_across_engines_stops_the_other_engines_server() -> None:
+    from orchestrator.engines.running import stop_other_engine_phase
+
+    inv = inventory()
+    for engine, expected in (("vllm", "label=sparkctl.engine=vllm"), ("trtllm", "trtllm-multinode")):
+        running = {"engine": engine, "recipe": "x", "main": "vllm.pid" if engine == "vllm" else "mpirun.pid"}
+        step = stop_other_engine_phase(running, inv).steps[0]
+        transport = FakeTransport("spark-a", [(0, "{}", "")])
+        ctx = context(inv, "spark-a", {"spark-a": {}}, transports={"spark-a": transport})
+        change = step.check(ctx)
+        assert isinstance(change, Change) and engine in change.summary
+        step.apply(ctx, change)
+        assert expected in transport.calls[0]["command"]
