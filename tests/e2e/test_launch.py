@@ -154,7 +154,7 @@ def test_the_token_appears_nowhere(launched: tuple[Lab, subprocess.CompletedProc
 def test_a_hang_ends_at_the_deadline_with_nothing_left(
         launched: tuple[Lab, subprocess.CompletedProcess[str]], tmp_path: Path, tally: Any) -> None:
     lab, _ = launched
-    recipe = (REPO / "orchestrator/recipes/qwen3-235b.yml").read_text()
+    recipe = (REPO / "orchestrator/engines/trtllm/recipes/qwen3-235b.yml").read_text()
     variant = tmp_path / "qwen-hang.yml"
     variant.write_text(recipe.replace("name: qwen3-235b", "name: qwen-hang"))
     lab.cli("fault", "engine-hang", "--node", lab.nodes[0], check=True)

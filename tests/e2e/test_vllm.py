@@ -1,9 +1,10 @@
 """vLLM over Ray on the simulated lab: `launch minimax-m2.7` across both nodes.
 
 Ray is the real thing (from PyPI, installed by the lab into its vLLM image); only vLLM is
-simulated. One `up` and one launch for the module; then chat, status, `ray status` in the head
-container, a no-op relaunch, the refusal of another engine, a cut cable between worker and head,
-and finally `down`, after which no Ray or vLLM process may be left on either node.
+simulated. One `up` and a TensorRT-LLM server for the module; the vLLM launch is refused, then
+replaces it with --replace; then chat, status, `ray status` in the head container, a no-op
+relaunch, the refusal of another engine, a cut cable between worker and head, and finally
+`down`, after which no Ray or vLLM process may be left on either node.
 """
 
 from __future__ import annotations
@@ -34,16 +35,23 @@ def sparkctl(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[st
                           env=env, cwd=REPO)
 
 
+REFUSED: list[subprocess.CompletedProcess[str]] = []
+
+
 @pytest.fixture(scope="module")
 def launched(lab_session: list[Lab]) -> Iterator[tuple[Lab, subprocess.CompletedProcess[str]]]:
+    """up; TensorRT-LLM serving qwen3-235b; vLLM refused without --replace; then with it."""
     lab = lab_session[0]
     if not lab.healthy():
         pytest.skip("lab not healthy")
     inventory = str(lab.inventory)
     up = sparkctl("up", "--inventory", inventory, "--yes")
     assert up.returncode == 0, up.stdout + up.stderr
+    trt = sparkctl("launch", "qwen3-235b", "--inventory", inventory, "--yes", "--timeout", "120")
+    assert trt.returncode == 0, trt.stdout + trt.stderr
+    REFUSED.append(sparkctl("launch", "minimax-m2.7", "--inventory", inventory, "--yes"))
     result = sparkctl("launch", "minimax-m2.7", "--inventory", inventory, "--yes", "--json",
-                      "--timeout", "180")
+                      "--replace", "--timeout", "180")
     yield lab, result
     lab.cli("fault", "restore")
     sparkctl("down", "--inventory", inventory, "--yes")
@@ -74,6 +82,18 @@ def test_launch_serves_over_ray_on_both_nodes(launched: tuple[Lab, subprocess.Co
         leaks = lab.exec(node, f"docker inspect {CONTAINER}; cat {RUN}/*.log; ps -eo args | "
                          f"grep -c {SENTINEL_PATTERN} || true").stdout
         assert SENTINEL not in leaks
+
+
+def test_vllm_refused_while_tensorrt_llm_serves_then_replaces_it(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    lab, _ = launched
+    refused = REFUSED[0]
+    message = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert "qwen3-235b" in message and "TensorRT-LLM" in message and "--replace" in message
+    for node in lab.nodes:  # --replace stopped every TensorRT-LLM rank
+        left = lab.exec(node, "docker exec trtllm-multinode ps -eo args").stdout
+        assert "trtllm-serve" not in left and "mpirun" not in left, f"{node}: {left}"
 
 
 def test_chat_answers(launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
