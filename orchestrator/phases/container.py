@@ -432,10 +432,12 @@ class Container(Step):
         result = ctx.run(command, sudo=True, timeout=spec.ready_deadline + 120,
                          display=f"docker run {spec.name} + wait until it is ready")
         if not result.ok:
+            text = result.stderr.strip()
+            if len(text) > 1500:  # keep what failed (the first line), then the log's end
+                text = text.splitlines()[0] + "\n  ...\n" + text[-1300:]
             raise SparkctlError(
                 f"{ctx.node.name}: container/{self.name}: starting {spec.name} "
-                f"failed (exit {result.exit_status}):\n{result.stderr.strip()[-1500:]}\n"
-                f"{spec.hint}"
+                f"failed (exit {result.exit_status}):\n{text}\n{spec.hint}"
             )
         return None
 

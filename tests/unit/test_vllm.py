@@ -171,3 +171,18 @@ def test_replace_across_engines_stops_the_other_engines_server() -> None:
         assert isinstance(change, Change) and engine in change.summary
         step.apply(ctx, change)
         assert expected in transport.calls[0]["command"]
+
+
+def test_a_fabric_link_down_is_refused_before_ray_starts() -> None:
+    recipe = load_recipe("minimax-m2.7")
+    inv = inventory()
+    facts = {"spark-a": node_facts("spark-a"), "spark-b": node_facts("spark-b")}
+    facts["spark-b"]["links"] = {"enp1s0f1np1": {"operstate": "DOWN", "up": True, "carrier": False,
+                                                 "addresses": []}}
+    step = c.Container(ray.spec_for(recipe, "worker"), name="ray-worker")
+    with pytest.raises(SparkctlError, match=r"spark-b: its Ray worker would use 192\.168\.200\.13 "
+                                            r"on enp1s0f1np1, but enp1s0f1np1 has no link"):
+        step.check(context(inv, "spark-b", facts))
+    facts["spark-b"]["links"]["enp1s0f1np1"].update(carrier=True, operstate="UP",
+                                                    addresses=["192.168.200.13/24"])
+    assert isinstance(step.check(context(inv, "spark-b", facts)), Change)

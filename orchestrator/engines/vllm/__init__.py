@@ -35,7 +35,8 @@ def ray_phase(recipe: Recipe, inventory: Inventory) -> Phase:
     from orchestrator.phases.models import ServingPhase
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        own = container.spec_facts([recipe.image], [recipe.container_name], inv.cluster.user)
+        own = {**container.spec_facts([recipe.image], [recipe.container_name], inv.cluster.user),
+               "links": True}
         if node.name != inv.head_name:
             return own
         probe = {"commands": {"ray": ray.probe_cmd(recipe.container_name) + " 2>/dev/null"}}

@@ -110,7 +110,8 @@ def ray_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], 
         ready=f"{docker_cmd('logs', name)} 2>&1 | grep -q {quote(STARTED_LINE)}",
         ready_what=(f"the Ray head in {name} did not start on {head_ip}:{port}" if head else
                     f"the Ray worker on {node.name} did not join the head at {head_ip}:{port}"),
-        hint=("" if head else
+        hint=(f"Hint: the Ray head binds {head_ip}, the head's fabric address: is its link up "
+              "(`sparkctl status`)?" if head else
               f"Hint: {node.name} must reach the Ray head at {head_ip}:{port} over the fabric: "
               "is the cable in and are both addresses configured? `sparkctl netcheck` tests the "
               "links; `sparkctl up` restores the addresses."),
@@ -118,11 +119,38 @@ def ray_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], 
     )
 
 
+def check_fabric_link(ctx: NodeContext) -> None:
+    """Ray binds the node's fabric address: refuse at once (naming the fix) when its link is
+    down or the address is gone, instead of letting `ray start` time out."""
+    links = ctx.facts.get("links")
+    if not isinstance(links, dict) or "error" in links:
+        return  # not gathered (tests, old nodes): `ray start` will tell
+    ip = node_ip(ctx.inventory, ctx.node)
+    for iface, cidr in (ctx.node.addresses or {}).items():
+        if cidr.split("/")[0] != ip:
+            continue
+        link = links.get(iface) or {}
+        if not link:
+            problem = f"{iface} does not exist"
+        elif not link.get("carrier", True) or not link.get("up", True):
+            problem = f"{iface} has no link ({link.get('operstate', '?')}: cable out or peer down?)"
+        elif cidr not in (link.get("addresses") or []):
+            problem = f"{iface} lacks its address {cidr}"
+        else:
+            return
+        role = "the Ray head" if ctx.is_head else "its Ray worker"
+        raise SparkctlError(
+            f"{ctx.node.name}: {role} would use {ip} on {iface}, but {problem}. Ray, NCCL and "
+            "vLLM only use the fabric: check the cable (`sparkctl status`, `sparkctl netcheck`); "
+            "`sparkctl up` restores the addresses")
+
+
 def spec_for(recipe: Recipe, role: str) -> containers.SpecFor:
     def pick(ctx: NodeContext) -> ContainerSpec | None:
         head = ctx.node.name == ctx.inventory.head_name
         if (role == "head") != head:
             return None
+        check_fabric_link(ctx)
         infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
         roce = containers.roce_devices(ctx.inventory, ctx.facts, ctx.node.name)
         return ray_spec(recipe, ctx.inventory, ctx.node, roce, containers.node_hf_cache(ctx),
