@@ -62,7 +62,20 @@ def build_usr_layer(ident: LabIdentity) -> Path:
     if IMAGE_DIR.is_dir():
         shutil.copytree(IMAGE_DIR, lib_dir / "image", dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        copy_option_tables(lib_dir / "image" / "sparklab_engine" / "tables")
     return layer
+
+
+def copy_option_tables(dest: Path) -> None:
+    """The engines' real option tables (sparkctl's, extracted from the pinned sources) and their
+    checker, so the simulated engines accept and reject exactly what the real ones do."""
+    import orchestrator.engines as engines
+
+    src = Path(engines.__file__).parent
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / "optiontable.py", dest / "optiontable.py")
+    for table in sorted(src.glob("*/options.json")):
+        shutil.copyfile(table, dest / f"{table.parent.name}.json")
 
 
 def prepare_node(ident: LabIdentity, spec: NodeSpec) -> Path:

@@ -93,6 +93,22 @@ def container_log_cmd(inventory: Inventory, follow: bool, since: float | None, t
             + docker_cmd(*args, name))
 
 
+def engine_container_log_cmd(inventory: Inventory, engine: str, follow: bool, since: float | None,
+                             tail: int | None) -> str:
+    """`docker logs` of an engine's own server container (vLLM's: its Ray node), if any."""
+    args: list[Any] = ["logs"]
+    if since is not None:
+        args += ["--since", f"{since:.0f}"]
+    if tail is not None:
+        args += ["--tail", tail]
+    if follow:
+        args.append("--follow")
+    find = docker_cmd("ps", "-aq", "--filter", "label=sparkctl.managed=true", "--filter",
+                      f"label=sparkctl.cluster={inventory.cluster.name}", "--filter",
+                      f"label=sparkctl.engine={engine}")
+    return f'c=$({find} | head -n 1); [ -n "$c" ] || exit 0; {docker_cmd(*args)} "$c"'
+
+
 def file_log_cmd(files: list[str], follow: bool, since: float | None, tail: int | None) -> str:
     """tail -v over the expected files plus any other *.log already in the run directory."""
     listed = quote(" ".join(files))  # our paths hold no spaces: a word list for the shell
@@ -119,6 +135,8 @@ def sources_for(inventory: Inventory, node: Node, follow: bool, since: float | N
     return [
         LogSource(node.name, "container", container_log_cmd(inventory, follow, since, tail) + " 2>&1"),
         LogSource(node.name, "files", file_log_cmd(expected_files(inventory, node), follow, since, tail)
+                  + " 2>&1"),
+        LogSource(node.name, "ray", engine_container_log_cmd(inventory, "vllm", follow, since, tail)
                   + " 2>&1"),
     ]
 

@@ -44,8 +44,10 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
 
     commands = {
         "managed": managed_ps_cmd(inventory, r"{{.Names}}\t{{.State}}"),
-        # launch's pid files, checked inside the container (the pids live in its namespace)
-        "processes": node_cmd(inventory.container.name, action="status") + " 2>/dev/null",
+        # launch's pid files, checked inside the container the server record names (the pids
+        # live in its namespace); without a record, in the `up` container
+        "processes": record_container_cmd(inventory, node_cmd("$c", action="status",
+                                                              ours=PROCESS_WORDS)) + " 2>/dev/null",
     }
     files = {NETPLAN_FILE: False, ENTRYPOINT: False, SSHD_CONFIG: False}
     if node.name == inventory.head_name:
@@ -53,10 +55,27 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         files[SERVER_JSON] = True
         commands["probe"] = "python3 -c " + quote(PROBE) + " " + quote(SERVER_JSON)
         commands["server_log"] = f"tail -n {LOG_TAIL_LINES} {quote(SERVER_LOG)} 2>/dev/null || true"
+        # the Ray cluster, when the recorded server is vLLM's (its head container knows the nodes)
+        from orchestrator.engines.vllm.ray import RAY_PROBE
+        commands["ray"] = record_container_cmd(
+            inventory, "docker exec \"$c\" python3 -c " + quote(RAY_PROBE), engine="vllm")
     own = {"files": files, "links": True, "ibdev2netdev": True,
            "containers": [inventory.container.name], "images": [inventory.container.image],
            "commands": commands, "timeout": 40}
     return merge_requests([own, container_step.facts(inventory, node)])
+
+
+PROCESS_WORDS = ["mpirun", "trtllm", "orted", "vllm"]
+RECORD_CONTAINER = script("record_container.py")
+
+
+def record_container_cmd(inventory: Inventory, command: str, engine: str = "") -> str:
+    """Run `command` with $c = the container the server record names (default: the `up`
+    container); with `engine`, only when the recorded server is that engine's."""
+    pick = "python3 -c " + quote(RECORD_CONTAINER) + " " + " ".join(
+        quote(a) for a in (SERVER_JSON, inventory.container.name, engine))
+    body = command.replace(quote("$c"), '"$c"').replace("'$c'", '"$c"')
+    return f'c=$({pick} 2>/dev/null); if [ -n "$c" ]; then {body}; fi'
 
 
 def gather_status(inventory: Inventory) -> dict[str, Any]:
@@ -313,18 +332,25 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     except json.JSONDecodeError:
         probe = {"error": "the health probe printed no JSON"}
     port = server.get("port")
+    engine = server.get("engine", "trtllm")
     out: dict[str, Any] = {
-        "recipe": server.get("recipe"), "model": server.get("model"),
+        "engine": engine, "recipe": server.get("recipe"), "model": server.get("model"),
         "draft_model": server.get("draft_model"), "port": port,
         "endpoint": f"http://127.0.0.1:{port}", "node": inventory.head_name,
         "started": server.get("started"), "uptime_seconds": _age(server.get("started"), facts.get("time")),
         "health": probe, "log_tail": log_tail, "problem": "",
     }
     container_running = (head.get("container") or {}).get("status") == "running"
-    health, generate = probe.get("/health"), probe.get("/health_generate")
+    health = probe.get("/health")
+    generate = probe.get("/health_generate" if engine == "trtllm" else "/v1/models")
+    if engine == "vllm":
+        out["ray"] = assess_ray(server, commands.get("ray") or {})
     if not container_running:
         out["state"] = "down"
         out["problem"] = "server recorded but the head container is not running"
+    elif engine == "vllm" and out["ray"]["problem"]:
+        out["state"] = "unhealthy"
+        out["problem"] = out["ray"]["problem"]
     elif health == 200 and generate == 200:
         out["state"] = "healthy"
     elif health == 503:
@@ -332,12 +358,32 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
         out["problem"] = "server is still loading (/health answers 503)"
     elif health == 200:
         out["state"] = "unhealthy"
-        out["problem"] = (f"server answers /health but not /health_generate ({generate}): "
+        second = "/health_generate" if engine == "trtllm" else "/v1/models"
+        out["problem"] = (f"server answers /health but not {second} ({generate}): "
                           "a rank may have died; see `sparkctl logs`")
     else:
         out["state"] = "down"
         reason = health if health is not None else probe.get("error", "no answer")
         out["problem"] = f"server not answering on port {port} ({reason}): crashed? see `sparkctl logs`"
+    return out
+
+
+def assess_ray(server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's Ray cluster as its head reports it: every node the server runs on must be alive."""
+    from orchestrator.engines.vllm.ray import parse_probe
+
+    probe: dict[str, Any] = (parse_probe(answer) if answer.get("out") or answer.get("rc")
+                             else {"error": "no answer"})
+    nodes = probe.get("nodes") or []
+    alive = sorted(n.get("ip") for n in nodes if n.get("alive"))
+    want = len(server.get("nodes") or []) or 1
+    out: dict[str, Any] = {"nodes": nodes, "alive": len(alive), "expected": want, "problem": ""}
+    if probe.get("error"):
+        out["error"] = probe["error"]
+        out["problem"] = f"the Ray cluster does not answer: {probe['error']}"
+    elif len(alive) < want:
+        out["problem"] = (f"Ray has {len(alive)} of {want} node(s) alive ({', '.join(alive) or 'none'}): "
+                          "a worker's container or link is down; see `sparkctl logs`")
     return out
 
 

@@ -64,12 +64,20 @@ def render_status(status: dict[str, Any]) -> None:
         console.print("server: none launched")
     else:
         console.print(
-            f"server: {_styled(server['state'])} {server.get('recipe')} ({server.get('model')}"
+            f"server: {_styled(server['state'])} {server.get('recipe')} "
+            f"({escape(server.get('engine') or 'trtllm')}: {server.get('model')}"
             + (f", draft {server['draft_model']}" if server.get("draft_model") else "")
             + f"), {server['endpoint']} on {server.get('node')} (`sparkctl tunnel` forwards it), "
             + f"up {human_duration(server.get('uptime_seconds'))}",
             markup=True,
         )
+        ray = server.get("ray")
+        if ray is not None:
+            ips = ", ".join(f"{n.get('host')} {n.get('ip')}" for n in ray.get("nodes") or []
+                            if n.get("alive"))
+            console.print(f"  ray: {ray['alive']}/{ray['expected']} node(s) alive"
+                          + (f" ({escape(ips)})" if ips else "")
+                          + (f"; {escape(ray['error'])}" if ray.get("error") else ""))
         if server["state"] != "healthy" and server.get("log_tail"):
             console.print("  last lines of server.log:")
             for line in server["log_tail"]:

@@ -156,16 +156,15 @@ def _server_on_head(inventory_path: str | None, command: str) -> Any:
 
 
 def _running_server(session: Any, inventory: Any) -> tuple[Any, dict[str, Any]]:
-    from orchestrator.engines.trtllm.serve import node_call
+    from orchestrator.engines.running import current_server
     from orchestrator.errors import SparkctlError
 
     transport = session.transports.get(inventory.head_name)
     if transport is None:
         raise SparkctlError(f"cannot reach the head {inventory.head_name}: "
                             + session.report.hosts[inventory.head_name].error)
-    status = node_call(transport, inventory.container.name, action="status")
-    server = status.get("server")
-    if not server or not status.get("pids", {}).get("mpirun.pid", {}).get("alive"):
+    server = current_server(transport, inventory)
+    if not server:
         raise SparkctlError("no model server is running: start one with `sparkctl launch RECIPE`")
     return transport, server
 
@@ -277,7 +276,7 @@ def list_recipes() -> None:
             spec = getattr(recipe, "speculative", None)
             drafting = f"{spec.decoding_type} {spec.max_draft_len}" if spec else "no draft"
             fits = "fits" if engine.estimate_memory(recipe).fits else "DOES NOT FIT"
-            click.echo(f"{name:16} {engine.name:7} {recipe.model:38} nodes {recipe.node_count}  "
+            click.echo(f"{name:18} {engine.name:7} {recipe.model:38} nodes {recipe.node_count}  "
                        f"{drafting:12} port {recipe.port}  {fits}")
         return 0
 

@@ -24,6 +24,7 @@ ENGINES_DIR = Path(__file__).parent
 DEFAULT_ENGINE = "trtllm"
 REGISTRY = {
     "trtllm": "orchestrator.engines.trtllm",
+    "vllm": "orchestrator.engines.vllm",
 }
 """engine name -> the package whose ENGINE implements it (imported on first use)."""
 

@@ -9,6 +9,7 @@ readiness, the commands `recipes show` prints, and the memory estimate.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -116,6 +117,10 @@ class LaunchFailed(SparkctlError):
         super().__init__(f"{reason}\n{details}")
         self.reason = reason
         self.details = details
+
+
+Note = Callable[[str], None]
+"""Where progress lines go (stderr in the CLI)."""
 
 
 @dataclass

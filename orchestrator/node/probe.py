@@ -16,7 +16,9 @@ host = server.get("host") or "127.0.0.1"
 if host in ("0.0.0.0", "::", "localhost"):
     host = "127.0.0.1"
 out = {}
-for path, timeout in (("/health", 5), ("/health_generate", 20)):
+# vLLM (and SGLang) have no /health_generate: /v1/models is their second probe
+second = "/health_generate" if server.get("engine", "trtllm") == "trtllm" else "/v1/models"
+for path, timeout in (("/health", 5), (second, 20)):
     try:
         with urllib.request.urlopen("http://{}:{}{}".format(host, server.get("port", 8000), path),
                                     timeout=timeout) as answer:

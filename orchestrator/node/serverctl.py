@@ -42,7 +42,7 @@ def pidfiles():
                 pid = int(read(os.path.join(run, name)).strip())
             except (OSError, ValueError):
                 continue
-            ours = any(w in cmdline(pid) for w in ("mpirun", "trtllm", "orted"))
+            ours = any(w in cmdline(pid) for w in a.get("ours") or ("mpirun", "trtllm", "orted"))
             out[name] = {"pid": pid, "alive": alive(pid) and ours}
     return out
 def http(path, body=None, timeout=10):
@@ -70,12 +70,14 @@ def children(pid):
 out = {"action": a["action"]}
 if a["action"] == "started":
     deadline = time.time() + 15
-    while time.time() < deadline and not os.path.exists(os.path.join(run, "mpirun.pid")):
+    main = a.get("main", "mpirun.pid")  # the launcher's pid file (mpirun, vllm serve, ...)
+    while time.time() < deadline and not os.path.exists(os.path.join(run, main)):
         time.sleep(0.2)
     pid = None
     with contextlib.suppress(OSError, ValueError):
-        pid = int(read(os.path.join(run, "mpirun.pid")).strip())
-    record = dict(a["server"], mpirun_pid=pid)
+        pid = int(read(os.path.join(run, main)).strip())
+    record = dict(a["server"])
+    record[main.replace(".", "_")] = pid
     tmp = os.path.join(run, "server.json.tmp")
     with open(tmp, "w") as f:
         json.dump(record, f, indent=1)
@@ -120,7 +122,8 @@ if a["action"] in ("status", "chat"):
     if a.get("port"):
         out["health"] = http("/health")[0]
         if a.get("deep") and out["health"] == 200:
-            out["health_generate"] = http("/health_generate", timeout=60)[0]
+            if a.get("generate", True):  # TensorRT-LLM only: one token through every rank
+                out["health_generate"] = http("/health_generate", timeout=60)[0]
             code, body = http("/v1/models")
             out["models"] = [m.get("id") for m in json.loads(body).get("data", [])] if code == 200 else []
     if a["action"] == "chat":

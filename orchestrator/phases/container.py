@@ -1,10 +1,13 @@
-"""up phase 4: the TensorRT-LLM container on every node.
+"""Containers on the nodes, by one reusable mechanism: a `ContainerSpec` says what to run.
 
-The image is pulled where it is missing and its digest must be the same on every node. The
-container's whole configuration (the docker run argv, the entrypoint and the sshd config it
-starts) is hashed into a label: a running container with the same hash is left alone, anything
-else is replaced. The fabric settings (NCCL/UCX/OMPI) come from the inventory's interfaces and
-the node's own ibdev2netdev, nothing is hard-coded. No --rm, so a crashed container's logs stay.
+up phase 4 runs the TensorRT-LLM container on every node with it (`trtllm_spec`); `launch` of
+vLLM (and later SGLang) runs its own server containers with the same steps. The image is pulled
+where it is missing and its digest must be the same on every node. A container's whole
+configuration (the docker run argv and the extra inputs it reads at start, e.g. the entrypoint
+and sshd config) is hashed into a label: a running container with the same hash is left alone,
+anything else is replaced. The fabric settings (NCCL/UCX/OMPI) come from the inventory's
+interfaces and the node's own ibdev2netdev, nothing is hard-coded. No --rm, so a crashed
+container's logs stay.
 """
 
 from __future__ import annotations
@@ -12,10 +15,13 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.commands import docker_cmd, env_args, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
+from orchestrator.engines.base import CONTAINER_HF_HOME
 from orchestrator.engines.trtllm.mpi_env import (
     detect_and_record_cmd,
     guess_major_from_tag,
@@ -41,16 +47,78 @@ READY_DEADLINE = 60
 PULL_TIMEOUT = 3 * 3600
 
 
-def facts(inventory: Inventory, node: Node) -> dict[str, Any]:
-    user = inventory.cluster.user
+@dataclass(frozen=True)
+class ContainerSpec:
+    """One container on one node: everything `docker run` gets, and how to tell it is ready.
+
+    Every container sparkctl runs uses the host network, the node's HF cache at
+    /root/.cache/huggingface and (for engines) the fabric environment; `flags` carries the rest
+    (--ipc, --gpus, ulimits, devices). `hashed` holds what the container reads at start besides
+    its argv (file digests): it goes into the config hash. `ready` is a shell condition polled
+    after `docker run` until it holds (READY_DEADLINE), `ready_what` names it in errors.
+    """
+
+    name: str
+    image: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    mounts: list[tuple[str, str, bool]] = field(default_factory=list)
+    """(node path, container path, read-only)."""
+    labels: dict[str, str] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+    hashed: dict[str, str] = field(default_factory=dict)
+    ready: str | None = None
+    ready_prelude: str = ""
+    ready_what: str = "its readiness check"
+    ready_deadline: int = READY_DEADLINE
+    hint: str = ""
+    """Appended to a failed start (what usually causes it)."""
+    dirs: list[str] = field(default_factory=list)
+    """Node directories to create (root, 0755) before `docker run`."""
+
+    def run_args(self) -> list[str]:
+        """`docker run` arguments without the config-hash label (the hash is taken over them)."""
+        args = ["run", "-d", "--name", self.name, "--network", "host", *self.flags]
+        args += env_args("-e", self.env)
+        for src, dst, readonly in self.mounts:
+            args += ["-v", f"{src}:{dst}" + (":ro" if readonly else "")]
+        for key, value in self.labels.items():
+            args += ["--label", f"{key}={value}"]
+        return [*args, self.image, *self.command]
+
+    def digest(self, args: list[str] | None = None) -> str:
+        canonical = json.dumps({"argv": args if args is not None else self.run_args(),
+                                **self.hashed}, sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def with_hash(self, args: list[str], digest: str) -> list[str]:
+        return with_hash(args, digest, tail=len(self.command) + 1)
+
+
+def managed_labels(inventory: Inventory, node: Node, **extra: str) -> dict[str, str]:
+    """The labels `down` and `status` select sparkctl's containers of this cluster by."""
+    labels = {"sparkctl.managed": "true", "sparkctl.cluster": inventory.cluster.name,
+              "sparkctl.node": node.name}
+    labels.update({f"sparkctl.{key}": value for key, value in extra.items()})
+    return labels
+
+
+def spec_facts(images: list[str], containers: list[str], user: str) -> dict[str, Any]:
+    """What the container steps need to know about a node (one facts request)."""
     return {
-        "images": [inventory.container.image],
-        "containers": [inventory.container.name],
+        "images": images,
+        "containers": containers,
         "files": {INFINIBAND: False},
         "ibdev2netdev": True,
-        "commands": {"home": f"getent passwd {quote(user)} | cut -d: -f6",
-                     **record_fact(inventory.container.image)},
+        "commands": {"home": f"getent passwd {quote(user)} | cut -d: -f6"},
     }
+
+
+def facts(inventory: Inventory, node: Node) -> dict[str, Any]:
+    request = spec_facts([inventory.container.image], [inventory.container.name],
+                         inventory.cluster.user)
+    request["commands"].update(record_fact(inventory.container.image))
+    return request
 
 
 # ---------------------------------------------------------------- pure pieces
@@ -83,21 +151,42 @@ def hf_cache_dir(inventory: Inventory, home: str) -> str:
     return path
 
 
+def trtllm_spec(inventory: Inventory, node: Node, roce: list[str], hf_cache: str,
+                infiniband: bool, mpi_major: int = 4) -> ContainerSpec:
+    """The TensorRT-LLM container `up` runs on every node: its own sshd (MPI's way in)."""
+    container = inventory.container
+    flags = ["--ipc", "host", "--gpus", "all", "--ulimit", "memlock=-1",
+             "--ulimit", "stack=67108864"]
+    if infiniband:
+        flags += ["--device", f"{INFINIBAND}:{INFINIBAND}"]
+    port = container.ssh_port
+    address = fabric_addresses(inventory, node)[0]
+    return ContainerSpec(
+        name=container.name, image=container.image,
+        command=["bash", f"{CONFIG_DIR}/entrypoint.sh"],
+        env=fabric_env(inventory, roce, mpi_major),
+        mounts=[(CONFIG_DIR, CONFIG_DIR, True), (RUN_DIR, RUN_DIR, False),
+                (hf_cache, CONTAINER_HF_HOME, False)],
+        labels=managed_labels(inventory, node), flags=flags,
+        hashed={"entrypoint": sha256(entrypoint_content()),
+                "sshd_config": sha256(sshd_config_content(inventory, node))},
+        # our sshd presenting OUR pinned host key on the first fabric address (another process
+        # holding the port would not)
+        ready_prelude=f"key=$(cut -d' ' -f2 {quote(HOST_PUB)}); ",
+        ready=(f"ssh-keyscan -T 2 -t ed25519 -p {port} {quote(address)} 2>/dev/null "
+               '| grep -qF "$key"'),
+        ready_what=f"sshd in {container.name} did not answer on {address}:{port} with the "
+                   "pinned host key",
+        hint=(f"Hint: a container that exits at once usually means its entrypoint failed or "
+              f"port {port} is taken on the node."),
+        dirs=[RUN_DIR],
+    )
+
+
 def run_args(inventory: Inventory, node: Node, roce: list[str], hf_cache: str,
              infiniband: bool, mpi_major: int = 4) -> list[str]:
-    """`docker run` arguments without the config-hash label (the hash is taken over them)."""
-    container = inventory.container
-    args = ["run", "-d", "--name", container.name, "--network", "host", "--ipc", "host",
-            "--gpus", "all", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
-    if infiniband:
-        args += ["--device", f"{INFINIBAND}:{INFINIBAND}"]
-    args += env_args("-e", fabric_env(inventory, roce, mpi_major))
-    args += ["-v", f"{CONFIG_DIR}:{CONFIG_DIR}:ro", "-v", f"{RUN_DIR}:{RUN_DIR}",
-             "-v", f"{hf_cache}:/root/.cache/huggingface"]
-    for key, value in (("managed", "true"), ("cluster", inventory.cluster.name),
-                       ("node", node.name)):
-        args += ["--label", f"sparkctl.{key}={value}"]
-    return [*args, container.image, "bash", f"{CONFIG_DIR}/entrypoint.sh"]
+    """The TensorRT-LLM container's `docker run` arguments without the config-hash label."""
+    return trtllm_spec(inventory, node, roce, hf_cache, infiniband, mpi_major).run_args()
 
 
 def config_hash(args: list[str], entrypoint: str, sshd_config: str) -> str:
@@ -107,44 +196,46 @@ def config_hash(args: list[str], entrypoint: str, sshd_config: str) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def with_hash(args: list[str], digest: str) -> list[str]:
-    image_at = len(args) - 3  # IMAGE bash ENTRYPOINT close the argv
+def with_hash(args: list[str], digest: str, tail: int = 3) -> list[str]:
+    image_at = len(args) - tail  # IMAGE and the command close the argv
     return [*args[:image_at], "--label", f"{HASH_LABEL}={digest}", *args[image_at:]]
 
 
-def replace_container_cmd(inventory: Inventory, node: Node, args: list[str], user: str,
-                          hf_cache: str, remove_old: bool) -> str:
-    """One remote command: dirs, remove the stale container, run, wait for our sshd to answer.
+def run_container_cmd(spec: ContainerSpec, args: list[str], user: str, hf_cache: str,
+                      remove_old: bool) -> str:
+    """One remote command: dirs, remove the stale container, run, wait until it is ready.
 
-    Readiness is proven by the container's sshd presenting OUR pinned host key on the first
-    fabric address (another process holding the port would not); a container that exits
-    meanwhile fails at once with the tail of its log.
+    A container that exits meanwhile fails at once with the tail of its log; so does one whose
+    readiness condition does not hold within its deadline.
     """
-    name, port = inventory.container.name, inventory.container.ssh_port
-    address = fabric_addresses(inventory, node)[0]
-    too_slow = (f"sshd in {name} did not answer on {address}:{port} with the pinned host key "
-                f"within {READY_DEADLINE}s; its log:")
+    name = spec.name
+    too_slow = f"{spec.ready_what} within {spec.ready_deadline}s; its log:"
     logs = f"{docker_cmd('logs', '--tail', '30', name)} 2>&1 | sed 's/^/  | /' >&2"
-    steps = [
-        f"install -d -m 0755 {quote(RUN_DIR)}",
-        f"runuser -u {quote(user)} -- mkdir -p -- {quote(hf_cache)}",
-    ]
+    steps = [f"install -d -m 0755 {quote(d)}" for d in spec.dirs]
+    steps.append(f"runuser -u {quote(user)} -- mkdir -p -- {quote(hf_cache)}")
     if remove_old:
         steps.append(f"{docker_cmd('rm', '-f', name)} >/dev/null")
     steps.append(f"{join(['docker', *args])} >/dev/null")
+    ready = spec.ready or "true"
     wait = (
-        f"key=$(cut -d' ' -f2 {quote(HOST_PUB)}); i=0; "
+        f"{spec.ready_prelude}i=0; "
         f"while :; do "
         f"running=$({docker_cmd('inspect', '-f', '{{.State.Running}}', name)} 2>/dev/null); "
         f"if [ \"$running\" != true ]; then "
         f"echo {quote(f'container {name} exited right after start; its log:')} >&2; {logs}; exit 3; fi; "
-        f"if ssh-keyscan -T 2 -t ed25519 -p {port} {quote(address)} 2>/dev/null "
-        f"| grep -qF \"$key\"; then exit 0; fi; "
-        f"i=$((i+1)); if [ $i -ge {READY_DEADLINE * 2} ]; then "
+        f"if {ready}; then exit 0; fi; "
+        f"i=$((i+1)); if [ $i -ge {spec.ready_deadline * 2} ]; then "
         f"echo {quote(too_slow)} >&2; "
         f"{logs}; exit 4; fi; sleep 0.5; done"
     )
     return " && ".join(steps) + " && { " + wait + "; }"
+
+
+def replace_container_cmd(inventory: Inventory, node: Node, args: list[str], user: str,
+                          hf_cache: str, remove_old: bool) -> str:
+    """The TensorRT-LLM container's start command (waits for our sshd's pinned host key)."""
+    spec = trtllm_spec(inventory, node, [], hf_cache, False)
+    return run_container_cmd(spec, args, user, hf_cache, remove_old)
 
 
 def image_digest(image_facts: dict[str, Any] | None, image: str) -> str | None:
@@ -165,7 +256,8 @@ def describe(env: list[str], binds: list[str], image: str, labels: dict[str, str
     return "\n".join(lines) + "\n"
 
 
-def container_diff(current: dict[str, Any], args: list[str]) -> str:
+def container_diff(current: dict[str, Any], args: list[str],
+                   spec: ContainerSpec | None = None) -> str:
     """What differs between the running container and the wanted one (for --dry-run)."""
     want_env = [args[i + 1] for i, a in enumerate(args) if a == "-e"]
     want_keys = {e.split("=", 1)[0] for e in want_env}
@@ -178,7 +270,7 @@ def container_diff(current: dict[str, Any], args: list[str]) -> str:
     old = describe(have_env, (current.get("HostConfig") or {}).get("Binds") or [],
                    str(config.get("Image")), have_labels)
     new = describe(want_env, [args[i + 1] for i, a in enumerate(args) if a == "-v"],
-                   args[-3], want_labels)
+                   spec.image if spec else args[-3], want_labels)
     name = str(current.get("Name", "container")).lstrip("/")
     return "".join(difflib.unified_diff(old.splitlines(keepends=True),
                                         new.splitlines(keepends=True),
@@ -186,23 +278,36 @@ def container_diff(current: dict[str, Any], args: list[str]) -> str:
 
 
 # ---------------------------------------------------------------- steps
+ImageOf = Callable[[NodeContext], "str | None"]
+SpecFor = Callable[[NodeContext], "ContainerSpec | None"]
+
+
+def _inventory_image(ctx: NodeContext) -> str | None:
+    return ctx.inventory.container.image
+
+
 class Image(Step):
-    """The image on the node: pulled only when missing."""
+    """The image on the node: pulled only when missing (None: no image needed on this node)."""
 
     name = "image"
 
+    def __init__(self, image_of: ImageOf | None = None) -> None:
+        self.image_of = image_of or _inventory_image
+
     def check(self, ctx: NodeContext) -> Outcome:
-        image = ctx.inventory.container.image
+        image = self.image_of(ctx)
+        if image is None:
+            return Unchanged("no container here")
         fact = (ctx.facts.get("images") or {}).get(image)
         if isinstance(fact, dict) and "error" in fact:
             raise SparkctlError(f"{ctx.node.name}: `docker image inspect {image}` failed: "
                                 f"{fact['error'].strip()}")
         if fact:
             return Unchanged(f"{image} present")
-        return Change(f"docker pull {image}")
+        return Change(f"docker pull {image}", payload=image)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        image = ctx.inventory.container.image
+        image = change.payload or self.image_of(ctx)
         command = f"{docker_cmd('pull', image)} >&2 && {docker_cmd('image', 'inspect', image)}"
         result = ctx.run(command, sudo=True, timeout=PULL_TIMEOUT)
         if not result.ok:
@@ -224,8 +329,13 @@ class ImageDigest(Step):
 
     name = "image-digest"
 
+    def __init__(self, image_of: ImageOf | None = None) -> None:
+        self.image_of = image_of or _inventory_image
+
     def check(self, ctx: NodeContext) -> Outcome:
-        image = ctx.inventory.container.image
+        image = self.image_of(ctx)
+        if image is None:
+            return Unchanged("no container here")
         digests: dict[str, str | None] = {}
         for name, node_facts in sorted(ctx.cluster_facts.items()):
             fact = (ctx.shared.get("image_facts") or {}).get(name) or \
@@ -300,17 +410,46 @@ def mpi_major(ctx: NodeContext) -> int:
     return guess_major_from_tag(ctx.inventory.container.image)
 
 
+def node_home(ctx: NodeContext) -> str:
+    return (((ctx.facts.get("commands") or {}).get("home") or {}).get("out") or "").strip()
+
+
+def node_hf_cache(ctx: NodeContext) -> str:
+    """The node's HF cache directory (container.hf_cache of the inventory, ~ expanded)."""
+    home = node_home(ctx)
+    if not home and ctx.inventory.container.hf_cache.startswith("~"):
+        raise SparkctlError(f"{ctx.node.name}: cannot find the home directory of "
+                            f"{ctx.inventory.cluster.user} (getent passwd); needed for the HF cache")
+    return hf_cache_dir(ctx.inventory, home)
+
+
+def node_trtllm_spec(ctx: NodeContext) -> ContainerSpec:
+    infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
+    return trtllm_spec(ctx.inventory, ctx.node, roce_devices(ctx.inventory, ctx.facts, ctx.node.name),
+                       node_hf_cache(ctx), infiniband, mpi_major(ctx))
+
+
 class Container(Step):
+    """A container as its spec says: started, replaced when its config hash changed or it
+    stopped, left alone when it runs as wanted. Default: the TensorRT-LLM container."""
+
     name = "container"
 
+    def __init__(self, spec_for: SpecFor | None = None, name: str = "container") -> None:
+        self.spec_for = spec_for or node_trtllm_spec
+        self.name = name
+
     def check(self, ctx: NodeContext) -> Outcome:
-        inventory, node = ctx.inventory, ctx.node
-        name = inventory.container.name
-        args, digest = self.wanted(ctx)
+        node = ctx.node
+        spec = self.spec_for(ctx)
+        if spec is None:
+            return Unchanged("no container here")
+        name = spec.name
+        args, digest = spec.run_args(), spec.digest()
         current = (ctx.facts.get("containers") or {}).get(name)
         if isinstance(current, dict) and "error" in current:
             raise SparkctlError(f"{node.name}: `docker inspect {name}` failed: {current['error']}")
-        payload = {"args": with_hash(args, digest), "remove_old": current is not None}
+        payload = {"args": spec.with_hash(args, digest), "remove_old": current is not None}
         if current is None:
             return Change(f"run container {name}", payload=payload)
         labels = (current.get("Config") or {}).get("Labels") or {}
@@ -322,43 +461,37 @@ class Container(Step):
         state = current.get("State") or {}
         if labels.get(HASH_LABEL) != digest:
             return Change(f"replace container {name} (configuration changed)",
-                          diff=container_diff(current, with_hash(args, digest)), payload=payload)
+                          diff=container_diff(current, spec.with_hash(args, digest), spec),
+                          payload=payload)
         if not state.get("Running"):
             return Change(
                 f"replace container {name} ({state.get('Status', 'stopped')}, exit code "
                 f"{state.get('ExitCode')})", payload=payload)
-        image_id = ((ctx.facts.get("images") or {}).get(inventory.container.image) or {}).get("Id")
+        image_id = ((ctx.facts.get("images") or {}).get(spec.image) or {}).get("Id")
         if image_id and current.get("Image") and current["Image"] != image_id:
-            return Change(f"replace container {name} (runs an older {inventory.container.image})",
+            return Change(f"replace container {name} (runs an older {spec.image})",
                           payload=payload)
         return Unchanged(f"{name} running since {state.get('StartedAt', '?')}, config unchanged")
 
     def wanted(self, ctx: NodeContext) -> tuple[list[str], str]:
-        inventory, node = ctx.inventory, ctx.node
-        home = (((ctx.facts.get("commands") or {}).get("home") or {}).get("out") or "").strip()
-        if not home and inventory.container.hf_cache.startswith("~"):
-            raise SparkctlError(f"{node.name}: cannot find the home directory of "
-                                f"{inventory.cluster.user} (getent passwd); needed for the HF cache")
-        infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
-        args = run_args(inventory, node, roce_devices(inventory, ctx.facts, node.name),
-                        hf_cache_dir(inventory, home), infiniband, mpi_major(ctx))
-        return args, config_hash(args, entrypoint_content(), sshd_config_content(inventory, node))
+        spec = self.spec_for(ctx)
+        assert spec is not None
+        return spec.run_args(), spec.digest()
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        inventory = ctx.inventory
-        home = ctx.facts["commands"]["home"]["out"].strip()
-        command = replace_container_cmd(
-            inventory, ctx.node, change.payload["args"], inventory.cluster.user,
-            hf_cache_dir(inventory, home), change.payload["remove_old"],
-        )
-        result = ctx.run(command, sudo=True, timeout=READY_DEADLINE + 120,
-                         display=f"docker run {inventory.container.name} + wait for its sshd")
+        spec = self.spec_for(ctx)
+        assert spec is not None
+        command = run_container_cmd(spec, change.payload["args"], ctx.inventory.cluster.user,
+                                    node_hf_cache(ctx), change.payload["remove_old"])
+        result = ctx.run(command, sudo=True, timeout=spec.ready_deadline + 120,
+                         display=f"docker run {spec.name} + wait until it is ready")
         if not result.ok:
+            text = result.stderr.strip()
+            if len(text) > 1500:  # keep what failed (the first line), then the log's end
+                text = text.splitlines()[0] + "\n  ...\n" + text[-1300:]
             raise SparkctlError(
-                f"{ctx.node.name}: container/container: starting {inventory.container.name} "
-                f"failed (exit {result.exit_status}):\n{result.stderr.strip()[-1500:]}\n"
-                f"Hint: a container that exits at once usually means its entrypoint failed or "
-                f"port {inventory.container.ssh_port} is taken on the node."
+                f"{ctx.node.name}: container/{self.name}: starting {spec.name} "
+                f"failed (exit {result.exit_status}):\n{text}\n{spec.hint}"
             )
         return None
 

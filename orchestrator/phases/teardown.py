@@ -23,7 +23,7 @@ from orchestrator.commands import docker_cmd, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Plan, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.paths import CONFIG_DIR, LEDGER, NETPLAN_FILE, RUN_DIR, STATE_DIR
+from orchestrator.paths import CONFIG_DIR, LEDGER, NETPLAN_FILE, RUN_DIR, SERVER_JSON, STATE_DIR
 from orchestrator.phases.files import ledger_answer, ledger_cmd, ledger_entries, ownership
 
 LOCK_NAME = "lock"
@@ -45,10 +45,12 @@ def managed_ps_cmd(inventory: Inventory, fmt: str = r"{{.ID}}\t{{.Names}}\t{{.St
 
 def down_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     return {
-        "files": {NETPLAN_FILE: True, LEDGER: True, CONFIG_DIR: False, STATE_DIR: False},
+        "files": {NETPLAN_FILE: True, LEDGER: True, CONFIG_DIR: False, STATE_DIR: False,
+                  SERVER_JSON: True},
         "netplan": True,
         "links": True,
-        "containers": [inventory.container.name],
+        # the `up` container, and vLLM's default server container (server.json names it)
+        "containers": [inventory.container.name, "sparkctl-vllm"],
         "commands": {
             "managed": managed_ps_cmd(inventory),
             "state_entries": f"ls -A {quote(STATE_DIR)} 2>/dev/null || true",
@@ -89,25 +91,40 @@ def _file(ctx: NodeContext, path: str) -> dict[str, Any]:
     return (ctx.facts.get("files") or {}).get(path) or {"exists": False}
 
 
+def _server_record(ctx: NodeContext) -> dict[str, Any]:
+    """server.json (on the head): which container the server runs in and what its pids are."""
+    fact = _file(ctx, SERVER_JSON)
+    try:
+        return dict(json.loads(fact.get("content") or "{}")) if fact.get("exists") else {}
+    except (json.JSONDecodeError, TypeError, ValueError):
+        return {}
+
+
 class StopServer(Step):
-    """Stop what launch started on this node, by the pid files it recorded (mpirun, ranks)."""
+    """Stop what launch started on this node, by the pid files it recorded (mpirun, ranks, vllm),
+    in the container the server record names (the `up` container for TensorRT-LLM)."""
 
     name = "stop-server"
 
     def check(self, ctx: NodeContext) -> Outcome:
-        container = (ctx.facts.get("containers") or {}).get(ctx.inventory.container.name)
+        record = _server_record(ctx)
+        name = record.get("container") or ctx.inventory.container.name
+        container = (ctx.facts.get("containers") or {}).get(name)
         running = bool(((container or {}).get("State") or {}).get("Running"))
         pids = _pid_files(ctx)
         if not pids:
             return Unchanged("no server processes recorded")
         if not (running and _is_ours(container, ctx.inventory)):
             return Unchanged(f"container not running, so neither is {', '.join(pids)}")
-        return Change(f"stop the server processes recorded in {', '.join(pids)}")
+        return Change(f"stop the server processes recorded in {', '.join(pids)}",
+                      payload={"container": name, "ours": record.get("ours")})
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         from orchestrator.engines.trtllm.serve import node_cmd
 
-        command = node_cmd(ctx.inventory.container.name, action="stop", grace=SERVER_STOP_SECONDS)
+        payload = change.payload or {}
+        command = node_cmd(payload.get("container") or ctx.inventory.container.name,
+                           action="stop", grace=SERVER_STOP_SECONDS, ours=payload.get("ours"))
         result = ctx.run(command, sudo=True, timeout=SERVER_STOP_SECONDS + 60,
                          display="stop the server (launch's pid files)")
         if not result.ok:

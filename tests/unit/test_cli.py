@@ -220,9 +220,10 @@ def server_port() -> Iterator[int]:
 def head_with_server(fake_cluster: Any, monkeypatch: pytest.MonkeyPatch, port: int,
                      alive: bool = True) -> Any:
     c = fake_cluster()
-    status = {"server": {"port": port, "model": "openai/gpt-oss-120b"},
-              "pids": {"mpirun.pid": {"alive": alive}}}
-    c["spark-a"].on(r"status", answer=status)
+    # orchestrator/node/running.py's answer: the record, and whether its main process lives
+    status = {"server": {"port": port, "model": "openai/gpt-oss-120b", "engine": "trtllm"},
+              "alive": alive}
+    c["spark-a"].on(r"running\.py|server\.json", answer=status)
 
     @contextmanager
     def open_session(inventory: Any, command: str, **kwargs: Any) -> Iterator[Any]:

@@ -34,12 +34,16 @@ class TrtllmEngine:
     def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
         """Refuse a different running server first (from facts), then the models, then the
         server, verified ready by a real token through every rank and one chat completion."""
+        from orchestrator.engines import running
         from orchestrator.engines.trtllm import readiness, serve
         from orchestrator.phases import models
 
         spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches)
+        guard = running.guard_phase(recipe, inventory, options.replace,
+                                    same_engine=[serve.ServerGuard(spec)],
+                                    more_facts=serve.guard_facts(spec))
         ready = [readiness.WaitReady(recipe, options.timeout), readiness.SmokeTest(recipe)]
-        return [serve.guard_phase(spec), models.phase(recipe, inventory), serve.phase(spec, ready)]
+        return [guard, models.phase(recipe, inventory), serve.phase(spec, ready)]
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
         from orchestrator.engines.trtllm.recipe import estimate_memory

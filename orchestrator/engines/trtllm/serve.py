@@ -264,12 +264,10 @@ class ServerGuard(Step):
         return Unchanged("no other server runs")
 
 
-def guard_phase(spec: LaunchSpec) -> Phase:
-    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        return {"commands": {"serve": node_cmd(inv.container.name, action="status",
-                                               port=spec.recipe.port)}}
-
-    return Phase("server-check", [ServerGuard(spec)], facts, head_only=True)
+def guard_facts(spec: LaunchSpec) -> dict[str, Any]:
+    """What ServerGuard reads on the head (the same request the serve phase makes there)."""
+    return {"commands": {"serve": node_cmd(spec.inventory.container.name, action="status",
+                                           port=spec.recipe.port)}}
 
 
 def phase(spec: LaunchSpec, ready_steps: list[Step] | None = None) -> Phase:

@@ -16,6 +16,7 @@ KNOWN_REPOS = {
     "nvidia/gpt-oss-120b-Eagle3-long-context": ("LlamaForCausalLMEagle3", 1),
     "nvidia/Llama-3.3-70B-Instruct-FP4": ("LlamaForCausalLM", 3),
     "nvidia/Llama-3.1-8B-Instruct-FP4": ("LlamaForCausalLM", 1),
+    "nvidia/MiniMax-M2.7-NVFP4": ("MiniMaxM2ForCausalLM", 4),
 }
 VERSION = "0.35.3"
 USAGE = f"""usage: hf <command> [<args>]

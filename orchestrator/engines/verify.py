@@ -1,0 +1,58 @@
+"""Readiness as verify steps, for any engine: wait until the server answers, then one real
+request. The engine hands in how it waits and how it asks; these steps put the outcome in the
+report (a failed wait leaves every node's log tail in the notes and the JSON `log_tails`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from orchestrator.core.step import Change, NodeContext, Step
+from orchestrator.engines.base import LaunchFailed, Note, Ready
+from orchestrator.errors import SparkctlError
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory
+    from orchestrator.remote.transport import Transport
+
+Wait = Callable[["dict[str, Transport]", float, Note], Ready]
+Ask = Callable[["Transport"], str]
+
+
+class WaitReady(Step):
+    name = "ready"
+    kind = "verify"
+    scope = "head"
+
+    def __init__(self, wait: Wait, timeout: float, what: str) -> None:
+        self.wait = wait
+        self.timeout = timeout
+        self.what = what
+
+    def interrupt_hint(self, inventory: Inventory) -> str | None:
+        return (f"Stopped waiting; {self.what} keeps loading on {inventory.head_name}. Follow it "
+                "with `sparkctl logs --follow` or `sparkctl status`; stop it with `sparkctl down`")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        note: Note = ctx.options.values.get("progress_note") or (lambda line: None)
+        try:
+            ready = self.wait(ctx.transports, self.timeout, note)
+        except LaunchFailed as exc:
+            # the head alone runs this step, so nothing else touches `shared` meanwhile
+            ctx.shared.setdefault("notes", []).append(exc.details)
+            ctx.shared.setdefault("report_extra", {})["log_tails"] = exc.details
+            raise SparkctlError(exc.reason) from None
+        return f"answering: {', '.join(ready.models)} ({ready.seconds:.1f}s)"
+
+
+class SmokeTest(Step):
+    name = "smoke-test"
+    kind = "verify"
+    scope = "head"
+
+    def __init__(self, ask: Ask) -> None:
+        self.ask = ask
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        assert ctx.transport is not None
+        return self.ask(ctx.transport)

@@ -1,0 +1,108 @@
+"""vLLM over Ray: per serving node a container of the recipe's vLLM image running a Ray node
+(the head's bound to its fabric address, the workers joining it over the fabric), and
+`vllm serve --distributed-executor-backend ray` started in the head's container.
+
+`up` adds nothing (the TensorRT-LLM container stays the cluster's tool for fetching and copying
+models); `launch` fetches the models (shared phase), starts the Ray containers, waits until Ray
+reports every serving node, then starts vLLM; readiness is /health, /v1/models and one real
+chat completion.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.vllm.recipe import Recipe
+
+if TYPE_CHECKING:
+    from orchestrator.core.step import Phase
+    from orchestrator.inventory import Inventory, Node
+
+
+def ray_phase(recipe: Recipe, inventory: Inventory) -> Phase:
+    from orchestrator.engines import serving_nodes
+    from orchestrator.engines.vllm import ray
+    from orchestrator.phases import container
+    from orchestrator.phases.models import ServingPhase
+    from orchestrator.remote.facts import merge_requests
+
+    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
+        own = {**container.spec_facts([recipe.image], [recipe.container_name], inv.cluster.user),
+               "links": True}
+        if node.name != inv.head_name:
+            return own
+        probe = {"commands": {"ray": ray.probe_cmd(recipe.container_name) + " 2>/dev/null"}}
+        return merge_requests([own, probe])
+
+    def image(ctx: Any) -> str:
+        return recipe.image
+
+    steps = [container.Image(image), container.ImageDigest(image),
+             container.Container(ray.spec_for(recipe, "head"), name="ray-head"),
+             container.Container(ray.spec_for(recipe, "worker"), name="ray-worker"),
+             ray.RayCluster(recipe)]
+    return ServingPhase("ray", steps, facts, serving=serving_nodes(recipe, inventory))
+
+
+class VllmEngine:
+    name = "vllm"
+    title = "vLLM"
+    recipe_type = Recipe
+
+    def up_phases(self, inventory: Inventory) -> list[Phase]:
+        return []
+
+    def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
+        """Refuse another server first (from facts), then the models, the Ray cluster, `vllm
+        serve`, and verify steps: ready over HTTP, then one real chat completion."""
+        from orchestrator.engines import running, verify
+        from orchestrator.engines.trtllm.readiness import smoke_test
+        from orchestrator.engines.vllm import serve
+        from orchestrator.phases import models
+
+        spec = serve.ServeSpec(recipe, inventory, options.host, options.replace)
+        guard = running.guard_phase(recipe, inventory, options.replace,
+                                    same_engine=[serve.ServerGuard(spec)],
+                                    more_facts=serve.guard_facts(spec))
+        ready = [
+            verify.WaitReady(lambda transports, timeout, note: serve.wait_until_ready(
+                transports, recipe, inventory, timeout, note), options.timeout, "vLLM"),
+            verify.SmokeTest(lambda head: smoke_test(head, recipe.container_name, recipe.model,
+                                                     recipe.port)),
+        ]
+        return [guard, models.phase(recipe, inventory), ray_phase(recipe, inventory),
+                serve.phase(spec, ready)]
+
+    def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
+        from orchestrator.engines.vllm.recipe import estimate_memory
+
+        return estimate_memory(recipe, node_memory_gb)
+
+    def describe(self, recipe: Recipe) -> list[tuple[str, str]]:
+        from orchestrator.commands import join
+        from orchestrator.engines.base import DEFAULT_HOST
+        from orchestrator.engines.vllm.options import version
+        from orchestrator.engines.vllm.serve import serve_argv
+
+        ray = (f"head: ray start --head --node-ip-address <head fabric IP> --port {recipe.ray.port} "
+               f"--num-gpus 1 --object-store-memory {int(recipe.ray.object_store_gb * 1e9)}\n"
+               f"workers: ray start --address <head fabric IP>:{recipe.ray.port} "
+               "--node-ip-address <their fabric IP> --num-gpus 1")
+        return [(f"Ray cluster ({recipe.container_name} on {recipe.node_count} node(s), "
+                 f"{recipe.image})", ray),
+                (f"serve command (in the head's {recipe.container_name}; flags checked against "
+                 f"vLLM {version()})", join(serve_argv(recipe, DEFAULT_HOST)))]
+
+    def warnings(self, recipe: Recipe) -> list[str]:
+        return []
+
+    def config_preview(self, recipe: Recipe) -> dict[str, object]:
+        from orchestrator.engines.base import DEFAULT_HOST
+        from orchestrator.engines.vllm.serve import serve_argv
+
+        return {"serve_argv": serve_argv(recipe, DEFAULT_HOST), "image": recipe.image,
+                "container": recipe.container_name}
+
+
+ENGINE = VllmEngine()

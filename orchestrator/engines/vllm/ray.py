@@ -1,0 +1,247 @@
+"""The Ray cluster vLLM runs on: one container per serving node, all over the fabric.
+
+The head's container runs `ray start --head --node-ip-address <its fabric IP>`, every other
+serving node's `ray start --address <head fabric IP>:<port> --node-ip-address <its fabric IP>`,
+each as the container's main process (`--block`), so the container lives exactly as long as its
+Ray node. Never the management network: Ray, NCCL, Gloo and vLLM all get the fabric addresses and
+interfaces from the inventory (VLLM_HOST_IP, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, ...). Before
+`vllm serve` starts, the head waits (with a deadline) until Ray reports every serving node; a
+node that does not show up is named, with the end of its Ray log.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from orchestrator.commands import docker_cmd, docker_exec_cmd, quote
+from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
+from orchestrator.engines import serving_nodes
+from orchestrator.engines.vllm.recipe import Recipe
+from orchestrator.errors import SparkctlError
+from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import RUN_DIR
+from orchestrator.phases import container as containers
+from orchestrator.phases.container import INFINIBAND, ContainerSpec
+
+RAY_LOGS = "/tmp/ray/session_latest/logs"
+READY_LOG_LINE = "Ray runtime started"
+STARTED_LINE = READY_LOG_LINE.replace(" ", "[ ]")  # no literal of the marker in our argv
+
+# Runs in the head container with its python3 (the image's, which has Ray): the nodes Ray knows.
+RAY_PROBE = r"""
+import json, os, sys
+os.environ.setdefault("RAY_DISABLE_IMPORT_WARNING", "1")
+try:
+    import ray
+    ray.init(address="auto", logging_level="ERROR", log_to_driver=False, configure_logging=False)
+    nodes = [{"ip": n.get("NodeManagerAddress"), "alive": bool(n.get("Alive")),
+              "host": n.get("NodeManagerHostname"),
+              "gpus": (n.get("Resources") or {}).get("GPU", 0)} for n in ray.nodes()]
+    ray.shutdown()
+    print(json.dumps({"nodes": nodes}))
+except Exception as exc:
+    print(json.dumps({"error": ("%s: %s" % (type(exc).__name__, exc))[:600]}))
+"""
+
+
+def node_ip(inventory: Inventory, node: Node) -> str:
+    """The fabric address Ray, NCCL and vLLM use for a node (the one the head reaches it at)."""
+    return inventory.mpi_address(node)
+
+
+def engine_env(inventory: Inventory, node: Node, roce: list[str], recipe: Recipe) -> dict[str, str]:
+    """The fabric environment, derived like the TensorRT-LLM container's, plus Ray/vLLM's own."""
+    fabric = containers.fabric_env(inventory, roce)
+    first = inventory.fabric.interfaces[0]
+    env = {key: fabric[key] for key in ("UCX_NET_DEVICES", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA")}
+    env.update({
+        "VLLM_HOST_IP": node_ip(inventory, node),
+        # Gloo and torch's TCP store take one interface, not a list
+        "GLOO_SOCKET_IFNAME": first,
+        "TP_SOCKET_IFNAME": first,
+        "MASTER_ADDR": node_ip(inventory, inventory.head),
+        # Ray's memory monitor counts GPU-resident weights on unified memory as host memory and
+        # kills healthy workers (NVIDIA's vLLM playbook turns it off the same way)
+        "RAY_memory_monitor_refresh_ms": "0",
+        "RAY_DISABLE_IMPORT_WARNING": "1",
+    })
+    env.update(recipe.env)
+    return env
+
+
+def ray_args(recipe: Recipe, inventory: Inventory, node: Node) -> list[str]:
+    ip = node_ip(inventory, node)
+    store = str(int(recipe.ray.object_store_gb * 1e9))
+    if node.name == inventory.head_name:
+        args = ["ray", "start", "--head", "--node-ip-address", ip, "--port", str(recipe.ray.port),
+                "--include-dashboard=false"]
+    else:
+        head = node_ip(inventory, inventory.head)
+        args = ["ray", "start", "--address", f"{head}:{recipe.ray.port}", "--node-ip-address", ip]
+    args += ["--num-gpus", "1", "--object-store-memory", store, "--disable-usage-stats"]
+    if recipe.ray.num_cpus:
+        args += ["--num-cpus", str(recipe.ray.num_cpus)]
+    return [*args, "--block"]
+
+
+def ray_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], hf_cache: str,
+             infiniband: bool) -> ContainerSpec:
+    head = node.name == inventory.head_name
+    flags = ["--ipc", "host", "--gpus", "all", "--ulimit", "memlock=-1",
+             "--ulimit", "stack=67108864"]
+    if infiniband:
+        flags += ["--device", f"{INFINIBAND}:{INFINIBAND}"]
+    head_ip, port = node_ip(inventory, inventory.head), recipe.ray.port
+    hashed: dict[str, str] = {}
+    if not head:
+        # a new head is a new Ray cluster: the workers must start again to join it
+        head_spec = ray_spec(recipe, inventory, inventory.head, roce, hf_cache, infiniband)
+        hashed["head"] = head_spec.digest()
+    name = recipe.container_name
+    return ContainerSpec(
+        name=name, image=recipe.image, command=ray_args(recipe, inventory, node),
+        env=engine_env(inventory, node, roce, recipe),
+        mounts=[(RUN_DIR, RUN_DIR, False), (hf_cache, containers.CONTAINER_HF_HOME, False)],
+        labels=containers.managed_labels(inventory, node, engine="vllm", recipe=recipe.name,
+                                         role="ray-head" if head else "ray-worker"),
+        flags=flags, hashed=hashed,
+        ready=f"{docker_cmd('logs', name)} 2>&1 | grep -q {quote(STARTED_LINE)}",
+        ready_what=(f"the Ray head in {name} did not start on {head_ip}:{port}" if head else
+                    f"the Ray worker on {node.name} did not join the head at {head_ip}:{port}"),
+        hint=(f"Hint: the Ray head binds {head_ip}, the head's fabric address: is its link up "
+              "(`sparkctl status`)?" if head else
+              f"Hint: {node.name} must reach the Ray head at {head_ip}:{port} over the fabric: "
+              "is the cable in and are both addresses configured? `sparkctl netcheck` tests the "
+              "links; `sparkctl up` restores the addresses."),
+        dirs=[RUN_DIR],
+    )
+
+
+def check_fabric_link(ctx: NodeContext) -> None:
+    """Ray binds the node's fabric address: refuse at once (naming the fix) when its link is
+    down or the address is gone, instead of letting `ray start` time out."""
+    links = ctx.facts.get("links")
+    if not isinstance(links, dict) or "error" in links:
+        return  # not gathered (tests, old nodes): `ray start` will tell
+    ip = node_ip(ctx.inventory, ctx.node)
+    for iface, cidr in (ctx.node.addresses or {}).items():
+        if cidr.split("/")[0] != ip:
+            continue
+        link = links.get(iface) or {}
+        if not link:
+            problem = f"{iface} does not exist"
+        elif not link.get("carrier", True) or not link.get("up", True):
+            problem = f"{iface} has no link ({link.get('operstate', '?')}: cable out or peer down?)"
+        elif cidr not in (link.get("addresses") or []):
+            problem = f"{iface} lacks its address {cidr}"
+        else:
+            return
+        role = "the Ray head" if ctx.is_head else "its Ray worker"
+        raise SparkctlError(
+            f"{ctx.node.name}: {role} would use {ip} on {iface}, but {problem}. Ray, NCCL and "
+            "vLLM only use the fabric: check the cable (`sparkctl status`, `sparkctl netcheck`); "
+            "`sparkctl up` restores the addresses")
+
+
+def spec_for(recipe: Recipe, role: str) -> containers.SpecFor:
+    def pick(ctx: NodeContext) -> ContainerSpec | None:
+        head = ctx.node.name == ctx.inventory.head_name
+        if (role == "head") != head:
+            return None
+        check_fabric_link(ctx)
+        infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
+        roce = containers.roce_devices(ctx.inventory, ctx.facts, ctx.node.name)
+        return ray_spec(recipe, ctx.inventory, ctx.node, roce, containers.node_hf_cache(ctx),
+                        infiniband)
+    return pick
+
+
+def probe_cmd(container: str) -> str:
+    return docker_exec_cmd(container, ["python3", "-c", RAY_PROBE])
+
+
+def parse_probe(answer: dict[str, Any]) -> dict[str, Any]:
+    if answer.get("rc") not in (0, None):
+        return {"error": (answer.get("err") or answer.get("out") or "").strip()[-400:]}
+    for line in reversed((answer.get("out") or "").strip().splitlines()):
+        try:
+            return dict(json.loads(line))
+        except (json.JSONDecodeError, TypeError):
+            continue
+    return {"error": "the Ray probe printed no JSON"}
+
+
+def missing_nodes(recipe: Recipe, inventory: Inventory, probe: dict[str, Any]) -> list[Node]:
+    alive = {n.get("ip") for n in probe.get("nodes") or [] if n.get("alive")}
+    return [inventory.node(name) for name in serving_nodes(recipe, inventory)
+            if node_ip(inventory, inventory.node(name)) not in alive]
+
+
+def ray_log_tail(transport: Any, container: str, lines: int = 15) -> str:
+    command = (f"{docker_cmd('logs', '--tail', lines, container)} 2>&1; "
+               + docker_exec_cmd(container, ["sh", "-c", f"tail -n {lines} {RAY_LOGS}/raylet.err "
+                                             f"{RAY_LOGS}/raylet.out 2>/dev/null"]) + " 2>&1; true")
+    try:
+        result = transport.run(command, sudo=True, timeout=60, display=f"Ray logs in {container}")
+        return result.stdout.strip() or "(no Ray log)"
+    except SparkctlError as exc:
+        return f"(could not read its Ray log: {exc})"
+
+
+class RayCluster(Step):
+    """Every serving node alive in Ray (what `ray status` counts), before vLLM starts."""
+
+    name = "ray-cluster"
+    scope = "head"
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        probe = parse_probe((ctx.facts.get("commands") or {}).get("ray") or {})
+        want = len(serving_nodes(self.recipe, ctx.inventory))
+        if "error" not in probe and not missing_nodes(self.recipe, ctx.inventory, probe):
+            alive = sorted(n["ip"] for n in probe["nodes"] if n.get("alive"))
+            return Unchanged(f"Ray: {want} node(s) alive ({', '.join(alive)})")
+        return Change(f"wait until Ray reports {want} node(s) (deadline "
+                      f"{self.recipe.ray.join_timeout:g}s)")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        note = ctx.options.values.get("progress_note") or (lambda line: None)
+        container = self.recipe.container_name
+        started = time.monotonic()
+        deadline = started + self.recipe.ray.join_timeout
+        last = 0.0
+        while True:
+            result = ctx.run(probe_cmd(container), sudo=True, timeout=120,
+                             display=f"docker exec {container} python3 -c <ray nodes>")
+            probe = parse_probe({"rc": result.exit_status, "out": result.stdout,
+                                 "err": result.stderr})
+            missing = missing_nodes(self.recipe, ctx.inventory, probe)
+            alive = sorted(n["ip"] for n in probe.get("nodes") or [] if n.get("alive"))
+            if "error" not in probe and not missing:
+                return f"Ray: {len(alive)} node(s) alive ({', '.join(alive)})"
+            if time.monotonic() > deadline:
+                break
+            if time.monotonic() - last > 10:
+                state = probe.get("error") or f"{len(alive)} alive, waiting for " + ", ".join(
+                    f"{n.name} ({node_ip(ctx.inventory, n)})" for n in missing)
+                note(f"        [{time.monotonic() - started:5.1f}s] Ray: {state}")
+                last = time.monotonic()
+            time.sleep(2)
+        head_ip = node_ip(ctx.inventory, ctx.inventory.head)
+        parts = []
+        for node in missing:
+            transport = ctx.transports.get(node.name)
+            tail = ray_log_tail(transport, container) if transport else "(node unreachable)"
+            parts.append(f"--- {node.name}: {container} (docker logs and raylet logs)\n{tail}")
+        names = ", ".join(f"{n.name} ({node_ip(ctx.inventory, n)})" for n in missing)
+        raise SparkctlError(
+            f"{ctx.node.name}: Ray shows {len(alive)} of {len(serving_nodes(self.recipe, ctx.inventory))} "
+            f"node(s) after {self.recipe.ray.join_timeout:g}s; missing: {names}"
+            + (f" ({probe['error']})" if probe.get("error") else "")
+            + f". Each worker must reach the head at {head_ip}:{self.recipe.ray.port} over the "
+            "fabric: check the cable and addresses (`sparkctl netcheck`, `sparkctl status`).\n"
+            + "\n".join(parts))

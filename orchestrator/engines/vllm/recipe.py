@@ -1,0 +1,131 @@
+"""vLLM recipes: the model, the parallelism, the image, the Ray cluster and extra `vllm serve` flags.
+
+Refused before anything runs (exit 2): a node count that is not tensor x pipeline parallel size
+(one GPU per Spark), flags sparkctl sets itself, and any flag vLLM's own argument parser would
+reject (checked against the option table extracted from the pinned vLLM source; the error names
+the flag, the vLLM version and the nearest valid flag).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from orchestrator.engines.base import (
+    SPARK_MEMORY_GB,
+    BaseRecipe,
+    MemoryEstimate,
+    StrictModel,
+    verdict_of,
+)
+
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.31.0-cu130"
+"""vLLM's own image, CUDA 13 build (GB10 is sm_121 and needs CUDA 13): the version the option
+table was extracted from (orchestrator/engines/vllm/options.json)."""
+DEFAULT_CONTAINER = "sparkctl-vllm"
+IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$"
+# Flags sparkctl sets from typed fields; setting them again would be ambiguous.
+RESERVED_FLAGS = {
+    "--host": "launch --host", "--port": "port", "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size", "--pipeline-parallel-size": "pipeline_parallel_size",
+    "-pp": "pipeline_parallel_size", "--distributed-executor-backend": "(always ray)",
+    "--gpu-memory-utilization": "memory.kv_cache_fraction", "--revision": "revision",
+    "--model": "model",
+}
+
+
+class RayOptions(StrictModel):
+    port: int = Field(default=6379, ge=1024, le=65535)
+    """The Ray head's GCS port, on the head's fabric address."""
+    object_store_gb: float = Field(default=2.0, ge=0.08, le=64)
+    """Ray's object store per node (--object-store-memory). vLLM barely uses it; Ray's default
+    (30% of memory) would take ~38 GB of a Spark's unified memory from the model."""
+    num_cpus: int | None = Field(default=None, ge=1, le=1024)
+    """--num-cpus for every Ray node (default: Ray counts them)."""
+    join_timeout: float = Field(default=120.0, gt=0, le=3600)
+    """Seconds to wait for every node to show in `ray status` before vllm serve starts."""
+
+
+class Recipe(BaseRecipe):
+    engine: Literal["vllm"] = "vllm"
+    image: str = Field(default=DEFAULT_IMAGE, pattern=IMAGE_PATTERN)
+    """The vLLM image every serving node runs (its Ray and vLLM)."""
+    container_name: str = Field(default=DEFAULT_CONTAINER, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+    """The per-node container (Ray head or worker; vllm serve runs in the head's)."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
+    serve_args: list[str] = Field(default_factory=list)
+    """More `vllm serve` flags, verbatim (each item one argv word), checked against vLLM's table."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment of the containers (e.g. VLLM_* switches)."""
+    ray: RayOptions = Field(default_factory=RayOptions)
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def node_count(self) -> int:
+        return self.nodes or self.world_size
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        import re
+
+        bad = [k for k in env if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", k)]
+        secret = [k for k in env if "TOKEN" in k or "SECRET" in k]
+        if bad:
+            raise ValueError(f"env: {', '.join(bad)} is not an environment variable name")
+        if secret:
+            raise ValueError(f"env: {', '.join(secret)} looks like a secret; recipes are not "
+                             "secret (the HF token comes from $HF_TOKEN or --hf-token-file)")
+        return env
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        if self.nodes is not None and self.nodes != self.world_size:
+            raise ValueError(
+                f"nodes is {self.nodes} but tensor_parallel_size x pipeline_parallel_size is "
+                f"{self.world_size}: a Spark has one GPU, so vLLM needs one node per rank")
+        for word in self.serve_args:
+            flag = word.split("=", 1)[0].replace("_", "-")
+            if flag in RESERVED_FLAGS:
+                raise ValueError(f"serve_args must not set {flag}: sparkctl sets it from "
+                                 f"{RESERVED_FLAGS[flag]}")
+        from orchestrator.engines.vllm.options import check_serve_args
+
+        problems = check_serve_args(self.serve_args)
+        if problems:
+            raise ValueError("serve_args: " + "; ".join(problems))
+        return self
+
+
+def estimate_memory(recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
+    """Per node: vLLM takes --gpu-memory-utilization of the whole memory (weights, activations
+    and the KV cache inside it); Ray's object store comes on top; the rest is the system's."""
+    m = recipe.memory
+    weights = m.weights_gb / recipe.world_size
+    loaded = weights + m.runtime_gb
+    vllm_gb = m.kv_cache_fraction * node_memory_gb
+    kv = vllm_gb - loaded
+    store = recipe.ray.object_store_gb
+    free = node_memory_gb - vllm_gb - store
+    fits, verdict = verdict_of(node_memory_gb - loaded - store, free, m.system_reserve_gb)
+    if kv <= 0:
+        fits, verdict = False, "does not fit"
+    explanation = (
+        f"per node {weights:.1f} GB weights + {m.runtime_gb:g} GB runtime inside vLLM's "
+        f"{m.kv_cache_fraction:g} x {node_memory_gb:g} GB = {vllm_gb:.1f} GB "
+        f"(--gpu-memory-utilization), leaving {kv:.1f} GB KV cache; + {store:g} GB Ray object "
+        f"store; {free:.1f} GB left for the system (reserve {m.system_reserve_gb:g} GB): {verdict}"
+    )
+    if kv <= 0:
+        explanation += " (the weights alone exceed --gpu-memory-utilization: raise it or add nodes)"
+    return MemoryEstimate(
+        weights_gb=round(weights, 2), draft_gb=0.0, runtime_gb=m.runtime_gb,
+        system_reserve_gb=m.system_reserve_gb, kv_cache_gb=round(max(kv, 0.0), 2),
+        total_gb=round(vllm_gb + store, 2), free_after_kv_gb=round(free, 2), fits=fits,
+        verdict=verdict, explanation=explanation,
+    )

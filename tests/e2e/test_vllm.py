@@ -1,0 +1,171 @@
+"""vLLM over Ray on the simulated lab: `launch minimax-m2.7` across both nodes.
+
+Ray is the real thing (from PyPI, installed by the lab into its vLLM image); only vLLM is
+simulated. One `up` and a TensorRT-LLM server for the module; the vLLM launch is refused, then
+replaces it with --replace; then chat, status, `ray status` in the head container, a no-op
+relaunch, the refusal of another engine, a cut cable between worker and head, and finally
+`down`, after which no Ray or vLLM process may be left on either node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from conftest import REPO, Lab
+
+pytestmark = pytest.mark.lab
+
+SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
+SENTINEL = "hf_SENTINELvllmToken4411"
+SENTINEL_PATTERN = SENTINEL[:10] + "[" + SENTINEL[10] + "]" + SENTINEL[11:]
+MODEL = "nvidia/MiniMax-M2.7-NVFP4"
+RUN = "/var/lib/sparkctl/run"
+CONTAINER = "sparkctl-vllm"
+RAY_PROCESSES = ("ps -eo pid,args | grep -E 'raylet|gcs_server|ray start|vllm serve|ray::' "
+                 "| grep -v grep || true")
+
+
+def sparkctl(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SPARKCTL_STATE_DIR": "/tmp/sparkctl-e2e-vllm-state", "HF_TOKEN": SENTINEL}
+    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO)
+
+
+REFUSED: list[subprocess.CompletedProcess[str]] = []
+
+
+@pytest.fixture(scope="module")
+def launched(lab_session: list[Lab]) -> Iterator[tuple[Lab, subprocess.CompletedProcess[str]]]:
+    """up; TensorRT-LLM serving qwen3-235b; vLLM refused without --replace; then with it."""
+    lab = lab_session[0]
+    if not lab.healthy():
+        pytest.skip("lab not healthy")
+    inventory = str(lab.inventory)
+    up = sparkctl("up", "--inventory", inventory, "--yes")
+    assert up.returncode == 0, up.stdout + up.stderr
+    trt = sparkctl("launch", "qwen3-235b", "--inventory", inventory, "--yes", "--timeout", "120")
+    assert trt.returncode == 0, trt.stdout + trt.stderr
+    REFUSED.append(sparkctl("launch", "minimax-m2.7", "--inventory", inventory, "--yes"))
+    result = sparkctl("launch", "minimax-m2.7", "--inventory", inventory, "--yes", "--json",
+                      "--replace", "--timeout", "180")
+    yield lab, result
+    lab.cli("fault", "restore")
+    sparkctl("down", "--inventory", inventory, "--yes")
+
+
+def inv(lab: Lab) -> list[str]:
+    return ["--inventory", str(lab.inventory)]
+
+
+def test_launch_serves_over_ray_on_both_nodes(launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    lab, result = launched
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["engine"] == "vllm" and report["model"] == MODEL
+    head, other = lab.nodes
+    steps = {s["step"]: s for s in report["hosts"][head]["steps"]}
+    assert steps["ready"]["status"] == "ok" and steps["smoke-test"]["status"] == "ok"
+    assert "2 node(s) alive" in steps["ray-cluster"]["message"]
+    server = json.loads(lab.exec(head, f"cat {RUN}/server.json").stdout)
+    assert (server["engine"], server["container"], server["tp_size"]) == ("vllm", CONTAINER, 2)
+    log = lab.exec(head, f"cat {RUN}/server.log").stdout
+    # rank 0 on the head, rank 1 on the other node, both on the fabric
+    assert f"rank 0 on {head} (192.168.200.12" in log and f"rank 1 on {other} (192.168.200.13" in log
+    env = lab.exec(other, f"docker inspect -f '{{{{json .Config.Env}}}}' {CONTAINER}").stdout
+    assert "VLLM_HOST_IP=192.168.200.13" in env and "NCCL_SOCKET_IFNAME=enp1s0f1np1" in env
+    # the token: never in the containers' config, the server's log or its command line
+    for node in lab.nodes:
+        leaks = lab.exec(node, f"docker inspect {CONTAINER}; cat {RUN}/*.log; ps -eo args | "
+                         f"grep -c {SENTINEL_PATTERN} || true").stdout
+        assert SENTINEL not in leaks
+
+
+def test_vllm_refused_while_tensorrt_llm_serves_then_replaces_it(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    lab, _ = launched
+    refused = REFUSED[0]
+    message = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert "qwen3-235b" in message and "TensorRT-LLM" in message and "--replace" in message
+    for node in lab.nodes:  # --replace stopped every TensorRT-LLM rank
+        left = lab.exec(node, "docker exec trtllm-multinode ps -eo args").stdout
+        assert "trtllm-serve" not in left and "mpirun" not in left, f"{node}: {left}"
+
+
+def test_chat_answers(launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    lab, _ = launched
+    result = sparkctl("chat", "Hello", *inv(lab), "--max-tokens", "8")
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.split()) == 8 and MODEL in result.stderr
+
+
+def test_status_shows_engine_and_ray_nodes(launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    lab, _ = launched
+    result = sparkctl("status", *inv(lab), "--json")
+    status = json.loads(result.stdout)
+    assert result.returncode == 0 and status["state"] == "serving", result.stdout
+    server = status["server"]
+    assert server["engine"] == "vllm" and server["state"] == "healthy"
+    assert server["ray"]["alive"] == 2 and server["ray"]["expected"] == 2
+    assert {n["host"] for n in server["ray"]["nodes"] if n["alive"]} == set(lab.nodes)
+
+
+def test_ray_status_in_the_head_container_lists_both_nodes(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    lab, _ = launched
+    out = lab.exec(lab.nodes[0], f"docker exec {CONTAINER} ray status").stdout
+    active = out.split("Active:", 1)[1].split("Pending:", 1)[0]
+    assert active.count("node_") == 2, out
+    assert "0.0/2.0 GPU" in out or "2.0/2.0 GPU" in out
+
+
+def test_second_launch_is_a_noop(launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    lab, _ = launched
+    result = sparkctl("launch", "minimax-m2.7", *inv(lab), "--yes", "--json")
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["ok"], result.stderr
+    changed = [s for host in report["hosts"].values() for s in host["steps"] if s["status"] == "changed"]
+    assert changed == []
+
+
+def test_other_engine_is_refused_without_replace(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    lab, _ = launched
+    result = sparkctl("launch", "qwen3-235b", *inv(lab), "--yes")
+    assert result.returncode != 0
+    message = result.stdout + result.stderr
+    assert "minimax-m2.7" in message and "vLLM" in message and "--replace" in message
+
+
+def test_cut_cable_worker_cannot_reach_head_named_with_fix(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    lab, _ = launched
+    head, other = lab.nodes
+    lab.cli("fault", "cut-cable", "--node", head, "--interface", "enp1s0f1np1", check=True)
+    try:
+        for node in lab.nodes:  # a restart of both Ray nodes while the cable is out
+            lab.exec(node, f"docker rm -f {CONTAINER}", check=False)
+        result = sparkctl("launch", "minimax-m2.7", *inv(lab), "--yes")
+        message = result.stdout + result.stderr
+        assert result.returncode != 0, message
+        # at once, before any `ray start` times out: both ends named, with the link and the fix
+        assert f"{other}: its Ray worker would use 192.168.200.13 on enp1s0f1np1" in message
+        assert f"{head}: the Ray head would use 192.168.200.12" in message
+        assert "has no link" in message and "netcheck" in message
+    finally:
+        lab.cli("fault", "restore", check=True)
+    again = sparkctl("launch", "minimax-m2.7", *inv(lab), "--yes")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_down_leaves_no_ray_or_vllm_process(launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    lab, _ = launched
+    result = sparkctl("down", *inv(lab), "--yes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for node in lab.nodes:
+        assert lab.exec(node, RAY_PROCESSES).stdout.strip() == "", node
+        assert CONTAINER not in lab.exec(node, "docker ps -a --format '{{.Names}}'").stdout

@@ -1,0 +1,48 @@
+"""The lab's simulated `vllm` and its `ray` wrapper (lab/sparklab/image), without Ray or root."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+IMAGE = Path(__file__).resolve().parents[2] / "lab" / "sparklab" / "image"
+sys.path.insert(0, str(IMAGE))
+
+from sparklab_engine import ray_cli, vllm_cli  # noqa: E402
+
+
+def test_vllm_serve_rejects_what_vllms_parser_rejects(capsys: pytest.CaptureFixture[str]) -> None:
+    assert vllm_cli.main(["serve", "org/m", "--max-modle-len", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "vllm serve: error: unrecognized arguments: --max-modle-len" in err
+    assert vllm_cli.main(["serve", "org/m", "--kv-cache-dtype", "fp9"]) == 2
+    assert "argument --kv-cache-dtype" in capsys.readouterr().err
+    assert vllm_cli.main(["bench"]) == 2
+
+
+def test_vllm_serve_parses_the_flags_sparkctl_passes() -> None:
+    opts = vllm_cli.parse(["org/m", "--tensor-parallel-size", "2", "--distributed-executor-backend",
+                           "ray", "--gpu-memory-utilization", "0.85", "--host", "127.0.0.1",
+                           "--port", "8001", "--max_model_len", "1024"], vllm_cli.option_table())
+    assert (opts["model"], opts["tp"], opts["backend"], opts["port"], opts["util"]) == (
+        "org/m", 2, "ray", 8001, 0.85)
+
+
+def test_tp_beyond_one_gpu_without_ray_fails_like_vllm(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    snap = tmp_path / "hub" / "models--org--m" / "snapshots" / "main"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(vllm_cli, "_ray_running", lambda: False)
+    assert vllm_cli.main(["serve", "org/m", "-tp", "2", "--distributed-executor-backend", "mp"]) == 1
+    assert "World size (2) is larger than the number of available GPUs (1)" in capsys.readouterr().err
+
+
+def test_ray_start_is_capped_for_the_lab(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ray_cli.lab_caps(["start", "--head", "--object-store-memory", "2000000000", "--block"])
+    assert args[args.index("--object-store-memory") + 1] == str(ray_cli.DEFAULT_OBJECT_STORE)
+    assert args[args.index("--num-cpus") + 1] == "1"
+    assert "capped" in capsys.readouterr().err
+    assert ray_cli.lab_caps(["status"]) == ["status"]
