@@ -13,12 +13,11 @@ failing its health checks).
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
-from datetime import datetime
 from typing import Any
 
+from orchestrator.checks.status_server import age, assess_server
 from orchestrator.commands import quote
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
@@ -37,8 +36,8 @@ PROBE = script("probe.py")
 def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     """One facts request: what status shows, plus what the container step needs to compute the
     config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
+    from orchestrator.engines.trtllm import container as container_step
     from orchestrator.engines.trtllm.serve import node_cmd
-    from orchestrator.phases import container as container_step
     from orchestrator.phases.ssh_keys import ENTRYPOINT, SSHD_CONFIG
     from orchestrator.remote.facts import merge_requests
 
@@ -234,7 +233,7 @@ def assess_container(inventory: Inventory, node: Node, facts: dict[str, Any],
         "image": (info.get("Config") or {}).get("Image"),
         "image_id": info.get("Image"),
         "started": state.get("StartedAt"),
-        "uptime_seconds": _age(state.get("StartedAt"), facts.get("time")) if state.get("Running") else None,
+        "uptime_seconds": age(state.get("StartedAt"), facts.get("time")) if state.get("Running") else None,
         "config_hash": labels.get("sparkctl.config-hash"),
     })
     if image.get("Id") and info.get("Image") and image["Id"] != info["Image"]:
@@ -254,13 +253,14 @@ def desired_config_hash(inventory: Inventory, node: Node, facts: dict[str, Any])
     """The hash `up` would label the container with now; None when it cannot be computed here."""
     try:
         from orchestrator.core.step import NodeContext, RunOptions
+        from orchestrator.engines.trtllm.container import node_trtllm_spec
         from orchestrator.phases.container import Container
     except ImportError:
         return None
     ctx = NodeContext(inventory=inventory, node=node, facts=facts, cluster_facts={}, transport=None,
                       options=RunOptions(command="status"), shared={})
     try:
-        return Container().wanted(ctx)[1]
+        return Container(node_trtllm_spec).wanted(ctx)[1]
     except Exception:  # facts the container step cannot use (no ibdev2netdev...): unknown, not a crash
         return None
 
@@ -314,79 +314,6 @@ def _compare_setup(nodes: dict[str, dict[str, Any]]) -> None:
             node["state"] = "problem"
 
 
-def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict[str, Any]
-                  ) -> dict[str, Any] | None:
-    if facts is None:
-        return None
-    record = ((facts.get("files") or {}).get(SERVER_JSON) or {})
-    if not record.get("exists"):
-        return None
-    try:
-        server = json.loads(record.get("content") or "{}")
-    except json.JSONDecodeError:
-        server = {}
-    commands = facts.get("commands") or {}
-    log_tail = ((commands.get("server_log") or {}).get("out") or "").splitlines()
-    try:
-        probe = json.loads((commands.get("probe") or {}).get("out") or "{}")
-    except json.JSONDecodeError:
-        probe = {"error": "the health probe printed no JSON"}
-    port = server.get("port")
-    engine = server.get("engine", "trtllm")
-    out: dict[str, Any] = {
-        "engine": engine, "recipe": server.get("recipe"), "model": server.get("model"),
-        "draft_model": server.get("draft_model"), "port": port,
-        "endpoint": f"http://127.0.0.1:{port}", "node": inventory.head_name,
-        "started": server.get("started"), "uptime_seconds": _age(server.get("started"), facts.get("time")),
-        "health": probe, "log_tail": log_tail, "problem": "",
-    }
-    container_running = (head.get("container") or {}).get("status") == "running"
-    health = probe.get("/health")
-    generate = probe.get("/health_generate" if engine == "trtllm" else "/v1/models")
-    if engine == "vllm":
-        out["ray"] = assess_ray(server, commands.get("ray") or {})
-    if not container_running:
-        out["state"] = "down"
-        out["problem"] = "server recorded but the head container is not running"
-    elif engine == "vllm" and out["ray"]["problem"]:
-        out["state"] = "unhealthy"
-        out["problem"] = out["ray"]["problem"]
-    elif health == 200 and generate == 200:
-        out["state"] = "healthy"
-    elif health == 503:
-        out["state"] = "starting"
-        out["problem"] = "server is still loading (/health answers 503)"
-    elif health == 200:
-        out["state"] = "unhealthy"
-        second = "/health_generate" if engine == "trtllm" else "/v1/models"
-        out["problem"] = (f"server answers /health but not {second} ({generate}): "
-                          "a rank may have died; see `sparkctl logs`")
-    else:
-        out["state"] = "down"
-        reason = health if health is not None else probe.get("error", "no answer")
-        out["problem"] = f"server not answering on port {port} ({reason}): crashed? see `sparkctl logs`"
-    return out
-
-
-def assess_ray(server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's Ray cluster as its head reports it: every node the server runs on must be alive."""
-    from orchestrator.engines.vllm.ray import parse_probe
-
-    probe: dict[str, Any] = (parse_probe(answer) if answer.get("out") or answer.get("rc")
-                             else {"error": "no answer"})
-    nodes = probe.get("nodes") or []
-    alive = sorted(n.get("ip") for n in nodes if n.get("alive"))
-    want = len(server.get("nodes") or []) or 1
-    out: dict[str, Any] = {"nodes": nodes, "alive": len(alive), "expected": want, "problem": ""}
-    if probe.get("error"):
-        out["error"] = probe["error"]
-        out["problem"] = f"the Ray cluster does not answer: {probe['error']}"
-    elif len(alive) < want:
-        out["problem"] = (f"Ray has {len(alive)} of {want} node(s) alive ({', '.join(alive) or 'none'}): "
-                          "a worker's container or link is down; see `sparkctl logs`")
-    return out
-
-
 def cluster_state(nodes: dict[str, dict[str, Any]], server: dict[str, Any] | None) -> str:
     states = {n["state"] for n in nodes.values()}
     if "unreachable" in states or "problem" in states:
@@ -398,21 +325,3 @@ def cluster_state(nodes: dict[str, dict[str, Any]], server: dict[str, Any] | Non
     if states <= {"network-only", "not-set-up"}:
         return "network-only" if "network-only" in states else "not-set-up"
     return "partial"
-
-
-def _age(iso: str | None, now: float | None) -> int | None:
-    if not iso or iso.startswith("0001-"):
-        return None
-    text = iso.replace("Z", "+00:00")
-    if "." in text:  # docker prints nanoseconds; fromisoformat takes at most microseconds
-        head, _, rest = text.partition(".")
-        digits = "".join(itertools.takewhile(str.isdigit, rest))
-        zone = rest[len(digits):]
-        text = f"{head}.{digits[:6]}{zone}"
-    try:
-        started = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if started.tzinfo is None:
-        return None
-    return max(0, int((now or time.time()) - started.timestamp()))

@@ -1,7 +1,7 @@
 """Containers on the nodes, by one reusable mechanism: a `ContainerSpec` says what to run.
 
-up phase 4 runs the TensorRT-LLM container on every node with it (`trtllm_spec`); `launch` of
-vLLM (and later SGLang) runs its own server containers with the same steps. The image is pulled
+TensorRT-LLM's `up` container (engines/trtllm/container.py) and the server containers of vLLM
+and SGLang are all run by the same steps. The image is pulled
 where it is missing and its digest must be the same on every node. A container's whole
 configuration (the docker run argv and the extra inputs it reads at start, e.g. the entrypoint
 and sshd config) is hashed into a label: a running container with the same hash is left alone,
@@ -20,26 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.commands import docker_cmd, env_args, join, quote
-from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines.base import CONTAINER_HF_HOME
-from orchestrator.engines.trtllm.mpi_env import (
-    detect_and_record_cmd,
-    guess_major_from_tag,
-    mpi_environment,
-    record_fact,
-    recorded,
-)
-from orchestrator.engines.trtllm.nccl_env import nccl_environment
+from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.paths import CONFIG_DIR, RUN_DIR
-from orchestrator.phases.ssh_keys import (
-    HOST_PUB,
-    entrypoint_content,
-    fabric_addresses,
-    sshd_config_content,
-)
-from orchestrator.render import sha256
+from orchestrator.phases.nccl_env import nccl_environment
 
 INFINIBAND = "/dev/infiniband"
 HASH_LABEL = "sparkctl.config-hash"
@@ -114,22 +98,11 @@ def spec_facts(images: list[str], containers: list[str], user: str) -> dict[str,
     }
 
 
-def facts(inventory: Inventory, node: Node) -> dict[str, Any]:
-    request = spec_facts([inventory.container.image], [inventory.container.name],
-                         inventory.cluster.user)
-    request["commands"].update(record_fact(inventory.container.image))
-    return request
-
-
 # ---------------------------------------------------------------- pure pieces
-def fabric_env(inventory: Inventory, roce_devices: list[str], mpi_major: int = 4) -> dict[str, str]:
-    """NCCL/UCX from the inventory, the launcher's MPI names for the image's Open MPI."""
-    return {
-        **nccl_environment(inventory, roce_devices),
-        **mpi_environment(mpi_major, list(inventory.fabric.interfaces), inventory.topology),
-        "CPATH": "/usr/local/cuda/include",
-        "TRITON_PTXAS_PATH": "/usr/local/cuda/bin/ptxas",
-    }
+def fabric_env(inventory: Inventory, roce_devices: list[str]) -> dict[str, str]:
+    """What every engine's containers need to put NCCL/UCX on the fabric (from the inventory
+    and the node's own ibdev2netdev; nothing hard-coded)."""
+    return nccl_environment(inventory, roce_devices)
 
 
 def roce_devices(inventory: Inventory, node_facts: dict[str, Any], node: str) -> list[str]:
@@ -150,50 +123,6 @@ def hf_cache_dir(inventory: Inventory, home: str) -> str:
         return home.rstrip("/") + path[1:]
     return path
 
-
-def trtllm_spec(inventory: Inventory, node: Node, roce: list[str], hf_cache: str,
-                infiniband: bool, mpi_major: int = 4) -> ContainerSpec:
-    """The TensorRT-LLM container `up` runs on every node: its own sshd (MPI's way in)."""
-    container = inventory.container
-    flags = ["--ipc", "host", "--gpus", "all", "--ulimit", "memlock=-1",
-             "--ulimit", "stack=67108864"]
-    if infiniband:
-        flags += ["--device", f"{INFINIBAND}:{INFINIBAND}"]
-    port = container.ssh_port
-    address = fabric_addresses(inventory, node)[0]
-    return ContainerSpec(
-        name=container.name, image=container.image,
-        command=["bash", f"{CONFIG_DIR}/entrypoint.sh"],
-        env=fabric_env(inventory, roce, mpi_major),
-        mounts=[(CONFIG_DIR, CONFIG_DIR, True), (RUN_DIR, RUN_DIR, False),
-                (hf_cache, CONTAINER_HF_HOME, False)],
-        labels=managed_labels(inventory, node), flags=flags,
-        hashed={"entrypoint": sha256(entrypoint_content()),
-                "sshd_config": sha256(sshd_config_content(inventory, node))},
-        # our sshd presenting OUR pinned host key on the first fabric address (another process
-        # holding the port would not)
-        ready_prelude=f"key=$(cut -d' ' -f2 {quote(HOST_PUB)}); ",
-        ready=(f"ssh-keyscan -T 2 -t ed25519 -p {port} {quote(address)} 2>/dev/null "
-               '| grep -qF "$key"'),
-        ready_what=f"sshd in {container.name} did not answer on {address}:{port} with the "
-                   "pinned host key",
-        hint=(f"Hint: a container that exits at once usually means its entrypoint failed or "
-              f"port {port} is taken on the node."),
-        dirs=[RUN_DIR],
-    )
-
-
-def run_args(inventory: Inventory, node: Node, roce: list[str], hf_cache: str,
-             infiniband: bool, mpi_major: int = 4) -> list[str]:
-    """The TensorRT-LLM container's `docker run` arguments without the config-hash label."""
-    return trtllm_spec(inventory, node, roce, hf_cache, infiniband, mpi_major).run_args()
-
-
-def config_hash(args: list[str], entrypoint: str, sshd_config: str) -> str:
-    """Everything the running container depends on: its argv and the files read at start."""
-    canonical = json.dumps({"argv": args, "entrypoint": sha256(entrypoint),
-                            "sshd_config": sha256(sshd_config)}, sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def with_hash(args: list[str], digest: str, tail: int = 3) -> list[str]:
@@ -229,13 +158,6 @@ def run_container_cmd(spec: ContainerSpec, args: list[str], user: str, hf_cache:
         f"{logs}; exit 4; fi; sleep 0.5; done"
     )
     return " && ".join(steps) + " && { " + wait + "; }"
-
-
-def replace_container_cmd(inventory: Inventory, node: Node, args: list[str], user: str,
-                          hf_cache: str, remove_old: bool) -> str:
-    """The TensorRT-LLM container's start command (waits for our sshd's pinned host key)."""
-    spec = trtllm_spec(inventory, node, [], hf_cache, False)
-    return run_container_cmd(spec, args, user, hf_cache, remove_old)
 
 
 def image_digest(image_facts: dict[str, Any] | None, image: str) -> str | None:
@@ -355,61 +277,6 @@ class ImageDigest(Step):
         return Unchanged(f"{image} {mine}")
 
 
-MPI_KEY = "mpi"  # ctx.shared: node -> {"version": "5.0.11", "major": 5, ...}
-
-
-def _image_id(ctx: NodeContext) -> str | None:
-    image = ctx.inventory.container.image
-    fact = (ctx.shared.get("image_facts") or {}).get(ctx.node.name) or \
-        (ctx.facts.get("images") or {}).get(image)
-    return fact.get("Id") if isinstance(fact, dict) and "error" not in fact else None
-
-
-class MpiVersion(Step):
-    """Which Open MPI the image ships (4: ORTE names, 5: PRRTE names), detected once per image
-    ID with `mpirun --version` in a throw-away container and recorded on the node."""
-
-    name = "mpi-version"
-
-    def check(self, ctx: NodeContext) -> Outcome:
-        image_id = _image_id(ctx)
-        record = recorded(ctx.facts, image_id) if image_id else None
-        if record:
-            ctx.shared.setdefault(MPI_KEY, {})[ctx.node.name] = record
-            return Unchanged(f"Open MPI {record['version']} in the image (recorded)")
-        return Change(f"detect the image's MPI: docker run --rm {ctx.inventory.container.image} "
-                      "mpirun --version")
-
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        image = ctx.inventory.container.image
-        image_id = _image_id(ctx)
-        if not image_id:
-            raise SparkctlError(f"{ctx.node.name}: container/mpi-version: {image} has no image "
-                                "ID on the node (pull failed?)")
-        result = ctx.run(detect_and_record_cmd(image, image_id), sudo=True, timeout=180,
-                         display=f"docker run --rm {image} mpirun --version")
-        try:
-            record = json.loads(result.stdout.strip().splitlines()[-1]) if result.ok else None
-        except (ValueError, IndexError):
-            record = None
-        if not record:
-            raise SparkctlError(
-                f"{ctx.node.name}: container/mpi-version: `mpirun --version` in {image} failed "
-                f"(exit {result.exit_status}):\n{result.stderr.strip()[-800:]}\n"
-                "Hint: sparkctl launches TensorRT-LLM with Open MPI's mpirun; the image must "
-                "have it on its PATH.")
-        ctx.shared.setdefault(MPI_KEY, {})[ctx.node.name] = record
-        return f"Open MPI {record['version']} (recorded in the node's /var/lib/sparkctl/images)"
-
-
-def mpi_major(ctx: NodeContext) -> int:
-    """The image's Open MPI major version: detected, else (preview only) from the tag."""
-    record = (ctx.shared.get(MPI_KEY) or {}).get(ctx.node.name)
-    if record:
-        return int(record["major"])
-    return guess_major_from_tag(ctx.inventory.container.image)
-
-
 def node_home(ctx: NodeContext) -> str:
     return (((ctx.facts.get("commands") or {}).get("home") or {}).get("out") or "").strip()
 
@@ -423,20 +290,14 @@ def node_hf_cache(ctx: NodeContext) -> str:
     return hf_cache_dir(ctx.inventory, home)
 
 
-def node_trtllm_spec(ctx: NodeContext) -> ContainerSpec:
-    infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
-    return trtllm_spec(ctx.inventory, ctx.node, roce_devices(ctx.inventory, ctx.facts, ctx.node.name),
-                       node_hf_cache(ctx), infiniband, mpi_major(ctx))
-
-
 class Container(Step):
     """A container as its spec says: started, replaced when its config hash changed or it
-    stopped, left alone when it runs as wanted. Default: the TensorRT-LLM container."""
+    stopped, left alone when it runs as wanted."""
 
     name = "container"
 
-    def __init__(self, spec_for: SpecFor | None = None, name: str = "container") -> None:
-        self.spec_for = spec_for or node_trtllm_spec
+    def __init__(self, spec_for: SpecFor, name: str = "container") -> None:
+        self.spec_for = spec_for
         self.name = name
 
     def check(self, ctx: NodeContext) -> Outcome:
@@ -496,5 +357,3 @@ class Container(Step):
         return None
 
 
-def phase(inventory: Inventory) -> Phase:
-    return Phase("container", [Image(), ImageDigest(), MpiVersion(), Container()], facts)

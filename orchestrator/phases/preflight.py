@@ -14,9 +14,9 @@ from typing import Any
 
 from orchestrator.commands import quote
 from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines.trtllm.nccl_env import ring_nccl_fact, ring_nccl_warning
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.phases.nccl_env import ring_nccl_fact, ring_nccl_warning
 
 MIN_FREE_BYTES = 20 * 10**9
 MAX_CLOCK_SKEW_SECONDS = 60.0

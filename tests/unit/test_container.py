@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from orchestrator.core.step import Change, Unchanged
+from orchestrator.engines.trtllm import container as c
 from orchestrator.errors import SparkctlError
-from orchestrator.phases import container as c
+from orchestrator.phases import container as shared
 
 IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
 REPO = IMAGE.rsplit(":", 1)[0]
@@ -36,13 +37,13 @@ def node_facts(name: str = "spark-a", running: dict[str, Any] | None = None,
 def wanted(context: Any) -> Any:
     def wanted_(inv: Any, name: str = "spark-a") -> tuple[list[str], str]:
         ctx = context(inv, name, {name: node_facts(name)})
-        return c.Container().wanted(ctx)  # type: ignore[no-any-return]
+        return c.Container(c.node_trtllm_spec).wanted(ctx)  # type: ignore[no-any-return]
     return wanted_
 
 
 def running_container(args: list[str], digest: str, running: bool = True,
                       managed: bool = True) -> dict[str, Any]:
-    labels = {"sparkctl.managed": "true", c.HASH_LABEL: digest} if managed else {}
+    labels = {"sparkctl.managed": "true", shared.HASH_LABEL: digest} if managed else {}
     env = [args[i + 1] for i, a in enumerate(args) if a == "-e"]
     return {
         "Name": "/trtllm-multinode", "Image": "sha256:" + "9" * 64,
@@ -55,7 +56,7 @@ def running_container(args: list[str], digest: str, running: bool = True,
 
 def test_run_argv_matches_golden(inventory: Any, golden: Any, wanted: Any) -> None:
     args, digest = wanted(inventory())
-    golden("docker-run.spark-a.txt", "\n".join(c.with_hash(args, digest)) + "\n")
+    golden("docker-run.spark-a.txt", "\n".join(shared.with_hash(args, digest)) + "\n")
     assert "--rm" not in args
     assert args[-3:] == [IMAGE, "bash", "/etc/sparkctl/entrypoint.sh"]
 
@@ -83,13 +84,13 @@ def test_missing_roce_device_is_a_clear_error(inventory: Any, context: Any) -> N
     facts = node_facts()
     facts["ibdev2netdev"] = {"rc": 0, "devices": {}}
     with pytest.raises(SparkctlError, match="ibdev2netdev shows no RoCE device for enp1s0f1np1"):
-        c.Container().check(context(inventory(), "spark-a", {"spark-a": facts}))
+        c.Container(c.node_trtllm_spec).check(context(inventory(), "spark-a", {"spark-a": facts}))
 
 
 def test_infiniband_device_passed_only_when_present(inventory: Any, context: Any, wanted: Any) -> None:
     facts = node_facts()
     facts["files"][c.INFINIBAND] = {"exists": True}
-    args, _ = c.Container().wanted(context(inventory(), "spark-a", {"spark-a": facts}))
+    args, _ = c.Container(c.node_trtllm_spec).wanted(context(inventory(), "spark-a", {"spark-a": facts}))
     assert "/dev/infiniband:/dev/infiniband" in args
     assert "/dev/infiniband:/dev/infiniband" not in wanted(inventory())[0]
 
@@ -97,7 +98,7 @@ def test_infiniband_device_passed_only_when_present(inventory: Any, context: Any
 def test_container_life_cycle_decisions(inventory: Any, context: Any, wanted: Any) -> None:
     inv = inventory()
     args, digest = wanted(inv)
-    step = c.Container()
+    step = c.Container(c.node_trtllm_spec)
 
     def check(current: dict[str, Any] | None) -> Any:
         return step.check(context(inv, "spark-a", {"spark-a": node_facts(running=current)}))
@@ -144,13 +145,13 @@ def test_pull_feeds_the_digest_check(inventory: Any, context: Any, fake_transpor
                   transports={"spark-a": transport})
     c.Image().apply(ctx, Change("pull"))
     assert transport.calls[0]["command"].startswith(f"docker pull {IMAGE}")
-    assert c.image_digest(ctx.shared["image_facts"]["spark-a"], IMAGE) == "sha256:7"
+    assert shared.image_digest(ctx.shared["image_facts"]["spark-a"], IMAGE) == "sha256:7"
 
 
 def test_replace_command_waits_for_the_pinned_host_key(inventory: Any, wanted: Any) -> None:
     inv = inventory()
     args, digest = wanted(inv)
-    command = c.replace_container_cmd(inv, inv.node("spark-a"), c.with_hash(args, digest),
+    command = c.replace_container_cmd(inv, inv.node("spark-a"), shared.with_hash(args, digest),
                                       "nvidia", "/home/nvidia/.cache/huggingface", True)
     assert "docker rm -f trtllm-multinode" in command
     assert "ssh-keyscan -T 2 -t ed25519 -p 2233 192.168.200.12" in command
@@ -163,7 +164,7 @@ def test_failed_start_names_node_and_hint(inventory: Any, context: Any, fake_tra
     inv = inventory()
     ctx = context(inv, "spark-a", {"spark-a": node_facts()},
                   transports={"spark-a": fake_transport("spark-a", [(3, "", "exited; log")])})
-    change = c.Container().check(ctx)
+    change = c.Container(c.node_trtllm_spec).check(ctx)
     assert isinstance(change, Change)
     with pytest.raises(SparkctlError, match=r"(?s)spark-a: container/container.*port 2233 is taken"):
-        c.Container().apply(ctx, change)
+        c.Container(c.node_trtllm_spec).apply(ctx, change)

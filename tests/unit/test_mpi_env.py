@@ -11,9 +11,9 @@ from orchestrator.engines.trtllm.mpi_env import (
     parse_mpirun_version,
     recorded,
 )
-from orchestrator.engines.trtllm.nccl_env import RING_ENV, min_nccl_busbw, nccl_environment, ring_capable
 from orchestrator.inventory import Inventory
 from orchestrator.paths import HOSTFILE
+from orchestrator.phases.nccl_env import RING_ENV, min_nccl_busbw, nccl_environment, ring_capable
 
 IFS = ["enp1s0f1np1", "enP2p1s0f1np1"]
 # What Open MPI 5's mpirun (PRRTE) reads for the hostfile and ssh (prte_info --all, 5.0.11).
@@ -84,7 +84,7 @@ def test_ring_adds_nvidia_ring_settings_and_lower_pass_mark() -> None:
 
 
 def test_ring_preflight_warns_with_the_version_found() -> None:
-    from orchestrator.engines.trtllm.nccl_env import NCCL_FACT, ring_nccl_warning
+    from orchestrator.phases.nccl_env import NCCL_FACT, ring_nccl_warning
 
     def facts(out: str) -> dict:
         return {"commands": {NCCL_FACT: {"out": out}}}

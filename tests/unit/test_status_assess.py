@@ -179,4 +179,4 @@ def test_cluster_state(states: set[str], server: dict[str, Any] | None, expected
     (None, None),
 ])
 def test_ages_from_docker_and_server_timestamps(iso: str | None, age: int | None) -> None:
-    assert status._age(iso, NOW) == age
+    assert status.age(iso, NOW) == age

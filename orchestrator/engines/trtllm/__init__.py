@@ -26,8 +26,7 @@ class TrtllmEngine:
     recipe_type = Recipe
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
-        from orchestrator.engines.trtllm import mpi
-        from orchestrator.phases import container
+        from orchestrator.engines.trtllm import container, mpi
 
         return [container.phase(inventory), mpi.phase(inventory)]
 

@@ -18,6 +18,7 @@ from typing import Any
 from orchestrator.commands import docker_cmd, docker_exec_cmd, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.engines import serving_nodes
+from orchestrator.engines.base import CONTAINER_HF_HOME
 from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
@@ -103,7 +104,7 @@ def ray_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], 
     return ContainerSpec(
         name=name, image=recipe.image, command=ray_args(recipe, inventory, node),
         env=engine_env(inventory, node, roce, recipe),
-        mounts=[(RUN_DIR, RUN_DIR, False), (hf_cache, containers.CONTAINER_HF_HOME, False)],
+        mounts=[(RUN_DIR, RUN_DIR, False), (hf_cache, CONTAINER_HF_HOME, False)],
         labels=containers.managed_labels(inventory, node, engine="vllm", recipe=recipe.name,
                                          role="ray-head" if head else "ray-worker"),
         flags=flags, hashed=hashed,

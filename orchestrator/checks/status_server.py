@@ -1,0 +1,104 @@
+"""The server's part of `sparkctl status`: its record and probes judged (pure), whichever engine
+serves it (TensorRT-LLM's /health_generate, vLLM's Ray cluster)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from datetime import datetime
+from typing import Any
+
+from orchestrator.inventory import Inventory
+from orchestrator.paths import SERVER_JSON
+
+
+def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict[str, Any]
+                  ) -> dict[str, Any] | None:
+    if facts is None:
+        return None
+    record = ((facts.get("files") or {}).get(SERVER_JSON) or {})
+    if not record.get("exists"):
+        return None
+    try:
+        server = json.loads(record.get("content") or "{}")
+    except json.JSONDecodeError:
+        server = {}
+    commands = facts.get("commands") or {}
+    log_tail = ((commands.get("server_log") or {}).get("out") or "").splitlines()
+    try:
+        probe = json.loads((commands.get("probe") or {}).get("out") or "{}")
+    except json.JSONDecodeError:
+        probe = {"error": "the health probe printed no JSON"}
+    port = server.get("port")
+    engine = server.get("engine", "trtllm")
+    out: dict[str, Any] = {
+        "engine": engine, "recipe": server.get("recipe"), "model": server.get("model"),
+        "draft_model": server.get("draft_model"), "port": port,
+        "endpoint": f"http://127.0.0.1:{port}", "node": inventory.head_name,
+        "started": server.get("started"), "uptime_seconds": age(server.get("started"), facts.get("time")),
+        "health": probe, "log_tail": log_tail, "problem": "",
+    }
+    container_running = (head.get("container") or {}).get("status") == "running"
+    health = probe.get("/health")
+    generate = probe.get("/health_generate" if engine == "trtllm" else "/v1/models")
+    if engine == "vllm":
+        out["ray"] = assess_ray(server, commands.get("ray") or {})
+    if not container_running:
+        out["state"] = "down"
+        out["problem"] = "server recorded but the head container is not running"
+    elif engine == "vllm" and out["ray"]["problem"]:
+        out["state"] = "unhealthy"
+        out["problem"] = out["ray"]["problem"]
+    elif health == 200 and generate == 200:
+        out["state"] = "healthy"
+    elif health == 503:
+        out["state"] = "starting"
+        out["problem"] = "server is still loading (/health answers 503)"
+    elif health == 200:
+        out["state"] = "unhealthy"
+        second = "/health_generate" if engine == "trtllm" else "/v1/models"
+        out["problem"] = (f"server answers /health but not {second} ({generate}): "
+                          "a rank may have died; see `sparkctl logs`")
+    else:
+        out["state"] = "down"
+        reason = health if health is not None else probe.get("error", "no answer")
+        out["problem"] = f"server not answering on port {port} ({reason}): crashed? see `sparkctl logs`"
+    return out
+
+
+def assess_ray(server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's Ray cluster as its head reports it: every node the server runs on must be alive."""
+    from orchestrator.engines.vllm.ray import parse_probe
+
+    probe: dict[str, Any] = (parse_probe(answer) if answer.get("out") or answer.get("rc")
+                             else {"error": "no answer"})
+    nodes = probe.get("nodes") or []
+    alive = sorted(n.get("ip") for n in nodes if n.get("alive"))
+    want = len(server.get("nodes") or []) or 1
+    out: dict[str, Any] = {"nodes": nodes, "alive": len(alive), "expected": want, "problem": ""}
+    if probe.get("error"):
+        out["error"] = probe["error"]
+        out["problem"] = f"the Ray cluster does not answer: {probe['error']}"
+    elif len(alive) < want:
+        out["problem"] = (f"Ray has {len(alive)} of {want} node(s) alive ({', '.join(alive) or 'none'}): "
+                          "a worker's container or link is down; see `sparkctl logs`")
+    return out
+
+
+def age(iso: str | None, now: float | None) -> int | None:
+    if not iso or iso.startswith("0001-"):
+        return None
+    text = iso.replace("Z", "+00:00")
+    if "." in text:  # docker prints nanoseconds; fromisoformat takes at most microseconds
+        head, _, rest = text.partition(".")
+        digits = "".join(itertools.takewhile(str.isdigit, rest))
+        zone = rest[len(digits):]
+        text = f"{head}.{digits[:6]}{zone}"
+    try:
+        started = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if started.tzinfo is None:
+        return None
+    return max(0, int((now or time.time()) - started.timestamp()))
