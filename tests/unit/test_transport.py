@@ -30,13 +30,13 @@ def test_local_commands_time_out() -> None:
 
 def test_sudo_is_wrapped_unless_already_root() -> None:
     local = transport()
-    command, _ = local._command("id -u", sudo=True, stdin=b"")
+    command, _, _ = local._command("id -u", sudo=True, stdin=b"")
     if os.geteuid() == 0:
         assert command == "id -u"
     else:
         assert command.startswith("sudo -n -- sh -c ")
     local.user_is_root = False
-    command, _ = local._command("echo 'a b'", sudo=True, stdin=b"")
+    command, _, _ = local._command("echo 'a b'", sudo=True, stdin=b"")
     assert command == "sudo -n -- sh -c 'echo '\"'\"'a b'\"'\"''"
 
 
@@ -45,7 +45,7 @@ def test_password_goes_on_stdin_never_on_the_command_line() -> None:
     local.user_is_root = False
     local._needs_password = True
     local.sudo_password._password = "s3cret-pw"
-    command, stdin = local._command("true", sudo=True, stdin=b"data")
+    command, stdin, _ = local._command("true", sudo=True, stdin=b"data")
     assert "s3cret-pw" not in command and command.startswith("sudo -S -p '' -- ")
     assert stdin == b"s3cret-pw\ndata"
 
