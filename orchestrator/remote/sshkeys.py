@@ -127,7 +127,7 @@ class KeyStore:
             secret = getpass.getpass(f"[sparkctl] passphrase for key {path}: ")
             register_secret(secret)
             try:
-                return paramiko.PKey.from_path(str(path), secret)
+                return paramiko.PKey.from_path(str(path), secret.encode())  # type: ignore[arg-type]
             except (ValueError, TypeError, paramiko.SSHException):
                 print("[sparkctl] wrong passphrase", file=sys.stderr)
         self._failed[path] = f"the passphrase for {path} was wrong {PASSPHRASE_TRIES} times"
