@@ -120,7 +120,7 @@ def _connect_hop(route: Route, hop: Hop, sock: Any, trust_new_hosts: bool,
         except (paramiko.SSHException, OSError) as exc:
             raise ReachError(f"{route.node}: ProxyCommand `{hop.proxy_command}` failed: {exc}") from None
     try:
-        client.connect(
+        client.sparkctl_auth = client.connect(  # type: ignore[attr-defined,func-returns-value]
             hop.hostname, port=hop.port, username=hop.user, sock=sock,
             timeout=hop.connect_timeout, banner_timeout=hop.connect_timeout,
             auth_timeout=hop.connect_timeout, auth_strategy=strategy(hop, keys, agent_keys),

@@ -566,3 +566,27 @@ def test_a_proxy_command_is_the_socket(tmp_path: Path, server: SSHServer, privat
         assert transport.run("echo proxied").ok
     finally:
         transport.close()
+
+
+def test_doctor_explains_each_step(tmp_path: Path, server: SSHServer, agent: Path) -> None:
+    from orchestrator.checks.ssh_doctor import diagnose
+
+    inv = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {server.port}\n", "")
+    report = diagnose(inv, inv.nodes)["nodes"]["spark-a"]
+    res = report["resolution"]
+    resolved = (res["host"], res["port"], res["user"], res["agent"])
+    assert resolved == ("127.0.0.1", server.port, "nvidia", "1 key(s)")
+    assert [(s["step"], s["status"]) for s in report["steps"]] == [("tcp", "ok"), ("host key", "fail")]
+    assert "--trust-new-hosts" in report["steps"][1]["fix"] and "ssh-keyscan" in report["steps"][1]["detail"]
+    (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{server.port} ssh-rsa {SERVER_KEY.get_base64()}\n")
+    report = diagnose(inv, inv.nodes)["nodes"]["spark-a"]
+    assert [(s["step"], s["status"]) for s in report["steps"]] == [
+        ("tcp", "ok"), ("host key", "ok"), ("auth", "ok"), ("sudo", "ok")]
+    assert "agent key SHA256:" in report["steps"][2]["detail"] and report["ok"]
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there
+    inv = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {port}\n", "")
+    report = diagnose(inv, inv.nodes)["nodes"]["spark-a"]
+    assert report["steps"][0]["status"] == "fail" and "ssh -v spark-a" in report["steps"][0]["fix"]
