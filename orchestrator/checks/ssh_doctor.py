@@ -154,7 +154,7 @@ def render(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     style = {"ok": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
     for name, node in report["nodes"].items():
         res = node.get("resolution")
