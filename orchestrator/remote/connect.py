@@ -66,7 +66,9 @@ def _policy(route: Route, hop: Hop, trust_new_hosts: bool, pin_lock: threading.L
     class Reject(paramiko.MissingHostKeyPolicy):
         def missing_host_key(self, client, hostname, key):  # type: ignore[no-untyped-def]
             read = ", ".join(str(f) for f in files if f.exists()) or "no file"
-            keyscan = (f"ssh-keyscan -t {key.get_name()} "
+            kind = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(
+                key.get_name(), "ecdsa" if key.get_name().startswith("ecdsa") else key.get_name())
+            keyscan = (f"ssh-keyscan -t {kind} "
                        f"{'-p ' + str(hop.port) + ' ' if hop.port != 22 else ''}{hop.hostname}")
             raise HostKeyError(
                 f"{route.node}: {hop.describe()}'s host key is not in known_hosts ({read}); "
