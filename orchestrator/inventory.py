@@ -17,7 +17,9 @@ from orchestrator.errors import InputError
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 IFNAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$"
-HOST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$"
+HOST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}$"
+JUMP_PATTERN = r"^[A-Za-z0-9_.@:/\[\]-]{1,253}(,[A-Za-z0-9_.@:/\[\]-]{1,253}){0,7}$"
+PATH_PATTERN = r"^[^\x00\n]*$"
 IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/:@-]{0,254}$"
 DEFAULT_SUBNET_BASE = "192.168.200.0"
 FIRST_HOST_NUMBER = 12  # NVIDIA's pages number the first Spark .12
@@ -34,12 +36,21 @@ class Cluster(_Model):
     """Cluster name: shown in reports, the lock owner and container labels."""
     user: str = Field(default="nvidia", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     """SSH user on every node; NVIDIA requires the same user on all Sparks."""
-    ssh_key: str = "~/.ssh/id_ed25519"
-    """Private key for the nodes' management addresses (resolved relative to the inventory)."""
-    known_hosts: str = "~/.ssh/known_hosts"
-    """Host keys are verified against this file; never skipped."""
+    ssh_key: str | None = Field(default=None, pattern=PATH_PATTERN)
+    """Private key for the nodes' management addresses (resolved relative to the inventory);
+    left out: ~/.ssh/config's IdentityFile, ssh-agent and the default ~/.ssh/id_* keys."""
+    known_hosts: str = Field(default="~/.ssh/known_hosts", pattern=PATH_PATTERN)
+    """sparkctl's pinned host keys (read, and written by --trust-new-hosts); the user's
+    known_hosts files (ssh_config UserKnownHostsFile, default ~/.ssh/known_hosts) are read too."""
+    ssh_config: str = Field(default="~/.ssh/config", pattern=PATH_PATTERN)
+    """OpenSSH client config read for HostName, User, Port, IdentityFile, ProxyJump ...
+    ("" reads none)."""
+    proxy_jump: str | None = Field(default=None, pattern=JUMP_PATTERN)
+    """Jump host(s) in front of every node: [user@]host[:port][,...], or "none"."""
+    sudo_password_file: str | None = Field(default=None, pattern=PATH_PATTERN)
+    """A file (mode 0600) holding the sudo password of every node; nodes[] may override."""
     ssh_port: int = Field(default=22, ge=1, le=65535)
-    """SSH port of the nodes' management sshd."""
+    """SSH port of the nodes' management sshd (left out: ssh_config's Port, else 22)."""
     management_interface: IfName = "enP7s7"
     """The interface the controller reaches nodes through; sparkctl never reconfigures it."""
     head: str | None = Field(default=None, pattern=NAME_PATTERN)
@@ -98,6 +109,11 @@ class Node(_Model):
     """Fabric address per interface (CIDR); derived when left out."""
     head: bool = False
     """True on the node that serves (MPI rank 0); at most one."""
+    proxy_jump: str | None = Field(default=None, pattern=JUMP_PATTERN)
+    """Jump host(s) for this node only (overrides cluster.proxy_jump); "none" for a direct
+    connection."""
+    sudo_password_file: str | None = Field(default=None, pattern=PATH_PATTERN)
+    """A file (mode 0600) holding this node's sudo password."""
 
 
 class Inventory(_Model):

@@ -42,12 +42,15 @@ def lab() -> None:
 @click.option("--force", is_flag=True, help="tear down a lab with this id first")
 @click.option("--sudo-password", is_flag=True,
               help="nvidia needs a password for sudo (from $SPARKLAB_SUDO_PASSWORD or a prompt)")
+@click.option("--jump-host", is_flag=True,
+              help="put the Sparks behind a jump node (ssh only through it, as ProxyJump)")
 @click.option("--engine-load-seconds", type=float, default=3.0, show_default=True,
               help="simulated engine load time")
 @click.option("--model-bytes", type=int, default=4 * 1024 * 1024, show_default=True,
               help="size of simulated model files")
 def up(nodes: int | None, topology: str, ports: str | None, inventory_out: Path | None,
-       force: bool, sudo_password: bool, engine_load_seconds: float, model_bytes: int) -> None:
+       force: bool, sudo_password: bool, jump_host: bool, engine_load_seconds: float,
+       model_bytes: int) -> None:
     """Bring up a lab and write its inventory."""
     try:
         password = None
@@ -59,7 +62,7 @@ def up(nodes: int | None, topology: str, ports: str | None, inventory_out: Path 
                                   inventory_out=inventory_out, force=force,
                                   sudo_password=password,
                                   engine_load_seconds=engine_load_seconds,
-                                  model_bytes=model_bytes)
+                                  model_bytes=model_bytes, jump_host=jump_host)
         ident = _ident()
         inventory = lab_core.up(ident, opts)
     except LabError as err:
@@ -105,6 +108,8 @@ def status(as_json: bool) -> None:
         return
     click.echo(f"lab {info['lab_id']}: {info['topology']}, {info['status']}, "
                f"inventory {info['inventory']}")
+    if info.get("jump"):
+        click.echo(f"  jump host  {info['jump']['host']} (the Sparks are reachable only through it)")
     for node in info["nodes"]:
         alive = f"pid {node['pid']}" if node["alive"] else "DEAD"
         click.echo(f"  {node['name']:10} {node['host']:14} {alive}")

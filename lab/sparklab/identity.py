@@ -95,6 +95,25 @@ class LabIdentity:
     def mgmt_address(self, index: int) -> str:
         return f"{self.subnet_prefix}.{11 + index}"
 
+    # --jump-host: the jump node sits on the management bridge; the Sparks sit behind it on
+    # 10.213.<ID>.128/25, a bridge inside the jump node's namespace. The host's own route for
+    # the /24 points at the management bridge, where nobody answers for .128-.255: a direct
+    # connection fails on the lab bridge (no route leaves the machine), only the jump's sshd
+    # (direct-tcpip, as a real jump host) reaches them. The jump node does not forward packets.
+    JUMP_NODE = "jump"
+    JUMP_HOST_INDEX = 99  # its host-side veth: sparklab<ID>m99
+
+    @property
+    def jump_address(self) -> str:
+        return f"{self.subnet_prefix}.10"
+
+    @property
+    def jump_inner_address(self) -> str:
+        return f"{self.subnet_prefix}.129"
+
+    def inner_address(self, index: int) -> str:
+        return f"{self.subnet_prefix}.{140 + index}"
+
     def node_dir(self, node: str) -> Path:
         return self.state_dir / "nodes" / node
 

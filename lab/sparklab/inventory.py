@@ -15,9 +15,10 @@ CONTAINER_NAME = "trtllm-multinode"
 CONTAINER_SSH_PORT = 2233
 
 
-def inventory_data(ident: LabIdentity, plan: LabPlan, key: Path, known_hosts: Path
-                   ) -> dict[str, Any]:
-    return {
+def inventory_data(ident: LabIdentity, plan: LabPlan, key: Path, known_hosts: Path,
+                   jump_host: bool = False) -> dict[str, Any]:
+    address = ident.inner_address if jump_host else ident.mgmt_address
+    data: dict[str, Any] = {
         "cluster": {
             "name": f"sparklab{ident.lab_id}-{plan.topology}",
             "user": "nvidia",
@@ -34,10 +35,13 @@ def inventory_data(ident: LabIdentity, plan: LabPlan, key: Path, known_hosts: Pa
         "container": {"image": CONTAINER_IMAGE, "name": CONTAINER_NAME,
                       "ssh_port": CONTAINER_SSH_PORT},
         "nodes": [
-            {"name": n.name, "host": ident.mgmt_address(n.index), "addresses": dict(n.addresses)}
+            {"name": n.name, "host": address(n.index), "addresses": dict(n.addresses)}
             for n in plan.nodes
         ],
     }
+    if jump_host:
+        data["cluster"]["proxy_jump"] = f"nvidia@{ident.jump_address}"
+    return data
 
 
 def write_inventory(data: dict[str, Any], paths: list[Path]) -> None:

@@ -42,6 +42,7 @@ class UpOptions:
     sudo_password: str | None = None
     engine_load_seconds: float = 3.0
     model_bytes: int = 4 * 1024 * 1024
+    jump_host: bool = False
 
 
 def state_file(ident: LabIdentity) -> Path:
@@ -77,13 +78,15 @@ def up(ident: LabIdentity, opts: UpOptions) -> Path:
     np_root = netplan_root()
     started = time.monotonic()
     ident.state_dir.mkdir(parents=True, mode=0o700)
+    address = ident.inner_address if opts.jump_host else ident.mgmt_address
     state: dict[str, Any] = {
         "lab_id": ident.lab_id, "topology": plan.topology, "status": "starting",
         "nodes": [{"name": n.name, "index": n.index, "netns": ident.netns(n.name),
-                   "host": ident.mgmt_address(n.index), "cabled": n.cabled,
+                   "host": address(n.index), "cabled": n.cabled,
                    "addresses": n.addresses} for n in plan.nodes],
         "netns": [ident.netns(n.name) for n in plan.nodes]
-        + ([ident.fabric_netns] if plan.switch_ports or plan.cables else []),
+        + ([ident.fabric_netns] if plan.switch_ports or plan.cables else [])
+        + ([ident.netns(ident.JUMP_NODE)] if opts.jump_host else []),
         "cables": [vars(c) for c in plan.cables],
         "switch_ports": [vars(p) for p in plan.switch_ports],
         "faults": [],
@@ -94,6 +97,9 @@ def up(ident: LabIdentity, opts: UpOptions) -> Path:
     except BaseException:
         down(ident, quiet=True)
         raise
+    if opts.jump_host:
+        state["jump"] = {"name": ident.JUMP_NODE, "host": ident.jump_address,
+                         "netns": ident.netns(ident.JUMP_NODE)}
     state["status"] = "up"
     state["inventory"] = str(inventory)
     state["up_seconds"] = round(time.monotonic() - started, 2)
@@ -109,33 +115,48 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
                     f"sparklab{ident.lab_id}", "-f", str(key)], check=True, capture_output=True)
     pubkey = key.with_suffix(".pub").read_text()
     network.create_management(ident)
+    address = ident.inner_address if opts.jump_host else ident.mgmt_address
+    if opts.jump_host:
+        network.create_jump(ident)
     for node in plan.nodes:
-        network.create_node_netns(ident, node.name, node.index)
+        if opts.jump_host:
+            network.create_node_behind_jump(ident, node.name, node.index)
+        else:
+            network.create_node_netns(ident, node.name, node.index)
     network.create_fabric(ident, plan)
     # Open MPI 5 (PyPI wheel) is only used by containers of the images that ask for it; Ray
     # (PyPI) only by the vLLM images' containers
     usr_lowers = [build_usr_layer(ident), np_root / "usr", openmpi5_root() / "usr",
                   *ray_lower_layers(), Path("/usr")]
-    hosts = "".join(f"{ident.mgmt_address(n.index)}\t{n.name}\n" for n in plan.nodes)
+    hosts = "".join(f"{address(n.index)}\t{n.name}\n" for n in plan.nodes)
     password_hash = _hash_password(opts.sudo_password) if opts.sudo_password else None
     host_keys: dict[str, str] = {}
     for node in plan.nodes:
-        spec = NodeSpec(node.name, node.index, ident.mgmt_address(node.index), hosts, pubkey,
+        spec = NodeSpec(node.name, node.index, address(node.index), hosts, pubkey,
                         password_hash, {"engine_load_seconds": opts.engine_load_seconds,
                                         "model_bytes": opts.model_bytes, "node": node.name})
         node_dir = prepare_node(ident, spec)
         pub = node_dir / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key.pub"
         host_keys[node.name] = " ".join(pub.read_text().split()[:2])
         write_init(ident, node.name, usr_lowers)
-    procs = {node.name: start_node(ident, node.name) for node in plan.nodes}
+    if opts.jump_host:
+        spec = NodeSpec(ident.JUMP_NODE, ident.JUMP_HOST_INDEX, ident.jump_address, hosts, pubkey,
+                        None, {"node": ident.JUMP_NODE})
+        node_dir = prepare_node(ident, spec)
+        pub = node_dir / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key.pub"
+        host_keys[ident.JUMP_NODE] = " ".join(pub.read_text().split()[:2])
+        write_init(ident, ident.JUMP_NODE, usr_lowers)
+    names = [node.name for node in plan.nodes] + ([ident.JUMP_NODE] if opts.jump_host else [])
+    procs = {name: start_node(ident, name) for name in names}
     for name, proc in procs.items():
         wait_ready(ident, name, proc)
     network.wait_carrier(ident, plan)
     known_hosts = ssh_dir / "known_hosts"
-    known_hosts.write_text("".join(f"{ident.mgmt_address(n.index)} {host_keys[n.name]}\n"
-                                   for n in plan.nodes))
+    known_hosts.write_text("".join(f"{address(n.index)} {host_keys[n.name]}\n" for n in plan.nodes)
+                           + (f"{ident.jump_address} {host_keys[ident.JUMP_NODE]}\n"
+                              if opts.jump_host else ""))
     inventory = ident.state_dir / "inventory.yml"
-    data = inventory_data(ident, plan, key, known_hosts)
+    data = inventory_data(ident, plan, key, known_hosts, opts.jump_host)
     write_inventory(data, [inventory] + ([opts.inventory_out] if opts.inventory_out else []))
     return inventory
 
@@ -189,6 +210,7 @@ def status(ident: LabIdentity) -> dict[str, Any]:
         nodes.append({**node, "pid": pid, "alive": pid is not None,
                       "unshare_pid": recorded_pid(node_dir / "unshare.pid"), "links": links})
     return {"lab_id": ident.lab_id, "up": True, "status": state.get("status"),
+            "jump": state.get("jump"),
             "topology": state["topology"], "inventory": state.get("inventory"),
             "state_dir": str(ident.state_dir), "nodes": nodes, "faults": state.get("faults", [])}
 

@@ -64,6 +64,41 @@ def create_node_netns(ident: LabIdentity, node: str, index: int) -> None:
     ], netns=ns)
 
 
+def create_jump(ident: LabIdentity) -> None:
+    """The jump node: eth0 on the management bridge, and the Sparks' bridge `inner` (no IP
+    forwarding: a fresh namespace has it off, and nothing turns it on)."""
+    ns = ident.netns(ident.JUMP_NODE)
+    run(["ip", "netns", "add", ns])
+    veth = ident.host_veth(ident.JUMP_HOST_INDEX)
+    ip_batch([
+        f"link add {veth} type veth peer name {MGMT_INTERFACE} netns {ns}",
+        f"link set {veth} master {ident.bridge} up",
+    ])
+    ip_batch([
+        "link set lo up",
+        f"addr add {ident.jump_address}/24 dev {MGMT_INTERFACE}",
+        f"link set {MGMT_INTERFACE} up",
+        "link add inner type bridge",
+        f"addr add {ident.jump_inner_address}/25 dev inner",
+        "link set inner up",
+    ], netns=ns)
+
+
+def create_node_behind_jump(ident: LabIdentity, node: str, index: int) -> None:
+    ns = ident.netns(node)
+    jump = ident.netns(ident.JUMP_NODE)
+    run(["ip", "netns", "add", ns])
+    ip_batch([
+        f"link add s{index} type veth peer name {MGMT_INTERFACE} netns {ns}",
+        f"link set s{index} master inner up",
+    ], netns=jump)
+    ip_batch([
+        "link set lo up",
+        f"addr add {ident.inner_address(index)}/25 dev {MGMT_INTERFACE}",
+        f"link set {MGMT_INTERFACE} up",
+    ], netns=ns)
+
+
 def create_fabric(ident: LabIdentity, plan: LabPlan) -> None:
     per_ns: dict[str, list[str]] = {ident.netns(n.name): [] for n in plan.nodes}
     if plan.cables or plan.switch_ports:

@@ -56,6 +56,7 @@ SUMMARIES = {
     "logs": "Server and container logs of every node, interleaved.",
     "down": "Stop the server and containers; with --network also remove the fabric config.",
     "recipes": "List built-in recipes, or show one with its memory estimate.",
+    "doctor": "Diagnose the controller's setup: `doctor ssh` shows how each node is reached.",
 }
 
 # Commands other distributions add through the "sparkctl.plugins" entry point group.
@@ -79,6 +80,7 @@ LAZY = {
     "logs": "orchestrator.cli.status:logs",
     "down": "orchestrator.cli.status:down",
     "recipes": "orchestrator.cli.launch:recipes",
+    "doctor": "orchestrator.cli.doctor:doctor",
 }
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.core.executor import Executor
@@ -53,6 +54,16 @@ class Session:
         return self.report
 
 
+def sudo_password_files(inventory: Inventory) -> dict[str, Path]:
+    """Per-node sudo password files: nodes[].sudo_password_file, else cluster's."""
+    files: dict[str, Path] = {}
+    for node in inventory.nodes:
+        value = node.sudo_password_file or inventory.cluster.sudo_password_file
+        if value:
+            files[node.name] = inventory.path_setting(value)
+    return files
+
+
 @contextmanager
 def open_session(
     inventory: Inventory, command: str, *, trust_new_hosts: bool = False,
@@ -66,7 +77,7 @@ def open_session(
     for node in nodes or inventory.nodes:
         report.host(node.name)
     session = Session(inventory, report, progress)
-    sudo = SudoPassword(prompt=interactive and os.isatty(0))
+    sudo = SudoPassword(prompt=interactive and os.isatty(0), files=sudo_password_files(inventory))
     transports, errors = connect_all(inventory, nodes or inventory.nodes, sudo, trust_new_hosts)
     session.transports = transports
     for name, message in errors.items():

@@ -1,21 +1,32 @@
 """Opening verified SSH connections to every node, in parallel.
 
-Host keys: checked against the inventory's known_hosts with paramiko's RejectPolicy. With
---trust-new-hosts an unknown key is pinned (appended to that file) on first use; a key that
-differs from the pinned one is always refused. Only connection errors are retried.
+Where to connect and with what is resolved like OpenSSH (remote/sshconfig.py): the inventory,
+then ~/.ssh/config, then defaults. Keys: ssh-agent (agent-only keys included), key files (a
+passphrase is asked once on a terminal and shared across nodes), the default ~/.ssh/id_* keys.
+Jump hosts (ProxyJump, chained) are reached first, and the node through a direct-tcpip channel
+of the last one; ProxyCommand runs the user's command as the socket.
+
+Host keys, on every hop: checked against sparkctl's pinned file (cluster.known_hosts) and the
+user's known_hosts files (hashed entries and [host]:port included) with a reject policy. With
+--trust-new-hosts an unknown key is pinned in cluster.known_hosts on first use; a key that
+differs from a known one is always refused. Only connection errors are retried.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from pathlib import Path
+from typing import Any
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from orchestrator.errors import HostKeyError, InputError, TransportError
+from orchestrator.errors import HostKeyError, TransportError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.remote import sshkeys
 from orchestrator.remote.cluster import parallel
+from orchestrator.remote.sshconfig import Hop, Route, resolve
+from orchestrator.remote.sshkeys import KeyStore, auth_message, fingerprint, strategy
 from orchestrator.remote.transport import (
     LocalTransport,
     SSHTransport,
@@ -25,6 +36,7 @@ from orchestrator.remote.transport import (
     trace_event,
 )
 
+log = logging.getLogger("sparkctl.connect")
 KEEPALIVE_SECONDS = 15
 
 
@@ -32,61 +44,166 @@ class _Retryable(Exception):
     """A connect failure worth another try (refused, reset, timed out)."""
 
 
-def _pinning_policy(known_hosts: Path, lock: threading.Lock):  # type: ignore[no-untyped-def]
+class ReachError(TransportError):
+    """TCP (or the jump host's forward) to a hop failed."""
+
+
+class AuthError(TransportError):
+    """The hop's sshd refused every key offered."""
+
+
+_fingerprint = fingerprint
+
+
+# ---------------------------------------------------------------- host keys
+
+
+def _policy(route: Route, hop: Hop, trust_new_hosts: bool, pin_lock: threading.Lock) -> Any:
     import paramiko
 
-    class PinNewHostKey(paramiko.MissingHostKeyPolicy):
-        """Trust on first use, explicitly asked for: the key is written to known_hosts."""
+    files = route.known_hosts_files(hop)
+
+    class Reject(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client, hostname, key):  # type: ignore[no-untyped-def]
+            read = ", ".join(str(f) for f in files if f.exists()) or "no file"
+            kind = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa"}.get(
+                key.get_name(), "ecdsa" if key.get_name().startswith("ecdsa") else key.get_name())
+            keyscan = (f"ssh-keyscan -t {kind} "
+                       f"{'-p ' + str(hop.port) + ' ' if hop.port != 22 else ''}{hop.hostname}")
+            raise HostKeyError(
+                f"{route.node}: {hop.describe()}'s host key is not in known_hosts ({read}); "
+                f"refusing to connect to an unverified host (it offered {key.get_name()} "
+                f"{_fingerprint(key)}). Run once with --trust-new-hosts to pin it in "
+                f"{route.pinned}, or add it yourself: `{keyscan} >> {route.pinned}` after "
+                "comparing the fingerprint with the host's own (`ssh-keygen -lf "
+                "/etc/ssh/ssh_host_ed25519_key.pub` on it)"
+            )
+
+    class Pin(paramiko.MissingHostKeyPolicy):
+        """Trust on first use, explicitly asked for: the key is written to the pinned file."""
 
         def missing_host_key(self, client, hostname, key):  # type: ignore[no-untyped-def]
-            with lock:
-                known_hosts.parent.mkdir(parents=True, exist_ok=True)
-                with known_hosts.open("a") as handle:
+            pinned = route.pinned
+            with pin_lock:
+                pinned.parent.mkdir(parents=True, exist_ok=True)
+                with pinned.open("a") as handle:
                     handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-                known_hosts.chmod(0o600 if known_hosts.stat().st_mode & 0o077 == 0 else 0o644)
+                pinned.chmod(0o600 if pinned.stat().st_mode & 0o077 == 0 else 0o644)
             client.get_host_keys().add(hostname, key.get_name(), key)
 
-    return PinNewHostKey()
+    return Pin() if trust_new_hosts else Reject()
 
 
-def _fingerprint(key: object) -> str:
-    import base64
-    import hashlib
+def _load_host_keys(client: Any, route: Route, hop: Hop) -> None:
+    if route.pinned.exists():
+        client.load_host_keys(str(route.pinned))
+    for path in hop.known_hosts:
+        if path != route.pinned and path.is_file():
+            try:
+                client.load_system_host_keys(str(path))
+            except OSError as exc:
+                log.warning("cannot read %s: %s", path, exc)
 
-    digest = hashlib.sha256(key.asbytes()).digest()  # type: ignore[attr-defined]
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+# ---------------------------------------------------------------- connecting
+
+
+def _connect_hop(route: Route, hop: Hop, sock: Any, trust_new_hosts: bool,
+                 pin_lock: threading.Lock, keys: KeyStore, via: str) -> Any:
+    import paramiko
+
+    client = paramiko.SSHClient()
+    _load_host_keys(client, route, hop)
+    client.set_missing_host_key_policy(_policy(route, hop, trust_new_hosts, pin_lock))
+    agent, agent_keys = sshkeys.agent_keys()
+    if sock is None and hop.proxy_command:
+        try:
+            sock = paramiko.ProxyCommand(hop.proxy_command)
+        except (paramiko.SSHException, OSError) as exc:
+            raise ReachError(f"{route.node}: ProxyCommand `{hop.proxy_command}` failed: {exc}") from None
+    try:
+        client.sparkctl_auth = client.connect(  # type: ignore[attr-defined,func-returns-value]
+            hop.hostname, port=hop.port, username=hop.user, sock=sock,
+            timeout=hop.connect_timeout, banner_timeout=hop.connect_timeout,
+            auth_timeout=hop.connect_timeout, auth_strategy=strategy(hop, keys, agent_keys),
+        )
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        raise HostKeyError(
+            f"{route.node}: HOST KEY CHANGED for {hop.describe()}{via}: expected "
+            f"{_fingerprint(exc.expected_key)}, got {_fingerprint(exc.key)}. This can be an "
+            f"attack; if the host was reinstalled, remove its old line from known_hosts "
+            f"({', '.join(str(f) for f in route.known_hosts_files(hop) if f.exists())}) and "
+            "verify the new fingerprint. --trust-new-hosts never overrides a changed key"
+        ) from None
+    except paramiko.AuthenticationException as exc:
+        client.close()
+        raise AuthError(auth_message(route, hop, exc, agent is not None, len(agent_keys))) from None
+    except HostKeyError:
+        client.close()
+        raise
+    except paramiko.SSHException as exc:
+        client.close()
+        raise _Retryable(f"{route.node}: SSH to {hop.address}{via} failed: {exc}") from None
+    except (OSError, EOFError) as exc:
+        client.close()
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise _Retryable(f"{route.node}: cannot reach {hop.address}{via}: {reason}") from None
+    finally:
+        if agent is not None:
+            agent.close()
+    transport = client.get_transport()
+    if transport is not None:
+        transport.set_keepalive(hop.keepalive)
+    return client
+
+
+def open_route(route: Route, trust_new_hosts: bool, pin_lock: threading.Lock,
+               keys: KeyStore | None = None) -> tuple[Any, list[Any]]:
+    """Connect through every hop; returns (the node's client, the jump clients to close after)."""
+    import paramiko
+
+    keys = keys or sshkeys.KEYS
+    clients: list[Any] = []
+    sock: Any = None
+    try:
+        for index, hop in enumerate(route.hops):
+            previous = route.hops[index - 1] if index else None
+            via = f" (through {previous.describe()})" if previous else ""
+            if previous is not None:
+                try:
+                    sock = clients[-1].get_transport().open_channel(
+                        "direct-tcpip", (hop.hostname, hop.port), ("127.0.0.1", 0),
+                        timeout=hop.connect_timeout)
+                except (paramiko.SSHException, OSError, EOFError) as exc:
+                    raise _Retryable(
+                        f"{route.node}: cannot reach {hop.address}{via}: the jump host could not "
+                        f"connect ({exc or type(exc).__name__})") from None
+            clients.append(_connect_hop(route, hop, sock, trust_new_hosts, pin_lock, keys, via))
+    except BaseException:
+        for client in reversed(clients):
+            client.close()
+        raise
+    return clients[-1], clients[:-1]
 
 
 def open_ssh(
     inventory: Inventory, node: Node, sudo_password: SudoPassword, trust_new_hosts: bool,
-    pin_lock: threading.Lock,
+    pin_lock: threading.Lock, route: Route | None = None,
 ) -> SSHTransport:
-    import paramiko
-
-    cluster = inventory.cluster
-    key_file = inventory.path_setting(cluster.ssh_key)
-    known_hosts = inventory.path_setting(cluster.known_hosts)
-    if not key_file.exists():
-        raise InputError(
-            f"{inventory.source}: cluster.ssh_key: {key_file} does not exist "
-            "(the private key that reaches the nodes' management address)"
-        )
-    if not key_file.is_file():
-        from orchestrator.yamlio import file_kind
-
-        raise InputError(f"{inventory.source}: cluster.ssh_key: {key_file} is "
-                         f"{file_kind(key_file.stat().st_mode)}, not a private key file")
-    if known_hosts.exists() and not known_hosts.is_file():
-        from orchestrator.yamlio import file_kind
-
-        raise InputError(f"{inventory.source}: cluster.known_hosts: {known_hosts} is "
-                         f"{file_kind(known_hosts.stat().st_mode)}, not a known_hosts file")
-    if not known_hosts.exists() and not trust_new_hosts:
-        raise HostKeyError(
-            f"{node.name}: known_hosts file {known_hosts} does not exist, so {node.host}'s host key "
-            "cannot be verified. Add the key (ssh-keyscan, then compare its fingerprint) or run "
-            "once with --trust-new-hosts to pin it"
-        )
+    route = route or resolve(inventory, node)
+    for warning in route.warnings:
+        log.warning("%s", warning)
+    if not trust_new_hosts:
+        for hop in route.hops:
+            files = route.known_hosts_files(hop)
+            if not any(f.exists() for f in files):
+                raise HostKeyError(
+                    f"{node.name}: no known_hosts file exists ({', '.join(map(str, files))} do "
+                    f"not exist), so {hop.describe()}'s host key cannot be verified. Add the key "
+                    "(ssh-keyscan, then compare its fingerprint) or run once with "
+                    "--trust-new-hosts to pin it"
+                )
 
     @retry(
         retry=retry_if_exception_type(_Retryable),
@@ -95,46 +212,9 @@ def open_ssh(
         reraise=True,
     )
     def attempt() -> SSHTransport:
-        client = paramiko.SSHClient()
-        if known_hosts.exists():
-            client.load_host_keys(str(known_hosts))
-        policy = _pinning_policy(known_hosts, pin_lock) if trust_new_hosts else paramiko.RejectPolicy()
-        client.set_missing_host_key_policy(policy)
-        try:
-            client.connect(
-                node.host, port=cluster.ssh_port, username=cluster.user, key_filename=str(key_file),
-                look_for_keys=False, allow_agent=False, timeout=cluster.connect_timeout,
-                banner_timeout=cluster.connect_timeout, auth_timeout=cluster.connect_timeout,
-            )
-        except paramiko.BadHostKeyException as exc:
-            raise HostKeyError(
-                f"{node.name}: HOST KEY CHANGED for {node.host}: expected {_fingerprint(exc.expected_key)}, "
-                f"got {_fingerprint(exc.key)}. This can be an attack; if the node was reinstalled, "
-                f"remove the old line from {known_hosts} and verify the new fingerprint. "
-                "--trust-new-hosts never overrides a changed key"
-            ) from None
-        except paramiko.SSHException as exc:
-            if "not found in known_hosts" in str(exc):
-                raise HostKeyError(
-                    f"{node.name}: {node.host}'s host key is not in {known_hosts}; refusing to "
-                    "connect to an unverified host. Add its key, or run once with --trust-new-hosts "
-                    "to pin it"
-                ) from None
-            if isinstance(exc, paramiko.AuthenticationException):
-                raise TransportError(
-                    f"{node.name}: {cluster.user}@{node.host} refused the key {key_file}: "
-                    f"authentication failed"
-                ) from None
-            raise _Retryable(f"{node.name}: SSH to {node.host}:{cluster.ssh_port} failed: {exc}") from None
-        except (OSError, EOFError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-            raise _Retryable(
-                f"{node.name}: cannot reach {node.host}:{cluster.ssh_port}: {reason}"
-            ) from None
-        transport = client.get_transport()
-        if transport is not None:
-            transport.set_keepalive(KEEPALIVE_SECONDS)
-        return SSHTransport(node.name, client, cluster.user, sudo_password, cluster.command_timeout)
+        client, jumps = open_route(route, trust_new_hosts, pin_lock)
+        return SSHTransport(node.name, client, route.target.user, sudo_password,
+                            inventory.cluster.command_timeout, jumps=jumps)
 
     started, opened = time.time(), False
     try:
@@ -142,7 +222,7 @@ def open_ssh(
         opened = True
         return transport
     except _Retryable as exc:
-        raise TransportError(str(exc)) from None
+        raise ReachError(str(exc)) from None
     finally:
         trace_event("connect", node.name, started, time.time(), host=node.host, ok=opened)
 
@@ -155,10 +235,11 @@ def connect_all(
     pin_lock = threading.Lock()
 
     def one(node: Node) -> Transport:
-        if is_local_host(node.host):
+        route = resolve(inventory, node)
+        if not route.jumps and not route.target.proxy_command and is_local_host(route.target.hostname):
             return LocalTransport(node.name, inventory.cluster.user, sudo_password,
                                   inventory.cluster.command_timeout)
-        return open_ssh(inventory, node, sudo_password, trust_new_hosts, pin_lock)
+        return open_ssh(inventory, node, sudo_password, trust_new_hosts, pin_lock, route)
 
     transports: dict[str, Transport] = {}
     errors: dict[str, str] = {}

@@ -19,6 +19,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.commands import join, sh_cmd
@@ -77,28 +78,98 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class SudoPassword:
-    """Asks for the sudo password at most once per run, shared by every node's transport."""
+SUDO_TRIES = 3
 
-    def __init__(self, prompt: bool = True) -> None:
+
+class SudoPassword:
+    """The nodes' sudo passwords for one run, shared by every node's transport.
+
+    Asked once on a terminal and tried on every node; a node that refuses it gets its own
+    question ("on spark-b"), so nodes with different passwords work. Per-node password files
+    (inventory `sudo_password_file`, mode 0600 or stricter) answer without asking. Passwords
+    only ever travel on sudo's stdin and are redacted from logs.
+    """
+
+    def __init__(self, prompt: bool = True, files: dict[str, Path] | None = None) -> None:
         self._lock = threading.Lock()
         self._password: str | None = None
+        self._per_node: dict[str, str] = {}
+        self._rejected: dict[str, int] = {}
+        self._files = dict(files or {})
         self._prompt = prompt
+        for path in set(self._files.values()):
+            check_secret_file(path)
 
-    def get(self, user: str) -> str:
+    def get(self, user: str, node: str | None = None) -> str:
         with self._lock:
-            if self._password is None:
-                if not self._prompt:
-                    raise TransportError(
-                        f"sudo on the nodes asks {user}'s password and no terminal is attached; "
-                        "allow passwordless sudo for sparkctl or run it from a terminal"
-                    )
-                self._password = getpass.getpass(f"[sparkctl] sudo password for {user} on the nodes: ")
-            return self._password
+            if node is not None and node in self._per_node:
+                return self._per_node[node]
+            if node is not None and node in self._files:
+                self._per_node[node] = read_secret_file(self._files[node])
+                return self._per_node[node]
+            retry = node is not None and node in self._rejected
+            if self._password is not None and not retry:
+                return self._password
+            if not self._prompt:
+                raise TransportError(
+                    f"sudo on the nodes asks {user}'s password and no terminal is attached; "
+                    "allow passwordless sudo for sparkctl, name a password file "
+                    "(sudo_password_file in the inventory) or run it from a terminal"
+                )
+            if not retry:
+                self._password = self._ask(f"[sparkctl] sudo password for {user} on the nodes: ")
+                return self._password
+            assert node is not None
+            self._per_node[node] = self._ask(f"[sparkctl] sudo password for {user} on {node}: ")
+            return self._per_node[node]
+
+    @staticmethod
+    def _ask(prompt: str) -> str:
+        secret = getpass.getpass(prompt)
+        with contextlib.suppress(Exception):
+            from orchestrator.state import register_secret
+
+            register_secret(secret)
+        return secret
+
+    def reject(self, node: str, password: str) -> bool:
+        """sudo on `node` refused `password`; True when asking again may help."""
+        with self._lock:
+            self._rejected[node] = self._rejected.get(node, 0) + 1
+            if self._per_node.get(node) == password:
+                del self._per_node[node]
+            if node in self._files:
+                return False
+            return self._prompt and self._rejected[node] < SUDO_TRIES
+
+
+def check_secret_file(path: Path) -> None:
+    """Refuse a secret file others could read (as ssh refuses a private key)."""
+    from orchestrator.errors import InputError
+
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise InputError(f"sudo password file {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise InputError(
+            f"sudo password file {path} is readable by group or others (mode "
+            f"{mode & 0o777:04o}); refusing to use it: chmod 600 {path}"
+        )
+
+
+def read_secret_file(path: Path) -> str:
+    check_secret_file(path)
+    text = path.read_text().rstrip("\n")
+    with contextlib.suppress(Exception):
+        from orchestrator.state import register_secret
+
+        register_secret(text)
+    return text
 
 
 class _SudoMixin:
-    """Wraps commands in sudo; passwordless first, then the shared password on stdin."""
+    """Wraps commands in sudo; passwordless first, then the node's password on stdin."""
 
     node: str
     user_is_root: bool
@@ -109,13 +180,13 @@ class _SudoMixin:
     def _execute(self, command: str, stdin: bytes, timeout: float) -> tuple[int, str, str]:
         raise NotImplementedError
 
-    def _command(self, command: str, sudo: bool, stdin: bytes) -> tuple[str, bytes]:
+    def _command(self, command: str, sudo: bool, stdin: bytes) -> tuple[str, bytes, str]:
         if not sudo or self.user_is_root:
-            return command, stdin
+            return command, stdin, ""
         if self._needs_password:
-            password = self.sudo_password.get(self.user).encode() + b"\n"
-            return f"sudo -S -p '' -- {sh_cmd(command)}", password + stdin
-        return f"sudo -n -- {sh_cmd(command)}", stdin
+            password = self.sudo_password.get(self.user, self.node)
+            return f"sudo -S -p '' -- {sh_cmd(command)}", password.encode() + b"\n" + stdin, password
+        return f"sudo -n -- {sh_cmd(command)}", stdin, ""
 
     def run(
         self, command: str, *, stdin: bytes | str | None = None, sudo: bool = False,
@@ -125,16 +196,20 @@ class _SudoMixin:
         limit = timeout if timeout is not None else self.default_timeout  # type: ignore[attr-defined]
         started = time.monotonic()
         label = display or command
-        wrapped, payload = self._command(command, sudo, data)
+        wrapped, payload, _ = self._command(command, sudo, data)
         status, out, err = self._traced(wrapped, payload, limit, label, sudo)
         if sudo and status != 0 and not self._needs_password and any(
             marker in err for marker in SUDO_PASSWORD_NEEDED
         ):
             self._needs_password = True
-            wrapped, payload = self._command(command, sudo, data)
-            status, out, err = self._traced(wrapped, payload, limit, label, sudo)
-            if status != 0 and ("incorrect password" in err or "Sorry, try again" in err):
-                raise TransportError(f"{self.node}: sudo refused the password for {self.user}")
+            while True:
+                wrapped, payload, password = self._command(command, sudo, data)
+                status, out, err = self._traced(wrapped, payload, limit, label, sudo)
+                if status != 0 and ("incorrect password" in err or "Sorry, try again" in err):
+                    if self.sudo_password.reject(self.node, password):
+                        continue
+                    raise TransportError(f"{self.node}: sudo refused the password for {self.user}")
+                break
         return Result(self.node, label, status, out, err, time.monotonic() - started)
 
     def _traced(self, command: str, stdin: bytes, timeout: float, label: str,
@@ -183,9 +258,10 @@ class SSHTransport(_SudoMixin):
     """One SSH connection to one node, opened by `connect()` and reused for every command."""
 
     def __init__(self, node: str, client: Any, user: str, sudo_password: SudoPassword,
-                 default_timeout: float = 300.0) -> None:
+                 default_timeout: float = 300.0, jumps: list[Any] | None = None) -> None:
         self.node = node
         self.client = client  # paramiko.SSHClient, already connected
+        self.jumps = list(jumps or [])  # the jump hosts' clients, closed after the node's
         self.user = user
         self.user_is_root = user == "root"
         self.sudo_password = sudo_password
@@ -213,6 +289,9 @@ class SSHTransport(_SudoMixin):
         # closing must never hide the real outcome of a run
         with contextlib.suppress(Exception):
             self.client.close()
+        for jump in reversed(self.jumps):
+            with contextlib.suppress(Exception):
+                jump.close()
 
 
 def _collect(channel: Any, timeout: float, node: str) -> tuple[int, str, str]:

@@ -105,7 +105,8 @@ def test_without_a_terminal_it_says_what_to_do(inventory: Path) -> None:
         env=ENV, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=False,
     )
     assert result.returncode == 1
-    assert "allow passwordless sudo for sparkctl or run it from a terminal" in result.stdout
+    assert "allow passwordless sudo for sparkctl" in result.stdout
+    assert "sudo_password_file" in result.stdout and "run it from a terminal" in result.stdout
 
 
 def test_interactive_up_shows_the_plan_and_asks_before_changing(inventory: Path) -> None:

@@ -248,3 +248,17 @@ def test_chat_without_a_server_says_how_to_start_one(inv: str, fake_cluster: Any
     head_with_server(fake_cluster, monkeypatch, 1, alive=False)
     result = sparkctl("chat", "hi", "-i", inv)
     assert result.exit_code == 1 and "no model server is running" in result.stderr
+
+
+def test_help_imports_neither_paramiko_nor_the_command_modules() -> None:
+    """`sparkctl --help` stays under 0.15 s: click only (benchmarks/ measures the time)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from orchestrator.cli import cli\n"
+            "try:\n    cli(['--help'], prog_name='sparkctl')\nexcept SystemExit:\n    pass\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('paramiko', 'cryptography', 'pydantic')"
+            " or m.startswith('orchestrator.remote') or m == 'orchestrator.cli.doctor']\n"
+            "print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

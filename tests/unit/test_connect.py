@@ -18,7 +18,8 @@ import pytest
 
 from orchestrator.errors import HostKeyError, InputError, TransportError
 from orchestrator.inventory_checks import inventory_from_data
-from orchestrator.remote import connect
+from orchestrator.remote import connect, sshkeys
+from orchestrator.remote.sshconfig import resolve
 from orchestrator.remote.transport import LocalTransport, SSHTransport, SudoPassword
 
 
@@ -102,6 +103,17 @@ class SSHServer:
             transport.close()
 
 
+@pytest.fixture(autouse=True)
+def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No test reads the real ~/.ssh or talks to a real ssh-agent; passphrases never prompt."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.setattr(sshkeys, "KEYS", sshkeys.KeyStore(prompt=False))
+    return home
+
+
 @pytest.fixture
 def server() -> Iterator[SSHServer]:
     s = SSHServer()
@@ -131,14 +143,14 @@ def open_ssh(inv: Any, trust: bool = False) -> SSHTransport:
 def test_an_unknown_host_key_is_refused(tmp_path: Path, server: SSHServer) -> None:
     inv, known_hosts = setup(tmp_path, server.port, known=None)
     known_hosts.write_text("")
-    with pytest.raises(HostKeyError, match=r"host key is not in .*known_hosts; refusing"):
+    with pytest.raises(HostKeyError, match=r"host key is not in known_hosts \(.*known_hosts\); refusing"):
         open_ssh(inv)
     assert server.connections == 1  # not retried
 
 
 def test_a_missing_known_hosts_file_is_refused_before_connecting(tmp_path: Path, server: SSHServer) -> None:
     inv, _ = setup(tmp_path, server.port, known=None)
-    with pytest.raises(HostKeyError, match="does not exist"):
+    with pytest.raises(HostKeyError, match="no known_hosts file exists"):
         open_ssh(inv)
     assert server.connections == 0
 
@@ -176,7 +188,8 @@ def test_a_refused_client_key_is_not_retried(tmp_path: Path) -> None:
     s = SSHServer(accept=False)
     try:
         inv, _ = setup(tmp_path, s.port, known=SERVER_KEY)
-        with pytest.raises(TransportError, match=r"refused the key .* authentication failed"):
+        refused = r"authentication failed: the server refused key file .*id_rsa"
+        with pytest.raises(TransportError, match=refused):
             open_ssh(inv)
         assert s.connections == 1
     finally:
@@ -237,7 +250,7 @@ def test_connect_all_reports_each_node(tmp_path: Path, server: SSHServer) -> Non
             "nodes": [{"name": "spark-a", "host": "127.0.0.1"}, {"name": "spark-b", "host": "192.0.2.1"}]}
     inv = inventory_from_data(data, str(tmp_path / "inv.yml"))
 
-    def fake_open(inventory: Any, node: Any, sudo: Any, trust: bool, lock: Any) -> Any:
+    def fake_open(inventory: Any, node: Any, *args: Any) -> Any:
         raise TransportError(f"{node.name}: cannot reach {node.host}")
     import orchestrator.remote.connect as module
     original = module.open_ssh
@@ -255,3 +268,325 @@ def test_connect_all_stops_on_bad_input(tmp_path: Path, monkeypatch: pytest.Monk
     (tmp_path / "id_rsa").unlink()
     with pytest.raises(InputError):
         connect.connect_all(inv, inv.nodes, SudoPassword(prompt=False))
+
+
+# ---------------------------------------------------------------- ssh_config, agent, jumps
+
+
+class JumpServer(SSHServer):
+    """An SSH server that also forwards direct-tcpip channels, as a jump host's sshd does."""
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            transport = paramiko.Transport(client)
+            transport.add_server_key(self.host_key)
+            self.transports.append(transport)
+            server = ForwardingServer(self.accept)
+            with contextlib.suppress(paramiko.SSHException, EOFError, OSError):
+                transport.start_server(server=server)
+            threading.Thread(target=self._forward, args=(transport, server), daemon=True).start()
+
+    def _forward(self, transport: paramiko.Transport, server: ForwardingServer) -> None:
+        while transport.is_active():
+            channel = transport.accept(1)
+            if channel is None or channel.get_id() not in server.forwards:
+                continue
+            self.forwarded = [*getattr(self, "forwarded", []), server.forwards[channel.get_id()]]
+            try:
+                upstream = socket.create_connection(server.forwards[channel.get_id()], timeout=5)
+            except OSError:
+                channel.close()
+                continue
+            threading.Thread(target=_pump, args=(channel, upstream), daemon=True).start()
+
+
+class ForwardingServer(Server):
+    def __init__(self, accept: bool) -> None:
+        super().__init__(accept)
+        self.forwards: dict[int, tuple[str, int]] = {}
+
+    def check_channel_direct_tcpip_request(self, chanid: int, origin: Any, destination: Any) -> int:
+        self.forwards[chanid] = (destination[0], destination[1])
+        return paramiko.OPEN_SUCCEEDED
+
+
+def _pump(channel: paramiko.Channel, upstream: socket.socket) -> None:
+    import select
+
+    try:
+        while True:
+            ready, _, _ = select.select([channel, upstream], [], [], 1.0)
+            if channel in ready:
+                data = channel.recv(65536)
+                if not data:
+                    break
+                upstream.sendall(data)
+            if upstream in ready:
+                data = upstream.recv(65536)
+                if not data:
+                    break
+                channel.sendall(data)
+    except OSError:
+        pass
+    finally:
+        channel.close()
+        upstream.close()
+
+
+def config_inventory(tmp_path: Path, config: str, known: str, host: str = "spark-a",
+                     **cluster: Any) -> Any:
+    (tmp_path / "ssh_config").write_text(config)
+    (tmp_path / "known_hosts").write_text(known)
+    return inventory_from_data({
+        "cluster": {"name": "c", "ssh_config": str(tmp_path / "ssh_config"),
+                    "known_hosts": str(tmp_path / "known_hosts"), **cluster},
+        "nodes": [{"name": "spark-a", "host": host}],
+    }, str(tmp_path / "inv.yml"))
+
+
+def write_key(path: Path, passphrase: str | None = None) -> None:
+    """CLIENT_KEY as an OpenSSH private key file, encrypted when a passphrase is given (written
+    in-process: a passphrase never appears on a command line)."""
+    from cryptography.hazmat.primitives import serialization
+
+    private = serialization.load_ssh_private_key(CLIENT_TEXT.encode(), None)
+    encryption = (serialization.BestAvailableEncryption(passphrase.encode()) if passphrase
+                  else serialization.NoEncryption())
+    path.write_bytes(private.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.OpenSSH, encryption))
+    path.chmod(0o600)
+
+
+def test_an_ssh_config_alias_is_resolved_and_used(tmp_path: Path, server: SSHServer,
+                                                  private_home: Path) -> None:
+    write_key(private_home / ".ssh" / "id_spark")
+    inv = config_inventory(tmp_path, (
+        "Host spark-*\n  User nvidia\n  IdentityFile ~/.ssh/id_spark\n  ServerAliveInterval 7\n"
+        f"Host spark-a\n  HostName 127.0.0.1\n  Port {server.port}\n  StrictHostKeyChecking no\n"
+    ), f"[127.0.0.1]:{server.port} ssh-rsa {SERVER_KEY.get_base64()}\n")
+    route = resolve(inv, inv.node("spark-a"))
+    target = route.target
+    assert (target.hostname, target.port, target.user) == ("127.0.0.1", server.port, "nvidia")
+    assert [k.source for k in route.target.key_files] == ["ssh_config"]
+    assert route.target.keepalive == 7 and route.jumps == ()
+    assert any("StrictHostKeyChecking no" in w and "ignored" in w for w in route.warnings)
+    transport = open_ssh(inv)
+    try:
+        assert transport.run("echo via alias").stdout.startswith("ran: echo via alias")
+    finally:
+        transport.close()
+
+
+def test_inventory_values_win_over_ssh_config(tmp_path: Path) -> None:
+    inv = config_inventory(tmp_path, "Host spark-a\n  HostName 10.0.0.1\n  Port 2222\n  User bob\n"
+                           "  ProxyJump jump\n  ConnectTimeout 3\n", "",
+                           ssh_port=22, user="nvidia", proxy_jump="none")
+    route = resolve(inv, inv.node("spark-a"))
+    assert (route.target.hostname, route.target.port, route.target.user) == ("10.0.0.1", 22, "nvidia")
+    assert route.jumps == () and route.target.connect_timeout == 3.0
+
+
+def test_hashed_user_known_hosts_entries_verify_the_host(tmp_path: Path, server: SSHServer,
+                                                         private_home: Path) -> None:
+    hashed = paramiko.HostKeys.hash_host(f"[127.0.0.1]:{server.port}")
+    (private_home / ".ssh" / "known_hosts").write_text(f"{hashed} ssh-rsa {SERVER_KEY.get_base64()}\n")
+    write_key(private_home / ".ssh" / "id_ed25519")  # a default key: nothing names one
+    inv = config_inventory(tmp_path, "", "", host="127.0.0.2", ssh_port=server.port)
+    inv = inv.model_copy(update={"nodes": [inv.nodes[0].model_copy(update={"host": "127.0.0.1"})]})
+    route = resolve(inv, inv.node("spark-a"))
+    assert [k.source for k in route.target.key_files] == ["default"]
+    open_ssh(inv).close()
+    assert (tmp_path / "known_hosts").read_text() == "", "nothing pinned: the user's file knew it"
+
+
+@pytest.fixture
+def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A real ssh-agent holding CLIENT_KEY only: the key file is deleted after `ssh-add`."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    sock = tmp_path / "agent.sock"
+    proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        key = tmp_path / "agent_only"
+        write_key(key)
+        env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
+        subprocess.run(["ssh-add", "-q", str(key)], env=env, check=True, capture_output=True)
+        key.unlink()
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        yield sock
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(5)
+
+
+def test_an_agent_only_key_logs_in_without_any_key_file(tmp_path: Path, server: SSHServer,
+                                                       agent: Path) -> None:
+    inv = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {server.port}\n",
+                           f"[127.0.0.1]:{server.port} ssh-rsa {SERVER_KEY.get_base64()}\n")
+    assert resolve(inv, inv.node("spark-a")).target.key_files == ()
+    transport = open_ssh(inv)
+    try:
+        assert transport.run("echo agent").ok
+    finally:
+        transport.close()
+
+
+def test_identities_only_keeps_other_agent_keys_out(tmp_path: Path, server: SSHServer, agent: Path,
+                                                    private_home: Path) -> None:
+    other = private_home / ".ssh" / "other"
+    other.write_text(paramiko_key_text())
+    other.chmod(0o600)
+    inv = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {server.port}\n"
+                           "  IdentityFile ~/.ssh/other\n  IdentitiesOnly yes\n",
+                           f"[127.0.0.1]:{server.port} ssh-rsa {SERVER_KEY.get_base64()}\n")
+    with pytest.raises(connect.AuthError, match=r"refused key file .*other"):
+        open_ssh(inv)
+
+
+def paramiko_key_text() -> str:
+    import io
+
+    out = io.StringIO()
+    paramiko.RSAKey.generate(1024).write_private_key(out)
+    return out.getvalue()
+
+
+def test_no_key_at_all_says_what_to_do(tmp_path: Path, server: SSHServer) -> None:
+    inv = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {server.port}\n",
+                           f"[127.0.0.1]:{server.port} ssh-rsa {SERVER_KEY.get_base64()}\n")
+    with pytest.raises(connect.AuthError, match=r"no key to offer: .*no ssh-agent.*ssh-add"):
+        open_ssh(inv)
+
+
+def test_a_passphrase_is_asked_once_and_shared_across_nodes(
+        tmp_path: Path, server: SSHServer, private_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_key(private_home / ".ssh" / "id_ed25519", passphrase="pass-phrase-42")
+    asked: list[str] = []
+
+    def answer(prompt: str) -> str:
+        asked.append(prompt)
+        return "pass-phrase-42"
+    monkeypatch.setattr(sshkeys.getpass, "getpass", answer)
+    keys = sshkeys.KeyStore(prompt=True)
+    monkeypatch.setattr(sshkeys, "KEYS", keys)
+    inv = config_inventory(tmp_path, f"Host spark-*\n  HostName 127.0.0.1\n  Port {server.port}\n",
+                           f"[127.0.0.1]:{server.port} ssh-rsa {SERVER_KEY.get_base64()}\n")
+    for _ in range(2):
+        open_ssh(inv).close()
+    assert len(asked) == 1 and "id_ed25519" in asked[0] and "pass-phrase-42" not in asked[0]
+
+
+def test_a_passphrase_key_without_a_terminal_names_the_file_and_ssh_add(
+        tmp_path: Path, server: SSHServer, private_home: Path) -> None:
+    write_key(private_home / ".ssh" / "id_ed25519", passphrase="pass-phrase-42")
+    inv = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {server.port}\n",
+                           f"[127.0.0.1]:{server.port} ssh-rsa {SERVER_KEY.get_base64()}\n")
+    with pytest.raises(connect.AuthError) as raised:
+        open_ssh(inv)
+    assert "protected by a passphrase and no terminal" in str(raised.value)
+    assert f"ssh-add {private_home / '.ssh' / 'id_ed25519'}" in str(raised.value)
+
+
+@pytest.fixture
+def jump() -> Iterator[JumpServer]:
+    s = JumpServer(host_key=OTHER_KEY)
+    yield s
+    s.close()
+
+
+def jump_inventory(tmp_path: Path, jump: JumpServer, server: SSHServer, jump_key: paramiko.PKey) -> Any:
+    key = tmp_path / "id"
+    write_key(key)
+    return config_inventory(
+        tmp_path, f"Host gateway\n  HostName 127.0.0.1\n  Port {jump.port}\n  User alice\n",
+        f"[127.0.0.1]:{jump.port} ssh-rsa {jump_key.get_base64()}\n"
+        f"spark-target ssh-rsa {SERVER_KEY.get_base64()}\n",
+        host="127.0.0.1", ssh_key=str(key), ssh_port=server.port, proxy_jump="gateway")
+
+
+def test_a_jump_host_carries_the_connection(tmp_path: Path, server: SSHServer, jump: JumpServer) -> None:
+    inv = jump_inventory(tmp_path, jump, server, OTHER_KEY)
+    known = tmp_path / "known_hosts"
+    known.write_text(known.read_text().replace("spark-target", f"[127.0.0.1]:{server.port}"))
+    route = resolve(inv, inv.node("spark-a"))
+    assert [h.describe() for h in route.hops] == [f"alice@127.0.0.1:{jump.port}",
+                                                 f"nvidia@127.0.0.1:{server.port}"]
+    transport = open_ssh(inv)
+    try:
+        assert transport.run("echo through").stdout.startswith("ran: echo through")
+        assert jump.forwarded == [("127.0.0.1", server.port)] and server.connections == 1
+        assert len(transport.jumps) == 1
+    finally:
+        transport.close()
+    assert not transport.jumps[0].get_transport() or not transport.jumps[0].get_transport().is_active()
+
+
+def test_a_wrong_host_key_on_the_jump_host_is_refused(tmp_path: Path, server: SSHServer,
+                                                      jump: JumpServer) -> None:
+    inv = jump_inventory(tmp_path, jump, server, SERVER_KEY)  # pinned: not the jump's real key
+    with pytest.raises(HostKeyError, match=rf"HOST KEY CHANGED for alice@127.0.0.1:{jump.port}"):
+        open_ssh(inv, trust=True)
+    assert server.connections == 0, "nothing went past the jump host"
+
+
+def test_an_unknown_node_key_behind_a_jump_is_refused(tmp_path: Path, server: SSHServer,
+                                                      jump: JumpServer) -> None:
+    inv = jump_inventory(tmp_path, jump, server, OTHER_KEY)  # the node's line names another host
+    with pytest.raises(HostKeyError, match=r"nvidia@127.0.0.1:\d+'s host key is not in known_hosts"):
+        open_ssh(inv)
+    assert jump.forwarded == [("127.0.0.1", server.port)]
+
+
+def test_a_proxy_command_is_the_socket(tmp_path: Path, server: SSHServer, private_home: Path) -> None:
+    import sys
+
+    write_key(private_home / ".ssh" / "id_ed25519")
+    relay = (f"{sys.executable} -c \"import socket,sys,threading;s=socket.create_connection(('%h',%p));"
+             "threading.Thread(target=lambda:[sys.stdout.buffer.write(d) or sys.stdout.flush() "
+             "for d in iter(lambda:s.recv(65536),b'')],daemon=True).start();"
+             "[s.sendall(d) for d in iter(lambda:sys.stdin.buffer.read1(65536),b'')]\"")
+    inv = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {server.port}\n"
+                           f"  ProxyCommand {relay}\n",
+                           f"[127.0.0.1]:{server.port} ssh-rsa {SERVER_KEY.get_base64()}\n")
+    transport = open_ssh(inv)
+    try:
+        assert transport.run("echo proxied").ok
+    finally:
+        transport.close()
+
+
+def test_doctor_explains_each_step(tmp_path: Path, server: SSHServer, agent: Path) -> None:
+    from orchestrator.checks.ssh_doctor import diagnose
+
+    inv = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {server.port}\n", "")
+    report = diagnose(inv, inv.nodes)["nodes"]["spark-a"]
+    res = report["resolution"]
+    resolved = (res["host"], res["port"], res["user"], res["agent"])
+    assert resolved == ("127.0.0.1", server.port, "nvidia", "1 key(s)")
+    assert [(s["step"], s["status"]) for s in report["steps"]] == [("tcp", "ok"), ("host key", "fail")]
+    assert "--trust-new-hosts" in report["steps"][1]["fix"] and "ssh-keyscan" in report["steps"][1]["detail"]
+    (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{server.port} ssh-rsa {SERVER_KEY.get_base64()}\n")
+    report = diagnose(inv, inv.nodes)["nodes"]["spark-a"]
+    assert [(s["step"], s["status"]) for s in report["steps"]] == [
+        ("tcp", "ok"), ("host key", "ok"), ("auth", "ok"), ("sudo", "ok")]
+    assert "agent key SHA256:" in report["steps"][2]["detail"] and report["ok"]
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there
+    inv = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {port}\n", "")
+    report = diagnose(inv, inv.nodes)["nodes"]["spark-a"]
+    assert report["steps"][0]["status"] == "fail" and "ssh -v spark-a" in report["steps"][0]["fix"]
