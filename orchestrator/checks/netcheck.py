@@ -19,7 +19,7 @@ from orchestrator.engines.trtllm.mpi_env import record_fact
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import HOSTFILE, NETPLAN_FILE, SSH_CONFIG
 
-Status = Literal["pass", "warn", "fail"]
+Status = Literal["pass", "warn", "fail", "skip"]
 EXPECTED_SPEED_MBPS = 200000  # a ConnectX-7 QSFP port on a DGX Spark
 
 
@@ -311,7 +311,7 @@ def facts_request(inventory: Inventory, node: Node) -> dict[str, Any]:
 
 
 def summary(results: list[CheckResult]) -> dict[str, int]:
-    counts = {"pass": 0, "warn": 0, "fail": 0}
+    counts = {"pass": 0, "warn": 0, "fail": 0, "skip": 0}
     for result in results:
         counts[result.status] += 1
     return counts

@@ -62,7 +62,31 @@ def run_netcheck(session: Any, deep: bool) -> list[CheckResult]:
     if deep:
         session.progress.note("netcheck --deep: measuring each link with iperf3, one at a time...")
         results += measure_throughput(session)
+        session.progress.note("netcheck --deep: NCCL all_gather_perf across the containers...")
+        results += measure_nccl(session, facts_by_node)
     return results
+
+
+def measure_nccl(session: Any, facts_by_node: dict[str, dict[str, Any]]) -> list[CheckResult]:
+    """nccl-tests' all_gather_perf from the head's container, one rank per node."""
+    from orchestrator.checks.ncclperf import DEADLINE, all_gather_cmd, judge_all_gather
+    from orchestrator.checks.netcheck_container import container_running
+    from orchestrator.errors import SparkctlError
+
+    inventory = session.inventory
+    head = inventory.head_name
+    transport = session.transports.get(head)
+    if transport is None or len(inventory.nodes) < 2:
+        return []
+    if not all(container_running(inventory, facts_by_node.get(n.name) or {})
+               for n in inventory.nodes):
+        return []  # the container rows already failed
+    try:
+        result = transport.run(all_gather_cmd(inventory), sudo=True, timeout=DEADLINE + 30)
+        return [judge_all_gather(inventory, result.exit_status, result.stdout, result.stderr,
+                                 facts_by_node)]
+    except SparkctlError as exc:
+        return [judge_all_gather(inventory, 1, "", str(exc), facts_by_node)]
 
 
 def measure_throughput(session: Any) -> list[CheckResult]:
@@ -92,7 +116,7 @@ def measure_throughput(session: Any) -> list[CheckResult]:
     return out
 
 
-STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "cyan"}
 
 
 def _shown(value: Any) -> str:
@@ -132,7 +156,8 @@ def render(results: list[CheckResult], seconds: float, verbose: bool) -> None:
             console.print(f"    fix: {r.fix}", markup=False)
     counts = summary(results)
     hidden = "" if verbose or len(results) <= 40 else " (-v shows passing rows)"
-    line = (f"netcheck: {counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail "
+    skipped = f", {counts['skip']} skip" if counts["skip"] else ""
+    line = (f"netcheck: {counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail{skipped} "
             f"in {seconds:.1f}s{hidden}")
     console.print(("[bold red]FAILED[/] " if counts["fail"] else "[green]OK[/] ") + line)
 
@@ -161,7 +186,7 @@ def _netcheck(inventory_path: str | None, as_json: bool, deep: bool, verbose: bo
 @inventory_option
 @json_option
 @click.option("--deep", is_flag=True,
-              help="Also measure each link: iperf3 throughput and a 50-ping latency/loss train.")
+              help="Also measure each link (iperf3, a 50-ping train) and NCCL (all_gather_perf).")
 @click.option("--verbose", "-v", is_flag=True, help="Show passing rows too on large clusters.")
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
 def netcheck(inventory_path: str | None, as_json: bool, deep: bool, verbose: bool,
@@ -176,7 +201,8 @@ def netcheck(inventory_path: str | None, as_json: bool, deep: bool, verbose: boo
     Per link:  ping from the right interface (both directions), don't-fragment ping at the
                full MTU, SSH node->container and container->container with pinned keys,
                `mpirun -np N hostname` across the containers (60 s deadline).
-    --deep:    iperf3 throughput vs fabric.min_link_gbps, latency/loss vs fabric.max_latency_ms.
+    --deep:    iperf3 throughput vs fabric.min_link_gbps, latency/loss vs fabric.max_latency_ms,
+               NCCL's all_gather_perf bus bandwidth vs fabric.min_nccl_busbw_gbps.
     Every failure names node, interface and the fix. See docs/netcheck.md.
     """
     run_command(lambda: _netcheck(inventory_path, as_json, deep, verbose, trust_new_hosts))
