@@ -116,6 +116,8 @@ def measure_throughput(session: Any) -> list[CheckResult]:
     return out
 
 
+MEASURED = ("throughput", "latency", "nccl-busbw")
+"""Rows that carry a measurement: shown even when passing rows are hidden."""
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "cyan"}
 
 
@@ -139,7 +141,7 @@ def render(results: list[CheckResult], seconds: float, verbose: bool) -> None:
     for column in ("check", "node", "peer", "interface", "status", "value", "threshold", "message"):
         table.add_column(column, overflow="fold")
     for r in results:
-        if r.status == "pass" and not verbose and len(results) > 40:
+        if r.status == "pass" and not verbose and len(results) > 40 and r.check not in MEASURED:
             continue
         value = f"{_shown(r.value)} {r.unit or ''}".strip() if r.value is not None else ""
         table.add_row(r.check, r.node, r.peer or "", r.interface or "",
