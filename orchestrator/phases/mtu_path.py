@@ -1,9 +1,9 @@
 """up, switch topology: prove the fabric MTU end to end before anything relies on it.
 
 MTU 9000 is right on a direct cable; through a switch, every switch port on the path must carry
-jumbo frames too, and a port left at 1500 drops the big frames silently (small pings and SSH
-still work, NCCL stalls or crawls). So on `fabric.topology: switch`, after the network phase,
-every node sends a don't-fragment ping of the full configured size
+jumbo frames too, and a port left at 1500 drops the big frames silently (small pings still
+work; TCP, SSH and NCCL stall once segments fill a frame). So on `fabric.topology: switch`,
+after the network phase, every node sends a don't-fragment ping of the full configured size
 (`ping -M do -s MTU-28 -c 2 -W 2 -I IF PEER`) to every peer address on each fabric subnet.
 Like the mpirun proof it runs after a change in this run, or with --verify.
 """

@@ -136,9 +136,11 @@ def test_switch_mtu_below_the_fabric_mtu_is_named_by_up_and_netcheck(tmp_path: P
         check = sparkctl("netcheck", "--inventory", str(inventory), "--json", lab_id=ALT_ID)
         assert check.returncode == 1
         failed = [c for c in json.loads(check.stdout)["checks"] if c["status"] == "fail"]
-        assert {c["check"] for c in failed} == {"mtu-ping"}, failed
-        assert len(failed) == 3 * 2 * 2  # every direction of every link, on both twins
-        assert all("jumbo frames" in c["fix"] for c in failed)
+        mtu_rows = [c for c in failed if c["check"] == "mtu-ping"]
+        assert len(mtu_rows) == 3 * 2 * 2  # every direction of every link, on both twins
+        assert all("jumbo frames" in c["fix"] for c in mtu_rows)
+        # TCP fills frames too: SSH and mpirun stall behind the switch as well; pings do not
+        assert not [c for c in failed if c["check"] == "ping"], failed
 
         assert lab_cli("fault", "restore", lab_id=ALT_ID).returncode == 0
         up = sparkctl("up", "--inventory", str(inventory), "--yes", "--verify", lab_id=ALT_ID)
