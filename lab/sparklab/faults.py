@@ -224,6 +224,38 @@ def _undo_set_mtu(ident: LabIdentity, rec: Record) -> None:
         check=False)
 
 
+SWITCH = "switch"  # the node name a switch-wide fault is recorded under
+
+
+def _switch_devices(state: dict[str, Any]) -> list[str]:
+    """The fabric switch's bridges and every node-facing port, in the fabric namespace."""
+    if not state.get("switch_ports"):
+        raise LabError("switch-mtu needs a switch lab (`lab up --topology switch`)", 2)
+    ident = LabIdentity(state["lab_id"])
+    index = {n["name"]: n["index"] for n in state["nodes"]}
+    ports = [switch_port_name(ident, index[p["node"]], p["bridge_index"])
+             for p in state["switch_ports"]]
+    bridges = sorted({f"{ident.prefix}f{p['bridge_index']}" for p in state["switch_ports"]})
+    return ports + bridges
+
+
+def _switch_mtu(ident: LabIdentity, state: dict[str, Any], rec: Record) -> None:
+    """A switch whose ports are not set for jumbo frames: frames above MTU are dropped on
+    ingress (veth drops what exceeds the receiving end's MTU), silently, as a switch does."""
+    devices = _switch_devices(state)
+    ns = ident.fabric_netns
+    rec["old_mtu"] = {d: int(run(["ip", "netns", "exec", ns, "cat", f"/sys/class/net/{d}/mtu"])
+                             .strip()) for d in devices}
+    for device in devices:
+        run(["ip", "-n", ns, "link", "set", "dev", device, "mtu", str(int(rec["mtu"]))])
+
+
+def _undo_switch_mtu(ident: LabIdentity, rec: Record) -> None:
+    for device, mtu in rec["old_mtu"].items():
+        run(["ip", "-n", ident.fabric_netns, "link", "set", "dev", device, "mtu", str(mtu)],
+            check=False)
+
+
 Apply = Callable[[LabIdentity, dict[str, Any], Record], None]
 Undo = Callable[[LabIdentity, Record], None]
 FAULTS: dict[str, tuple[Apply, Undo]] = {
@@ -237,6 +269,7 @@ FAULTS: dict[str, tuple[Apply, Undo]] = {
     "rank-die": (_flag, _undo_flag),
     "change-address": (_change_address, _undo_change_address),
     "set-mtu": (_set_mtu, _undo_set_mtu),
+    "switch-mtu": (_switch_mtu, _undo_switch_mtu),
 }
 
 
@@ -244,7 +277,8 @@ def inject(ident: LabIdentity, kind: str, node: str, **params: Any) -> Record:
     state = lab_core.load_state(ident)
     if state is None:
         raise LabError(f"lab {ident.lab_id} is not up (`sparkctl lab up`)", 1)
-    _node_state(state, node)
+    if node != SWITCH:
+        _node_state(state, node)
     apply, _ = FAULTS[kind]
     next_id = max((f["id"] for f in state["faults"]), default=0) + 1
     rec: Record = {"id": next_id, "kind": kind, "node": node,
@@ -311,6 +345,20 @@ _fault_command("change-address", "Replace an interface's addresses by hand.", _I
                click.option("--address", required=True, help="e.g. 192.168.200.99/24"))
 _fault_command("set-mtu", "Change an interface's MTU by hand.", _IFACE,
                click.option("--mtu", type=int, required=True))
+
+
+@fault.command(name="switch-mtu")
+@click.argument("mtu", type=int)
+def switch_mtu_command(mtu: int) -> None:
+    """Set the fabric switch's ports to MTU (e.g. 1500: no jumbo frames)."""
+    from sparklab.cli import _fail, _ident
+
+    try:
+        rec = inject(_ident(), "switch-mtu", SWITCH, mtu=mtu)
+    except LabError as err:
+        _fail(err)
+        return
+    click.echo(f"fault {describe(rec)} injected")
 
 
 @fault.command(name="restore")

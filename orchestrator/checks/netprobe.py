@@ -129,7 +129,16 @@ def judge_mtu_ping(inventory: Inventory, link: Link, answer: dict[str, Any]) -> 
     mtu = inventory.fabric.mtu
     _, received, avg = parse_ping(answer.get("out", ""))
     result = _base("mtu-ping", link, value=avg, unit="ms", threshold=mtu)
-    if received == 0:
+    if received == 0 and inventory.topology == "switch":
+        from orchestrator.phases.mtu_path import switch_mtu_message
+
+        result.status = "fail"
+        result.message = (f"{switch_mtu_message(link.node, link.interface, link.peer_ip, mtu)} "
+                          f"({link.peer}; {_tail(answer)}). When the ping row of this link "
+                          "passes, a switch port on the path drops jumbo frames.")
+        result.fix = (f"set the switch ports to MTU >= {mtu} (jumbo frames), or fabric.mtu: 1500 "
+                      "in the inventory and `sparkctl up`; if the mtu rows differ, `sparkctl up`")
+    elif received == 0:
         result.status = "fail"
         result.message = (f"a {mtu}-byte don't-fragment ping from {link.node} {link.interface} to "
                           f"{link.peer} ({link.peer_ip}) got no answer ({_tail(answer)}): the MTU "

@@ -67,7 +67,31 @@ def run_netcheck(session: Any, deep: bool) -> list[CheckResult]:
     if deep:
         session.progress.note("netcheck --deep: measuring each link with iperf3, one at a time...")
         results += measure_throughput(session)
+        session.progress.note("netcheck --deep: NCCL all_gather_perf across the containers...")
+        results += measure_nccl(session, facts_by_node)
     return apply_dependencies(results)
+
+
+def measure_nccl(session: Any, facts_by_node: dict[str, dict[str, Any]]) -> list[CheckResult]:
+    """nccl-tests' all_gather_perf from the head's container, one rank per node."""
+    from orchestrator.checks.ncclperf import DEADLINE, all_gather_cmd, judge_all_gather
+    from orchestrator.checks.netcheck_container import container_running
+    from orchestrator.errors import SparkctlError
+
+    inventory = session.inventory
+    head = inventory.head_name
+    transport = session.transports.get(head)
+    if transport is None or len(inventory.nodes) < 2:
+        return []
+    if not all(container_running(inventory, facts_by_node.get(n.name) or {})
+               for n in inventory.nodes):
+        return []  # the container rows already failed
+    try:
+        result = transport.run(all_gather_cmd(inventory), sudo=True, timeout=DEADLINE + 30)
+        return [judge_all_gather(inventory, result.exit_status, result.stdout, result.stderr,
+                                 facts_by_node)]
+    except SparkctlError as exc:
+        return [judge_all_gather(inventory, 1, "", str(exc), facts_by_node)]
 
 
 def measure_throughput(session: Any) -> list[CheckResult]:
@@ -97,6 +121,8 @@ def measure_throughput(session: Any) -> list[CheckResult]:
     return out
 
 
+MEASURED = ("throughput", "latency", "nccl-busbw")
+"""Rows that carry a measurement: shown even when passing rows are hidden."""
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
 
@@ -120,7 +146,7 @@ def render(results: list[CheckResult], seconds: float, verbose: bool) -> None:
     for column in ("check", "node", "peer", "interface", "status", "value", "threshold", "message"):
         table.add_column(column, overflow="fold")
     for r in results:
-        if r.status == "pass" and not verbose and len(results) > 40:
+        if r.status == "pass" and not verbose and len(results) > 40 and r.check not in MEASURED:
             continue
         value = f"{_shown(r.value)} {r.unit or ''}".strip() if r.value is not None else ""
         table.add_row(r.check, r.node, r.peer or "", r.interface or "",
@@ -167,7 +193,7 @@ def _netcheck(inventory_path: str | None, as_json: bool, deep: bool, verbose: bo
 @inventory_option
 @json_option
 @click.option("--deep", is_flag=True,
-              help="Also measure each link: iperf3 throughput and a 50-ping latency/loss train.")
+              help="Also measure each link (iperf3, a 50-ping train) and NCCL (all_gather_perf).")
 @click.option("--verbose", "-v", is_flag=True, help="Show passing rows too on large clusters.")
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
 def netcheck(inventory_path: str | None, as_json: bool, deep: bool, verbose: bool,
@@ -182,7 +208,8 @@ def netcheck(inventory_path: str | None, as_json: bool, deep: bool, verbose: boo
     Per link:  ping from the right interface (both directions), don't-fragment ping at the
                full MTU, SSH node->container and container->container with pinned keys,
                `mpirun -np N hostname` across the containers (60 s deadline).
-    --deep:    iperf3 throughput vs fabric.min_link_gbps, latency/loss vs fabric.max_latency_ms.
+    --deep:    iperf3 throughput vs fabric.min_link_gbps, latency/loss vs fabric.max_latency_ms,
+               NCCL's all_gather_perf bus bandwidth vs fabric.min_nccl_busbw_gbps.
     Every failure names node, interface and the fix. See docs/netcheck.md.
     """
     run_command(lambda: _netcheck(inventory_path, as_json, deep, verbose, trust_new_hosts))

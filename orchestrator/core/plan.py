@@ -10,15 +10,14 @@ UP_ENGINES = ("trtllm",)
 
 
 def build_up_plan(inventory: Inventory) -> Plan:
-    """preflight -> network -> ssh keys -> trust files -> each engine's phases (container, mpi)."""
+    """preflight -> network (-> fabric-mtu on a switch) -> ssh keys -> trust files -> engines."""
     from orchestrator.engines import get_engine
-    from orchestrator.phases import network, preflight, ssh_keys
+    from orchestrator.phases import mtu_path, network, preflight, ssh_keys
 
-    phases = [
-        preflight.phase(inventory),
-        network.phase(inventory),
-        *ssh_keys.phases(inventory),
-    ]
+    phases = [preflight.phase(inventory), network.phase(inventory)]
+    if inventory.topology == "switch":  # switch ports must carry the fabric MTU end to end
+        phases.append(mtu_path.phase(inventory))
+    phases += ssh_keys.phases(inventory)
     for name in UP_ENGINES:
         phases += get_engine(name).up_phases(inventory)
     return Plan("up", phases)

@@ -38,6 +38,13 @@ def test_up_and_netcheck_beyond_two_nodes(topology: str, nodes: int) -> None:
         mpirun = next(s for s in head if s["step"] == "mpirun")
         names = [chr(ord("a") + i) for i in range(nodes)]
         assert all(f"spark-{n}" in mpirun["message"] for n in names), mpirun
+        if topology == "ring":  # NVIDIA's ring settings reach the containers
+            env = subprocess.run(
+                [sys.executable, "-m", "sparklab.cli", "exec", "spark-a", "--", "docker",
+                 "inspect", "-f", "{{json .Config.Env}}", "trtllm-multinode"],
+                env=ENV, capture_output=True, text=True, timeout=60, check=True).stdout
+            assert {"NCCL_IB_MERGE_NICS=0", "NCCL_NET_PLUGIN=none",
+                    "NCCL_IB_SUBNET_AWARE_ROUTING=1"} <= set(json.loads(env)), env
         check = sparkctl("netcheck", "--inventory", inventory, "--json")
         assert check.returncode == 0, check.stdout[-3000:] + check.stderr
         checks = json.loads(check.stdout)["checks"]
