@@ -97,17 +97,38 @@ def test_a_failed_write_raises(fake_cluster: Callable[..., FakeCluster]) -> None
 
 def test_the_writer_writes_atomically_with_the_modes_asked(tmp_path: Path) -> None:
     argv = shlex.split(write_files_cmd())
-    assert argv[:2] == ["python3", "-c"]
+    assert argv[:2] == ["python3", "-c"] and argv[3:] == ["write"]
+    state = tmp_path / "var-lib-sparkctl"  # the node's /var/lib/sparkctl (the ledger), moved here
+    source = argv[2].replace('BASE = "/var/lib/sparkctl"', f"BASE = {str(state)!r}")
+    assert source != argv[2]
+
+    def write(payload: list[dict[str, str]]) -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-c", source, *argv[3:]], input=json.dumps(payload),
+                              text=True, capture_output=True, check=True)
+        return dict(json.loads(done.stdout))
+
     target = tmp_path / "new" / "dir" / "hostfile"
-    existing = tmp_path / "key"
-    existing.write_text("old")
-    existing.chmod(0o644)
+    key = tmp_path / "key"
+    users = tmp_path / "users"
+    users.write_text("the user's own\n")
+    assert write([{"path": str(key), "mode": "644", "content": "old\n"}])["written"] == [str(key)]
+    assert (key.stat().st_mode & 0o777) == 0o644
     payload = [{"path": str(target), "mode": "644", "content": "a\n"},
-               {"path": str(existing), "mode": "600", "content": "secret\n"}]
-    subprocess.run([sys.executable, "-c", argv[2]], input=json.dumps(payload), text=True, check=True)
+               {"path": str(key), "mode": "600", "content": "secret\n"},
+               {"path": str(users), "mode": "644", "content": "sparkctl's\n"}]
+    answer = write(payload)
+    assert answer["written"] == [str(target), str(key)]
     assert target.read_text() == "a\n" and (target.stat().st_mode & 0o777) == 0o644
-    assert existing.read_text() == "secret\n" and (existing.stat().st_mode & 0o777) == 0o600
-    assert sorted(os.listdir(tmp_path)) == ["key", "new"]  # no temp files left behind
+    assert key.read_text() == "secret\n" and (key.stat().st_mode & 0o777) == 0o600
+    # a file sparkctl did not write is left alone, and the answer says so
+    assert users.read_text() == "the user's own\n"
+    assert [e["path"] for e in answer["left"]] == [str(users)]
+    assert "not written by sparkctl" in answer["left"][0]["reason"]
+    ledger = json.loads((state / "ledger.json").read_text())
+    assert sorted(ledger) == sorted([str(target), str(key)])
+    assert ledger[str(key)]["sha256"] == sha256("secret\n")
+    assert sorted(os.listdir(tmp_path)) == ["key", "new", "users", "var-lib-sparkctl"]  # no temp files
+    assert os.listdir(target.parent) == ["hostfile"] and os.listdir(state) == ["ledger.json"]
 
 
 def test_files_request_asks_for_content() -> None:

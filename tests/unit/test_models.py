@@ -8,6 +8,7 @@ import json
 import re
 import shlex
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,8 @@ from orchestrator.commands import Secret
 from orchestrator.core.step import Change, RunOptions, Unchanged
 from orchestrator.engines import load_recipe
 from orchestrator.errors import SparkctlError
+from orchestrator.node import ledger as node_ledger
+from orchestrator.node import script
 from orchestrator.phases import models
 
 RECIPE = load_recipe("qwen3-235b")
@@ -88,12 +91,17 @@ def test_download_writes_the_token_streams_progress_and_always_removes_the_token
 
     assert message == f"downloaded {DRAFT}" and ctx.shared["downloaded"] == [DRAFT]
     token_call, download, cleanup = head.calls
-    assert token_call.stdin == "hf_secret\n" and token_call.sudo
+    assert json.loads(token_call.stdin) == [  # type: ignore[arg-type]
+        {"path": models.TOKEN_PATH, "mode": "600", "content": "hf_secret\n"}]
+    assert token_call.sudo
     assert "hf_secret" not in token_call.command and token_call.command == models.token_write_cmd()
+    install, write = token_call.command.split(" && ", 1)  # through the node's ledger, from stdin
+    assert install == "install -d -m 0700 /etc/sparkctl/secrets"
+    assert shlex.split(write) == ["python3", "-c", script("ledger.py"), "write"]
     assert download.command == models.download_cmd(cluster.inventory.container.name, DRAFT, "main",
                                                    DRAFT_DIR, with_token=True)
     assert download.timeout == models.DOWNLOAD_TIMEOUT
-    assert cleanup.command == f"rm -f {models.TOKEN_PATH}" and cleanup.sudo
+    assert cleanup.command == models.token_remove_cmd() and cleanup.sudo
     assert notes[0] == f"        ↓ spark-a: hf download {DRAFT} (main)"
     assert notes[-1] == f"          {DRAFT}: Fetching 3 files: 100%"
 
@@ -111,7 +119,7 @@ def test_a_failed_download_says_why_and_hints_at_the_token(fake_cluster: Callabl
     assert text.startswith(f"spark-a: download of {MODEL} failed (exit 1) (no HF token was given")
     assert text.endswith("401 Client Error: gated repo")
     assert len(head.calls) == 2  # no token to write; the second model never started
-    assert head.commands[-1] == f"rm -f {models.TOKEN_PATH}"
+    assert head.commands[-1] == models.token_remove_cmd()
 
     head.rules.clear()
     head.on("hf download", 2, "", "disk full")
@@ -121,11 +129,31 @@ def test_a_failed_download_says_why_and_hints_at_the_token(fake_cluster: Callabl
     assert "no HF token" not in str(raised.value)
 
 
-def test_a_leftover_token_is_only_removed(fake_cluster: Callable[..., FakeCluster]) -> None:
+def test_a_leftover_token_is_only_removed(fake_cluster: Callable[..., FakeCluster], tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = fake_cluster()
     ctx = cluster.context("spark-a", options=options(hf_token=Secret("t")))
     assert models.Download(RECIPE).apply(ctx, Change("rm", payload=[])) == "removed a leftover HF token file"
-    assert cluster["spark-a"].commands == [f"rm -f {models.TOKEN_PATH}"]
+    assert cluster["spark-a"].commands == [models.token_remove_cmd()]
+
+    # the removal is the node's ledger `undo` of exactly the token path: it removes sparkctl's
+    # own token file and leaves anyone else's alone
+    printf, undo = models.token_remove_cmd().split(" | ", 1)
+    assert shlex.split(printf)[:2] == ["printf", "%s"]
+    assert json.loads(shlex.split(printf)[2]) == [models.TOKEN_PATH]
+    assert shlex.split(undo) == ["python3", "-c", script("ledger.py"), "undo"]
+    base = tmp_path / "var-lib-sparkctl"
+    monkeypatch.setattr(node_ledger, "BASE", str(base))
+    monkeypatch.setattr(node_ledger, "LEDGER", str(base / "ledger.json"))
+    token = tmp_path / "hf_token"
+    book: dict[str, Any] = {}
+    assert node_ledger.write_one(book, str(token), b"t\n", 0o600, False) is None
+    assert node_ledger.undo_one(book, str(token)) == ("removed", None)
+    assert not token.exists() and book == {}
+    token.write_text("someone else's token\n")
+    action, reason = node_ledger.undo_one(book, str(token))
+    assert action is None and reason and "not written by sparkctl" in reason
+    assert token.read_text() == "someone else's token\n"
 
 
 def test_distribute_copies_only_what_differs_and_verifies(fake_cluster: Callable[..., FakeCluster]) -> None:

@@ -5,6 +5,7 @@ machine's network is never touched). The detached guard process becomes a thread
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -64,6 +65,16 @@ class Guard:
 
     def write(self, name: str, text: str = "") -> None:
         (self.state / name).write_text(text)
+
+    def ours(self, text: str) -> None:
+        """The netplan file as sparkctl wrote it: on disk and in the ledger (node/ledger.py)."""
+        self.netplan.write_text(text)
+        self.base.mkdir(exist_ok=True)
+        Path(self.LEDGER).write_text(json.dumps({str(self.netplan): {
+            "sha256": hashlib.sha256(text.encode()).hexdigest(), "before": {"kind": "absent"}}}))
+
+    def ledger(self) -> Any:
+        return json.loads(Path(self.LEDGER).read_text())
 
     def result(self) -> Any:
         return json.loads((self.state / "result.json").read_text())
@@ -128,7 +139,7 @@ def test_json_helpers_and_decide_happen_once(guard: Guard, tmp_path: Path) -> No
 
 
 def test_rollback_restores_the_backup_and_undoes_addresses_and_mtus(guard: Guard) -> None:
-    guard.netplan.write_text("new: config\n")
+    guard.ours("new: config\n")
     Path(guard.BACKUP).write_text("old: config\n")
     guard.answers["netplan"] = (1, "", "x" * 600 + "tail")
     cfg = {"added": [["enp1s0f1np1", "192.168.200.12/24"]],
@@ -145,24 +156,38 @@ def test_rollback_restores_the_backup_and_undoes_addresses_and_mtus(guard: Guard
     assert result["apply_rc"] == 1
     assert len(result["apply_err"]) == 500 and result["apply_err"].endswith("tail")
     assert json.loads(Path(guard.ROLLED_BACK).read_text()) == result == guard.result()
+    # the ledger now holds what is on disk: the restored file stays sparkctl's to manage
+    assert guard.ledger()[str(guard.netplan)]["sha256"] == hashlib.sha256(b"old: config\n").hexdigest()
+
+    # a file changed since sparkctl wrote it is never restored over
+    guard.netplan.write_text("edited by hand\n")
+    result = guard.rollback({}, "again")
+    assert guard.netplan.read_text() == "edited by hand\n"
+    assert result["restored"].startswith(f"left alone: {guard.netplan} is not the file sparkctl wrote")
 
 
 def test_rollback_removes_a_file_that_was_not_there_before(guard: Guard) -> None:
-    guard.netplan.write_text("new: config\n")
+    guard.ours("new: config\n")
     Path(guard.ABSENT).write_text("")
     result = guard.rollback({}, "r")
     assert not guard.netplan.exists()
     assert result["restored"] == "removed the sparkctl netplan file (there was none before)"
     assert guard.calls == [["netplan", "apply"]]
+    assert guard.ledger() == {}  # nothing of sparkctl's stands there any more
+
+    # not sparkctl's file (no ledger entry): left alone even with the marker
+    guard.netplan.write_text("the user's own\n")
+    assert guard.rollback({}, "r")["restored"].startswith("left alone:")
+    assert guard.netplan.read_text() == "the user's own\n"
 
     os.unlink(guard.ABSENT)
-    guard.netplan.write_text("new: config\n")
+    guard.ours("new: config\n")
     assert guard.rollback({}, "r")["restored"] == "no backup to restore"
     assert guard.netplan.read_text() == "new: config\n"
 
 
 def test_guard_rolls_back_when_no_confirmation_comes_in_time(guard: Guard) -> None:
-    guard.netplan.write_text("new\n")
+    guard.ours("new\n")
     Path(guard.BACKUP).write_text("old\n")
     guard.write_json(str(guard.state / "armed.json"), {"seconds": 0.3, "added": [["eth9", "10.0.0.1/24"]]})
 
@@ -173,6 +198,7 @@ def test_guard_rolls_back_when_no_confirmation_comes_in_time(guard: Guard) -> No
     assert (guard.state / "guard.pid").read_text() == f"{os.getpid()}\n"
     assert (guard.state / "ready").exists() and (guard.state / "decided").is_dir()
     assert guard.result()["reason"].startswith("no confirmation from the controller within 0.3s")
+    assert guard.result()["restored"] == "restored the previous netplan file"
     assert guard.netplan.read_text() == "old\n"
     assert ["ip", "addr", "del", "10.0.0.1/24", "dev", "eth9"] in guard.calls
 
@@ -249,7 +275,7 @@ def test_arm_then_confirm(guard: Guard) -> None:
 
 def test_arm_rolls_back_when_netplan_apply_fails(guard: Guard) -> None:
     Path(guard.ABSENT).write_text("")
-    guard.netplan.write_text("new\n")
+    guard.ours("new\n")
     guard.ns["subprocess"] = fake_subprocess(lambda argv, **kw: (guard.state / "ready").write_text(""))
     guard.answers["netplan"] = (1, "", "Traceback ...\n  raise\nError: bad yaml\n")
 
@@ -258,6 +284,7 @@ def test_arm_rolls_back_when_netplan_apply_fails(guard: Guard) -> None:
     assert code == 1
     assert printed["applied"] is False and printed["error"] == "netplan apply exited 1"
     assert printed["rollback"]["reason"] == "netplan apply failed (exit 1): Error: bad yaml"
+    assert printed["rollback"]["restored"] == "removed the sparkctl netplan file (there was none before)"
     assert not guard.netplan.exists()
     assert (guard.state / "abort").read_text() == "netplan apply failed (exit 1): Error: bad yaml"
 

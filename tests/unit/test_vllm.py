@@ -166,18 +166,41 @@ def test_another_engine_serving_is_refused_naming_recipe_and_engine() -> None:
 
 
 def test_replace_across_engines_stops_the_other_engines_server() -> None:
-    from orchestrator.engines.running import stop_other_engine_phase
+    from orchestrator.engines.running import OtherEngineGuard, guard_phase, running_cmd
+    from orchestrator.engines.trtllm.serve import node_cmd
 
     inv = inventory()
-    for engine, expected in (("vllm", "label=sparkctl.engine=vllm"), ("trtllm", "trtllm-multinode")):
-        running = {"engine": engine, "recipe": "x", "main": "vllm.pid" if engine == "vllm" else "mpirun.pid"}
-        step = stop_other_engine_phase(running, inv).steps[0]
-        transport = FakeTransport("spark-a", [(0, "{}", "")])
-        ctx = context(inv, "spark-a", {"spark-a": {}}, transports={"spark-a": transport})
+    trt_stop = node_cmd(inv.container.name, action="stop", rotate=True)
+    cases = (("vllm", load_recipe("qwen3-235b"), "label=sparkctl.engine=vllm"),
+             ("trtllm", load_recipe("minimax-m2.7"), trt_stop))
+    for engine, recipe, expected in cases:
+        record = {"engine": engine, "recipe": "x", "model": "org/m",
+                  "main": "vllm.pid" if engine == "vllm" else "mpirun.pid"}
+        facts = {"commands": {"running": {"rc": 0, "out": json.dumps({"server": record, "alive": True})}}}
+
+        phase = guard_phase(recipe, inv, replace=False)
+        assert phase.name == "server-check" and phase.head_only
+        assert phase.facts(inv, inv.node("spark-a"))["commands"]["running"] == running_cmd(inv)
+        (step,) = phase.steps
+        assert isinstance(step, OtherEngineGuard)
+        with pytest.raises(SparkctlError) as refused:  # without --replace: refused, naming both
+            step.check(context(inv, "spark-a", {"spark-a": facts}))
+        message = str(refused.value)
+        assert "recipe x" in message and f"engine {engine}" in message and "--replace" in message
+
+        transports = {name: FakeTransport(name, [(0, "", "")]) for name in ("spark-a", "spark-b")}
+        ctx = context(inv, "spark-a", {"spark-a": facts}, transports=transports)
+        step = guard_phase(recipe, inv, replace=True).steps[0]
         change = step.check(ctx)
-        assert isinstance(change, Change) and engine in change.summary
-        step.apply(ctx, change)
-        assert expected in transport.calls[0]["command"]
+        assert isinstance(change, Change) and engine in change.summary and "--replace" in change.summary
+        assert step.apply(ctx, change) == f"stopped {engine}'s server"
+        for transport in transports.values():  # on every node
+            (call,) = transport.calls
+            assert expected in call["command"] and call["sudo"]
+
+        # the server's process is gone: nothing to stop
+        dead = {"commands": {"running": {"rc": 0, "out": json.dumps({"server": record, "alive": False})}}}
+        assert isinstance(step.check(context(inv, "spark-a", {"spark-a": dead})), Unchanged)
 
 
 def test_a_fabric_link_down_is_refused_before_ray_starts() -> None:
