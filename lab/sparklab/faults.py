@@ -24,7 +24,7 @@ SSHD_START = ["/usr/sbin/sshd", "-f", "/etc/ssh/sshd_config", "-E", "/var/log/sp
 
 def describe(fault: Record) -> str:
     extra = {k: v for k, v in fault.items() if k in ("interface", "port", "ms", "loss",
-                                                     "address", "mtu")}
+                                                     "address", "mtu", "size")}
     args = " ".join(f"{k}={v}" for k, v in extra.items())
     return f"#{fault['id']} {fault['kind']}@{fault['node']}" + (f" ({args})" if args else "")
 
@@ -171,6 +171,42 @@ def _undo_delay(ident: LabIdentity, rec: Record) -> None:
         f"kill {int(rec['pid'])}", check=False)
 
 
+SQUEEZER = ("import time\nheld=[bytearray(1<<20) for _ in range({mib})]\n"
+            "open('/run/sparklab/squeeze-{fid}.ready','w').close()\n"
+            "while True: time.sleep(3600)\n")
+
+
+def _squeeze_memory(ident: LabIdentity, state: dict[str, Any], rec: Record) -> None:
+    """Hold SIZE of the node's memory (in the node's /proc/meminfo units, i.e. scaled: real
+    bytes = SIZE / memory scale) in a process of the node, charged to its memory cgroup."""
+    from sparklab.memory import parse_size
+
+    scale = int((state.get("memory") or {}).get("scale") or 0)
+    if not scale:
+        raise LabError("squeeze-memory needs the lab's memory cgroups (none on this host)", 1)
+    rec["real_bytes"] = parse_size(str(rec["size"])) // scale
+    mib = max(1, rec["real_bytes"] // 2**20)
+    fid = len(state["faults"]) + 1
+    code = SQUEEZER.format(mib=mib, fid=fid)
+    pid = _sh(ident, rec["node"], f"setsid /usr/bin/python3 -c \"{code}\" </dev/null "
+              ">/dev/null 2>&1 & echo $!").strip()
+    rec["pid"] = int(pid)  # PID inside the node's PID namespace
+    for _ in range(200):
+        if _sh(ident, rec["node"], f"test -e /run/sparklab/squeeze-{fid}.ready && echo y",
+               check=False).strip() == "y":
+            return
+        if not _sh(ident, rec["node"], f"kill -0 {int(pid)} 2>/dev/null && echo y",
+                   check=False).strip():
+            raise LabError(f"squeeze-memory: the allocating process in {rec['node']} died "
+                           "(killed by the cgroup's OOM killer?)", 1)
+        time.sleep(0.05)
+    raise LabError(f"squeeze-memory: {rec['node']} did not finish allocating", 1)
+
+
+def _undo_squeeze_memory(ident: LabIdentity, rec: Record) -> None:
+    _sh(ident, rec["node"], f"kill {int(rec['pid'])}", check=False)
+
+
 def _flag(ident: LabIdentity, state: dict[str, Any], rec: Record) -> None:
     _sh(ident, rec["node"], f"touch {NODE_LAB_DIR}/faults/{rec['kind']}")
 
@@ -219,6 +255,7 @@ FAULTS: dict[str, tuple[Apply, Undo]] = {
     "rank-die": (_flag, _undo_flag),
     "change-address": (_change_address, _undo_change_address),
     "set-mtu": (_set_mtu, _undo_set_mtu),
+    "squeeze-memory": (_squeeze_memory, _undo_squeeze_memory),
 }
 
 
@@ -293,6 +330,10 @@ _fault_command("change-address", "Replace an interface's addresses by hand.", _I
                click.option("--address", required=True, help="e.g. 192.168.200.99/24"))
 _fault_command("set-mtu", "Change an interface's MTU by hand.", _IFACE,
                click.option("--mtu", type=int, required=True))
+
+_fault_command("squeeze-memory", "Hold SIZE of the node's memory (as its /proc/meminfo counts, "
+               "e.g. 40G; real = SIZE / memory scale) in a process of the node.",
+               click.option("--size", required=True, help="e.g. 40G (node units)"))
 
 
 @fault.command(name="restore")
