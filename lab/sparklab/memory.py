@@ -101,7 +101,7 @@ def remove(root: Path, timeout: float = 5.0) -> list[str]:
         return []
     removed = []
     deadline = time.monotonic() + timeout
-    for path in sorted(p for p in root.iterdir() if p.is_dir()) + [root]:
+    for path in [*sorted(p for p in root.iterdir() if p.is_dir()), root]:
         while True:
             try:
                 path.rmdir()

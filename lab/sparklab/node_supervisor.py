@@ -6,6 +6,7 @@ cgroup (bound at /run/sparklab/memcg by the init), a thread keeps /run/sparklab/
 over /proc/meminfo) in step with it, scaled (sparklab/memory.py explains the figures).
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -28,7 +29,7 @@ def meminfo_text(limit: int, usage: int, cache: int, file_pages: int, scale: int
     rows = [("MemTotal", total), ("MemFree", free), ("MemAvailable", avail), ("Buffers", 0),
             ("Cached", cached), ("SwapCached", 0), ("Shmem", 0), ("SwapTotal", 0),
             ("SwapFree", 0)]
-    return "".join("%-16s%14d kB\n" % (name + ":", value) for name, value in rows)
+    return "".join(f"{name + ':':<16}{value:14d} kB\n" for name, value in rows)
 
 
 def read_int(path: str) -> int:
@@ -57,10 +58,8 @@ def keep_meminfo(scale: int) -> None:
     def loop() -> None:
         while True:
             time.sleep(0.5)
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 os.pwrite(fd, cgroup_meminfo(scale).encode(), 0)
-            except (OSError, ValueError):
-                pass
 
     threading.Thread(target=loop, daemon=True).start()
 
