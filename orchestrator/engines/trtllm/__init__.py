@@ -37,9 +37,11 @@ class TrtllmEngine:
         from orchestrator.engines.trtllm import readiness, serve
         from orchestrator.phases import models
 
-        spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches)
+        spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches,
+                                options.guard_min_available_gb)
         ready = [readiness.WaitReady(recipe, options.timeout), readiness.SmokeTest(recipe)]
-        return [serve.guard_phase(spec), models.phase(recipe, inventory), serve.phase(spec, ready)]
+        return [serve.guard_phase(spec), serve.memory_phase(spec), models.phase(recipe, inventory),
+                serve.phase(spec, ready)]
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
         from orchestrator.engines.trtllm.recipe import estimate_memory
