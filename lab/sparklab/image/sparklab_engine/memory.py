@@ -2,7 +2,8 @@
 
 A lab node presents its cgroup's memory scaled up (`memory_scale` in the lab config; 2 GiB real
 x 64 = a Spark's 128 GiB, see sparklab/memory.py). While "loading", a rank allocates, in steps,
-what sparkctl estimated this node holds once loaded (weights share + draft + runtime, from
+what sparkctl estimated this node holds once loaded (weights share + draft; the runtime share
+is the lab processes' own memory, scaled), from
 /var/lib/sparkctl/run/memory.json, written by sparkctl next to the server's other records),
 divided by that factor; then, like TensorRT-LLM sizing its KV cache, the KV cache fraction of
 the memory still available (/proc/meminfo, the node's). The memory is held until the process
@@ -37,7 +38,9 @@ class Loader:
                 plan = json.load(f)
         except (OSError, ValueError):
             plan = {}
-        self.loaded_gb = float(plan.get("loaded_gb") or 0)
+        # the runtime share is what the lab's own processes (mpirun, the ranks' Python) already
+        # take, scaled: allocate the weights and the draft only, or the runtime counts twice
+        self.loaded_gb = max(0.0, float(plan.get("loaded_gb") or 0) - float(plan.get("runtime_gb") or 0))
         self.kv_fraction = float(plan.get("kv_cache_fraction") or 0)
         self.active = bool(self.scale and self.loaded_gb)
         self.target = int(self.loaded_gb * GIB / self.scale) if self.active else 0
