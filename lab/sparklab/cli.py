@@ -9,9 +9,11 @@ from pathlib import Path
 
 import click
 
+from sparklab import fault_cli
 from sparklab import faults as lab_faults
 from sparklab import lab as lab_core
 from sparklab.identity import LabError, LabIdentity
+from sparklab.memory import parse_size
 from sparklab.node import node_exec
 from sparklab.topology import TOPOLOGIES, parse_ports
 
@@ -48,9 +50,14 @@ def lab() -> None:
               help="simulated engine load time")
 @click.option("--model-bytes", type=int, default=4 * 1024 * 1024, show_default=True,
               help="size of simulated model files")
+@click.option("--node-memory", default=None, metavar="SIZE",
+              help="memory cgroup limit per node, e.g. 2G (default 2G; see docs/lab.md)")
+@click.option("--memory-scale", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="a node presents its cgroup's memory times this in /proc/meminfo "
+                   "(2G x 64 = a Spark's 128 GB)")
 def up(nodes: int | None, topology: str, ports: str | None, inventory_out: Path | None,
        force: bool, sudo_password: bool, jump_host: bool, engine_load_seconds: float,
-       model_bytes: int) -> None:
+       model_bytes: int, node_memory: str | None, memory_scale: int) -> None:
     """Bring up a lab and write its inventory."""
     try:
         password = None
@@ -62,7 +69,9 @@ def up(nodes: int | None, topology: str, ports: str | None, inventory_out: Path 
                                   inventory_out=inventory_out, force=force,
                                   sudo_password=password,
                                   engine_load_seconds=engine_load_seconds,
-                                  model_bytes=model_bytes, jump_host=jump_host)
+                                  model_bytes=model_bytes, jump_host=jump_host,
+                                  node_memory=parse_size(node_memory) if node_memory else None,
+                                  memory_scale=memory_scale)
         ident = _ident()
         inventory = lab_core.up(ident, opts)
     except LabError as err:
@@ -136,7 +145,7 @@ def exec_command(node: str, user: str | None, argv: tuple[str, ...]) -> None:
     sys.exit(result.returncode)
 
 
-lab.add_command(lab_faults.fault)
+lab.add_command(fault_cli.fault)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import click
-
 from sparklab import lab as lab_core
 from sparklab.identity import MGMT_INTERFACE, NODE_LAB_DIR, LabError, LabIdentity
 from sparklab.network import cable_end_names, run, switch_port_name
@@ -24,7 +22,7 @@ SSHD_START = ["/usr/sbin/sshd", "-f", "/etc/ssh/sshd_config", "-E", "/var/log/sp
 
 def describe(fault: Record) -> str:
     extra = {k: v for k, v in fault.items() if k in ("interface", "port", "ms", "loss",
-                                                     "address", "mtu")}
+                                                     "address", "mtu", "size")}
     args = " ".join(f"{k}={v}" for k, v in extra.items())
     return f"#{fault['id']} {fault['kind']}@{fault['node']}" + (f" ({args})" if args else "")
 
@@ -189,6 +187,42 @@ def _undo_delay(ident: LabIdentity, rec: Record) -> None:
         f"kill {int(rec['pid'])}", check=False)
 
 
+SQUEEZER = ("import time\nheld=[bytearray(1<<20) for _ in range({mib})]\n"
+            "open('/run/sparklab/squeeze-{fid}.ready','w').close()\n"
+            "while True: time.sleep(3600)\n")
+
+
+def _squeeze_memory(ident: LabIdentity, state: dict[str, Any], rec: Record) -> None:
+    """Hold SIZE of the node's memory (in the node's /proc/meminfo units, i.e. scaled: real
+    bytes = SIZE / memory scale) in a process of the node, charged to its memory cgroup."""
+    from sparklab.memory import parse_size
+
+    scale = int((state.get("memory") or {}).get("scale") or 0)
+    if not scale:
+        raise LabError("squeeze-memory needs the lab's memory cgroups (none on this host)", 1)
+    rec["real_bytes"] = parse_size(str(rec["size"])) // scale
+    mib = max(1, rec["real_bytes"] // 2**20)
+    fid = len(state["faults"]) + 1
+    code = SQUEEZER.format(mib=mib, fid=fid)
+    pid = _sh(ident, rec["node"], f"setsid /usr/bin/python3 -c \"{code}\" </dev/null "
+              ">/dev/null 2>&1 & echo $!").strip()
+    rec["pid"] = int(pid)  # PID inside the node's PID namespace
+    for _ in range(200):
+        if _sh(ident, rec["node"], f"test -e /run/sparklab/squeeze-{fid}.ready && echo y",
+               check=False).strip() == "y":
+            return
+        if not _sh(ident, rec["node"], f"kill -0 {int(pid)} 2>/dev/null && echo y",
+                   check=False).strip():
+            raise LabError(f"squeeze-memory: the allocating process in {rec['node']} died "
+                           "(killed by the cgroup's OOM killer?)", 1)
+        time.sleep(0.05)
+    raise LabError(f"squeeze-memory: {rec['node']} did not finish allocating", 1)
+
+
+def _undo_squeeze_memory(ident: LabIdentity, rec: Record) -> None:
+    _sh(ident, rec["node"], f"kill {int(rec['pid'])}", check=False)
+
+
 def _flag(ident: LabIdentity, state: dict[str, Any], rec: Record) -> None:
     _sh(ident, rec["node"], f"touch {NODE_LAB_DIR}/faults/{rec['kind']}")
 
@@ -270,6 +304,7 @@ FAULTS: dict[str, tuple[Apply, Undo]] = {
     "change-address": (_change_address, _undo_change_address),
     "set-mtu": (_set_mtu, _undo_set_mtu),
     "switch-mtu": (_switch_mtu, _undo_switch_mtu),
+    "squeeze-memory": (_squeeze_memory, _undo_squeeze_memory),
 }
 
 
@@ -304,76 +339,4 @@ def restore(ident: LabIdentity, node: str | None = None) -> list[Record]:
     return undone
 
 
-# --- CLI -------------------------------------------------------------------------------
-
-@click.group()
-def fault() -> None:
-    """Inject a fault into a lab node (recorded; `fault restore` undoes it)."""
-
-
-def _fault_command(kind: str, help_text: str, *options: Callable[[Any], Any]) -> None:
-    def command(node: str, **params: Any) -> None:
-        from sparklab.cli import _fail, _ident
-
-        try:
-            rec = inject(_ident(), kind, node, **params)
-        except LabError as err:
-            _fail(err)
-            return
-        click.echo(f"fault {describe(rec)} injected")
-
-    command.__doc__ = help_text
-    command = click.option("--node", required=True, help="node name, e.g. spark-a")(command)
-    for option in options:
-        command = option(command)
-    fault.command(name=kind)(command)
-
-
-_IFACE = click.option("--interface", required=True, help="fabric interface (or eth0 for delay)")
-_fault_command("cut-cable", "Pull a QSFP cable: link down on both ends.", _IFACE)
-_fault_command("stop-sshd", "Stop the node's management sshd.")
-_fault_command("rotate-hostkey", "New sshd host key (not written to the lab's known_hosts).")
-_fault_command("occupy-port", "A listener in the node holds a TCP port.",
-               click.option("--port", type=int, required=True))
-_fault_command("disk-full", f"Mount a full {DISK_FULL_SIZE} tmpfs over the node's /var.")
-_fault_command("delay", "Delay (and drop) frames leaving an interface of the node.", _IFACE,
-               click.option("--ms", type=float, required=True),
-               click.option("--loss", type=float, default=None, help="percent of frames lost"))
-_fault_command("engine-hang", "The simulated engine hangs (flag file in the node).")
-_fault_command("rank-die", "A simulated engine rank dies (flag file in the node).")
-_fault_command("change-address", "Replace an interface's addresses by hand.", _IFACE,
-               click.option("--address", required=True, help="e.g. 192.168.200.99/24"))
-_fault_command("set-mtu", "Change an interface's MTU by hand.", _IFACE,
-               click.option("--mtu", type=int, required=True))
-
-
-@fault.command(name="switch-mtu")
-@click.argument("mtu", type=int)
-def switch_mtu_command(mtu: int) -> None:
-    """Set the fabric switch's ports to MTU (e.g. 1500: no jumbo frames)."""
-    from sparklab.cli import _fail, _ident
-
-    try:
-        rec = inject(_ident(), "switch-mtu", SWITCH, mtu=mtu)
-    except LabError as err:
-        _fail(err)
-        return
-    click.echo(f"fault {describe(rec)} injected")
-
-
-@fault.command(name="restore")
-@click.option("--node", default=None, help="only this node's faults")
-def restore_command(node: str | None) -> None:
-    """Undo recorded faults (all, or one node's), newest first."""
-    from sparklab.cli import _fail, _ident
-
-    try:
-        undone = restore(_ident(), node)
-    except LabError as err:
-        _fail(err)
-        return
-    click.echo(f"restored {len(undone)} fault(s)" +
-               (": " + ", ".join(describe(r) for r in undone) if undone else ""))
-
-
-__all__ = ["FAULTS", "MGMT_INTERFACE", "describe", "fault", "inject", "restore"]
+__all__ = ["FAULTS", "MGMT_INTERFACE", "describe", "inject", "restore"]

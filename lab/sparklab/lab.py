@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparklab import network
+from sparklab import memory, network
 from sparklab.identity import (
     ALL_FABRIC_INTERFACES,
     LabError,
@@ -43,6 +43,8 @@ class UpOptions:
     engine_load_seconds: float = 3.0
     model_bytes: int = 4 * 1024 * 1024
     jump_host: bool = False
+    node_memory: int | None = None  # bytes per node (memory cgroup); None: memory.DEFAULT_NODE_MEMORY
+    memory_scale: int = memory.DEFAULT_SCALE
 
 
 def state_file(ident: LabIdentity) -> Path:
@@ -100,6 +102,7 @@ def up(ident: LabIdentity, opts: UpOptions) -> Path:
     if opts.jump_host:
         state["jump"] = {"name": ident.JUMP_NODE, "host": ident.jump_address,
                          "netns": ident.netns(ident.JUMP_NODE)}
+    state["memory"] = (load_state(ident) or {}).get("memory")  # recorded by _memory_cgroups
     state["status"] = "up"
     state["inventory"] = str(inventory)
     state["up_seconds"] = round(time.monotonic() - started, 2)
@@ -131,14 +134,22 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
     hosts = "".join(f"{address(n.index)}\t{n.name}\n" for n in plan.nodes)
     password_hash = _hash_password(opts.sudo_password) if opts.sudo_password else None
     host_keys: dict[str, str] = {}
+    memcg_root = _memory_cgroups(ident, plan, opts)
     for node in plan.nodes:
+        config: dict[str, object] = {"engine_load_seconds": opts.engine_load_seconds,
+                                     "model_bytes": opts.model_bytes, "node": node.name}
+        if memcg_root is not None:
+            config.update(memory_scale=opts.memory_scale,
+                          node_memory_bytes=opts.node_memory or memory.DEFAULT_NODE_MEMORY)
         spec = NodeSpec(node.name, node.index, address(node.index), hosts, pubkey,
-                        password_hash, {"engine_load_seconds": opts.engine_load_seconds,
-                                        "model_bytes": opts.model_bytes, "node": node.name})
+                        password_hash, config)
         node_dir = prepare_node(ident, spec)
         pub = node_dir / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key.pub"
         host_keys[node.name] = " ".join(pub.read_text().split()[:2])
-        write_init(ident, node.name, usr_lowers)
+        memcg = memory.node_cgroup(memcg_root, node.name) if memcg_root is not None else None
+        if memcg is not None:
+            (node_dir / "memcg").write_text(f"{memcg}\n")
+        write_init(ident, node.name, usr_lowers, memcg)
     if opts.jump_host:
         spec = NodeSpec(ident.JUMP_NODE, ident.JUMP_HOST_INDEX, ident.jump_address, hosts, pubkey,
                         None, {"node": ident.JUMP_NODE})
@@ -161,6 +172,19 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
     return inventory
 
 
+def _memory_cgroups(ident: LabIdentity, plan: LabPlan, opts: UpOptions) -> Path | None:
+    """One memory cgroup per node under the lab's own (recorded in the state for `down`)."""
+    if not memory.available():
+        return None
+    root = memory.lab_cgroup(ident)
+    state = load_state(ident) or {}
+    state["memory"] = {"cgroup": str(root), "scale": opts.memory_scale,
+                       "node_bytes": opts.node_memory or memory.DEFAULT_NODE_MEMORY}
+    save_state(ident, state)
+    memory.create(root, [n.name for n in plan.nodes], opts.node_memory or memory.DEFAULT_NODE_MEMORY)
+    return root
+
+
 def _hash_password(password: str) -> str:
     result = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=password + "\n",
                             capture_output=True, text=True, check=True)
@@ -178,6 +202,9 @@ def down(ident: LabIdentity, quiet: bool = False) -> list[str]:
     for node_dir in sorted(nodes_dir.iterdir()) if nodes_dir.is_dir() else []:
         for pid in kill_node(ident, node_dir.name):
             removed.append(f"process {pid} ({node_dir.name})")
+    cgroup = (state.get("memory") or {}).get("cgroup")
+    if cgroup:
+        removed += memory.remove(Path(cgroup))
     removed += network.delete_all(ident, state.get("netns", []))
     removed += _unmount_leftovers(ident)
     shutil.rmtree(ident.state_dir, ignore_errors=True)

@@ -34,6 +34,18 @@ mount --bind "$N/tmp" /tmp
 mount -t tmpfs -o mode=755,size=256m sparklab-run /run
 mkdir -p /run/sshd /run/sparklab /run/lock
 chmod 1777 /run/lock
+# the node's own memory cgroup, read by PID 1 to present /proc/meminfo (sparklab/memory.py)
+MEMCG={memcg}
+if [ -n "$MEMCG" ]; then
+  # `ip netns exec` gave the node a fresh /sys without cgroup mounts: mount the memory
+  # hierarchy privately (this mount namespace only), keep the node's own dir, drop the rest
+  mkdir -p /run/sparklab/cgroot /run/sparklab/memcg
+  mount -t cgroup -o memory sparklab-memcg /run/sparklab/cgroot
+  mount --bind "/run/sparklab/cgroot/$MEMCG" /run/sparklab/memcg
+  mount -o remount,bind,ro /run/sparklab/memcg
+  umount /run/sparklab/cgroot
+  rmdir /run/sparklab/cgroot
+fi
 mount --bind /sys /sys
 mount -o remount,bind,ro /sys
 # node root is host root: keep the host's kernel knobs out of reach (net.* is per-namespace)
@@ -51,11 +63,13 @@ exec /usr/bin/python3 /usr/local/lib/sparklab/node_supervisor.py
 """
 
 
-def write_init(ident: LabIdentity, node: str, usr_lowers: Sequence[Path]) -> Path:
+def write_init(ident: LabIdentity, node: str, usr_lowers: Sequence[Path],
+               memcg: Path | None = None) -> Path:
     node_dir = ident.node_dir(node)
     script = node_dir / "init.sh"
     script.write_text(INIT_TEMPLATE.format(
         node=node, node_dir=shlex.quote(str(node_dir)),
+        memcg=shlex.quote(str(memcg.relative_to("/sys/fs/cgroup/memory"))) if memcg else "''",
         usr_lowers=shlex.quote(":".join(str(p) for p in usr_lowers))))
     script.chmod(0o755)
     return script
@@ -91,14 +105,28 @@ def recorded_pid(path: Path) -> int | None:
     return pid
 
 
+def node_memcg(ident: LabIdentity, node: str) -> Path | None:
+    """The node's memory cgroup (recorded by `lab up`), None without memory accounting."""
+    try:
+        path = Path((ident.node_dir(node) / "memcg").read_text().strip())
+    except OSError:
+        return None
+    return path if path.is_dir() else None
+
+
 def start_node(ident: LabIdentity, node: str) -> subprocess.Popen[bytes]:
+    """Start the node's init; its unshare process joins the node's memory cgroup first, so
+    everything in the node is charged to it."""
+    from sparklab.memory import joiner
+
     node_dir = ident.node_dir(node)
     log = open(node_dir / "console.log", "ab")  # noqa: SIM115 - handed to the child
     argv = ["ip", "netns", "exec", ident.netns(node), "unshare", "--mount", "--uts", "--pid",
             "--fork", "--kill-child", "--mount-proc", "--propagation", "private",
             "/bin/sh", str(node_dir / "init.sh")]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                            start_new_session=True, close_fds=True)
+                            start_new_session=True, close_fds=True,
+                            preexec_fn=joiner(node_memcg(ident, node)))
     log.close()
     record_pid(node_dir / "unshare.pid", proc.pid)
     return proc
@@ -150,9 +178,13 @@ def node_exec(lab_id: int | LabIdentity, node: str, argv: Sequence[str], *,
               input_text: str | None = None, check: bool = True, timeout: float = 60.0,
               user: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run argv inside a lab node (as root, or as `user`) and capture its output."""
+    from sparklab.memory import joiner
+
     ident = lab_id if isinstance(lab_id, LabIdentity) else LabIdentity(lab_id)
     pid = node_pid(ident, node)
+    # what runs in the node is charged to the node's memory cgroup, as if started there
     result = subprocess.run(nsenter_argv(pid, argv, user), input=input_text,
+                            preexec_fn=joiner(node_memcg(ident, node)),
                             capture_output=True, text=True, timeout=timeout, check=False,
                             env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
                                          "/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"})

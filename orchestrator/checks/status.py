@@ -135,6 +135,7 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
         nodes[head]["state"] = "problem"
     if server is not None:
         _check_processes(nodes, facts)
+        _memory_guard(nodes, facts, server)
     ok = all(not n["problems"] for n in nodes.values())
     return {
         "command": "status", "ok": ok, "cluster": inventory.cluster.name, "head": head,
@@ -297,6 +298,26 @@ def _check_processes(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str
             nodes[name]["problems"].append(f"server process ended: {', '.join(dead)}; "
                                            "`sparkctl logs` shows why")
             nodes[name]["state"] = "problem"
+
+
+def _memory_guard(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]],
+                  server: dict[str, Any]) -> None:
+    """A node where the memory guard stopped the server: say so, with its figures."""
+    from orchestrator.phases.memory import describe_stop, stop_record
+
+    for name, node_facts in facts.items():
+        answer = (node_facts.get("commands") or {}).get("processes") or {}
+        try:
+            record = stop_record(json.loads(answer.get("out") or "{}"))
+        except (json.JSONDecodeError, AttributeError):
+            record = None
+        if record:
+            text = describe_stop(record)
+            nodes[name]["problems"].append(text)
+            nodes[name]["state"] = "problem"
+            server["state"] = (f"stopped by the memory guard: {record.get('available_gb')} GB "
+                               f"available < {record.get('min_available_gb')} GB on {name}")
+            server["problem"] = text
 
 
 def _compare_setup(nodes: dict[str, dict[str, Any]]) -> None:

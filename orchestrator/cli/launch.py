@@ -65,7 +65,7 @@ def read_hf_token(token_file: str | None) -> Any:
 def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool,
             as_json: bool, timeout: float, replace: bool, host: str, drop_caches: bool,
             hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
-            ignore_memory: bool) -> int:
+            ignore_memory: bool, guard_min_available_gb: float | None = None) -> int:
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan
     from orchestrator.engines import check_against_inventory, engine_of, load_recipe
@@ -87,7 +87,8 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
         _note(f"warning: the server will listen on {host}:{recipe.port}; {engine.title}'s server "
               "has no API key here, so anyone who reaches that address can use it")
     token = read_hf_token(hf_token_file)
-    options = LaunchOptions(host=host, replace=replace, drop_caches=drop_caches, timeout=timeout)
+    options = LaunchOptions(host=host, replace=replace, drop_caches=drop_caches, timeout=timeout,
+                            guard_min_available_gb=guard_min_available_gb)
     head = inventory.head_name
     endpoint = f"http://{host}:{recipe.port}"
 
@@ -122,7 +123,12 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
 @click.option("--replace", is_flag=True, help="Replace a server running a different recipe.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address trtllm-serve binds on the head (it has no API key: keep localhost).")
-@click.option("--drop-caches", is_flag=True, help="Drop the page cache on every node first.")
+@click.option("--drop-caches/--no-drop-caches", default=True, show_default=True,
+              help="Drop the page cache on the serving nodes before a cold start (unified "
+                   "memory); --drop-caches is the default and kept for compatibility.")
+@click.option("--guard-min-available-gb", type=click.FloatRange(min=0), default=None,
+              help="The memory guard stops the server when a node's MemAvailable falls below "
+                   "this (default: the recipe's memory.guard_min_available_gb, else 4).")
 @click.option("--hf-token-file", metavar="FILE",
               help=f"HF token file when $HF_TOKEN is unset (default {DEFAULT_TOKEN_FILE}).")
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
@@ -131,7 +137,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
 def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
            timeout: float, replace: bool, host: str, drop_caches: bool,
            hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
-           ignore_memory: bool) -> None:
+           ignore_memory: bool, guard_min_available_gb: float | None) -> None:
     """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
 
     \b
@@ -143,7 +149,7 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
     """
     run_command(lambda: _launch(recipe_name, inventory_path, dry_run, yes, as_json, timeout,
                                 replace, host, drop_caches, hf_token_file, trust_new_hosts,
-                                break_lock, ignore_memory))
+                                break_lock, ignore_memory, guard_min_available_gb))
 
 
 def _server_on_head(inventory_path: str | None, command: str) -> Any:

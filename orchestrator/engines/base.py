@@ -48,6 +48,9 @@ class Memory(StrictModel):
     """CUDA context, activations, CUDA graphs and the server process (rough)."""
     system_reserve_gb: float = Field(default=8.0, ge=0, le=128)
     """What the OS and page cache need to stay healthy on unified memory."""
+    guard_min_available_gb: float | None = Field(default=None, ge=0, le=128)
+    """The memory guard stops the server when a serving node's MemAvailable falls below this
+    (GB); default 4 (`launch --guard-min-available-gb` overrides it)."""
     parallel_weight_loading: bool = True
     """TensorRT-LLM only: False sets TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1 (NVIDIA's fix
     for OOM while loading)."""
@@ -106,8 +109,9 @@ class LaunchOptions:
 
     host: str = DEFAULT_HOST
     replace: bool = False
-    drop_caches: bool = False
+    drop_caches: bool = True
     timeout: float = 1800.0
+    guard_min_available_gb: float | None = None
 
 
 class LaunchFailed(SparkctlError):

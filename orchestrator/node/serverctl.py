@@ -42,7 +42,8 @@ def pidfiles():
                 pid = int(read(os.path.join(run, name)).strip())
             except (OSError, ValueError):
                 continue
-            ours = any(w in cmdline(pid) for w in a.get("ours") or ("mpirun", "trtllm", "orted"))
+            words = a.get("ours") or ("mpirun", "trtllm", "orted", "sparkctl-memguard")
+            ours = any(w in cmdline(pid) for w in words)
             out[name] = {"pid": pid, "alive": alive(pid) and ours}
     return out
 def http(path, body=None, timeout=10):
@@ -109,7 +110,7 @@ if a["action"] == "stop":
         os.unlink(os.path.join(run, name))
     if a.get("rotate"):
         for name in os.listdir(run):
-            if name.endswith(".log"):
+            if name.endswith(".log") or name == "memguard-stopped.json":
                 os.replace(os.path.join(run, name), os.path.join(run, name + ".1"))
     out.update(stopped=sorted(set(targets.values())), killed=len(killed),
                left=[p for p in targets if alive(p)])
@@ -119,6 +120,10 @@ if a["action"] in ("status", "chat"):
         out["server"] = json.loads(read(os.path.join(run, "server.json")))
     except (OSError, ValueError):
         out["server"] = None
+    try:
+        out["memguard"] = json.loads(read(os.path.join(run, "memguard-stopped.json")))
+    except (OSError, ValueError):
+        out["memguard"] = None
     if a.get("port"):
         out["health"] = http("/health")[0]
         if a.get("deep") and out["health"] == 200:

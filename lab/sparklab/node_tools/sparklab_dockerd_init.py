@@ -71,6 +71,10 @@ def container_init(cid: str) -> None:
     try:
         mount(None, "/", None, MS_REC | MS_PRIVATE)
         bind("/proc/sys", "/proc/sys", readonly=True)
+        # the node's /proc/meminfo (its memory cgroup, sparklab/memory.py), as docker shows a
+        # container the node's; before /run is replaced by the container's own tmpfs
+        if os.path.exists("/run/sparklab/meminfo"):
+            bind("/run/sparklab/meminfo", "/proc/meminfo", readonly=True)
         stage = d + "/stage-image"
         os.makedirs(stage, exist_ok=True)
         bind(lab["image_dir"], stage, readonly=True)

@@ -37,12 +37,14 @@ class TrtllmEngine:
         from orchestrator.engines.trtllm import readiness, serve
         from orchestrator.phases import models
 
-        spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches)
+        spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches,
+                                options.guard_min_available_gb)
         guard = running.guard_phase(recipe, inventory, options.replace,
                                     same_engine=[serve.ServerGuard(spec)],
                                     more_facts=serve.guard_facts(spec))
         ready = [readiness.WaitReady(recipe, options.timeout), readiness.SmokeTest(recipe)]
-        return [guard, models.phase(recipe, inventory), serve.phase(spec, ready)]
+        return [guard, serve.memory_phase(spec), models.phase(recipe, inventory),
+                serve.phase(spec, ready)]
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
         from orchestrator.engines.trtllm.recipe import estimate_memory

@@ -50,9 +50,11 @@ def wait_until_ready(
             status = node_call(head, container, timeout=120, action="status", port=port, deep=True)
             elapsed = time.monotonic() - started
             if not status.get("pids", {}).get("mpirun.pid", {}).get("alive"):
+                guarded = guard_stops(transports, container)
+                reason = ("; ".join(guarded) if guarded
+                          else f"mpirun exited after {elapsed:.0f}s; a rank died or failed")
                 fail_and_clean(transports, inventory, note,
-                               f"the server stopped while loading (mpirun exited after {elapsed:.0f}s; "
-                               "a rank died or failed)")
+                               f"the server stopped while loading ({reason})")
             models = [m for m in status.get("models") or [] if m]
             if status.get("health_generate") == 200 and model in models:
                 note(f"[{elapsed:6.1f}s] ready: /health, /health_generate and /v1/models answer")
@@ -73,6 +75,20 @@ def wait_until_ready(
             "`sparkctl logs --follow` or `sparkctl status`; stop it with `sparkctl down`",
             EXIT_INTERRUPTED,
         ) from None
+
+
+def guard_stops(transports: dict[str, Transport], container: str) -> list[str]:
+    """What the memory guard recorded on any node (it stopped the server there), one a line."""
+    from orchestrator.phases.memory import describe_stop, stop_record
+
+    def one(transport: Transport) -> str:
+        try:
+            record = stop_record(node_call(transport, container, timeout=60, action="status"))
+        except (SparkctlError, ValueError, KeyError):
+            return ""
+        return describe_stop(record) if record else ""
+
+    return [text for text in Cluster(transports).values(lambda _, t: one(t)).values() if text]
 
 
 def log_tails(transports: dict[str, Transport], lines: int = LOG_TAIL_LINES) -> dict[str, str]:

@@ -87,10 +87,13 @@ def start_cmd(container: str, argv: list[str]) -> str:
 
 
 def server_record(recipe: Recipe, host: str, digest: str) -> dict[str, Any]:
+    from orchestrator.engines.trtllm.recipe import estimate_memory
+
     draft = recipe.speculative.draft_model if recipe.speculative else None
     return {
         "recipe": recipe.name, "engine": recipe.engine, "model": recipe.model,
         "draft_model": draft, "port": recipe.port, "host": host, "tp_size": recipe.tp_size,
+        "memory_gb_per_node": estimate_memory(recipe).total_gb,
         "started": datetime.now(UTC).isoformat(timespec="seconds"), "config_hash": digest,
     }
 
@@ -132,8 +135,13 @@ class LaunchSpec:
     """Everything the serve steps share, computed once (pure)."""
 
     def __init__(self, recipe: Recipe, inventory: Inventory, host: str, replace: bool,
-                 drop_caches: bool) -> None:
+                 drop_caches: bool, guard_min_available_gb: float | None = None) -> None:
+        from orchestrator.phases.memory import GUARD_DEFAULT_GB
+
         self.recipe = recipe
+        self.guard_min_available_gb = next(v for v in (
+            guard_min_available_gb, recipe.memory.guard_min_available_gb, GUARD_DEFAULT_GB)
+            if v is not None)
         self.inventory = inventory
         self.host = host
         self.replace = replace
@@ -183,7 +191,8 @@ class StopPrevious(Step):
 
 
 class DropCaches(Step):
-    """NVIDIA's advice for unified-memory trouble while loading; optional, failure tolerated."""
+    """NVIDIA's advice for unified-memory trouble while loading: on by default before a cold
+    start (--no-drop-caches skips it); where /proc/sys is read-only it says so and continues."""
 
     name = "drop-caches"
 
@@ -192,10 +201,13 @@ class DropCaches(Step):
 
     def check(self, ctx: NodeContext) -> Outcome:
         if not self.spec.drop_caches or ctx.node.name not in self.spec.serving:
-            return Unchanged("not asked (--drop-caches)")
+            return Unchanged("skipped (--no-drop-caches)" if ctx.node.name in self.spec.serving
+                             else "not a serving node")
         if self.spec.decision(ctx) in ("noop", "loading"):
             return Unchanged("the server is already loaded")
-        return Change("sync; echo 3 > /proc/sys/vm/drop_caches")
+        return Change("drop the page cache before the cold start (unified memory: the GPU does "
+                      "not get page cache back by itself; --no-drop-caches skips this): "
+                      "sync; echo 3 > /proc/sys/vm/drop_caches")
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         result = ctx.run("sync; echo 3 > /proc/sys/vm/drop_caches", sudo=True, timeout=120)
@@ -270,6 +282,30 @@ def guard_facts(spec: LaunchSpec) -> dict[str, Any]:
                                            port=spec.recipe.port)}}
 
 
+def node_plan(recipe: Recipe) -> Any:
+    """What one serving node holds (the memory preflight's and the guard's figures)."""
+    from orchestrator.engines.trtllm.recipe import estimate_memory
+    from orchestrator.phases.memory import NodePlan
+
+    estimate = estimate_memory(recipe)
+    return NodePlan(weights_gb=estimate.weights_gb, draft_gb=estimate.draft_gb,
+                    runtime_gb=estimate.runtime_gb, kv_cache_fraction=recipe.memory.kv_cache_fraction,
+                    tp_size=recipe.tp_size, total_weights_gb=recipe.memory.weights_gb)
+
+
+def memory_phase(spec: LaunchSpec) -> Phase:
+    """Before any download: every serving node has the memory the recipe needs, right now."""
+    from orchestrator.phases import memory
+
+    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
+        port = spec.recipe.port if node.name == inv.head_name else None
+        return {**memory.facts(inv, node),
+                "commands": {"serve": node_cmd(inv.container.name, action="status", port=port)}}
+
+    return Phase("memory-check", [memory.MemoryPreflight(spec, node_plan(spec.recipe),
+                                                         status_from_facts)], facts)
+
+
 def phase(spec: LaunchSpec, ready_steps: list[Step] | None = None) -> Phase:
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         port = spec.recipe.port if node.name == inv.head_name else None
@@ -283,6 +319,9 @@ def phase(spec: LaunchSpec, ready_steps: list[Step] | None = None) -> Phase:
             return []
         return [FileSpec(CONFIG_PATH, 0o644, spec.config_text)]
 
+    from orchestrator.phases.memory import StartGuard
+
     steps: list[Step] = [StopPrevious(spec), ManagedFiles("llm-api-config", config_files),
-                         DropCaches(spec), StartServer(spec), *(ready_steps or [])]
+                         DropCaches(spec), StartGuard(spec, node_plan(spec.recipe), spec.recipe.name),
+                         StartServer(spec), *(ready_steps or [])]
     return Phase("serve", steps, facts)

@@ -228,7 +228,13 @@ def run_worker(rank: int) -> int:
 def load_weights(rank: int) -> None:
     seconds = float(lab_config()["engine_load_seconds"])
     trt_log("I", f"Rank {rank}: loading weights (sparklab: {seconds:g} s)")
-    end = time.monotonic() + seconds
+    from .memory import Loader
+
+    memory = Loader()
+    start = time.monotonic()
+    end = start + seconds
     while time.monotonic() < end or fault("engine-hang"):
+        memory.step((time.monotonic() - start) / max(seconds, 0.1))
         time.sleep(0.1)
+    memory.finish()
     trt_log("I", f"Rank {rank}: weights loaded")

@@ -151,9 +151,15 @@ def main(args: list[str]) -> int:
             loader.start()
         import time
 
-        end = time.monotonic() + seconds
+        from .memory import Loader
+
+        memory = Loader()
+        start = time.monotonic()
+        end = start + seconds
         while time.monotonic() < end or fault("engine-hang"):
+            memory.step((time.monotonic() - start) / max(seconds, 0.1))
             time.sleep(0.1)
+        memory.finish()
         if leader:
             loader.join()
             if leader.dead:

@@ -1,0 +1,136 @@
+"""Memory guard, started detached next to the model server on every serving node.
+
+Runs inside the server's container (`python3 -c <this> sparkctl-memguard JSON`, stdlib only,
+Python 3.8+). On unified memory (a DGX Spark's 128 GB are the CPU's and the GPU's), a load that
+overshoots does not end in a clean CUDA OOM: the node thrashes and stops answering until a hard
+reset. The guard watches MemAvailable in /proc/meminfo and, when it falls below the threshold,
+stops the server processes sparkctl recorded (the *.pid files in the run dir and their
+descendants: SIGTERM, then SIGKILL after a grace period) while the node still answers, and
+records why in `memguard-stopped.json` (node, figures, time). It ends by itself when the server
+it guards is gone (stopped by sparkctl, or never started).
+
+Argument: {"run": RUN_DIR, "node": NAME, "min_available_gb": 4.0, "interval": 0.5,
+           "grace": 5, "start_timeout": 300}
+"""
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+
+GIB = 1024 ** 3
+RECORD = "memguard-stopped.json"
+OWN_PID = "memguard.pid"
+
+
+def meminfo(path="/proc/meminfo"):
+    """MemTotal/MemAvailable/... in bytes."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts:
+                out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    return out
+
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def children(pid):
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                kids += [int(entry), *children(int(entry))]
+    return kids
+
+
+def server_pids(run):
+    """The recorded server processes (every *.pid but the guard's own) that still run."""
+    pids = []
+    for name in sorted(os.listdir(run)) if os.path.isdir(run) else []:
+        if name.endswith(".pid") and name != OWN_PID:
+            try:
+                with open(os.path.join(run, name)) as f:
+                    pid = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            if alive(pid):
+                pids.append(pid)
+    return pids
+
+
+def stop(pids, grace):
+    targets = []
+    for pid in pids:
+        targets += [pid, *children(pid)]
+    for pid in targets:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + grace
+    while time.time() < deadline and any(alive(p) for p in targets):
+        time.sleep(0.1)
+    killed = [p for p in targets if alive(p)]
+    for pid in killed:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return targets, killed
+
+
+def decide(available, threshold):
+    """True when the guard must stop the server."""
+    return available < threshold
+
+
+def write_record(run, record):
+    tmp = os.path.join(run, RECORD + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1)
+    os.rename(tmp, os.path.join(run, RECORD))
+
+
+def main(args):
+    run = args["run"]
+    threshold = float(args.get("min_available_gb", 4.0)) * GIB
+    interval = float(args.get("interval", 0.5))
+    with open(os.path.join(run, OWN_PID), "w") as f:
+        f.write("%d\n" % os.getpid())
+    started = time.time()
+    seen = False
+    while True:
+        pids = server_pids(run)
+        if pids:
+            seen = True
+        elif seen or time.time() - started > float(args.get("start_timeout", 300)):
+            return 0  # the server ended (or never came): nothing left to guard
+        info = meminfo()
+        available = info.get("MemAvailable", info.get("MemFree", 0))
+        if pids and decide(available, threshold):
+            record = {
+                "node": args.get("node"), "available_gb": round(available / GIB, 2),
+                "min_available_gb": round(threshold / GIB, 2),
+                "total_gb": round(info.get("MemTotal", 0) / GIB, 2),
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "state": "stopping",
+            }
+            write_record(run, record)  # first: whoever sees the server die learns why at once
+            targets, killed = stop(pids, float(args.get("grace", 5)))
+            write_record(run, dict(record, state="stopped", stopped=targets, killed=killed))
+            return 0
+        time.sleep(interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main(json.loads(sys.argv[-1])))
