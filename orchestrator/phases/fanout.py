@@ -100,9 +100,10 @@ class FanoutProgress:
                 self._rich.update(self._tasks[peer], completed=done)
                 return
             now = time.monotonic()
-            if now - self._last.get(peer, 0.0) < self.every and done < total:
-                return
-            self._last[peer] = now
+            last = self._last.get(peer, 0.0)
+            if last < 0 or (now - last < self.every and done < total):
+                return  # (-1: its 100% line was printed)
+            self._last[peer] = -1.0 if done >= total else now
         eta = (total - done) / rate if rate > 0 else 0.0
         self.note(f"        → {peer}: {gb(done)} / {gb(total)} ({rate / 1e9:.2f} GB/s, "
                   f"ETA {eta:.0f} s)")
