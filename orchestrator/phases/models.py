@@ -11,6 +11,7 @@ missing or different is fetched or copied; free space is checked first, with the
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +51,7 @@ def manifest_cmd(container: str, recipe: Recipe, chunks: bool = False) -> str:
 
 def download_cmd(container: str, repo: str, revision: str, local_dir: str | None,
                  with_token: bool, allow: list[str] | None = None,
-                 deny: list[str] | None = None) -> str:
+                 deny: list[str] | None = None, dry_run: bool = False) -> str:
     """`hf download` in the container; the token is a file HF_TOKEN_PATH names, never a value.
     Patterns go as repeated `--include P` / `--exclude P` (the hf CLI's list options)."""
     argv = ["hf", "download", repo, "--revision", revision]
@@ -60,6 +61,8 @@ def download_cmd(container: str, repo: str, revision: str, local_dir: str | None
         argv += ["--include", pattern]
     for pattern in deny or []:
         argv += ["--exclude", pattern]
+    if dry_run:
+        argv.append("--dry-run")
     env = {"HF_TOKEN_PATH": TOKEN_PATH} if with_token else {}
     return docker_exec_cmd(container, argv, env=env)
 
@@ -103,19 +106,21 @@ def read_manifests(transport: Transport, container: str, recipe: Recipe,
     return dict(json.loads(result.stdout))
 
 
-def space_needed(recipe: Recipe, manifests: dict[str, Any]) -> int:
-    """Bytes a node still needs for the recipe's models (the recipe's sizes, less what it has)."""
-    want = (recipe.memory.weights_gb + recipe.memory.draft_gb) * 1e9
-    have = sum(int(m.get("bytes") or 0) for m in manifests.values())
-    return max(0, int(want - have))
+SIZE_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
 
 
-def check_space(ctx: NodeContext, nodes: list[str], recipe: Recipe) -> None:
-    """Before downloading: every serving node must have room for the models (from the facts)."""
+def dry_run_bytes(output: str) -> int | None:
+    """Bytes `hf download --dry-run` says it would fetch ("... totalling 1.2G."), or None."""
+    found = re.search(r"totalling ([\d.]+)\s*([KMGTP]?)", output)
+    return int(float(found.group(1)) * SIZE_UNITS[found.group(2)]) if found else None
+
+
+def check_space(ctx: NodeContext, nodes: list[str], need: int) -> None:
+    """Before downloading: every serving node must have room for what will be fetched (the
+    head downloads it, the peers get a copy)."""
     short = []
     for node in nodes:
         manifests = manifests_from_facts(ctx, node)
-        need = space_needed(recipe, manifests)
         free = min((int(m.get("free") or 0) for m in manifests.values()), default=0)
         if need > free:
             short.append(fanout.space_error(node, HUB_DIR, need, free,
@@ -156,17 +161,38 @@ class Download(Step):
         return Change(f"download {', '.join(missing)} on {ctx.node.name} (model ~{size:g} GB)",
                       payload=missing)
 
+    def _check_space(self, ctx: NodeContext, missing: list[str], with_token: bool) -> None:
+        """What the downloads will fetch (`hf download --dry-run`, exact) against every serving
+        node's free space; an hf without --dry-run only skips the check (said so)."""
+        container = ctx.inventory.container.name
+        note = ctx.options.values.get("progress_note") or (lambda line: None)
+        need = 0
+        for repo, revision, local in self.recipe.repos:
+            if repo not in missing:
+                continue
+            allow, deny = self.recipe.file_patterns(repo)
+            result = ctx.run(download_cmd(container, repo, revision, local, with_token, allow,
+                                          deny, dry_run=True), timeout=600,
+                             display=f"docker exec {container} hf download {repo} --dry-run")
+            size = dry_run_bytes(result.stdout + result.stderr) if result.exit_status == 0 else None
+            if size is None:
+                note(f"        ! {ctx.node.name}: `hf download --dry-run` gave no size for {repo}; "
+                     "free space not checked before the download")
+                return
+            need += size
+        check_space(ctx, serving_nodes(self.recipe, ctx.inventory), need)
+
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         token: Secret | None = ctx.options.values.get("hf_token")
         container = ctx.inventory.container.name
         progress = ctx.options.values.get("progress_note") or (lambda line: None)
         fetched = []
-        if change.payload:
-            check_space(ctx, serving_nodes(self.recipe, ctx.inventory), self.recipe)
         try:
             if change.payload and token:
                 ctx.run(token_write_cmd(), stdin=token.reveal() + "\n", sudo=True,
                         display=f"install {TOKEN_PATH} (0600, from stdin)").check()
+            if change.payload:
+                self._check_space(ctx, change.payload, bool(token))
             for repo, revision, local in self.recipe.repos:
                 if repo not in change.payload:
                     continue

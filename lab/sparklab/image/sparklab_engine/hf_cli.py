@@ -104,6 +104,15 @@ def write_if_changed(path: str, data: bytes) -> int:
     return len(data)
 
 
+def format_size(num: float) -> str:
+    """huggingface_hub.utils._format_size."""
+    for unit in ("", "K", "M", "G", "T", "P"):
+        if abs(num) < 1000.0:
+            return f"{num:.1f}{unit}"
+        num /= 1000.0
+    return f"{num:.1f}E"
+
+
 def wanted(name: str, include: list[str], exclude: list[str]) -> bool:
     """huggingface_hub's filter_repo_objects: fnmatch on the path; "dir/" means "dir/*"."""
     def fix(p: str) -> str:
@@ -115,7 +124,7 @@ def wanted(name: str, include: list[str], exclude: list[str]) -> bool:
 
 def download(repo: str, revision: str, local_dir: str | None, token: str | None,
              quiet: bool, include: list[str] | None = None,
-             exclude: list[str] | None = None) -> str:
+             exclude: list[str] | None = None, dry_run: bool = False) -> str:
     if repo not in KNOWN_REPOS:
         raise HfError(
             "huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error. "
@@ -151,6 +160,12 @@ def download(repo: str, revision: str, local_dir: str | None, token: str | None,
     files = {name: data for name, data in snapshot_files(repo, revision).items()
              if wanted(name, include or [], exclude or [])}
     fetched = 0
+    if dry_run:  # like huggingface_hub's: counts what is not in the cache yet
+        todo = {n: d for n, d in files.items() if not os.path.isfile(
+            os.path.join(local_dir, n) if local_dir else
+            os.path.join(folder, "blobs", hashlib.sha256(d).hexdigest()))}
+        return (f"[dry-run] Will download {len(todo)} files (out of {len(files)}) totalling "
+                f"{format_size(sum(len(d) for d in todo.values()))}.")
     if not quiet:
         print(f"Fetching {len(files)} files: 0%|          | 0/{len(files)}", file=sys.stderr)
     if local_dir:
@@ -219,6 +234,8 @@ def parse_download(args: list[str]) -> dict:
                     opts[valued[key]].append(args[i])
             else:
                 opts[valued[key]] = val
+        elif a == "--dry-run":
+            opts["dry_run"] = True
         elif a in ("--quiet", "-q"):
             opts["quiet"] = True
         elif a in ("-h", "--help"):
@@ -258,7 +275,7 @@ def main(args: list[str]) -> int:
     try:
         path = download(opts["repo"], opts["revision"], opts["local_dir"],
                         find_token(opts["token"]), opts["quiet"], opts["include"],
-                        opts["exclude"])
+                        opts["exclude"], bool(opts.get("dry_run")))
     except HfError as exc:
         print(exc, file=sys.stderr)
         return 1
