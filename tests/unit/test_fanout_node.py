@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from orchestrator.node import fanout as node
+from orchestrator.node import fanout_manifest
 
 SCRIPT = str(Path(node.__file__))
 REPO = "org/m"
@@ -107,8 +108,8 @@ def test_patterns_pick_files_like_hf(tmp_path: Path) -> None:
     entry = manifest(tmp_path, allow=["*.safetensors", "*.json", "tokenizer*"], deny=["original/*"])
     assert sorted(entry["files"]) == ["added_tokens.json", "config.json", "model.safetensors",
                                       "tokenizer.json"]
-    assert not node.matches("original/x.pth", [], ["original/"])
-    assert not node.matches("a.bin", ["*.safetensors"], [])
+    assert not fanout_manifest.matches("original/x.pth", [], ["original/"])
+    assert not fanout_manifest.matches("a.bin", ["*.safetensors"], [])
 
 
 def test_copy_reproduces_the_hf_layout_exactly(tmp_path: Path) -> None:
