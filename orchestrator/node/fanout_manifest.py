@@ -148,6 +148,11 @@ def scan_local(entry, local, allow, deny):
             rel = os.path.join(folder, rel_in_repo)
             entry["files"][rel_in_repo] = rel
             entry["blobs"][rel] = None
+    hf_meta = os.path.join(local, ".cache", "huggingface")
+    for base, _, names in os.walk(hf_meta):  # hf's own bookkeeping of a local dir: copied too
+        for name in names:
+            if not name.endswith((".lock", ".incomplete", PART)):
+                entry["blobs"][os.path.join(folder, os.path.relpath(os.path.join(base, name), local))] = None
     for base, _, names in os.walk(meta):
         for name in names:
             if name.endswith(".metadata"):
