@@ -60,6 +60,8 @@ class Lab:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKCTL_")}
         env["SPARKLAB_ID"] = str(self.lab_id)
+        root = Path(__file__).resolve().parent.parent  # measure this checkout, not the venv's
+        env["PYTHONPATH"] = f"{root}:{root / 'lab'}"
         # keep the user's remembered inventory and run logs out of the way
         env["SPARKCTL_STATE_DIR"] = str(self.workdir / "state")
         return env

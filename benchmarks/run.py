@@ -25,7 +25,7 @@ from benchmarks import scenarios
 from benchmarks.labctl import BenchError
 from benchmarks.stats import Target, results_table, targets_table
 
-SCENARIOS = ("help", "two-node", "delay", "scale")
+SCENARIOS = ("help", "two-node", "fanout", "delay", "scale")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
 MIB = 2**20
 
@@ -39,6 +39,8 @@ TARGETS = [
            "up no-change, 2 nodes"),
     Target("staging >= 70% of raw TCP", "staging copy head->peer (tar|ssh)", 0.70,
            "iperf3 raw TCP head->peer, fabric", at_least=True),
+    Target("fan-out >= 70% of iperf3", "fan-out sparkctl (raw TCP, 4 streams, verified)", 0.70,
+           "iperf3 raw TCP head->peer (fan-out lab)", at_least=True),
     Target("sparkctl --help < 0.2 s", "sparkctl --help", 0.2),
 ]
 
@@ -109,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                     scenarios.bench_help(settings, results)
                 elif name == "two-node":
                     scenarios.bench_two_node(settings, results, workdir)
+                elif name == "fanout":
+                    scenarios.bench_fanout(settings, results, workdir)
                 elif name == "delay":
                     scenarios.bench_delay(settings, results, workdir)
                 else:

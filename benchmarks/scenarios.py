@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks import floor, staging
+from benchmarks import fanout, floor, staging
 from benchmarks.labctl import SPARKCTL, BenchError, Lab, Timed
 from benchmarks.stats import Measurement, median
 
@@ -203,3 +203,41 @@ def bench_scale(s: Settings, res: Results, workdir: Path) -> None:
                 _floor(res, f"floor: up no-change, {size} nodes", capture, data)
         finally:
             lab.down()
+
+
+def bench_fanout(s: Settings, res: Results, workdir: Path) -> None:
+    """Fan-out vs SSH streams vs iperf3 on one 2-node lab, interleaved run by run."""
+    lab = Lab(s.lab_id, 2, "b2b", workdir)
+    s.log(f"fanout: lab up, model {s.model_bytes / 2**20:.0f} MiB")
+    lab.up(s.engine_load_seconds, s.model_bytes)
+    head, peer = lab.node_names()[:2]
+    size = f"{s.model_bytes / 2**20:.0f} MiB model + draft"
+    try:
+        if not lab.sparkctl("up", "--yes").ok:
+            raise BenchError("fanout: up failed")
+        token = workdir / "hf_token"
+        token.write_text("hf_sparklab_benchmark\n")
+        token.chmod(0o600)
+        launch = ["launch", RECIPE, "--yes", "--timeout", "300", "--hf-token-file", str(token)]
+        first = lab.sparkctl(*launch)
+        if not first.ok:
+            raise BenchError(f"fanout: launch failed: {first.failure()}")
+        for run in range(s.runs):
+            s.log(f"fanout run {run + 1}/{s.runs}")
+            res.row("iperf3 raw TCP head->peer (fan-out lab)", "MB/s",
+                    note="1 stream, 3 s").runs.append(staging.iperf(lab, head, peer))
+            mb_s, total, _ = fanout.ssh_parallel(lab, head, peer)
+            res.row("fan-out over SSH, 1 stream per file (aes128-gcm)", "MB/s",
+                    note=f"{total / 2**20:.0f} MiB").runs.append(mb_s)
+            fanout.clear_peer(lab, peer)
+            again = lab.sparkctl(*launch, "--replace")
+            rate = fanout.fanout_rate(again) if again.ok else None
+            if rate is None:
+                res.notes.append(f"fanout: launch copied nothing or failed: {again.failure()}")
+                continue
+            res.row("fan-out sparkctl (raw TCP, 4 streams, verified)", "MB/s",
+                    note=size).runs.append(rate[0])
+            res.row("fan-out sparkctl seconds", note=size).runs.append(rate[2])
+            time.sleep(1)
+    finally:
+        lab.down()

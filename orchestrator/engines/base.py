@@ -56,6 +56,16 @@ class Memory(StrictModel):
     for OOM while loading)."""
 
 
+class FileFilter(StrictModel):
+    """Which of the model repository's files a recipe needs (huggingface_hub's patterns: fnmatch
+    on the path in the repo, `*` crosses `/`, a trailing `/` means the whole folder)."""
+
+    allow: list[str] = Field(default_factory=list, max_length=64)
+    """Only files matching one of these (empty: every file); `hf download --include`."""
+    deny: list[str] = Field(default_factory=list, max_length=64)
+    """Never files matching one of these; `hf download --exclude`."""
+
+
 class BaseRecipe(StrictModel):
     """The fields every engine's recipe has; each engine adds its own and fixes `engine`."""
 
@@ -73,6 +83,8 @@ class BaseRecipe(StrictModel):
     port: int = Field(default=8000, ge=1024, le=65535)
     """Port the server listens on, on its first node (127.0.0.1 unless --host)."""
     memory: Memory
+    files: FileFilter | None = None
+    """Which files of `model` to download and copy (default: all of them)."""
     source: str = Field(default="<recipe>", exclude=True)
 
     @property
@@ -83,6 +95,13 @@ class BaseRecipe(StrictModel):
     def repos(self) -> list[tuple[str, str, str | None]]:
         """(HF id, revision, local dir or None for the HF cache layout) of every model needed."""
         return [(self.model, self.revision, None)]
+
+    def file_patterns(self, repo: str) -> tuple[list[str], list[str]]:
+        """(allow, deny) for one of `repos`: the recipe's `files` for the main model, all files
+        of the others (draft models are small)."""
+        if repo == self.model and self.files is not None:
+            return list(self.files.allow), list(self.files.deny)
+        return [], []
 
 
 Verdict = Literal["fits", "tight", "does not fit"]

@@ -1,15 +1,17 @@
 """Models on every serving node, fetched from the internet once.
 
-The head downloads each missing model inside its container (`hf download`, the token read from a
-0600 file that HF_TOKEN_PATH names, removed again afterwards); the other nodes get a copy over the
-fabric link (tar through the containers' sshd, with the cluster key); then every node's files are
-compared with the head's (revision, names, sizes, checksums of the small files). Only what is
-missing or different is fetched or copied.
+The head downloads each missing model inside its container (`hf download`, only the files the
+recipe's `files` patterns allow, the token read from a 0600 file that HF_TOKEN_PATH names,
+removed again afterwards); the other nodes get a copy over the fabric (phases/fanout.py: parallel
+raw TCP streams, resumable, every chunk verified); then every node's files are compared with the
+head's (revision, names, sizes, sha256 of every file, cached beside the model). Only what is
+missing or different is fetched or copied; free space is checked first, with the numbers.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,8 +23,8 @@ from orchestrator.engines.base import CONTAINER_HF_HOME
 from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.node import script
 from orchestrator.paths import SSH_CONFIG, TOKEN_PATH
+from orchestrator.phases import fanout
 from orchestrator.phases.files import check_written
 from orchestrator.remote.cluster import parallel
 from orchestrator.remote.stream import stream_run
@@ -32,25 +34,36 @@ HUB_DIR = f"{CONTAINER_HF_HOME}/hub"
 DOWNLOAD_TIMEOUT = 24 * 3600.0
 COPY_TIMEOUT = 12 * 3600.0
 
-# Runs inside a container (python3, stdlib): what each model's files are on this node.
-MANIFEST_SCRIPT = script("manifest.py")
 
 
 def repo_requests(recipe: Recipe) -> list[dict[str, Any]]:
-    return [{"repo": repo, "revision": rev, "dir": local} for repo, rev, local in recipe.repos]
+    out = []
+    for repo, rev, local in recipe.repos:
+        allow, deny = recipe.file_patterns(repo)
+        out.append({"repo": repo, "revision": rev, "dir": local, "allow": allow, "deny": deny})
+    return out
 
 
-def manifest_cmd(container: str, recipe: Recipe) -> str:
-    args = json.dumps({"hub": HUB_DIR, "repos": repo_requests(recipe)}, sort_keys=True)
-    return docker_exec_cmd(container, ["python3", "-c", MANIFEST_SCRIPT, args])
+def manifest_cmd(container: str, recipe: Recipe, chunks: bool = False) -> str:
+    """Each model's files on the node, with sha256 (cached beside the model; node/fanout.py)."""
+    return fanout.node_script_cmd(container, "manifest", {"hub": HUB_DIR, "chunks": chunks,
+                                                          "repos": repo_requests(recipe)})
 
 
 def download_cmd(container: str, repo: str, revision: str, local_dir: str | None,
-                 with_token: bool) -> str:
-    """`hf download` in the container; the token is a file HF_TOKEN_PATH names, never a value."""
+                 with_token: bool, allow: list[str] | None = None,
+                 deny: list[str] | None = None, dry_run: bool = False) -> str:
+    """`hf download` in the container; the token is a file HF_TOKEN_PATH names, never a value.
+    Patterns go as repeated `--include P` / `--exclude P` (the hf CLI's list options)."""
     argv = ["hf", "download", repo, "--revision", revision]
     if local_dir:
         argv += ["--local-dir", local_dir]
+    for pattern in allow or []:
+        argv += ["--include", pattern]
+    for pattern in deny or []:
+        argv += ["--exclude", pattern]
+    if dry_run:
+        argv.append("--dry-run")
     env = {"HF_TOKEN_PATH": TOKEN_PATH} if with_token else {}
     return docker_exec_cmd(container, argv, env=env)
 
@@ -88,17 +101,44 @@ def token_remove_cmd() -> str:
 
 
 def comparable(entry: dict[str, Any]) -> dict[str, Any]:
-    return {"commit": entry.get("commit"), "files": entry.get("files")}
+    """What must be equal on every node: the commit, the file names, each file's size and sha256."""
+    blobs = entry.get("blobs") or {}
+    files = {name: [(blobs.get(rel) or {}).get("size"), (blobs.get(rel) or {}).get("sha256")]
+             for name, rel in (entry.get("files") or {}).items()}
+    return {"commit": entry.get("commit"), "files": files, "partial": bool(entry.get("partial"))}
 
 
-def gb(n: float) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+gb = fanout.gb
 
 
-def read_manifests(transport: Transport, container: str, recipe: Recipe) -> dict[str, Any]:
-    result = transport.run(manifest_cmd(container, recipe), timeout=600,
+def read_manifests(transport: Transport, container: str, recipe: Recipe,
+                   chunks: bool = False) -> dict[str, Any]:
+    result = transport.run(manifest_cmd(container, recipe, chunks), timeout=3600,
                            display=f"docker exec {container} python3 -c <model manifest>").check()
     return dict(json.loads(result.stdout))
+
+
+SIZE_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+
+
+def dry_run_bytes(output: str) -> int | None:
+    """Bytes `hf download --dry-run` says it would fetch ("... totalling 1.2G."), or None."""
+    found = re.search(r"totalling ([\d.]+)\s*([KMGTP]?)", output)
+    return int(float(found.group(1)) * SIZE_UNITS[found.group(2)]) if found else None
+
+
+def check_space(ctx: NodeContext, nodes: list[str], need: int) -> None:
+    """Before downloading: every serving node must have room for what will be fetched (the
+    head downloads it, the peers get a copy)."""
+    short = []
+    for node in nodes:
+        manifests = manifests_from_facts(ctx, node)
+        free = min((int(m.get("free") or 0) for m in manifests.values()), default=0)
+        if need > free:
+            short.append(fanout.space_error(node, HUB_DIR, need, free,
+                                            "for the download").args[0])
+    if short:
+        raise SparkctlError("\n".join(short))
 
 
 def manifests_from_facts(ctx: NodeContext, node: str) -> dict[str, Any]:
@@ -133,6 +173,27 @@ class Download(Step):
         return Change(f"download {', '.join(missing)} on {ctx.node.name} (model ~{size:g} GB)",
                       payload=missing)
 
+    def _check_space(self, ctx: NodeContext, missing: list[str], with_token: bool) -> None:
+        """What the downloads will fetch (`hf download --dry-run`, exact) against every serving
+        node's free space; an hf without --dry-run only skips the check (said so)."""
+        container = ctx.inventory.container.name
+        note = ctx.options.values.get("progress_note") or (lambda line: None)
+        need = 0
+        for repo, revision, local in self.recipe.repos:
+            if repo not in missing:
+                continue
+            allow, deny = self.recipe.file_patterns(repo)
+            result = ctx.run(download_cmd(container, repo, revision, local, with_token, allow,
+                                          deny, dry_run=True), timeout=600,
+                             display=f"docker exec {container} hf download {repo} --dry-run")
+            size = dry_run_bytes(result.stdout + result.stderr) if result.exit_status == 0 else None
+            if size is None:
+                note(f"        ! {ctx.node.name}: `hf download --dry-run` gave no size for {repo}; "
+                     "free space not checked before the download")
+                return
+            need += size
+        check_space(ctx, serving_nodes(self.recipe, ctx.inventory), need)
+
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         token: Secret | None = ctx.options.values.get("hf_token")
         container = ctx.inventory.container.name
@@ -145,6 +206,8 @@ class Download(Step):
                 result = ctx.run(token_write_cmd(), stdin=payload, sudo=True,
                                  display=f"install {TOKEN_PATH} (0600, from stdin)")
                 check_written(result, ctx.node.name, "models/download")
+            if change.payload:
+                self._check_space(ctx, change.payload, bool(token))
             for repo, revision, local in self.recipe.repos:
                 if repo not in change.payload:
                     continue
@@ -157,8 +220,10 @@ class Download(Step):
                         progress(f"          {repo}: {line[-110:]}")
 
                 display = f"docker exec {container} hf download {repo}"
+                allow, deny = self.recipe.file_patterns(repo)
                 status, tail = stream_run(ctx.transport,  # type: ignore[arg-type]
-                                          download_cmd(container, repo, revision, local, bool(token)),
+                                          download_cmd(container, repo, revision, local,
+                                                       bool(token), allow, deny),
                                           on_line, DOWNLOAD_TIMEOUT, display)
                 if status != 0:
                     hint = "" if token else (
@@ -197,33 +262,43 @@ class Distribute(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         container = ctx.inventory.container.name
-        progress = ctx.options.values.get("progress_note") or (lambda line: None)
+        note = ctx.options.values.get("progress_note") or (lambda line: None)
         peers: list[str] = change.payload
-        head = read_manifests(ctx.transport, container, self.recipe)  # type: ignore[arg-type]
-        theirs = self._peer_manifests(ctx, peers)
-        def copy_to(peer: str) -> list[str]:
-            ip = ctx.inventory.mpi_address(ctx.inventory.node(peer))
-            done = []
-            for repo, _, local in self.recipe.repos:
-                mine = head[repo]
-                if comparable(theirs[peer][repo]) == comparable(mine):
-                    continue
-                paths = mine["paths"] + sorted(
-                    rel for rel, size in mine["blobs"].items()
-                    if theirs[peer][repo]["blobs"].get(rel) != size
-                )
-                progress(f"        → {peer}: {repo} ({gb(mine['bytes'])}) over the fabric to {ip}")
-                started = time.monotonic()
-                ctx.run(copy_cmd(container, mine["root"], paths, ip, replace=bool(local)),
-                        timeout=COPY_TIMEOUT,
-                        display=f"tar {repo} | ssh {ip} (container {container})").check()
-                rate = mine["bytes"] / max(time.monotonic() - started, 1e-3)
-                done.append(f"{repo} -> {peer} ({gb(mine['bytes'])}, {gb(rate)}/s)")
-            return done
+        head = read_manifests(ctx.transport, container, self.recipe, chunks=True)  # type: ignore[arg-type]
+        for repo, _, _ in self.recipe.repos:
+            if not head[repo]["present"]:
+                raise SparkctlError(f"{ctx.node.name}: {repo} is not complete on the head "
+                                    f"({head[repo].get('error') or 'no config.json'})")
+        bar = fanout.FanoutProgress(note)
 
-        # every peer at once: each gets its own stream over its own link (or switch port)
-        copied = [line for outcome in parallel(copy_to, peers, limit=8).values()
-                  for line in outcome.get()]
+        def copy_to(peer: str) -> list[fanout.PeerCopy]:
+            ip = ctx.inventory.mpi_address(ctx.inventory.node(peer))
+            return [fanout.copy_to_peer(head=ctx.transport, peer=ctx.transports[peer],  # type: ignore[arg-type]
+                                        container=container, peer_ip=ip, entry=head[repo],
+                                        progress=bar)
+                    for repo, _, _ in self.recipe.repos]
+
+        # every peer at once: each gets its own streams over its own link (or switch port)
+        try:
+            outcomes = parallel(copy_to, peers, limit=8)
+        finally:
+            bar.stop()
+        copies: dict[str, list[fanout.PeerCopy]] = {}
+        errors = []
+        for peer, outcome in outcomes.items():
+            if outcome.ok:
+                copies[peer] = outcome.get()
+            else:
+                errors.append(str(outcome.error))
+        totals = {peer: fanout.PeerCopy(peer, sum(c.total for c in cs), sum(c.had for c in cs),
+                                        sum(c.sent for c in cs), sum(c.seconds for c in cs))
+                  for peer, cs in copies.items()}
+        ctx.shared["fanout"] = {p: {"bytes_total": t.total, "bytes_had": t.had,
+                                    "bytes_copied": t.sent, "seconds": round(t.seconds, 3),
+                                    "gb_per_s": round(t.sent / t.seconds / 1e9, 3)
+                                    if t.seconds else None} for p, t in totals.items()}
+        if errors:
+            raise SparkctlError("; ".join(errors))
         after = self._peer_manifests(ctx, peers)
         for peer in peers:
             for repo, _, _ in self.recipe.repos:
@@ -231,9 +306,9 @@ class Distribute(Step):
                     raise SparkctlError(
                         f"{peer}: {repo} still differs from {ctx.node.name} after the copy "
                         f"({len(after[peer][repo]['files'])} vs {len(head[repo]['files'])} files); "
-                        "check disk space on the node and run launch again"
+                        "run launch again"
                     )
-        return "copied " + "; ".join(copied) + "; " + summary(
+        return "copied " + "; ".join(t.line() for t in totals.values()) + "; " + summary(
             self.recipe, head, [ctx.node.name, *peers])
 
     def _peer_manifests(self, ctx: NodeContext, peers: list[str]) -> dict[str, dict[str, Any]]:
@@ -265,7 +340,7 @@ def phase(recipe: Recipe, inventory: Inventory) -> Phase:
         return {
             "files": {TOKEN_PATH: False},
             "commands": {"models": manifest_cmd(inv.container.name, recipe)},
-            "timeout": 600,
+            "timeout": 3600,
         }
 
     return ServingPhase("models", [Download(recipe), Distribute(recipe)], facts,

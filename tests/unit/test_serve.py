@@ -109,9 +109,16 @@ def test_config_hash_covers_the_bind_address() -> None:
 
 
 def manifest(present: bool, files: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+    """A node-side manifest (node/fanout.py): names -> blob paths, blobs with size and sha256."""
     files = files if files is not None else {"config.json": [10, "abc"]}
-    return {"present": present, "commit": "c0ffee" if present else None, "files": files if present else {},
-            "root": models.HUB_DIR, "paths": [], "blobs": {}, "bytes": 10}
+    if not present:
+        files = {}
+    return {"present": present, "commit": "c0ffee" if present else None,
+            "files": {name: f"models--x/blobs/{name}" for name in files},
+            "blobs": {f"models--x/blobs/{name}": {"size": size, "sha256": sha}
+                      for name, (size, sha) in files.items()},
+            "root": models.HUB_DIR, "links": {}, "refs": {}, "partial": [], "bytes": 10,
+            "free": 10**12}
 
 
 def model_facts(head: dict[str, Any], peer: dict[str, Any], token: bool = False) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """`hf` (huggingface_hub CLI) simulation: `hf download` writes a small fake snapshot."""
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -30,7 +31,8 @@ positional arguments:
 """
 DOWNLOAD_USAGE = ("usage: hf download [-h] [--repo-type {model,dataset,space}] "
                   "[--revision REVISION] [--cache-dir CACHE_DIR] [--local-dir LOCAL_DIR] "
-                  "[--token TOKEN] [--quiet] [--max-workers MAX_WORKERS] repo_id "
+                  "[--token TOKEN] [--include PATTERN] [--exclude PATTERN] [--quiet] "
+                  "[--max-workers MAX_WORKERS] repo_id "
                   "[filenames ...]")
 
 
@@ -103,8 +105,27 @@ def write_if_changed(path: str, data: bytes) -> int:
     return len(data)
 
 
+def format_size(num: float) -> str:
+    """huggingface_hub.utils._format_size."""
+    for unit in ("", "K", "M", "G", "T", "P"):
+        if abs(num) < 1000.0:
+            return f"{num:.1f}{unit}"
+        num /= 1000.0
+    return f"{num:.1f}E"
+
+
+def wanted(name: str, include: list[str], exclude: list[str]) -> bool:
+    """huggingface_hub's filter_repo_objects: fnmatch on the path; "dir/" means "dir/*"."""
+    def fix(p: str) -> str:
+        return p + "*" if p.endswith("/") else p
+    if include and not any(fnmatch.fnmatch(name, fix(p)) for p in include):
+        return False
+    return not any(fnmatch.fnmatch(name, fix(p)) for p in exclude)
+
+
 def download(repo: str, revision: str, local_dir: str | None, token: str | None,
-             quiet: bool) -> str:
+             quiet: bool, include: list[str] | None = None,
+             exclude: list[str] | None = None, dry_run: bool = False) -> str:
     if repo not in KNOWN_REPOS:
         raise HfError(
             "huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error. "
@@ -137,8 +158,15 @@ def download(repo: str, revision: str, local_dir: str | None, token: str | None,
                           "Unauthorized for url: https://huggingface.co/api/models/"
                           f"{repo}/revision/{revision} (Invalid credentials in Authorization "
                           "header)")
-    files = snapshot_files(repo, revision)
+    files = {name: data for name, data in snapshot_files(repo, revision).items()
+             if wanted(name, include or [], exclude or [])}
     fetched = 0
+    if dry_run:  # like huggingface_hub's: counts what is not in the cache yet
+        todo = {n: d for n, d in files.items() if not os.path.isfile(
+            os.path.join(local_dir, n) if local_dir else
+            os.path.join(folder, "blobs", hashlib.sha256(d).hexdigest()))}
+        return (f"[dry-run] Will download {len(todo)} files (out of {len(files)}) totalling "
+                f"{format_size(sum(len(d) for d in todo.values()))}.")
     if not quiet:
         print(f"Fetching {len(files)} files: 0%|          | 0/{len(files)}", file=sys.stderr)
     if local_dir:
@@ -183,7 +211,8 @@ def record_download(repo: str, fetched: int) -> None:
 
 def parse_download(args: list[str]) -> dict:
     opts: dict = {"revision": "main", "local_dir": None, "token": None, "quiet": False,
-                  "repo": None, "cache_dir": None}
+                  "repo": None, "cache_dir": None, "include": [], "exclude": []}
+    lists = {"--include", "--exclude"}
     valued = {"--revision": "revision", "--local-dir": "local_dir", "--token": "token",
               "--cache-dir": "cache_dir", "--repo-type": "repo_type",
               "--max-workers": "max_workers", "--include": "include", "--exclude": "exclude"}
@@ -198,7 +227,16 @@ def parse_download(args: list[str]) -> dict:
                     raise SystemExit(f"{DOWNLOAD_USAGE}\nhf download: error: argument {key}: "
                                      "expected one argument")
                 val = args[i]
-            opts[valued[key]] = val
+            if key in lists:  # repeatable (hf >= 1.0); older CLIs took several values at once
+                opts[valued[key]].append(val)
+                while i + 1 < len(args) and not args[i + 1].startswith("-") and not eq \
+                        and opts["repo"] is not None:
+                    i += 1
+                    opts[valued[key]].append(args[i])
+            else:
+                opts[valued[key]] = val
+        elif a == "--dry-run":
+            opts["dry_run"] = True
         elif a in ("--quiet", "-q"):
             opts["quiet"] = True
         elif a in ("-h", "--help"):
@@ -237,7 +275,8 @@ def main(args: list[str]) -> int:
         os.environ["HF_HUB_CACHE"] = opts["cache_dir"]
     try:
         path = download(opts["repo"], opts["revision"], opts["local_dir"],
-                        find_token(opts["token"]), opts["quiet"])
+                        find_token(opts["token"]), opts["quiet"], opts["include"],
+                        opts["exclude"], bool(opts.get("dry_run")))
     except HfError as exc:
         print(exc, file=sys.stderr)
         return 1

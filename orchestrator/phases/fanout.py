@@ -1,0 +1,215 @@
+"""Model fan-out: the head's files to every peer over the fabric, at link speed, resumable and
+verified (the node side is orchestrator/node/fanout.py).
+
+Per peer: a receiver starts in the peer's container (over the controller's SSH connection to
+that peer, a one-time token on its stdin), checks what it already has (whole files by sha256,
+partial files chunk by chunk), checks free space, and listens on the peer's fabric address
+only. The sender starts in the head's container (token on stdin too) and streams the missing
+chunks over STREAMS parallel raw TCP connections. Every chunk is verified against the head's
+manifest before it is written; files appear under their real names only when complete.
+Raw TCP was measured faster than parallel SSH streams on the lab (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.commands import docker_exec_cmd
+from orchestrator.errors import SparkctlError
+from orchestrator.node import script
+from orchestrator.remote.pipe import RemoteProcess
+from orchestrator.remote.transport import Transport
+
+FANOUT_SCRIPT = script("fanout_manifest.py") + "\n" + script("fanout.py")
+STREAMS = int(os.environ.get("SPARKCTL_FANOUT_STREAMS", "4"))
+"""Parallel TCP connections per peer (4 filled the lab's link; see docs/performance.md)."""
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def node_script_cmd(container: str, mode: str, args: dict[str, Any], interactive: bool = False) -> str:
+    return docker_exec_cmd(container, ["python3", "-c", FANOUT_SCRIPT, mode,
+                                       json.dumps(args, sort_keys=True)], interactive=interactive)
+
+
+@dataclass
+class PeerCopy:
+    peer: str
+    total: int = 0
+    """Bytes of the model on the head (what the peer must end up with)."""
+    had: int = 0
+    """Bytes the peer already had right (whole files and verified chunks of partial ones)."""
+    sent: int = 0
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        rate = self.sent / self.seconds if self.seconds > 0 else 0.0
+        if not self.sent:
+            return f"{self.peer}: nothing to copy ({gb(self.total)} already there)"
+        resumed = f", {gb(self.had)} already there" if self.had else ""
+        return (f"{self.peer}: {gb(self.sent)} in {self.seconds:.1f} s "
+                f"({rate / 1e9:.2f} GB/s){resumed}")
+
+
+class FanoutProgress:
+    """One bar per peer (rich, when stderr is a terminal) or a plain line every few seconds."""
+
+    def __init__(self, note: Callable[[str], None], plain_every: float = 5.0) -> None:
+        self.note = note
+        self.every = plain_every
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._rich: Any = None
+        self._tasks: dict[str, Any] = {}
+        if sys.stderr.isatty() and not os.environ.get("SPARKCTL_PLAIN_PROGRESS"):
+            try:
+                from rich.progress import (
+                    BarColumn,
+                    DownloadColumn,
+                    Progress,
+                    TimeRemainingColumn,
+                    TransferSpeedColumn,
+                )
+                self._rich = Progress("        → {task.description}", BarColumn(),
+                                      DownloadColumn(), TransferSpeedColumn(),
+                                      TimeRemainingColumn(), transient=False)
+            except ImportError:
+                self._rich = None
+
+    def start(self, peer: str, total: int) -> None:
+        with self._lock:
+            if self._rich is not None:
+                if not self._tasks:
+                    self._rich.start()
+                self._tasks[peer] = self._rich.add_task(peer, total=total)
+            self._last[peer] = time.monotonic()
+
+    def update(self, peer: str, done: int, total: int, rate: float) -> None:
+        with self._lock:
+            if self._rich is not None and peer in self._tasks:
+                self._rich.update(self._tasks[peer], completed=done)
+                return
+            now = time.monotonic()
+            last = self._last.get(peer, 0.0)
+            if last < 0 or (now - last < self.every and done < total):
+                return  # (-1: its 100% line was printed)
+            self._last[peer] = -1.0 if done >= total else now
+        eta = (total - done) / rate if rate > 0 else 0.0
+        self.note(f"        → {peer}: {gb(done)} / {gb(total)} ({rate / 1e9:.2f} GB/s, "
+                  f"ETA {eta:.0f} s)")
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._rich is not None and self._tasks:
+                self._rich.stop()
+                self._tasks.clear()
+
+
+def _first_json(proc: RemoteProcess) -> dict[str, Any]:
+    while True:
+        line = proc.readline()
+        if not line:
+            return {}
+        if line.strip().startswith("{"):
+            return dict(json.loads(line))
+
+
+def _interrupted() -> bool:
+    """The main thread is gone (Ctrl-C ended the run): stop copying, keep what arrived."""
+    return not threading.main_thread().is_alive()
+
+
+def space_error(node: str, path: str, need: int, free: int, during: str) -> SparkctlError:
+    return SparkctlError(
+        f"{node}: not enough disk space {during}: need {gb(need)} at {path}, "
+        f"{gb(free)} free; free some space on {node} and run launch again")
+
+
+def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: str,
+                 entry: dict[str, Any], progress: FanoutProgress,
+                 streams: int = STREAMS) -> PeerCopy:
+    """Make the peer's copy of one repository identical to the head's `entry` (a manifest
+    entry with chunk hashes). Returns what was sent; raises SparkctlError naming the node."""
+    files = [{"rel": rel, **info} for rel, info in sorted(entry["blobs"].items())]
+    result = PeerCopy(peer.node, total=sum(f["size"] for f in files))
+    token = secrets.token_hex(16)
+    plan = {"token": token, "root": entry["root"], "files": files, "chunk": entry["chunk"],
+            "links": entry["links"], "refs": entry["refs"]}
+    receiver = RemoteProcess(
+        peer, node_script_cmd(container, "recv", {"listen": peer_ip, "streams": streams}, True),
+        json.dumps(plan), display=f"docker exec -i {container} python3 -c <fanout recv>")
+    sender: RemoteProcess | None = None
+    try:
+        ready = _first_json(receiver)
+        if not ready:
+            raise SparkctlError(f"{peer.node}: the fan-out receiver did not start: "
+                                f"{receiver.stderr_tail()}")
+        if ready.get("error") == "space":
+            raise space_error(peer.node, ready["path"], ready["need"], ready["free"],
+                              "for the copy")
+        if "error" in ready:
+            raise SparkctlError(f"{peer.node}: cannot check the model files: {ready.get('message')}")
+        result.had = int(ready["have"])
+        need = ready["need"]
+        if not need:
+            final = _first_json(receiver)
+            if not final.get("done"):
+                raise SparkctlError(f"{peer.node}: fan-out receiver failed: "
+                                    f"{final or receiver.stderr_tail()}")
+            return result
+        total_need = int(ready["need_bytes"])
+        progress.start(peer.node, total_need)
+        job = {"token": token, "root": entry["root"], "files": [f["rel"] for f in files],
+               "need": need}
+        started = time.monotonic()
+        sender = RemoteProcess(
+            head, node_script_cmd(container, "send", {"host": peer_ip, "port": ready["port"],
+                                                       "streams": streams}, True),
+            json.dumps(job), display=f"docker exec -i {container} python3 -c <fanout send>")
+        status: dict[str, Any] = {}
+        while True:
+            if _interrupted():
+                raise SparkctlError(f"{peer.node}: copy interrupted "
+                                    f"({gb(result.sent)} of {gb(total_need)} sent; the rest "
+                                    "resumes on the next launch)")
+            line = sender.readline()
+            if not line:
+                break
+            if not line.startswith("{"):
+                continue
+            status = json.loads(line)
+            result.sent = int(status.get("sent", result.sent))
+            elapsed = time.monotonic() - started
+            progress.update(peer.node, result.sent, total_need, result.sent / max(elapsed, 1e-3))
+            if status.get("done") or status.get("error"):
+                break
+        result.seconds = time.monotonic() - started
+        final = _first_json(receiver)
+        if final.get("error") == "space":
+            raise space_error(peer.node, final.get("path", entry["root"]),
+                              int(final.get("need", 0)), int(final.get("free", 0)),
+                              f"(the disk filled up during the copy: {final.get('message')})")
+        if final.get("error"):
+            raise SparkctlError(f"{peer.node}: copy failed on the receiving side: "
+                                f"{final.get('message')}")
+        if status.get("error") or not status.get("done"):
+            raise SparkctlError(f"{peer.node}: copy from the head failed: "
+                                f"{status.get('message') or sender.stderr_tail()}")
+        if not final.get("done"):
+            raise SparkctlError(f"{peer.node}: the receiver ended without finishing: "
+                                f"{receiver.stderr_tail()}")
+        return result
+    finally:
+        if sender is not None:
+            sender.close()
+        receiver.close()

@@ -1,0 +1,80 @@
+"""A remote command fed on stdin and read line by line while it runs (the fan-out's sender and
+receiver): over the node's one SSH connection (an extra session channel) or, when the
+controller is the node itself, a local process. The stdin text (which may hold a one-time
+token) never appears in argv or in the trace; `display` is what logs show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from typing import Any
+
+from orchestrator.remote.stream import ssh_connection
+from orchestrator.remote.transport import Transport
+
+
+class RemoteProcess:
+    def __init__(self, transport: Transport, command: str, stdin_text: str, display: str) -> None:
+        self.node = transport.node
+        self.display = display
+        self._channel: Any = None
+        self._process: subprocess.Popen[bytes] | None = None
+        ssh = ssh_connection(transport)
+        if ssh is not None:
+            channel = ssh.open_session()
+            channel.exec_command(command)
+            channel.sendall(stdin_text.encode())
+            channel.shutdown_write()
+            self._channel = channel
+            self._reader = channel.makefile("rb")
+            self._errors = channel.makefile_stderr("rb")
+        else:
+            self._process = subprocess.Popen(
+                ["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True)
+            assert self._process.stdin is not None
+            self._process.stdin.write(stdin_text.encode())
+            self._process.stdin.close()
+            self._reader = self._process.stdout
+            self._errors = self._process.stderr
+
+    def readline(self) -> str:
+        """The next line of stdout ("" at the end)."""
+        try:
+            return str(self._reader.readline().decode(errors="replace"))
+        except (OSError, EOFError, ValueError):
+            return ""
+
+    def stderr_tail(self, limit: int = 800) -> str:
+        try:
+            return str(self._errors.read().decode(errors="replace"))[-limit:]
+        except (OSError, EOFError, ValueError):
+            return ""
+
+    def wait(self, timeout: float = 60.0) -> int:
+        if self._channel is not None:
+            deadline = time.monotonic() + timeout
+            while not self._channel.exit_status_ready():
+                if time.monotonic() > deadline:
+                    return -1
+                time.sleep(0.05)
+            return int(self._channel.recv_exit_status())
+        assert self._process is not None
+        try:
+            return self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return -1
+
+    def close(self) -> None:
+        """End it: the channel closes (the remote side gets EOF/EPIPE), a local one is killed."""
+        if self._channel is not None:
+            self._channel.close()
+        if self._process is not None and self._process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=5)

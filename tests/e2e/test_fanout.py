@@ -1,0 +1,163 @@
+"""Model fan-out on the lab: an interrupted copy resumes, a corrupted file on a peer is found
+and replaced, only the recipe's files move, a full disk fails fast with the numbers.
+
+The lab's model size is raised to 256 MiB on the head for this module (its `lab.json`), so the
+copy takes long enough to be interrupted half-way; both nodes' model folders are cleared first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO, Lab, healthy_lab
+
+pytestmark = pytest.mark.lab
+
+SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
+CONTAINER = "trtllm-multinode"
+HF = "/root/.cache/huggingface"
+BLOBS = f"{HF}/hub/models--nvidia--Qwen3-235B-A22B-FP4/blobs"
+SNAPSHOTS = f"{HF}/hub/models--nvidia--Qwen3-235B-A22B-FP4/snapshots"
+LAB_JSON = "/var/lib/sparklab/config/lab.json"
+COPIED = re.compile(r"spark-b: ([\d.]+) (GB|MB) in [\d.]+ s \([\d.]+ GB/s\)(?:, ([\d.]+) (GB|MB) "
+                    r"already there)?")
+
+
+def env(tmp: Path) -> dict[str, str]:
+    out = {**os.environ, "SPARKCTL_STATE_DIR": str(tmp / "state"), "HF_TOKEN": "hf_fanout_e2e"}
+    return out
+
+
+def launch_argv(lab: Lab, recipe: str = "qwen3-235b") -> list[str]:
+    return [SPARKCTL, "launch", recipe, "--inventory", str(lab.inventory), "--yes", "--json",
+            "--timeout", "120", "--replace"]
+
+
+def in_container(lab: Lab, node: str, command: str, check: bool = True) -> str:
+    return lab.exec(node, ["docker", "exec", CONTAINER, "sh", "-c", command], check=check).stdout
+
+
+def distribute_message(stdout: str) -> str:
+    report = json.loads(stdout)
+    for host in report["hosts"].values():
+        for step in host["steps"]:
+            if step["step"] == "distribute":
+                return str(step["message"])
+    return ""
+
+
+def mb(value: str, unit: str) -> float:
+    return float(value) * (1000 if unit == "GB" else 1)
+
+
+def sha_of_blobs(lab: Lab, node: str) -> str:
+    return in_container(lab, node, f"cd {BLOBS} && sha256sum * | sort")
+
+
+@pytest.fixture(scope="module")
+def fanout_lab(lab_session: list[Lab], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    lab = healthy_lab(lab_session)
+    tmp = tmp_path_factory.mktemp("fanout")
+    up = subprocess.run([SPARKCTL, "up", "--inventory", str(lab.inventory), "--yes"],
+                        capture_output=True, text=True, env=env(tmp), timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    head = lab.nodes[0]
+    original = lab.exec(head, f"cat {LAB_JSON}").stdout
+    config = json.loads(original)
+    lab.exec(head, f"cat > {LAB_JSON}", input_text=json.dumps({**config, "model_bytes": 256 << 20}))
+    for node in lab.nodes:
+        in_container(lab, node, f"rm -rf {HF}/hub/models--* {HF}/drafts")
+    yield lab
+    lab.exec(head, f"cat > {LAB_JSON}", input_text=original)
+    for node in lab.nodes:
+        in_container(lab, node, f"rm -rf {HF}/hub/models--* {HF}/drafts", check=False)
+
+
+def test_an_interrupted_copy_resumes_with_only_the_rest(fanout_lab: Lab, tmp_path: Path) -> None:
+    lab, peer = fanout_lab, fanout_lab.nodes[1]
+    proc = subprocess.Popen(launch_argv(lab), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env(tmp_path))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        parts = in_container(lab, peer, f"find {HF} -name '*.sparkctl-part' -size +1M", check=False)
+        if parts.strip():
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the launch ended before its copy could be interrupted"
+    proc.send_signal(signal.SIGINT)  # our own child, by its handle
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, err[-2000:]
+    time.sleep(1)  # the receiver notices the closed connections and exits
+    again = subprocess.run(launch_argv(lab), capture_output=True, text=True, env=env(tmp_path),
+                           timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    found = COPIED.search(distribute_message(again.stdout))
+    assert found and found.group(3), distribute_message(again.stdout)
+    copied, had = mb(found.group(1), found.group(2)), mb(found.group(3), found.group(4))
+    assert had > 0 and copied < copied + had  # only the rest was sent
+    assert sha_of_blobs(lab, lab.nodes[0]) == sha_of_blobs(lab, peer)
+    assert not in_container(lab, peer, f"find {HF} -name '*.sparkctl-part'").strip()
+
+
+def test_a_corrupted_file_on_a_peer_is_found_and_replaced(fanout_lab: Lab, tmp_path: Path) -> None:
+    lab, peer = fanout_lab, fanout_lab.nodes[1]
+    first = subprocess.run(launch_argv(lab), capture_output=True, text=True, env=env(tmp_path),
+                           timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    big = in_container(lab, peer, f"cd {BLOBS} && ls -S | head -1").strip()
+    in_container(lab, peer, f"printf XXXX | dd of={BLOBS}/{big} bs=1 seek=40000000 conv=notrunc "
+                            "2>/dev/null")
+    assert sha_of_blobs(lab, lab.nodes[0]) != sha_of_blobs(lab, peer)
+    again = subprocess.run(launch_argv(lab), capture_output=True, text=True, env=env(tmp_path),
+                           timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    found = COPIED.search(distribute_message(again.stdout))
+    assert found, distribute_message(again.stdout)
+    assert mb(found.group(1), found.group(2)) <= 34  # one 32 MiB chunk, not the model
+    assert sha_of_blobs(lab, lab.nodes[0]) == sha_of_blobs(lab, peer)
+
+
+def test_only_the_recipes_files_reach_the_peer(fanout_lab: Lab, tmp_path: Path) -> None:
+    lab, peer = fanout_lab, fanout_lab.nodes[1]
+    source = (REPO / "orchestrator/engines/trtllm/recipes/qwen3-235b.yml").read_text()
+    recipe = tmp_path / "qwen-filtered.yml"
+    recipe.write_text(source.replace("name: qwen3-235b", "name: qwen3-filtered") +
+                      '\nfiles: {allow: ["*.safetensors", "*.json"], '
+                      'deny: ["generation_config.json"]}\n')
+    in_container(lab, peer, f"rm -rf {HF}/hub/models--*")
+    result = subprocess.run(launch_argv(lab, str(recipe)), capture_output=True, text=True,
+                            env=env(tmp_path), timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    names = in_container(lab, peer, f"ls {SNAPSHOTS}/*/").split()
+    assert "config.json" in names and "model.safetensors.index.json" in names
+    assert "generation_config.json" not in names and "tokenizer_config.json" in names
+
+
+def test_a_full_disk_on_a_peer_fails_fast_with_node_path_and_numbers(fanout_lab: Lab,
+                                                                     tmp_path: Path) -> None:
+    lab, peer = fanout_lab, fanout_lab.nodes[1]
+    pid = lab.exec(peer, ["docker", "inspect", "-f", "{{.State.Pid}}", CONTAINER]).stdout.strip()
+    hub = f"{HF}/hub"
+    # a tiny full filesystem over the peer container's HF cache (its own mount namespace)
+    lab.exec(peer, f"nsenter -t {int(pid)} -m sh -c 'mount -t tmpfs -o size=8m sparklab-full "
+                   f"{hub} && dd if=/dev/zero of={hub}/.fill bs=1M 2>/dev/null; true'")
+    try:
+        started = time.monotonic()
+        result = subprocess.run(launch_argv(lab), capture_output=True, text=True,
+                                env=env(tmp_path), timeout=600)
+        elapsed = time.monotonic() - started
+        assert result.returncode != 0
+        text = result.stdout + result.stderr
+        assert re.search(rf"{peer}: not enough disk space for the copy: need [\d.]+ [GM]B at "
+                         rf"{hub}, [\d.]+ MB free", text), text[-3000:]
+        assert elapsed < 300
+    finally:
+        lab.exec(peer, f"nsenter -t {int(pid)} -m umount {hub}", check=False)
