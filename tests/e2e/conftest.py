@@ -2,6 +2,10 @@
 
 `lab`: a 2-node b2b lab (SPARKLAB_ID from the environment, default 0), brought up once per
 session and torn down at the end; if a test module took it down, the next use brings it back.
+
+Under pytest-xdist (`make test` runs the e2e tests in two workers, whole modules each) every
+worker gets its own set of lab ids, so two workers never share a lab: worker N uses the main
+lab N, the alternate lab N+4, the sudo/topology lab N+2 and the trust lab N+8.
 """
 
 from __future__ import annotations
@@ -18,6 +22,21 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _worker_lab_ids() -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    n = int(worker[2:])
+    if n > 1:
+        raise RuntimeError("the e2e tests have lab ids for two xdist workers (-n 2) at most")
+    os.environ.update(SPARKLAB_ID=str(n), SPARKLAB_ALT_ID=str(n + 4),
+                      SPARKLAB_SUDO_ID=str(n + 2), SPARKLAB_TOPOLOGY_ID=str(n + 2),
+                      SPARKLAB_TRUST_ID=str(n + 8))
+
+
+_worker_lab_ids()
 LAB_ID = int(os.environ.get("SPARKLAB_ID", "0"))
 
 

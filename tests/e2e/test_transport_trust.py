@@ -19,7 +19,7 @@ import yaml
 
 pytestmark = pytest.mark.lab
 
-LAB_ID = "8"
+LAB_ID = os.environ.get("SPARKLAB_TRUST_ID", "8")
 BIN = Path(sys.executable).parent
 STATE = Path(f"/var/lib/sparklab/{LAB_ID}")
 
