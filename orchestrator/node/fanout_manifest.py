@@ -123,7 +123,7 @@ def manifest(args):
         except OSError as exc:
             entry["error"] = str(exc)
             entry["free"] = free_bytes(entry["root"] or args["hub"])
-        entry["bytes"] = sum(b["size"] for b in entry["blobs"].values())
+        entry["bytes"] = sum(b["size"] for b in entry["blobs"].values() if b)  # (None: not hashed)
         entry["present"] = "config.json" in entry["files"] and not entry["partial"] and "error" not in entry
         result[key] = entry
     return result
@@ -186,8 +186,9 @@ def scan_hub(entry, hub, key, rev, allow, deny):
             link_rel = os.path.relpath(path, hub)
             if os.path.islink(path):
                 target = os.path.realpath(path)
-                if not os.path.exists(target):
-                    continue  # a dangling link: the blob is missing
+                if not os.path.exists(target):  # a dangling link: the blob is missing
+                    entry["error"] = "blob missing for " + link_rel  # not present: downloaded again
+                    continue
                 entry["links"][link_rel] = os.readlink(path)
                 rel = os.path.relpath(target, hub)
             else:

@@ -1,5 +1,6 @@
 """phases/models.py applied against the fake cluster: the download on the head (token file in and
-out, progress lines, failures), the copy to peers (only what differs, verified after), the
+out through the ledger, free space, progress lines, failures), the fan-out to peers (receiver and
+sender faked at phases/fanout.py's RemoteProcess: only what differs is sent, verified after), the
 summary and the phase's facts request."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import json
 import re
 import shlex
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,33 +19,57 @@ from conftest import Call, FakeCluster
 from orchestrator.commands import Secret
 from orchestrator.core.step import Change, RunOptions, Unchanged
 from orchestrator.engines import load_recipe
-from orchestrator.errors import SparkctlError
+from orchestrator.engines.base import FileFilter
+from orchestrator.errors import CommandError, SparkctlError
 from orchestrator.node import ledger as node_ledger
 from orchestrator.node import script
-from orchestrator.phases import models
+from orchestrator.phases import fanout, models
 
 RECIPE = load_recipe("qwen3-235b")
 MODEL, DRAFT = (repo for repo, _, _ in RECIPE.repos)
 DRAFT_DIR = RECIPE.repos[1][2]
-MANIFEST = re.escape("python3 -c")
+assert DRAFT_DIR is not None
+DRAFTS, DRAFT_FOLDER = DRAFT_DIR.rsplit("/", 1)
+FOLDER = "models--" + MODEL.replace("/", "--")
+PATTERNED = RECIPE.model_copy(update={"files": FileFilter(allow=["*.safetensors", "*.json"],
+                                                          deny=["original/"])})
+MANIFEST = re.escape("python3 -c") + ".* manifest "
+CONTAINER = "trtllm-multinode"  # the fake inventory's container
+COMMIT = "c0ffee"
+BIG = 300_000_000_000
+GB = 10**9
 
 
-def entry(files: dict[str, list[Any]] | None = None, *, present: bool = True, commit: str | None = "c0ffee",
-          blobs: dict[str, int] | None = None, root: str = models.HUB_DIR,
-          paths: list[str] | None = None) -> dict[str, Any]:
-    files = {"config.json": [10, "abc"], "w.safetensors": [300_000_000_000, None]} if files is None else files
-    return {"present": present, "commit": commit, "files": files, "root": root,
-            "paths": paths or [], "blobs": blobs or {},
-            "bytes": sum(size for size, _ in files.values())}
+def sha(name: str, size: int) -> str:
+    return f"{name}:{size}"
+
+
+def hub_entry(files: dict[str, int] | None = None, *, present: bool = True,
+              commit: str | None = COMMIT, free: int = 1000 * GB) -> dict[str, Any]:
+    """A manifest entry (node/fanout_manifest.py's shape) of the main model in the HF cache."""
+    files = {"config.json": 10, "model.safetensors": BIG} if files is None else files
+    blobs = {f"{FOLDER}/blobs/{name}": {"size": size, "sha256": sha(name, size),
+                                         "chunks": [sha(name, size)]} for name, size in files.items()}
+    return {"present": present, "commit": commit, "root": models.HUB_DIR, "folder": FOLDER,
+            "files": {name: f"{FOLDER}/blobs/{name}" for name in files}, "blobs": blobs,
+            "links": {f"{FOLDER}/snapshots/{commit}/{name}": f"../../blobs/{name}" for name in files},
+            "refs": {f"{FOLDER}/refs/main": commit} if commit else {}, "partial": [],
+            "bytes": sum(files.values()), "chunk": 32 << 20, "free": free}
+
+
+def local_entry(files: dict[str, int] | None = None, free: int = 1000 * GB) -> dict[str, Any]:
+    """A manifest entry of the draft model, a local dir (no commit, links or refs)."""
+    files = {"config.json": 5_000_000} if files is None else files
+    blobs = {f"{DRAFT_FOLDER}/{name}": {"size": size, "sha256": sha(name, size),
+                                         "chunks": [sha(name, size)]} for name, size in files.items()}
+    return {"present": "config.json" in files, "commit": None, "root": DRAFTS,
+            "folder": DRAFT_FOLDER, "files": {name: f"{DRAFT_FOLDER}/{name}" for name in files},
+            "blobs": blobs, "links": {}, "refs": {}, "partial": [], "bytes": sum(files.values()),
+            "chunk": 32 << 20, "free": free}
 
 
 def head_manifests() -> dict[str, Any]:
-    return {
-        MODEL: entry(blobs={"models--m/blobs/a": 10, "models--m/blobs/b": 300_000_000_000},
-                     paths=["models--m/snapshots/c0ffee", "models--m/refs/main"]),
-        DRAFT: entry({"config.json": [5_000_000, "d"]}, commit=None, root="/root/.cache/huggingface/drafts",
-                     paths=["Qwen3-235B-A22B-Eagle3"]),
-    }
+    return {MODEL: hub_entry(), DRAFT: local_entry()}
 
 
 def facts_of(manifests: dict[str, Any], token: bool = False, rc: int = 0) -> dict[str, Any]:
@@ -55,20 +81,96 @@ def options(**values: Any) -> RunOptions:
     return RunOptions(command="launch", values=values)
 
 
+@dataclass
+class Started:
+    """One receiver or sender the fan-out started (what RemoteProcess was given)."""
+
+    node: str
+    mode: str
+    args: dict[str, Any]
+    stdin: dict[str, Any]
+    command: str
+    display: str
+    closed: bool = False
+
+
+@dataclass
+class Remotes:
+    """The fake node side of the fan-out: a receiver needs every file of the plan whose sha256
+    is not in `has[peer]`; a sender sends what it was asked. `recv`/`send` override the lines."""
+
+    has: dict[str, set[str]] = field(default_factory=dict)
+    recv: list[dict[str, Any]] | None = None
+    send: list[dict[str, Any]] | None = None
+    stderr: str = "Traceback: boom"
+    started: list[Started] = field(default_factory=list)
+
+    def lines(self, run: Started) -> list[dict[str, Any]]:
+        if run.mode == "send":
+            sent = sum(length for _, _, length in run.stdin["need"])
+            return self.send if self.send is not None else [
+                {"sent": sent // 2}, {"sent": sent, "seconds": 2.0, "done": True}]
+        if self.recv is not None:
+            return self.recv
+        files = run.stdin["files"]
+        need = [[i, 0, f["size"]] for i, f in enumerate(files)
+                if f["sha256"] not in self.has.get(run.node, set())]
+        need_bytes = sum(n[2] for n in need)
+        total = sum(f["size"] for f in files)
+        ready = {"port": 4242 if need else 0, "need": need, "need_bytes": need_bytes,
+                 "have": total - need_bytes, "total": total, "free": 1000 * GB}
+        return [ready, {"done": True, "received": need_bytes}]
+
+    def of(self, mode: str) -> list[Started]:
+        return [run for run in self.started if run.mode == mode]
+
+
+@pytest.fixture
+def remotes(monkeypatch: pytest.MonkeyPatch) -> Remotes:
+    fake = Remotes()
+
+    class Remote:
+        def __init__(self, transport: Any, command: str, stdin_text: str, display: str) -> None:
+            words = shlex.split(command)
+            assert words[:7] == ["docker", "exec", "-i", CONTAINER, "python3", "-c",
+                                 fanout.FANOUT_SCRIPT]
+            self.node = transport.node
+            self.run = Started(transport.node, words[7], json.loads(words[8]),
+                               json.loads(stdin_text), command, display)
+            fake.started.append(self.run)
+            self._lines = [json.dumps(line) + "\n" for line in fake.lines(self.run)]
+
+        def readline(self) -> str:
+            return self._lines.pop(0) if self._lines else ""
+
+        def stderr_tail(self) -> str:
+            return fake.stderr
+
+        def close(self) -> None:
+            self.run.closed = True
+
+    monkeypatch.setattr(fanout, "RemoteProcess", Remote)
+    return fake
+
+
 def test_the_phase_runs_on_the_serving_nodes_and_asks_for_manifests(
         fake_cluster: Callable[..., FakeCluster]) -> None:
     cluster = fake_cluster()
-    phase = models.phase(RECIPE, cluster.inventory)
+    phase = models.phase(PATTERNED, cluster.inventory)
     assert phase.name == "models" and [s.name for s in phase.steps] == ["download", "distribute"]
     assert [n.name for n in phase.nodes(cluster.inventory)] == ["spark-a", "spark-b"]
     request = phase.facts(cluster.inventory, cluster.inventory.node("spark-a"))
-    assert request["files"] == {models.TOKEN_PATH: False} and request["timeout"] == 600
+    assert request["files"] == {models.TOKEN_PATH: False} and request["timeout"] == 3600
     words = shlex.split(request["commands"]["models"])
     assert words[:3] == ["docker", "exec", cluster.inventory.container.name]
-    assert words[-3] == "-c" and words[-2] == models.MANIFEST_SCRIPT
-    assert json.loads(words[-1]) == {"hub": models.HUB_DIR, "repos": [
-        {"repo": MODEL, "revision": "main", "dir": None},
-        {"repo": DRAFT, "revision": "main", "dir": DRAFT_DIR}]}
+    assert words[3:-2] == ["python3", "-c", fanout.FANOUT_SCRIPT] and words[-2] == "manifest"
+    # the node script is the manifest code and the fan-out in one (stdlib only, sent whole)
+    assert script("fanout_manifest.py") + "\n" + script("fanout.py") == fanout.FANOUT_SCRIPT
+    # the facts manifest skips the chunk hashes (only the distribute step needs them)
+    assert json.loads(words[-1]) == {"hub": models.HUB_DIR, "chunks": False, "repos": [
+        {"repo": MODEL, "revision": "main", "dir": None, "allow": ["*.safetensors", "*.json"],
+         "deny": ["original/"]},
+        {"repo": DRAFT, "revision": "main", "dir": DRAFT_DIR, "allow": [], "deny": []}]}
 
 
 def test_unchanged_download_names_what_is_there(fake_cluster: Callable[..., FakeCluster]) -> None:
@@ -78,19 +180,27 @@ def test_unchanged_download_names_what_is_there(fake_cluster: Callable[..., Fake
     assert outcome.reason == f"already on spark-a: {MODEL} (300.00 GB), {DRAFT} (5.0 MB)"
 
 
+def space_facts(head_free: int = 1000 * GB, peer_free: int = 1000 * GB) -> dict[str, Any]:
+    """The facts of both serving nodes, with free space at the hub (as the manifest reports it)."""
+    absent = {MODEL: hub_entry({}, present=False, commit=None), DRAFT: local_entry({})}
+    return {"spark-a": facts_of({r: dict(e, free=head_free) for r, e in absent.items()}),
+            "spark-b": facts_of({r: dict(e, free=peer_free) for r, e in absent.items()})}
+
+
 def test_download_writes_the_token_streams_progress_and_always_removes_the_token(
         fake_cluster: Callable[..., FakeCluster]) -> None:
-    cluster = fake_cluster()
+    cluster = fake_cluster(facts=space_facts())
     head = cluster["spark-a"]
+    head.on("--dry-run", stdout="Would download 2 files totalling 130.5G.\n")
     head.on("hf download", stdout="Fetching 3 files: 50%\nFetching 3 files: 100%\n")
     notes: list[str] = []
     ctx = cluster.context("spark-a",
                           options=options(hf_token=Secret("hf_secret"), progress_note=notes.append))
 
-    message = models.Download(RECIPE).apply(ctx, Change("download", payload=[DRAFT]))
+    message = models.Download(PATTERNED).apply(ctx, Change("download", payload=[MODEL]))
 
-    assert message == f"downloaded {DRAFT}" and ctx.shared["downloaded"] == [DRAFT]
-    token_call, download, cleanup = head.calls
+    assert message == f"downloaded {MODEL}" and ctx.shared["downloaded"] == [MODEL]
+    token_call, dry_run, download, cleanup = head.calls
     assert json.loads(token_call.stdin) == [  # type: ignore[arg-type]
         {"path": models.TOKEN_PATH, "mode": "600", "content": "hf_secret\n"}]
     assert token_call.sudo
@@ -98,12 +208,43 @@ def test_download_writes_the_token_streams_progress_and_always_removes_the_token
     install, write = token_call.command.split(" && ", 1)  # through the node's ledger, from stdin
     assert install == "install -d -m 0700 /etc/sparkctl/secrets"
     assert shlex.split(write) == ["python3", "-c", script("ledger.py"), "write"]
-    assert download.command == models.download_cmd(cluster.inventory.container.name, DRAFT, "main",
-                                                   DRAFT_DIR, with_token=True)
-    assert download.timeout == models.DOWNLOAD_TIMEOUT
+    # the recipe's patterns go to hf as --include/--exclude, for the size check and the download
+    words = shlex.split(download.command)
+    assert words == ["docker", "exec", "-e", f"HF_TOKEN_PATH={models.TOKEN_PATH}", CONTAINER,
+                     "hf", "download", MODEL, "--revision", "main", "--include", "*.safetensors",
+                     "--include", "*.json", "--exclude", "original/"]
+    assert shlex.split(dry_run.command) == [*words, "--dry-run"]
+    assert "hf_secret" not in download.command and download.timeout == models.DOWNLOAD_TIMEOUT
     assert cleanup.command == models.token_remove_cmd() and cleanup.sudo
-    assert notes[0] == f"        ↓ spark-a: hf download {DRAFT} (main)"
-    assert notes[-1] == f"          {DRAFT}: Fetching 3 files: 100%"
+    assert notes[0] == f"        ↓ spark-a: hf download {MODEL} (main)"
+    assert notes[-1] == f"          {MODEL}: Fetching 3 files: 100%"
+
+
+def test_too_little_space_anywhere_stops_the_download_with_the_numbers(
+        fake_cluster: Callable[..., FakeCluster]) -> None:
+    cluster = fake_cluster(facts=space_facts(peer_free=100 * GB))
+    head = cluster["spark-a"]
+    head.on("--dry-run", stdout="Would download 2 files totalling 130.5G.\n")
+    ctx = cluster.context("spark-a", options=options(hf_token=Secret("t")))
+
+    with pytest.raises(SparkctlError) as raised:
+        models.Download(RECIPE).apply(ctx, Change("download", payload=[MODEL]))
+
+    assert str(raised.value) == (
+        f"spark-b: not enough disk space for the download: need 130.50 GB at {models.HUB_DIR}, "
+        "100.00 GB free; free some space on spark-b and run launch again")
+    assert not [c for c in head.calls if "hf download" in c.command and "--dry-run" not in c.command]
+    assert head.commands[-1] == models.token_remove_cmd()  # the token goes anyway
+
+    # an hf without --dry-run (no size): said so, and the download goes ahead unchecked
+    cluster = fake_cluster(facts=space_facts(peer_free=0))
+    cluster["spark-a"].on("--dry-run", 2, "", "No such option: --dry-run")
+    notes: list[str] = []
+    ctx = cluster.context("spark-a", options=options(progress_note=notes.append))
+    assert models.Download(RECIPE).apply(ctx, Change("download", payload=[MODEL])) == \
+        f"downloaded {MODEL}"
+    assert notes[0] == (f"        ! spark-a: `hf download --dry-run` gave no size for {MODEL}; "
+                        "free space not checked before the download")
 
 
 def test_a_failed_download_says_why_and_hints_at_the_token(fake_cluster: Callable[..., FakeCluster]) -> None:
@@ -118,8 +259,11 @@ def test_a_failed_download_says_why_and_hints_at_the_token(fake_cluster: Callabl
     text = str(raised.value)
     assert text.startswith(f"spark-a: download of {MODEL} failed (exit 1) (no HF token was given")
     assert text.endswith("401 Client Error: gated repo")
-    assert len(head.calls) == 2  # no token to write; the second model never started
-    assert head.commands[-1] == models.token_remove_cmd()
+    # no token to write; the size check (--dry-run, refused too: unchecked), the download of
+    # the first model, never the second; then the token removal all the same
+    dry_run, download, cleanup = head.calls
+    assert "--dry-run" in dry_run.command and DRAFT not in download.command
+    assert cleanup.command == models.token_remove_cmd()
 
     head.rules.clear()
     head.on("hf download", 2, "", "disk full")
@@ -127,6 +271,7 @@ def test_a_failed_download_says_why_and_hints_at_the_token(fake_cluster: Callabl
     with pytest.raises(SparkctlError, match=r"failed \(exit 2\):\ndisk full") as raised:
         models.Download(RECIPE).apply(ctx, Change("download", payload=[MODEL]))
     assert "no HF token" not in str(raised.value)
+    assert head.commands[-1] == models.token_remove_cmd()
 
 
 def test_a_leftover_token_is_only_removed(fake_cluster: Callable[..., FakeCluster], tmp_path: Path,
@@ -156,89 +301,189 @@ def test_a_leftover_token_is_only_removed(fake_cluster: Callable[..., FakeCluste
     assert token.read_text() == "someone else's token\n"
 
 
-def test_distribute_copies_only_what_differs_and_verifies(fake_cluster: Callable[..., FakeCluster]) -> None:
+def test_distribute_copies_only_what_differs_and_verifies(
+        fake_cluster: Callable[..., FakeCluster], remotes: Remotes) -> None:
     head = head_manifests()
-    before = {MODEL: entry(blobs={"models--m/blobs/a": 10}), DRAFT: dict(head[DRAFT])}
-    before[MODEL]["files"] = {"config.json": [10, "abc"]}
-    cluster = fake_cluster()
+    # spark-b has the draft and the model's config, not its weights
+    before = {MODEL: hub_entry({"config.json": 10}), DRAFT: local_entry()}
+    cluster = fake_cluster(facts={"spark-a": facts_of(head), "spark-b": facts_of(before)})
+    outcome = models.Distribute(RECIPE).check(cluster.context("spark-a"))
+    assert isinstance(outcome, Change) and outcome.payload == ["spark-b"]
+    assert outcome.summary == f"copy over the fabric: {MODEL} -> spark-b"
+
     cluster["spark-a"].on(MANIFEST, stdout=json.dumps(head))
-    cluster["spark-b"].on(MANIFEST, stdout=json.dumps(before), times=1).on(MANIFEST, stdout=json.dumps(head))
+    cluster["spark-b"].on(MANIFEST, stdout=json.dumps(head))  # after the copy: identical
+    remotes.has["spark-b"] = {sha("config.json", 10), sha("config.json", 5_000_000)}
     notes: list[str] = []
     ctx = cluster.context("spark-a", options=options(progress_note=notes.append))
 
-    message = models.Distribute(RECIPE).apply(ctx, Change("copy", payload=["spark-b"]))
+    message = models.Distribute(RECIPE).apply(ctx, outcome)
 
-    copies = [c for c in cluster["spark-a"].calls if "tar -C" in c.command]
-    assert len(copies) == 1  # the draft is identical already
-    pipeline = shlex.split(copies[0].command)[-1]
-    # the snapshot and ref, plus only the blob the peer lacks
-    assert "-cf - models--m/snapshots/c0ffee models--m/refs/main models--m/blobs/b |" in pipeline
-    assert "192.168.200.13" in pipeline and "rm -rf" not in pipeline
-    assert copies[0].timeout == models.COPY_TIMEOUT
-    assert message is not None and message.startswith(f"copied {MODEL} -> spark-b (300.00 GB, ")
+    # the head's manifest with chunk hashes (the receiver checks every chunk against them)
+    (head_manifest,) = cluster["spark-a"].calls
+    assert json.loads(shlex.split(head_manifest.command)[-1])["chunks"] is True
+    # a receiver per repository on the peer, listening on its fabric address only, with the
+    # head's plan (and a fresh one-time token) on stdin, never on the command line
+    recv_model, recv_draft = remotes.of("recv")
+    assert [r.node for r in remotes.started if r.mode == "recv"] == ["spark-b", "spark-b"]
+    assert recv_model.args == {"listen": "192.168.200.13", "streams": fanout.STREAMS}
+    plan = recv_model.stdin
+    assert plan["root"] == models.HUB_DIR and plan["links"] == head[MODEL]["links"]
+    assert plan["refs"] == {f"{FOLDER}/refs/main": COMMIT}
+    assert [f["rel"] for f in plan["files"]] == sorted(head[MODEL]["blobs"])
+    assert plan["files"][1] == {"rel": f"{FOLDER}/blobs/model.safetensors",
+                                **head[MODEL]["blobs"][f"{FOLDER}/blobs/model.safetensors"]}
+    assert re.fullmatch("[0-9a-f]{32}", plan["token"]) and plan["token"] not in recv_model.command
+    assert recv_draft.stdin["token"] != plan["token"]
+    # one sender, on the head, for the model's weights only: the draft was already right
+    (sender,) = remotes.of("send")
+    assert sender.node == "spark-a"
+    assert sender.args == {"host": "192.168.200.13", "port": 4242, "streams": fanout.STREAMS}
+    assert sender.stdin == {"token": plan["token"], "root": models.HUB_DIR,
+                            "files": [f["rel"] for f in plan["files"]], "need": [[1, 0, BIG]]}
+    assert sender.stdin["token"] not in sender.command
+    assert all(r.closed for r in remotes.started)
+    # verified: the peer's manifest read again after the copy
+    assert len([c for c in cluster["spark-b"].calls if "manifest" in c.command]) == 1
+    assert message is not None and message.startswith(
+        "copied spark-b: 300.00 GB in ") and ", 5.0 MB already there; " in message
     assert message.endswith(f"identical on spark-a, spark-b: {MODEL}@c0ffee: 2 files, 300.00 GB; "
                             f"{DRAFT}@local: 1 files, 5.0 MB")
-    assert notes == [f"        → spark-b: {MODEL} (300.00 GB) over the fabric to 192.168.200.13"]
+    assert ctx.shared["fanout"]["spark-b"]["bytes_copied"] == BIG
+    assert ctx.shared["fanout"]["spark-b"]["bytes_total"] == BIG + 10 + 5_000_000
+    assert notes[-1].startswith("        → spark-b: 300.00 GB / 300.00 GB (")
 
 
-def test_a_local_dir_model_is_replaced_whole(fake_cluster: Callable[..., FakeCluster]) -> None:
-    head = head_manifests()
-    stale = dict(head[DRAFT], files={"config.json": [4, "old"]})
+def test_a_local_dir_model_is_copied_into_its_dir(
+        fake_cluster: Callable[..., FakeCluster], remotes: Remotes) -> None:
+    # (was: a local dir was removed and copied whole with tar; now its files are fanned out
+    # like the cache's, into the same folder on the peer, and only the stale file is sent)
+    head = {MODEL: hub_entry(), DRAFT: local_entry({"config.json": 400, "model.safetensors": 7000,
+                                                    ".cache/huggingface/download/x.metadata": 9})}
     cluster = fake_cluster()
     cluster["spark-a"].on(MANIFEST, stdout=json.dumps(head))
-    cluster["spark-b"].on(MANIFEST, stdout=json.dumps({MODEL: head[MODEL], DRAFT: stale}), times=1)
     cluster["spark-b"].on(MANIFEST, stdout=json.dumps(head))
+    remotes.has["spark-b"] = {sha("config.json", 10), sha("model.safetensors", BIG),
+                              sha("model.safetensors", 7000),
+                              sha(".cache/huggingface/download/x.metadata", 9)}
 
     models.Distribute(RECIPE).apply(cluster.context("spark-a", options=options()),
                                     Change("copy", payload=["spark-b"]))
 
-    (copy,) = [c for c in cluster["spark-a"].calls if "tar -C" in c.command]
-    pipeline = shlex.split(copy.command)[-1]
-    assert "rm -rf /root/.cache/huggingface/drafts/Qwen3-235B-A22B-Eagle3 &&" in pipeline
-    assert "tar -C /root/.cache/huggingface/drafts -cf - Qwen3-235B-A22B-Eagle3 |" in pipeline
+    plan = remotes.of("recv")[1].stdin
+    assert plan["root"] == DRAFTS and plan["links"] == {} and plan["refs"] == {}
+    assert [f["rel"] for f in plan["files"]] == [
+        f"{DRAFT_FOLDER}/.cache/huggingface/download/x.metadata", f"{DRAFT_FOLDER}/config.json",
+        f"{DRAFT_FOLDER}/model.safetensors"]
+    (sender,) = remotes.of("send")
+    assert sender.stdin["root"] == DRAFTS and sender.stdin["need"] == [[1, 0, 400]]
 
 
-def test_a_copy_that_did_not_take_is_an_error(fake_cluster: Callable[..., FakeCluster]) -> None:
+def test_a_copy_that_did_not_take_is_an_error(
+        fake_cluster: Callable[..., FakeCluster], remotes: Remotes) -> None:
     head = head_manifests()
-    short = dict(head[MODEL], files={"config.json": [10, "abc"]})
+    short = hub_entry({"config.json": 10})
     cluster = fake_cluster()
     cluster["spark-a"].on(MANIFEST, stdout=json.dumps(head))
     cluster["spark-b"].on(MANIFEST, stdout=json.dumps({MODEL: short, DRAFT: head[DRAFT]}))
 
     with pytest.raises(SparkctlError, match=rf"spark-b: {MODEL} still differs from spark-a after the "
-                                            r"copy \(1 vs 2 files\); check disk space"):
+                                            r"copy \(1 vs 2 files\); run launch again"):
+        models.Distribute(RECIPE).apply(cluster.context("spark-a", options=options()),
+                                        Change("copy", payload=["spark-b"]))
+    assert remotes.of("send")  # the copy ran, and said it was done
+
+    # same names and sizes, one sha256 differs: not identical either
+    wrong = hub_entry()
+    wrong["blobs"][f"{FOLDER}/blobs/model.safetensors"]["sha256"] = "bad"
+    cluster["spark-b"].rules.clear()
+    cluster["spark-b"].on(MANIFEST, stdout=json.dumps({MODEL: wrong, DRAFT: head[DRAFT]}))
+    with pytest.raises(SparkctlError, match="still differs"):
         models.Distribute(RECIPE).apply(cluster.context("spark-a", options=options()),
                                         Change("copy", payload=["spark-b"]))
 
 
-def test_a_failing_copy_or_manifest_fails_the_step(fake_cluster: Callable[..., FakeCluster]) -> None:
-    head = head_manifests()
+def distribute_error(fake_cluster: Callable[..., FakeCluster], remotes: Remotes,
+                     head: dict[str, Any] | None = None) -> str:
     cluster = fake_cluster()
-    cluster["spark-a"].on(MANIFEST, stdout=json.dumps(head)).on("tar -C", 1, "", "No space left on device")
-    absent = {MODEL: entry(present=False, files={}), DRAFT: head[DRAFT]}
-    cluster["spark-b"].on(MANIFEST, stdout=json.dumps(absent))
-    with pytest.raises(Exception, match="No space left on device"):
+    cluster["spark-a"].on(MANIFEST, stdout=json.dumps(head or head_manifests()))
+    cluster["spark-b"].on(MANIFEST, stdout=json.dumps(head_manifests()))
+    with pytest.raises(SparkctlError) as raised:
         models.Distribute(RECIPE).apply(cluster.context("spark-a", options=options()),
                                         Change("copy", payload=["spark-b"]))
+    assert all(r.closed for r in remotes.started)  # receiver and sender always ended
+    assert not [c for c in cluster["spark-b"].calls if "manifest" in c.command]  # no verify
+    return str(raised.value)
+
+
+def test_a_failing_copy_or_manifest_fails_the_step(
+        fake_cluster: Callable[..., FakeCluster], remotes: Remotes) -> None:
+    ready = {"port": 4242, "need": [[1, 0, BIG]], "need_bytes": BIG, "have": 10, "total": BIG + 10,
+             "free": 1000 * GB}
+    remotes.recv = [{"error": "space", "need": BIG, "free": 100 * GB, "path": models.HUB_DIR}]
+    assert distribute_error(fake_cluster, remotes) == (
+        f"spark-b: not enough disk space for the copy: need 300.00 GB at {models.HUB_DIR}, "
+        "100.00 GB free; free some space on spark-b and run launch again")
+    assert not remotes.of("send")
+
+    remotes.recv = []  # the receiver died before saying anything
+    assert distribute_error(fake_cluster, remotes) == \
+        "spark-b: the fan-out receiver did not start: Traceback: boom"
+
+    remotes.recv = [{"error": "inspect", "message": "Permission denied"}]
+    assert distribute_error(fake_cluster, remotes) == \
+        "spark-b: cannot check the model files: Permission denied"
+
+    remotes.recv = [ready, {"error": "space", "need": 5 * GB, "free": 0, "path": models.HUB_DIR,
+                            "message": "No space left on device"}]
+    assert distribute_error(fake_cluster, remotes) == (
+        f"spark-b: not enough disk space (the disk filled up during the copy: No space left on "
+        f"device): need 5.00 GB at {models.HUB_DIR}, 0.0 MB free; free some space on spark-b and "
+        "run launch again")
+
+    remotes.recv = [ready, {"error": "io", "message": "chunk at 0 arrived corrupted"}]
+    assert distribute_error(fake_cluster, remotes) == \
+        "spark-b: copy failed on the receiving side: chunk at 0 arrived corrupted"
+
+    remotes.recv = [ready, {"done": True, "received": BIG}]
+    remotes.send = [{"sent": 10}, {"error": "send", "message": "ConnectionResetError: reset"}]
+    assert distribute_error(fake_cluster, remotes) == \
+        "spark-b: copy from the head failed: ConnectionResetError: reset"
+
+    remotes.recv, remotes.send = [ready], [{"sent": BIG, "done": True}]
+    assert distribute_error(fake_cluster, remotes) == \
+        "spark-b: the receiver ended without finishing: Traceback: boom"
+
+    remotes.recv = [ready, {"done": True, "received": BIG}]
+    remotes.started.clear()
+    absent = dict(head_manifests(), **{MODEL: hub_entry({}, present=False, commit=None)})
+    assert distribute_error(fake_cluster, remotes, absent) == \
+        f"spark-a: {MODEL} is not complete on the head (no config.json)"
+    assert not remotes.started
 
     cluster = fake_cluster()
     cluster["spark-a"].on(MANIFEST, answer=lambda call: (1, "", "Error: No such container"))
-    with pytest.raises(Exception, match="No such container"):
+    with pytest.raises(CommandError, match="No such container"):
         models.Distribute(RECIPE).apply(cluster.context("spark-a", options=options()),
                                         Change("copy", payload=["spark-b"]))
     assert [c.display for c in cluster["spark-a"].calls] == [
-        f"docker exec {cluster.inventory.container.name} python3 -c <model manifest>"]
+        f"docker exec {CONTAINER} python3 -c <model manifest>"]
 
 
 def test_a_head_without_the_model_is_copied_from_after_download(
         fake_cluster: Callable[..., FakeCluster]) -> None:
     head = head_manifests()
-    missing = dict(head, **{MODEL: entry(present=False, files={}, commit=None)})
+    missing = dict(head, **{MODEL: hub_entry({}, present=False, commit=None)})
     cluster = fake_cluster(facts={"spark-a": facts_of(missing), "spark-b": facts_of(missing)})
     outcome = models.Distribute(RECIPE).check(cluster.context("spark-a"))
     # equal but absent on both: still a copy (after the download, the head has it)
     assert isinstance(outcome, Change) and outcome.payload == ["spark-b"]
     assert outcome.summary == f"copy over the fabric: {MODEL} -> spark-b"
+
+    same = facts_of(head)
+    outcome = models.Distribute(RECIPE).check(cluster.context("spark-a", {"spark-a": same,
+                                                                          "spark-b": same}))
+    assert isinstance(outcome, Unchanged) and outcome.reason.startswith("identical on spark-a, spark-b")
 
 
 def test_sizes_read_in_mb_or_gb() -> None:
@@ -250,7 +495,11 @@ def test_sizes_read_in_mb_or_gb() -> None:
 
 def test_the_manifest_command_is_checked(fake_cluster: Callable[..., FakeCluster]) -> None:
     cluster = fake_cluster()
-    cluster["spark-a"].on(MANIFEST, stdout=json.dumps({"x": 1}))
+    cluster["spark-a"].on(MANIFEST, stdout=json.dumps({"x": 1}), times=1)
     assert models.read_manifests(cluster["spark-a"], "c", RECIPE) == {"x": 1}  # type: ignore[arg-type]
     call: Call = cluster["spark-a"].calls[0]
-    assert call.timeout == 600 and call.display == "docker exec c python3 -c <model manifest>"
+    assert call.timeout == 3600 and call.display == "docker exec c python3 -c <model manifest>"
+    assert shlex.split(call.command)[:3] == ["docker", "exec", "c"]
+    cluster["spark-a"].on(MANIFEST, 1, "", "python3: not found")
+    with pytest.raises(CommandError, match="python3: not found"):
+        models.read_manifests(cluster["spark-a"], "c", RECIPE)  # type: ignore[arg-type]

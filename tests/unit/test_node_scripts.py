@@ -1,5 +1,6 @@
-"""The node-side model manifest, health probe and server control, run in-process (see
-nodescript.py) against a fake HF cache, a tiny HTTP server and real child processes."""
+"""The node-side model manifest (node/fanout.py `manifest`, its code in fanout_manifest.py), the
+health probe and server control, run in-process (see nodescript.py) against a fake HF cache, a
+tiny HTTP server and real child processes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from typing import Any
 
 import pytest
 from nodescript import closed_port, http_server, run_node_script
+
+from orchestrator.node import fanout_manifest
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 CONFIG = b'{"architectures": ["LlamaForCausalLM"]}\n'
@@ -42,33 +45,52 @@ def hf_repo(hub: Path, repo: str, files: dict[str, bytes], *, ref: str | None = 
 
 
 def manifest(request: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    ran = run_node_script("manifest.py", [json.dumps(request)], monkeypatch)
-    assert ran.code is None, ran.stderr
+    """node/fanout.py's `manifest` mode (its manifest code is node/fanout_manifest.py)."""
+    ran = run_node_script("fanout.py", ["manifest", json.dumps(request)], monkeypatch)
+    assert ran.code == 0, ran.stderr
     return ran.json  # type: ignore[no-any-return]
+
+
+def chunked(data: bytes, size: int) -> list[str]:
+    return [sha(data[i:i + size]) for i in range(0, len(data), size)] or [sha(b"")]
 
 
 def test_manifest_of_a_hub_repository_by_ref(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     hub = tmp_path / "hub"
-    weights = b"w" * 4096
+    weights = os.urandom(2500)
     full = hf_repo(hub, "org/model", {"config.json": CONFIG, "sub/model.safetensors": weights})
-    big = full / "blobs" / "big"
-    with open(big, "wb") as handle:  # over 1 MiB: listed with its size, not checksummed
-        handle.truncate(1048577)
-    (full / "snapshots" / COMMIT / "big.bin").symlink_to("../../blobs/big")
+    folder = "models--org--model"
+    request = {"hub": str(hub), "chunks": True, "chunk": 1024,
+               "repos": [{"repo": "org/model", "revision": "main"}]}
 
-    out = manifest({"hub": str(hub), "repos": [{"repo": "org/model", "revision": "main"}]}, monkeypatch)
+    entry = manifest(request, monkeypatch)["org/model"]
 
-    entry = out["org/model"]
-    assert entry["present"] is True and entry["commit"] == COMMIT and entry["root"] == str(hub)
-    assert entry["files"] == {"config.json": [len(CONFIG), sha(CONFIG)],
-                              "sub/model.safetensors": [4096, sha(weights)],
-                              "big.bin": [1048577, None]}
-    assert entry["paths"] == [f"models--org--model/snapshots/{COMMIT}", "models--org--model/refs/main"]
-    assert entry["blobs"] == {f"models--org--model/blobs/{sha(CONFIG)}": len(CONFIG),
-                              f"models--org--model/blobs/{sha(weights)}": 4096,
-                              "models--org--model/blobs/big": 1048577}
-    assert entry["bytes"] == len(CONFIG) + 4096 + 1048577
-    assert "error" not in entry
+    assert entry["present"] is True and entry["commit"] == COMMIT and "error" not in entry
+    assert entry["root"] == str(hub) and entry["folder"] == folder and entry["partial"] == []
+    blob_c, blob_w = f"{folder}/blobs/{sha(CONFIG)}", f"{folder}/blobs/{sha(weights)}"
+    assert entry["files"] == {"config.json": blob_c, "sub/model.safetensors": blob_w}
+    assert entry["blobs"] == {
+        blob_c: {"size": len(CONFIG), "sha256": sha(CONFIG), "chunks": [sha(CONFIG)]},
+        blob_w: {"size": 2500, "sha256": sha(weights), "chunks": chunked(weights, 1024)}}
+    assert len(entry["blobs"][blob_w]["chunks"]) == 3 and entry["chunk"] == 1024
+    # what the peer must recreate besides the blobs: the snapshot links as they are, the ref
+    assert entry["links"] == {f"{folder}/snapshots/{COMMIT}/config.json": f"../../blobs/{sha(CONFIG)}",
+                              f"{folder}/snapshots/{COMMIT}/sub/model.safetensors":
+                                  f"../../../blobs/{sha(weights)}"}
+    assert entry["refs"] == {f"{folder}/refs/main": COMMIT}
+    assert entry["bytes"] == len(CONFIG) + 2500 and entry["free"] > 0
+
+    # hashed once, cached beside the model (outside HF's layout); a cached hash is used while
+    # the file's size, mtime and inode hold, and without chunks when none are asked for
+    cache = full / ".sparkctl" / "hashes.json"
+    saved = json.loads(cache.read_text())
+    assert saved[blob_w]["sha256"] == sha(weights) and saved[blob_w]["chunk"] == 1024
+    saved[blob_w]["sha256"] = "from-the-cache"
+    cache.write_text(json.dumps(saved))
+    again = manifest(dict(request, chunks=False), monkeypatch)["org/model"]
+    assert again["blobs"][blob_w] == {"size": 2500, "sha256": "from-the-cache"}
+    os.utime(full / "blobs" / sha(weights), ns=(1, 1))  # touched: hashed again
+    assert manifest(request, monkeypatch)["org/model"]["blobs"][blob_w]["sha256"] == sha(weights)
 
 
 def test_manifest_by_commit_without_refs_and_missing_repos(tmp_path: Path,
@@ -83,10 +105,15 @@ def test_manifest_by_commit_without_refs_and_missing_repos(tmp_path: Path,
         {"repo": "org/noconfig", "revision": "main"},
     ]}, monkeypatch)
 
-    assert out["org/pinned"]["present"] is True
-    assert out["org/pinned"]["paths"] == [f"models--org--pinned/snapshots/{COMMIT}"]  # no ref to copy
-    assert out["org/absent"] == {"present": False, "commit": None, "files": {}, "root": str(hub),
-                                 "paths": [], "blobs": {}, "bytes": 0}
+    assert out["org/pinned"]["present"] is True and out["org/pinned"]["commit"] == COMMIT
+    assert out["org/pinned"]["refs"] == {}  # no ref to copy
+    assert list(out["org/pinned"]["links"]) == [f"models--org--pinned/snapshots/{COMMIT}/config.json"]
+    absent = dict(out["org/absent"])
+    assert absent.pop("free") > 0  # (of the disk the hub would be on, for the space check)
+    assert absent == {"present": False, "commit": None, "root": str(hub),
+                      "folder": "models--org--absent", "files": {}, "blobs": {}, "links": {},
+                      "refs": {}, "partial": [], "bytes": 0}
+    assert not (hub / "models--org--absent").exists()  # no cache written for nothing
     assert out["org/noconfig"]["present"] is False  # files, but no config.json
     assert list(out["org/noconfig"]["files"]) == ["tokenizer.json"]
 
@@ -94,13 +121,19 @@ def test_manifest_by_commit_without_refs_and_missing_repos(tmp_path: Path,
 def test_an_incomplete_download_is_not_present(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     hub = tmp_path / "hub"
     full = hf_repo(hub, "org/model", {"config.json": CONFIG})
-    (full / "blobs" / "abc.incomplete").write_bytes(b"half")
+    hf_repo(hub, "org/resumed", {"config.json": CONFIG})
+    (full / "blobs" / "abc.incomplete").write_bytes(b"half")  # hf download, interrupted
+    (hub / "models--org--resumed" / "blobs" / "def.sparkctl-part").write_bytes(b"half")  # a fan-out
 
-    entry = manifest({"hub": str(hub), "repos": [{"repo": "org/model", "revision": "main"}]},
-                     monkeypatch)["org/model"]
+    out = manifest({"hub": str(hub), "repos": [{"repo": "org/model", "revision": "main"},
+                                               {"repo": "org/resumed", "revision": "main"}]},
+                   monkeypatch)
 
-    assert entry["present"] is False
+    entry = out["org/model"]
+    assert entry["present"] is False and entry["partial"] == ["abc.incomplete"]
     assert entry["commit"] == COMMIT and "config.json" in entry["files"]
+    assert out["org/resumed"]["present"] is False
+    assert out["org/resumed"]["partial"] == ["def.sparkctl-part"]
 
 
 def test_a_broken_snapshot_link_is_reported_as_an_error(tmp_path: Path,
@@ -112,8 +145,27 @@ def test_a_broken_snapshot_link_is_reported_as_an_error(tmp_path: Path,
     entry = manifest({"hub": str(hub), "repos": [{"repo": "org/model", "revision": "main"}]},
                      monkeypatch)["org/model"]
 
-    assert "gone.bin" in entry["error"]
-    assert entry["present"] is False
+    # not present, so launch downloads it again (hf replaces the dangling link)
+    assert "gone.bin" in entry["error"] and entry["present"] is False
+    assert list(entry["files"]) == ["config.json"] and entry["bytes"] == len(CONFIG)
+
+
+def test_a_file_that_cannot_be_read_is_an_error_not_a_crash(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    hub = tmp_path / "hub"
+    hf_repo(hub, "org/model", {"config.json": CONFIG, "w.bin": b"12345"})
+
+    def unreadable(path: str, chunk: int = 0) -> tuple[str, list[str]]:
+        if path.endswith(sha(b"12345")):
+            raise OSError(5, "Input/output error", path)
+        return sha(Path(path).read_bytes()), []
+
+    monkeypatch.setattr(fanout_manifest, "hash_file", unreadable)
+    entry = fanout_manifest.manifest({"hub": str(hub), "repos": [{"repo": "org/model",
+                                                                  "revision": "main"}]})["org/model"]
+
+    assert "Input/output error" in entry["error"] and entry["present"] is False
+    json.dumps(entry)  # still a manifest the controller can read
 
 
 def test_manifest_of_a_local_dir_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,27 +173,46 @@ def test_manifest_of_a_local_dir_model(tmp_path: Path, monkeypatch: pytest.Monke
     (local / "sub").mkdir(parents=True)
     (local / "config.json").write_bytes(CONFIG)
     (local / "sub" / "w.bin").write_bytes(b"12345")
+    (local / "original").mkdir()
+    (local / "original" / "x.pth").write_bytes(b"no")
     meta = local / ".cache" / "huggingface" / "download"
     meta.mkdir(parents=True)
     (meta / "config.json.metadata").write_text(f"{COMMIT}\netag\n")
     (meta / "config.json.lock").write_text("")
     empty = tmp_path / "models" / "empty"
     empty.mkdir()
-
-    out = manifest({"hub": str(tmp_path / "hub"), "repos": [
-        {"repo": "org/my-model", "revision": "main", "dir": str(local)},
+    resumed = tmp_path / "models" / "resumed"
+    resumed.mkdir()
+    (resumed / "config.json").write_bytes(CONFIG)
+    (resumed / "w.bin.sparkctl-part").write_bytes(b"12")
+    request = {"hub": str(tmp_path / "hub"), "repos": [
+        {"repo": "org/my-model", "revision": "main", "dir": str(local), "deny": ["original/"]},
         {"repo": "org/empty", "revision": "main", "dir": str(empty)},
         {"repo": "org/nowhere", "revision": "main", "dir": str(tmp_path / "models" / "nowhere")},
-    ]}, monkeypatch)
+        {"repo": "org/resumed", "revision": "main", "dir": str(resumed)},
+    ]}
+
+    out = manifest(request, monkeypatch)
 
     entry = out["org/my-model"]
     assert entry["present"] is True and entry["commit"] == COMMIT
-    assert entry["files"] == {"config.json": [len(CONFIG), sha(CONFIG)], "sub/w.bin": [5, sha(b"12345")]}
-    assert entry["root"] == str(tmp_path / "models") and entry["paths"] == ["my-model"]
-    assert entry["bytes"] == len(CONFIG) + 5
+    assert entry["root"] == str(tmp_path / "models") and entry["folder"] == "my-model"
+    assert entry["files"] == {"config.json": "my-model/config.json", "sub/w.bin": "my-model/sub/w.bin"}
+    # hf's bookkeeping of the dir travels too (not its locks); the denied folder does not
+    assert entry["blobs"] == {
+        "my-model/config.json": {"size": len(CONFIG), "sha256": sha(CONFIG)},
+        "my-model/sub/w.bin": {"size": 5, "sha256": sha(b"12345")},
+        "my-model/.cache/huggingface/download/config.json.metadata":
+            {"size": len(f"{COMMIT}\netag\n"), "sha256": sha(f"{COMMIT}\netag\n".encode())}}
+    assert entry["links"] == {} and entry["refs"] == {}
+    assert entry["bytes"] == len(CONFIG) + 5 + len(f"{COMMIT}\netag\n")
+    assert (local / ".cache" / "sparkctl-hashes.json").is_file()
+    assert manifest(request, monkeypatch)["org/my-model"]["blobs"] == entry["blobs"]  # cache not copied
     assert out["org/empty"]["present"] is False and out["org/empty"]["commit"] is None
     assert out["org/nowhere"]["present"] is False and out["org/nowhere"]["files"] == {}
-    assert out["org/nowhere"]["paths"] == ["nowhere"]
+    assert out["org/nowhere"]["folder"] == "nowhere"
+    assert out["org/resumed"]["present"] is False
+    assert out["org/resumed"]["partial"] == ["w.bin.sparkctl-part"]
 
 
 # --- probe.py -------------------------------------------------------------------------------
