@@ -400,7 +400,7 @@ def test_ray_environment_is_the_fabric_and_the_store_is_capped(recipe: Any) -> N
     assert argv[argv.index("--object-store-memory") + 1] == "1500000000"
     assert argv[argv.index("--num-cpus") + 1] == "16"
     assert argv[argv.index("--address") + 1] == f"{HEAD_IP}:6400"
-    assert ["--device", "/dev/infiniband:/dev/infiniband"] == worker.flags[-2:]
+    assert worker.flags[-2:] == ["--device", "/dev/infiniband:/dev/infiniband"]
     assert worker.labels["sparkctl.role"] == "ray-worker"
     assert "did not join the head at 192.168.200.12:6400" in worker.ready_what
     head = ray.ray_spec(custom, inv, inv.node("spark-a"), roce, "/hf", infiniband=False)
