@@ -24,10 +24,11 @@ demo: install
 	$(BIN)/python scripts/demo.py
 
 # Unit tests alone must cover this much of orchestrator/ (branches included; the lab is not
-# measured). Measured 91.55 % on 2026-11-23 (node/*.py run in-process, remote/stream.py,
-# phases/models.py, checks/status.py, cli/netcheck.py covered); the least covered left are
-# engines/trtllm/serve.py, node/gather.py and phases/network.py.
-COVERAGE_MIN ?= 91
+# measured). Measured 91.36 % on 2026-11-23 (cli/bench.py, engines/verify.py, engines/vllm/,
+# node/running.py, node/record_container.py, ledger.py's command line, doctor ssh covered); the
+# floor is one point under it, room for others' merges. Least covered left: checks/logs.py,
+# node/gather.py, phases/network.py and engines/trtllm/serve.py.
+COVERAGE_MIN ?= 90
 UNIT_COV := --cov=orchestrator --cov-branch --cov-report=term:skip-covered --cov-fail-under=$(COVERAGE_MIN)
 
 test: install

@@ -50,7 +50,12 @@ def _server_info(session: Any, inventory: Any, transport: Any, server: dict[str,
     from orchestrator.commands import docker_cmd
     from orchestrator.phases.container import image_digest
 
-    image = inventory.container.image
+    # the image of the container the server runs in (vLLM's and SGLang's are the recipe's, not
+    # `up`'s); `up`'s image when that container cannot be inspected
+    container = server.get("container") or inventory.container.name
+    found = transport.run(docker_cmd("inspect", "--type", "container", "--format",
+                                     "{{.Config.Image}}", container), timeout=30)
+    image = (found.stdout.strip() if found.ok else "") or inventory.container.image
     result = transport.run(docker_cmd("image", "inspect", image), timeout=30)
     facts = None
     if result.ok:

@@ -590,3 +590,124 @@ def test_doctor_explains_each_step(tmp_path: Path, server: SSHServer, agent: Pat
     inv = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {port}\n", "")
     report = diagnose(inv, inv.nodes)["nodes"]["spark-a"]
     assert report["steps"][0]["status"] == "fail" and "ssh -v spark-a" in report["steps"][0]["fix"]
+
+
+KNOWN = "[127.0.0.1]:{port} ssh-rsa " + SERVER_KEY.get_base64() + "\n"
+
+
+def doctor_steps(inv: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    from orchestrator.checks.ssh_doctor import diagnose
+
+    report = diagnose(inv, inv.nodes)["nodes"]["spark-a"]
+    return report, [(s["step"], s["status"]) for s in report["steps"]]
+
+
+def test_doctor_names_the_fix_for_each_refused_login(tmp_path: Path, server: SSHServer,
+                                                     private_home: Path) -> None:
+    config = f"Host spark-a\n  HostName 127.0.0.1\n  Port {server.port}\n"
+    # no key anywhere, no agent
+    report, steps = doctor_steps(config_inventory(tmp_path, config, KNOWN.format(port=server.port)))
+    assert steps == [("tcp", "ok"), ("host key", "ok"), ("auth", "fail")]
+    assert report["resolution"]["agent"] == "no agent ($SSH_AUTH_SOCK unset)"
+    assert report["steps"][2]["fix"].startswith("name a key (cluster.ssh_key or IdentityFile)")
+    assert report["ok"] is False
+
+    # a key the node does not accept: authorized_keys
+    refusing = SSHServer(accept=False)
+    try:
+        write_key(private_home / ".ssh" / "id_ed25519")
+        inv = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {refusing.port}\n",
+                               KNOWN.format(port=refusing.port))
+        report, steps = doctor_steps(inv)
+    finally:
+        refusing.close()
+    assert steps == [("tcp", "ok"), ("host key", "ok"), ("auth", "fail")]
+    assert report["steps"][2]["fix"] == ("add your public key to ~nvidia/.ssh/authorized_keys "
+                                         "(`ssh-copy-id spark-a`)")
+
+
+def test_doctor_through_a_proxy_command_skips_tcp_and_judges_sudo(
+        tmp_path: Path, server: SSHServer, private_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.remote.transport import Result
+
+    write_key(private_home / ".ssh" / "id_ed25519")
+    inv = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {server.port}\n",
+                           KNOWN.format(port=server.port))
+    answers: list[Any] = []
+
+    def sudo_answer(self: Any, command: str, **kwargs: Any) -> Result:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return Result("spark-a", command, answer[0], "", answer[1], 0.0)
+    monkeypatch.setattr(SSHTransport, "run", sudo_answer)
+
+    answers.append((1, "sudo: a password is required\n"))
+    report, steps = doctor_steps(inv)
+    assert steps[-1] == ("sudo", "warn") and report["ok"] is True  # a warning, not a failure
+    assert "sudo_password_file" in report["steps"][-1]["fix"] and "for nvidia" in report["steps"][-1]["fix"]
+    assert report["steps"][1]["detail"].startswith(f"ssh-rsa known in {tmp_path / 'known_hosts'}")
+
+    answers.append((1, "nvidia is not in the sudoers file.\n"))
+    report, steps = doctor_steps(inv)
+    assert steps[-1] == ("sudo", "fail") and report["ok"] is False
+    assert report["steps"][-1]["detail"] == "nvidia is not in the sudoers file."
+    assert report["steps"][-1]["fix"] == "nvidia must be allowed to sudo on the node"
+
+    answers.append(TransportError("spark-a: the connection dropped"))
+    report, steps = doctor_steps(inv)
+    assert steps[-1] == ("sudo", "fail") and "connection dropped" in report["steps"][-1]["detail"]
+
+    import sys
+
+    relay = (f"{sys.executable} -c \"import socket,sys,threading;s=socket.create_connection(('%h',%p));"
+             "threading.Thread(target=lambda:[sys.stdout.buffer.write(d) or sys.stdout.flush() "
+             "for d in iter(lambda:s.recv(65536),b'')],daemon=True).start();"
+             "[s.sendall(d) for d in iter(lambda:sys.stdin.buffer.read1(65536),b'')]\"")
+    root = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {server.port}\n"
+                            f"  User root\n  ProxyCommand {relay}\n", KNOWN.format(port=server.port))
+    report, steps = doctor_steps(root)
+    assert steps == [("tcp", "skip"), ("host key", "ok"), ("auth", "ok"), ("sudo", "ok")]
+    assert report["steps"][0]["detail"].startswith("through ProxyCommand `")
+    assert report["steps"][-1]["detail"] == "logged in as root" and answers == []
+    assert report["resolution"]["proxy_command"] is not None
+
+
+def test_doctor_ssh_command_prints_json_or_the_explanation(tmp_path: Path, server: SSHServer,
+                                                           private_home: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from orchestrator.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPARKCTL_STATE_DIR", str(tmp_path / "state"))
+    write_key(private_home / ".ssh" / "id_ed25519")
+    (tmp_path / "ssh_config").write_text(f"Host spark-a\n  HostName 127.0.0.1\n  Port {server.port}\n"
+                                         "Host spark-b\n  HostName 127.0.0.1\n  Port 1\n")
+    (tmp_path / "known_hosts").write_text(KNOWN.format(port=server.port))
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump({
+        "cluster": {"name": "c", "ssh_config": str(tmp_path / "ssh_config"),
+                    "known_hosts": str(tmp_path / "known_hosts")},
+        "nodes": [{"name": "spark-a", "host": "spark-a"}, {"name": "spark-b", "host": "spark-b"}]}))
+
+    one = CliRunner().invoke(cli, ["doctor", "ssh", "-i", "inv.yml", "--node", "spark-a", "--json"])
+    assert one.exit_code == 0, one.output
+    doc = json.loads(one.stdout)
+    assert doc["ok"] is True and list(doc["nodes"]) == ["spark-a"]
+    assert [s["status"] for s in doc["nodes"]["spark-a"]["steps"]] == ["ok", "ok", "ok", "ok"]
+
+    both = CliRunner().invoke(cli, ["doctor", "ssh", "-i", "inv.yml"])
+    assert both.exit_code == 1
+    out = both.stdout
+    assert (f"connects to nvidia@127.0.0.1:{server.port} (host ssh_config, user default, "
+            "port ssh_config)") in out
+    assert "ssh-agent: no agent ($SSH_AUTH_SOCK unset)" in out
+    assert "fix: check HostName/port of spark-b" in out
+    assert "some nodes cannot be reached as sparkctl needs" in out
+
+    fine = CliRunner().invoke(cli, ["doctor", "ssh", "-i", "inv.yml", "-n", "spark-a"])
+    assert fine.exit_code == 0 and "every node is reachable" in fine.stdout
