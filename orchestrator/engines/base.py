@@ -69,6 +69,9 @@ class BaseRecipe(StrictModel):
     """Nodes the server spans (head first); default: what the parallelism needs."""
     port: int = Field(default=8000, ge=1024, le=65535)
     """Port the server listens on, on its first node (127.0.0.1 unless --host)."""
+    placement: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    """Inventory node names the server runs on, rank order (first = where it answers); default:
+    the head and the next nodes. `launch --nodes` wins over it. SGLang only, for now."""
     memory: Memory
     source: str = Field(default="<recipe>", exclude=True)
 
@@ -108,6 +111,11 @@ class LaunchOptions:
     replace: bool = False
     drop_caches: bool = False
     timeout: float = 1800.0
+    name: str | None = None
+    """The server's name (default: the recipe's); per-server engines (SGLang) key on it."""
+    skip_drop_caches: bool = False
+    """--no-drop-caches: per-server engines drop the page cache before a cold start unless set."""
+    ignore_memory: bool = False
 
 
 class LaunchFailed(SparkctlError):
