@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import quote
+from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.engines.base import SPARK_MEMORY_GB
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.paths import RUN_DIR
@@ -32,11 +33,12 @@ def record_dir(name: str) -> str:
     return f"{SERVERS_DIR}/{name}"
 
 
-def servers_cmd(inventory: Inventory, node: Node | None = None, probe: bool = False) -> str:
+def servers_cmd(inventory: Inventory, node: Node | None = None, probe: bool = False,
+                legacy: bool = True) -> str:
     """The node's servers as JSON (the head also lists the older single record)."""
     from orchestrator.node import script
 
-    head = node is None or node.name == inventory.head_name
+    head = legacy and (node is None or node.name == inventory.head_name)
     args = {"run": RUN_DIR, "probe": probe,
             "legacy_container": inventory.container.name if head else None}
     return "python3 -c " + quote(script("servers.py")) + " " + quote(json.dumps(args, sort_keys=True))
@@ -59,22 +61,24 @@ def parse(out: str, node: str, inventory: Inventory) -> list[dict[str, Any]]:
     return servers
 
 
-def from_facts(cluster_facts: dict[str, dict[str, Any]], inventory: Inventory) -> list[dict[str, Any]]:
-    """Every live server from each node's `servers` command fact."""
+def from_facts(cluster_facts: dict[str, dict[str, Any]], inventory: Inventory,
+               alive_only: bool = True) -> list[dict[str, Any]]:
+    """Every (live) server from each node's `servers` command fact."""
     out = []
     for node, facts in sorted(cluster_facts.items()):
         answer = (facts.get("commands") or {}).get("servers") or {}
-        out += [s for s in parse(answer.get("out") or "", node, inventory) if s.get("alive")]
+        out += [s for s in parse(answer.get("out") or "", node, inventory)
+                if s.get("alive") or not alive_only]
     return out
 
 
 def gather(transports: dict[str, Transport], inventory: Inventory, probe: bool = False,
-           alive_only: bool = True) -> list[dict[str, Any]]:
+           alive_only: bool = True, legacy: bool = True) -> list[dict[str, Any]]:
     """Every server, asked of every reachable node in parallel (chat, tunnel, bench, status)."""
     from orchestrator.remote.cluster import parallel
 
     def one(name: str) -> list[dict[str, Any]]:
-        result = transports[name].run(servers_cmd(inventory, inventory.node(name), probe),
+        result = transports[name].run(servers_cmd(inventory, inventory.node(name), probe, legacy),
                                       sudo=True, timeout=120, display="the servers on this node")
         return parse(result.stdout, name, inventory) if result.ok else []
 
@@ -177,3 +181,63 @@ def judge(wanted: Wanted, running: list[dict[str, Any]], replace: bool,
                 + ", ".join(f"`sparkctl down --server {n}`" for n, _ in used)
                 + ", or pass --ignore-memory")
     return decision
+
+
+def stop_commands(server: dict[str, Any], inventory: Inventory) -> dict[str, str]:
+    """Per node, the command that stops one server and removes its record."""
+    from orchestrator.commands import docker_cmd
+
+    if server.get("legacy"):
+        from orchestrator.engines.running import stop_command
+
+        command = stop_command(inventory, server)
+        return {name: command for name in server.get("nodes") or [inventory.head_name]}
+    name = str(server["name"])
+    ids = docker_cmd("ps", "-aq", "--filter", "label=sparkctl.managed=true", "--filter",
+                     f"label=sparkctl.cluster={inventory.cluster.name}", "--filter",
+                     f"label=sparkctl.server={name}")
+    remove = (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids >/dev/null; "
+              f"rm -rf -- {quote(record_dir(name))}")
+    return {node: remove for node in server.get("nodes") or [server.get("node")]}
+
+
+def stop_server(transports: dict[str, Any], inventory: Inventory, server: dict[str, Any]) -> None:
+    for node, command in stop_commands(server, inventory).items():
+        if node in transports:
+            transports[node].run(command, sudo=True, timeout=120,
+                                 display=f"stop server {server.get('name')} on {node}").check()
+
+
+def down_phase(inventory: Inventory, name: str) -> Any:
+    """`sparkctl down --server NAME`: that server's containers and record on its nodes only."""
+    from orchestrator.core.step import Phase
+
+    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
+        return {"commands": {"servers": servers_cmd(inv, node)}}
+
+    return Phase("stop-server", [StopNamed(name)], facts)
+
+
+class StopNamed(Step):
+    name = "stop-server"
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        found = [s for s in from_facts(ctx.cluster_facts, ctx.inventory, alive_only=False)
+                 if s.get("name") == self.server]
+        if not found:
+            listing = ", ".join(sorted({str(s.get("name")) for s in from_facts(
+                ctx.cluster_facts, ctx.inventory)})) or "none"
+            raise SparkctlError(f"no server named {self.server!r} (running: {listing})")
+        server = found[0]
+        command = stop_commands(server, ctx.inventory).get(ctx.node.name)
+        if command is None:
+            return Unchanged(f"{self.server} does not run here")
+        return Change(f"stop {self.server} ({server.get('engine')}, {server.get('model')}) and "
+                      "remove its record", payload=command)
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        ctx.run(change.payload, sudo=True, timeout=120, display=f"stop {self.server}").check()
+        return None

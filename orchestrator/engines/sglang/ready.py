@@ -7,6 +7,7 @@ server (its containers and record) and shows every node's log tail.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -69,10 +70,8 @@ def parse_poll(out: str) -> dict[str, Any]:
         elif line.startswith("fired="):
             state["fired"] = line.partition("=")[2].strip() not in ("", "0")
         elif line.startswith("{"):
-            try:
+            with contextlib.suppress(ValueError):
                 state.update(json.loads(line))
-            except ValueError:
-                pass
     return state
 
 
@@ -88,7 +87,7 @@ def log_tail(transport: Transport | None, container: str, lines: int = 25) -> st
 
 
 def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note, reason: str) -> None:
-    from orchestrator.engines.sglang.serve import stop_server
+    from orchestrator.engines.servers import stop_server
 
     parts = [f"--- {node}: docker logs {spec.container}\n{log_tail(transports.get(node), spec.container)}"
              for node in spec.nodes]

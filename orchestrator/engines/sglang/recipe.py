@@ -57,6 +57,15 @@ class Speculative(StrictModel):
     def name(self) -> str:
         return self.algorithm.upper()
 
+    @property
+    def decoding_type(self) -> str:
+        """What `recipes list` prints (TensorRT-LLM's word for the algorithm)."""
+        return self.name
+
+    @property
+    def max_draft_len(self) -> int:
+        return self.num_steps or 0
+
 
 class Recipe(BaseRecipe):
     engine: Literal["sglang"] = "sglang"

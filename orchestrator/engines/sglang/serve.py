@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines import config_hash, serving_nodes, servers
+from orchestrator.engines import config_hash, servers, serving_nodes
 from orchestrator.engines.base import DEFAULT_HOST, LaunchOptions
 from orchestrator.engines.sglang.recipe import Recipe, estimate_memory
 from orchestrator.errors import SparkctlError
@@ -183,33 +183,8 @@ class Placement(Step):
                          "server(s) running)")
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        stop_server(ctx.transports, ctx.inventory, change.payload)
+        servers.stop_server(ctx.transports, ctx.inventory, change.payload)
         return f"stopped {change.payload.get('name')}"
-
-
-def stop_commands(server: dict[str, Any], inventory: Inventory) -> dict[str, str]:
-    """Per node, the command that stops one server and removes its record."""
-    from orchestrator.commands import docker_cmd
-
-    if server.get("legacy"):
-        from orchestrator.engines.running import stop_command
-
-        command = stop_command(inventory, server)
-        return {name: command for name in server.get("nodes") or [inventory.head_name]}
-    name = str(server["name"])
-    ids = docker_cmd("ps", "-aq", "--filter", "label=sparkctl.managed=true", "--filter",
-                     f"label=sparkctl.cluster={inventory.cluster.name}", "--filter",
-                     f"label=sparkctl.server={name}")
-    remove = (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids >/dev/null; "
-              f"rm -rf -- {quote(servers.record_dir(name))}")
-    return {node: remove for node in server.get("nodes") or [server.get("node")]}
-
-
-def stop_server(transports: dict[str, Any], inventory: Inventory, server: dict[str, Any]) -> None:
-    for node, command in stop_commands(server, inventory).items():
-        if node in transports:
-            transports[node].run(command, sudo=True, timeout=120,
-                                 display=f"stop server {server.get('name')} on {node}").check()
 
 
 class DropCaches(Step):
