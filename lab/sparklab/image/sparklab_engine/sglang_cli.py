@@ -164,6 +164,7 @@ def rendezvous(opts: dict) -> socket.socket | list[socket.socket]:
                 raise RuntimeError(
                     f"torch.distributed.DistStoreError: Timed out after {timeout:g} seconds "
                     f"waiting for clients. {len(peers) + 1}/{opts['nnodes']} clients joined.") from None
+            conn.settimeout(None)  # a long-lived link from here on: only EOF means a dead rank
             hello = json.loads(conn.makefile().readline() or "{}")
             log(f"Rank {hello.get('rank')} ({hello.get('host')}) joined from {addr[0]}")
             peers.append(conn)
@@ -173,6 +174,7 @@ def rendezvous(opts: dict) -> socket.socket | list[socket.socket]:
         try:
             conn = socket.create_connection((host, port), timeout=5)
             conn.sendall((json.dumps({"rank": opts["rank"], "host": hostname()}) + "\n").encode())
+            conn.settimeout(None)
             return conn
         except OSError:
             if time.monotonic() > deadline:
