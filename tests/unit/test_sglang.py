@@ -159,3 +159,30 @@ def test_the_simulated_launch_server_rejects_what_sglang_rejects(tmp_path: Path)
     run = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", "x/y",
                           "--tp", "2"], capture_output=True, text=True, env=env, timeout=60)
     assert run.returncode == 2 and "unrecognized arguments: --tp" in run.stderr
+
+
+def sim(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": str(IMAGE / "pylib") + ":" + str(IMAGE) + ":"
+           + str(Path(__file__).resolve().parents[2]),
+           "SPARKLAB_LAB_DIR": str(tmp_path), "HF_HOME": str(tmp_path / "hf"),
+           "PATH": "/usr/bin:/bin", "SPARKLAB_OUTBOX": str(tmp_path)}
+    (tmp_path / "config").mkdir(exist_ok=True)
+    (tmp_path / "config" / "lab.json").write_text('{"engine_load_seconds": 0}')
+    for repo in ("Qwen/Qwen3.6-27B-FP8", "Qwen/Qwen3-8B"):
+        subprocess.run([sys.executable, "-c", "import sys; from sparklab_engine.hf_cli import main; "
+                        "sys.exit(main(sys.argv[1:]))", "download", repo],
+                       capture_output=True, env=env, timeout=60, check=False)
+    return subprocess.run([sys.executable, "-m", "sglang.launch_server", *argv, "--port", "1"],
+                          capture_output=True, text=True, env={**env, "HF_HUB_OFFLINE": "1"},
+                          timeout=60)
+
+
+def test_the_simulated_server_fails_as_sglang_fails(tmp_path: Path) -> None:
+    no_mtp = sim(tmp_path, "--model-path", "Qwen/Qwen3-8B", "--speculative-algorithm", "nextn",
+                 "--speculative-num-steps", "3")
+    assert no_mtp.returncode == 1 and "MTP (NextN) layers" in no_mtp.stderr, no_mtp.stderr
+    radix = sim(tmp_path, "--model-path", "Qwen/Qwen3.6-27B-FP8", "--speculative-algorithm",
+                "NEXTN", "--speculative-num-steps", "3")
+    assert "not compatible with radix cache" in radix.stderr, radix.stderr
+    small = sim(tmp_path, "--model-path", "Qwen/Qwen3.6-27B-FP8", "--mem-fraction-static", "0.2")
+    assert "Not enough memory. Please try to increase --mem-fraction-static" in small.stderr
