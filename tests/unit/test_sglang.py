@@ -50,7 +50,7 @@ def test_multi_node_argv_names_rank_and_the_first_nodes_fabric_address() -> None
 
 
 @pytest.mark.parametrize(("over", "words"), [
-    ({"serve_args": ["--tp", "2"]}, ["--tp", "SGLang 0.5.12"]),
+    ({"serve_args": ["--tp", "2"]}, ["--tp", "SGLang 0.5.12", "did you mean --tp-size"]),
     ({"serve_args": ["--tp-size", "2"]}, ["must not set --tensor-parallel-size"]),
     ({"serve_args": ["--host", "0.0.0.0"]}, ["must not set --host"]),
     ({"tp_size": 2, "nodes": 1}, ["one node per rank"]),

@@ -19,8 +19,18 @@ def version() -> str:
 
 
 def check_serve_args(argv: list[str]) -> list[str]:
-    """What SGLang's own argument parser would reject in these extra launch_server words."""
-    return [str(problem) for problem in table().check_flags(list(argv))]
+    """What SGLang's own argument parser would reject in these extra launch_server words. The
+    abbreviations people type (--tp, --pp, --dp) point at SGLang's -size spelling rather than the
+    nearest by edit distance (--tp would suggest --ep)."""
+    import dataclasses
+
+    out = []
+    for problem in table().check_flags(list(argv)):
+        sized = f"{problem.key}-size"
+        if problem.message == "unknown option" and canonical(sized) != sized:
+            problem = dataclasses.replace(problem, suggestion=sized)
+        out.append(str(problem))
+    return out
 
 
 def canonical(flag: str) -> str:
