@@ -94,8 +94,9 @@ def container_log_cmd(inventory: Inventory, follow: bool, since: float | None, t
 
 
 def engine_container_log_cmd(inventory: Inventory, engine: str, follow: bool, since: float | None,
-                             tail: int | None) -> str:
-    """`docker logs` of an engine's own server container (vLLM's: its Ray node), if any."""
+                             tail: int | None, label: str = "engine") -> str:
+    """`docker logs` of an engine's own server container (vLLM's: its Ray node), if any;
+    label="server": the containers of the server named `engine` (SGLang's per-server ones)."""
     args: list[Any] = ["logs"]
     if since is not None:
         args += ["--since", f"{since:.0f}"]
@@ -105,7 +106,7 @@ def engine_container_log_cmd(inventory: Inventory, engine: str, follow: bool, si
         args.append("--follow")
     find = docker_cmd("ps", "-aq", "--filter", "label=sparkctl.managed=true", "--filter",
                       f"label=sparkctl.cluster={inventory.cluster.name}", "--filter",
-                      f"label=sparkctl.engine={engine}")
+                      f"label=sparkctl.{label}={engine}")
     return f'c=$({find} | head -n 1); [ -n "$c" ] || exit 0; {docker_cmd(*args)} "$c"'
 
 
@@ -131,13 +132,18 @@ def file_log_cmd(files: list[str], follow: bool, since: float | None, tail: int 
 
 
 def sources_for(inventory: Inventory, node: Node, follow: bool, since: float | None,
-                tail: int | None) -> list[LogSource]:
+                tail: int | None, server: str | None = None) -> list[LogSource]:
+    if server:  # one server's own containers (SGLang: sparkctl-sglang-<name> on each of its nodes)
+        return [LogSource(node.name, server, engine_container_log_cmd(
+            inventory, server, follow, since, tail, label="server") + " 2>&1")]
     return [
         LogSource(node.name, "container", container_log_cmd(inventory, follow, since, tail) + " 2>&1"),
         LogSource(node.name, "files", file_log_cmd(expected_files(inventory, node), follow, since, tail)
                   + " 2>&1"),
         LogSource(node.name, "ray", engine_container_log_cmd(inventory, "vllm", follow, since, tail)
                   + " 2>&1"),
+        LogSource(node.name, "sglang", engine_container_log_cmd(inventory, "sglang", follow, since,
+                                                                tail) + " 2>&1"),
     ]
 
 
@@ -234,7 +240,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run_logs(inventory: Inventory, node_names: list[str], follow: bool, since: str | None,
-             tail: int | None) -> int:
+             tail: int | None, server: str | None = None) -> int:
     from orchestrator.core.session import open_session
 
     nodes = [inventory.node(name) for name in node_names] if node_names else inventory.ordered_nodes()
@@ -246,7 +252,7 @@ def run_logs(inventory: Inventory, node_names: list[str], follow: bool, since: s
                 sys.stderr.write(f"{name}: unreachable, no logs: {host.error}\n")
                 code = EXIT_FAILED
         sources = [s for n in nodes if n.name in session.transports
-                   for s in sources_for(inventory, n, follow, since_time, tail)]
+                   for s in sources_for(inventory, n, follow, since_time, tail, server)]
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             result = stream_logs(inventory, session.transports, sources, follow)

@@ -55,7 +55,7 @@ def _server_info(session: Any, inventory: Any, transport: Any, server: dict[str,
     container = server.get("container") or inventory.container.name
     found = transport.run(docker_cmd("inspect", "--type", "container", "--format",
                                      "{{.Config.Image}}", container), timeout=30)
-    image = (found.stdout.strip() if found.ok else "") or inventory.container.image
+    image = server.get("image") or (found.stdout.strip() if found.ok else "") or inventory.container.image
     result = transport.run(docker_cmd("image", "inspect", image), timeout=30)
     facts = None
     if result.ok:
@@ -65,7 +65,8 @@ def _server_info(session: Any, inventory: Any, transport: Any, server: dict[str,
             facts = None
     keys = ("recipe", "model", "draft_model", "engine", "config_hash", "tp_size", "port", "started")
     return {**{k: server.get(k) for k in keys}, "engine": server.get("engine") or "trtllm",
-            "image": image, "image_digest": image_digest(facts, image), "head": inventory.head_name}
+            "image": image, "image_digest": image_digest(facts, image),
+            "head": server.get("node") or inventory.head_name, "server": server.get("name")}
 
 
 class Bench:
@@ -75,8 +76,8 @@ class Bench:
         from orchestrator.cli.launch import _running_server
 
         self.session, self.inventory, self.expected = session, inventory, expected
-        self.transport, server = _running_server(session, inventory)
-        if expected and server.get("recipe") != expected:
+        self.transport, server = _running_server(session, inventory, expected)
+        if expected and expected not in (server.get("name"), server.get("recipe")):
             from orchestrator.errors import SparkctlError
 
             raise SparkctlError(f"the running server is recipe {server.get('recipe')!r}, not "
@@ -89,7 +90,7 @@ class Bench:
         from orchestrator.checks.bench_run import Target, run_bench
         from orchestrator.cli.launch import _running_server
 
-        _, self.server = _running_server(self.session, self.inventory)  # fresh after a relaunch
+        _, self.server = _running_server(self.session, self.inventory, self.expected)  # fresh
         info = _server_info(self.session, self.inventory, self.transport, self.server)
         endpoint = Endpoint(forward_port, self.server["model"])
 
@@ -212,7 +213,7 @@ def _bench(opts: dict[str, Any]) -> int:
 
 @click.group(context_settings=CONTEXT, invoke_without_command=True)
 @inventory_option
-@click.option("--server", metavar="NAME", help="Refuse unless the running server is this recipe.")
+@click.option("--server", metavar="NAME", help="Which server (its name or recipe; needed when several run).")
 @click.option("--tg", default="128,256", show_default=True, help="Tokens to generate per request.")
 @click.option("--pp", default="2048", show_default=True, help="Prompt tokens per request.")
 @click.option("--depth", default="0,16384", show_default=True,

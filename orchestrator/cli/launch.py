@@ -65,7 +65,9 @@ def read_hf_token(token_file: str | None) -> Any:
 def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool,
             as_json: bool, timeout: float, replace: bool, host: str, drop_caches: bool,
             hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
-            ignore_memory: bool, guard_min_available_gb: float | None = None) -> int:
+            ignore_memory: bool, guard_min_available_gb: float | None = None,
+            placed: tuple[str, ...] = (), name: str | None = None, port: int | None = None,
+            no_drop_caches: bool = False) -> int:
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan
     from orchestrator.engines import check_against_inventory, engine_of, load_recipe
@@ -75,6 +77,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     recipe = load_recipe(recipe_name)
     engine = engine_of(recipe)
     inventory, _ = load_inventory_option(inventory_path)
+    recipe = _placed(recipe, engine, placed, name, port)
     check_against_inventory(recipe, inventory)
     estimate = engine.estimate_memory(recipe)
     _note(f"memory: {estimate.explanation}")
@@ -88,21 +91,26 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
               "has no API key here, so anyone who reaches that address can use it")
     token = read_hf_token(hf_token_file)
     options = LaunchOptions(host=host, replace=replace, drop_caches=drop_caches, timeout=timeout,
-                            guard_min_available_gb=guard_min_available_gb)
-    head = inventory.head_name
+                            guard_min_available_gb=guard_min_available_gb,
+                            name=name, skip_drop_caches=no_drop_caches, ignore_memory=ignore_memory)
+    from orchestrator.engines import serving_nodes
+
+    head = serving_nodes(recipe, inventory)[0]
     endpoint = f"http://{host}:{recipe.port}"
+    server = name or recipe.name
 
     plan = Plan("launch", engine.launch_phases(recipe, inventory, options))
 
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,
-                                    recipe=recipe.name, engine=engine.name)
+                                    recipe=recipe.name, engine=engine.name, server=server)
         return plan
 
     def after(session: Any, report: Any) -> None:
         if not dry_run and report.ok:
-            report.notes.append(f"Serving {recipe.model} at {endpoint} on {head}. Try `sparkctl chat "
-                                "\"Hello\"`, or `sparkctl tunnel` for other clients.")
+            report.notes.append(f"Serving {recipe.model} at {endpoint} on {head} (server {server}). "
+                                f"Try `sparkctl chat --server {server} \"Hello\"`, or `sparkctl "
+                                f"tunnel --server {server}` for other clients.")
 
     request = RunRequest(
         command="launch", inventory=inventory, build=build, dry_run=dry_run, yes=yes,
@@ -110,6 +118,27 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
         values={"hf_token": token, "progress_note": _note}, after=after,
     )
     return execute(request)
+
+
+def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
+            port: int | None) -> Any:
+    """The recipe with `--nodes` (wins over the recipe's `placement`) and `--port` applied."""
+    import re
+
+    from orchestrator.errors import InputError
+
+    if name is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", name):
+        raise InputError(f"--name {name!r}: use [a-z0-9._-], starting with a letter or digit")
+    nodes = [n.strip() for word in placed for n in word.split(",") if n.strip()]
+    if engine.name != "sglang" and (nodes or name or recipe.placement):
+        raise InputError(f"--nodes, --name and `placement` are for SGLang recipes; {engine.title} "
+                         "serves from the head and the next nodes, one server at a time")
+    update: dict[str, Any] = {}
+    if nodes:
+        update["placement"] = nodes
+    if port is not None:
+        update["port"] = port
+    return recipe.model_copy(update=update) if update else recipe
 
 
 @click.command(context_settings=CONTEXT)
@@ -122,7 +151,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
               help="Seconds to wait for the server to answer before stopping it.")
 @click.option("--replace", is_flag=True, help="Replace a server running a different recipe.")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address trtllm-serve binds on the head (it has no API key: keep localhost).")
+              help="Address the server binds on its node (no API key: keep localhost).")
 @click.option("--drop-caches/--no-drop-caches", default=True, show_default=True,
               help="Drop the page cache on the serving nodes before a cold start (unified "
                    "memory); --drop-caches is the default and kept for compatibility.")
@@ -134,48 +163,66 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
 @click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
 @click.option("--ignore-memory", is_flag=True, help="Launch even if the memory estimate says no.")
+@click.option("--nodes", "placed", multiple=True, metavar="NODE[,NODE]",
+              help="SGLang: run on these inventory nodes (rank order; wins over the recipe's "
+                   "placement). Default: the head (and the next nodes).")
+@click.option("--name", metavar="NAME", help="SGLang: the server's name (default: the recipe's).")
+@click.option("--port", type=click.IntRange(1024, 65535), default=None,
+              help="The server's port instead of the recipe's.")
 def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
            timeout: float, replace: bool, host: str, drop_caches: bool,
            hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
-           ignore_memory: bool, guard_min_available_gb: float | None) -> None:
+           ignore_memory: bool, guard_min_available_gb: float | None, placed: tuple[str, ...],
+           name: str | None, port: int | None) -> None:
     """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
 
     \b
-    models  fetched once on the head (hf download in its container), copied to the other
-            nodes over the fabric, verified identical; the HF token exists only meanwhile
-    serve   extra LLM API config, `mpirun ... trtllm-serve` started detached on the head,
-            then /health, /health_generate, /v1/models and one real chat completion
-    Relaunching the same recipe is a no-op. See docs/launch.md.
+    checks  another server (any engine) refused unless --replace; memory on every node
+    models  fetched once on the head, fanned out to the serving nodes over the fabric,
+            verified chunk by chunk; the HF token exists only meanwhile
+    serve   the engine's server (TensorRT-LLM: mpirun ... trtllm-serve; vLLM: Ray, then
+            vllm serve; SGLang: sglang.launch_server per node), then readiness over HTTP
+            and one real chat completion
+    Relaunching the same recipe is a no-op. See docs/launch.md and docs/engines.md.
     """
     run_command(lambda: _launch(recipe_name, inventory_path, dry_run, yes, as_json, timeout,
                                 replace, host, drop_caches, hf_token_file, trust_new_hosts,
-                                break_lock, ignore_memory, guard_min_available_gb))
+                                break_lock, ignore_memory, guard_min_available_gb, placed, name,
+                                port, not drop_caches))
 
 
 def _server_on_head(inventory_path: str | None, command: str) -> Any:
-    """Connect to the head only; returns (session manager, inventory)."""
+    """Connect to every node (servers run where they were placed); returns (session manager,
+    inventory)."""
     from orchestrator.core.runner import load_inventory_option
     from orchestrator.core.session import open_session
 
     inventory, _ = load_inventory_option(inventory_path)
-    return open_session(inventory, command, nodes=[inventory.head], quiet=True), inventory
+    return open_session(inventory, command, quiet=True), inventory
 
 
-def _running_server(session: Any, inventory: Any) -> tuple[Any, dict[str, Any]]:
+def _running_server(session: Any, inventory: Any, name: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """The server NAME (or the only one running): its node's transport and its record."""
+    from orchestrator.engines import servers
     from orchestrator.engines.running import current_server
     from orchestrator.errors import SparkctlError
 
+    found = servers.gather(session.transports, inventory, legacy=False)
     transport = session.transports.get(inventory.head_name)
-    if transport is None:
+    if transport is not None:
+        legacy = current_server(transport, inventory)
+        if legacy:
+            found.append({**legacy, "name": legacy.get("name") or legacy.get("recipe"),
+                          "node": inventory.head_name})
+    elif not found:
         raise SparkctlError(f"cannot reach the head {inventory.head_name}: "
                             + session.report.hosts[inventory.head_name].error)
-    server = current_server(transport, inventory)
-    if not server:
-        raise SparkctlError("no model server is running: start one with `sparkctl launch RECIPE`")
-    return transport, server
+    server = servers.pick(found, name)
+    return session.transports[server["node"]], server
 
 
-def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_json: bool) -> int:
+def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_json: bool,
+          name: str | None = None) -> int:
     import json
     import time
     import urllib.error
@@ -189,7 +236,7 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
     prompt = read_prompt(prompt, sys.stdin, "Paris is great because")
     manager, inventory = _server_on_head(inventory_path, "chat")
     with manager as session:
-        transport, server = _running_server(session, inventory)
+        transport, server = _running_server(session, inventory, name)
         with Forwarder(transport, int(server["port"])) as forward:
             body = {"model": server["model"], "max_tokens": max_tokens,
                     "messages": [{"role": "user", "content": prompt}]}
@@ -203,13 +250,14 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
             except urllib.error.HTTPError as exc:
                 raise SparkctlError(f"the server answered HTTP {exc.code}: {exc.read()[:300]!r}") from None
             except (urllib.error.URLError, OSError) as exc:
-                raise SparkctlError(f"no answer through the tunnel to {inventory.head_name}: {exc}") from None
+                raise SparkctlError(f"no answer through the tunnel to {server.get('node')}: {exc}") from None
             seconds = time.monotonic() - started
     text = answer["choices"][0]["message"].get("content") or ""
     tokens = (answer.get("usage") or {}).get("completion_tokens", 0)
     rate = tokens / max(seconds, 1e-3)
     if as_json:
         print_json({"command": "chat", "ok": True, "model": server["model"], "reply": text,
+                    "server": server.get("name"), "node": server.get("node"),
                     "completion_tokens": tokens, "seconds": round(seconds, 3),
                     "tokens_per_second": round(rate, 2)})
     else:
@@ -223,26 +271,29 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
 @inventory_option
 @click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
 @json_option
-def chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_json: bool) -> None:
+@click.option("--server", "name", metavar="NAME", help="Which server (needed when several run).")
+def chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_json: bool,
+         name: str | None) -> None:
     """Send one chat completion to the running server, through SSH to the head.
 
     PROMPT defaults to stdin (when piped). Prints the reply, and tokens/s on stderr.
     """
-    run_command(lambda: _chat(prompt, inventory_path, max_tokens, as_json))
+    run_command(lambda: _chat(prompt, inventory_path, max_tokens, as_json, name))
 
 
-def _tunnel(inventory_path: str | None, local_port: int | None) -> int:
+def _tunnel(inventory_path: str | None, local_port: int | None, name: str | None = None) -> int:
     import threading
 
     from orchestrator.remote.tunnel import Forwarder
 
     manager, inventory = _server_on_head(inventory_path, "tunnel")
     with manager as session:
-        transport, server = _running_server(session, inventory)
+        transport, server = _running_server(session, inventory, name)
         port = int(server["port"])
         with Forwarder(transport, port, local_port if local_port is not None else port) as forward:
             url = f"http://127.0.0.1:{forward.local_port}"
-            click.echo(f"Forwarding {url} -> {inventory.head_name} 127.0.0.1:{port} "
+            node = server.get("node") or inventory.head_name
+            click.echo(f"Forwarding {url} -> {node} 127.0.0.1:{port} "
                        f"({server['model']}). OpenAI clients: base_url={url}/v1. Ctrl-C to stop.",
                        err=True)
             try:
@@ -257,9 +308,10 @@ def _tunnel(inventory_path: str | None, local_port: int | None) -> int:
 @inventory_option
 @click.option("--local-port", type=click.IntRange(0, 65535), default=None,
               help="Local port (127.0.0.1 only); default: the server's port; 0 picks a free one.")
-def tunnel(inventory_path: str | None, local_port: int | None) -> None:
-    """Forward a local port to the server on the head until Ctrl-C (for other clients)."""
-    run_command(lambda: _tunnel(inventory_path, local_port))
+@click.option("--server", "name", metavar="NAME", help="Which server (needed when several run).")
+def tunnel(inventory_path: str | None, local_port: int | None, name: str | None) -> None:
+    """Forward a local port to a server on its node until Ctrl-C (for other clients)."""
+    run_command(lambda: _tunnel(inventory_path, local_port, name))
 
 
 @click.group(context_settings=CONTEXT, invoke_without_command=True)

@@ -15,11 +15,49 @@ def _status(inventory_path: str | None, as_json: bool) -> int:
 
     inventory, _ = load_inventory_option(inventory_path)
     result = gather_status(inventory)
+    result["servers"] = _servers(inventory)
     if as_json:
         print_json(result)
     else:
         render_status(result)
+        _render_servers(result["servers"])
     return 0 if result["ok"] else 1
+
+
+def _servers(inventory: object) -> list[dict[str, object]]:
+    """Every server on every node: name, engine, node(s), port, health (probed on its node)."""
+    from orchestrator.core.session import open_session
+    from orchestrator.engines import servers
+
+    keys = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
+            "container", "started", "memory_gb", "legacy")
+    from orchestrator.errors import SparkctlError
+
+    try:
+        with open_session(inventory, "status", quiet=True) as session:  # type: ignore[arg-type]
+            found = servers.gather(session.transports, inventory,  # type: ignore[arg-type]
+                                   probe=True, alive_only=False)
+    except (SparkctlError, OSError):
+        return []  # the nodes' own problems are in the status report already
+    out = []
+    for server in found:
+        entry = {k: server.get(k) for k in keys}
+        health = server.get("health")
+        entry["state"] = ("healthy" if health == 200 else "loading" if health == 503
+                          else "not answering" if server.get("alive") else "stopped")
+        out.append(entry)
+    return out
+
+
+def _render_servers(found: list[dict[str, object]]) -> None:
+    if not found:
+        return
+    click.echo("\nservers:")
+    for s in found:
+        listed = s.get("nodes")
+        nodes = ",".join(map(str, listed)) if isinstance(listed, list) else s.get("node")
+        click.echo(f"  {s['name']!s:20} {s['engine']!s:7} {nodes!s:16} 127.0.0.1:{s['port']!s:6} "
+                   f"{s['state']!s:13} {s['model']}")
 
 
 @click.command(context_settings=CONTEXT)
@@ -49,12 +87,13 @@ def _tail_value(text: str) -> int | None:
 
 
 def _logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since: str | None,
-          tail: str) -> int:
+          tail: str, server: str | None = None) -> int:
     from orchestrator.checks.logs import run_logs
     from orchestrator.core.runner import load_inventory_option
 
     inventory, _ = load_inventory_option(inventory_path)
-    return run_logs(inventory, list(nodes), follow, since, _tail_value(tail))
+    extra = (server,) if server else ()  # one server's containers only
+    return run_logs(inventory, list(nodes), follow, since, _tail_value(tail), *extra)
 
 
 @click.command(context_settings=CONTEXT)
@@ -65,8 +104,9 @@ def _logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, sinc
 @click.option("--since", metavar="T", help="Only lines since T: 30s, 10m, 2h, 1d, an ISO or Unix time.")
 @click.option("--tail", default="100", show_default=True, metavar="N",
               help="Lines from the end of each log to start with ('all' for everything).")
+@click.option("--server", metavar="NAME", help="Only this server's containers (SGLang servers).")
 def logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since: str | None,
-         tail: str) -> None:
+         tail: str, server: str | None) -> None:
     """Container, server and rank logs of every node, interleaved, prefixed with node and source.
 
     \b
@@ -75,17 +115,20 @@ def logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since
     --follow streams from every node at once; Ctrl-C stops it (exit 130) and leaves nothing
     running on the nodes.
     """
-    run_command(lambda: _logs(inventory_path, nodes, follow, since, tail))
+    run_command(lambda: _logs(inventory_path, nodes, follow, since, tail, server))
 
 
 def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,
-          trust_new_hosts: bool, break_lock: bool) -> int:
+          trust_new_hosts: bool, break_lock: bool, server: str | None = None) -> int:
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.session import Session
     from orchestrator.core.step import Plan
     from orchestrator.phases.teardown import build_down_plan
 
     inventory, _ = load_inventory_option(inventory_path)
+    if server:
+        return _down_server(inventory, server, dry_run, yes, as_json, trust_new_hosts, break_lock,
+                            network)
 
     def build(session: Session) -> Plan:
         notes = session.report.notes
@@ -108,6 +151,27 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
     return execute(request)
 
 
+def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_json: bool,
+                 trust_new_hosts: bool, break_lock: bool, network: bool) -> int:
+    """Only the server NAME: its containers and record on its nodes; everything else stays."""
+    from orchestrator.core.runner import RunRequest, execute
+    from orchestrator.core.step import Plan
+    from orchestrator.engines.servers import down_phase
+    from orchestrator.errors import InputError
+
+    if network:
+        raise InputError("--network and --server do not go together: --server stops one server")
+
+    def build(session: object) -> Plan:
+        return Plan("down", [down_phase(inventory, server)])  # type: ignore[arg-type]
+
+    request = RunRequest(
+        command="down", inventory=inventory, build=build, dry_run=dry_run,  # type: ignore[arg-type]
+        yes=yes, as_json=as_json, trust_new_hosts=trust_new_hosts, break_lock=break_lock,
+        require_all_nodes=False, lock_optional=True, values={"server": server})
+    return execute(request)
+
+
 @click.command(context_settings=CONTEXT)
 @inventory_option
 @click.option("--network", is_flag=True,
@@ -117,8 +181,10 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
 @json_option
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
 @click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
+@click.option("--server", metavar="NAME",
+              help="Stop only this server (its containers and record); nothing else is removed.")
 def down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,
-         trust_new_hosts: bool, break_lock: bool) -> None:
+         trust_new_hosts: bool, break_lock: bool, server: str | None) -> None:
     """Stop the server and the containers, remove sparkctl's files; --network: the fabric config too.
 
     \b
@@ -133,4 +199,4 @@ def down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as
     Safe to run again. An unreachable node is reported (exit 1); run down again later.
     """
     run_command(lambda: _down(inventory_path, network, dry_run, yes, as_json, trust_new_hosts,
-                              break_lock))
+                              break_lock, server))

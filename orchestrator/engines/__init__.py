@@ -25,6 +25,7 @@ DEFAULT_ENGINE = "trtllm"
 REGISTRY = {
     "trtllm": "orchestrator.engines.trtllm",
     "vllm": "orchestrator.engines.vllm",
+    "sglang": "orchestrator.engines.sglang",
 }
 """engine name -> the package whose ENGINE implements it (imported on first use)."""
 
@@ -93,6 +94,17 @@ def engine_of(recipe: BaseRecipe) -> Engine:
 
 def check_against_inventory(recipe: BaseRecipe, inventory: Inventory) -> None:
     """Refuse (exit 2) a recipe this cluster cannot run."""
+    if recipe.placement:
+        known = [n.name for n in inventory.nodes]
+        unknown = [n for n in recipe.placement if n not in known]
+        if unknown or len(set(recipe.placement)) != len(recipe.placement):
+            raise InputError(f"recipe {recipe.name}: nodes {', '.join(recipe.placement)}: "
+                             + (f"{', '.join(unknown)} not in the inventory {inventory.source} "
+                                if unknown else "a node is named twice ")
+                             + f"(nodes: {', '.join(known)})")
+        if len(recipe.placement) != recipe.node_count:
+            raise InputError(f"recipe {recipe.name} needs {recipe.node_count} node(s) but is "
+                             f"placed on {len(recipe.placement)}: {', '.join(recipe.placement)}")
     if recipe.node_count > len(inventory.nodes):
         raise InputError(
             f"recipe {recipe.name} needs {recipe.node_count} nodes but the inventory "
@@ -102,7 +114,9 @@ def check_against_inventory(recipe: BaseRecipe, inventory: Inventory) -> None:
 
 
 def serving_nodes(recipe: BaseRecipe, inventory: Inventory) -> list[str]:
-    """The nodes the server runs on, in rank order (head first)."""
+    """The nodes the server runs on, in rank order (head first unless placed elsewhere)."""
+    if recipe.placement:
+        return list(recipe.placement)
     return [n.name for n in inventory.ordered_nodes()[: recipe.node_count]]
 
 

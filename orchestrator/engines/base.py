@@ -82,6 +82,9 @@ class BaseRecipe(StrictModel):
     """Nodes the server spans (head first); default: what the parallelism needs."""
     port: int = Field(default=8000, ge=1024, le=65535)
     """Port the server listens on, on its first node (127.0.0.1 unless --host)."""
+    placement: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    """Inventory node names the server runs on, rank order (first = where it answers); default:
+    the head and the next nodes. `launch --nodes` wins over it. SGLang only, for now."""
     memory: Memory
     files: FileFilter | None = None
     """Which files of `model` to download and copy (default: all of them)."""
@@ -131,6 +134,11 @@ class LaunchOptions:
     drop_caches: bool = True
     timeout: float = 1800.0
     guard_min_available_gb: float | None = None
+    name: str | None = None
+    """The server's name (default: the recipe's); per-server engines (SGLang) key on it."""
+    skip_drop_caches: bool = False
+    """--no-drop-caches: per-server engines drop the page cache before a cold start unless set."""
+    ignore_memory: bool = False
 
 
 class LaunchFailed(SparkctlError):

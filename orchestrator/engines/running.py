@@ -101,22 +101,28 @@ class OtherEngineGuard(Step):
                       payload=running)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        from orchestrator.commands import docker_cmd
-        from orchestrator.engines.trtllm.serve import node_cmd
-        from orchestrator.phases.teardown import managed_filter_args
-
         running: dict[str, Any] = change.payload
         engine = str(running["engine"])
-        if engine == "trtllm":
-            command = node_cmd(ctx.inventory.container.name, action="stop", rotate=True)
-        else:  # engines with their own per-server containers: remove those containers
-            ids = docker_cmd("ps", "-aq", *managed_filter_args(ctx.inventory), "--filter",
-                             f"label=sparkctl.engine={engine}")
-            pid_file = quote(f"{RUN_DIR}/{running.get('main') or 'server.pid'}")
-            command = (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids "
-                       f">/dev/null; rm -f {pid_file}")
+        command = stop_command(ctx.inventory, running)
         # every node: TensorRT-LLM's ranks live on each serving node
         for name, transport in ctx.transports.items():
             transport.run(command, sudo=True, timeout=120,
                           display=f"stop {engine}'s server on {name}").check()
         return f"stopped {engine}'s server"
+
+
+def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:
+    """How the single recorded server (TensorRT-LLM, vLLM) is stopped on each of its nodes."""
+    from orchestrator.commands import docker_cmd
+    from orchestrator.engines.trtllm.serve import node_cmd
+    from orchestrator.phases.teardown import managed_filter_args
+
+    engine = str(running["engine"])
+    if engine == "trtllm":
+        return node_cmd(inventory.container.name, action="stop", rotate=True)
+    # engines with their own containers: remove those containers
+    ids = docker_cmd("ps", "-aq", *managed_filter_args(inventory), "--filter",
+                     f"label=sparkctl.engine={engine}")
+    pid_file = quote(f"{RUN_DIR}/{running.get('main') or 'server.pid'}")
+    return (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids "
+            f">/dev/null; rm -f {pid_file}")

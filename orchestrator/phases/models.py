@@ -343,5 +343,7 @@ def phase(recipe: Recipe, inventory: Inventory) -> Phase:
             "timeout": 3600,
         }
 
-    return ServingPhase("models", [Download(recipe), Distribute(recipe)], facts,
-                        serving=serving_nodes(recipe, inventory))
+    # the head fetches (in its `up` container) even when the server is placed on other nodes
+    serving = serving_nodes(recipe, inventory)
+    nodes = [inventory.head_name, *(n for n in serving if n != inventory.head_name)]
+    return ServingPhase("models", [Download(recipe), Distribute(recipe)], facts, serving=nodes)

@@ -144,7 +144,7 @@ def test_json_document_has_the_cells_the_server_and_every_nodes_state(
         "recipe": "minimax-m2.7", "model": "nvidia/MiniMax-M2.7-NVFP4", "draft_model": None,
         "engine": "vllm", "config_hash": "abc123", "tp_size": 2, "port": 8000,
         "started": "2026-11-23T10:00:00", "image": IMAGE, "image_digest": "sha256:" + "f" * 64,
-        "head": "spark-a"}
+        "head": "spark-a", "server": "minimax-m2.7"}
     state = doc["nodes_before"]
     assert set(state) == {"spark-a", "spark-b"}
     assert state["spark-b"]["sm_clock_mhz"] == 2405.0 and state["spark-b"]["memory_used_gb"] == 95.37
@@ -198,7 +198,7 @@ def test_server_refuses_another_recipe_and_a_missing_server(inv: str, cluster: F
                                                             measured: Measured) -> None:
     result = sparkctl("bench", "-i", inv, "--server", "qwen3-235b")
     assert result.exit_code == 1
-    assert "the running server is recipe 'minimax-m2.7', not 'qwen3-235b' (--server)" in result.stderr
+    assert "no server named 'qwen3-235b' runs (running: minimax-m2.7)" in result.stderr
     cluster["spark-a"].rules[0].answer = {"server": dict(SERVER), "alive": False}
     result = sparkctl("bench", "-i", inv)
     assert result.exit_code == 1 and "no model server is running" in result.stderr

@@ -18,7 +18,16 @@ KNOWN_REPOS = {
     "nvidia/Llama-3.3-70B-Instruct-FP4": ("LlamaForCausalLM", 3),
     "nvidia/Llama-3.1-8B-Instruct-FP4": ("LlamaForCausalLM", 1),
     "nvidia/MiniMax-M2.7-NVFP4": ("MiniMaxM2ForCausalLM", 4),
+    "Qwen/Qwen3.6-27B-FP8": ("Qwen3_5ForConditionalGeneration", 3),
+    "Qwen/Qwen3-8B": ("Qwen3ForCausalLM", 2),
 }
+CONFIG_EXTRAS = {
+    # the real config.json has an MTP (NextN) layer: SGLang's NEXTN drafts with it
+    "Qwen/Qwen3.6-27B-FP8": {"mtp_num_hidden_layers": 1, "sparklab_weights_gb": 28.0},
+    "Qwen/Qwen3-8B": {"sparklab_weights_gb": 16.4},
+}
+"""More config.json keys per repo: MTP heads (what NEXTN needs) and the real weights' size in GB
+(the lab's shards are small; the simulated engines check memory against this)."""
 VERSION = "0.35.3"
 USAGE = f"""usage: hf <command> [<args>]
 
@@ -69,7 +78,7 @@ def snapshot_files(repo: str, revision: str) -> dict[str, bytes]:
     arch, shards = KNOWN_REPOS[repo]
     total = int(lab_config()["model_bytes"])
     config = {"_name_or_path": repo, "architectures": [arch], "model_type": arch.lower(),
-              "sparklab_simulated": True, "revision": revision}
+              "sparklab_simulated": True, "revision": revision, **CONFIG_EXTRAS.get(repo, {})}
     files = {"config.json": json.dumps(config, indent=2).encode() + b"\n",
              "generation_config.json": b'{"do_sample": true, "temperature": 0.6}\n',
              "tokenizer_config.json": b'{"model_max_length": 131072}\n'}

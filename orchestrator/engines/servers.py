@@ -1,0 +1,243 @@
+"""Every server on the cluster, whichever engine runs it, and the rules for one more.
+
+Per-server engines (SGLang) record each server in RUN_DIR/servers/<name>/server.json on its
+first node (the one it answers on); TensorRT-LLM and vLLM keep their single record,
+RUN_DIR/server.json on the head. `orchestrator/node/servers.py` lists both on a node (one
+command per node, so launch gathers it as a fact). A new server is judged against the live
+ones sharing a node with it: a port already taken there is refused (named), and the sum of the
+recorded per-node memory estimates plus the new one must fit in a Spark's unified memory
+(refused with the numbers, unless --ignore-memory). Servers on other nodes are never in the way,
+whatever their engine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.commands import quote
+from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
+from orchestrator.engines.base import SPARK_MEMORY_GB
+from orchestrator.errors import InputError, SparkctlError
+from orchestrator.paths import RUN_DIR
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node
+    from orchestrator.remote.transport import Transport
+
+SERVERS_DIR = f"{RUN_DIR}/servers"
+
+
+def record_dir(name: str) -> str:
+    return f"{SERVERS_DIR}/{name}"
+
+
+def servers_cmd(inventory: Inventory, node: Node | None = None, probe: bool = False,
+                legacy: bool = True) -> str:
+    """The node's servers as JSON (the head also lists the older single record)."""
+    from orchestrator.node import script
+
+    head = legacy and (node is None or node.name == inventory.head_name)
+    args = {"run": RUN_DIR, "probe": probe,
+            "legacy_container": inventory.container.name if head else None}
+    return "python3 -c " + quote(script("servers.py")) + " " + quote(json.dumps(args, sort_keys=True))
+
+
+def parse(out: str, node: str, inventory: Inventory) -> list[dict[str, Any]]:
+    try:
+        found = json.loads(out or "{}").get("servers") or []
+    except ValueError:
+        return []
+    servers = []
+    for record in found:
+        if not isinstance(record, dict):
+            continue
+        record["node"] = node
+        if not record.get("nodes"):  # TensorRT-LLM: the head and the next tp_size - 1 nodes
+            count = int(record.get("tp_size") or 1)
+            record["nodes"] = [n.name for n in inventory.ordered_nodes()[:count]]
+        servers.append(record)
+    return servers
+
+
+def from_facts(cluster_facts: dict[str, dict[str, Any]], inventory: Inventory,
+               alive_only: bool = True) -> list[dict[str, Any]]:
+    """Every (live) server from each node's `servers` command fact."""
+    out = []
+    for node, facts in sorted(cluster_facts.items()):
+        answer = (facts.get("commands") or {}).get("servers") or {}
+        out += [s for s in parse(answer.get("out") or "", node, inventory)
+                if s.get("alive") or not alive_only]
+    return out
+
+
+def gather(transports: dict[str, Transport], inventory: Inventory, probe: bool = False,
+           alive_only: bool = True, legacy: bool = True) -> list[dict[str, Any]]:
+    """Every server, asked of every reachable node in parallel (chat, tunnel, bench, status)."""
+    from orchestrator.remote.cluster import parallel
+
+    def one(name: str) -> list[dict[str, Any]]:
+        result = transports[name].run(servers_cmd(inventory, inventory.node(name), probe, legacy),
+                                      sudo=True, timeout=120, display="the servers on this node")
+        return parse(result.stdout, name, inventory) if result.ok else []
+
+    out: list[dict[str, Any]] = []
+    for outcome in parallel(one, sorted(transports)).values():
+        if outcome.ok:
+            out += outcome.get()
+    return [s for s in out if s.get("alive") or not alive_only]
+
+
+def pick(servers: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
+    """The server NAME, or the only one; several without a name: ask for --server."""
+    if name:
+        named = [s for s in servers if s.get("name") == name]
+        if named:
+            return named[0]
+        listing = ", ".join(sorted(str(s.get("name")) for s in servers)) or "none"
+        raise SparkctlError(f"no server named {name!r} runs (running: {listing})")
+    if not servers:
+        raise SparkctlError("no model server is running: start one with `sparkctl launch RECIPE`")
+    if len(servers) > 1:
+        listing = ", ".join(f"{s.get('name')} ({s.get('engine')} on {s.get('node')}, port "
+                            f"{s.get('port')})" for s in servers)
+        raise InputError(f"{len(servers)} servers run: {listing}; pick one with --server NAME")
+    return servers[0]
+
+
+@dataclass
+class Wanted:
+    """The server a launch wants to start, as the placement rules see it."""
+
+    name: str
+    engine: str
+    model: str
+    nodes: list[str]
+    ports: list[int]
+    memory_gb: float
+    config_hash: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def memory_of(server: dict[str, Any]) -> float | None:
+    """A running server's recorded per-node estimate; older records: its recipe's estimate."""
+    if isinstance(server.get("memory_gb"), (int, float)):
+        return float(server["memory_gb"])
+    try:
+        from orchestrator.engines import engine_of, load_recipe
+
+        recipe = load_recipe(str(server.get("recipe")))
+        return float(engine_of(recipe).estimate_memory(recipe).total_gb)
+    except (SparkctlError, OSError, ValueError):
+        return None
+
+
+def ports_of(server: dict[str, Any]) -> set[int]:
+    ports = {int(server["port"])} if server.get("port") else set()
+    if server.get("dist_port") and len(server.get("nodes") or []) > 1:
+        ports.add(int(server["dist_port"]))
+    return ports
+
+
+def judge(wanted: Wanted, running: list[dict[str, Any]], replace: bool,
+          ignore_memory: bool) -> tuple[str, dict[str, Any] | None]:
+    """("start" | "same" | "replace", the server replaced) or SparkctlError naming why not."""
+    same = next((s for s in running if s.get("name") == wanted.name), None)
+    others = [s for s in running if s is not same]
+    decision: tuple[str, dict[str, Any] | None] = ("start", None)
+    if same is not None:
+        if same.get("config_hash") == wanted.config_hash and same.get("engine") == wanted.engine:
+            decision = ("same", same)
+        elif not replace:
+            raise SparkctlError(
+                f"a server named {wanted.name} already runs ({same.get('engine')}, "
+                f"{same.get('model')} on {', '.join(same.get('nodes') or [])}, started "
+                f"{same.get('started', '?')}) with another configuration: pass --replace, give "
+                f"this one another name (--name), or stop it (`sparkctl down --server {wanted.name}`)")
+        else:
+            decision = ("replace", same)
+    for node in wanted.nodes:
+        here = [s for s in others if node in (s.get("nodes") or [])]
+        for other in here:
+            taken = ports_of(other) & set(wanted.ports)
+            if taken:
+                port = sorted(taken)[0]
+                raise SparkctlError(
+                    f"port {port} on {node} is taken by server {other.get('name')} "
+                    f"({other.get('engine')}, {other.get('model')}): launch with another --port "
+                    f"or stop it first (`sparkctl down --server {other.get('name')}`)")
+        if ignore_memory or not here:
+            continue
+        used = [(str(o.get("name")), memory_of(o)) for o in here]
+        total = sum(gb or 0.0 for _, gb in used) + wanted.memory_gb
+        if total > SPARK_MEMORY_GB:
+            parts = " + ".join(f"{gb:.1f} GB ({n})" if gb is not None else f"? GB ({n})"
+                               for n, gb in used)
+            raise SparkctlError(
+                f"{node}: {parts} already running + {wanted.memory_gb:.1f} GB ({wanted.name}) = "
+                f"{total:.1f} GB > {SPARK_MEMORY_GB:g} GB of unified memory: place it on another "
+                f"node (--nodes), lower memory.kv_cache_fraction, stop "
+                + ", ".join(f"`sparkctl down --server {n}`" for n, _ in used)
+                + ", or pass --ignore-memory")
+    return decision
+
+
+def stop_commands(server: dict[str, Any], inventory: Inventory) -> dict[str, str]:
+    """Per node, the command that stops one server and removes its record."""
+    from orchestrator.commands import docker_cmd
+
+    if server.get("legacy"):
+        from orchestrator.engines.running import stop_command
+
+        command = stop_command(inventory, server)
+        return {name: command for name in server.get("nodes") or [inventory.head_name]}
+    name = str(server["name"])
+    ids = docker_cmd("ps", "-aq", "--filter", "label=sparkctl.managed=true", "--filter",
+                     f"label=sparkctl.cluster={inventory.cluster.name}", "--filter",
+                     f"label=sparkctl.server={name}")
+    remove = (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids >/dev/null; "
+              f"rm -rf -- {quote(record_dir(name))}")
+    return {node: remove for node in server.get("nodes") or [server.get("node")]}
+
+
+def stop_server(transports: dict[str, Any], inventory: Inventory, server: dict[str, Any]) -> None:
+    for node, command in stop_commands(server, inventory).items():
+        if node in transports:
+            transports[node].run(command, sudo=True, timeout=120,
+                                 display=f"stop server {server.get('name')} on {node}").check()
+
+
+def down_phase(inventory: Inventory, name: str) -> Any:
+    """`sparkctl down --server NAME`: that server's containers and record on its nodes only."""
+    from orchestrator.core.step import Phase
+
+    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
+        return {"commands": {"servers": servers_cmd(inv, node)}}
+
+    return Phase("stop-server", [StopNamed(name)], facts)
+
+
+class StopNamed(Step):
+    name = "stop-server"
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        found = [s for s in from_facts(ctx.cluster_facts, ctx.inventory, alive_only=False)
+                 if s.get("name") == self.server]
+        if not found:
+            listing = ", ".join(sorted({str(s.get("name")) for s in from_facts(
+                ctx.cluster_facts, ctx.inventory)})) or "none"
+            raise SparkctlError(f"no server named {self.server!r} (running: {listing})")
+        server = found[0]
+        command = stop_commands(server, ctx.inventory).get(ctx.node.name)
+        if command is None:
+            return Unchanged(f"{self.server} does not run here")
+        return Change(f"stop {self.server} ({server.get('engine')}, {server.get('model')}) and "
+                      "remove its record", payload=command)
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        ctx.run(change.payload, sudo=True, timeout=120, display=f"stop {self.server}").check()
+        return None

@@ -1,0 +1,65 @@
+"""SGLang: one container per server and node (`sparkctl-sglang-<name>`) running
+`python3 -m sglang.launch_server`, on the nodes the launch names (default: the head), several
+servers at once. Multi-node servers meet at `--dist-init-addr <first node's fabric IP>:<port>`
+with the fabric environment the other engines use. See docs/engines.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.sglang.recipe import Recipe
+
+if TYPE_CHECKING:
+    from orchestrator.core.step import Phase
+    from orchestrator.inventory import Inventory
+
+
+class SglangEngine:
+    name = "sglang"
+    title = "SGLang"
+    recipe_type = Recipe
+
+    def up_phases(self, inventory: Inventory) -> list[Phase]:
+        return []
+
+    def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
+        """Judge this server against every node's servers (from facts), the models, then the
+        server's containers, its record, readiness and one real chat completion."""
+        from orchestrator.engines import verify
+        from orchestrator.engines.sglang import ready, serve
+        from orchestrator.phases import models
+
+        spec = serve.ServeSpec(recipe, inventory, options)
+        steps = [verify.WaitReady(lambda transports, timeout, note: ready.wait_until_ready(
+                     transports, spec, timeout, note), options.timeout, f"SGLang ({spec.name})"),
+                 ready.Smoke(spec)]
+        return [serve.check_phase(spec), models.phase(recipe, inventory),
+                serve.serve_phase(spec, steps)]
+
+    def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
+        from orchestrator.engines.sglang.recipe import estimate_memory
+
+        return estimate_memory(recipe, node_memory_gb)
+
+    def describe(self, recipe: Recipe) -> list[tuple[str, str]]:
+        from orchestrator.commands import join
+        from orchestrator.engines.sglang.options import version
+        from orchestrator.engines.sglang.serve import preview
+
+        where = ", ".join(recipe.placement) if recipe.placement else "the head"
+        return [(f"launch command (container sparkctl-sglang-{recipe.name} of {recipe.image} on "
+                 f"{where}; flags checked against SGLang {version()})", join(preview(recipe)))]
+
+    def warnings(self, recipe: Recipe) -> list[str]:
+        return []
+
+    def config_preview(self, recipe: Recipe) -> dict[str, object]:
+        from orchestrator.engines.sglang.serve import preview
+
+        return {"serve_argv": preview(recipe), "image": recipe.image,
+                "container": f"sparkctl-sglang-{recipe.name}"}
+
+
+ENGINE = SglangEngine()

@@ -1,0 +1,186 @@
+"""SGLang recipes: the model, the parallelism, speculative decoding, the image and extra
+`python -m sglang.launch_server` flags.
+
+Refused before anything runs (exit 2): a node count that is not tp x pp (one GPU per Spark),
+flags sparkctl sets itself, any flag SGLang's own argument parser would reject (the option table
+extracted from the pinned SGLang wheel; the error names the flag, the version and the nearest
+valid flag), and the combinations SGLang 0.5.12's ServerArgs refuses at start-up (each check
+cites the line of sglang/srt/server_args.py it mirrors). Nothing else is invented here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from orchestrator.engines.base import (
+    SPARK_MEMORY_GB,
+    BaseRecipe,
+    MemoryEstimate,
+    StrictModel,
+    verdict_of,
+)
+
+DEFAULT_IMAGE = "scitrera/dgx-spark-sglang:0.5.12"
+"""A community SGLang build for DGX Spark (aarch64, CUDA 13, sm_121) at the version the option
+table was extracted from (orchestrator/engines/sglang/options.json)."""
+IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$"
+RESERVED_FLAGS = {
+    "--host": "launch --host", "--port": "port (or launch --port)",
+    "--model-path": "model", "--revision": "revision",
+    "--tensor-parallel-size": "tp_size", "--pipeline-parallel-size": "pp_size",
+    "--nnodes": "the node count", "--node-rank": "(set per node)",
+    "--dist-init-addr": "dist_port (the head's fabric address is used)",
+    "--mem-fraction-static": "memory.kv_cache_fraction",
+    "--trust-remote-code": "trust_remote_code",
+    "--speculative-algorithm": "speculative.algorithm",
+    "--speculative-num-steps": "speculative.num_steps",
+    "--speculative-eagle-topk": "speculative.eagle_topk",
+    "--speculative-num-draft-tokens": "speculative.num_draft_tokens",
+    "--speculative-draft-model-path": "speculative.draft_model",
+}
+SOURCE = "sglang/srt/server_args.py of SGLang 0.5.12"
+
+
+class Speculative(StrictModel):
+    algorithm: str = Field(pattern=r"^[A-Za-z0-9_]{1,32}$")
+    """EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH (SGLang upper-cases it, l.3562)."""
+    num_steps: int | None = Field(default=None, ge=1, le=64)
+    eagle_topk: int | None = Field(default=None, ge=1, le=64)
+    num_draft_tokens: int | None = Field(default=None, ge=1, le=256)
+    draft_model: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    """Only for EAGLE/EAGLE3/STANDALONE/DFLASH drafts; NEXTN uses the model's own MTP heads."""
+
+    @property
+    def name(self) -> str:
+        return self.algorithm.upper()
+
+    @property
+    def decoding_type(self) -> str:
+        """What `recipes list` prints (TensorRT-LLM's word for the algorithm)."""
+        return self.name
+
+    @property
+    def max_draft_len(self) -> int:
+        return self.num_steps or 0
+
+
+class Recipe(BaseRecipe):
+    engine: Literal["sglang"] = "sglang"
+    port: int = Field(default=30000, ge=1024, le=65535)
+    image: str = Field(default=DEFAULT_IMAGE, pattern=IMAGE_PATTERN)
+    tp_size: int = Field(default=1, ge=1, le=64)
+    pp_size: int = Field(default=1, ge=1, le=64)
+    trust_remote_code: bool = False
+    speculative: Speculative | None = None
+    dist_port: int = Field(default=20000, ge=1024, le=65535)
+    """Port of --dist-init-addr on the first serving node's fabric address (multi-node only)."""
+    serve_args: list[str] = Field(default_factory=list)
+    """More launch_server flags, verbatim (each item one argv word), checked against the table."""
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    @property
+    def node_count(self) -> int:
+        return self.nodes or (len(self.placement) if self.placement else self.world_size)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in env if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", k)]
+        secret = [k for k in env if "TOKEN" in k or "SECRET" in k]
+        if bad:
+            raise ValueError(f"env: {', '.join(bad)} is not an environment variable name")
+        if secret:
+            raise ValueError(f"env: {', '.join(secret)} looks like a secret; recipes are not "
+                             "secret (the HF token comes from $HF_TOKEN or --hf-token-file)")
+        return env
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        from orchestrator.engines.sglang.options import canonical, check_serve_args, values
+
+        if self.node_count != self.world_size:
+            raise ValueError(
+                f"the recipe spans {self.node_count} node(s) but tp_size x pp_size is "
+                f"{self.world_size}: a Spark has one GPU, so SGLang needs one node per rank "
+                f"({SOURCE} l.7231 also asserts tp x pp divisible by --nnodes)")
+        for word in self.serve_args:
+            flag = canonical(word.split("=", 1)[0])
+            if flag in RESERVED_FLAGS:
+                raise ValueError(f"serve_args must not set {flag}: sparkctl sets it from "
+                                 f"{RESERVED_FLAGS[flag]}")
+        problems = check_serve_args(self.serve_args)
+        if problems:
+            raise ValueError("serve_args: " + "; ".join(problems))
+        extra = values(self.serve_args)
+        spec = self.speculative
+        if spec is not None:
+            self._check_speculative(spec, extra)
+        return self
+
+    def _check_speculative(self, spec: Speculative, extra: dict[str, str | bool]) -> None:
+        if spec.name in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE") and spec.num_steps is None \
+                and (spec.eagle_topk is not None or spec.num_draft_tokens is not None):
+            # l.3808-3812: auto-chosen params assert topk and num_draft_tokens are unset too
+            raise ValueError("speculative: eagle_topk / num_draft_tokens need num_steps; SGLang "
+                             f"asserts they are unset when num_steps is ({SOURCE} l.3808)")
+        if self.pp_size > 1:
+            # l.7250-7253: pipeline parallelism excludes speculative decoding
+            raise ValueError("speculative decoding with pp_size > 1: SGLang asserts 'Pipeline "
+                             f"parallelism is not compatible with ... speculative decoding' "
+                             f"({SOURCE} l.7250)")
+        topk = spec.eagle_topk or 1
+        backend = str(extra.get("--attention-backend") or "")
+        if topk > 1 and "trtllm_mha" in (backend, extra.get("--decode-attention-backend"),
+                                         extra.get("--prefill-attention-backend")):
+            raise ValueError("speculative.eagle_topk > 1 with the trtllm_mha attention backend: "
+                             f"'trtllm_mha backend only supports topk = 1' ({SOURCE} l.3822)")
+        page = extra.get("--page-size")
+        if topk > 1 and page and str(page).isdigit() and int(str(page)) > 1 \
+                and backend not in ("flashinfer", "fa3"):
+            raise ValueError("speculative.eagle_topk > 1 with --page-size > 1 needs "
+                             f"--attention-backend flashinfer or fa3 ({SOURCE} l.3837)")
+        if spec.name == "DFLASH" and not spec.draft_model:
+            raise ValueError(f"speculative: DFLASH requires a draft_model ({SOURCE} l.3600)")
+
+    @property
+    def repos(self) -> list[tuple[str, str, str | None]]:
+        found: list[tuple[str, str, str | None]] = [(self.model, self.revision, None)]
+        if self.speculative and self.speculative.draft_model:
+            found.append((self.speculative.draft_model, "main", None))
+        return found
+
+
+def estimate_memory(recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
+    """Per node: SGLang's static pool (--mem-fraction-static of the whole memory) holds the
+    weights and the KV cache; activations and CUDA graphs (runtime_gb) come on top; the rest is
+    the system's."""
+    m = recipe.memory
+    weights = m.weights_gb / recipe.world_size
+    pool = m.kv_cache_fraction * node_memory_gb
+    kv = pool - weights - m.draft_gb
+    total = pool + m.runtime_gb
+    free = node_memory_gb - total
+    loaded = weights + m.draft_gb + m.runtime_gb
+    fits, verdict = verdict_of(node_memory_gb - loaded, free, m.system_reserve_gb)
+    if kv <= 0:
+        fits, verdict = False, "does not fit"
+    explanation = (
+        f"per node {weights:.1f} GB weights + {m.draft_gb:g} GB draft inside SGLang's static "
+        f"pool {m.kv_cache_fraction:g} x {node_memory_gb:g} GB = {pool:.1f} GB "
+        f"(--mem-fraction-static), leaving {kv:.1f} GB KV cache; + {m.runtime_gb:g} GB runtime = "
+        f"{total:.1f} GB; {free:.1f} GB left for the system (reserve {m.system_reserve_gb:g} GB): "
+        f"{verdict}")
+    if kv <= 0:
+        explanation += " (the weights exceed --mem-fraction-static: raise it or add nodes)"
+    return MemoryEstimate(
+        weights_gb=round(weights, 2), draft_gb=m.draft_gb, runtime_gb=m.runtime_gb,
+        system_reserve_gb=m.system_reserve_gb, kv_cache_gb=round(max(kv, 0.0), 2),
+        total_gb=round(total, 2), free_after_kv_gb=round(free, 2), fits=fits, verdict=verdict,
+        explanation=explanation)

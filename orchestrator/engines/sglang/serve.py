@@ -1,0 +1,271 @@
+"""SGLang servers: one container per server and node, `sparkctl-sglang-<name>`, whose main process
+is `python3 -m sglang.launch_server` (rank R of the server's nodes), bound to 127.0.0.1 on the
+first node. Several servers may run at once on chosen nodes; each has its own record
+(RUN_DIR/servers/<name>/server.json on its first node, engines/servers.py).
+
+Phases: server-check (every node's servers, judged against this one: name, port, memory), the
+shared models phase, then serve: image, a page-cache drop before a cold start (the seeds' rule
+on unified memory; --no-drop-caches skips it), the containers, the record, readiness (SGLang's
+/health and its "fired up" log line) and one real chat completion.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.commands import quote
+from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
+from orchestrator.engines import config_hash, servers, serving_nodes
+from orchestrator.engines.base import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
+from orchestrator.engines.sglang.recipe import Recipe, estimate_memory
+from orchestrator.errors import SparkctlError
+from orchestrator.paths import RUN_DIR
+from orchestrator.phases import container as containers
+from orchestrator.phases.container import INFINIBAND, ContainerSpec
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node
+
+DROP_CACHES = "sync; echo 3 > /proc/sys/vm/drop_caches"
+
+
+def launch_argv(recipe: Recipe, host: str, rank: int = 0, dist_addr: str | None = None) -> list[str]:
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", recipe.model]
+    if recipe.revision != "main":
+        argv += ["--revision", recipe.revision]
+    argv += ["--tp-size", str(recipe.tp_size)]
+    if recipe.pp_size > 1:
+        argv += ["--pp-size", str(recipe.pp_size)]
+    spec = recipe.speculative
+    if spec is not None:
+        argv += ["--speculative-algorithm", spec.name]
+        if spec.draft_model:
+            argv += ["--speculative-draft-model-path", spec.draft_model]
+        for flag, value in (("--speculative-num-steps", spec.num_steps),
+                            ("--speculative-eagle-topk", spec.eagle_topk),
+                            ("--speculative-num-draft-tokens", spec.num_draft_tokens)):
+            if value is not None:
+                argv += [flag, str(value)]
+    argv += ["--mem-fraction-static", f"{recipe.memory.kv_cache_fraction:g}"]
+    if recipe.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if recipe.node_count > 1:
+        argv += ["--nnodes", str(recipe.node_count), "--node-rank", str(rank),
+                 "--dist-init-addr", dist_addr or f"<first node's fabric IP>:{recipe.dist_port}"]
+    return [*argv, "--host", host, "--port", str(recipe.port), *recipe.serve_args]
+
+
+class ServeSpec:
+    """One launch of one SGLang server: its name, nodes, container, record and judgement."""
+
+    def __init__(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> None:
+        self.recipe, self.inventory, self.options = recipe, inventory, options
+        self.name = options.name or recipe.name
+        self.host = options.host
+        self.nodes = serving_nodes(recipe, inventory)
+        self.first = self.nodes[0]
+        self.container = f"sparkctl-sglang-{self.name}"
+        self.estimate = estimate_memory(recipe)
+        self.digest = config_hash(recipe, launch_argv(recipe, self.host), self.name)
+
+    def dist_addr(self) -> str:
+        return f"{self.inventory.mpi_address(self.inventory.node(self.first))}:{self.recipe.dist_port}"
+
+    def wanted(self) -> servers.Wanted:
+        ports = [self.recipe.port] + ([self.recipe.dist_port] if len(self.nodes) > 1 else [])
+        return servers.Wanted(self.name, "sglang", self.recipe.model, self.nodes, ports,
+                              self.estimate.total_gb, self.digest)
+
+    def record(self) -> dict[str, Any]:
+        r = self.recipe
+        return {"name": self.name, "engine": "sglang", "recipe": r.name, "model": r.model,
+                "port": r.port, "host": self.host, "tp_size": r.tp_size, "pp_size": r.pp_size,
+                "nodes": self.nodes, "container": self.container, "image": r.image,
+                "dist_port": r.dist_port if len(self.nodes) > 1 else None,
+                "speculative": r.speculative.name if r.speculative else None,
+                "memory_gb": self.estimate.total_gb, "config_hash": self.digest,
+                "started": datetime.now(UTC).isoformat(timespec="seconds")}
+
+    def env(self, node: Node, roce: list[str]) -> dict[str, str]:
+        """The fabric environment, derived like the other engines' (phases/container.fabric_env)."""
+        fabric = containers.fabric_env(self.inventory, roce)
+        first = self.inventory.fabric.interfaces[0]
+        env = {key: fabric[key] for key in ("UCX_NET_DEVICES", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA")}
+        env.update({"GLOO_SOCKET_IFNAME": first, "TP_SOCKET_IFNAME": first,
+                    "SGLANG_HOST_IP": self.inventory.mpi_address(node), "HF_HUB_OFFLINE": "1"})
+        env.update(self.recipe.env)
+        return env
+
+    def container_spec(self, node: Node, roce: list[str], hf_cache: str,
+                       infiniband: bool) -> ContainerSpec:
+        rank = self.nodes.index(node.name)
+        flags = ["--ipc", "host", "--gpus", "all", "--shm-size", "32g", "--ulimit", "memlock=-1",
+                 "--ulimit", "stack=67108864"]
+        if infiniband:
+            flags += ["--device", f"{INFINIBAND}:{INFINIBAND}"]
+        hashed = {"server": self.digest}
+        if rank > 0:  # a new rank 0 is a new rendezvous: the other ranks start again with it
+            hashed["first"] = self.container_spec(self.inventory.node(self.first), roce, hf_cache,
+                                                  infiniband).digest()
+        argv = launch_argv(self.recipe, self.host, rank,
+                           self.dist_addr() if len(self.nodes) > 1 else None)
+        return ContainerSpec(
+            name=self.container, image=self.recipe.image, command=argv, env=self.env(node, roce),
+            mounts=[(RUN_DIR, RUN_DIR, False), (hf_cache, CONTAINER_HF_HOME, False)],
+            labels=containers.managed_labels(self.inventory, node, engine="sglang",
+                                             server=self.name, recipe=self.recipe.name,
+                                             rank=str(rank)),
+            flags=flags, hashed=hashed, ready_what=f"SGLang rank {rank} in {self.container}",
+            hint=(f"Hint: `docker logs {self.container}` on {node.name} says why SGLang exited "
+                  "(a flag, the model, memory)."),
+            dirs=[RUN_DIR])
+
+    def spec_for(self, ctx: NodeContext) -> ContainerSpec | None:
+        if ctx.node.name not in self.nodes:
+            return None
+        if len(self.nodes) > 1:
+            check_fabric_link(ctx, self)
+        infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
+        roce = containers.roce_devices(ctx.inventory, ctx.facts, ctx.node.name)
+        return self.container_spec(ctx.node, roce, containers.node_hf_cache(ctx), infiniband)
+
+
+def check_fabric_link(ctx: NodeContext, spec: ServeSpec) -> None:
+    """Ranks meet at --dist-init-addr over the fabric: a link that is down or an address that is
+    gone is named (with the fix) before SGLang would time out in its rendezvous."""
+    links = ctx.facts.get("links")
+    if not isinstance(links, dict) or "error" in links:
+        return
+    ip = ctx.inventory.mpi_address(ctx.node)
+    for iface, cidr in (ctx.node.addresses or {}).items():
+        if cidr.split("/")[0] != ip:
+            continue
+        link = links.get(iface) or {}
+        if not link:
+            problem = f"{iface} does not exist"
+        elif not link.get("carrier", True) or not link.get("up", True):
+            problem = f"{iface} has no link ({link.get('operstate', '?')}: cable out or peer down?)"
+        elif cidr not in (link.get("addresses") or []):
+            problem = f"{iface} lacks its address {cidr}"
+        else:
+            return
+        raise SparkctlError(
+            f"{ctx.node.name}: SGLang's ranks of {spec.name} meet at --dist-init-addr "
+            f"{spec.dist_addr()} over the fabric, but {problem}. Fix: check the cable between "
+            f"{', '.join(spec.nodes)} (`sparkctl status`, `sparkctl netcheck`); `sparkctl up` "
+            "restores the addresses")
+
+
+class Placement(Step):
+    """Every node's servers against this one: its name, ports and memory (from facts)."""
+
+    name = "placement"
+    scope = "head"
+
+    def __init__(self, spec: ServeSpec) -> None:
+        self.spec = spec
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        running = servers.from_facts(ctx.cluster_facts, ctx.inventory)
+        decision, other = servers.judge(self.spec.wanted(), running, self.spec.options.replace,
+                                        self.spec.options.ignore_memory)
+        where = ", ".join(self.spec.nodes)
+        others = [s for s in running if s.get("name") != self.spec.name]
+        if decision == "replace" and other is not None:
+            return Change(f"stop server {self.spec.name} (another configuration): --replace",
+                          payload=other)
+        mine = f"{self.spec.estimate.total_gb:.1f} GB per node"
+        if decision == "same":
+            return Unchanged(f"{self.spec.name} already runs on {where} (config {self.spec.digest})")
+        return Unchanged(f"{self.spec.name} fits on {where} ({mine}; {len(others)} other "
+                         "server(s) running)")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        servers.stop_server(ctx.transports, ctx.inventory, change.payload)
+        return f"stopped {change.payload.get('name')}"
+
+
+class DropCaches(Step):
+    """Before a cold start on a unified-memory node: the page cache holds memory the GPU needs."""
+
+    name = "drop-caches"
+
+    def __init__(self, spec: ServeSpec, container_step: containers.Container) -> None:
+        self.spec = spec
+        self.container_step = container_step
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        if ctx.node.name not in self.spec.nodes:
+            return Unchanged("no server here")
+        if self.spec.options.skip_drop_caches:
+            return Unchanged("skipped (--no-drop-caches)")
+        if not isinstance(self.container_step.check(ctx), Change):
+            return Unchanged("the server is already running: no cold start")
+        return Change(DROP_CACHES)
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        result = ctx.run(DROP_CACHES, sudo=True, timeout=120)
+        if result.ok:
+            return "dropped the page cache"
+        return ("could NOT drop the page cache (" + (result.stderr.strip().splitlines() or ["?"])[-1]
+                + "; /proc/sys is read-only here, e.g. in the lab); continuing without it")
+
+
+class Record(Step):
+    """server.json of this server on its first node (what status, chat, tunnel and down read)."""
+
+    name = "record"
+    scope = "head"
+
+    def __init__(self, spec: ServeSpec) -> None:
+        self.spec = spec
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        running = servers.from_facts(ctx.cluster_facts, ctx.inventory)
+        mine = next((s for s in running if s.get("name") == self.spec.name), None)
+        if mine and mine.get("config_hash") == self.spec.digest:
+            return Unchanged(f"{servers.record_dir(self.spec.name)}/server.json on {self.spec.first}")
+        return Change(f"record {self.spec.name} in {servers.record_dir(self.spec.name)}/server.json "
+                      f"on {self.spec.first}")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        path = f"{servers.record_dir(self.spec.name)}/server.json"
+        text = json.dumps(self.spec.record(), indent=1, sort_keys=True)
+        command = (f"install -d -m 0755 {quote(servers.record_dir(self.spec.name))} && "
+                   f"printf '%s\\n' {quote(text)} > {quote(path + '.tmp')} && "
+                   f"mv -f {quote(path + '.tmp')} {quote(path)}")
+        ctx.transports[self.spec.first].run(command, sudo=True, timeout=60,
+                                            display=f"write {path}").check()
+        return None
+
+
+def check_phase(spec: ServeSpec) -> Phase:
+    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
+        return {"commands": {"servers": servers.servers_cmd(inv, node)}}
+
+    return Phase("server-check", [Placement(spec)], facts)
+
+
+def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
+    from orchestrator.phases.models import ServingPhase
+
+    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
+        own = containers.spec_facts([spec.recipe.image], [spec.container], inv.cluster.user)
+        own["links"] = True
+        own["commands"]["servers"] = servers.servers_cmd(inv, node)
+        return own
+
+    def image(ctx: NodeContext) -> str | None:
+        return spec.recipe.image if ctx.node.name in spec.nodes else None
+
+    container = containers.Container(spec.spec_for, name="sglang")
+    steps: list[Step] = [containers.Image(image), containers.ImageDigest(image),
+                         DropCaches(spec, container), container, Record(spec), *ready]
+    nodes = [spec.inventory.head_name, *(n for n in spec.nodes if n != spec.inventory.head_name)]
+    return ServingPhase("serve", steps, facts, serving=nodes)
+
+
+def preview(recipe: Recipe) -> list[str]:
+    return launch_argv(recipe, DEFAULT_HOST)

@@ -1,0 +1,73 @@
+"""The servers recorded on this node (runs on the node as `python3 -c`; one JSON argument:
+{"run": RUN_DIR, "probe": bool, "legacy_container": name or null}).
+
+Per-server engines (SGLang) record each server in RUN_DIR/servers/<name>/server.json on the
+server's first node; its containers are `docker inspect`ed for liveness, and with "probe" its
+/health on 127.0.0.1:<port> is asked (the server binds the node's loopback). The older single
+record RUN_DIR/server.json (TensorRT-LLM, vLLM on the head) is listed too, marked "legacy".
+Prints {"servers": [record + {"alive", "health", "legacy"}]}. Standard library only.
+"""
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+a = json.loads(sys.argv[1])
+run = a["run"]
+
+
+def load(path):
+    try:
+        with open(path) as handle:
+            record = json.load(handle)
+        return record if isinstance(record, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def running(container):
+    try:
+        proc = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", container],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.returncode == 0 and proc.stdout.decode().strip() == "true"
+
+
+def health(port):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/health" % int(port), timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except Exception:
+        return 0
+
+
+found = []
+base = os.path.join(run, "servers")
+for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+    record = load(os.path.join(base, name, "server.json"))
+    if record is None:
+        continue
+    record.setdefault("name", name)
+    record["legacy"] = False
+    record["alive"] = bool(running(record.get("container") or ""))
+    found.append(record)
+if a.get("legacy_container"):
+    record = load(os.path.join(run, "server.json"))
+    if record is not None:
+        record.setdefault("engine", "trtllm")
+        record.setdefault("container", a["legacy_container"])
+        record.setdefault("name", record.get("recipe"))
+        record["legacy"] = True
+        record["alive"] = bool(running(record["container"]))
+        found.append(record)
+if a.get("probe"):
+    for record in found:
+        record["health"] = health(record.get("port") or 0) if record["alive"] else None
+        if record["legacy"] and not record["health"]:
+            record["alive"] = False  # the `up` container runs on, the server does not answer
+print(json.dumps({"servers": found}))
