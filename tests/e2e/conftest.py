@@ -5,7 +5,7 @@ session and torn down at the end; if a test module took it down, the next use br
 
 Under pytest-xdist (`make test` runs the e2e tests in two workers, whole modules each) every
 worker gets its own set of lab ids, so two workers never share a lab: worker N uses the main
-lab N, the alternate lab N+4, the sudo/topology lab N+2 and the trust lab N+8.
+lab N, the alternate lab N+4, the sudo/topology lab N+2, the jump-host lab N+6 and the trust lab N+8.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _worker_lab_ids() -> None:
         raise RuntimeError("the e2e tests have lab ids for two xdist workers (-n 2) at most")
     os.environ.update(SPARKLAB_ID=str(n), SPARKLAB_ALT_ID=str(n + 4),
                       SPARKLAB_SUDO_ID=str(n + 2), SPARKLAB_TOPOLOGY_ID=str(n + 2),
-                      SPARKLAB_TRUST_ID=str(n + 8))
+                      SPARKLAB_TRUST_ID=str(n + 8), SPARKLAB_JUMP_ID=str(n + 6))
 
 
 _worker_lab_ids()

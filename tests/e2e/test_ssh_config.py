@@ -27,7 +27,8 @@ from conftest import REPO, lab_cli, require_lab_host
 
 pytestmark = pytest.mark.lab
 
-LAB_ID = int(os.environ.get("SPARKLAB_ID", "0"))
+# its own lab (the jump-host variant), never the session's shared lab
+LAB_ID = int(os.environ.get("SPARKLAB_JUMP_ID", "6"))
 STATE = Path(f"/var/lib/sparklab/{LAB_ID}")
 SPARKCTL = str(Path(sys.executable).parent / "sparkctl")
 SENTINEL = "hf_SENTINELsshConfigToken"
@@ -54,7 +55,7 @@ def _node_input(node: str, command: str, text: str) -> None:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     require_lab_host()
-    lab_cli("up", "--force", "--jump-host", check=True)
+    lab_cli("up", "--force", "--jump-host", lab_id=LAB_ID, check=True)
     tmp = tmp_path_factory.mktemp("ssh-config")
     home = tmp / "home"
     (home / ".ssh").mkdir(parents=True, mode=0o700)
@@ -106,7 +107,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     finally:
         os.kill(agent.pid, signal.SIGTERM)
         agent.wait(10)
-        lab_cli("down")
+        lab_cli("down", lab_id=LAB_ID)
 
 
 def sparkctl(s: Setup, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

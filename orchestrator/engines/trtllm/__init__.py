@@ -43,8 +43,8 @@ class TrtllmEngine:
                                     same_engine=[serve.ServerGuard(spec)],
                                     more_facts=serve.guard_facts(spec))
         ready = [readiness.WaitReady(recipe, options.timeout), readiness.SmokeTest(recipe)]
-        return [guard, serve.memory_phase(spec), models.phase(recipe, inventory),
-                serve.phase(spec, ready)]
+        return [guard, serve.memory_phase(spec), serve.stop_phase(spec),
+                models.phase(recipe, inventory), serve.phase(spec, ready)]
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
         from orchestrator.engines.trtllm.recipe import estimate_memory

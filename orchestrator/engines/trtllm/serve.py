@@ -306,13 +306,27 @@ def memory_phase(spec: LaunchSpec) -> Phase:
                                                          status_from_facts)], facts)
 
 
-def phase(spec: LaunchSpec, ready_steps: list[Step] | None = None) -> Phase:
+def serve_facts(spec: LaunchSpec) -> Any:
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         port = spec.recipe.port if node.name == inv.head_name else None
         return {
             "files": files_request([CONFIG_PATH]),
             "commands": {"serve": node_cmd(inv.container.name, action="status", port=port)},
         }
+
+    return facts
+
+
+def stop_phase(spec: LaunchSpec) -> Phase:
+    """A server this launch replaces (or restarts) is stopped BEFORE the new model is fetched
+    and copied: on unified memory the old server's weights and KV cache would otherwise share
+    the node with the copy (seen in the lab: the copy's receiver OOM-killed in the node's
+    memory cgroup)."""
+    return Phase("stop-previous", [StopPrevious(spec)], serve_facts(spec))
+
+
+def phase(spec: LaunchSpec, ready_steps: list[Step] | None = None) -> Phase:
+    facts = serve_facts(spec)
 
     def config_files(ctx: NodeContext) -> list[FileSpec]:
         if ctx.node.name not in spec.serving:
@@ -321,7 +335,7 @@ def phase(spec: LaunchSpec, ready_steps: list[Step] | None = None) -> Phase:
 
     from orchestrator.phases.memory import StartGuard
 
-    steps: list[Step] = [StopPrevious(spec), ManagedFiles("llm-api-config", config_files),
+    steps: list[Step] = [ManagedFiles("llm-api-config", config_files),
                          DropCaches(spec), StartGuard(spec, node_plan(spec.recipe), spec.recipe.name),
                          StartServer(spec), *(ready_steps or [])]
     return Phase("serve", steps, facts)
