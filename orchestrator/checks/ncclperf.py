@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.checks.netcheck import CheckResult, _link
+from orchestrator.checks.results import CheckResult, _link
 from orchestrator.commands import docker_exec_cmd, join
 from orchestrator.inventory import Inventory
 from orchestrator.phases.nccl_env import RING_ENV, min_nccl_busbw

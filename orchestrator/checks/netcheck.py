@@ -12,42 +12,15 @@ import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from orchestrator.checks.results import CheckResult, _link
 from orchestrator.commands import join
 from orchestrator.engines.trtllm.mpi_env import record_fact
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import HOSTFILE, NETPLAN_FILE, SSH_CONFIG
 
-Status = Literal["pass", "warn", "fail", "skip"]
-"""`skip`: the check depends on an earlier check that failed (the message says which)."""
 EXPECTED_SPEED_MBPS = 200000  # a ConnectX-7 QSFP port on a DGX Spark
-
-
-@dataclass
-class CheckResult:
-    """One line of the netcheck report (the JSON keys are a contract, see docs/contracts.md)."""
-
-    check: str
-    node: str
-    status: Status
-    message: str
-    peer: str | None = None
-    interface: str | None = None
-    value: float | int | str | None = None
-    unit: str | None = None
-    threshold: float | int | str | None = None
-    fix: str = ""
-    """What to do about a warn/fail; also appended to `message` in JSON for older readers."""
-
-    def to_json(self) -> dict[str, Any]:
-        message = self.message if not self.fix else f"{self.message} Fix: {self.fix}"
-        return {
-            "check": self.check, "node": self.node, "peer": self.peer,
-            "interface": self.interface, "status": self.status, "value": self.value,
-            "unit": self.unit, "threshold": self.threshold, "message": message,
-            "fix": self.fix,
-        }
 
 
 @dataclass(frozen=True)
@@ -85,12 +58,6 @@ def fabric_links(inventory: Inventory) -> list[Link]:
 # ---------------------------------------------------------------- per-node checks
 
 NodeCheck = Callable[[Inventory, Node, dict[str, Any]], list[CheckResult]]
-
-
-def _link(facts: dict[str, Any], interface: str) -> dict[str, Any] | None:
-    links = facts.get("links") or {}
-    entry = links.get(interface)
-    return entry if isinstance(entry, dict) else None
 
 
 def check_interface_up(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.checks.netcheck import CheckResult, Status, _link
+from orchestrator.checks.results import CheckResult, Status, _link
 from orchestrator.engines.trtllm.mpi_env import (
     guess_major_from_tag,
     hostfile_var,
