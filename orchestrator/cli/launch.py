@@ -157,7 +157,7 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
                    "memory); --drop-caches is the default and kept for compatibility.")
 @click.option("--guard-min-available-gb", type=click.FloatRange(min=0), default=None,
               help="The memory guard stops the server when a node's MemAvailable falls below "
-                   "this (default: the recipe's memory.guard_min_available_gb, else 4).")
+                   "this (default: the recipe's memory.guard_min_available_gb, else 2).")
 @click.option("--hf-token-file", metavar="FILE",
               help=f"HF token file when $HF_TOKEN is unset (default {DEFAULT_TOKEN_FILE}).")
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")

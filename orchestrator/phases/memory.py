@@ -34,7 +34,7 @@ from orchestrator.paths import RUN_DIR
 MEMINFO = "/proc/meminfo"
 PLAN_FILE = f"{RUN_DIR}/memory.json"
 RECORD_FILE = f"{RUN_DIR}/memguard-stopped.json"
-GUARD_DEFAULT_GB = 4.0
+GUARD_DEFAULT_GB = 2.0
 GIB = 1024**3
 
 

@@ -87,8 +87,10 @@ class KeyStore:
 
     def __init__(self, prompt: bool | None = None) -> None:
         self._lock = threading.Lock()
-        self._keys: dict[Path, Any] = {}
-        self._failed: dict[Path, str] = {}
+        # keyed by the file's identity too: a key file replaced on disk (a new lab, a rotated
+        # key) is read again, never answered from memory
+        self._keys: dict[tuple[Path, int, int], Any] = {}
+        self._failed: dict[tuple[Path, int, int], str] = {}
         self._prompt = prompt
 
     def can_prompt(self) -> bool:
@@ -98,29 +100,34 @@ class KeyStore:
         import paramiko
 
         with self._lock:
-            if path in self._keys:
-                return self._keys[path]
-            if path in self._failed:
-                raise KeyLocked(self._failed[path])
+            try:
+                st = path.stat()
+                ident = (path, st.st_ino, st.st_mtime_ns)
+            except OSError:
+                ident = (path, 0, 0)
+            if ident in self._keys:
+                return self._keys[ident]
+            if ident in self._failed:
+                raise KeyLocked(self._failed[ident])
             try:
                 key = paramiko.PKey.from_path(str(path))
             except (TypeError, paramiko.PasswordRequiredException):
-                key = self._unlock(path)
+                key = self._unlock(path, ident)
             except (paramiko.SSHException, ValueError, OSError) as exc:
-                self._failed[path] = f"cannot read the key {path}: {exc}"
-                raise KeyLocked(self._failed[path]) from None
-            self._keys[path] = key
+                self._failed[ident] = f"cannot read the key {path}: {exc}"
+                raise KeyLocked(self._failed[ident]) from None
+            self._keys[ident] = key
             return key
 
-    def _unlock(self, path: Path) -> Any:
+    def _unlock(self, path: Path, ident: tuple[Path, int, int]) -> Any:
         import paramiko
 
         if not self.can_prompt():
-            self._failed[path] = (
+            self._failed[ident] = (
                 f"the key {path} is protected by a passphrase and no terminal is attached to ask "
                 f"for it: add it to ssh-agent once (`ssh-add {path}`) and run again"
             )
-            raise KeyLocked(self._failed[path])
+            raise KeyLocked(self._failed[ident])
         from orchestrator.state import register_secret
 
         for _ in range(PASSPHRASE_TRIES):
@@ -130,8 +137,8 @@ class KeyStore:
                 return paramiko.PKey.from_path(str(path), secret.encode())  # type: ignore[arg-type]
             except (ValueError, TypeError, paramiko.SSHException):
                 print("[sparkctl] wrong passphrase", file=sys.stderr)
-        self._failed[path] = f"the passphrase for {path} was wrong {PASSPHRASE_TRIES} times"
-        raise KeyLocked(self._failed[path])
+        self._failed[ident] = f"the passphrase for {path} was wrong {PASSPHRASE_TRIES} times"
+        raise KeyLocked(self._failed[ident])
 
 
 KEYS = KeyStore()
