@@ -74,8 +74,11 @@ def test_rank_dying_after_ready_is_reported_and_relaunch_recovers(serving: Lab,
     assert again.returncode == 0, explain(again)
     steps = {(node, step["step"]): step["status"]
              for node, host in report_of(again)["hosts"].items() for step in host["steps"]}
-    assert steps[(lab.nodes[0], "server")] == "changed", steps
-    assert steps[(lab.nodes[0], "stop-previous")] == "changed", steps
+    said = {key: step["message"] for key, step in (
+        ((node, s["step"]), s) for node, host in report_of(again)["hosts"].items()
+        for s in host["steps"])}
+    assert steps[(lab.nodes[0], "server")] == "changed", said
+    assert steps[(lab.nodes[0], "stop-previous")] == "changed", said
     healthy = sparkctl(lab, "status", "--inventory", str(lab.inventory), "--json")
     assert healthy.returncode == 0 and report_of(healthy)["server"]["state"] == "healthy"
     tally.add("faults survived")
