@@ -74,8 +74,10 @@ def test_a_recipe_that_does_not_fit_now_is_refused_before_any_download(mlab: Lab
 
 def test_the_guard_stops_a_server_when_memory_runs_out_while_loading(mlab: Lab) -> None:
     set_load_seconds(mlab, 20)
+    # the threshold from the command line (the default, 2 GB, is what NVIDIA's setup leaves room
+    # for; 4 GB makes the squeeze below certain to cross it whatever the KV cache took)
     argv, env = sparkctl_argv("launch", "qwen3-235b", "--inventory", str(mlab.inventory),
-                              "--yes", "--timeout", "120")
+                              "--yes", "--timeout", "120", "--guard-min-available-gb", "4")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=REPO)
     try:
