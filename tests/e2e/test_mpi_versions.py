@@ -42,7 +42,8 @@ def test_launch_puts_ranks_on_both_nodes(lab: Lab, tmp_path: Path, major: int) -
     head, other = lab.nodes[0], lab.nodes[1]
     inventory = _inventory(lab, IMAGES[major], tmp_path)
     _stop(lab)
-    up = sparkctl("up", "--inventory", inventory, "--yes", "--json", token=False)
+    # --verify: mpirun runs even when an earlier module already left the lab set up this way
+    up = sparkctl("up", "--inventory", inventory, "--yes", "--json", "--verify", token=False)
     assert up.returncode == 0, up.stdout + up.stderr
     steps = {s["step"]: s for s in json.loads(up.stdout)["hosts"][head]["steps"]}
     assert f"Open MPI {major}." in steps["mpi-version"]["message"]
