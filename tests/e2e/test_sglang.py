@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, Lab
+from conftest import REPO, Lab, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -29,10 +29,10 @@ def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[st
 
 @pytest.fixture(scope="module")
 def served(lab_session: list[Lab]) -> Iterator[tuple[Lab, dict[str, subprocess.CompletedProcess[str]]]]:
-    lab = lab_session[0]
-    if not lab.healthy():
-        pytest.skip("lab not healthy")
+    lab = healthy_lab(lab_session)
     inventory = ["--inventory", str(lab.inventory)]
+    # start from no server at all: an earlier module on this lab may have left one serving
+    sparkctl("down", *inventory, "--yes")
     up = sparkctl("up", *inventory, "--yes")
     assert up.returncode == 0, up.stdout + up.stderr
     _, other = lab.nodes
