@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Lab
+from conftest import REPO, Lab, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -40,7 +40,9 @@ def model_rate(draft_len: int, batch: int = 1) -> float:
 
 @pytest.fixture(scope="module")
 def served(lab_session: list[Lab]) -> Iterator[Lab]:
-    lab = lab_session[0]
+    lab = healthy_lab(lab_session)
+    # start from no server at all: an earlier module on this lab may have left one serving
+    sparkctl("down", "--inventory", str(lab.inventory), "--yes")
     up = sparkctl("up", "--inventory", str(lab.inventory), "--yes")
     assert up.returncode == 0, up.stdout + up.stderr
     launch = sparkctl("launch", "qwen3-235b", "--inventory", str(lab.inventory), "--yes",

@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, Lab
+from conftest import REPO, Lab, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -41,10 +41,10 @@ REFUSED: list[subprocess.CompletedProcess[str]] = []
 @pytest.fixture(scope="module")
 def launched(lab_session: list[Lab]) -> Iterator[tuple[Lab, subprocess.CompletedProcess[str]]]:
     """up; TensorRT-LLM serving qwen3-235b; vLLM refused without --replace; then with it."""
-    lab = lab_session[0]
-    if not lab.healthy():
-        pytest.skip("lab not healthy")
+    lab = healthy_lab(lab_session)
     inventory = str(lab.inventory)
+    # start from no server at all: an earlier module on this lab may have left one serving
+    sparkctl("down", "--inventory", inventory, "--yes")
     up = sparkctl("up", "--inventory", inventory, "--yes")
     assert up.returncode == 0, up.stdout + up.stderr
     trt = sparkctl("launch", "qwen3-235b", "--inventory", inventory, "--yes", "--timeout", "120")
