@@ -44,6 +44,9 @@ def set_load_seconds(lab: Lab, seconds: float) -> None:
 @pytest.fixture(scope="module")
 def mlab(lab_session: list[Lab]) -> Iterator[Lab]:
     lab = healthy_lab(lab_session)
+    # start from no server at all: an earlier module on this lab may have left one serving,
+    # and its memory would change every figure below
+    sparkctl("down", "--inventory", str(lab.inventory), "--yes")
     up = sparkctl("up", "--inventory", str(lab.inventory), "--yes")
     assert up.returncode == 0, up.stdout + up.stderr
     yield lab
