@@ -33,7 +33,7 @@ class TrtllmEngine:
     def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
         """Refuse a different running server first (from facts), then the models, then the
         server, verified ready by a real token through every rank and one chat completion."""
-        from orchestrator.engines import running
+        from orchestrator.engines import running, verify
         from orchestrator.engines.trtllm import readiness, serve
         from orchestrator.phases import models
 
@@ -42,7 +42,15 @@ class TrtllmEngine:
         guard = running.guard_phase(recipe, inventory, options.replace,
                                     same_engine=[serve.ServerGuard(spec)],
                                     more_facts=serve.guard_facts(spec))
-        ready = [readiness.WaitReady(recipe, options.timeout), readiness.SmokeTest(recipe)]
+        # readiness as the shared verify steps: /health, /health_generate (a token through
+        # every rank), /v1/models, then one real chat completion
+        ready = [
+            verify.WaitReady(lambda transports, timeout, note: readiness.wait_until_ready(
+                transports, inventory, recipe.model, recipe.port, timeout, note),
+                options.timeout, "the server"),
+            verify.SmokeTest(lambda head: readiness.smoke_test(
+                head, inventory.container.name, recipe.model, recipe.port)),
+        ]
         return [guard, serve.memory_phase(spec), serve.stop_phase(spec),
                 models.phase(recipe, inventory), serve.phase(spec, ready)]
 

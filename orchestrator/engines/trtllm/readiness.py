@@ -13,9 +13,7 @@ import time
 from collections.abc import Callable
 
 from orchestrator.commands import quote
-from orchestrator.core.step import Change, NodeContext, Step
 from orchestrator.engines.base import LaunchFailed, Ready
-from orchestrator.engines.trtllm.recipe import Recipe
 from orchestrator.engines.trtllm.serve import node_call
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 from orchestrator.inventory import Inventory
@@ -144,47 +142,3 @@ def smoke_test(head: Transport, container: str, model: str, port: int,
     tokens = (body.get("usage") or {}).get("completion_tokens", 0)
     rate = tokens / max(float(answer.get("seconds") or 0), 1e-3)
     return f"{tokens} tokens in {answer.get('seconds', 0):.2f}s ({rate:.1f} tok/s): {text.strip()[:80]!r}"
-
-
-class WaitReady(Step):
-    """Verify: the server answers /health, /health_generate and /v1/models (or the launch
-    fails with every node's log tail, and every rank is stopped)."""
-
-    name = "ready"
-    kind = "verify"
-    scope = "head"
-
-    def __init__(self, recipe: Recipe, timeout: float) -> None:
-        self.recipe = recipe
-        self.timeout = timeout
-
-    def interrupt_hint(self, inventory: Inventory) -> str | None:
-        return (f"Stopped waiting; the server keeps loading on {inventory.head_name}. Follow it "
-                "with `sparkctl logs --follow` or `sparkctl status`; stop it with `sparkctl down`")
-
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        note = ctx.options.values.get("progress_note") or (lambda line: None)
-        try:
-            ready = wait_until_ready(ctx.transports, ctx.inventory, self.recipe.model,
-                                     self.recipe.port, self.timeout, note)
-        except LaunchFailed as exc:
-            # the head alone runs this step, so nothing else touches `shared` meanwhile
-            ctx.shared.setdefault("notes", []).append(exc.details)
-            ctx.shared.setdefault("report_extra", {})["log_tails"] = exc.details
-            raise SparkctlError(exc.reason) from None
-        return f"/health, /health_generate, /v1/models: {', '.join(ready.models)} ({ready.seconds:.1f}s)"
-
-
-class SmokeTest(Step):
-    """Verify: one real chat completion through the server."""
-
-    name = "smoke-test"
-    kind = "verify"
-    scope = "head"
-
-    def __init__(self, recipe: Recipe) -> None:
-        self.recipe = recipe
-
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        return smoke_test(ctx.transport, ctx.inventory.container.name,  # type: ignore[arg-type]
-                          self.recipe.model, self.recipe.port)
