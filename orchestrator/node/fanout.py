@@ -32,6 +32,14 @@ import time
 HEADER = struct.Struct("!IQQ")  # file index, offset, length
 END = 0xFFFFFFFF
 IDLE_SECONDS = 120.0
+LATE_CONNECTION_SECONDS = 10.0
+TOKEN_SECONDS = 10.0
+
+
+def connection_count(streams, need):
+    """How many connections a copy uses: both sides compute it, so the receiver knows when
+    the last one has come."""
+    return max(1, min(int(streams), len(need)))
 
 
 if "manifest" not in globals():  # run as a file or imported (tests); nodes get one script
@@ -130,18 +138,24 @@ class Receiver:
         os.replace(path + PART, path)
         self.cache_for(f["rel"]).put(f["rel"], path, f["sha256"], f["chunks"], self.chunk)
 
-    def take(self, conn):
-        """One connection: token, then frames until END; each chunk verified before written."""
+    def authentic(self, conn):
+        """Whether the connection presents the one-time token first (within a few seconds)."""
         token = self.plan["token"].encode()
         got = b""
-        conn.settimeout(IDLE_SECONDS)
-        while len(got) < len(token):
-            piece = conn.recv(len(token) - len(got))
-            if not piece:
-                return False
-            got += piece
-        if not hmac.compare_digest(got, token):
+        conn.settimeout(TOKEN_SECONDS)
+        try:
+            while len(got) < len(token):
+                piece = conn.recv(len(token) - len(got))
+                if not piece:
+                    return False
+                got += piece
+        except OSError:
             return False
+        return hmac.compare_digest(got, token)
+
+    def take(self, conn):
+        """One authenticated connection: frames until END; each chunk verified before written."""
+        conn.settimeout(IDLE_SECONDS)
         buf = bytearray(self.chunk)
         view = memoryview(buf)
         header = bytearray(HEADER.size)
@@ -150,7 +164,7 @@ class Receiver:
             i, off, length = HEADER.unpack(header)
             if i == END:
                 conn.sendall(b"K")
-                return True
+                return
             f = self.files[i]
             if length > self.chunk or off % self.chunk or off + length > f["size"]:
                 raise ValueError(f"bad frame for {f['rel']}: offset {off}, length {length}")
@@ -239,12 +253,11 @@ def recv(args):
     out({"port": sock.getsockname()[1], "need": need_list, "need_bytes": need_bytes,
          "have": have, "total": total, "free": free})
     streams = int(args.get("streams", 4))
-    threads, ok = [], []
+    threads = []
 
     def serve(conn):
         try:
-            if r.take(conn):
-                ok.append(1)
+            r.take(conn)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 r.error = {"error": "space", "message": str(exc), "path": r.root,
@@ -260,16 +273,27 @@ def recv(args):
                 os._exit(4)
 
     sock.settimeout(1.0)
+    # Accept every connection the sender opens, even once all chunks are in: closing the
+    # listener with a late connection still in its backlog resets it, and the sender would
+    # report a failed copy that in fact succeeded.
+    expected = connection_count(streams, need_list)
+    accepted, complete_since = 0, None
     deadline = time.monotonic() + IDLE_SECONDS
-    while len(ok) < streams and time.monotonic() < deadline:
-        if all(not missing for missing in r.need.values()):
-            break
+    while accepted < expected and time.monotonic() < deadline:
         try:
             conn, _ = sock.accept()
         except socket.timeout:
             if time.monotonic() - r.last > IDLE_SECONDS:
                 break
+            if all(not missing for missing in r.need.values()):
+                complete_since = complete_since or time.monotonic()
+                if time.monotonic() - complete_since > LATE_CONNECTION_SECONDS:
+                    break  # a sender worker that never came: nothing is missing anyway
             continue
+        if not r.authentic(conn):
+            conn.close()  # a stranger: it neither writes anything nor takes a sender's place
+            continue
+        accepted += 1
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         t = threading.Thread(target=serve, args=(conn,), daemon=True)
         t.start()
@@ -302,7 +326,12 @@ def send(args):
     errors = []
 
     def worker():
-        conn = socket.create_connection((args["host"], int(args["port"])), timeout=30)
+        try:
+            conn = socket.create_connection((args["host"], int(args["port"])), timeout=30)
+        except OSError as exc:
+            if not work.empty():  # (otherwise the other connections carried everything)
+                errors.append(f"cannot connect to the receiver: {type(exc).__name__}: {exc}")
+            return
         try:
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
             conn.sendall(token)
@@ -330,7 +359,7 @@ def send(args):
             conn.close()
 
     threads = [threading.Thread(target=worker, daemon=True)
-               for _ in range(max(1, min(int(args.get("streams", 4)), len(job["need"]))))]
+               for _ in range(connection_count(args.get("streams", 4), job["need"]))]
     started = time.monotonic()
     for t in threads:
         t.start()

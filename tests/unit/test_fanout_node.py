@@ -249,3 +249,50 @@ def test_a_disk_filling_up_mid_copy_fails_at_once(tmp_path: Path,
     assert exits == [4]
     assert any(line.get("error") == "space" and line["path"] == str(peer) for line in lines)
     assert json.loads(result.stdout.splitlines()[-1])["error"] == "send"
+
+
+def test_a_connection_that_comes_after_every_chunk_still_gets_its_answer(tmp_path: Path) -> None:
+    """The CI failure of stop 21: the first connection carried every chunk, the receiver closed
+    its listener, and the sender's late second connection was reset, failing a good copy."""
+    import socket
+    import struct
+    import time
+
+    head, peer = tmp_path / "head", tmp_path / "peer"
+    make_hub(head, big=2 * CHUNK)
+    peer.mkdir()
+    entry = manifest(head)
+    files = [{"rel": rel, **info} for rel, info in sorted(entry["blobs"].items())]
+    receiver = subprocess.Popen(
+        [sys.executable, SCRIPT, "recv", json.dumps({"listen": "127.0.0.1", "streams": 2})],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert receiver.stdin is not None and receiver.stdout is not None
+    receiver.stdin.write(json.dumps({"token": "a" * 32, "root": str(peer), "files": files,
+                                     "links": entry["links"], "refs": entry["refs"], "chunk": CHUNK}))
+    receiver.stdin.close()
+    ready = json.loads(receiver.stdout.readline())
+    assert len(ready["need"]) >= 2  # so the sender opens two connections
+    header = struct.Struct("!IQQ")
+
+    def connect() -> socket.socket:
+        conn = socket.create_connection(("127.0.0.1", ready["port"]), timeout=10)
+        conn.sendall(b"a" * 32)
+        return conn
+
+    stranger = socket.create_connection(("127.0.0.1", ready["port"]), timeout=10)
+    stranger.sendall(b"b" * 32)  # a wrong token neither writes nor takes a sender's place
+    first = connect()
+    for i, off, length in ready["need"]:  # the first connection carries every chunk
+        with open(head / files[i]["rel"], "rb") as f:
+            f.seek(off)
+            first.sendall(header.pack(i, off, length) + f.read(length))
+    first.sendall(header.pack(0xFFFFFFFF, 0, 0))
+    assert first.recv(1) == b"K"
+    time.sleep(1.5)  # every chunk is in; the receiver must still be listening
+    second = connect()
+    second.sendall(header.pack(0xFFFFFFFF, 0, 0))
+    assert second.recv(1) == b"K"
+    last = receiver.stdout.read().strip().splitlines()
+    assert receiver.wait(timeout=30) == 0
+    assert json.loads(last[-1])["done"] and tree(peer) == tree(head)
+    stranger.close()
