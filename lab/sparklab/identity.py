@@ -43,6 +43,11 @@ ROCE_NAMES: dict[str, str] = {
 DEFAULT_PORTS: tuple[str, str] = PORT_TWINS[1]
 
 
+MAX_LAB_ID = 29
+"""Three sets of ten: each full e2e run takes ten labs (tests/e2e/conftest.py), so up to three
+runs can share the machine. Interface names stay within Linux's 15 characters at 29."""
+
+
 def node_name(index: int) -> str:
     """spark-a, spark-b, ... spark-z, then spark-aa ... (16+ node labs stay readable)."""
     letters = "abcdefghijklmnopqrstuvwxyz"
@@ -58,8 +63,8 @@ class LabIdentity:
     @classmethod
     def from_env(cls) -> LabIdentity:
         raw = os.environ.get("SPARKLAB_ID", "0").strip() or "0"
-        if not raw.isdigit() or not 0 <= int(raw) <= 9:
-            raise LabError(f"SPARKLAB_ID must be an integer 0-9, got {raw!r}", 2)
+        if not raw.isdigit() or not 0 <= int(raw) <= MAX_LAB_ID:
+            raise LabError(f"SPARKLAB_ID must be an integer 0-{MAX_LAB_ID}, got {raw!r}", 2)
         return cls(int(raw))
 
     @property

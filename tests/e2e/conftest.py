@@ -31,6 +31,8 @@ def _worker_lab_ids() -> None:
     n = int(worker[2:])
     if n > 1:
         raise RuntimeError("the e2e tests have lab ids for two xdist workers (-n 2) at most")
+    # SPARKLAB_E2E_BASE=10 or 20 runs a second or third full e2e run beside the first
+    n += int(os.environ.get("SPARKLAB_E2E_BASE", "0"))
     os.environ.update(SPARKLAB_ID=str(n), SPARKLAB_ALT_ID=str(n + 4),
                       SPARKLAB_SUDO_ID=str(n + 2), SPARKLAB_TOPOLOGY_ID=str(n + 2),
                       SPARKLAB_TRUST_ID=str(n + 8), SPARKLAB_JUMP_ID=str(n + 6))
@@ -38,6 +40,11 @@ def _worker_lab_ids() -> None:
 
 _worker_lab_ids()
 LAB_ID = int(os.environ.get("SPARKLAB_ID", "0"))
+
+
+def e2e_state(name: str) -> str:
+    """A controller state directory for one module, apart per lab (two runs may share a host)."""
+    return f"/tmp/sparkctl-e2e-{name}-state-lab{LAB_ID}"
 
 
 def lab_cli(*args: str, lab_id: int = LAB_ID, check: bool = False,

@@ -16,13 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Lab, healthy_lab
+from conftest import REPO, Lab, e2e_state, healthy_lab
 
 pytestmark = pytest.mark.lab
 
 SPARKCTL = [sys.executable, "-m", "orchestrator.cli"]
 MODEL = "nvidia/Qwen3-235B-A22B-FP4"
-STATE = "/tmp/sparkctl-e2e-bench-state"
+STATE = e2e_state("bench")
 
 
 def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, Lab, healthy_lab
+from conftest import REPO, Lab, e2e_state, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -29,7 +29,7 @@ RUN = "/var/lib/sparkctl/run"
 
 
 def sparkctl(*args: str, timeout: float = 300, token: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": "/tmp/sparkctl-e2e-launch-state"}
+    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("launch")}
     env.pop("HF_TOKEN", None)
     if token:
         env["HF_TOKEN"] = SENTINEL
@@ -145,7 +145,7 @@ def test_the_token_appears_nowhere(launched: tuple[Lab, subprocess.CompletedProc
                                "/var/log /home/nvidia/.cache 2>/dev/null || true").stdout.strip()
         assert files == "", f"{node}: token in {files}"
         assert "hf_token" not in lab.exec(node, "ls -R /etc/sparkctl").stdout
-    logs = Path("/tmp/sparkctl-e2e-launch-state")
+    logs = Path(e2e_state("launch"))
     for path in logs.rglob("*"):
         if path.is_file():
             assert SENTINEL not in path.read_text(errors="replace"), path

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, Lab, healthy_lab
+from conftest import REPO, Lab, e2e_state, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -25,7 +25,7 @@ LAB_JSON = "/var/lib/sparklab/config/lab.json"
 
 
 def sparkctl_argv(*args: str) -> tuple[list[str], dict[str, str]]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": "/tmp/sparkctl-e2e-memory-state",
+    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("memory"),
            "HF_TOKEN": SENTINEL}
     return [SPARKCTL, *args], env
 

@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, Lab, healthy_lab
+from conftest import REPO, Lab, e2e_state, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -21,7 +21,7 @@ SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 
 
 def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": "/tmp/sparkctl-e2e-sglang-state"}
+    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("sglang")}
     env.pop("HF_TOKEN", None)
     return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=REPO)

@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, Lab, healthy_lab
+from conftest import REPO, Lab, e2e_state, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -30,7 +30,7 @@ RAY_PROCESSES = ("ps -eo pid,args | grep -E 'raylet|gcs_server|ray start|vllm se
 
 
 def sparkctl(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": "/tmp/sparkctl-e2e-vllm-state", "HF_TOKEN": SENTINEL}
+    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("vllm"), "HF_TOKEN": SENTINEL}
     return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=REPO)
 
