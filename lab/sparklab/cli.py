@@ -31,7 +31,7 @@ def _fail(err: LabError) -> None:
 def lab() -> None:
     """A simulated DGX Spark cluster (network namespaces, real sshd/netplan; no GPU).
 
-    SPARKLAB_ID=0..29 selects an independent lab.
+    SPARKLAB_ID=0..39 selects an independent lab.
     """
 
 

@@ -43,9 +43,9 @@ ROCE_NAMES: dict[str, str] = {
 DEFAULT_PORTS: tuple[str, str] = PORT_TWINS[1]
 
 
-MAX_LAB_ID = 29
-"""Three sets of ten: each full e2e run takes ten labs (tests/e2e/conftest.py), so up to three
-runs can share the machine. Interface names stay within Linux's 15 characters at 29."""
+MAX_LAB_ID = 39
+"""Four sets of ten: each full e2e run takes ten labs (tests/e2e/conftest.py), so up to four
+runs can share the machine. Interface names stay within Linux's 15 characters at 39."""
 
 
 def node_name(index: int) -> str:

@@ -31,7 +31,7 @@ def _worker_lab_ids() -> None:
     n = int(worker[2:])
     if n > 1:
         raise RuntimeError("the e2e tests have lab ids for two xdist workers (-n 2) at most")
-    # SPARKLAB_E2E_BASE=10 or 20 runs a second or third full e2e run beside the first
+    # SPARKLAB_E2E_BASE=10, 20 or 30 runs another full e2e run beside the first (-n 1: 11, 21, 31 too)
     n += int(os.environ.get("SPARKLAB_E2E_BASE", "0"))
     os.environ.update(SPARKLAB_ID=str(n), SPARKLAB_ALT_ID=str(n + 4),
                       SPARKLAB_SUDO_ID=str(n + 2), SPARKLAB_TOPOLOGY_ID=str(n + 2),
