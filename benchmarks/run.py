@@ -21,11 +21,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks import scenarios
+from benchmarks import engines, scenarios
 from benchmarks.labctl import BenchError
 from benchmarks.stats import Target, results_table, targets_table
 
-SCENARIOS = ("help", "two-node", "fanout", "delay", "scale")
+SCENARIOS = ("help", "two-node", "fanout", "engines", "delay", "scale")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
 MIB = 2**20
 
@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                     scenarios.bench_two_node(settings, results, workdir)
                 elif name == "fanout":
                     scenarios.bench_fanout(settings, results, workdir)
+                elif name == "engines":
+                    engines.bench_engines(settings, results, workdir)
                 elif name == "delay":
                     scenarios.bench_delay(settings, results, workdir)
                 else:

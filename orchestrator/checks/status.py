@@ -54,6 +54,9 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         files[SERVER_JSON] = True
         commands["probe"] = "python3 -c " + quote(PROBE) + " " + quote(SERVER_JSON)
         commands["server_log"] = f"tail -n {LOG_TAIL_LINES} {quote(SERVER_LOG)} 2>/dev/null || true"
+        # when the server's container last started: a restart after launch takes the server along
+        commands["server_container"] = record_container_cmd(
+            inventory, "docker inspect -f '{{.Name}} {{.State.StartedAt}}' \"$c\"") + " 2>/dev/null"
         # the Ray cluster, when the recorded server is vLLM's (its head container knows the nodes)
         from orchestrator.engines.vllm.ray import RAY_PROBE
         commands["ray"] = record_container_cmd(

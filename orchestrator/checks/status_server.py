@@ -44,9 +44,15 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     generate = probe.get("/health_generate" if engine == "trtllm" else "/v1/models")
     if engine == "vllm":
         out["ray"] = assess_ray(server, commands.get("ray") or {})
+    restarted = container_restarted(server, commands.get("server_container") or {},
+                                    main_alive(server, commands.get("processes") or {}))
     if not container_running:
         out["state"] = "down"
         out["problem"] = "server recorded but the head container is not running"
+    elif restarted and not (health == 200 and generate == 200):  # (answering: it came back)
+        out["state"] = "down"
+        out["problem"] = (f"{restarted}; the server did not come back with it: run `sparkctl launch "
+                          f"{server.get('recipe') or '<recipe>'}` again")
     elif engine == "vllm" and out["ray"]["problem"]:
         out["state"] = "unhealthy"
         out["problem"] = out["ray"]["problem"]
@@ -65,6 +71,40 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
         reason = health if health is not None else probe.get("error", "no answer")
         out["problem"] = f"server not answering on port {port} ({reason}): crashed? see `sparkctl logs`"
     return out
+
+
+RESTART_MARGIN_SECONDS = 5
+"""The server's start time is the controller's clock to the second, the container's the node's:
+a restart counts only when the container started clearly later (and the server's process is
+gone), so a few seconds of clock skew never report a healthy server as restarted."""
+
+
+def main_alive(server: dict[str, Any], answer: dict[str, Any]) -> bool | None:
+    """Whether the server's main process (its pid file) still runs; None when unknown."""
+    try:
+        pids = json.loads(answer.get("out") or "{}").get("pids") or {}
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    info = pids.get(server.get("main") or "")
+    return None if info is None else bool(info.get("alive"))
+
+
+def container_restarted(server: dict[str, Any], answer: dict[str, Any],
+                        server_alive: bool | None) -> str:
+    """'the head's container X restarted at T, after the server started at S', or ''.
+
+    A container restarted after launch (a node reboot with a restart policy, `docker restart`,
+    the engine's container crashing and coming back) starts from its command: the server and,
+    for vLLM, the Ray head it ran on are gone even though the container runs."""
+    name, _, started_at = ((answer.get("out") or "").strip()).partition(" ")
+    if server_alive or answer.get("rc") not in (0, None) or not started_at or not server.get("started"):
+        return ""
+    container_up, server_up = parse_time(started_at), parse_time(server["started"])
+    if container_up is None or server_up is None or container_up <= server_up + RESTART_MARGIN_SECONDS:
+        return ""
+    return (f"the head's container {name.lstrip('/')} restarted at "
+            f"{datetime.fromtimestamp(container_up).astimezone():%H:%M:%S}, after the server "
+            f"started at {datetime.fromtimestamp(server_up).astimezone():%H:%M:%S}")
 
 
 def assess_ray(server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
@@ -87,6 +127,14 @@ def assess_ray(server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]
 
 
 def age(iso: str | None, now: float | None) -> int | None:
+    started = parse_time(iso)
+    if started is None:
+        return None
+    return max(0, int((now or time.time()) - started))
+
+
+def parse_time(iso: str | None) -> float | None:
+    """An ISO time (docker's nanoseconds and Z included) as a timestamp; None if not one."""
     if not iso or iso.startswith("0001-"):
         return None
     text = iso.replace("Z", "+00:00")
@@ -101,4 +149,4 @@ def age(iso: str | None, now: float | None) -> int | None:
         return None
     if started.tzinfo is None:
         return None
-    return max(0, int((now or time.time()) - started.timestamp()))
+    return started.timestamp()

@@ -232,10 +232,12 @@ class Executor:
             return StepResult(phase.name, step.name, "ok", message=outcome.reason)
         if self.options.dry_run:
             return StepResult(phase.name, step.name, "planned", message=outcome.summary,
-                              diff=outcome.diff)
+                              diff=outcome.diff, commands=outcome.commands)
+        for command in outcome.commands:
+            log.info("%s %s/%s runs: %s", ctx.node.name, phase.name, step.name, command)
         message = step.apply(ctx, outcome)
         return StepResult(phase.name, step.name, "changed", message=message or outcome.summary,
-                          diff=outcome.diff)
+                          diff=outcome.diff, commands=outcome.commands)
 
     def _fail(self, node: str, result: StepResult) -> None:
         self.failed.add(node)

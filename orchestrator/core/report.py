@@ -20,6 +20,8 @@ class StepResult:
     seconds: float = 0.0
     message: str = ""
     diff: str = ""
+    commands: tuple[str, ...] = ()
+    """What the step runs (or, planned, would run) on the node."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -28,6 +30,8 @@ class StepResult:
         }
         if self.diff:
             out["diff"] = self.diff
+        if self.commands:
+            out["commands"] = list(self.commands)
         return out
 
 

@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.remote.transport import Transport
 
 Scope = Literal["node", "head"]
+COMMAND_TIMEOUT = 600.0
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,10 @@ class Change:
     summary: str
     diff: str = ""
     payload: Any = None
+    commands: tuple[str, ...] = ()
+    """The shell commands `apply` will run on the node, in order (pyinfra's idea): a dry run
+    and the run log show exactly these. A step whose Change lists commands need not write an
+    `apply`: the default runs them one by one and stops at the first that fails."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +88,23 @@ class Step:
     def check(self, ctx: NodeContext) -> Outcome:
         raise NotImplementedError
 
+    sudo = True
+    """Whether the default `apply` runs the Change's commands as root."""
+
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        """Make the change; return a message for the report (or None for the summary)."""
-        raise NotImplementedError
+        """Make the change; return a message for the report (or None for the summary).
+
+        The default runs `change.commands`; steps whose work is more than a list of commands
+        (verification, streaming, several nodes) override it: the imperative escape hatch."""
+        if not change.commands:
+            raise NotImplementedError(f"{type(self).__name__} lists no commands and has no apply()")
+        for command in change.commands:
+            result = ctx.run(command, sudo=self.sudo, timeout=COMMAND_TIMEOUT)
+            if not result.ok:
+                why = (result.stderr or result.stdout or "").strip().splitlines()
+                raise SparkctlError(f"{ctx.node.name}: `{command}` failed (exit {result.exit_status})"
+                                    + (f": {why[-1]}" if why else ""))
+        return None
 
     def interrupt_hint(self, inventory: Inventory) -> str | None:
         """What a Ctrl-C during this step leaves behind and what to do (None: just re-run)."""

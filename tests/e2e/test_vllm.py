@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -160,6 +162,63 @@ def test_cut_cable_worker_cannot_reach_head_named_with_fix(
         lab.cli("fault", "restore", check=True)
     again = sparkctl("launch", "minimax-m2.7", *inv(lab), "--yes")
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_head_restarted_after_launch_is_named_and_a_relaunch_recovers(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    lab, _ = launched
+    head = lab.nodes[0]
+    time.sleep(6)  # (the restart must come clearly after the server's start, to the second)
+    lab.exec(head, f"docker restart {CONTAINER}", check=True)
+    status = json.loads(sparkctl("status", *inv(lab), "--json").stdout)
+    server = status["server"]
+    assert server["state"] == "down", server
+    assert server["problem"].startswith(f"the head's container {CONTAINER} restarted at ")
+    assert "run `sparkctl launch minimax-m2.7` again" in server["problem"]
+    again = sparkctl("launch", "minimax-m2.7", *inv(lab), "--yes", "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    steps = {s["step"]: s for s in json.loads(again.stdout)["hosts"][head]["steps"]}
+    assert steps["server"]["status"] == "changed" and "2 node(s) alive" in steps["ray-cluster"]["message"]
+    chat = sparkctl("chat", "Hello", *inv(lab), "--max-tokens", "4")
+    assert chat.returncode == 0, chat.stderr
+
+
+def test_ctrl_c_during_the_wait_leaves_nothing_half_started(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    """Ctrl-C while vLLM loads: exit 130 saying the server keeps loading; then the server is
+    whole (both Ray nodes, one server that becomes ready) and the next launch changes nothing."""
+    lab, _ = launched
+    head = lab.nodes[0]
+    time.sleep(6)
+    lab.exec(head, f"docker restart {CONTAINER}", check=True)
+    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("vllm"), "HF_TOKEN": SENTINEL}
+    proc = subprocess.Popen([SPARKCTL, "launch", "minimax-m2.7", *inv(lab), "--yes"], env=env,
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:  # interrupt as soon as the wait for readiness has begun
+        seen.append(line)
+        if "loading (" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.communicate(timeout=120)[0]
+    output = "".join(seen) + rest
+    assert proc.returncode == 130, output
+    assert "keeps loading" in output or "still loading" in output, output
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status = json.loads(sparkctl("status", *inv(lab), "--json").stdout)
+        if status["server"] and status["server"]["state"] == "healthy":
+            break
+        time.sleep(2)
+    assert status["server"]["state"] == "healthy", status["server"]
+    assert status["server"]["ray"]["alive"] == 2
+    servers = lab.exec(head, f"docker exec {CONTAINER} ps -eo args").stdout
+    assert servers.count("vllm serve") == 1, servers
+    result = sparkctl("launch", "minimax-m2.7", *inv(lab), "--yes", "--json")
+    changed = [s for host in json.loads(result.stdout)["hosts"].values() for s in host["steps"]
+               if s["status"] == "changed"]
+    assert result.returncode == 0 and changed == [], result.stdout
 
 
 def test_down_leaves_no_ray_or_vllm_process(launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:

@@ -209,3 +209,47 @@ def test_merge_requests_answers_every_phase() -> None:
     ])
     assert merged == {"files": {"/a": True, "/b": False}, "links": True, "containers": ["x", "y"],
                       "timeout": 60, "commands": {"v": "docker version"}}
+
+
+class Commands(Step):
+    """A step that only lists its commands: the default apply runs them."""
+
+    name = "listed"
+
+    def __init__(self, *commands: str) -> None:
+        self.commands = commands
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        return Change("run the list", commands=self.commands)
+
+
+def test_a_change_that_lists_commands_is_applied_by_running_them_in_order(run: Any) -> None:
+    plan = Plan("up", [Phase("one", [Commands("echo one", "echo two")], facts_request)])
+    report, journal = run(plan, {"spark-a": {}})
+    assert [cmd for _, cmd in journal if cmd.startswith("echo")] == ["echo one", "echo two"]
+    (step,) = report.hosts["spark-a"].steps
+    assert step.status == "changed" and step.to_json()["commands"] == ["echo one", "echo two"]
+
+
+def test_the_dry_run_shows_the_commands_and_runs_none(run: Any) -> None:
+    plan = Plan("up", [Phase("one", [Commands("echo one")], facts_request)])
+    report, journal = run(plan, {"spark-a": {}}, dry_run=True)
+    assert not [cmd for _, cmd in journal if cmd.startswith("echo")]
+    (step,) = report.hosts["spark-a"].steps
+    assert step.status == "planned" and step.commands == ("echo one",)
+
+
+def test_the_first_failing_command_stops_the_step_and_is_named(run: Any) -> None:
+    plan = Plan("up", [Phase("one", [Commands("echo one", "false", "echo never")], facts_request)])
+    report, journal = run(plan, {"spark-a": {}})
+    assert "echo never" not in [cmd for _, cmd in journal]
+    (step,) = report.hosts["spark-a"].steps
+    assert step.status == "failed"
+    assert step.message == "spark-a: `false` failed (exit 1): boom"
+
+
+def test_a_change_without_commands_needs_an_apply(run: Any) -> None:
+    plan = Plan("up", [Phase("one", [Commands()], facts_request)])
+    report, _ = run(plan, {"spark-a": {}})
+    (step,) = report.hosts["spark-a"].steps
+    assert step.status == "failed" and "lists no commands and has no apply()" in step.message

@@ -141,6 +141,34 @@ def test_a_server_recorded_with_the_head_container_stopped_is_down() -> None:
     assert "server recorded but the head container is not running" in result["nodes"]["spark-a"]["problems"]
 
 
+@pytest.mark.parametrize(("container_started", "pids", "restarted"), [
+    ("2025-06-15T14:05:00.123456789Z", {}, True),  # restarted five minutes after the server
+    ("2025-06-15T14:00:03.5Z", {}, False),  # within the clock margin: not a restart
+    ("2025-06-15T13:50:00Z", {}, False),  # started before the server, as after `up`
+    ("2025-06-15T14:05:00Z", {"vllm.pid": {"pid": 9, "alive": True}}, False),  # server runs
+    ("0001-01-01T00:00:00Z", {}, False),  # docker's "never started"
+    ("2025-06-15T14:05:00Z", {}, None),  # restarted, and a server answers again (--persist)
+])
+def test_a_head_container_restarted_after_the_server_started_is_named(
+        container_started: str, pids: dict[str, Any], restarted: bool | None) -> None:
+    server = {**SERVER, "main": "vllm.pid"}
+    probe = {"/health": 200, "/health_generate": 200} if restarted is None else {"error": "refused"}
+    facts = {n: node_facts(n, server=SERVER if n == "spark-a" else None, probe=probe) for n in BOTH}
+    facts["spark-a"]["files"][SERVER_JSON]["content"] = json.dumps(server)
+    facts["spark-a"]["commands"]["server_container"] = {"rc": 0,
+                                                        "out": f"/sparkctl-vllm {container_started}\n"}
+    facts["spark-a"]["commands"]["processes"] = {"rc": 0, "out": json.dumps({"pids": pids})}
+    result = assess(facts)["server"]
+    if restarted:
+        assert result["state"] == "down"
+        assert result["problem"].startswith("the head's container sparkctl-vllm restarted at ")
+        assert result["problem"].endswith(
+            "the server did not come back with it: run `sparkctl launch qwen3` again")
+    else:
+        assert "restarted" not in result["problem"]
+        assert result["state"] == ("healthy" if restarted is None else "down")
+
+
 def test_process_answers_that_cannot_be_read_are_no_processes() -> None:
     facts = node_facts("spark-a")
     facts["commands"]["processes"] = {"rc": 0, "out": "not json"}

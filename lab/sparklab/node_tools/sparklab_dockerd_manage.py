@@ -165,6 +165,29 @@ def cmd_start(args: list[str]) -> int:
     return 0
 
 
+def cmd_restart(args: list[str]) -> int:
+    """`docker restart`: stop (SIGTERM, then SIGKILL after -t seconds) and start again; the
+    container keeps its filesystem, its processes start afresh from its command."""
+    opts, rest = split_flags(args, {"-t", "--time", "--timeout", "-s", "--signal"}, set(),
+                             "restart")
+    timeout = float(next((v for f, v in reversed(opts) if f in ("-t", "--time", "--timeout")),
+                         10) or 10)
+    code = 0
+    for ref in rest:
+        try:
+            c = find(ref)
+            stop_one(c, timeout)
+            fd = lock()
+            try:
+                start_container(c["Id"], "start")  # (prints the name, as docker does)
+            finally:
+                os.close(fd)
+        except DockerError as exc:
+            print(exc, file=sys.stderr)
+            code = 1
+    return code
+
+
 def cmd_rm(args: list[str]) -> int:
     opts, rest = split_flags(args, set(), {"-f", "--force", "-v", "--volumes", "-fv", "-vf"},
                              "rm")
