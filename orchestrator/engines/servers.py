@@ -236,8 +236,4 @@ class StopNamed(Step):
         if command is None:
             return Unchanged(f"{self.server} does not run here")
         return Change(f"stop {self.server} ({server.get('engine')}, {server.get('model')}) and "
-                      "remove its record", payload=command)
-
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        ctx.run(change.payload, sudo=True, timeout=120, display=f"stop {self.server}").check()
-        return None
+                      "remove its record", commands=(command,))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -234,3 +235,34 @@ def describe_stop(record: dict[str, Any]) -> str:
     return (f"stopped by the memory guard on {record.get('node', '?')}: "
             f"{record.get('available_gb', '?')} GB available < {record.get('min_available_gb', '?')} GB "
             f"(of {record.get('total_gb', '?')} GB, at {record.get('time', '?')})")
+
+
+DROP_CACHES = "sync; echo 3 > /proc/sys/vm/drop_caches"
+
+
+class DropCaches(Step):
+    """NVIDIA's advice for unified-memory trouble while loading: on by default before a cold
+    start (--no-drop-caches skips it); where /proc/sys is read-only it says so and continues.
+
+    `not_cold(ctx)` says why this node needs no drop (not a serving node, already loaded,
+    skipped by the flag), or None before a cold start: each engine knows that its own way."""
+
+    name = "drop-caches"
+
+    def __init__(self, not_cold: Callable[[NodeContext], str | None]) -> None:
+        self.not_cold = not_cold
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        reason = self.not_cold(ctx)
+        if reason:
+            return Unchanged(reason)
+        return Change("drop the page cache before the cold start (unified memory: the GPU does "
+                      "not get page cache back by itself; --no-drop-caches skips this)",
+                      commands=(DROP_CACHES,))
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        result = ctx.run(change.commands[0], sudo=True, timeout=120)  # (a failure is a warning)
+        if result.ok:
+            return "dropped the page cache"
+        return ("could NOT drop the page cache (" + (result.stderr.strip().splitlines() or ["?"])[-1]
+                + "; /proc/sys is read-only here, e.g. in the lab); continuing without it")

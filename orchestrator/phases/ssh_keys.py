@@ -160,11 +160,13 @@ class HostKey(Step):
         if private.get("exists") and pub and private.get("mode") == 0o600:
             return Unchanged(f"container host key {fingerprint(pub)}")
         if private.get("exists"):
-            return Change("restore the container host key's .pub and mode", payload=True)
-        return Change(f"generate the container's ssh host key in {HOST_KEY}", payload=False)
+            return Change("restore the container host key's .pub and mode",
+                          commands=(host_key_cmd(ctx.node.name, True),))
+        return Change(f"generate the container's ssh host key in {HOST_KEY}",
+                      commands=(host_key_cmd(ctx.node.name, False),))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        result = ctx.run(host_key_cmd(ctx.node.name, bool(change.payload)), sudo=True).check()
+        result = ctx.run(change.commands[0], sudo=True).check()
         pub = public_key_of(result.stdout)
         if not pub:
             raise SparkctlError(

@@ -146,7 +146,7 @@ def test_down_server_stops_it_on_its_nodes_only() -> None:
     step = servers.StopNamed("tp2")
     for node in ("spark-a", "spark-b"):
         outcome = step.check(make_context(inv, node, cluster))
-        assert isinstance(outcome, Change) and "label=sparkctl.server=tp2" in outcome.payload
+        assert isinstance(outcome, Change) and "label=sparkctl.server=tp2" in outcome.commands[0]
     lonely = facts_with({"spark-a": [running("small", ["spark-a"])], "spark-b": []})
     assert isinstance(servers.StopNamed("small").check(make_context(inv, "spark-b", lonely)), Unchanged)
     with pytest.raises(SparkctlError, match="no server named 'nope'"):

@@ -49,7 +49,7 @@ def test_host_key_generated_when_missing(inventory: Any, context: Any, fake_tran
     inv = inventory()
     ctx = context(inv, "spark-a", {"spark-a": key_facts(host=False, host_pub=False)})
     outcome = HostKey().check(ctx)
-    assert isinstance(outcome, Change) and outcome.payload is False
+    assert isinstance(outcome, Change) and outcome.commands == (ssh_keys.host_key_cmd("spark-a", False),)
     transport = fake_transport("spark-a", [(0, HOST_KEYS["spark-a"] + " c\n", "")])
     ctx = context(inv, "spark-a", {"spark-a": key_facts(host=False, host_pub=False)},
                   transports={"spark-a": transport})
@@ -63,8 +63,8 @@ def test_host_key_generated_when_missing(inventory: Any, context: Any, fake_tran
 def test_host_key_kept_when_only_pub_missing(inventory: Any, context: Any) -> None:
     ctx = context(inventory(), "spark-a", {"spark-a": key_facts(host_pub=False)})
     outcome = HostKey().check(ctx)
-    assert isinstance(outcome, Change) and outcome.payload is True
     command = ssh_keys.host_key_cmd("spark-a", keep_private=True)
+    assert isinstance(outcome, Change) and outcome.commands == (command,)
     assert "ssh-keygen -y -f" in command and "rm -f" not in command
 
 

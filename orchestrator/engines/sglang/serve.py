@@ -12,6 +12,7 @@ on unified memory; --no-drop-caches skips it), the containers, the record, readi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -24,11 +25,11 @@ from orchestrator.errors import SparkctlError
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
+from orchestrator.phases.memory import DropCaches
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
 
-DROP_CACHES = "sync; echo 3 > /proc/sys/vm/drop_caches"
 
 
 def launch_argv(recipe: Recipe, host: str, rank: int = 0, dist_addr: str | None = None) -> list[str]:
@@ -187,30 +188,18 @@ class Placement(Step):
         return f"stopped {change.payload.get('name')}"
 
 
-class DropCaches(Step):
-    """Before a cold start on a unified-memory node: the page cache holds memory the GPU needs."""
-
-    name = "drop-caches"
-
-    def __init__(self, spec: ServeSpec, container_step: containers.Container) -> None:
-        self.spec = spec
-        self.container_step = container_step
-
-    def check(self, ctx: NodeContext) -> Outcome:
-        if ctx.node.name not in self.spec.nodes:
-            return Unchanged("no server here")
-        if self.spec.options.skip_drop_caches:
-            return Unchanged("skipped (--no-drop-caches)")
-        if not isinstance(self.container_step.check(ctx), Change):
-            return Unchanged("the server is already running: no cold start")
-        return Change(DROP_CACHES)
-
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        result = ctx.run(DROP_CACHES, sudo=True, timeout=120)
-        if result.ok:
-            return "dropped the page cache"
-        return ("could NOT drop the page cache (" + (result.stderr.strip().splitlines() or ["?"])[-1]
-                + "; /proc/sys is read-only here, e.g. in the lab); continuing without it")
+def cold_start_reason(spec: ServeSpec, container_step: containers.Container
+                      ) -> Callable[[NodeContext], str | None]:
+    """Why a node needs no page-cache drop before this server starts (None: a cold start)."""
+    def reason(ctx: NodeContext) -> str | None:
+        if ctx.node.name not in spec.nodes:
+            return "no server here"
+        if spec.options.skip_drop_caches:
+            return "skipped (--no-drop-caches)"
+        if not isinstance(container_step.check(ctx), Change):
+            return "the server is already running: no cold start"
+        return None
+    return reason
 
 
 class Record(Step):
@@ -262,7 +251,7 @@ def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
 
     container = containers.Container(spec.spec_for, name="sglang")
     steps: list[Step] = [containers.Image(image), containers.ImageDigest(image),
-                         DropCaches(spec, container), container, Record(spec), *ready]
+                         DropCaches(cold_start_reason(spec, container)), container, Record(spec), *ready]
     nodes = [spec.inventory.head_name, *(n for n in spec.nodes if n != spec.inventory.head_name)]
     return ServingPhase("serve", steps, facts, serving=nodes)
 

@@ -9,6 +9,7 @@ started. Readiness is judged over HTTP on the head afterwards (steps/readiness.p
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -23,6 +24,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases.files import FileSpec, ManagedFiles, files_request
+from orchestrator.phases.memory import DropCaches
 from orchestrator.remote.transport import Transport
 from orchestrator.render import render
 
@@ -190,31 +192,17 @@ class StopPrevious(Step):
         return f"stopped {', '.join(answer.get('stopped', [])) or 'nothing'}"
 
 
-class DropCaches(Step):
-    """NVIDIA's advice for unified-memory trouble while loading: on by default before a cold
-    start (--no-drop-caches skips it); where /proc/sys is read-only it says so and continues."""
-
-    name = "drop-caches"
-
-    def __init__(self, spec: LaunchSpec) -> None:
-        self.spec = spec
-
-    def check(self, ctx: NodeContext) -> Outcome:
-        if not self.spec.drop_caches or ctx.node.name not in self.spec.serving:
-            return Unchanged("skipped (--no-drop-caches)" if ctx.node.name in self.spec.serving
-                             else "not a serving node")
-        if self.spec.decision(ctx) in ("noop", "loading"):
-            return Unchanged("the server is already loaded")
-        return Change("drop the page cache before the cold start (unified memory: the GPU does "
-                      "not get page cache back by itself; --no-drop-caches skips this): "
-                      "sync; echo 3 > /proc/sys/vm/drop_caches")
-
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        result = ctx.run("sync; echo 3 > /proc/sys/vm/drop_caches", sudo=True, timeout=120)
-        if result.ok:
-            return "dropped the page cache"
-        return ("could NOT drop the page cache (" + (result.stderr.strip().splitlines() or ["?"])[-1]
-                + "; /proc/sys is read-only here, e.g. in the lab); continuing without it")
+def cold_start_reason(spec: LaunchSpec) -> Callable[[NodeContext], str | None]:
+    """Why a node needs no page-cache drop before this launch (None: it is a cold start)."""
+    def reason(ctx: NodeContext) -> str | None:
+        if ctx.node.name not in spec.serving:
+            return "not a serving node"
+        if not spec.drop_caches:
+            return "skipped (--no-drop-caches)"
+        if spec.decision(ctx) in ("noop", "loading"):
+            return "the server is already loaded"
+        return None
+    return reason
 
 
 class StartServer(Step):
@@ -336,6 +324,7 @@ def phase(spec: LaunchSpec, ready_steps: list[Step] | None = None) -> Phase:
     from orchestrator.phases.memory import StartGuard
 
     steps: list[Step] = [ManagedFiles("llm-api-config", config_files),
-                         DropCaches(spec), StartGuard(spec, node_plan(spec.recipe), spec.recipe.name),
+                         DropCaches(cold_start_reason(spec)),
+                         StartGuard(spec, node_plan(spec.recipe), spec.recipe.name),
                          StartServer(spec), *(ready_steps or [])]
     return Phase("serve", steps, facts)
