@@ -109,3 +109,16 @@ def test_floor_seeds_the_recorded_host_key_and_waits_for_peers() -> None:
     assert floor.KEYGEN_MARK not in script
     assert base64.encodebytes(b"PRIVATE").decode().strip() in script
     assert script.index("/dev/tcp/$ip/2233") < script.index("mpirun")
+
+
+def test_a_phase_lasts_as_long_as_its_slowest_node() -> None:
+    from benchmarks.engines import phase_seconds
+
+    report = {"hosts": {
+        "spark-a": {"steps": [{"phase": "ray", "seconds": 6.5}, {"phase": "ray", "seconds": 1.5},
+                              {"phase": "serve", "seconds": 3.0}]},
+        "spark-b": {"steps": [{"phase": "ray", "seconds": 4.0}]}}}
+    assert phase_seconds(report, "ray") == 8.0
+    assert phase_seconds(report, "serve") == 3.0
+    assert phase_seconds(report, "models") is None  # (did not run)
+    assert phase_seconds({}, "ray") is None
