@@ -61,6 +61,9 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         from orchestrator.engines.vllm.ray import RAY_PROBE
         commands["ray"] = record_container_cmd(
             inventory, "docker exec \"$c\" python3 -c " + quote(RAY_PROBE), engine="vllm")
+    # every server on this node (SGLang runs one per node or placement), probed where it runs
+    from orchestrator.engines.servers import servers_cmd
+    commands["servers"] = servers_cmd(inventory, node, probe=True)
     own = {"files": files, "links": True, "ibdev2netdev": True,
            "containers": [inventory.container.name], "images": [inventory.container.image],
            "commands": commands, "timeout": 40}
@@ -106,8 +109,28 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
             else:
                 facts[name] = value
     result = assess(inventory, facts, errors)
+    result["servers"] = server_list(inventory, facts)
     result["seconds"] = round(time.monotonic() - started, 3)
     return result
+
+
+SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
+               "container", "started", "memory_gb", "legacy")
+
+
+def server_list(inventory: Inventory, facts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every server on every node (from the same facts round trip): name, engine, node(s),
+    port, health as probed on its node, and a state word."""
+    from orchestrator.engines.servers import from_facts
+
+    out = []
+    for server in from_facts(facts, inventory, alive_only=False):
+        entry = {k: server.get(k) for k in SERVER_KEYS}
+        health = server.get("health")
+        entry["state"] = ("healthy" if health == 200 else "loading" if health == 503
+                          else "not answering" if server.get("alive") else "stopped")
+        out.append(entry)
+    return out
 
 
 # ------------------------------------------------------------------ assessment (pure)

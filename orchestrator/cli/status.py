@@ -15,38 +15,12 @@ def _status(inventory_path: str | None, as_json: bool) -> int:
 
     inventory, _ = load_inventory_option(inventory_path)
     result = gather_status(inventory)
-    result["servers"] = _servers(inventory)
     if as_json:
         print_json(result)
     else:
         render_status(result)
         _render_servers(result["servers"])
     return 0 if result["ok"] else 1
-
-
-def _servers(inventory: object) -> list[dict[str, object]]:
-    """Every server on every node: name, engine, node(s), port, health (probed on its node)."""
-    from orchestrator.core.session import open_session
-    from orchestrator.engines import servers
-
-    keys = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
-            "container", "started", "memory_gb", "legacy")
-    from orchestrator.errors import SparkctlError
-
-    try:
-        with open_session(inventory, "status", quiet=True) as session:  # type: ignore[arg-type]
-            found = servers.gather(session.transports, inventory,  # type: ignore[arg-type]
-                                   probe=True, alive_only=False)
-    except (SparkctlError, OSError):
-        return []  # the nodes' own problems are in the status report already
-    out = []
-    for server in found:
-        entry = {k: server.get(k) for k in keys}
-        health = server.get("health")
-        entry["state"] = ("healthy" if health == 200 else "loading" if health == 503
-                          else "not answering" if server.get("alive") else "stopped")
-        out.append(entry)
-    return out
 
 
 def _render_servers(found: list[dict[str, object]]) -> None:

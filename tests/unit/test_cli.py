@@ -117,7 +117,7 @@ def test_down_tolerates_unreachable_nodes_and_says_what_it_kept(inv: str, execut
 
 
 def test_status_prints_json_and_exits_on_health(inv: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    answer = {"ok": False, "nodes": {}, "problems": ["spark-b: unreachable"]}
+    answer = {"ok": False, "nodes": {}, "problems": ["spark-b: unreachable"], "servers": []}
     monkeypatch.setattr("orchestrator.checks.status.gather_status", lambda inventory: answer)
     result = sparkctl("status", "-i", inv, "--json")
     assert result.exit_code == 1 and json.loads(result.stdout) == answer

@@ -208,3 +208,17 @@ def test_cluster_state(states: set[str], server: dict[str, Any] | None, expected
 ])
 def test_ages_from_docker_and_server_timestamps(iso: str | None, age: int | None) -> None:
     assert status.age(iso, NOW) == age
+
+
+def test_the_server_list_comes_from_the_same_round_trip() -> None:
+    """status asks each node for its servers in the facts request (no second SSH session)."""
+    request = status.status_facts(INVENTORY, INVENTORY.node("spark-b"))
+    from orchestrator.engines.servers import servers_cmd
+    assert request["commands"]["servers"] == servers_cmd(INVENTORY, INVENTORY.node("spark-b"), probe=True)
+    listing = {"servers": [{"name": "q36", "engine": "sglang", "port": 30000, "alive": True,
+                            "health": 503, "nodes": ["spark-b"], "model": "Qwen/Qwen3.6-27B-FP8"}]}
+    facts = {n: node_facts(n) for n in BOTH}
+    facts["spark-b"]["commands"]["servers"] = {"rc": 0, "out": json.dumps(listing)}
+    (server,) = status.server_list(INVENTORY, facts)
+    assert (server["name"], server["engine"], server["state"], server["node"]) == (
+        "q36", "sglang", "loading", "spark-b")

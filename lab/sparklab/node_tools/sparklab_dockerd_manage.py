@@ -130,24 +130,29 @@ def stop_one(c: dict, timeout: float) -> None:
         time.sleep(0.02)
 
 
-def cmd_stop(args: list[str], kill: bool = False) -> int:
-    opts, rest = split_flags(args, {"-t", "--time", "--timeout", "-s", "--signal"}, set(),
-                             "kill" if kill else "stop")
+def each_container(args: list[str], verb: str, act) -> int:
+    """stop, kill and restart: -t/--time, then every container named; errors per container."""
+    opts, rest = split_flags(args, {"-t", "--time", "--timeout", "-s", "--signal"}, set(), verb)
     timeout = float(next((v for f, v in reversed(opts) if f in ("-t", "--time", "--timeout")),
                          10) or 10)
     code = 0
     for ref in rest:
         try:
-            c = find(ref)
-            if kill and not c["State"].get("Running"):
-                raise DockerError(f"Error response from daemon: cannot kill container: {ref}: "
-                                  f"container {c['Id']} is not running", 1)
-            stop_one(c, 0 if kill else timeout)
-            print(ref)
+            act(ref, find(ref), timeout)
         except DockerError as exc:
             print(exc, file=sys.stderr)
             code = 1
     return code
+
+
+def cmd_stop(args: list[str], kill: bool = False) -> int:
+    def act(ref: str, c: dict, timeout: float) -> None:
+        if kill and not c["State"].get("Running"):
+            raise DockerError(f"Error response from daemon: cannot kill container: {ref}: "
+                              f"container {c['Id']} is not running", 1)
+        stop_one(c, 0 if kill else timeout)
+        print(ref)
+    return each_container(args, "kill" if kill else "stop", act)
 
 
 def cmd_start(args: list[str]) -> int:
@@ -168,24 +173,14 @@ def cmd_start(args: list[str]) -> int:
 def cmd_restart(args: list[str]) -> int:
     """`docker restart`: stop (SIGTERM, then SIGKILL after -t seconds) and start again; the
     container keeps its filesystem, its processes start afresh from its command."""
-    opts, rest = split_flags(args, {"-t", "--time", "--timeout", "-s", "--signal"}, set(),
-                             "restart")
-    timeout = float(next((v for f, v in reversed(opts) if f in ("-t", "--time", "--timeout")),
-                         10) or 10)
-    code = 0
-    for ref in rest:
+    def act(ref: str, c: dict, timeout: float) -> None:
+        stop_one(c, timeout)
+        fd = lock()
         try:
-            c = find(ref)
-            stop_one(c, timeout)
-            fd = lock()
-            try:
-                start_container(c["Id"], "start")  # (prints the name, as docker does)
-            finally:
-                os.close(fd)
-        except DockerError as exc:
-            print(exc, file=sys.stderr)
-            code = 1
-    return code
+            start_container(c["Id"], "start")  # (prints the name, as docker does)
+        finally:
+            os.close(fd)
+    return each_container(args, "restart", act)
 
 
 def cmd_rm(args: list[str]) -> int:
