@@ -63,7 +63,7 @@ def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(
 
     assert [n.name for n in models.nodes(inv)] == ["spark-a", "spark-b"]
     assert [type(s).__name__ for s in ray_phase.steps] == [
-        "Image", "ImageDigest", "Container", "Container", "RayCluster"]
+        "Image", "ImageDigest", "RayHead", "RayWorker", "RayCluster"]
     head_req = ray_phase.facts(inv, inv.node("spark-a"))
     worker_req = ray_phase.facts(inv, inv.node("spark-b"))
     assert head_req["commands"]["ray"] == ray.probe_cmd("sparkctl-vllm") + " 2>/dev/null"
@@ -502,3 +502,45 @@ def test_ray_log_tail_says_when_there_is_none(recipe: Any) -> None:
     (call,) = quiet.calls
     assert call.sudo and "docker logs --tail 15 sparkctl-vllm" in call.command
     assert "/tmp/ray/session_latest/logs/raylet.err" in call.command
+
+
+def test_a_worker_is_replaced_when_the_head_it_joined_restarted(recipe: Any, fake_transport: Any) -> None:
+    """The head's container restarted after the worker joined (status: `docker restart`, a
+    reboot): the worker must start again to join the new Ray cluster, saying so; otherwise it
+    is left alone. A head started in this very run hands its start time to the workers."""
+    from orchestrator.phases.container import HASH_LABEL
+
+    inv = inventory()
+    name = recipe.container_name
+
+    def facts(head_started: str, worker_labels: dict[str, str] | None) -> dict[str, Any]:
+        home = {"commands": {"home": {"rc": 0, "out": "/home/spark\n"}},
+                "ibdev2netdev": {"devices": {"enp1s0f1np1": {"device": "rocep1s0f1"},
+                                             "enP2p1s0f1np1": {"device": "roceP2p1s0f1"}}}}
+        head = {**home, "containers": {name: {"State": {"Running": True, "StartedAt": head_started}}}}
+        worker: dict[str, Any] = {**home, "containers": {name: None}}
+        if worker_labels is not None:
+            worker["containers"][name] = {"Config": {"Labels": worker_labels},
+                                          "State": {"Running": True}}
+        return {"spark-a": head, "spark-b": worker}
+
+    step = ray.RayWorker(recipe)
+    first = step.check(context(inv, "spark-b", facts("T0", None)))
+    assert isinstance(first, Change) and first.summary == f"run container {name}"
+    wanted = step.spec_for(context(inv, "spark-b", facts("T0", None)))
+    assert wanted is not None and wanted.labels[ray.HEAD_LABEL] == "T0"
+    labels = {**wanted.labels, HASH_LABEL: wanted.digest()}
+    assert isinstance(step.check(context(inv, "spark-b", facts("T0", labels))), Unchanged)
+    again = step.check(context(inv, "spark-b", facts("T1", labels)))
+    assert isinstance(again, Change)
+    assert again.summary == (f"replace container {name}: the Ray head it joined restarted (T1); "
+                             "join the new head")
+    restarted_now = context(inv, "spark-b", facts("T0", labels), shared={ray.HEAD_STARTED: "T2"})
+    assert "restarted (T2)" in step.check(restarted_now).summary  # type: ignore[union-attr]
+    # the head step records its new start time for the workers
+    head_ctx = context(inv, "spark-a", facts("T0", None), shared={},
+                       transports={"spark-a": fake_transport("spark-a").on(
+                           r"inspect -f", 0, "2026-11-23T20:41:28.5Z\n", "")})
+    head_step = ray.RayHead(recipe)
+    head_step.apply(head_ctx, Change("run container", payload={"args": ["run"], "remove_old": False}))
+    assert head_ctx.shared[ray.HEAD_STARTED] == "2026-11-23T20:41:28.5Z"

@@ -39,8 +39,8 @@ def ray_phase(recipe: Recipe, inventory: Inventory) -> Phase:
         return recipe.image
 
     steps = [container.Image(image), container.ImageDigest(image),
-             container.Container(ray.spec_for(recipe, "head"), name="ray-head"),
-             container.Container(ray.spec_for(recipe, "worker"), name="ray-worker"),
+             ray.RayHead(recipe),
+             ray.RayWorker(recipe),
              ray.RayCluster(recipe)]
     return ServingPhase("ray", steps, facts, serving=serving_nodes(recipe, inventory))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 from orchestrator.commands import docker_cmd, docker_exec_cmd, quote
@@ -154,9 +155,66 @@ def spec_for(recipe: Recipe, role: str) -> containers.SpecFor:
         check_fabric_link(ctx)
         infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
         roce = containers.roce_devices(ctx.inventory, ctx.facts, ctx.node.name)
-        return ray_spec(recipe, ctx.inventory, ctx.node, roce, containers.node_hf_cache(ctx),
+        spec = ray_spec(recipe, ctx.inventory, ctx.node, roce, containers.node_hf_cache(ctx),
                         infiniband)
+        if head:
+            return spec
+        # A worker belongs to the head it joined: once the head's container restarted (a
+        # reboot, `docker restart`, a crash) its Ray cluster is a new one, and the old worker's
+        # raylet only dies a minute later. The head's start time, a label (so in the config
+        # hash), replaces the worker then.
+        return replace(spec, labels={**spec.labels, HEAD_LABEL: head_started(ctx, recipe)})
     return pick
+
+
+def head_started(ctx: NodeContext, recipe: Recipe) -> str:
+    """When the head's Ray container last started: as started in this run, else its facts."""
+    if ctx.shared.get(HEAD_STARTED):
+        return str(ctx.shared[HEAD_STARTED])
+    facts = ctx.cluster_facts.get(ctx.inventory.head_name) or {}
+    current = (facts.get("containers") or {}).get(recipe.container_name) or {}
+    return str((current.get("State") or {}).get("StartedAt") or "") if isinstance(current, dict) else ""
+
+
+HEAD_STARTED = "ray_head_started"
+HEAD_LABEL = "sparkctl.ray-head-started"
+
+
+class RayHead(containers.Container):
+    """The head's Ray container; after (re)starting it, records when it started, so the
+    workers' step (next, on the other nodes) sees they must join this new head."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        super().__init__(spec_for(recipe, "head"), name="ray-head")
+        self.container = recipe.container_name
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        message = super().apply(ctx, change)
+        result = ctx.run(docker_cmd("inspect", "-f", "{{.State.StartedAt}}", self.container),
+                         sudo=True, timeout=60)
+        if result.ok:
+            ctx.shared[HEAD_STARTED] = result.stdout.strip()
+        return message
+
+
+class RayWorker(containers.Container):
+    """A worker's Ray container, replaced (and saying why) when its head restarted."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        super().__init__(spec_for(recipe, "worker"), name="ray-worker")
+        self.recipe = recipe
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        outcome = super().check(ctx)
+        current = (ctx.facts.get("containers") or {}).get(self.recipe.container_name)
+        if not isinstance(outcome, Change) or not isinstance(current, dict):
+            return outcome
+        joined = ((current.get("Config") or {}).get("Labels") or {}).get(HEAD_LABEL)
+        started = head_started(ctx, self.recipe)
+        if joined and joined != started:
+            return replace(outcome, summary=f"replace container {self.recipe.container_name}: "
+                           f"the Ray head it joined restarted ({started}); join the new head")
+        return outcome
 
 
 def probe_cmd(container: str) -> str:
