@@ -28,7 +28,7 @@ nodes:
   - {name: spark-a, host: a}
   - {name: spark-b, host: b}
 """
-IMAGE = "vllm/vllm-openai:v0.31.0-cu130"
+IMAGE = "nvcr.io/nvidia/vllm:26.10-py3"
 SERVER = {"engine": "vllm", "recipe": "minimax-m2.7", "model": "nvidia/MiniMax-M2.7-NVFP4",
           "container": "sparkctl-vllm",
           "port": 8000, "config_hash": "abc123", "tp_size": 2, "started": "2026-11-23T10:00:00"}
@@ -96,8 +96,8 @@ def cluster(fake_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
     c: FakeCluster = fake_cluster()
     c["spark-a"].on(r"server\.json", answer={"server": dict(SERVER), "alive": True})
     c["spark-a"].on(r"docker inspect --type container .* sparkctl-vllm$", stdout=IMAGE + "\n")
-    c["spark-a"].on(r"docker image inspect vllm/vllm-openai:v0\.31\.0-cu130$", stdout=json.dumps([{
-        "Id": "sha256:local", "RepoDigests": [f"vllm/vllm-openai@sha256:{'f' * 64}"]}]))
+    c["spark-a"].on(r"docker image inspect nvcr\.io/nvidia/vllm:26\.10-py3$", stdout=json.dumps([{
+        "Id": "sha256:local", "RepoDigests": [f"nvcr.io/nvidia/vllm@sha256:{'f' * 64}"]}]))
     for name in ("spark-a", "spark-b"):
         c[name].on(r"nvidia-smi --query-gpu", stdout=NODE_STATE)
 

@@ -20,9 +20,12 @@ from orchestrator.engines.base import (
     verdict_of,
 )
 
-DEFAULT_IMAGE = "vllm/vllm-openai:v0.31.0-cu130"
-"""vLLM's own image, CUDA 13 build (GB10 is sm_121 and needs CUDA 13): the version the option
-table was extracted from (orchestrator/engines/vllm/options.json)."""
+DEFAULT_IMAGE = "nvcr.io/nvidia/vllm:26.10-py3"
+"""NVIDIA's vLLM container, release 26.10: vLLM 0.31.0 (the version the option table was
+extracted from, orchestrator/engines/vllm/options.json) on CUDA 13.4.3, with DGX Spark caches,
+per NVIDIA's release notes (docs.nvidia.com/deeplearning/frameworks/vllm-release-notes/
+rel-26-10.html). GB10 is sm_121 and needs CUDA 13; vLLM's own `vllm/vllm-openai:v0.31.0` is
+CUDA 13 too (the default since v0.20.0) and works as a recipe `image:`."""
 DEFAULT_CONTAINER = "sparkctl-vllm"
 IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$"
 # Flags sparkctl sets from typed fields; setting them again would be ambiguous.
