@@ -202,3 +202,18 @@ def verdict_of(left_gb: float, free_gb: float, reserve_gb: float) -> tuple[bool,
     if left_gb <= reserve_gb:
         return False, "does not fit"
     return fits, "fits" if fits else "tight"
+
+
+def check_env_names(env: dict[str, str]) -> dict[str, str]:
+    """A recipe's `env:` (vLLM, SGLang): variable names only, and no secrets (recipes are
+    shared and shown; the HF token has its own way in)."""
+    import re
+
+    bad = [k for k in env if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", k)]
+    secret = [k for k in env if "TOKEN" in k or "SECRET" in k]
+    if bad:
+        raise ValueError(f"env: {', '.join(bad)} is not an environment variable name")
+    if secret:
+        raise ValueError(f"env: {', '.join(secret)} looks like a secret; recipes are not "
+                         "secret (the HF token comes from $HF_TOKEN or --hf-token-file)")
+    return env

@@ -17,6 +17,7 @@ from orchestrator.engines.base import (
     BaseRecipe,
     MemoryEstimate,
     StrictModel,
+    check_env_names,
     verdict_of,
 )
 
@@ -75,16 +76,7 @@ class Recipe(BaseRecipe):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        import re
-
-        bad = [k for k in env if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", k)]
-        secret = [k for k in env if "TOKEN" in k or "SECRET" in k]
-        if bad:
-            raise ValueError(f"env: {', '.join(bad)} is not an environment variable name")
-        if secret:
-            raise ValueError(f"env: {', '.join(secret)} looks like a secret; recipes are not "
-                             "secret (the HF token comes from $HF_TOKEN or --hf-token-file)")
-        return env
+        return check_env_names(env)
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
