@@ -270,3 +270,25 @@ class ConfirmFabric(Step):
         except SparkctlError:
             return (f"its rollback guard restores the previous network config within "
                     f"{netguard.GUARD_SECONDS}s")
+
+
+def fabric_link_problem(ctx: NodeContext) -> tuple[str, str, str] | None:
+    """(address, interface, what is wrong) when the node's rendezvous address (the one peers
+    reach it at over the fabric) cannot be used now: interface gone, no link, address missing.
+    None when it is fine or the links were not gathered (the engine's own start will tell)."""
+    links = ctx.facts.get("links")
+    if not isinstance(links, dict) or "error" in links:
+        return None
+    ip = ctx.inventory.mpi_address(ctx.node)
+    for iface, cidr in (ctx.node.addresses or {}).items():
+        if cidr.split("/")[0] != ip:
+            continue
+        link = links.get(iface) or {}
+        if not link:
+            return ip, iface, f"{iface} does not exist"
+        if not link.get("carrier", True) or not link.get("up", True):
+            return ip, iface, f"{iface} has no link ({link.get('operstate', '?')}: cable out or peer down?)"
+        if cidr not in (link.get("addresses") or []):
+            return ip, iface, f"{iface} lacks its address {cidr}"
+        return None
+    return None

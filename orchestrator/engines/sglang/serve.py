@@ -136,27 +136,16 @@ class ServeSpec:
 def check_fabric_link(ctx: NodeContext, spec: ServeSpec) -> None:
     """Ranks meet at --dist-init-addr over the fabric: a link that is down or an address that is
     gone is named (with the fix) before SGLang would time out in its rendezvous."""
-    links = ctx.facts.get("links")
-    if not isinstance(links, dict) or "error" in links:
+    from orchestrator.phases.network import fabric_link_problem
+
+    found = fabric_link_problem(ctx)
+    if found is None:
         return
-    ip = ctx.inventory.mpi_address(ctx.node)
-    for iface, cidr in (ctx.node.addresses or {}).items():
-        if cidr.split("/")[0] != ip:
-            continue
-        link = links.get(iface) or {}
-        if not link:
-            problem = f"{iface} does not exist"
-        elif not link.get("carrier", True) or not link.get("up", True):
-            problem = f"{iface} has no link ({link.get('operstate', '?')}: cable out or peer down?)"
-        elif cidr not in (link.get("addresses") or []):
-            problem = f"{iface} lacks its address {cidr}"
-        else:
-            return
-        raise SparkctlError(
-            f"{ctx.node.name}: SGLang's ranks of {spec.name} meet at --dist-init-addr "
-            f"{spec.dist_addr()} over the fabric, but {problem}. Fix: check the cable between "
-            f"{', '.join(spec.nodes)} (`sparkctl status`, `sparkctl netcheck`); `sparkctl up` "
-            "restores the addresses")
+    raise SparkctlError(
+        f"{ctx.node.name}: SGLang's ranks of {spec.name} meet at --dist-init-addr "
+        f"{spec.dist_addr()} over the fabric, but {found[2]}. Fix: check the cable between "
+        f"{', '.join(spec.nodes)} (`sparkctl status`, `sparkctl netcheck`); `sparkctl up` "
+        "restores the addresses")
 
 
 class Placement(Step):

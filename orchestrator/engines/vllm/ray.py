@@ -124,27 +124,17 @@ def ray_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], 
 def check_fabric_link(ctx: NodeContext) -> None:
     """Ray binds the node's fabric address: refuse at once (naming the fix) when its link is
     down or the address is gone, instead of letting `ray start` time out."""
-    links = ctx.facts.get("links")
-    if not isinstance(links, dict) or "error" in links:
-        return  # not gathered (tests, old nodes): `ray start` will tell
-    ip = node_ip(ctx.inventory, ctx.node)
-    for iface, cidr in (ctx.node.addresses or {}).items():
-        if cidr.split("/")[0] != ip:
-            continue
-        link = links.get(iface) or {}
-        if not link:
-            problem = f"{iface} does not exist"
-        elif not link.get("carrier", True) or not link.get("up", True):
-            problem = f"{iface} has no link ({link.get('operstate', '?')}: cable out or peer down?)"
-        elif cidr not in (link.get("addresses") or []):
-            problem = f"{iface} lacks its address {cidr}"
-        else:
-            return
-        role = "the Ray head" if ctx.is_head else "its Ray worker"
-        raise SparkctlError(
-            f"{ctx.node.name}: {role} would use {ip} on {iface}, but {problem}. Ray, NCCL and "
-            "vLLM only use the fabric: check the cable (`sparkctl status`, `sparkctl netcheck`); "
-            "`sparkctl up` restores the addresses")
+    from orchestrator.phases.network import fabric_link_problem
+
+    found = fabric_link_problem(ctx)
+    if found is None:
+        return
+    ip, iface, problem = found
+    role = "the Ray head" if ctx.is_head else "its Ray worker"
+    raise SparkctlError(
+        f"{ctx.node.name}: {role} would use {ip} on {iface}, but {problem}. Ray, NCCL and "
+        "vLLM only use the fabric: check the cable (`sparkctl status`, `sparkctl netcheck`); "
+        "`sparkctl up` restores the addresses")
 
 
 def spec_for(recipe: Recipe, role: str) -> containers.SpecFor:
