@@ -335,10 +335,10 @@ def test_down_leaves_nothing_behind() -> None:
     assert alt.ssh("spark-b", "hostname").stdout.strip() == "spark-b"
     lab_cli("down", lab_id=ALT_ID, check=True)
     after = _host_snapshot()
-    prefix = f"sparklab{ALT_ID}"
-    for key in ("netns", "links"):
-        assert not {x for x in after[key] - before[key] if prefix in x}, key
-    assert not {m for m in after["mounts"] - before["mounts"] if prefix in m or "sparklab" in m}
+    # this lab's names only (sparklab3 must not match sparklab31's: other labs may come and go)
+    ours = re.compile(rf"sparklab{ALT_ID}(?!\d)|/sparklab/{ALT_ID}(?!\d)")
+    for key in ("netns", "links", "mounts"):
+        assert not {x for x in after[key] - before[key] if ours.search(x)}, key
     assert not any(_alive(pid) for pid in pids)
     assert not alt.state_dir.exists()
     again = lab_cli("down", lab_id=ALT_ID)

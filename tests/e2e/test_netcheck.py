@@ -73,7 +73,8 @@ def faults(upped: tuple[Lab, Path]) -> Any:
 def test_healthy_lab_passes_every_check(upped: tuple[Lab, Path]) -> None:
     _, inventory = upped
     code, report = netcheck(inventory, "--deep")
-    assert problems(report) == [] and code == 0 and report["ok"] is True
+    assert problems(report) == [], [(p["check"], p.get("message")) for p in problems(report)]
+    assert code == 0 and report["ok"] is True
     checks = {c["check"] for c in report["checks"]}
     assert {"interface", "address", "mtu", "route", "ping", "mtu-ping", "ssh-node", "ssh-container",
             "mpirun", "container-env", "image", "latency", "throughput"} <= checks
