@@ -42,11 +42,21 @@ def _servers(inventory: object) -> list[dict[str, object]]:
     out = []
     for server in found:
         entry = {k: server.get(k) for k in keys}
-        health = server.get("health")
-        entry["state"] = ("healthy" if health == 200 else "loading" if health == 503
-                          else "not answering" if server.get("alive") else "stopped")
+        entry["state"] = server_state(server)
         out.append(entry)
     return out
+
+
+def server_state(server: dict[str, object]) -> str:
+    """healthy, loading (never ready yet), stalled (ready once, no answer now), not answering,
+    dead (its container exited: SGLang ends every rank when one dies) or stopped."""
+    from orchestrator.engines.liveness import judge, was_ready
+
+    if not server.get("alive"):
+        return "stopped" if server.get("legacy") else "dead"
+    verdict = judge(server.get("health"), was_ready(server, bool(server.get("ready_log"))))
+    return {"healthy": "healthy", "starting": "loading", "stalled": "stalled"}.get(
+        verdict.state, "not answering")
 
 
 def _render_servers(found: list[dict[str, object]]) -> None:
