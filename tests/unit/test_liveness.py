@@ -135,7 +135,8 @@ def test_trtllm_restarts_a_stalled_server_of_the_same_recipe() -> None:
     start = serve.StartServer(launch).check(serve_ctx("spark-a", facts))
     assert isinstance(start, Change)
     assert start.summary.startswith("restart (stalled: ready at 2025-06-15T14:02:00+00:00, /health now 503)")
-    assert isinstance(serve.StopPrevious(launch).check(serve_ctx("spark-a", facts)), Change)
+    stop = serve.StopPrevious(launch).check(serve_ctx("spark-a", facts))
+    assert isinstance(stop, Change) and ": restart, stalled: ready at 2025" in stop.summary
     # never ready: still loading, kept
     loading = serve.status_from_facts(status_facts({"config_hash": launch.digest}, True, 503))
     assert serve.decide(loading, launch.digest, False) == "loading"

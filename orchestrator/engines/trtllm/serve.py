@@ -186,13 +186,19 @@ class StopPrevious(Step):
         self.spec = spec
 
     def check(self, ctx: NodeContext) -> Outcome:
-        if self.spec.decision(ctx) in ("noop", "loading"):
+        decision = self.spec.decision(ctx)
+        if decision in ("noop", "loading"):
             return Unchanged("the same server keeps running")
         mine = status_from_facts(ctx.facts)
         running = sorted(name for name, info in (mine.get("pids") or {}).items() if info["alive"])
         if not running:
             return Unchanged("nothing running")
-        return Change(f"stop the running server processes ({', '.join(running)})")
+        why = ""
+        if decision == "restart":
+            head = status_from_facts(ctx.cluster_facts.get(self.spec.inventory.head_name, {}))
+            why = ": restart, " + restart_reason(
+                head, dead_ranks(ctx.cluster_facts, sorted(self.spec.serving)))
+        return Change(f"stop the running server processes ({', '.join(running)}){why}")
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         answer = node_call(ctx.transport, ctx.inventory.container.name,  # type: ignore[arg-type]
