@@ -198,14 +198,15 @@ class StopPrevious(Step):
             head = status_from_facts(ctx.cluster_facts.get(self.spec.inventory.head_name, {}))
             why = ": restart, " + restart_reason(
                 head, dead_ranks(ctx.cluster_facts, sorted(self.spec.serving)))
-        return Change(f"stop the running server processes ({', '.join(running)}){why}")
+        return Change(f"stop the running server processes ({', '.join(running)}){why}",
+                      payload=why)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         answer = node_call(ctx.transport, ctx.inventory.container.name,  # type: ignore[arg-type]
                            action="stop", rotate=True)
         if answer.get("left"):
             raise SparkctlError(f"{ctx.node.name}: processes {answer['left']} survived SIGKILL")
-        return f"stopped {', '.join(answer.get('stopped', [])) or 'nothing'}"
+        return f"stopped {', '.join(answer.get('stopped', [])) or 'nothing'}{change.payload or ''}"
 
 
 class DropCaches(Step):

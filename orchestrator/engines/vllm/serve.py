@@ -129,15 +129,16 @@ class StopPrevious(Step):
             raise SparkctlError(refusal(current, self.spec.recipe))
         if decision in ("noop", "loading", "start"):
             return Unchanged("nothing to stop" if decision == "start" else "the same server keeps running")
-        why = f" ({restart_reason(current)})" if decision == "restart" else ""
-        return Change(f"stop vllm serve ({(current.get('server') or {}).get('recipe', '?')}){why}")
+        why = f": restart, {restart_reason(current)}" if decision == "restart" else ""
+        return Change(f"stop vllm serve ({(current.get('server') or {}).get('recipe', '?')}){why}",
+                      payload=why)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         answer = node_call(ctx.transport, self.spec.recipe.container_name,  # type: ignore[arg-type]
                            action="stop", rotate=True, ours=OURS)
         if answer.get("left"):
             raise SparkctlError(f"{ctx.node.name}: processes {answer['left']} survived SIGKILL")
-        return f"stopped {', '.join(answer.get('stopped', [])) or 'nothing'}"
+        return f"stopped {', '.join(answer.get('stopped', [])) or 'nothing'}{change.payload or ''}"
 
 
 class StartServer(Step):
