@@ -55,8 +55,9 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         files[SERVER_JSON] = True
         commands["probe"] = "python3 -c " + quote(PROBE) + " " + quote(SERVER_JSON)
         # mpirun's own output, and rank 0's (TensorRT-LLM's engine log) when there is one
-        commands["server_log"] = (f"cd {quote(RUN_DIR)} && tail -n {LOG_TAIL_LINES} server.log "
-                                  "$(test -s rank-0.log && echo rank-0.log) 2>/dev/null || true")
+        commands["server_log"] = (f"cd {quote(RUN_DIR)} 2>/dev/null && for f in server.log "
+                                  'rank-0.log; do [ -s "$f" ] && { echo "==> $f <=="; '
+                                  f'tail -n {LOG_TAIL_LINES} "$f"; }}; done; true')
         # the Ray cluster, when the recorded server is vLLM's (its head container knows the nodes)
         from orchestrator.engines.vllm.ray import RAY_PROBE
         commands["ray"] = record_container_cmd(

@@ -83,6 +83,6 @@ def conflict_problems(inventory: Inventory, node: Node, facts: dict[str, Any]) -
             "after `netplan apply` would fail and roll back. Fix on "
             f"{node.name}: {remove}, then `sudo netplan apply` (addresses left on the links: "
             f"`sudo ip addr flush dev IFACE`), then run `sparkctl up` again; or, if those "
-            "addresses are the ones you want, put them in the inventory's "
-            f"nodes[{node.name}].addresses (each fabric interface in its own subnet)")
+            "addresses are the ones you want, put them in the inventory as the `addresses:` of "
+            f"node {node.name} (each fabric interface in its own subnet)")
     return problems

@@ -45,7 +45,7 @@ def test_nvidias_addressing_in_another_file_is_named_with_the_fix(monkeypatch: p
     assert "sets enP2p1s0f1np1 192.168.201.12/24, enp1s0f1np1 192.168.200.12/24" in text
     assert ("Fix on spark-a: delete it (it holds nothing else): "
             "`sudo rm /etc/netplan/01-spark-fabric.yaml`") in text
-    assert "then `sudo netplan apply`" in text and "nodes[spark-a].addresses" in text
+    assert "then `sudo netplan apply`" in text and "the `addresses:` of node spark-a" in text
     assert NETPLAN_FILE not in [path for path, _, _ in conflicts(
         INV, NODE, {"netplan": netplan_fact("nvidia-playbook", monkeypatch)})]
 
