@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrator.checks.status_server import age, assess_server
 from orchestrator.commands import quote
+from orchestrator.engines.liveness import dead_ranks
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.node import script
@@ -26,7 +27,6 @@ from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
 from orchestrator.phases.teardown import managed_ps_cmd
 from orchestrator.remote.cluster import parallel
 
-SERVER_LOG = f"{RUN_DIR}/server.log"
 LOG_TAIL_LINES = 8
 
 # Runs on the head: the server listens on the head's loopback, so the probe runs there too.
@@ -45,18 +45,22 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         "managed": managed_ps_cmd(inventory, r"{{.Names}}\t{{.State}}"),
         # launch's pid files, checked inside the container the server record names (the pids
         # live in its namespace); without a record, in the `up` container
-        "processes": record_container_cmd(inventory, node_cmd("$c", action="status",
-                                                              ours=PROCESS_WORDS)) + " 2>/dev/null",
+        "processes": record_container_cmd(inventory, node_cmd(
+            "$c", action="status", ours=PROCESS_WORDS,
+            ready_log=node.name == inventory.head_name)) + " 2>/dev/null",
     }
     files = {NETPLAN_FILE: False, ENTRYPOINT: False, SSHD_CONFIG: False}
     if node.name == inventory.head_name:
         # the probe runs on the node, not in the container: it must answer with the container down
         files[SERVER_JSON] = True
         commands["probe"] = "python3 -c " + quote(PROBE) + " " + quote(SERVER_JSON)
-        commands["server_log"] = f"tail -n {LOG_TAIL_LINES} {quote(SERVER_LOG)} 2>/dev/null || true"
         # when the server's container last started: a restart after launch takes the server along
         commands["server_container"] = record_container_cmd(
             inventory, "docker inspect -f '{{.Name}} {{.State.StartedAt}}' \"$c\"") + " 2>/dev/null"
+        # mpirun's own output, and rank 0's (TensorRT-LLM's engine log) when there is one
+        commands["server_log"] = (f"cd {quote(RUN_DIR)} 2>/dev/null && for f in server.log "
+                                  'rank-0.log; do [ -s "$f" ] && { echo "==> $f <=="; '
+                                  f'tail -n {LOG_TAIL_LINES} "$f"; }}; done; true')
         # the Ray cluster, when the recorded server is vLLM's (its head container knows the nodes)
         from orchestrator.engines.vllm.ray import RAY_PROBE
         commands["ray"] = record_container_cmd(
@@ -126,11 +130,21 @@ def server_list(inventory: Inventory, facts: dict[str, dict[str, Any]]) -> list[
     out = []
     for server in from_facts(facts, inventory, alive_only=False):
         entry = {k: server.get(k) for k in SERVER_KEYS}
-        health = server.get("health")
-        entry["state"] = ("healthy" if health == 200 else "loading" if health == 503
-                          else "not answering" if server.get("alive") else "stopped")
+        entry["state"] = server_state(server)
         out.append(entry)
     return out
+
+
+def server_state(server: dict[str, Any]) -> str:
+    """healthy, loading (never ready yet), stalled (ready once, no answer now), not answering,
+    dead (its container exited: SGLang ends every rank when one dies) or stopped."""
+    from orchestrator.engines.liveness import judge, was_ready
+
+    if not server.get("alive"):
+        return "stopped" if server.get("legacy") else "dead"
+    verdict = judge(server.get("health"), was_ready(server, bool(server.get("ready_log"))))
+    return {"healthy": "healthy", "starting": "loading", "stalled": "stalled"}.get(
+        verdict.state, "not answering")
 
 
 # ------------------------------------------------------------------ assessment (pure)
@@ -150,7 +164,9 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
     _compare_digests(nodes)
     _compare_setup(nodes)
     head = inventory.head_name
-    server = assess_server(inventory, facts.get(head), nodes[head]) if head in facts else None
+    processes = {name: server_processes(node_facts) for name, node_facts in facts.items()}
+    server = assess_server(inventory, facts.get(head), nodes[head], dead_ranks(processes),
+                           process_answer(facts[head])) if head in facts else None
     server_unknown = None
     if head not in facts:
         server_unknown = f"the head {head} is unreachable"
@@ -302,15 +318,22 @@ def _compare_digests(nodes: dict[str, dict[str, Any]]) -> None:
             nodes[name]["state"] = "problem"
 
 
-def server_processes(facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """launch's pid files on a node ({"rank-1.pid": {"pid": 42, "alive": True}}), or {}."""
+def process_answer(facts: dict[str, Any]) -> dict[str, Any]:
+    """The node's server-control answer (pid files, whether the engine logged ready), or {}."""
     answer = (facts.get("commands") or {}).get("processes") or {}
     if answer.get("rc") != 0:
         return {}
     try:
-        return dict(json.loads(answer.get("out") or "{}").get("pids") or {})
-    except (json.JSONDecodeError, AttributeError):
+        found = json.loads(answer.get("out") or "{}")
+    except json.JSONDecodeError:
         return {}
+    return found if isinstance(found, dict) else {}
+
+
+def server_processes(facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """launch's pid files on a node ({"rank-1.pid": {"pid": 42, "alive": True}}), or {}."""
+    pids = process_answer(facts).get("pids")
+    return dict(pids) if isinstance(pids, dict) else {}
 
 
 def _check_processes(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]]) -> None:

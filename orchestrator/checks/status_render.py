@@ -25,7 +25,8 @@ def human_duration(seconds: int | None) -> str:
 STATE_STYLE = {"up": "green", "serving": "green", "healthy": "green", "not-set-up": "dim",
                "network-only": "cyan", "problem": "bold red", "unreachable": "bold red",
                "degraded": "bold red", "starting": "yellow", "down": "bold red",
-               "unhealthy": "bold red", "partial": "yellow"}
+               "unhealthy": "bold red", "partial": "yellow", "stalled": "bold red",
+               "dead": "bold red"}
 
 
 def _styled(value: str) -> str:
@@ -79,7 +80,7 @@ def render_status(status: dict[str, Any]) -> None:
                           + (f" ({escape(ips)})" if ips else "")
                           + (f"; {escape(ray['error'])}" if ray.get("error") else ""))
         if server["state"] != "healthy" and server.get("log_tail"):
-            console.print("  last lines of server.log:")
+            console.print("  last lines of its log (`sparkctl logs` for more):")
             for line in server["log_tail"]:
                 console.print("    " + line, markup=False)
     problems = [(name, p) for name, node in status["nodes"].items() for p in node["problems"]]

@@ -1,5 +1,7 @@
 """The server's part of `sparkctl status`: its record and probes judged (pure), whichever engine
-serves it (TensorRT-LLM's /health_generate, vLLM's Ray cluster)."""
+serves it (TensorRT-LLM's /health_generate, vLLM's Ray cluster): healthy, starting (never ready
+yet), stalled (ready once, no answer now), dead (a rank process ended), unhealthy or down
+(engines/liveness.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,17 @@ import time
 from datetime import datetime
 from typing import Any
 
+from orchestrator.engines.liveness import READY_KEY, judge, was_ready
 from orchestrator.inventory import Inventory
 from orchestrator.paths import SERVER_JSON
 
 
-def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict[str, Any]
+def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict[str, Any],
+                  dead: list[str] | None = None, processes: dict[str, Any] | None = None,
                   ) -> dict[str, Any] | None:
+    """The recorded server's state; `dead` names the rank processes that ended on any node and
+    `processes` is the head's pid-file answer (its main process, whether the engine logged it
+    was ready)."""
     if facts is None:
         return None
     record = ((facts.get("files") or {}).get(SERVER_JSON) or {})
@@ -41,35 +48,33 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     }
     container_running = (head.get("container") or {}).get("status") == "running"
     health = probe.get("/health")
-    generate = probe.get("/health_generate" if engine == "trtllm" else "/v1/models")
+    second = "/health_generate" if engine == "trtllm" else "/v1/models"
+    pids = (processes or {}).get("pids") or {}
+    main = pids.get(str(server.get("main") or "mpirun.pid"))
+    ready = was_ready(server, bool((processes or {}).get("ready_log")))
+    out["ready_at"] = server.get(READY_KEY)
     if engine == "vllm":
         out["ray"] = assess_ray(server, commands.get("ray") or {})
-    restarted = container_restarted(server, commands.get("server_container") or {},
-                                    main_alive(server, commands.get("processes") or {}))
     if not container_running:
         out["state"] = "down"
         out["problem"] = "server recorded but the head container is not running"
-    elif restarted and not (health == 200 and generate == 200):  # (answering: it came back)
+        return out
+    restarted = container_restarted(server, commands.get("server_container") or {},
+                                    bool(main.get("alive")) if isinstance(main, dict) else None)
+    if restarted and not (health == 200 and probe.get(second) == 200):  # (answering: it came back)
         out["state"] = "down"
         out["problem"] = (f"{restarted}; the server did not come back with it: run `sparkctl launch "
                           f"{server.get('recipe') or '<recipe>'}` again")
-    elif engine == "vllm" and out["ray"]["problem"]:
-        out["state"] = "unhealthy"
-        out["problem"] = out["ray"]["problem"]
-    elif health == 200 and generate == 200:
-        out["state"] = "healthy"
-    elif health == 503:
-        out["state"] = "starting"
-        out["problem"] = "server is still loading (/health answers 503)"
-    elif health == 200:
-        out["state"] = "unhealthy"
-        second = "/health_generate" if engine == "trtllm" else "/v1/models"
-        out["problem"] = (f"server answers /health but not {second} ({generate}): "
-                          "a rank may have died; see `sparkctl logs`")
-    else:
-        out["state"] = "down"
-        reason = health if health is not None else probe.get("error", "no answer")
-        out["problem"] = f"server not answering on port {port} ({reason}): crashed? see `sparkctl logs`"
+        return out
+    verdict = judge(health if health is not None else probe.get("error"), ready, dead or [],
+                    (second, probe.get(second)) if health == 200 else None, port,
+                    main_alive=bool(main.get("alive")) if isinstance(main, dict) else None)
+    out["state"], out["problem"] = verdict.state, verdict.problem
+    ray_problem = (out.get("ray") or {}).get("problem")
+    if ray_problem and verdict.restart:
+        out["problem"] += f"; {ray_problem}"
+    elif ray_problem:
+        out["state"], out["problem"] = "unhealthy", ray_problem
     return out
 
 
@@ -77,16 +82,6 @@ RESTART_MARGIN_SECONDS = 5
 """The server's start time is the controller's clock to the second, the container's the node's:
 a restart counts only when the container started clearly later (and the server's process is
 gone), so a few seconds of clock skew never report a healthy server as restarted."""
-
-
-def main_alive(server: dict[str, Any], answer: dict[str, Any]) -> bool | None:
-    """Whether the server's main process (its pid file) still runs; None when unknown."""
-    try:
-        pids = json.loads(answer.get("out") or "{}").get("pids") or {}
-    except (json.JSONDecodeError, AttributeError):
-        return None
-    info = pids.get(server.get("main") or "")
-    return None if info is None else bool(info.get("alive"))
 
 
 def container_restarted(server: dict[str, Any], answer: dict[str, Any],

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 Wait = Callable[["dict[str, Transport]", float, Note], Ready]
 Ask = Callable[["Transport"], str]
+Mark = Callable[["dict[str, Transport]"], "str | None"]
 
 
 class WaitReady(Step):
@@ -24,10 +25,11 @@ class WaitReady(Step):
     kind = "verify"
     scope = "head"
 
-    def __init__(self, wait: Wait, timeout: float, what: str) -> None:
+    def __init__(self, wait: Wait, timeout: float, what: str, mark: Mark | None = None) -> None:
         self.wait = wait
         self.timeout = timeout
         self.what = what
+        self.mark = mark
 
     def interrupt_hint(self, inventory: Inventory) -> str | None:
         return (f"Stopped waiting; {self.what} keeps loading on {inventory.head_name}. Follow it "
@@ -42,7 +44,11 @@ class WaitReady(Step):
             ctx.shared.setdefault("notes", []).append(exc.details)
             ctx.shared.setdefault("report_extra", {})["log_tails"] = exc.details
             raise SparkctlError(exc.reason) from None
-        return f"answering: {', '.join(ready.models)} ({ready.seconds:.1f}s)"
+        # the record says it was ready: a server that stops answering later is stalled, not
+        # loading (engines/liveness.py)
+        failed = self.mark(ctx.transports) if self.mark is not None else None
+        return (f"answering: {', '.join(ready.models)} ({ready.seconds:.1f}s)"
+                + (f"; {failed}" if failed else ""))
 
 
 class SmokeTest(Step):

@@ -48,6 +48,26 @@ def file_fact(path, want_content):
     return fact
 
 
+def netplan_definition(section, body):
+    """What one netplan definition sets that can fight another file's: the interface it matches
+    (match.name / set-name), its addresses and DHCP (preflight judges, orchestrator/phases)."""
+    body = body if isinstance(body, dict) else {}
+    match = body.get("match") if isinstance(body.get("match"), dict) else {}
+    addresses = body.get("addresses") or []
+    if isinstance(addresses, dict):
+        addresses = list(addresses)
+    return {
+        "section": section,
+        "match": str(match["name"]) if match.get("name") is not None else None,
+        "matches_other": sorted(k for k in match if k != "name"),
+        "set_name": body.get("set-name"),
+        "addresses": [str(a if not isinstance(a, dict) else next(iter(a), "")) for a in addresses],
+        "dhcp4": body.get("dhcp4") in (True, "true", "yes", "on"),
+        "dhcp6": body.get("dhcp6") in (True, "true", "yes", "on"),
+        "mtu": body.get("mtu"),
+    }
+
+
 def netplan_files(directory="/etc/netplan"):
     """Every netplan file with the ethernets it defines (to spot files fighting over one)."""
     out = {}
@@ -61,15 +81,20 @@ def netplan_files(directory="/etc/netplan"):
         path = os.path.join(directory, name)
         fact = file_fact(path, True)
         interfaces = []
+        definitions = {}
         try:
             import yaml
 
             doc = yaml.safe_load(fact.get("content", "")) or {}
             for section in ("ethernets", "bonds", "bridges", "vlans"):
-                interfaces += list(((doc.get("network") or {}).get(section) or {}).keys())
+                found = (doc.get("network") or {}).get(section) or {}
+                interfaces += list(found.keys())
+                for key, body in found.items():
+                    definitions[str(key)] = netplan_definition(section, body)
         except Exception as exc:  # a broken file is a fact too
             fact["error"] = str(exc)[:300]
         fact["interfaces"] = interfaces
+        fact["definitions"] = definitions
         fact.pop("content", None)
         out[path] = fact
     return out

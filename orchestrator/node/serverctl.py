@@ -68,6 +68,17 @@ def children(pid):
             if ppid == pid:
                 kids += [int(entry), *children(int(entry))]
     return kids
+def ready_in_log():
+    """The engine logged that it serves (uvicorn's startup line): read until the first match,
+    which comes early, so a long log of requests is not read through."""
+    for name in ("server.log", "rank-0.log"):
+        try:
+            with open(os.path.join(run, name), errors="replace") as f:
+                if any("Application startup complete." in line for line in f):
+                    return True
+        except OSError:
+            continue
+    return False
 out = {"action": a["action"]}
 if a["action"] == "started":
     deadline = time.time() + 15
@@ -124,6 +135,8 @@ if a["action"] in ("status", "chat"):
         out["memguard"] = json.loads(read(os.path.join(run, "memguard-stopped.json")))
     except (OSError, ValueError):
         out["memguard"] = None
+    if a.get("port") or a.get("ready_log"):
+        out["ready_log"] = ready_in_log()
     if a.get("port"):
         out["health"] = http("/health")[0]
         if a.get("deep") and out["health"] == 200:

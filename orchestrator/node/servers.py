@@ -5,6 +5,8 @@ Per-server engines (SGLang) record each server in RUN_DIR/servers/<name>/server.
 server's first node; its containers are `docker inspect`ed for liveness, and with "probe" its
 /health on 127.0.0.1:<port> is asked (the server binds the node's loopback). The older single
 record RUN_DIR/server.json (TensorRT-LLM, vLLM on the head) is listed too, marked "legacy".
+With "probe", a server that does not answer 200 also gets "ready_log": whether its engine
+logged that it served (stalled, not loading; orchestrator/engines/liveness.py).
 Prints {"servers": [record + {"alive", "health", "legacy"}]}. Standard library only.
 """
 import json
@@ -46,6 +48,36 @@ def health(port):
         return 0
 
 
+def first_match(lines, text):
+    """Read until the first line with TEXT (the ready line comes early in a log)."""
+    return any(text in line for line in lines)
+
+
+def ready_log(record):
+    """The engine logged that it served: uvicorn's line in server.log / rank-0.log (TensorRT-LLM,
+    vLLM), SGLang's in its container's log. Tells a stalled server from one still loading."""
+    if record["legacy"]:
+        for name in ("server.log", "rank-0.log"):
+            try:
+                with open(os.path.join(run, name), errors="replace") as handle:
+                    if first_match(handle, "Application startup complete."):
+                        return True
+            except OSError:
+                continue
+        return False
+    try:
+        proc = subprocess.Popen(["docker", "logs", record.get("container") or ""],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except OSError:
+        return False
+    try:
+        lines = (line.decode(errors="replace") for line in proc.stdout)
+        return first_match(lines, "The server is fired up and ready to roll!")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 found = []
 base = os.path.join(run, "servers")
 for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
@@ -70,4 +102,6 @@ if a.get("probe"):
         record["health"] = health(record.get("port") or 0) if record["alive"] else None
         if record["legacy"] and not record["health"]:
             record["alive"] = False  # the `up` container runs on, the server does not answer
+        if record["alive"] and record["health"] != 200 and not record.get("ready_at"):
+            record["ready_log"] = ready_log(record)
 print(json.dumps({"servers": found}))

@@ -17,6 +17,7 @@ from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.nccl_env import ring_nccl_fact, ring_nccl_warning
+from orchestrator.phases.netplan_conflicts import conflict_problems
 
 MIN_FREE_BYTES = 20 * 10**9
 MAX_CLOCK_SKEW_SECONDS = 60.0
@@ -40,6 +41,7 @@ def _base_request(inventory: Inventory, node: Node) -> dict[str, Any]:
     return {
         "links": True,
         "ibdev2netdev": True,
+        "netplan": True,  # other netplan files that address the fabric interfaces
         "python": True,
         "resolve": [node.host],
         "images": [inventory.container.image],
@@ -198,6 +200,7 @@ def preflight_problems(inventory: Inventory, node: Node, facts: dict[str, Any],
     ):
         problems += found
         notes += said
+    problems += conflict_problems(inventory, node, facts)
     ring = ring_nccl_warning(inventory, facts)
     if ring:
         notes.append(ring)

@@ -28,12 +28,16 @@ class SglangEngine:
         """Judge this server against every node's servers (from facts), the models, then the
         server's containers, its record, readiness and one real chat completion."""
         from orchestrator.engines import verify
+        from orchestrator.engines.liveness import mark_ready
+        from orchestrator.engines.servers import record_dir
         from orchestrator.engines.sglang import ready, serve
         from orchestrator.phases import models
 
         spec = serve.ServeSpec(recipe, inventory, options)
         steps = [verify.WaitReady(lambda transports, timeout, note: ready.wait_until_ready(
-                     transports, spec, timeout, note), options.timeout, f"SGLang ({spec.name})"),
+                     transports, spec, timeout, note), options.timeout, f"SGLang ({spec.name})",
+                     mark=lambda transports: mark_ready(
+                         transports[spec.first], f"{record_dir(spec.name)}/server.json")),
                  ready.Smoke(spec)]
         return [serve.check_phase(spec), models.phase(recipe, inventory),
                 serve.serve_phase(spec, steps)]

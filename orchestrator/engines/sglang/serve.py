@@ -20,6 +20,7 @@ from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import config_hash, servers, serving_nodes
 from orchestrator.engines.base import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
+from orchestrator.engines.liveness import judge, was_ready
 from orchestrator.engines.sglang.recipe import Recipe, estimate_memory
 from orchestrator.errors import SparkctlError
 from orchestrator.paths import RUN_DIR
@@ -167,6 +168,13 @@ class Placement(Step):
             return Change(f"stop server {self.spec.name} (another configuration): --replace",
                           payload=other)
         mine = f"{self.spec.estimate.total_gb:.1f} GB per node"
+        if decision == "same" and other is not None:
+            verdict = judge(other.get("health"), was_ready(other, bool(other.get("ready_log"))),
+                            port=other.get("port"))
+            if verdict.restart:
+                return Change(f"restart {self.spec.name}: {verdict.state} (was ready "
+                              f"{was_ready(other, bool(other.get('ready_log')))}, /health now "
+                              f"{other.get('health') or 'no answer'})", payload=other)
         if decision == "same":
             return Unchanged(f"{self.spec.name} already runs on {where} (config {self.spec.digest})")
         return Unchanged(f"{self.spec.name} fits on {where} ({mine}; {len(others)} other "
@@ -221,7 +229,8 @@ class Record(Step):
 
 def check_phase(spec: ServeSpec) -> Phase:
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        return {"commands": {"servers": servers.servers_cmd(inv, node)}}
+        # probed: a server of this name that was ready and answers no more is restarted
+        return {"commands": {"servers": servers.servers_cmd(inv, node, probe=True)}}
 
     return Phase("server-check", [Placement(spec)], facts)
 

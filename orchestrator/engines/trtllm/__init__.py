@@ -34,7 +34,9 @@ class TrtllmEngine:
         """Refuse a different running server first (from facts), then the models, then the
         server, verified ready by a real token through every rank and one chat completion."""
         from orchestrator.engines import running, verify
+        from orchestrator.engines.liveness import mark_ready
         from orchestrator.engines.trtllm import readiness, serve
+        from orchestrator.paths import SERVER_JSON
         from orchestrator.phases import models
 
         spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches,
@@ -47,7 +49,8 @@ class TrtllmEngine:
         ready = [
             verify.WaitReady(lambda transports, timeout, note: readiness.wait_until_ready(
                 transports, inventory, recipe.model, recipe.port, timeout, note),
-                options.timeout, "the server"),
+                options.timeout, "the server",
+                mark=lambda transports: mark_ready(transports[inventory.head_name], SERVER_JSON)),
             verify.SmokeTest(lambda head: readiness.smoke_test(
                 head, inventory.container.name, recipe.model, recipe.port)),
         ]

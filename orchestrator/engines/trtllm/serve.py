@@ -18,6 +18,7 @@ import yaml
 from orchestrator.commands import docker_exec_cmd, join
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import config_hash, serving_nodes
+from orchestrator.engines.liveness import judge, was_ready
 from orchestrator.engines.trtllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
@@ -109,11 +110,22 @@ def decide(status: dict[str, Any], digest: str, replace: bool,
     if not running:
         return "start"
     if server.get("config_hash") == digest:
-        if dead_ranks:
-            # mpirun lives on but a rank is gone: it would never become healthy again
+        # mpirun lives on but a rank is gone, or the server was ready and answers no more
+        # (stalled): it would never become healthy again
+        verdict = judge(status.get("health"), was_ready(server, bool(status.get("ready_log"))),
+                        dead_ranks)
+        if verdict.restart:
             return "restart"
         return "noop" if status.get("health") == 200 else "loading"
     return "replace" if replace else "refuse"
+
+
+def restart_reason(status: dict[str, Any], dead: tuple[str, ...]) -> str:
+    """Why the same server is restarted, for the plan and the report."""
+    if dead:
+        return "dead: rank ended (" + ", ".join(dead) + ")"
+    ready = was_ready(status.get("server"), bool(status.get("ready_log")))
+    return f"stalled: ready at {ready}, /health now {status.get('health') or 'no answer'}"
 
 
 def dead_ranks(cluster_facts: dict[str, dict[str, Any]], nodes: list[str]) -> tuple[str, ...]:
@@ -176,20 +188,27 @@ class StopPrevious(Step):
         self.spec = spec
 
     def check(self, ctx: NodeContext) -> Outcome:
-        if self.spec.decision(ctx) in ("noop", "loading"):
+        decision = self.spec.decision(ctx)
+        if decision in ("noop", "loading"):
             return Unchanged("the same server keeps running")
         mine = status_from_facts(ctx.facts)
         running = sorted(name for name, info in (mine.get("pids") or {}).items() if info["alive"])
         if not running:
             return Unchanged("nothing running")
-        return Change(f"stop the running server processes ({', '.join(running)})")
+        why = ""
+        if decision == "restart":
+            head = status_from_facts(ctx.cluster_facts.get(self.spec.inventory.head_name, {}))
+            why = ": restart, " + restart_reason(
+                head, dead_ranks(ctx.cluster_facts, sorted(self.spec.serving)))
+        return Change(f"stop the running server processes ({', '.join(running)}){why}",
+                      payload=why)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         answer = node_call(ctx.transport, ctx.inventory.container.name,  # type: ignore[arg-type]
                            action="stop", rotate=True)
         if answer.get("left"):
             raise SparkctlError(f"{ctx.node.name}: processes {answer['left']} survived SIGKILL")
-        return f"stopped {', '.join(answer.get('stopped', [])) or 'nothing'}"
+        return f"stopped {', '.join(answer.get('stopped', [])) or 'nothing'}{change.payload or ''}"
 
 
 def cold_start_reason(spec: LaunchSpec) -> Callable[[NodeContext], str | None]:
@@ -219,10 +238,10 @@ class StartServer(Step):
             return Unchanged(f"already serving {recipe.name} (config {self.spec.digest}), /health 200")
         if decision == "loading":
             return Unchanged(f"{recipe.name} (config {self.spec.digest}) is already starting")
+        head = status_from_facts(ctx.cluster_facts.get(self.spec.inventory.head_name, {}))
+        reason = restart_reason(head, dead_ranks(ctx.cluster_facts, sorted(self.spec.serving)))
         verb = {"replace": "replace the running server with",
-                "restart": "restart (a rank died: "
-                + ", ".join(dead_ranks(ctx.cluster_facts, sorted(self.spec.serving))) + ")",
-                }.get(decision, "start")
+                "restart": f"restart ({reason})"}.get(decision, "start")
         return Change(
             f"{verb} {recipe.model} on {len(self.spec.serving)} node(s) (tp {recipe.tp_size}) at "
             f"{self.spec.host}:{recipe.port}",
@@ -259,7 +278,10 @@ class ServerGuard(Step):
         server = status_from_facts(ctx.facts).get("server") or {}
         if decision == "replace":
             return Unchanged(f"{server.get('recipe', '?')} runs; --replace: it is replaced below")
-        if decision in ("noop", "loading", "restart"):
+        if decision == "restart":
+            reason = restart_reason(status_from_facts(ctx.facts), ())
+            return Unchanged(f"{server.get('recipe', '?')} runs but is {reason}; restarted below")
+        if decision in ("noop", "loading"):
             return Unchanged(f"{server.get('recipe', self.spec.recipe.name)} already runs here")
         return Unchanged("no other server runs")
 

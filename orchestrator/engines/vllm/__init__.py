@@ -57,8 +57,10 @@ class VllmEngine:
         """Refuse another server first (from facts), then the models, the Ray cluster, `vllm
         serve`, and verify steps: ready over HTTP, then one real chat completion."""
         from orchestrator.engines import running, verify
+        from orchestrator.engines.liveness import mark_ready
         from orchestrator.engines.trtllm.readiness import smoke_test
         from orchestrator.engines.vllm import serve
+        from orchestrator.paths import SERVER_JSON
         from orchestrator.phases import models
 
         spec = serve.ServeSpec(recipe, inventory, options.host, options.replace)
@@ -67,7 +69,8 @@ class VllmEngine:
                                     more_facts=serve.guard_facts(spec))
         ready = [
             verify.WaitReady(lambda transports, timeout, note: serve.wait_until_ready(
-                transports, recipe, inventory, timeout, note), options.timeout, "vLLM"),
+                transports, recipe, inventory, timeout, note), options.timeout, "vLLM",
+                mark=lambda transports: mark_ready(transports[inventory.head_name], SERVER_JSON)),
             verify.SmokeTest(lambda head: smoke_test(head, recipe.container_name, recipe.model,
                                                      recipe.port)),
         ]

@@ -16,6 +16,7 @@ from orchestrator.commands import docker_exec_cmd, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import config_hash, serving_nodes
 from orchestrator.engines.base import LaunchFailed, Note, Ready
+from orchestrator.engines.liveness import was_ready
 from orchestrator.engines.trtllm.serve import node_call, node_cmd
 from orchestrator.engines.vllm.ray import ray_log_tail
 from orchestrator.engines.vllm.recipe import Recipe
@@ -66,9 +67,18 @@ def running(status: dict[str, Any]) -> bool:
 def decide(status: dict[str, Any], digest: str, replace: bool) -> str:
     if not running(status):
         return "start"
-    if (status.get("server") or {}).get("config_hash") == digest:
-        return "noop" if status.get("health") == 200 else "loading"
+    server = status.get("server") or {}
+    if server.get("config_hash") == digest:
+        if status.get("health") == 200:
+            return "noop"
+        # ready once and no answer now (a Ray worker or the fabric link was lost): stalled
+        return "restart" if was_ready(server, bool(status.get("ready_log"))) else "loading"
     return "replace" if replace else "refuse"
+
+
+def restart_reason(status: dict[str, Any]) -> str:
+    ready = was_ready(status.get("server"), bool(status.get("ready_log")))
+    return f"stalled: ready at {ready}, /health now {status.get('health') or 'no answer'}"
 
 
 def refusal(status: dict[str, Any], recipe: Recipe) -> str:
@@ -119,14 +129,16 @@ class StopPrevious(Step):
             raise SparkctlError(refusal(current, self.spec.recipe))
         if decision in ("noop", "loading", "start"):
             return Unchanged("nothing to stop" if decision == "start" else "the same server keeps running")
-        return Change(f"stop vllm serve ({(current.get('server') or {}).get('recipe', '?')})")
+        why = f": restart, {restart_reason(current)}" if decision == "restart" else ""
+        return Change(f"stop vllm serve ({(current.get('server') or {}).get('recipe', '?')}){why}",
+                      payload=why)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         answer = node_call(ctx.transport, self.spec.recipe.container_name,  # type: ignore[arg-type]
                            action="stop", rotate=True, ours=OURS)
         if answer.get("left"):
             raise SparkctlError(f"{ctx.node.name}: processes {answer['left']} survived SIGKILL")
-        return f"stopped {', '.join(answer.get('stopped', [])) or 'nothing'}"
+        return f"stopped {', '.join(answer.get('stopped', [])) or 'nothing'}{change.payload or ''}"
 
 
 class StartServer(Step):
@@ -144,7 +156,8 @@ class StartServer(Step):
             return Unchanged(f"already serving {recipe.name} (config {self.spec.digest}), /health 200")
         if decision == "loading":
             return Unchanged(f"{recipe.name} (config {self.spec.digest}) is already starting")
-        verb = "replace the running server with" if decision == "replace" else "start"
+        verb = {"replace": "replace the running server with",
+                "restart": f"restart ({restart_reason(current)})"}.get(decision, "start")
         return Change(f"{verb} {recipe.model} with vLLM over Ray on {len(self.spec.serving)} "
                       f"node(s) (tp {recipe.tensor_parallel_size}, pp "
                       f"{recipe.pipeline_parallel_size}) at {self.spec.host}:{recipe.port}",
@@ -178,7 +191,9 @@ class ServerGuard(Step):
         decision = decide(current, self.spec.digest, self.spec.replace)
         if decision == "refuse":
             raise SparkctlError(refusal(current, self.spec.recipe))
-        return Unchanged({"start": "no vLLM server runs", "replace": "--replace: replaced below"}
+        return Unchanged({"start": "no vLLM server runs", "replace": "--replace: replaced below",
+                          "restart": f"{self.spec.recipe.name} runs but is "
+                                     f"{restart_reason(current)}; restarted below"}
                          .get(decision, f"{self.spec.recipe.name} already runs here"))
 
 

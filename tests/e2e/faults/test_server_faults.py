@@ -4,6 +4,7 @@ health wait. (A hang while loading is tests/e2e/test_launch.py's last test.)
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -68,7 +69,9 @@ def test_rank_dying_after_ready_is_reported_and_relaunch_recovers(serving: Lab,
     state = report_of(status)
     assert state["ok"] is False and state["state"] == "degraded"
     assert any("rank-1" in p and "ended" in p for p in state["nodes"][other]["problems"]), state
-    assert state["server"]["state"] != "healthy"
+    # dead, with its node: not "starting" (issue 20 item 5)
+    assert state["server"]["state"] == "dead", state["server"]
+    assert f"rank-1 on {other}" in state["server"]["problem"], state["server"]
     lab.cli("fault", "restore", check=True)
     again = launch(lab)
     assert again.returncode == 0, explain(again)
@@ -79,6 +82,7 @@ def test_rank_dying_after_ready_is_reported_and_relaunch_recovers(serving: Lab,
         for s in host["steps"])}
     assert steps[(lab.nodes[0], "server")] == "changed", said
     assert steps[(lab.nodes[0], "stop-previous")] == "changed", said
+    assert f"restart, dead: rank ended ({other}: rank-1)" in said[(lab.nodes[0], "stop-previous")], said
     healthy = sparkctl(lab, "status", "--inventory", str(lab.inventory), "--json")
     assert healthy.returncode == 0 and report_of(healthy)["server"]["state"] == "healthy"
     tally.add("faults survived")
@@ -111,4 +115,55 @@ def test_ctrl_c_during_the_health_wait_leaves_the_server_loading(serving: Lab,
         assert lock_is_free(lab)
     finally:
         set_engine_load_seconds(lab, 3)
+    tally.add("faults survived")
+
+
+HEALTH = ("python3 -c 'import urllib.request as u, urllib.error as e\n"
+          "try: print(u.urlopen(\"http://127.0.0.1:8355/health\", timeout=5).status)\n"
+          "except e.HTTPError as x: print(x.code)\nexcept Exception: print(0)'")
+
+
+def health_code(lab: Lab) -> str:
+    return lab.exec(lab.nodes[0], HEALTH).stdout.strip()
+
+
+def test_a_server_stalled_by_a_lost_fabric_link_is_stalled_and_relaunch_restarts_it(
+        serving: Lab, tally: Any) -> None:
+    """The head loses its fabric link mid-serve and gets it back: the engine (as TensorRT-LLM
+    does) answers /health 503 for good. status says stalled (not "still loading"), with the log
+    tail, and a launch of the same recipe restarts it instead of waiting out its deadline."""
+    lab = serving
+    head = lab.nodes[0]
+    record = json.loads(lab.exec(head, f"cat {RUN}/server.json").stdout)
+    assert record.get("ready_at"), record  # launch recorded that it was ready
+    for iface in ("enp1s0f1np1", "enP2p1s0f1np1"):
+        lab.cli("fault", "cut-cable", "--node", head, "--interface", iface, check=True)
+    try:
+        # the engine's step through every rank times out (30 s in the lab): it stops serving
+        wait_for(lab, head, f'[ "$({HEALTH})" = 503 ]', seconds=90)
+    finally:
+        lab.cli("fault", "restore", check=True)
+    assert health_code(lab) == "503"  # the link is back, the engine is not
+    status = sparkctl(lab, "status", "--inventory", str(lab.inventory), "--json")
+    assert status.returncode == 1, explain(status)
+    server = report_of(status)["server"]
+    assert server["state"] == "stalled", server
+    assert "still loading" not in server["problem"] and "answers /health 503" in server["problem"]
+    assert server["ready_at"] == record["ready_at"]
+    assert any("Executor worker failed" in line for line in server["log_tail"]), server["log_tail"]
+    human = sparkctl(lab, "status", "--inventory", str(lab.inventory))
+    print(human.stdout)  # the docs show this output
+    assert "server: stalled" in human.stdout and "last lines of its log" in human.stdout
+    again = launch(lab)
+    assert again.returncode == 0, explain(again)
+    said = {(node, s["step"]): (s["status"], s["message"])
+            for node, host in report_of(again)["hosts"].items() for s in host["steps"]}
+    print(json.dumps({f"{n} {s}": v for (n, s), v in said.items()}, indent=1))
+    assert said[(head, "server")][0] == "changed", said
+    assert said[(head, "stop-previous")][0] == "changed", said
+    assert ": restart, stalled: ready at " in said[(head, "stop-previous")][1], said
+    assert "stalled: ready at" in said[(head, "running-server")][1], said
+    assert said[(head, "running-server")][1].endswith("restarted below"), said
+    healthy = sparkctl(lab, "status", "--inventory", str(lab.inventory), "--json")
+    assert healthy.returncode == 0 and report_of(healthy)["server"]["state"] == "healthy"
     tally.add("faults survived")

@@ -246,3 +246,54 @@ def test_two_ups_at_once_one_waits_for_the_lock(cluster: Lab, tmp_path: Path, ta
     assert lock_is_free(lab)
     converge(lab)
     tally.add("faults survived")
+
+
+NVIDIA_FABRIC = """# NVIDIA's two-Spark addressing, applied by hand: both twins in one /24
+network:
+  version: 2
+  ethernets:
+    enp1s0f1np1:
+      addresses: [192.168.100.10/24]
+    enP2p1s0f1np1:
+      addresses: [192.168.100.11/24]
+"""
+
+
+def test_another_netplan_file_addressing_the_fabric_fails_preflight(cluster: Lab, tmp_path: Path,
+                                                                    tally: Any) -> None:
+    """A file of the user's own (not sparkctl's) already addressing the fabric interfaces: `up`
+    stops at preflight naming node, file, interfaces and addresses with the fix, before any
+    `netplan apply` (which would roll back after ~23 s saying "check the cables")."""
+    lab = cluster
+    other = lab.nodes[1]
+    path = "/etc/netplan/01-spark-fabric.yaml"
+    wanted = inventory_with_mtu(lab, tmp_path, 8000)  # a run that would change the network
+    lab.exec(other, f"umask 077; cat > {path} <<'EOF'\n{NVIDIA_FABRIC}EOF")
+    try:
+        before = {node: snapshot(lab, node) for node in lab.nodes}
+        live = {node: lab.exec(node, "ip -br addr show; cat /sys/class/net/*/mtu").stdout
+                for node in lab.nodes}
+        started = time.monotonic()
+        result = up(lab, wanted)
+        print(f"up failed in {time.monotonic() - started:.1f}s")  # shown in the docs, not asserted
+        assert result.returncode == 1, explain(result)
+        report = report_of(result)
+        failed = steps(report, "failed")
+        assert [(n, p, s) for n, p, s, _ in failed] == [(other, "preflight", "checks")], failed
+        message = failed[0][3]
+        print(message)
+        for words in (path, "enp1s0f1np1: 192.168.100.10/24", "enP2p1s0f1np1: 192.168.100.11/24",
+                      "share 192.168.100.0/24", f"sudo rm {path}", "sudo netplan apply",
+                      "nothing was changed"):
+            assert words in message, message
+        assert report["changed"] == 0 and {s[1] for s in steps(report)} == {"preflight"}
+        for node in lab.nodes:
+            assert snapshot(lab, node) == before[node], f"{node}: files changed"
+            assert lab.exec(node, "ip -br addr show; cat /sys/class/net/*/mtu").stdout == live[node]
+        assert lock_is_free(lab)
+        human = sparkctl(lab, "up", "--inventory", str(wanted), "--yes")
+        print(human.stdout + human.stderr)  # the docs show this output
+    finally:
+        lab.exec(other, f"rm -f {path}")
+    converged_twice(lab)
+    tally.add("faults survived")

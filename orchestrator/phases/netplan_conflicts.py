@@ -1,0 +1,88 @@
+"""Other netplan files that address the fabric interfaces (pure, from the gatherer's `netplan`
+fact): found in preflight, before `up` applies anything.
+
+netplan merges every file in /etc/netplan, so a file that already gives a fabric interface other
+addresses (NVIDIA's playbook puts both twins in one /24) or DHCP puts those next to sparkctl's:
+the fabric check after `netplan apply` then fails and the apply is rolled back, looking like a
+cabling fault. A definition that only names an interface (no addresses, DHCP off) is harmless,
+as is one holding exactly the inventory's address; sparkctl's own file is not another file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+from typing import Any
+
+from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import NETPLAN_FILE
+
+
+def _target(key: str, definition: dict[str, Any], iface: str) -> bool:
+    """Whether a definition (by its id, match.name glob or set-name) configures IFACE."""
+    if definition.get("set_name") == iface:
+        return True
+    match = definition.get("match")
+    if match is not None:
+        return fnmatch.fnmatchcase(iface, match)
+    return key == iface and not definition.get("matches_other")
+
+
+def conflicts(inventory: Inventory, node: Node, facts: dict[str, Any]
+              ) -> list[tuple[str, list[tuple[str, str]], list[str]]]:
+    """[(file, [(interface, what it sets)], the file's other definitions)] per conflicting file."""
+    wanted = node.addresses or {}
+    out = []
+    for path, fact in sorted((facts.get("netplan") or {}).items()):
+        if path == NETPLAN_FILE or not isinstance(fact, dict):
+            continue
+        definitions: dict[str, Any] = fact.get("definitions") or {}
+        found: list[tuple[str, str]] = []
+        used: set[str] = set()
+        for iface in inventory.fabric.interfaces:
+            for key, definition in sorted(definitions.items()):
+                if not isinstance(definition, dict) or not _target(key, definition, iface):
+                    continue
+                extra = [a for a in definition.get("addresses") or [] if a != wanted.get(iface)]
+                dhcp = [f for f in ("dhcp4", "dhcp6") if definition.get(f)]
+                if extra or dhcp:
+                    what = ", ".join(extra + [f"{f}: true" for f in dhcp])
+                    found.append((iface if key == iface else f"{iface} (as {key})", what))
+                    used.add(key)
+        if found:
+            out.append((path, found, sorted(set(definitions) - used)))
+    return out
+
+
+def _shared_subnet(found: list[tuple[str, str]]) -> str:
+    networks: dict[str, list[str]] = {}
+    for iface, what in found:
+        for word in what.split(", "):
+            try:
+                networks.setdefault(str(ipaddress.ip_interface(word).network), []).append(iface)
+            except ValueError:
+                continue
+    shared = [f"{', '.join(ifaces)} share {net}" for net, ifaces in networks.items() if len(ifaces) > 1]
+    return (f" ({'; '.join(shared)}: one subnet on two interfaces breaks routing and NCCL)"
+            if shared else "")
+
+
+def conflict_problems(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[str]:
+    """Preflight problems, one per file, naming the file, interfaces, addresses and the fix."""
+    problems = []
+    wanted = node.addresses or {}
+    for path, found, others in conflicts(inventory, node, facts):
+        ifaces = sorted({iface.split(" ")[0] for iface, _ in found})
+        listed = "; ".join(f"{iface}: {what}" for iface, what in found)
+        ours = ", ".join(f"{i} {wanted.get(i)}" for i in ifaces)
+        remove = (f"delete it (it holds nothing else): `sudo rm {path}`" if not others else
+                  f"remove {', '.join(ifaces)} from it (keep {', '.join(others)})")
+        problems.append(
+            f"{path} already configures the fabric: {listed}{_shared_subnet(found)}. netplan "
+            f"merges it with sparkctl's {NETPLAN_FILE} (which sets {ours}), so the fabric check "
+            "after `netplan apply` would fail and roll back. Fix on "
+            f"{node.name}: {remove}, then `sudo netplan apply` (addresses left on the links: "
+            f"`sudo ip addr flush dev IFACE`), then run `sparkctl up` again; or, if those "
+            "addresses are the ones you want, put them in the inventory as the `addresses:` of "
+            f"node {node.name} (each fabric interface in its own subnet)")
+    return problems

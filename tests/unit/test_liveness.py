@@ -1,0 +1,235 @@
+"""A server that was ready and stops answering is stalled, a rank that ended makes it dead (not
+"starting"), and `launch` of the same recipe restarts either (engines/liveness.py, for every
+engine: status, the TensorRT-LLM and vLLM guards, SGLang's placement, the node scripts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import make_context, make_inventory
+from nodescript import run_node_script
+from test_serve import ctx as serve_ctx
+from test_serve import spec as serve_spec
+from test_serve import status_facts
+from test_status import INVENTORY, SERVER, node_facts
+
+from orchestrator.checks import status
+from orchestrator.checks.status import server_state
+from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.engines import liveness, load_recipe, verify
+from orchestrator.engines.base import LaunchOptions, Ready
+from orchestrator.engines.sglang.serve import Placement, ServeSpec
+from orchestrator.engines.trtllm import serve
+from orchestrator.engines.vllm import serve as vllm_serve
+
+READY = {**SERVER, "ready_at": "2025-06-15T14:02:00+00:00"}
+
+
+@pytest.mark.parametrize(("health", "ready", "dead", "second", "main", "state"), [
+    (200, None, [], None, None, "healthy"),
+    (200, "t", [], ("/health_generate", 200), True, "healthy"),
+    (503, None, [], None, True, "starting"),
+    (503, "t", [], None, True, "stalled"),
+    ("Connection refused", "t", [], None, True, "stalled"),
+    (0, "t", [], None, None, "stalled"),
+    (200, "t", [], ("/health_generate", 503), True, "stalled"),
+    (200, None, [], ("/health_generate", 503), True, "unhealthy"),
+    (503, None, ["rank-1 on spark-b (pid 9)"], None, True, "dead"),
+    (200, "t", ["rank-1 on spark-b (pid 9)"], None, True, "dead"),
+    ("Connection refused", None, [], None, None, "down"),
+    (503, "t", ["rank-1 on spark-b (pid 9)"], None, False, "down"),
+])
+def test_judge(health: Any, ready: str | None, dead: list[str], second: Any, main: bool | None,
+               state: str) -> None:
+    verdict = liveness.judge(health, ready, dead, second, 8355, main_alive=main)
+    assert verdict.state == state
+    assert verdict.restart == (state in ("stalled", "dead"))
+    assert bool(verdict.problem) == (state != "healthy")
+
+
+def test_ready_comes_from_the_record_or_the_engines_log() -> None:
+    assert liveness.was_ready(READY) == "2025-06-15T14:02:00+00:00"
+    assert liveness.was_ready(SERVER) is None
+    assert liveness.was_ready(SERVER, ready_log=True) == "(its log says so)"
+    assert liveness.was_ready(None) is None
+
+
+def test_dead_ranks_name_their_node() -> None:
+    pids = {"spark-b": {"rank-1.pid": {"pid": 9, "alive": False}, "mpirun.pid": {"alive": False}},
+            "spark-a": {"rank-0.pid": {"pid": 3, "alive": True}}}
+    assert liveness.dead_ranks(pids) == ["rank-1 on spark-b (pid 9)"]
+
+
+# --- status -----------------------------------------------------------------------------------
+
+def two(head: dict[str, Any], worker: dict[str, Any] | None = None) -> dict[str, Any]:
+    return status.assess(INVENTORY, {"spark-a": head, "spark-b": worker or node_facts("spark-b")}, {})
+
+
+def test_a_ready_server_answering_503_is_stalled_with_its_log_tail() -> None:
+    result = two(node_facts("spark-a", server=READY, probe={"/health": 503},
+                            pids={"mpirun.pid": {"pid": 7, "alive": True}}))
+    server = result["server"]
+    assert server["state"] == "stalled" and not result["ok"]
+    assert server["ready_at"] == READY["ready_at"]
+    assert "it was ready (2025-06-15T14:02:00+00:00) and now answers /health 503" in server["problem"]
+    assert "`sparkctl launch` of the same recipe restarts it" in server["problem"]
+    assert "Traceback: boom" in server["log_tail"]
+    assert server["problem"] in result["nodes"]["spark-a"]["problems"]
+
+
+def test_the_engines_ready_line_is_enough_to_call_it_stalled() -> None:
+    head = node_facts("spark-a", server=SERVER, probe={"/health": 503})
+    head["commands"]["processes"] = {"rc": 0, "out": json.dumps(
+        {"pids": {"mpirun.pid": {"pid": 7, "alive": True}}, "ready_log": True})}
+    assert two(head)["server"]["state"] == "stalled"
+    head["commands"]["processes"]["out"] = json.dumps({"pids": {"mpirun.pid": {"pid": 7, "alive": True}}})
+    assert two(head)["server"]["state"] == "starting"  # never ready yet: still loading
+
+
+def test_a_dead_rank_is_dead_with_its_node_not_starting() -> None:
+    result = two(node_facts("spark-a", server=SERVER, probe={"/health": 503},
+                            pids={"mpirun.pid": {"pid": 7, "alive": True},
+                                  "rank-0.pid": {"pid": 8, "alive": True}}),
+                 node_facts("spark-b", pids={"rank-1.pid": {"pid": 9, "alive": False}}))
+    assert result["server"]["state"] == "dead"
+    assert "rank process ended: rank-1 on spark-b (pid 9)" in result["server"]["problem"]
+    assert any("rank-1 (pid 9)" in p for p in result["nodes"]["spark-b"]["problems"])
+
+
+def test_status_asks_the_head_whether_the_engine_logged_ready() -> None:
+    head = status.status_facts(INVENTORY, INVENTORY.node("spark-a"))["commands"]["processes"]
+    worker = status.status_facts(INVENTORY, INVENTORY.node("spark-b"))["commands"]["processes"]
+    assert "ready_log" in head and "true" in head and "ready_log\\\": false" not in head
+    assert "rank-0.log" in status.status_facts(INVENTORY, INVENTORY.node("spark-a"))["commands"]["server_log"]
+    assert worker != head
+
+
+@pytest.mark.parametrize(("server", "state"), [
+    ({"alive": True, "health": 200}, "healthy"),
+    ({"alive": True, "health": 503}, "loading"),
+    ({"alive": True, "health": 503, "ready_at": "t"}, "stalled"),
+    ({"alive": True, "health": 503, "ready_log": True}, "stalled"),
+    ({"alive": True, "health": 0}, "not answering"),
+    ({"alive": False, "legacy": False}, "dead"),
+    ({"alive": False, "legacy": True}, "stopped"),
+])
+def test_the_servers_listing(server: dict[str, Any], state: str) -> None:
+    assert server_state(server) == state
+
+
+# --- launch: TensorRT-LLM, vLLM, SGLang ----------------------------------------------------------
+
+def test_trtllm_restarts_a_stalled_server_of_the_same_recipe() -> None:
+    launch = serve_spec()
+    stalled = status_facts({"config_hash": launch.digest, "recipe": "qwen3-235b",
+                            "ready_at": "2025-06-15T14:02:00+00:00"}, True, 503)
+    facts = {"spark-a": stalled, "spark-b": {"commands": {"serve": {"rc": 0, "out": "{}"}}}}
+    status_now = serve.status_from_facts(stalled)
+    assert serve.decide(status_now, launch.digest, False) == "restart"
+    guard = serve.ServerGuard(launch).check(serve_ctx("spark-a", facts))
+    assert isinstance(guard, Unchanged) and "stalled: ready at 2025-06-15T14:02:00+00:00" in guard.reason
+    start = serve.StartServer(launch).check(serve_ctx("spark-a", facts))
+    assert isinstance(start, Change)
+    assert start.summary.startswith("restart (stalled: ready at 2025-06-15T14:02:00+00:00, /health now 503)")
+    stop = serve.StopPrevious(launch).check(serve_ctx("spark-a", facts))
+    assert isinstance(stop, Change) and ": restart, stalled: ready at 2025" in stop.summary
+    # never ready: still loading, kept
+    loading = serve.status_from_facts(status_facts({"config_hash": launch.digest}, True, 503))
+    assert serve.decide(loading, launch.digest, False) == "loading"
+
+
+def test_trtllm_names_the_dead_rank_when_it_restarts() -> None:
+    assert serve.restart_reason({}, ("spark-b: rank-1",)) == "dead: rank ended (spark-b: rank-1)"
+
+
+def test_vllm_restarts_a_stalled_server_of_the_same_recipe() -> None:
+    record = {"config_hash": "h", "ready_at": "t"}
+    alive = {"pids": {vllm_serve.MAIN: {"alive": True}}, "server": record, "health": 503}
+    assert vllm_serve.decide(alive, "h", False) == "restart"
+    assert vllm_serve.decide({**alive, "server": {"config_hash": "h"}}, "h", False) == "loading"
+    assert vllm_serve.decide({**alive, "server": {"config_hash": "h"}, "ready_log": True}, "h",
+                             False) == "restart"
+    assert vllm_serve.restart_reason(alive) == "stalled: ready at t, /health now 503"
+
+
+def sglang_facts(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {"spark-a": {"commands": {"servers": {"rc": 0, "out": json.dumps({"servers": [record]})}}},
+            "spark-b": {"commands": {"servers": {"rc": 0, "out": json.dumps({"servers": []})}}}}
+
+
+def test_sglang_restarts_a_stalled_server_of_the_same_name() -> None:
+    inv = make_inventory()
+    spec = ServeSpec(load_recipe("qwen3-8b"), inv, LaunchOptions())
+    record = {"name": spec.name, "engine": "sglang", "model": spec.recipe.model,
+              "nodes": spec.nodes, "port": spec.recipe.port, "memory_gb": 20.0,
+              "config_hash": spec.digest, "alive": True, "health": 503}
+    loading = Placement(spec).check(make_context(inv, "spark-a", sglang_facts(record)))
+    assert isinstance(loading, Unchanged) and "already runs" in loading.reason
+    stalled = Placement(spec).check(make_context(inv, "spark-a", sglang_facts(
+        {**record, "ready_at": "t"})))
+    assert isinstance(stalled, Change) and stalled.summary.startswith(f"restart {spec.name}: stalled")
+    assert stalled.payload["name"] == spec.name
+    assert "probe" in spec_facts_command(spec, inv)
+
+
+def spec_facts_command(spec: ServeSpec, inv: Any) -> str:
+    from orchestrator.engines.sglang.serve import check_phase
+
+    return str(check_phase(spec).facts(inv, inv.node("spark-a"))["commands"]["servers"])
+
+
+# --- recording ready ---------------------------------------------------------------------------
+
+def test_wait_ready_records_ready_and_says_when_it_could_not() -> None:
+    marked: list[Any] = []
+    step = verify.WaitReady(lambda transports, timeout, note: Ready(1.0, ["m"]), 60, "x",
+                            mark=lambda transports: marked.append(transports) or None)
+    inv = make_inventory()
+    context = NodeContext(inventory=inv, node=inv.node("spark-a"), facts={}, cluster_facts={},
+                          transport=None, options=RunOptions(), shared={}, transports={})
+    assert step.apply(context, Change("wait")) == "answering: m (1.0s)" and marked == [{}]
+    step.mark = lambda transports: "could not record ready_at in /x: denied"
+    assert step.apply(context, Change("wait")).endswith("; could not record ready_at in /x: denied")
+
+
+def test_mark_ready_adds_ready_at_once_and_keeps_the_mode(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    record = tmp_path / "server.json"
+    record.write_text(json.dumps({"recipe": "r"}))
+    record.chmod(0o644)
+    ran = run_node_script("mark_ready.py", [str(record), "T1"], monkeypatch)
+    assert ran.json == {"ready_at": "T1"}
+    assert json.loads(record.read_text()) == {"recipe": "r", "ready_at": "T1"}
+    assert record.stat().st_mode & 0o777 == 0o644
+    assert run_node_script("mark_ready.py", [str(record), "T2"], monkeypatch).json == {"ready_at": "T1"}
+    assert str(record) in liveness.mark_ready_cmd(str(record), "T3")
+
+
+def test_serverctl_reads_the_ready_line_from_the_engines_log(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    def ready(run: Path) -> Any:
+        ran = run_node_script("serverctl.py", [json.dumps(
+            {"action": "status", "run": str(run), "ready_log": True})], monkeypatch)
+        return ran.json.get("ready_log")
+
+    tmp_path.joinpath("rank-0.log").write_text("loading\n")
+    assert ready(tmp_path) is False
+    tmp_path.joinpath("rank-0.log").write_text("loading\nINFO:     Application startup complete.\n")
+    assert ready(tmp_path) is True
+
+
+def test_servers_script_reads_the_ready_line_of_a_record_that_does_not_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path.joinpath("server.json").write_text(json.dumps({"recipe": "r", "port": 1}))
+    tmp_path.joinpath("server.log").write_text("INFO:     Application startup complete.\n")
+    args = {"run": str(tmp_path), "probe": True, "legacy_container": "c"}
+    ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
+        "def running(container):": "def running(container):\n    return True\n\ndef _unused(container):",
+        "def health(port):": "def health(port):\n    return 503\n\ndef _unused2(port):"})
+    found = ran.json["servers"][0]
+    assert found["health"] == 503 and found["ready_log"] is True
+    assert server_state(found) == "stalled"
