@@ -329,15 +329,19 @@ class Server(ThreadingHTTPServer):
         self.server_close()
 
 
-def start_http(state: EngineState, host: str, port: int) -> Server:
+def start_http(state: EngineState, host: str, port: int, handler_class: type = Handler,
+               announce: list[str] | None = None) -> Server:
+    """Serve `state` with `handler_class` (each engine's own routes) in a thread; the bind error
+    and the start-up lines are uvicorn's, as every engine's OpenAI server prints them."""
     bind_host = "127.0.0.1" if host == "localhost" else host
-    handler = type("BoundHandler", (Handler,), {"state": state})
+    handler = type("Bound" + handler_class.__name__, (handler_class,), {"state": state})
     try:
         server = Server((bind_host, port), handler)
     except OSError as exc:
         raise OSError(f"[Errno {exc.errno}] error while attempting to bind on address "
                       f"('{bind_host}', {port}): {exc.strerror.lower()}") from None
-    print("INFO:     Started server process", file=sys.stderr, flush=True)
-    print("INFO:     Waiting for application startup.", file=sys.stderr, flush=True)
+    for line in announce or ["INFO:     Started server process",
+                             "INFO:     Waiting for application startup."]:
+        print(line, file=sys.stderr, flush=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

@@ -8,10 +8,9 @@ l.341-347), computed from the drafts the performance model accepted.
 """
 from __future__ import annotations
 
-import sys
-import threading
+import os
 
-from .server import EngineState, Handler, Server
+from .server import EngineState, Handler, Server, start_http
 
 
 class SglangState(EngineState):
@@ -75,18 +74,9 @@ class SglangHandler(Handler):
 
 
 def start_sglang_http(opts: dict, config: dict) -> Server:
-    state = SglangState(opts, config)
     host = "127.0.0.1" if opts["host"] == "localhost" else opts["host"]
-    handler = type("BoundSglangHandler", (SglangHandler,), {"state": state})
-    try:
-        server = Server((host, opts["port"]), handler)
-    except OSError as exc:
-        raise OSError(f"[Errno {exc.errno}] error while attempting to bind on address "
-                      f"('{host}', {opts['port']}): {exc.strerror.lower()}") from None
-    pid = __import__("os").getpid()
-    for line in (f"INFO:     Started server process [{pid}]", "INFO:     Waiting for application startup.",
-                 "INFO:     Application startup complete.",
-                 f"INFO:     Uvicorn running on http://{host}:{opts['port']} (Press CTRL+C to quit)"):
-        print(line, file=sys.stderr, flush=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    pid = os.getpid()
+    return start_http(SglangState(opts, config), host, opts["port"], SglangHandler, [
+        f"INFO:     Started server process [{pid}]", "INFO:     Waiting for application startup.",
+        "INFO:     Application startup complete.",
+        f"INFO:     Uvicorn running on http://{host}:{opts['port']} (Press CTRL+C to quit)"])

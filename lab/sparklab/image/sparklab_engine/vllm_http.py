@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from .server import EngineState, Handler, Server
+from .server import EngineState, Handler, Server, start_http
 
 VERSION = "0.31.0"
 
@@ -42,18 +42,4 @@ class VllmHandler(Handler):
 
 
 def start_vllm_http(model: str, served: str, executor, host: str, port: int) -> Server:  # type: ignore[no-untyped-def]
-    import sys
-    import threading
-
-    state = VllmState(model, served, executor)
-    bind_host = "127.0.0.1" if host == "localhost" else host
-    handler = type("BoundVllmHandler", (VllmHandler,), {"state": state})
-    try:
-        server = Server((bind_host, port), handler)
-    except OSError as exc:
-        raise OSError(f"[Errno {exc.errno}] error while attempting to bind on address "
-                      f"('{bind_host}', {port}): {exc.strerror.lower()}") from None
-    print("INFO:     Started server process", file=sys.stderr, flush=True)
-    print("INFO:     Waiting for application startup.", file=sys.stderr, flush=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return start_http(VllmState(model, served, executor), host, port, VllmHandler)
