@@ -133,6 +133,20 @@ def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
     )(func)
 
 
+def diff_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--diff: the plan's diffs in full (each distinct diff once, with its nodes) instead of a
+    line per changed file; read by the runner (core/output.py full_diff_requested)."""
+
+    def remember(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value:
+            ctx.meta["sparkctl.full_diff"] = True
+
+    return click.option(
+        "--diff", is_flag=True, expose_value=False, callback=remember,
+        help="Show the plan's diffs in full (default: one line per changed file and its nodes).",
+    )(func)
+
+
 def wants_json(argv: list[str] | None = None) -> bool:
     """`--json` among the arguments (before a `--`): errors then go to stdout as JSON too."""
     args = sys.argv[1:] if argv is None else argv
