@@ -46,7 +46,7 @@ class LazyGroup(click.Group):
 # Summaries live here so `--help` does not import every command module.
 SUMMARIES = {
     "up": "Bring the cluster up: fabric network, SSH trust, containers, hostfile (verified).",
-    "plan": "Show what `up` would change, with diffs, without changing anything.",
+    "plan": "Show what `up` would change (a line per file; --diff in full), changing nothing.",
     "netcheck": "Check the fabric on every node and link: addresses, MTU, routes, SSH, MPI.",
     "launch": "Serve a recipe's model across the cluster and wait until it answers.",
     "chat": "Send one chat completion to the running server (through SSH).",

@@ -111,4 +111,8 @@ def summary_lines(found: list[tuple[str, Section]]) -> list[str]:
 def full_text(found: list[tuple[str, Section]]) -> list[tuple[str, str]]:
     """(header, diff) with each distinct diff once: `spark-a, spark-b: /etc/sparkctl/hostfile`."""
     grouped = _group(((s.target, s.text), node) for node, s in found)
+    first: dict[str, int] = {}  # each file's diffs together, in the order files first appear
+    for index, ((target, _), _) in enumerate(grouped):
+        first.setdefault(target, index)
+    grouped.sort(key=lambda item: first[item[0][0]])
     return [(f"{_nodes(nodes)}: {target}", text) for (target, text), nodes in grouped]
