@@ -98,47 +98,32 @@ def node_rows(doc: dict[str, Any]) -> list[list[str]]:
 
 
 def render(doc: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from orchestrator.core.output import console, print_table
 
-    console = Console(highlight=False)
+    out = console()
     for line in header_lines(doc):
-        console.print(line, markup=False)
-    table = Table(title="sparkctl bench")
-    table.add_column("config")
-    for c in _concurrencies(doc):
-        table.add_column(f"c{c}", justify="right")
-    for row in result_rows(doc):
-        table.add_row(*row)
-    console.print(table)
-    nodes = Table(title="nodes after the last cell")
-    for column in ("node", "GPU clock", "temp", "power", "memory used"):
-        nodes.add_column(column)
-    for row in node_rows(doc):
-        nodes.add_row(*row)
-    console.print(nodes)
+        out.print(line, markup=False)
+    concurrencies = [f"c{c}" for c in _concurrencies(doc)]
+    print_table("sparkctl bench", ["config", *concurrencies], result_rows(doc), right=concurrencies)
+    print_table("nodes after the last cell", ["node", "GPU clock", "temp", "power", "memory used"],
+                node_rows(doc))
 
 
 def render_sweep(result: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from orchestrator.core.output import console, print_table
 
-    console = Console(highlight=False)
     rows = sweep_rows(result["runs"])
     conc = sorted({c for r in rows for c in r["tg_by_concurrency"]})
-    table = Table(title=f"sparkctl bench --sweep {result['key']}")
-    table.add_column(result["key"].split(".")[-1], no_wrap=True)
-    for c in conc:
-        table.add_column(f"tg c{c} (t/s)", justify="right")
-    table.add_column("acceptance rate", justify="right")
-    table.add_column("acceptance length", justify="right")
+    numbers = [f"tg c{c} (t/s)" for c in conc] + ["acceptance rate", "acceptance length"]
+    table = []
     for row in rows:
         mark = " *best*" if row["value"] == result["best"] else ""
-        table.add_row(f"{row['value']}{mark}", *[num(row["tg_by_concurrency"].get(c)) for c in conc],
-                      num(row["acceptance_rate"], 2), num(row["acceptance_length"], 2))
-    console.print(table)
-    console.print(f"best: {result['best']} (highest generation throughput at the lowest "
-                  f"concurrency); original recipe restored: {result['restored']}", markup=False)
+        table.append([f"{row['value']}{mark}", *[num(row["tg_by_concurrency"].get(c)) for c in conc],
+                      num(row["acceptance_rate"], 2), num(row["acceptance_length"], 2)])
+    print_table(f"sparkctl bench --sweep {result['key']}", [result["key"].split(".")[-1], *numbers],
+                table, right=numbers)
+    console().print(f"best: {result['best']} (highest generation throughput at the lowest "
+                    f"concurrency); original recipe restored: {result['restored']}", markup=False)
 
 
 COMPARED = (("tg_throughput", "t/s", True), ("tg_req_throughput", "t/s/req", True),
@@ -170,21 +155,15 @@ def compare_rows(a: dict[str, Any], b: dict[str, Any]) -> list[list[str]]:
 
 
 def render_compare(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from orchestrator.core.output import console, print_table
 
-    console = Console(highlight=False)
+    out = console()
     for tag, doc in zip("AB", (a, b), strict=True):
         server = doc.get("server") or {}
-        console.print(f"{tag}: {names['AB'.index(tag)]}: {server.get('recipe')} "
-                      f"config {server.get('config_hash')}, started {doc.get('started')}", markup=False)
-    table = Table(title="sparkctl bench compare (B/A)")
-    for column, justify in (("cell", "left"), ("figure", "left"), ("A", "right"), ("B", "right"),
-                            ("B/A", "right")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for row in compare_rows(a, b):
-        table.add_row(*row)
-    console.print(table)
+        out.print(f"{tag}: {names['AB'.index(tag)]}: {server.get('recipe')} "
+                  f"config {server.get('config_hash')}, started {doc.get('started')}", markup=False)
+    print_table("sparkctl bench compare (B/A)", ["cell", "figure", "A", "B", "B/A"],
+                compare_rows(a, b), right=["A", "B", "B/A"])
 
 
 def plot(doc: dict[str, Any], path: str) -> None:

@@ -151,10 +151,11 @@ def diagnose(inventory: Inventory, nodes: list[Node]) -> dict[str, Any]:
 
 
 def render(report: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.markup import escape
 
-    console = Console(highlight=False, soft_wrap=True)
+    from orchestrator.core.output import console as make_console
+
+    console = make_console()
     style = {"ok": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
     for name, node in report["nodes"].items():
         res = node.get("resolution")

@@ -35,18 +35,16 @@ def _styled(value: str) -> str:
 
 
 def render_status(status: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
-    console = Console(highlight=False)
-    table = Table(title=f"sparkctl status: {status['cluster']} ({_styled(status['state'])})")
-    for column in ("node", "state", "fabric", "container"):
-        table.add_column(column, overflow="fold")
+    from orchestrator.core.output import console, print_table
+
+    out = console()
+    rows = []
     for name, node in status["nodes"].items():
         label = f"{name} ({node['role']})"
         if not node["reachable"]:
-            table.add_row(label, _styled("unreachable"), "-", "-")
+            rows.append([label, _styled("unreachable"), "-", "-"])
             continue
         fabric = []
         for iface, link in node["network"]["interfaces"].items():
@@ -55,16 +53,17 @@ def render_status(status: dict[str, Any]) -> None:
             fabric.append(f"{iface} {link['state']} {addresses} mtu {link['mtu']}{mark}")
         if not node["network"]["configured"]:
             fabric.append("[dim]not configured by sparkctl[/]")
-        table.add_row(label, _styled(node["state"]), "\n".join(fabric),
-                      _container_cell(node["container"]))
-    console.print(table)
+        rows.append([label, _styled(node["state"]), "\n".join(fabric),
+                     _container_cell(node["container"])])
+    print_table(f"sparkctl status: {status['cluster']} ({_styled(status['state'])})",
+                ("node", "state", "fabric", "container"), rows)
     server = status.get("server")
     if server is None and status.get("server_unknown"):
-        console.print(f"server: unknown: {escape(status['server_unknown'])}")
+        out.print(f"server: unknown: {escape(status['server_unknown'])}")
     elif server is None:
-        console.print("server: none launched")
+        out.print("server: none launched")
     else:
-        console.print(
+        out.print(
             f"server: {_styled(server['state'])} {server.get('recipe')} "
             f"({escape(server.get('engine') or 'trtllm')}: {server.get('model')}"
             + (f", draft {server['draft_model']}" if server.get("draft_model") else "")
@@ -76,17 +75,17 @@ def render_status(status: dict[str, Any]) -> None:
         if ray is not None:
             ips = ", ".join(f"{n.get('host')} {n.get('ip')}" for n in ray.get("nodes") or []
                             if n.get("alive"))
-            console.print(f"  ray: {ray['alive']}/{ray['expected']} node(s) alive"
+            out.print(f"  ray: {ray['alive']}/{ray['expected']} node(s) alive"
                           + (f" ({escape(ips)})" if ips else "")
                           + (f"; {escape(ray['error'])}" if ray.get("error") else ""))
         if server["state"] != "healthy" and server.get("log_tail"):
-            console.print("  last lines of its log (`sparkctl logs` for more):")
+            out.print("  last lines of its log (`sparkctl logs` for more):")
             for line in server["log_tail"]:
-                console.print("    " + line, markup=False)
+                out.print("    " + line, markup=False)
     problems = [(name, p) for name, node in status["nodes"].items() for p in node["problems"]]
     for name, problem in problems:
-        console.print(f"[bold red]✗[/] {name}: {escape(problem)}")
-    console.print(("[green]OK[/]" if status["ok"] else "[bold red]UNHEALTHY[/]")
+        out.print(f"[bold red]✗[/] {name}: {escape(problem)}")
+    out.print(("[green]OK[/]" if status["ok"] else "[bold red]UNHEALTHY[/]")
                   + f" in {status.get('seconds', 0):.1f}s")
 
 

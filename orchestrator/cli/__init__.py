@@ -46,7 +46,7 @@ class LazyGroup(click.Group):
 # Summaries live here so `--help` does not import every command module.
 SUMMARIES = {
     "up": "Bring the cluster up: fabric network, SSH trust, containers, hostfile (verified).",
-    "plan": "Show what `up` would change, with diffs, without changing anything.",
+    "plan": "Show what `up` would change (a line per file; --diff in full), changing nothing.",
     "netcheck": "Check the fabric on every node and link: addresses, MTU, routes, SSH, MPI.",
     "launch": "Serve a recipe's model across the cluster and wait until it answers.",
     "chat": "Send one chat completion to the running server (through SSH).",
@@ -130,6 +130,20 @@ def inventory_option(func: Callable[..., Any]) -> Callable[..., Any]:
 def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--json", "as_json", is_flag=True, help="Print one JSON object on stdout (progress on stderr)."
+    )(func)
+
+
+def diff_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--diff: the plan's diffs in full (each distinct diff once, with its nodes) instead of a
+    line per changed file; read by the runner (core/output.py full_diff_requested)."""
+
+    def remember(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value:
+            ctx.meta["sparkctl.full_diff"] = True
+
+    return click.option(
+        "--diff", is_flag=True, expose_value=False, callback=remember,
+        help="Show the plan's diffs in full (default: one line per changed file and its nodes).",
     )(func)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
+from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
 
 DEFAULT_TOKEN_FILE = "~/.cache/huggingface/token"
 
@@ -145,6 +145,7 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
 @click.argument("recipe_name", metavar="RECIPE")
 @inventory_option
 @click.option("--dry-run", is_flag=True, help="Show the plan and the memory estimate; change nothing.")
+@diff_option
 @click.option("--yes", "-y", is_flag=True, help="Apply without asking (needed when not on a terminal).")
 @json_option
 @click.option("--timeout", type=click.FloatRange(min=1), default=1800.0, show_default=True,

@@ -122,7 +122,9 @@ def measure_throughput(session: Any) -> list[CheckResult]:
 
 
 MEASURED = ("throughput", "latency", "nccl-busbw")
-"""Rows that carry a measurement: shown even when passing rows are hidden."""
+PROOFS = ("mpirun",)
+"""Rows that carry a measurement or a key proof (mpirun reached every container): shown even
+when passing rows are hidden."""
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
 
@@ -134,39 +136,74 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+def shown_rows(results: list[CheckResult], verbose: bool) -> list[CheckResult]:
+    """On large clusters passing rows are left out (-v shows them), except measurements and
+    key proofs."""
+    hide = not verbose and len(results) > 40
+    return [r for r in results
+            if not (hide and r.status == "pass" and r.check not in MEASURED + PROOFS)]
+
+
+def _label(r: CheckResult) -> str:
+    """`check node interface -> peer`, the place left out when the message starts with it."""
+    if r.node and r.message.startswith(f"{r.node} "):
+        return r.check
+    where = (r.node, r.interface or "", f"-> {r.peer}" if r.peer else "")
+    return " ".join(x for x in (r.check, *where) if x)
+
+
+def _figures(r: CheckResult) -> str:
+    """` (0.05 ms, threshold 1 ms)`: the value unless the message says it, and the threshold."""
+    unit = f" {r.unit}" if r.unit else ""
+    parts = []
+    if r.value is not None and _shown(r.value) not in r.message:
+        parts.append(f"{_shown(r.value)}{unit}")
+    if r.threshold is not None:
+        parts.append(f"threshold {_shown(r.threshold)}{unit}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def render(results: list[CheckResult], seconds: float, verbose: bool) -> None:
-    from rich.console import Console
+    """On a terminal: a table, then each problem with its fix. Off a terminal (core/output.py):
+    one plain line per shown check (status, check, where, message, threshold), its fix under
+    it; no table, nothing twice."""
     from rich.markup import escape
-    from rich.table import Table
 
     from orchestrator.checks.netcheck import summary
+    from orchestrator.core.output import console, on_terminal
 
-    console = Console(highlight=False)
-    table = Table(title="sparkctl netcheck", expand=False)
-    for column in ("check", "node", "peer", "interface", "status", "value", "threshold", "message"):
-        table.add_column(column, overflow="fold")
-    for r in results:
-        if r.status == "pass" and not verbose and len(results) > 40 and r.check not in MEASURED:
-            continue
-        value = f"{_shown(r.value)} {r.unit or ''}".strip() if r.value is not None else ""
-        table.add_row(r.check, r.node, r.peer or "", r.interface or "",
-                      f"[{STATUS_STYLE[r.status]}]{r.status}[/]", value, _shown(r.threshold),
-                      escape(r.message))
-    if table.row_count:
-        console.print(table)
-    problems = [r for r in results if r.status != "pass"]
-    for r in problems:
-        where = " ".join(x for x in (r.node, r.interface or "", f"-> {r.peer}" if r.peer else "") if x)
-        style = STATUS_STYLE[r.status]
-        console.print(f"[{style}]{r.status}[/] {r.check} {escape(where)}: {escape(r.message)}")
-        if r.fix:
-            console.print(f"    fix: {r.fix}", markup=False)
+    out = console()
+    rows = shown_rows(results, verbose)
+    if on_terminal():
+        from rich.table import Table
+
+        table = Table(title="sparkctl netcheck", expand=False)
+        for column in ("check", "node", "peer", "interface", "status", "value", "threshold",
+                       "message"):
+            table.add_column(column, overflow="fold")
+        for r in rows:
+            value = f"{_shown(r.value)} {r.unit or ''}".strip() if r.value is not None else ""
+            table.add_row(r.check, r.node, r.peer or "", r.interface or "",
+                          f"[{STATUS_STYLE[r.status]}]{r.status}[/]", escape(value),
+                          escape(_shown(r.threshold)), escape(r.message))
+        if table.row_count:
+            out.print(table)
+        for r in (r for r in results if r.status != "pass"):
+            out.print(f"[{STATUS_STYLE[r.status]}]{r.status}[/] {escape(_label(r))}: "
+                      f"{escape(r.message)}")
+            if r.fix:
+                out.print(f"    fix: {r.fix}", markup=False)
+    else:
+        for r in rows:
+            out.print(f"{r.status} {_label(r)}: {r.message}{_figures(r)}", markup=False)
+            if r.fix and r.status != "pass":
+                out.print(f"    fix: {r.fix}", markup=False)
     counts = summary(results)
-    hidden = "" if verbose or len(results) <= 40 else " (-v shows passing rows)"
+    hidden = " (-v shows passing rows)" if len(rows) < len(results) else ""
     skipped = f", {counts['skip']} skipped" if counts["skip"] else ""
     line = (f"netcheck: {counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail"
             f"{skipped} in {seconds:.1f}s{hidden}")
-    console.print(("[bold red]FAILED[/] " if counts["fail"] else "[green]OK[/] ") + line)
+    out.print(("[bold red]FAILED[/] " if counts["fail"] else "[green]OK[/] ") + line)
 
 
 def _netcheck(inventory_path: str | None, as_json: bool, deep: bool, verbose: bool,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
+from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
 
 
 def _status(inventory_path: str | None, as_json: bool) -> int:
@@ -151,6 +151,7 @@ def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_js
 @click.option("--network", is_flag=True,
               help="Also remove the fabric netplan file and the fabric addresses sparkctl set.")
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
+@diff_option
 @click.option("--yes", "-y", is_flag=True, help="Remove without asking (needed when not on a terminal).")
 @json_option
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")

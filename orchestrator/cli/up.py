@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
+from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
 
 
 def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
@@ -27,7 +27,9 @@ def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
 
 @click.command(context_settings=CONTEXT)
 @inventory_option
-@click.option("--dry-run", is_flag=True, help="Show what would change, with diffs; change nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="Show what would change (a line per changed file; --diff: in full); change nothing.")
+@diff_option
 @click.option("--yes", "-y", is_flag=True, help="Apply without asking (needed when not on a terminal).")
 @json_option
 @click.option("--trust-new-hosts", is_flag=True,
@@ -54,8 +56,13 @@ def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
 @click.command(context_settings=CONTEXT)
 @inventory_option
 @json_option
+@diff_option
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
 def plan(inventory_path: str | None, as_json: bool, trust_new_hosts: bool) -> None:
-    """Show what `up` would change, with diffs, without changing anything (= up --dry-run)."""
+    """Show what `up` would change, without changing anything (= up --dry-run).
+
+    Each changed file gets one line: what changes and on which nodes (identical changes on
+    several nodes are listed once). --diff prints the diffs in full, each distinct one once.
+    """
     run_command(lambda: _up(inventory_path, True, False, as_json, trust_new_hosts, False, False,
                             command="plan"))

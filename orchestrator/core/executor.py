@@ -22,7 +22,15 @@ if TYPE_CHECKING:
     from orchestrator.core.lock import ClusterLock
 from orchestrator.core.progress import Progress
 from orchestrator.core.report import Report, StepResult
-from orchestrator.core.step import Change, NodeContext, Phase, Plan, RunOptions, Step
+from orchestrator.core.step import (
+    Change,
+    NodeContext,
+    NotVerified,
+    Phase,
+    Plan,
+    RunOptions,
+    Step,
+)
 from orchestrator.inventory import Inventory, Node
 from orchestrator.remote.transport import Transport
 
@@ -226,7 +234,8 @@ class Executor:
             if self.options.dry_run:
                 return StepResult(phase.name, step.name, "skipped", message="verified after changes")
             message = step.apply(ctx, Change("verify"))
-            return StepResult(phase.name, step.name, "ok", message=message or "verified")
+            return StepResult(phase.name, step.name, "ok", message=message or "verified",
+                              proof=not isinstance(message, NotVerified))
         outcome = step.check(ctx)
         if not isinstance(outcome, Change):
             return StepResult(phase.name, step.name, "ok", message=outcome.reason)

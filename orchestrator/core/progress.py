@@ -7,9 +7,11 @@ import threading
 import time
 from typing import TextIO
 
-from orchestrator.core.report import StepResult
+from orchestrator.core.report import StepResult, worth_showing
 
 SYMBOL = {"ok": "·", "changed": "✓", "planned": "~", "failed": "✗", "skipped": "-"}
+PROOF = "✓"
+"""A verify step that proved something (mpirun reached every node, the network confirmed)."""
 
 
 class Progress:
@@ -31,9 +33,12 @@ class Progress:
         self._print(f"[{elapsed:5.1f}s] phase {name} on {nodes} node(s)")
 
     def step(self, node: str, result: StepResult) -> None:
-        if result.status in ("ok", "skipped"):
+        """A line for every step that changed, failed, would change or proved something, and
+        for a fine step whose message says something of the user's was left alone: off a
+        terminal these lines are the record of the run (core/output.py)."""
+        if result.status in ("ok", "skipped") and not (result.proof or worth_showing(result.message)):
             return
-        symbol = SYMBOL.get(result.status, "?")
+        symbol = PROOF if result.proof else SYMBOL.get(result.status, "?")
         first_line = result.message.splitlines()[0] if result.message else ""
         self._print(f"        {symbol} {node} {result.step}: {first_line}")
 

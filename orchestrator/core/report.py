@@ -22,6 +22,9 @@ class StepResult:
     diff: str = ""
     commands: tuple[str, ...] = ()
     """What the step runs (or, planned, would run) on the node."""
+    proof: bool = False
+    """A verify step that checked something (mpirun reached every node, the network was
+    confirmed): shown without -v. Not part of the JSON."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -116,38 +119,28 @@ def worth_showing(message: str) -> bool:
     return any(marker in message for marker in ALWAYS_SHOWN)
 
 
-def render_table(report: Report, show_diffs: bool = False, verbose: bool = False) -> None:
-    """Print the report for people: a row per step that did something (all rows with -v)."""
-    from rich.console import Console
-    from rich.table import Table
+DiffMode = Literal["none", "summary", "full"]
+"""How a report shows the diffs of its steps: not at all, a line per file (plans), or in full
+(--diff)."""
 
-    # Piped output (CI logs, `| less`) gets a wide table instead of rich's 80-column default.
-    console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 160)
-    table = Table(title=f"sparkctl {report.command}", show_lines=False, expand=False)
-    for column in ("node", "phase", "step", "status", "time", "message"):
-        table.add_column(column, overflow="fold")
-    quiet_ok = 0
+
+def shown_steps(report: Report, verbose: bool) -> tuple[list[tuple[str, StepResult]], int]:
+    """(node, step) rows worth a line, and how many fine rows were left out (-v lists them):
+    with several nodes, steps that were already right are left out, except proofs (a verify step
+    that checked something) and messages saying something of the user's was left alone."""
+    rows: list[tuple[str, StepResult]] = []
+    quiet = 0
     for node, host in report.hosts.items():
-        if host.error:
-            table.add_row(node, "-", "connect", "[bold red]failed[/]", "", host.error)
         for step in host.steps:
             if (step.status in ("ok", "skipped") and not verbose and len(report.hosts) > 1
-                    and not worth_showing(step.message)):
-                quiet_ok += 1
+                    and not step.proof and not worth_showing(step.message)):
+                quiet += 1
                 continue
-            style = STATUS_STYLE.get(step.status, "")
-            table.add_row(
-                node, step.phase, step.step, f"[{style}]{step.status}[/]",
-                f"{step.seconds:.1f}s", step.message,
-            )
-    if table.row_count:
-        console.print(table)
-    if show_diffs:
-        for node, host in report.hosts.items():
-            for step in host.steps:
-                if step.diff:
-                    console.print(f"[bold]--- {node}: {step.phase}/{step.step}[/]")
-                    console.print(step.diff, markup=False, highlight=False)
+            rows.append((node, step))
+    return rows, quiet
+
+
+def summary_line(report: Report, quiet_ok: int) -> str:
     summary = (
         f"{report.command}: {len(report.hosts)} node(s), {report.count('changed')} changed, "
         f"{report.failures} failed"
@@ -156,7 +149,57 @@ def render_table(report: Report, show_diffs: bool = False, verbose: bool = False
         summary += f", {report.count('planned')} would change"
     if quiet_ok:
         summary += f", {quiet_ok} already right (-v lists them)"
-    summary += f" in {report.seconds:.1f}s"
-    console.print(("[green]OK[/] " if report.ok else "[bold red]FAILED[/] ") + summary)
+    return summary + f" in {report.seconds:.1f}s"
+
+
+def render_report(report: Report, diffs: DiffMode = "none", verbose: bool = False) -> None:
+    """Print the report for people (the rule for terminals and pipes: core/output.py).
+
+    On a terminal: a table of the steps that did something (all with -v), the diffs, the
+    summary line, the notes. Off a terminal the progress stream on stderr already listed every
+    step that changed, failed or proved something, so stdout gets no table: each failure in
+    full, the diffs, the summary line and the notes."""
+    from rich.markup import escape
+
+    from orchestrator.core import diffs as diff_text
+    from orchestrator.core.output import console, on_terminal
+
+    out = console()
+    rows, quiet_ok = shown_steps(report, verbose)
+    if on_terminal():
+        from rich.table import Table
+
+        table = Table(title=f"sparkctl {report.command}", show_lines=False, expand=False)
+        for column in ("node", "phase", "step", "status", "time", "message"):
+            table.add_column(column, overflow="fold")
+        for node, host in report.hosts.items():
+            if host.error:
+                table.add_row(node, "-", "connect", "[bold red]failed[/]", "", escape(host.error))
+        for node, step in rows:
+            style = STATUS_STYLE.get(step.status, "")
+            table.add_row(node, step.phase, step.step, f"[{style}]{step.status}[/]",
+                          f"{step.seconds:.1f}s", escape(step.message))
+        if table.row_count:
+            out.print(table)
+    else:
+        for node, host in report.hosts.items():
+            if host.error:
+                out.print(f"failed {node} connect: {host.error}", markup=False)
+        for node, step in rows:
+            if step.status == "failed":
+                out.print(f"failed {node} {step.phase}/{step.step}: {step.message}", markup=False)
+    if diffs != "none":
+        found = diff_text.step_diffs(
+            (node, [(f"{s.phase}/{s.step}", s.diff) for s in host.steps])
+            for node, host in report.hosts.items())
+        if found and diffs == "summary":
+            out.print("changes per file (--diff shows the full diffs):", markup=False)
+            for line in diff_text.summary_lines(found):
+                out.print(f"  {line}", markup=False)
+        for header, text in diff_text.full_text(found) if diffs == "full" else []:
+            out.print(f"=== {header}", markup=False)
+            out.print(text.rstrip("\n"), markup=False)
+    summary = summary_line(report, quiet_ok)
+    out.print(("[green]OK[/] " if report.ok else "[bold red]FAILED[/] ") + escape(summary))
     for note in report.notes:
-        console.print(note, markup=False, highlight=False)
+        out.print(note, markup=False)

@@ -16,7 +16,8 @@ import click
 
 from orchestrator.core.executor import Interrupted
 from orchestrator.core.lock import ClusterLock
-from orchestrator.core.report import Report, print_json, render_table
+from orchestrator.core.output import full_diff_requested
+from orchestrator.core.report import DiffMode, Report, print_json, render_report
 from orchestrator.core.session import Session, open_session, run_plan
 from orchestrator.core.step import Plan, RunOptions
 from orchestrator.errors import EXIT_BAD_INPUT, InputError, SparkctlError
@@ -95,6 +96,12 @@ class RunRequest:
     values: dict[str, Any] = field(default_factory=dict)
     after: Callable[[Session, Report], None] | None = None
     """Runs after a successful execution (e.g. launch's health wait), with the lock held."""
+    full_diff: bool = field(default_factory=full_diff_requested)
+    """--diff: plans show every diff in full instead of a line per changed file."""
+
+    @property
+    def diffs(self) -> DiffMode:
+        return "full" if self.full_diff else "summary"
 
 
 def execute(request: RunRequest) -> int:
@@ -121,7 +128,7 @@ def execute(request: RunRequest) -> int:
         options = RunOptions(command=request.command, dry_run=True, values=request.values)
         if request.dry_run:
             run_plan(session, plan, options)
-            return _finish(request, session.finish(), run_log, show_diffs=True)
+            return _finish(request, session.finish(), run_log, diffs=request.diffs)
         if not request.yes:
             _confirm_interactively(request, session, plan, options)
         options.dry_run = False
@@ -178,7 +185,7 @@ def _confirm_interactively(request: RunRequest, session: Session, plan: Plan,
     for name in session.report.hosts:
         preview.host(name)
     run_plan(preview_session, plan, options)
-    render_table(preview, show_diffs=True)
+    render_report(preview, diffs=request.diffs)
     if not preview.ok:
         raise InputError("the plan itself failed (see above); nothing was changed", 1)
     if preview.count("planned") == 0:
@@ -194,14 +201,14 @@ def _confirm_interactively(request: RunRequest, session: Session, plan: Plan,
 
 
 def _finish(request: RunRequest, report: Report, run_log: Path | None,
-            show_diffs: bool = False) -> int:
+            diffs: DiffMode = "none") -> int:
     if run_log is not None:
         report.extra.setdefault("log", str(run_log))
     log.info("report: %s", report.to_json())
     if request.as_json:
         print_json(report.to_json())
     else:
-        render_table(report, show_diffs=show_diffs, verbose=os.environ.get("SPARKCTL_VERBOSE") == "1")
+        render_report(report, diffs=diffs, verbose=os.environ.get("SPARKCTL_VERBOSE") == "1")
         if run_log is not None and not report.ok:
             click.echo(f"Run log: {run_log}", err=True)
     return report.exit_code

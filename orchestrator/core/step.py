@@ -44,6 +44,11 @@ class Unchanged:
 Outcome = Change | Unchanged
 
 
+class NotVerified(str):
+    """What a verify step's apply returns when it had nothing to prove in this run ("not re-run:
+    nothing changed"): reported as ok but, unlike a proof, not shown without -v."""
+
+
 @dataclass
 class RunOptions:
     """Per-run settings that steps may read (never secrets in plain text)."""

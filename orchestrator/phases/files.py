@@ -127,7 +127,7 @@ class ManagedFiles(Step):
                 continue
             changed.append(spec)
             if spec.secret:
-                diffs.append(f"{spec.path}: secret content (not shown)")
+                diffs.append(f"{spec.path}: secret content (not shown)\n")
             elif not same_content:
                 diffs.append(unified_diff(spec.path, fact.get("content"), spec.content))
             else:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.commands import join
-from orchestrator.core.step import Change, NodeContext, Phase, Step
+from orchestrator.core.step import Change, NodeContext, NotVerified, Phase, Step
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.netguard import peer_checks
@@ -91,7 +91,7 @@ class MtuPath(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         if not ctx.shared.get(CHANGES_KEY) and not ctx.options.values.get("verify"):
-            return "not re-run: nothing changed (use --verify to prove the MTU anyway)"
+            return NotVerified("not re-run: nothing changed (use --verify to prove the MTU anyway)")
         inventory, node = ctx.inventory, ctx.node
         expected = len(peer_checks(inventory, node))
         result = ctx.run(mtu_path_cmd(inventory, node), timeout=60,

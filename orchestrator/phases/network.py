@@ -16,7 +16,15 @@ import json
 import threading
 from typing import Any
 
-from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
+from orchestrator.core.step import (
+    Change,
+    NodeContext,
+    NotVerified,
+    Outcome,
+    Phase,
+    Step,
+    Unchanged,
+)
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import LEDGER, NETPLAN_BACKUP, NETPLAN_FILE
@@ -215,7 +223,7 @@ class ConfirmFabric(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         if ctx.node.name not in ctx.shared.get(SHARED_KEY, set()):
-            return "nothing applied in this run; nothing to confirm"
+            return NotVerified("nothing applied in this run; nothing to confirm")
         checks = netguard.peer_checks(ctx.inventory, ctx.node)
         sha = sha256(render_netplan(ctx.inventory, ctx.node))
         command = netguard.guard_cmd("confirm", netguard.confirm_config(checks, sha))

@@ -38,6 +38,11 @@ def upped(lab_session: list[Lab], tmp_path_factory: pytest.TempPathFactory) -> t
     inventory.write_text(yaml.safe_dump(data))
     up = sparkctl("up", "--inventory", str(inventory), "--yes")
     assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
+    # piped: the streamed lines are the record (with the proofs), stdout no table of them again
+    assert not any(c in up.stdout for c in "│┃━┏└") and up.stdout.startswith("OK up: "), up.stdout
+    if ", 0 changed," not in up.stdout:  # an earlier module may have left the lab up
+        assert "✓ spark-a mpirun: mpirun -np 2 hostname reached spark-a, spark-b" in up.stderr
+        assert "✓" not in up.stdout, "the steps are streamed once, on stderr"
     return lab, inventory
 
 
@@ -80,6 +85,26 @@ def test_healthy_lab_passes_every_check(upped: tuple[Lab, Path]) -> None:
             "mpirun", "container-env", "image", "latency", "throughput"} <= checks
     assert all(set(c) >= {"check", "node", "peer", "interface", "status", "value", "unit",
                           "threshold", "message"} for c in report["checks"])
+
+
+def test_piped_deep_output_is_plain_lines_with_the_numbers_and_the_proofs(
+        upped: tuple[Lab, Path]) -> None:
+    """Off a terminal (issue 20, items 13-14): no box table, one line per shown check, and on
+    success the measured figures per link, NCCL's bus bandwidth and the mpirun proof."""
+    _, inventory = upped
+    result = sparkctl("netcheck", "--inventory", str(inventory), "--deep", timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert not any(c in result.stdout for c in "│┃━┏└"), result.stdout
+
+    def shown(prefix: str) -> list[str]:
+        return [line for line in lines if line.startswith(prefix)]
+    assert len(shown("pass throughput: ")) == 2 and all("Gb/s" in x for x in shown("pass throughput"))
+    assert len(shown("pass latency: ")) == 4 and all("ms average" in x for x in shown("pass latency"))
+    assert len(shown("pass nccl-busbw spark-a: ")) == 1 and "GB/s" in shown("pass nccl-busbw")[0]
+    assert shown("pass mpirun spark-a: mpirun reached every container: spark-a, spark-b.")
+    assert lines[-1].startswith("OK netcheck: ") and "0 fail" in lines[-1]
+    assert len(lines) == 9, result.stdout  # 2 throughput, 4 latency, busbw, mpirun, summary
 
 
 def test_cut_cable(upped: tuple[Lab, Path], faults: Any) -> None:

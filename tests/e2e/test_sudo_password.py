@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -114,7 +115,9 @@ def test_interactive_up_shows_the_plan_and_asks_before_changing(inventory: Path)
     netplan = "ls /etc/netplan"
     code, output = run_in_terminal(up, PASSWORD, confirm="n")
     assert code == 1 and "cancelled; nothing was changed" in output, output
-    assert "+++ /etc/netplan/40-sparkctl-fabric.yaml" in output, "the plan shows the diff"
+    assert re.search(r"/etc/netplan/40-sparkctl-fabric.yaml: new file \(\d+ lines\) on spark-a, "
+                     r"spark-b", output), "the plan shows a line per changed file"
+    assert "+++ /etc/netplan" not in output, "the full diff only with --diff"
     assert "40-sparkctl" not in node_exec("spark-a", netplan), "no means nothing changed"
     code, output = run_in_terminal(up, PASSWORD, confirm="y", timeout=240)
     assert code == 0, output

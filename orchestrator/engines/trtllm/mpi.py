@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.commands import docker_exec_cmd
-from orchestrator.core.step import Change, NodeContext, Phase, Step
+from orchestrator.core.step import Change, NodeContext, NotVerified, Phase, Step
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 
@@ -45,7 +45,7 @@ class MpirunHostname(Step):
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         changes = ctx.shared.get(CHANGES_KEY) or []
         if not changes and not ctx.options.values.get("verify"):
-            return "not re-run: nothing changed (use --verify to run mpirun anyway)"
+            return NotVerified("not re-run: nothing changed (use --verify to run mpirun anyway)")
         inventory = ctx.inventory
         expected = [
             str(ctx.cluster_facts[node.name].get("hostname"))

@@ -1,0 +1,79 @@
+"""How sparkctl prints for people: one rule for a terminal and for a pipe (docs/contracts.md).
+
+On a terminal (stdout is a tty): rich tables sized to the window, colour.
+Off a terminal (piped, redirected, CI): plain lines, no colour, no box drawing, never wrapped
+(a long message stays one line, whatever $COLUMNS says). Commands that stream progress on
+stderr print no table of the same steps on stdout: the stream is the record, and stdout adds only
+what it did not say (each failure in full, the summary line, the notes). `--json` is not affected.
+Every command renders through `console()` and `print_table()` so this rule lives here only.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+WIDE = 100_000
+"""Line width off a terminal: nothing is folded or wrapped."""
+
+
+def on_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def console() -> Console:
+    """The console every human-readable rendering prints through."""
+    from rich.console import Console
+
+    if on_terminal():
+        return Console(highlight=False)
+    return Console(highlight=False, color_system=None, soft_wrap=True, width=WIDE,
+                   emoji=False)
+
+
+def plain(markup: str) -> str:
+    """The text of a rich markup string (styles dropped, escapes resolved), one line."""
+    from rich.text import Text
+
+    return "; ".join(part for part in Text.from_markup(markup).plain.splitlines() if part)
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
+                right: Sequence[str] = ()) -> None:
+    """A table: rich on a terminal; off it a title line and aligned plain columns (the last
+    column is never padded, so a long message is one line). Cells are rich markup."""
+    out = console()
+    if on_terminal():
+        from rich.table import Table
+
+        table = Table(title=title)
+        for column in columns:
+            table.add_column(column, overflow="fold",
+                             justify="right" if column in right else "left")
+        for row in rows:
+            table.add_row(*row)
+        out.print(table)
+        return
+    cells = [list(columns)] + [[plain(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    out.print(plain(title), markup=False)
+    for row in cells:
+        padded = [cell.rjust(widths[i]) if columns[i] in right else cell.ljust(widths[i])
+                  for i, cell in enumerate(row[:-1])]
+        out.print("  ".join([*padded, row[-1]]).rstrip(), markup=False)
+
+
+FULL_DIFF = "sparkctl.full_diff"
+"""Key in click's context meta set by the `--diff` option (cli/__init__.py diff_option)."""
+
+
+def full_diff_requested() -> bool:
+    """--diff was given to the running command: plans show every diff in full."""
+    import click
+
+    context = click.get_current_context(silent=True)
+    return bool(context is not None and context.meta.get(FULL_DIFF))
