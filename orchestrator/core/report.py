@@ -152,6 +152,17 @@ def summary_line(report: Report, quiet_ok: int) -> str:
     return summary + f" in {report.seconds:.1f}s"
 
 
+def command_lines(report: Report) -> list[str]:
+    """`spark-a, spark-b serve/drop-caches: COMMAND` per command of the steps that list theirs
+    (Change.commands), identical ones across nodes once, in the order they run."""
+    nodes_of: dict[tuple[str, str], list[str]] = {}
+    for node, host in report.hosts.items():
+        for step in host.steps:
+            for command in step.commands:
+                nodes_of.setdefault((f"{step.phase}/{step.step}", command), []).append(node)
+    return [f"{', '.join(nodes)} {where}: {command}" for (where, command), nodes in nodes_of.items()]
+
+
 def render_report(report: Report, diffs: DiffMode = "none", verbose: bool = False) -> None:
     """Print the report for people (the rule for terminals and pipes: core/output.py).
 
@@ -199,6 +210,12 @@ def render_report(report: Report, diffs: DiffMode = "none", verbose: bool = Fals
         for header, text in diff_text.full_text(found) if diffs == "full" else []:
             out.print(f"=== {header}", markup=False)
             out.print(text.rstrip("\n"), markup=False)
+    if diffs == "full":
+        listed = command_lines(report)
+        if listed:
+            out.print("commands (each step's, on the nodes named):", markup=False)
+            for line in listed:
+                out.print(f"  {line}", markup=False)
     summary = summary_line(report, quiet_ok)
     out.print(("[green]OK[/] " if report.ok else "[bold red]FAILED[/] ") + escape(summary))
     for note in report.notes:

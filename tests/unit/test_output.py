@@ -119,6 +119,27 @@ def test_the_diff_option_reaches_the_run(inv: str, monkeypatch: pytest.MonkeyPat
     assert seen == [True, True, True, False]
 
 
+class Listed(Step):
+    """Lists its commands (Change.commands): the plan with --diff shows them, once for the
+    nodes where they are the same."""
+
+    name = "listed"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        return Change("drop caches", commands=("sync; echo 3 > /proc/sys/vm/drop_caches",
+                                               f"echo {ctx.node.name}"))
+
+
+def test_diff_also_lists_the_commands_each_step_would_run(
+        cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(cluster, [Listed()], dry_run=True, full_diff=True) == 0
+    out = capsys.readouterr().out
+    assert "  spark-a, spark-b p/listed: sync; echo 3 > /proc/sys/vm/drop_caches" in out, out
+    assert "  spark-a p/listed: echo spark-a" in out and "  spark-b p/listed: echo spark-b" in out
+    assert run(cluster, [Listed()], dry_run=True) == 0
+    assert "drop_caches" not in capsys.readouterr().out  # (only with --diff)
+
+
 def test_diff_sections_name_files_modes_secrets_and_free_text() -> None:
     text = (unified_diff("/etc/a", None, "x\n") + "/etc/b: mode 644 -> 600\n"
             + "/etc/c: secret content (not shown)\n" + "enp1: add 10.0.0.1/24\n")
