@@ -242,7 +242,10 @@ def iperf_server_cmd(link: Link, port: int) -> str:
 
     # -1: serve one test and exit; `timeout` bounds it if the client never comes
     server = join(["timeout", "30", "iperf3", "-s", "-1", "-B", link.peer_ip, "-p", port])
-    return f"setsid {server} >/dev/null 2>&1 </dev/null &"
+    # return once it listens (up to 10 s), so the client does not race it on a busy node
+    listening = join(["ss", "-Hltn", f"sport = :{port}"])
+    return (f"setsid {server} >/dev/null 2>&1 </dev/null & i=0; while [ $i -lt 100 ]; do "
+            f"{listening} 2>/dev/null | grep -q . && exit 0; i=$((i+1)); sleep 0.1; done; exit 0")
 
 
 def iperf_client_cmd(link: Link, port: int) -> str:
@@ -250,7 +253,7 @@ def iperf_client_cmd(link: Link, port: int) -> str:
 
     client = join(["iperf3", "-c", link.peer_ip, "-B", link.local_ip, "-p", port,
                    "-t", IPERF_SECONDS, "-P", "4", "-J"])
-    # the server needs a moment to listen: retry a refused connection, briefly
+    # the server listens before this runs; a refused connection is still retried, briefly
     return (f"i=0; while [ $i -lt 25 ]; do out=$({client}) && {{ printf '%s\\n' \"$out\"; exit 0; }}; "
             "i=$((i+1)); sleep 0.2; done; printf '%s\\n' \"$out\"; exit 1")
 
