@@ -199,7 +199,9 @@ def test_start_server_starts_detached_and_records_the_server(recipe: Any) -> Non
     s = spec(recipe)
     head = FakeTransport("spark-a", [(0, "", ""), {"alive": True, "pid": 4321}])
     ctx = context(inv, "spark-a", serve_facts({}), transports={"spark-a": head})
-    assert serve.StartServer(s).apply(ctx, Change("start")) == (
+    planned = serve.StartServer(s).check(ctx)
+    assert isinstance(planned, Change) and planned.commands == (serve.start_cmd("sparkctl-vllm", s.argv),)
+    assert serve.StartServer(s).apply(ctx, planned) == (
         f"vllm serve started (pid 4321 in sparkctl-vllm), config {s.digest}")
     start, started = head.calls
     assert start.command == serve.start_cmd("sparkctl-vllm", s.argv)
@@ -218,7 +220,8 @@ def test_start_server_that_exits_at_once_shows_the_log_end(recipe: Any) -> None:
     head = FakeTransport("spark-a", [(0, "", ""), {"alive": False, "pid": 9, "log": log}])
     ctx = context(inventory(), "spark-a", serve_facts({}), transports={"spark-a": head})
     with pytest.raises(SparkctlError) as err:
-        serve.StartServer(spec(recipe)).apply(ctx, Change("start"))
+        step = serve.StartServer(spec(recipe))
+        step.apply(ctx, step.check(ctx))  # type: ignore[arg-type]
     message = str(err.value)
     assert message.startswith(f"spark-a: vllm serve exited at once; {RUN_DIR}/server.log ends with:")
     assert message.endswith("ValueError: no GPU") and "line 16" in message and "line 15" not in message
@@ -226,7 +229,8 @@ def test_start_server_that_exits_at_once_shows_the_log_end(recipe: Any) -> None:
     failed = FakeTransport("spark-a", [(125, "", "Error: No such container: sparkctl-vllm")])
     ctx = context(inventory(), "spark-a", serve_facts({}), transports={"spark-a": failed})
     with pytest.raises(SparkctlError, match="container sparkctl-vllm is not running on spark-a"):
-        serve.StartServer(spec(recipe)).apply(ctx, Change("start"))
+        step = serve.StartServer(spec(recipe))
+        step.apply(ctx, step.check(ctx))  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------ readiness

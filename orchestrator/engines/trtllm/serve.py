@@ -246,12 +246,13 @@ class StartServer(Step):
             f"{verb} {recipe.model} on {len(self.spec.serving)} node(s) (tp {recipe.tp_size}) at "
             f"{self.spec.host}:{recipe.port}",
             diff=join(self.spec.argv) + "\n",
+            commands=(start_cmd(self.spec.inventory.container.name, self.spec.argv),),
         )
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         container = ctx.inventory.container.name
         display = f"docker exec -d {container} mpirun ... trtllm-serve {self.spec.recipe.model}"
-        ctx.run(start_cmd(container, self.spec.argv), timeout=60, display=display).check()
+        ctx.run(change.commands[0], timeout=60, display=display).check()
         record = server_record(self.spec.recipe, self.spec.host, self.spec.digest)
         answer = node_call(ctx.transport, container, action="started", server=record)  # type: ignore[arg-type]
         if not answer.get("alive"):

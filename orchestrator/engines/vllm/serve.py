@@ -161,11 +161,12 @@ class StartServer(Step):
         return Change(f"{verb} {recipe.model} with vLLM over Ray on {len(self.spec.serving)} "
                       f"node(s) (tp {recipe.tensor_parallel_size}, pp "
                       f"{recipe.pipeline_parallel_size}) at {self.spec.host}:{recipe.port}",
-                      diff=join(self.spec.argv) + "\n")
+                      diff=join(self.spec.argv) + "\n",
+                      commands=(start_cmd(recipe.container_name, self.spec.argv),))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         container = self.spec.recipe.container_name
-        ctx.run(start_cmd(container, self.spec.argv), timeout=60,
+        ctx.run(change.commands[0], timeout=60,
                 display=f"docker exec -d {container} vllm serve {self.spec.recipe.model}").check()
         answer = node_call(ctx.transport, container, action="started",  # type: ignore[arg-type]
                            server=self.spec.record(), main=MAIN, ours=OURS)
