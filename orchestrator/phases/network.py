@@ -184,11 +184,12 @@ class NetplanApply(Step):
                              f"inventory{_earlier_rollback(ctx)}")
         return Change(f"netplan apply ({'; '.join(drift)}), rolled back automatically unless "
                       f"confirmed within {config.seconds}s{_earlier_rollback(ctx)}",
-                      diff="\n".join(drift) + "\n", payload=config)
+                      diff="\n".join(drift) + "\n", payload=config,
+                      # (the guard script itself goes on stdin: node/netguard.py)
+                      commands=(netguard.arm_and_apply_cmd(config),))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        config: ArmConfig = change.payload
-        result = ctx.run(netguard.arm_and_apply_cmd(config), stdin=netguard.guard_script(),
+        result = ctx.run(change.commands[0], stdin=netguard.guard_script(),
                          sudo=True, timeout=180, display="arm rollback guard; netplan apply")
         answer = netguard.parse_answer(result.stdout)
         if result.exit_status != 0 or not answer.get("applied"):
