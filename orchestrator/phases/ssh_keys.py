@@ -28,6 +28,7 @@ from orchestrator.phases.files import (
     files_request,
     write_files_cmd,
 )
+from orchestrator.remote.facts import File, FileInfo, merge_requests, request_of
 from orchestrator.render import render
 
 HOST_KEY = f"{CONFIG_DIR}/ssh_host_ed25519_key"
@@ -126,13 +127,18 @@ def public_from_private(private: Secret, comment: str) -> str:
     return f"{public} {comment}"
 
 
-def _file(facts: dict[str, Any], path: str) -> dict[str, Any]:
-    return (facts.get("files") or {}).get(path) or {}
+# The facts these phases read (typed: remote/facts.py); private keys by hash and mode only.
+HOST_KEY_FACT, HOST_PUB_FACT = File(HOST_KEY), File(HOST_PUB, content=True)
+CLUSTER_KEY_FACT, CLUSTER_PUB_FACT = File(CLUSTER_KEY), File(CLUSTER_PUB, content=True)
+
+
+def _file(facts: dict[str, Any], fact: File) -> FileInfo:
+    return fact.read(facts) or FileInfo(exists=False)
 
 
 # ---------------------------------------------------------------- phase "ssh-keys"
 def keys_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
-    return {"files": {HOST_KEY: False, HOST_PUB: True, CLUSTER_KEY: False, CLUSTER_PUB: True}}
+    return request_of(HOST_KEY_FACT, HOST_PUB_FACT, CLUSTER_KEY_FACT, CLUSTER_PUB_FACT)
 
 
 def host_key_cmd(node: str, keep_private: bool) -> str:
@@ -155,11 +161,11 @@ class HostKey(Step):
     name = "host-key"
 
     def check(self, ctx: NodeContext) -> Outcome:
-        private, public = _file(ctx.facts, HOST_KEY), _file(ctx.facts, HOST_PUB)
-        pub = public_key_of(public.get("content"))
-        if private.get("exists") and pub and private.get("mode") == 0o600:
+        private, public = _file(ctx.facts, HOST_KEY_FACT), _file(ctx.facts, HOST_PUB_FACT)
+        pub = public_key_of(public.content)
+        if private.exists and pub and private.mode == 0o600:
             return Unchanged(f"container host key {fingerprint(pub)}")
-        if private.get("exists"):
+        if private.exists:
             return Change("restore the container host key's .pub and mode",
                           commands=(host_key_cmd(ctx.node.name, True),))
         return Change(f"generate the container's ssh host key in {HOST_KEY}",
@@ -185,24 +191,24 @@ class ClusterKey(Step):
 
     def check(self, ctx: NodeContext) -> Outcome:
         head = ctx.cluster_facts[ctx.node.name]
-        head_private, head_public = _file(head, CLUSTER_KEY), _file(head, CLUSTER_PUB)
-        if not head_private.get("exists"):
+        head_private, head_public = _file(head, CLUSTER_KEY_FACT), _file(head, CLUSTER_PUB_FACT)
+        if not head_private.exists:
             names = ", ".join(sorted(ctx.cluster_facts))
             return Change(f"generate the cluster's MPI key pair and install it on {names}",
                           payload={"generate": True, "targets": sorted(ctx.cluster_facts)})
         targets = []
         for name, facts in sorted(ctx.cluster_facts.items()):
-            private, public = _file(facts, CLUSTER_KEY), _file(facts, CLUSTER_PUB)
+            private, public = _file(facts, CLUSTER_KEY_FACT), _file(facts, CLUSTER_PUB_FACT)
             same = (
-                private.get("sha256") == head_private.get("sha256")
-                and private.get("mode") == 0o600
-                and public_key_of(public.get("content")) is not None
-                and public_key_of(public.get("content")) == public_key_of(head_public.get("content"))
-                and public.get("mode") == 0o644
+                private.sha256 == head_private.sha256
+                and private.mode == 0o600
+                and public_key_of(public.content) is not None
+                and public_key_of(public.content) == public_key_of(head_public.content)
+                and public.mode == 0o644
             )
             if not same:
                 targets.append(name)
-        pub = public_key_of(head_public.get("content"))
+        pub = public_key_of(head_public.content)
         if not targets:
             return Unchanged(f"cluster key {fingerprint(pub or '')} on every node")
         return Change(f"install the head's cluster key on {', '.join(targets)}",
@@ -243,15 +249,14 @@ MANAGED = [AUTHORIZED_KEYS, KNOWN_HOSTS, SSH_CONFIG, SSHD_CONFIG, HOSTFILE, ENTR
 
 
 def trust_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
-    request = files_request(MANAGED)
-    request.update({HOST_PUB: True, CLUSTER_PUB: True})
-    return {"files": request}
+    return merge_requests([{"files": files_request(MANAGED)},
+                           request_of(HOST_PUB_FACT, CLUSTER_PUB_FACT)])
 
 
 def _host_keys(ctx: NodeContext) -> dict[str, str]:
     keys = dict(ctx.shared.get("host_keys") or {})
     for name, facts in ctx.cluster_facts.items():
-        pub = public_key_of(_file(facts, HOST_PUB).get("content"))
+        pub = public_key_of(_file(facts, HOST_PUB_FACT).content)
         if pub:
             keys[name] = pub
     return keys
@@ -260,7 +265,7 @@ def _host_keys(ctx: NodeContext) -> dict[str, str]:
 def _cluster_public_key(ctx: NodeContext) -> str:
     head = ctx.cluster_facts.get(ctx.inventory.head_name) or {}
     return (
-        public_key_of(_file(head, CLUSTER_PUB).get("content"))
+        public_key_of(_file(head, CLUSTER_PUB_FACT).content)
         or ctx.shared.get("cluster_public_key")
         or PENDING_KEY
     )
