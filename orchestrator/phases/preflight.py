@@ -18,6 +18,13 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.nccl_env import ring_nccl_fact, ring_nccl_warning
 from orchestrator.phases.netplan_conflicts import conflict_problems
+from orchestrator.remote.facts import (
+    Command,
+    CommandResult,
+    DockerObject,
+    merge_requests,
+    request_of,
+)
 
 MIN_FREE_BYTES = 20 * 10**9
 MAX_CLOCK_SKEW_SECONDS = 60.0
@@ -36,53 +43,58 @@ def preflight_request(inventory: Inventory, node: Node) -> dict[str, Any]:
     return request
 
 
+DOCKER = Command("docker", "docker version --format '{{.Server.Version}}'")
+NETPLAN = Command("netplan", "PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin; command -v netplan")
+
+
+def groups_fact(user: str) -> Command:
+    return Command("groups", f"id -nG {quote(user)}")
+
+
 def _base_request(inventory: Inventory, node: Node) -> dict[str, Any]:
-    user = inventory.cluster.user
-    return {
+    typed = request_of(DOCKER, NETPLAN, groups_fact(inventory.cluster.user),
+                       DockerObject("images", inventory.container.image))
+    return merge_requests([typed, {
         "links": True,
         "ibdev2netdev": True,
         "netplan": True,  # other netplan files that address the fabric interfaces
         "python": True,
         "resolve": [node.host],
-        "images": [inventory.container.image],
         "disk": [DOCKER_DIR],
-        "commands": {
-            "docker": "docker version --format '{{.Server.Version}}'",
-            "groups": f"id -nG {quote(user)}",
-            "netplan": "PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin; command -v netplan",
-        },
-    }
+    }])
 
 
-def _command(facts: dict[str, Any], key: str) -> dict[str, Any]:
-    return (facts.get("commands") or {}).get(key) or {"rc": 127, "out": "", "err": "not run"}
+def _command(facts: dict[str, Any], fact: Command) -> CommandResult:
+    return fact.read(facts) or CommandResult(127, "", "not run")
 
 
-def _tail(result: dict[str, Any]) -> str:
-    lines = (result.get("err") or result.get("out") or "").strip().splitlines()
+def _tail(result: CommandResult) -> str:
+    lines = (result.err or result.out or "").strip().splitlines()
     return lines[-1] if lines else "no output"
 
 
 def check_docker(inventory: Inventory, facts: dict[str, Any]) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     notes: list[str] = []
-    docker = _command(facts, "docker")
-    if docker["rc"] != 0:
-        problems.append(f"docker is not usable (`docker version` exited {docker['rc']}: {_tail(docker)}); "
+    docker = _command(facts, DOCKER)
+    if not docker.ok:
+        problems.append(f"docker is not usable (`docker version` exited {docker.rc}: {_tail(docker)}); "
                         "install Docker and start its daemon")
     else:
-        notes.append(f"docker {docker['out'].strip()}")
+        notes.append(f"docker {docker.out.strip()}")
     user = inventory.cluster.user
-    groups = _command(facts, "groups")
+    groups = _command(facts, groups_fact(user))
     if user != "root":
-        if groups["rc"] != 0:
+        if not groups.ok:
             problems.append(f"user {user} does not exist on the node ({_tail(groups)})")
-        elif "docker" not in groups["out"].split():
+        elif "docker" not in groups.out.split():
             problems.append(f"user {user} is not in the docker group: run `sudo usermod -aG docker "
                             f"{user}` on the node, then log in again")
     image = inventory.container.image
-    present = (facts.get("images") or {}).get(image)
-    if isinstance(present, dict) and not present.get("error"):
+    raw = (facts.get("images") or {}).get(image)  # (an inspect error: not present, said below)
+    present = DockerObject("images", image).read(facts) if not (
+        isinstance(raw, dict) and "error" in raw) else None
+    if present is not None:
         digest = (present.get("RepoDigests") or [present.get("Id", "?")])[0]
         notes.append(f"image present ({str(digest)[-19:]})")
     else:
@@ -160,8 +172,8 @@ def check_management(inventory: Inventory, node: Node, facts: dict[str, Any]) ->
 def check_system(facts: dict[str, Any], now: float) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     notes: list[str] = []
-    netplan = _command(facts, "netplan")
-    if netplan["rc"] != 0 or not netplan["out"].strip():
+    netplan = _command(facts, NETPLAN)
+    if not netplan.ok or not netplan.out.strip():
         problems.append("netplan is not installed (needed for the fabric config): "
                         "`sudo apt-get install netplan.io`")
     python = tuple(facts.get("python") or (0, 0, 0))
