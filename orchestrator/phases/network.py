@@ -38,6 +38,7 @@ from orchestrator.phases.netguard import (
     ROLLED_BACK_PATH,
     ArmConfig,
 )
+from orchestrator.remote.facts import File, FileInfo, merge_requests, request_of
 from orchestrator.remote.transport import SSHTransport, Transport
 from orchestrator.render import render, sha256, unified_diff
 
@@ -49,12 +50,14 @@ def phase(inventory: Inventory) -> Phase:
     return Phase("network", [NetplanFile(), NetplanApply(), ConfirmFabric()], facts=network_request)
 
 
+# The files the network phase reads (typed facts: remote/facts.py), with their text or not.
+FILES = {path: File(path, content) for path, content in (
+    (NETPLAN_FILE, True), (NETPLAN_BACKUP, False), (ABSENT_MARKER, False), (ROLLED_BACK_PATH, True),
+    (CONFIRMED_SHA_PATH, True), (ARMED_PATH, False), (DECIDED_PATH, False), (LEDGER, True))}
+
+
 def network_request(inventory: Inventory, node: Node) -> dict[str, Any]:
-    files = {
-        NETPLAN_FILE: True, NETPLAN_BACKUP: False, ABSENT_MARKER: False, ROLLED_BACK_PATH: True,
-        CONFIRMED_SHA_PATH: True, ARMED_PATH: False, DECIDED_PATH: False, LEDGER: True,
-    }
-    return {"files": files, "netplan": True, "links": True}
+    return merge_requests([request_of(*FILES.values()), {"netplan": True, "links": True}])
 
 
 def render_netplan(inventory: Inventory, node: Node) -> str:
@@ -64,8 +67,8 @@ def render_netplan(inventory: Inventory, node: Node) -> str:
                   interfaces=interfaces, mtu=inventory.fabric.mtu)
 
 
-def _file(ctx: NodeContext, path: str) -> dict[str, Any]:
-    return ctx.facts.get("files", {}).get(path, {})
+def _file(ctx: NodeContext, path: str) -> FileInfo:
+    return FILES[path].read(ctx.facts) or FileInfo(exists=False)
 
 
 def conflicting_files(ctx: NodeContext) -> list[str]:
@@ -97,17 +100,17 @@ class NetplanFile(Step):
     def check(self, ctx: NodeContext) -> Outcome:
         content = render_netplan(ctx.inventory, ctx.node)
         fact = _file(ctx, NETPLAN_FILE)
-        same = fact.get("exists") and fact.get("sha256") == sha256(content)
-        if same and fact.get("mode") == 0o600:
+        same = fact.exists and fact.sha256 == sha256(content)
+        if same and fact.mode == 0o600:
             return Unchanged(f"{NETPLAN_FILE} up to date{_warnings(ctx)}")
         if same:
             return Change(f"chmod 600 {NETPLAN_FILE}{_warnings(ctx)}",
-                          diff=f"{NETPLAN_FILE}: mode {fact.get('mode', 0):o} -> 600\n",
+                          diff=f"{NETPLAN_FILE}: mode {fact.mode or 0:o} -> 600\n",
                           payload=content)
-        diff = unified_diff(NETPLAN_FILE, fact.get("content") if fact.get("exists") else None, content)
-        verb = "update" if fact.get("exists") else "write"
+        diff = unified_diff(NETPLAN_FILE, fact.content if fact.exists else None, content)
+        verb = "update" if fact.exists else "write"
         kept = ""
-        if (fact.get("exists") and LEDGER in (ctx.facts.get("files") or {})
+        if (fact.exists and FILES[LEDGER].read(ctx.facts) is not None
                 and ownership(ctx, NETPLAN_FILE) != "ours"):
             verb = "replace"
             kept = "; the file there was not written by sparkctl: it is kept, `down --network` puts it back"
@@ -152,17 +155,17 @@ def live_drift(ctx: NodeContext) -> tuple[list[str], ArmConfig]:
 
 def _earlier_rollback(ctx: NodeContext) -> str:
     fact = _file(ctx, ROLLED_BACK_PATH)
-    if not fact.get("exists"):
+    if not fact.exists:
         return ""
     try:
-        reason = json.loads(fact.get("content") or "{}").get("reason", "?")
+        reason = json.loads(fact.content or "{}").get("reason", "?")
     except json.JSONDecodeError:
         reason = "?"
     return f"; note: an earlier apply was rolled back on this node ({reason})"
 
 
 def guard_pending(ctx: NodeContext) -> bool:
-    return bool(_file(ctx, ARMED_PATH).get("exists")) and not _file(ctx, DECIDED_PATH).get("exists")
+    return _file(ctx, ARMED_PATH).exists and not _file(ctx, DECIDED_PATH).exists
 
 
 def _mark_for_confirmation(ctx: NodeContext) -> None:
