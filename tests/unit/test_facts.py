@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.engines import builtin_names
 from orchestrator.errors import SparkctlError
 from orchestrator.remote.facts import (
     Command,
@@ -76,3 +77,27 @@ def test_request_of_builds_one_request_for_many_facts() -> None:
                          DockerObject("containers", "c1"), DockerObject("images", "i"))
     assert request == {"commands": {"home": "getent passwd u"}, "files": {"/etc/x": True},
                        "containers": ["c1"], "images": ["i"]}
+
+
+@pytest.mark.parametrize("recipe_name", builtin_names())
+@pytest.mark.parametrize("replace", [False, True])
+def test_every_plan_of_every_recipe_merges_its_facts_without_conflict(recipe_name: str,
+                                                                       replace: bool) -> None:
+    """The executor merges every phase's facts into one request per node before the first
+    phase: two phases naming one command differently would fail every launch of that recipe
+    (it did: SGLang's check and serve phases asked for `servers` probed and not)."""
+    from conftest import make_inventory
+
+    from orchestrator.core.plan import build_up_plan
+    from orchestrator.engines import get_engine, load_recipe
+    from orchestrator.engines.base import LaunchOptions
+
+    inventory = make_inventory()
+    recipe = load_recipe(recipe_name)
+    engine = get_engine(recipe.engine)
+    plans = [engine.launch_phases(recipe, inventory, LaunchOptions(replace=replace)),
+             build_up_plan(inventory).phases]
+    for phases in plans:
+        for node in inventory.nodes:
+            requests = [p.facts(inventory, node) for p in phases if node in p.nodes(inventory)]
+            merge_requests(requests)  # raises FactConflict on a conflict

@@ -241,7 +241,7 @@ def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         own = containers.spec_facts([spec.recipe.image], [spec.container], inv.cluster.user)
         own["links"] = True
-        own["commands"]["servers"] = servers.servers_cmd(inv, node)
+        own["commands"]["servers"] = servers.servers_cmd(inv, node, probe=True)  # (as the check phase asks)
         return own
 
     def image(ctx: NodeContext) -> str | None:
