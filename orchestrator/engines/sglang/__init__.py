@@ -35,8 +35,13 @@ class SglangEngine:
         steps = [verify.WaitReady(lambda transports, timeout, note: ready.wait_until_ready(
                      transports, spec, timeout, note), options.timeout, f"SGLang ({spec.name})"),
                  ready.Smoke(spec)]
-        return [serve.check_phase(spec), models.phase(recipe, inventory),
-                serve.serve_phase(spec, steps)]
+        phases = [serve.check_phase(spec), models.phase(recipe, inventory),
+                  serve.serve_phase(spec, steps)]
+        if options.persist:
+            from orchestrator.engines.sglang.persist import persist_phase
+
+            phases.append(persist_phase(spec, options))
+        return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
         from orchestrator.engines.sglang.recipe import estimate_memory

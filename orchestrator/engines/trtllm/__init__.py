@@ -51,8 +51,13 @@ class TrtllmEngine:
             verify.SmokeTest(lambda head: readiness.smoke_test(
                 head, inventory.container.name, recipe.model, recipe.port)),
         ]
-        return [guard, serve.memory_phase(spec), serve.stop_phase(spec),
-                models.phase(recipe, inventory), serve.phase(spec, ready)]
+        phases = [guard, serve.memory_phase(spec), serve.stop_phase(spec),
+                  models.phase(recipe, inventory), serve.phase(spec, ready)]
+        if options.persist:
+            from orchestrator.engines.trtllm.persist import persist_phase
+
+            phases.append(persist_phase(spec, options))
+        return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
         from orchestrator.engines.trtllm.recipe import estimate_memory

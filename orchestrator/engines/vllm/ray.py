@@ -88,7 +88,8 @@ def ray_args(recipe: Recipe, inventory: Inventory, node: Node) -> list[str]:
 
 
 def ray_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], hf_cache: str,
-             infiniband: bool) -> ContainerSpec:
+             infiniband: bool, restart: str | None = None) -> ContainerSpec:
+    """A node's Ray container; `restart` is docker's restart policy (launch --persist)."""
     head = node.name == inventory.head_name
     flags = ["--ipc", "host", "--gpus", "all", "--ulimit", "memlock=-1",
              "--ulimit", "stack=67108864"]
@@ -98,7 +99,8 @@ def ray_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], 
     hashed: dict[str, str] = {}
     if not head:
         # a new head is a new Ray cluster: the workers must start again to join it
-        head_spec = ray_spec(recipe, inventory, inventory.head, roce, hf_cache, infiniband)
+        head_spec = ray_spec(recipe, inventory, inventory.head, roce, hf_cache, infiniband,
+                             restart)
         hashed["head"] = head_spec.digest()
     name = recipe.container_name
     return ContainerSpec(
@@ -107,7 +109,7 @@ def ray_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], 
         mounts=[(RUN_DIR, RUN_DIR, False), (hf_cache, CONTAINER_HF_HOME, False)],
         labels=containers.managed_labels(inventory, node, engine="vllm", recipe=recipe.name,
                                          role="ray-head" if head else "ray-worker"),
-        flags=flags, hashed=hashed,
+        flags=flags, hashed=hashed, restart=restart,
         ready=f"{docker_cmd('logs', name)} 2>&1 | grep -q {quote(STARTED_LINE)}",
         ready_what=(f"the Ray head in {name} did not start on {head_ip}:{port}" if head else
                     f"the Ray worker on {node.name} did not join the head at {head_ip}:{port}"),
@@ -146,7 +148,7 @@ def check_fabric_link(ctx: NodeContext) -> None:
             "`sparkctl up` restores the addresses")
 
 
-def spec_for(recipe: Recipe, role: str) -> containers.SpecFor:
+def spec_for(recipe: Recipe, role: str, restart: str | None = None) -> containers.SpecFor:
     def pick(ctx: NodeContext) -> ContainerSpec | None:
         head = ctx.node.name == ctx.inventory.head_name
         if (role == "head") != head:
@@ -155,7 +157,7 @@ def spec_for(recipe: Recipe, role: str) -> containers.SpecFor:
         infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
         roce = containers.roce_devices(ctx.inventory, ctx.facts, ctx.node.name)
         return ray_spec(recipe, ctx.inventory, ctx.node, roce, containers.node_hf_cache(ctx),
-                        infiniband)
+                        infiniband, restart)
     return pick
 
 
