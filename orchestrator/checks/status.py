@@ -38,6 +38,7 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
     from orchestrator.engines.trtllm import container as container_step
     from orchestrator.engines.trtllm.serve import node_cmd
+    from orchestrator.phases.persist import units_cmd
     from orchestrator.phases.ssh_keys import ENTRYPOINT, SSHD_CONFIG
     from orchestrator.remote.facts import merge_requests
 
@@ -47,6 +48,7 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         # live in its namespace); without a record, in the `up` container
         "processes": record_container_cmd(inventory, node_cmd("$c", action="status",
                                                               ours=PROCESS_WORDS)) + " 2>/dev/null",
+        "boot_units": units_cmd(),  # launch --persist (phases/persist.py)
     }
     files = {NETPLAN_FILE: False, ENTRYPOINT: False, SSHD_CONFIG: False}
     if node.name == inventory.head_name:
@@ -111,6 +113,8 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
 
 def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[str, str]
            ) -> dict[str, Any]:
+    from orchestrator.phases.persist import parse_units, persistence
+
     nodes: dict[str, dict[str, Any]] = {}
     for node in inventory.ordered_nodes():
         if node.name in facts:
@@ -136,6 +140,9 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
     if server is not None:
         _check_processes(nodes, facts)
         _memory_guard(nodes, facts, server)
+        server["persistence"] = persistence(
+            {name: parse_units((f.get("commands") or {}).get("boot_units")) for name, f in facts.items()},
+            str(server.get("name") or server.get("recipe")))
     ok = all(not n["problems"] for n in nodes.values())
     return {
         "command": "status", "ok": ok, "cluster": inventory.cluster.name, "head": head,
@@ -150,6 +157,7 @@ def _role(inventory: Inventory, node: Node) -> str:
 
 def assess_node(inventory: Inventory, node: Node, facts: dict[str, Any]) -> dict[str, Any]:
     from orchestrator.core.disks import space_problems
+    from orchestrator.phases.persist import parse_units
 
     problems: list[str] = []
     network = assess_network(inventory, node, facts, problems)
@@ -174,6 +182,7 @@ def assess_node(inventory: Inventory, node: Node, facts: dict[str, Any]) -> dict
     return {
         "name": node.name, "host": node.host, "role": _role(inventory, node), "reachable": True,
         "state": state, "problems": problems, "network": network, "container": container,
+        "boot_units": parse_units((facts.get("commands") or {}).get("boot_units")),
     }
 
 

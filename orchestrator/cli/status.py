@@ -16,6 +16,11 @@ def _status(inventory_path: str | None, as_json: bool) -> int:
     inventory, _ = load_inventory_option(inventory_path)
     result = gather_status(inventory)
     result["servers"] = _servers(inventory)
+    from orchestrator.phases.persist import persistence
+
+    units = {name: node.get("boot_units") or {} for name, node in result["nodes"].items()}
+    for entry in result["servers"]:
+        entry["persistent"] = persistence(units, str(entry["name"]))["persistent"]
     if as_json:
         print_json(result)
     else:
@@ -57,7 +62,7 @@ def _render_servers(found: list[dict[str, object]]) -> None:
         listed = s.get("nodes")
         nodes = ",".join(map(str, listed)) if isinstance(listed, list) else s.get("node")
         click.echo(f"  {s['name']!s:20} {s['engine']!s:7} {nodes!s:16} 127.0.0.1:{s['port']!s:6} "
-                   f"{s['state']!s:13} {s['model']}")
+                   f"{s['state']!s:13} {s['model']}" + ("  (persistent)" if s.get("persistent") else ""))
 
 
 @click.command(context_settings=CONTEXT)

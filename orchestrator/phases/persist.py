@@ -219,3 +219,30 @@ def tcp_cmd(host: str, port: int) -> str:
 def running_cmd(container: str) -> str:
     return (f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {quote(container)} 2>/dev/null)\" "
             "= true ]")
+
+
+# ---------------------------------------------------------------- what status and down read
+def units_cmd() -> str:
+    """One line per sparkctl boot unit on the node: `<unit> enabled|disabled`."""
+    return (f"for f in {UNIT_DIR}/{UNIT_PREFIX}*.service; do [ -e \"$f\" ] || continue; "
+            "n=${f##*/}; s=$(systemctl is-enabled \"$n\" 2>/dev/null); "
+            "echo \"$n ${s:-disabled}\"; done")
+
+
+def parse_units(answer: dict[str, Any] | None) -> dict[str, bool]:
+    """units_cmd's answer -> {server: enabled}."""
+    out: dict[str, bool] = {}
+    for line in ((answer or {}).get("out") or "").splitlines():
+        parts = line.split()
+        server = server_of_unit(parts[0]) if parts else None
+        if server:
+            out[server] = parts[1:] == ["enabled"]
+    return out
+
+
+def persistence(units: dict[str, dict[str, bool]], server: str) -> dict[str, Any]:
+    """Is `server` persistent? From every node's units ({node: {server: enabled}})."""
+    enabled = sorted(node for node, found in units.items() if found.get(server))
+    disabled = sorted(node for node, found in units.items() if server in found and not found[server])
+    return {"persistent": bool(enabled), "unit": unit_name(server), "nodes": enabled,
+            **({"disabled_on": disabled} if disabled else {})}

@@ -359,8 +359,11 @@ class VerifyDown(Step):
 
 
 def verify_cmd(inventory: Inventory, network: bool) -> str:
+    from orchestrator.phases.persist import UNIT_DIR, UNIT_PREFIX
+
     checks = [
         managed_ps_cmd(inventory, "container: {{.Names}}"),
+        f"ls {UNIT_DIR}/{UNIT_PREFIX}*.service 2>/dev/null | sed 's/^/boot unit: /'",
         f"[ ! -e {quote(CONFIG_DIR)} ] || echo 'directory: {CONFIG_DIR}'",
     ]
     if network:  # a file of the user's at our path was left alone on purpose: only ours counts
@@ -371,11 +374,15 @@ def verify_cmd(inventory: Inventory, network: bool) -> str:
 
 
 def down_phase(inventory: Inventory, network: bool) -> Phase:
-    steps: list[Step] = [StopServer(), RemoveContainers()]
+    from orchestrator.phases import persist_down
+    from orchestrator.remote.facts import merge_requests
+
+    steps: list[Step] = [persist_down.RemoveBootUnits(), StopServer(), RemoveContainers()]
     if network:
         steps.append(RemoveNetwork())
     steps += [RemoveFiles(network), VerifyDown(network)]
-    return Phase("down", steps, down_facts)
+    return Phase("down", steps, lambda inv, node: merge_requests(
+        [down_facts(inv, node), persist_down.facts(inv)]))
 
 
 def build_down_plan(inventory: Inventory, network: bool) -> Plan:
