@@ -374,16 +374,21 @@ def verify_cmd(inventory: Inventory, network: bool) -> str:
 
 
 def down_phase(inventory: Inventory, network: bool) -> Phase:
-    from orchestrator.phases import persist_down
+    from orchestrator.phases import oomguard, persist_down
     from orchestrator.remote.facts import merge_requests
 
     steps: list[Step] = [persist_down.RemoveBootUnits(), StopServer(), RemoveContainers()]
     if network:
         steps.append(RemoveNetwork())
-    steps += [RemoveFiles(network), VerifyDown(network)]
+    steps += [oomguard.Remove(), RemoveFiles(network), VerifyDown(network)]
     return Phase("down", steps, lambda inv, node: merge_requests(
-        [down_facts(inv, node), persist_down.facts(inv)]))
+        [down_facts(inv, node), persist_down.facts(inv), oomguard.down_facts(inv)]))
 
 
-def build_down_plan(inventory: Inventory, network: bool) -> Plan:
+def build_down_plan(inventory: Inventory, network: bool, oom_guard_only: bool = False) -> Plan:
+    if oom_guard_only:  # `down --oom-guard`: only what `up --oom-guard` did
+        from orchestrator.phases import oomguard
+
+        return Plan("down", [Phase("down", [oomguard.Remove()],
+                                   lambda inv, node: oomguard.down_facts(inv))])
     return Plan("down", [down_phase(inventory, network)])
