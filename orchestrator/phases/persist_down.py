@@ -29,9 +29,8 @@ from orchestrator.phases.persist import (
 
 def restart_policies_cmd(inventory: Inventory) -> str:
     """`<name> <restart policy>` per container of this cluster's (sparkctl's labels)."""
-    from orchestrator.phases.teardown import managed_filter_args
-
-    ids = join(["docker", "ps", "-aq", *managed_filter_args(inventory)])
+    ids = join(["docker", "ps", "-aq", "--filter", "label=sparkctl.managed=true",
+                "--filter", f"label=sparkctl.cluster={inventory.cluster.name}"])
     inspect = join(["docker", "inspect", "-f", "{{.Name}} {{.HostConfig.RestartPolicy.Name}}"])
     return f"ids=$({ids} 2>/dev/null); [ -z \"$ids\" ] || {inspect} $ids 2>/dev/null; true"
 
