@@ -2,8 +2,8 @@
 
 Starts the node's sshd, then boots the rest in the background (systemctl shim: networkd,
 docker's restart policies, enabled units; log /var/log/sparklab-boot.log), then reaps every
-orphan forever, so daemons started over SSH never
-pile up as zombies and the node stays a stable `nsenter -t` target. When the node has a memory
+orphan forever, so daemons started over SSH never pile up as zombies and the node stays a
+stable `nsenter -t` target. When the node has a memory
 cgroup (bound at /run/sparklab/memcg by the init), a thread keeps /run/sparklab/meminfo (bound
 over /proc/meminfo) in step with it, scaled (sparklab/memory.py explains the figures).
 """

@@ -193,19 +193,48 @@ class EnableUnit(Step):
         return f"{unit} enabled (log at boot: {BOOT_LOG_DIR}/boot-{self.spec.server}.log)"
 
 
+SINGLE_SERVER_ENGINES = ("trtllm", "vllm")
+"""Engines that serve one server per cluster: launching one replaced any other of them."""
+
+
+def stale(server: str, engine: str, persist: bool) -> Callable[[dict[str, str]], list[str]]:
+    """Which boot units a launch makes stale ({server: engine} -> servers): this server's when
+    it is launched without --persist; any other server of a one-server engine when this is one
+    (that server was replaced: its unit would start it again at boot)."""
+    def pick(units: dict[str, str]) -> list[str]:
+        return sorted(s for s, e in units.items() if (s == server and not persist) or (
+            s != server and engine in SINGLE_SERVER_ENGINES and e in SINGLE_SERVER_ENGINES))
+    return pick
+
+
 def phase(spec: PersistSpec) -> Phase:
+    from orchestrator.phases import persist_down
+
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         from orchestrator.paths import LEDGER
         from orchestrator.phases.container import spec_facts
+        from orchestrator.remote.facts import merge_requests
 
         own = spec_facts([], [], inv.cluster.user)
         own.pop("ibdev2netdev", None)
         own["files"] = {**files_request([BOOT_SCRIPT, plan_path(spec.server),
                                          unit_path(spec.server)]), LEDGER: True}
         own["commands"]["unit_enabled"] = enabled_cmd(spec.server)
-        return own
+        return merge_requests([own, persist_down.facts(inv)])
 
-    return Phase("persist", [ManagedFiles("boot-files", render(spec)), EnableUnit(spec)], facts)
+    cleanup = persist_down.RemoveBootUnits(select=stale(spec.server, spec.engine, True),
+                                           name="stale-boot-units")
+    return Phase("persist", [cleanup, ManagedFiles("boot-files", render(spec)), EnableUnit(spec)],
+                 facts)
+
+
+def not_persistent_phase(server: str, engine: str) -> Phase:
+    """A launch without --persist: a boot unit this launch made stale goes (see `stale`)."""
+    from orchestrator.phases import persist_down
+
+    step = persist_down.RemoveBootUnits(select=stale(server, engine, False),
+                                        name="stale-boot-units")
+    return Phase("persist", [step], lambda inv, node: persist_down.facts(inv))
 
 
 # ---------------------------------------------------------------- the parts engines share
@@ -223,20 +252,24 @@ def running_cmd(container: str) -> str:
 
 # ---------------------------------------------------------------- what status and down read
 def units_cmd() -> str:
-    """One line per sparkctl boot unit on the node: `<unit> enabled|disabled`."""
+    """One line per sparkctl boot unit on the node: `<unit> enabled|disabled <engine>` (the
+    engine from its boot plan, `?` without one)."""
     return (f"for f in {UNIT_DIR}/{UNIT_PREFIX}*.service; do [ -e \"$f\" ] || continue; "
             "n=${f##*/}; s=$(systemctl is-enabled \"$n\" 2>/dev/null); "
-            "echo \"$n ${s:-disabled}\"; done")
+            f"p={BOOT_DIR}/${{n#{UNIT_PREFIX}}}; p=${{p%.service}}.json; "
+            "e=$(sed -n 's/^ *\"engine\": \"\\([a-z0-9]*\\)\",*$/\\1/p' \"$p\" 2>/dev/null | head -1); "
+            "echo \"$n ${s:-disabled} ${e:-?}\"; done")
 
 
-def parse_units(answer: dict[str, Any] | None) -> dict[str, bool]:
-    """units_cmd's answer -> {server: enabled}."""
-    out: dict[str, bool] = {}
+def parse_units(answer: dict[str, Any] | None, engines: bool = False) -> dict[str, Any]:
+    """units_cmd's answer -> {server: enabled} (engines=True: {server: engine})."""
+    out: dict[str, Any] = {}
     for line in ((answer or {}).get("out") or "").splitlines():
         parts = line.split()
         server = server_of_unit(parts[0]) if parts else None
         if server:
-            out[server] = parts[1:] == ["enabled"]
+            out[server] = (parts[2] if len(parts) > 2 else "?") if engines else (
+                parts[1:2] == ["enabled"])
     return out
 
 

@@ -11,6 +11,7 @@ report names each container and its policy, so it says exactly what stops coming
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator.commands import join
@@ -56,12 +57,26 @@ class RemoveBootUnits(Step):
 
     name = "boot-units"
 
-    def __init__(self, server: str | None = None, containers: set[str] | None = None) -> None:
+    def __init__(self, server: str | None = None, containers: set[str] | None = None,
+                 select: Callable[[dict[str, str]], list[str]] | None = None,
+                 name: str = "boot-units") -> None:
         self.server = server
         self.containers = containers
+        self.select = select
+        self.name = name
 
     def check(self, ctx: NodeContext) -> Outcome:
-        units = parse_units((ctx.facts.get("commands") or {}).get("boot_units"))
+        answer = (ctx.facts.get("commands") or {}).get("boot_units")
+        units = parse_units(answer, engines=True)
+        if self.select is not None:  # launch: the units it made stale (persist.stale)
+            servers = self.select(units)
+            if not servers:
+                return Unchanged("no stale boot unit")
+            return Change(f"disable and remove {', '.join(unit_name(s) for s in servers)} "
+                          "(that server was replaced or launched without --persist)",
+                          payload={"units": [unit_name(s) for s in servers],
+                                   "files": [unit_path(s) for s in servers]
+                                   + [plan_path(s) for s in servers]})
         servers = sorted(s for s in units if self.server in (None, s))
         policies = restart_policies(ctx, self.containers)
         if not servers:

@@ -26,17 +26,34 @@ def persist_spec(recipe: str, **options: Any) -> persist.PersistSpec:
     phases = get_engine(r.engine).launch_phases(r, make_inventory(), LaunchOptions(persist=True,
                                                                                    **options))
     assert phases[-1].name == "persist"
-    step = phases[-1].steps[1]
+    step = phases[-1].steps[2]
     assert isinstance(step, persist.EnableUnit)
     return step.spec
 
 
-def test_without_persist_no_phase_and_no_restart_policy() -> None:
+def test_without_persist_no_boot_unit_only_a_stale_one_removed() -> None:
     r = load_recipe("minimax-m2.7")
     phases = get_engine("vllm").launch_phases(r, make_inventory(), LaunchOptions())
-    assert "persist" not in [p.name for p in phases]
+    assert [s.name for s in phases[-1].steps] == ["stale-boot-units"]
     args = ContainerSpec(name="c", image="img", command=["x"]).run_args()
     assert "--restart" not in args
+
+
+def test_a_launch_makes_its_own_unit_stale_without_persist_and_a_replaced_servers_unit() -> None:
+    units = {"old-trt": "trtllm", "mine": "vllm", "sgl": "sglang"}
+    assert persist.stale("mine", "vllm", persist=True)(units) == ["old-trt"]
+    assert persist.stale("mine", "vllm", persist=False)(units) == ["mine", "old-trt"]
+    # SGLang servers live side by side: only its own unit, and only without --persist
+    assert persist.stale("sgl", "sglang", persist=True)(units) == []
+    assert persist.stale("sgl", "sglang", persist=False)(units) == ["sgl"]
+    inv = make_inventory()
+    facts = {n.name: {"commands": {"boot_units": {
+        "out": "sparkctl-serve-old-trt.service enabled trtllm\n"}}} for n in inv.nodes}
+    step = persist.phase(persist_spec("minimax-m2.7").__class__(**{
+        **persist_spec("minimax-m2.7").__dict__})).steps[0]
+    change = step.check(make_context(inv, inv.head_name, facts))
+    assert isinstance(change, Change)
+    assert change.summary.startswith("disable and remove sparkctl-serve-old-trt.service")
 
 
 def test_restart_policy_is_in_the_docker_run_argv_before_the_image() -> None:

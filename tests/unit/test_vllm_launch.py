@@ -53,8 +53,8 @@ def serving(config: str, health: int | None = 200, recipe_name: str = "other") -
 def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(recipe: Any) -> None:
     inv = inventory()
     phases = ENGINE.launch_phases(recipe, inv, LaunchOptions(timeout=900))
-    assert [p.name for p in phases] == ["server-check", "models", "ray", "serve"]
-    guard, models, ray_phase, serve_phase = phases
+    assert [p.name for p in phases] == ["server-check", "models", "ray", "serve", "persist"]
+    guard, models, ray_phase, serve_phase, _ = phases
 
     assert [s.name for s in guard.steps][-1] == "running-server"
     assert isinstance(guard.steps[-1], serve.ServerGuard)
@@ -81,7 +81,7 @@ def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(
 
 def test_the_verify_steps_of_the_plan_reach_the_head(recipe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     inv = inventory()
-    *_, serve_phase = ENGINE.launch_phases(recipe, inv, LaunchOptions())
+    *_, serve_phase, _ = ENGINE.launch_phases(recipe, inv, LaunchOptions())
     wait, smoke = serve_phase.steps[2:]
     cluster = FakeCluster(inv)
     ready = {"pids": {"vllm.pid": {"alive": True}}, "health": 200, "models": [recipe.model]}

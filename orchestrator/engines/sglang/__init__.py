@@ -37,10 +37,11 @@ class SglangEngine:
                  ready.Smoke(spec)]
         phases = [serve.check_phase(spec), models.phase(recipe, inventory),
                   serve.serve_phase(spec, steps)]
-        if options.persist:
-            from orchestrator.engines.sglang.persist import persist_phase
+        from orchestrator.engines.sglang.persist import persist_phase
+        from orchestrator.phases.persist import not_persistent_phase
 
-            phases.append(persist_phase(spec, options))
+        phases.append(persist_phase(spec, options) if options.persist else
+                      not_persistent_phase(spec.name, "sglang"))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:

@@ -76,10 +76,11 @@ class VllmEngine:
         restart = RESTART_POLICY if options.persist else None
         phases = [guard, models.phase(recipe, inventory), ray_phase(recipe, inventory, restart),
                   serve.phase(spec, ready)]
-        if options.persist:
-            from orchestrator.engines.vllm.persist import persist_phase
+        from orchestrator.engines.vllm.persist import persist_phase
+        from orchestrator.phases.persist import not_persistent_phase
 
-            phases.append(persist_phase(spec, options))
+        phases.append(persist_phase(spec, options) if options.persist else
+                      not_persistent_phase(options.name or recipe.name, "vllm"))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
