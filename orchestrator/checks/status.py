@@ -38,7 +38,7 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
     from orchestrator.engines.trtllm import container as container_step
     from orchestrator.engines.trtllm.serve import node_cmd
-    from orchestrator.phases.persist import units_cmd
+    from orchestrator.phases.boot_units import units_cmd
     from orchestrator.phases.ssh_keys import ENTRYPOINT, SSHD_CONFIG
     from orchestrator.remote.facts import merge_requests
 
@@ -113,7 +113,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
 
 def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[str, str]
            ) -> dict[str, Any]:
-    from orchestrator.phases.persist import parse_units, persistence
+    from orchestrator.phases.boot_units import parse_units, persistence
 
     nodes: dict[str, dict[str, Any]] = {}
     for node in inventory.ordered_nodes():
@@ -157,7 +157,7 @@ def _role(inventory: Inventory, node: Node) -> str:
 
 def assess_node(inventory: Inventory, node: Node, facts: dict[str, Any]) -> dict[str, Any]:
     from orchestrator.core.disks import space_problems
-    from orchestrator.phases.persist import parse_units
+    from orchestrator.phases.boot_units import parse_units
 
     problems: list[str] = []
     network = assess_network(inventory, node, facts, problems)

@@ -16,7 +16,7 @@ def _status(inventory_path: str | None, as_json: bool) -> int:
     inventory, _ = load_inventory_option(inventory_path)
     result = gather_status(inventory)
     result["servers"] = _servers(inventory)
-    from orchestrator.phases.persist import persistence
+    from orchestrator.phases.boot_units import persistence
 
     units = {name: node.get("boot_units") or {} for name, node in result["nodes"].items()}
     for entry in result["servers"]:

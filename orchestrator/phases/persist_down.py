@@ -17,8 +17,7 @@ from typing import Any
 from orchestrator.commands import join
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.inventory import Inventory
-from orchestrator.phases.files import ledger_answer, ledger_cmd
-from orchestrator.phases.persist import (
+from orchestrator.phases.boot_units import (
     BOOT_SCRIPT,
     parse_units,
     plan_path,
@@ -26,6 +25,7 @@ from orchestrator.phases.persist import (
     unit_path,
     units_cmd,
 )
+from orchestrator.phases.files import ledger_answer, ledger_cmd
 
 
 def restart_policies_cmd(inventory: Inventory) -> str:

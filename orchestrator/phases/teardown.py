@@ -359,7 +359,7 @@ class VerifyDown(Step):
 
 
 def verify_cmd(inventory: Inventory, network: bool) -> str:
-    from orchestrator.phases.persist import UNIT_DIR, UNIT_PREFIX
+    from orchestrator.phases.boot_units import UNIT_DIR, UNIT_PREFIX
 
     checks = [
         managed_ps_cmd(inventory, "container: {{.Names}}"),

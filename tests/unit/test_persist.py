@@ -15,7 +15,7 @@ from nodescript import run_node_script
 from orchestrator.core.step import Change, Unchanged
 from orchestrator.engines import get_engine, load_recipe
 from orchestrator.engines.base import LaunchOptions
-from orchestrator.phases import oomguard, persist, persist_down
+from orchestrator.phases import boot_units, oomguard, persist, persist_down
 from orchestrator.phases.container import ContainerSpec
 
 HOME = {"commands": {"home": {"rc": 0, "out": "/home/nvidia\n"}}}
@@ -111,8 +111,8 @@ def test_unit_runs_the_boot_script_after_docker_and_the_network_at_boot() -> Non
     assert "ExecStart=/usr/bin/python3 /etc/sparkctl/boot/sparkctl-boot.py /etc/sparkctl/boot/s1.json" in text
     assert "After=network-online.target docker.service" in text
     assert "WantedBy=multi-user.target" in text and "Type=oneshot" in text
-    assert persist.server_of_unit("/etc/systemd/system/sparkctl-serve-s1.service") == "s1"
-    assert persist.server_of_unit("/etc/systemd/system/ssh.service") is None
+    assert boot_units.server_of_unit("/etc/systemd/system/sparkctl-serve-s1.service") == "s1"
+    assert boot_units.server_of_unit("/etc/systemd/system/ssh.service") is None
 
 
 def test_persist_files_go_through_the_ledger_and_the_unit_is_enabled() -> None:
@@ -135,13 +135,13 @@ def test_status_reads_the_units_and_says_where_the_server_is_persistent() -> Non
     from orchestrator.checks.status_render import persistence_text
 
     answer = {"out": "sparkctl-serve-s1.service enabled\nsparkctl-serve-s2.service disabled\n"}
-    units = {"a": persist.parse_units(answer), "b": {"s1": True}, "c": {}}
+    units = {"a": boot_units.parse_units(answer), "b": {"s1": True}, "c": {}}
     assert units["a"] == {"s1": True, "s2": False}
-    found = persist.persistence(units, "s1")
+    found = boot_units.persistence(units, "s1")
     assert found == {"persistent": True, "unit": "sparkctl-serve-s1.service", "nodes": ["a", "b"]}
     assert persistence_text(found) == "persistent: yes, sparkctl-serve-s1.service enabled on a, b"
-    assert persist.persistence(units, "s2")["persistent"] is False
-    assert persistence_text(persist.persistence(units, "s3")).startswith("persistent: no")
+    assert boot_units.persistence(units, "s2")["persistent"] is False
+    assert persistence_text(boot_units.persistence(units, "s3")).startswith("persistent: no")
 
 
 def test_down_disables_and_removes_the_units_and_names_the_restart_policies() -> None:
@@ -156,7 +156,7 @@ def test_down_disables_and_removes_the_units_and_names_the_restart_policies() ->
     assert change.summary.startswith("disable and remove sparkctl-serve-s1.service")
     assert "trtllm-multinode (unless-stopped) goes with the containers" in change.summary
     assert "other" not in change.summary
-    assert change.payload["files"][-1] == persist.BOOT_SCRIPT  # no unit left: the script too
+    assert change.payload["files"][-1] == boot_units.BOOT_SCRIPT  # no unit left: the script too
     only = persist_down.RemoveBootUnits("s2").check(ctx)
     assert isinstance(only, Unchanged)
 
