@@ -128,6 +128,32 @@ def status(as_json: bool) -> None:
                              or "none"))
 
 
+@lab.command()
+@click.option("--node", "nodes", multiple=True, metavar="NAME",
+              help="reboot this node (repeatable; default: every node)")
+def reboot(nodes: tuple[str, ...]) -> None:
+    """Simulate a reboot: kill the nodes' processes, keep their disk, boot them again.
+
+    \b
+    Lost: every process (by recorded PID), /run and /tmp, the fabric addresses and MTU.
+    Kept: /etc, /var, /opt, /home, docker's containers and images.
+    Boot: sshd, then networkd (the netplan config on disk), containers whose restart policy
+    says so, then every enabled systemd unit (log: /var/log/sparklab-boot.log in the node).
+    """
+    from sparklab.reboot import reboot as do_reboot
+
+    try:
+        ident = _ident()
+        state = lab_core.load_state(ident)
+        if state is None or not lab_core.is_up(ident):
+            raise LabError(f"lab {ident.lab_id} is not up", 1)
+        names = list(nodes) or [n["name"] for n in state["nodes"]]
+        for line in do_reboot(ident, names, state):
+            click.echo(line)
+    except LabError as err:
+        _fail(err)
+
+
 @lab.command(name="exec", context_settings={"ignore_unknown_options": True})
 @click.argument("node")
 @click.option("--user", default=None, help="run as this user (default root)")

@@ -28,6 +28,7 @@ PACKAGES = (
     "python3-pygments",
     "python3-typing-extensions",
     "iputils-ping",  # not on a minimal Debian host; every Spark has it
+    "earlyoom",  # for `sparkctl up --oom-guard` (nodes have no route to a mirror)
 )
 # Versioned by the package list: running labs keep their overlay lower layer untouched when a
 # newer lab needs a different set.

@@ -55,8 +55,17 @@ mount --bind /proc/sys/net /proc/sys/net
 mount -o remount,bind,rw /proc/sys/net
 # as systemd's 50-default.conf does on Ubuntu: unprivileged ping (per network namespace)
 echo "0 2147483647" > /proc/sys/net/ipv4/ping_group_range
+# the docker shim's containers live on the node's disk (kept across `lab reboot`, as
+# /var/lib/docker is): a plain directory of the host's, taken before /var becomes an overlay
+# (overlay upper dirs cannot sit on overlayfs), moved into place after
+mkdir -p "$N/containers" /run/sparklab/containers
+chmod 0700 "$N/containers"
+mount --bind "$N/containers" /run/sparklab/containers
 # /var last: the lab's state dir lives under the host's /var
 ov /var var
+mkdir -p /var/lib/sparklab/containers
+mount -n --move /run/sparklab/containers /var/lib/sparklab/containers
+rmdir /run/sparklab/containers
 hostname {node}
 ldconfig -X
 exec /usr/bin/python3 /usr/local/lib/sparklab/node_supervisor.py

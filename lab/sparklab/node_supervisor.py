@@ -1,7 +1,9 @@
 """PID 1 of a lab node (runs with the node's /usr/bin/python3, stdlib only).
 
-Starts the node's sshd, then reaps every orphan forever, so daemons started over SSH never
-pile up as zombies and the node stays a stable `nsenter -t` target. When the node has a memory
+Starts the node's sshd, then boots the rest in the background (systemctl shim: networkd,
+docker's restart policies, enabled units; log /var/log/sparklab-boot.log), then reaps every
+orphan forever, so daemons started over SSH never pile up as zombies and the node stays a
+stable `nsenter -t` target. When the node has a memory
 cgroup (bound at /run/sparklab/memcg by the init), a thread keeps /run/sparklab/meminfo (bound
 over /proc/meminfo) in step with it, scaled (sparklab/memory.py explains the figures).
 """
@@ -17,6 +19,8 @@ import time
 MEMCG = "/run/sparklab/memcg"
 MEMINFO = "/run/sparklab/meminfo"
 LAB_CONFIG = "/var/lib/sparklab/config/lab.json"
+DOCKERD = "/usr/local/lib/sparklab/dockerd-shim"
+BOOT_LOG = "/var/log/sparklab-boot.log"
 
 
 def meminfo_text(limit: int, usage: int, cache: int, file_pages: int, scale: int) -> str:
@@ -73,10 +77,20 @@ def main() -> None:
         except (OSError, ValueError):
             scale = 1
         keep_meminfo(scale)
+    # containers recorded as running died with the node's last life (lab reboot): say so first
+    with open(BOOT_LOG, "ab") as log:
+        log.write(f"-- boot {time.strftime('%Y-%m-%d %H:%M:%S')} --\n".encode())
+        log.flush()
+        subprocess.run(["/usr/bin/python3", DOCKERD, "__boot", "reset"], check=False,
+                       stdout=log, stderr=log)
     subprocess.run(["/usr/sbin/sshd", "-f", "/etc/ssh/sshd_config",
                     "-E", "/var/log/sparklab-sshd.log"], check=True)
     with open("/run/sparklab/ready", "w") as ready:
         ready.write(f"{time.time()}\n")
+    # then what systemd would do: networkd, docker's restart policies, enabled units
+    with open(BOOT_LOG, "ab") as log:
+        subprocess.Popen(["/usr/bin/python3", "/usr/local/sbin/systemctl", "__sparklab_boot"],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     while True:
         try:
             os.wait()

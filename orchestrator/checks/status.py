@@ -17,7 +17,7 @@ import json
 import time
 from typing import Any
 
-from orchestrator.checks.status_server import age, assess_server
+from orchestrator.checks.status_server import assess_server, server_list
 from orchestrator.commands import quote
 from orchestrator.engines.liveness import dead_ranks
 from orchestrator.errors import SparkctlError
@@ -26,6 +26,7 @@ from orchestrator.node import script
 from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
 from orchestrator.phases.teardown import managed_ps_cmd
 from orchestrator.remote.cluster import parallel
+from orchestrator.timestamps import age
 
 LOG_TAIL_LINES = 8
 
@@ -38,6 +39,7 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
     from orchestrator.engines.trtllm import container as container_step
     from orchestrator.engines.trtllm.serve import node_cmd
+    from orchestrator.phases.boot_units import units_cmd
     from orchestrator.phases.ssh_keys import ENTRYPOINT, SSHD_CONFIG
     from orchestrator.remote.facts import merge_requests
 
@@ -48,6 +50,7 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         "processes": record_container_cmd(inventory, node_cmd(
             "$c", action="status", ours=PROCESS_WORDS,
             ready_log=node.name == inventory.head_name)) + " 2>/dev/null",
+        "boot_units": units_cmd(),  # launch --persist (phases/persist.py)
     }
     files = {NETPLAN_FILE: False, ENTRYPOINT: False, SSHD_CONFIG: False}
     if node.name == inventory.head_name:
@@ -114,43 +117,21 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
                 facts[name] = value
     result = assess(inventory, facts, errors)
     result["servers"] = server_list(inventory, facts)
+    from orchestrator.phases.boot_units import persistence
+
+    units = {name: node.get("boot_units") or {} for name, node in result["nodes"].items()}
+    for entry in result["servers"]:
+        entry["persistent"] = persistence(units, str(entry["name"]))["persistent"]
     result["seconds"] = round(time.monotonic() - started, 3)
     return result
-
-
-SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
-               "container", "started", "memory_gb", "legacy")
-
-
-def server_list(inventory: Inventory, facts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every server on every node (from the same facts round trip): name, engine, node(s),
-    port, health as probed on its node, and a state word."""
-    from orchestrator.engines.servers import from_facts
-
-    out = []
-    for server in from_facts(facts, inventory, alive_only=False):
-        entry = {k: server.get(k) for k in SERVER_KEYS}
-        entry["state"] = server_state(server)
-        out.append(entry)
-    return out
-
-
-def server_state(server: dict[str, Any]) -> str:
-    """healthy, loading (never ready yet), stalled (ready once, no answer now), not answering,
-    dead (its container exited: SGLang ends every rank when one dies) or stopped."""
-    from orchestrator.engines.liveness import judge, was_ready
-
-    if not server.get("alive"):
-        return "stopped" if server.get("legacy") else "dead"
-    verdict = judge(server.get("health"), was_ready(server, bool(server.get("ready_log"))))
-    return {"healthy": "healthy", "starting": "loading", "stalled": "stalled"}.get(
-        verdict.state, "not answering")
 
 
 # ------------------------------------------------------------------ assessment (pure)
 
 def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[str, str]
            ) -> dict[str, Any]:
+    from orchestrator.phases.boot_units import parse_units, persistence
+
     nodes: dict[str, dict[str, Any]] = {}
     for node in inventory.ordered_nodes():
         if node.name in facts:
@@ -178,6 +159,9 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
     if server is not None:
         _check_processes(nodes, facts)
         _memory_guard(nodes, facts, server)
+        server["persistence"] = persistence(
+            {name: parse_units((f.get("commands") or {}).get("boot_units")) for name, f in facts.items()},
+            str(server.get("name") or server.get("recipe")))
     ok = all(not n["problems"] for n in nodes.values())
     return {
         "command": "status", "ok": ok, "cluster": inventory.cluster.name, "head": head,
@@ -192,6 +176,7 @@ def _role(inventory: Inventory, node: Node) -> str:
 
 def assess_node(inventory: Inventory, node: Node, facts: dict[str, Any]) -> dict[str, Any]:
     from orchestrator.core.disks import space_problems
+    from orchestrator.phases.boot_units import parse_units
 
     problems: list[str] = []
     network = assess_network(inventory, node, facts, problems)
@@ -216,6 +201,7 @@ def assess_node(inventory: Inventory, node: Node, facts: dict[str, Any]) -> dict
     return {
         "name": node.name, "host": node.host, "role": _role(inventory, node), "reachable": True,
         "state": state, "problems": problems, "network": network, "container": container,
+        "boot_units": parse_units((facts.get("commands") or {}).get("boot_units")),
     }
 
 

@@ -71,6 +71,7 @@ def render_status(status: dict[str, Any]) -> None:
             + f"up {human_duration(server.get('uptime_seconds'))}",
             markup=True,
         )
+        out.print("  " + escape(persistence_text(server.get("persistence") or {})))
         ray = server.get("ray")
         if ray is not None:
             ips = ", ".join(f"{n.get('host')} {n.get('ip')}" for n in ray.get("nodes") or []
@@ -106,3 +107,13 @@ def _container_cell(container: dict[str, Any]) -> str:
     if container.get("config"):
         parts.append(f"config {container['config']}")
     return " ".join(parts)
+
+
+def persistence_text(found: dict[str, Any]) -> str:
+    """`persistent: yes (...)` / `persistent: no`, for status (launch --persist)."""
+    if not found.get("persistent"):
+        return "persistent: no (`sparkctl launch --persist` brings a server back after a reboot)"
+    text = f"persistent: yes, {found['unit']} enabled on {', '.join(found['nodes'])}"
+    if found.get("disabled_on"):
+        text += f" (disabled on {', '.join(found['disabled_on'])}: it will not come back there)"
+    return text

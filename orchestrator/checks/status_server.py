@@ -5,15 +5,14 @@ yet), stalled (ready once, no answer now), dead (a rank process ended), unhealth
 
 from __future__ import annotations
 
-import itertools
 import json
-import time
 from datetime import datetime
 from typing import Any
 
 from orchestrator.engines.liveness import READY_KEY, judge, was_ready
 from orchestrator.inventory import Inventory
 from orchestrator.paths import SERVER_JSON
+from orchestrator.timestamps import age, parse_time
 
 
 def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict[str, Any],
@@ -121,27 +120,30 @@ def assess_ray(server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def age(iso: str | None, now: float | None) -> int | None:
-    started = parse_time(iso)
-    if started is None:
-        return None
-    return max(0, int((now or time.time()) - started))
+SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
+               "container", "started", "memory_gb", "legacy")
 
 
-def parse_time(iso: str | None) -> float | None:
-    """An ISO time (docker's nanoseconds and Z included) as a timestamp; None if not one."""
-    if not iso or iso.startswith("0001-"):
-        return None
-    text = iso.replace("Z", "+00:00")
-    if "." in text:  # docker prints nanoseconds; fromisoformat takes at most microseconds
-        head, _, rest = text.partition(".")
-        digits = "".join(itertools.takewhile(str.isdigit, rest))
-        zone = rest[len(digits):]
-        text = f"{head}.{digits[:6]}{zone}"
-    try:
-        started = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if started.tzinfo is None:
-        return None
-    return started.timestamp()
+def server_list(inventory: Inventory, facts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every server on every node (from the same facts round trip): name, engine, node(s),
+    port, health as probed on its node, and a state word."""
+    from orchestrator.engines.servers import from_facts
+
+    out = []
+    for server in from_facts(facts, inventory, alive_only=False):
+        entry = {k: server.get(k) for k in SERVER_KEYS}
+        entry["state"] = server_state(server)
+        out.append(entry)
+    return out
+
+
+def server_state(server: dict[str, Any]) -> str:
+    """healthy, loading (never ready yet), stalled (ready once, no answer now), not answering,
+    dead (its container exited: SGLang ends every rank when one dies) or stopped."""
+    from orchestrator.engines.liveness import judge, was_ready
+
+    if not server.get("alive"):
+        return "stopped" if server.get("legacy") else "dead"
+    verdict = judge(server.get("health"), was_ready(server, bool(server.get("ready_log"))))
+    return {"healthy": "healthy", "starting": "loading", "stalled": "stalled"}.get(
+        verdict.state, "not answering")

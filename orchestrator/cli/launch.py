@@ -67,7 +67,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
             ignore_memory: bool, guard_min_available_gb: float | None = None,
             placed: tuple[str, ...] = (), name: str | None = None, port: int | None = None,
-            no_drop_caches: bool = False) -> int:
+            no_drop_caches: bool = False, persist: bool = False) -> int:
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan
     from orchestrator.engines import check_against_inventory, engine_of, load_recipe
@@ -92,7 +92,8 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     token = read_hf_token(hf_token_file)
     options = LaunchOptions(host=host, replace=replace, drop_caches=drop_caches, timeout=timeout,
                             guard_min_available_gb=guard_min_available_gb,
-                            name=name, skip_drop_caches=no_drop_caches, ignore_memory=ignore_memory)
+                            name=name, skip_drop_caches=no_drop_caches, ignore_memory=ignore_memory,
+                            persist=persist or recipe.persist)
     from orchestrator.engines import serving_nodes
 
     head = serving_nodes(recipe, inventory)[0]
@@ -170,11 +171,15 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
 @click.option("--name", metavar="NAME", help="SGLang: the server's name (default: the recipe's).")
 @click.option("--port", type=click.IntRange(1024, 65535), default=None,
               help="The server's port instead of the recipe's.")
+@click.option("--persist", is_flag=True,
+              help="Come back after a node reboot: containers with a restart policy and a boot "
+                   "unit sparkctl-serve-NAME.service per serving node (also: `persist: true` in "
+                   "the recipe). `sparkctl down` removes both.")
 def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
            timeout: float, replace: bool, host: str, drop_caches: bool,
            hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
            ignore_memory: bool, guard_min_available_gb: float | None, placed: tuple[str, ...],
-           name: str | None, port: int | None) -> None:
+           name: str | None, port: int | None, persist: bool) -> None:
     """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
 
     \b
@@ -184,12 +189,14 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
     serve   the engine's server (TensorRT-LLM: mpirun ... trtllm-serve; vLLM: Ray, then
             vllm serve; SGLang: sglang.launch_server per node), then readiness over HTTP
             and one real chat completion
+    persist (--persist) a boot unit per serving node that brings the server back after
+            a reboot, the same checks first (docs/operate.md)
     Relaunching the same recipe is a no-op. See docs/launch.md and docs/engines.md.
     """
     run_command(lambda: _launch(recipe_name, inventory_path, dry_run, yes, as_json, timeout,
                                 replace, host, drop_caches, hf_token_file, trust_new_hosts,
                                 break_lock, ignore_memory, guard_min_available_gb, placed, name,
-                                port, not drop_caches))
+                                port, not drop_caches, persist))
 
 
 def _server_on_head(inventory_path: str | None, command: str) -> Any:

@@ -31,7 +31,7 @@ def _render_servers(found: list[dict[str, object]]) -> None:
         listed = s.get("nodes")
         nodes = ",".join(map(str, listed)) if isinstance(listed, list) else s.get("node")
         click.echo(f"  {s['name']!s:20} {s['engine']!s:7} {nodes!s:16} 127.0.0.1:{s['port']!s:6} "
-                   f"{s['state']!s:13} {s['model']}")
+                   f"{s['state']!s:13} {s['model']}" + ("  (persistent)" if s.get("persistent") else ""))
 
 
 @click.command(context_settings=CONTEXT)
@@ -93,13 +93,19 @@ def logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since
 
 
 def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,
-          trust_new_hosts: bool, break_lock: bool, server: str | None = None) -> int:
+          trust_new_hosts: bool, break_lock: bool, server: str | None = None,
+          oom_guard: bool = False) -> int:
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.session import Session
     from orchestrator.core.step import Plan
     from orchestrator.phases.teardown import build_down_plan
 
     inventory, _ = load_inventory_option(inventory_path)
+    if oom_guard and (server or network):
+        from orchestrator.errors import InputError
+
+        raise InputError("--oom-guard removes only the earlyoom set-up; it does not go with "
+                         "--server or --network")
     if server:
         return _down_server(inventory, server, dry_run, yes, as_json, trust_new_hosts, break_lock,
                             network)
@@ -112,6 +118,8 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
                 f"Not reached: {', '.join(session.unreachable)}. What sparkctl created there is "
                 "still in place; run `sparkctl down` again once it is reachable."
             )
+        if oom_guard:
+            return build_down_plan(inventory, network, oom_guard_only=True)
         notes.append("Kept: the Hugging Face model cache on every node (see docs/operate.md to remove it).")
         if not network:
             notes.append("Kept: the fabric network config (`sparkctl down --network` removes it).")
@@ -158,20 +166,25 @@ def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_js
 @click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
 @click.option("--server", metavar="NAME",
               help="Stop only this server (its containers and record); nothing else is removed.")
+@click.option("--oom-guard", is_flag=True,
+              help="Remove only what `up --oom-guard` set up (plain down removes it too).")
 def down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,
-         trust_new_hosts: bool, break_lock: bool, server: str | None) -> None:
+         trust_new_hosts: bool, break_lock: bool, server: str | None, oom_guard: bool) -> None:
     """Stop the server and the containers, remove sparkctl's files; --network: the fabric config too.
 
     \b
     In order, on every reachable node:
+      boot-units   launch --persist's boot units disabled and removed (their containers'
+                   restart policy goes with the containers)
       stop-server  mpirun in the head container is stopped (its ranks end with it)
       containers   containers labelled sparkctl.managed=true for this cluster are removed
       network      (--network) /etc/netplan/40-sparkctl-fabric.yaml removed, netplan
                    re-applied, the inventory's fabric addresses deleted
+      oom-guard    earlyoom's config put back; earlyoom removed if sparkctl installed it
       files        /etc/sparkctl (cluster keys, trust files) and /var/lib/sparkctl removed
       verify       nothing of the above is left
     Never touched: other containers, other netplan files, your ~/.ssh, the Hugging Face cache.
     Safe to run again. An unreachable node is reported (exit 1); run down again later.
     """
     run_command(lambda: _down(inventory_path, network, dry_run, yes, as_json, trust_new_hosts,
-                              break_lock, server))
+                              break_lock, server, oom_guard))

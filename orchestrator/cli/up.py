@@ -8,14 +8,15 @@ from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option
 
 
 def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
-        trust_new_hosts: bool, break_lock: bool, verify: bool, command: str = "up") -> int:
+        trust_new_hosts: bool, break_lock: bool, verify: bool, command: str = "up",
+        oom_guard: bool = False) -> int:
     from orchestrator.core.plan import build_up_plan
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.state import remember_inventory
 
     inventory, path = load_inventory_option(inventory_path)
     request = RunRequest(
-        command=command, inventory=inventory, build=lambda session: build_up_plan(inventory),
+        command=command, inventory=inventory, build=lambda session: build_up_plan(inventory, oom_guard),
         dry_run=dry_run, yes=yes, as_json=as_json, trust_new_hosts=trust_new_hosts,
         break_lock=break_lock, values={"verify": verify},
     )
@@ -37,8 +38,11 @@ def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
 @click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
 @click.option("--verify/--no-verify", default=False,
               help="Run the mpirun check even when nothing changed (it always runs after changes).")
+@click.option("--oom-guard", is_flag=True,
+              help="Also install and configure earlyoom on every node, acting only after "
+                   "sparkctl's memory guard (sshd, dockerd and the guard protected).")
 def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
-       trust_new_hosts: bool, break_lock: bool, verify: bool) -> None:
+       trust_new_hosts: bool, break_lock: bool, verify: bool, oom_guard: bool) -> None:
     """Bring the cluster up: fabric network, SSH trust, containers, MPI hostfile.
 
     \b
@@ -48,9 +52,11 @@ def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
       ssh        a dedicated cluster key pair for MPI and pinned container host keys
       container  the TensorRT-LLM container with the fabric's NCCL/UCX/MPI settings
       mpi        the hostfile; `mpirun hostname` across all containers proves it
+      oom-guard  (--oom-guard) earlyoom installed, /etc/default/earlyoom, service enabled
     Safe to run again: it changes only what is wrong. See docs/up.md.
     """
-    run_command(lambda: _up(inventory_path, dry_run, yes, as_json, trust_new_hosts, break_lock, verify))
+    run_command(lambda: _up(inventory_path, dry_run, yes, as_json, trust_new_hosts, break_lock, verify,
+                            oom_guard=oom_guard))
 
 
 @click.command(context_settings=CONTEXT)
@@ -58,11 +64,12 @@ def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
 @json_option
 @diff_option
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
-def plan(inventory_path: str | None, as_json: bool, trust_new_hosts: bool) -> None:
+@click.option("--oom-guard", is_flag=True, help="Include what `up --oom-guard` would change.")
+def plan(inventory_path: str | None, as_json: bool, trust_new_hosts: bool, oom_guard: bool) -> None:
     """Show what `up` would change, without changing anything (= up --dry-run).
 
     Each changed file gets one line: what changes and on which nodes (identical changes on
     several nodes are listed once). --diff prints the diffs in full, each distinct one once.
     """
     run_command(lambda: _up(inventory_path, True, False, as_json, trust_new_hosts, False, False,
-                            command="plan"))
+                            command="plan", oom_guard=oom_guard))

@@ -88,6 +88,8 @@ class BaseRecipe(StrictModel):
     memory: Memory
     files: FileFilter | None = None
     """Which files of `model` to download and copy (default: all of them)."""
+    persist: bool = False
+    """Come back after a node reboot, as `launch --persist` does (docs/operate.md)."""
     source: str = Field(default="<recipe>", exclude=True)
 
     @property
@@ -139,6 +141,9 @@ class LaunchOptions:
     skip_drop_caches: bool = False
     """--no-drop-caches: per-server engines drop the page cache before a cold start unless set."""
     ignore_memory: bool = False
+    persist: bool = False
+    """--persist (or the recipe's `persist: true`): the server comes back after a node reboot
+    (docker restart policy plus a boot unit per serving node, phases/persist.py)."""
 
 
 class LaunchFailed(SparkctlError):

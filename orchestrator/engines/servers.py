@@ -211,11 +211,17 @@ def stop_server(transports: dict[str, Any], inventory: Inventory, server: dict[s
 def down_phase(inventory: Inventory, name: str) -> Any:
     """`sparkctl down --server NAME`: that server's containers and record on its nodes only."""
     from orchestrator.core.step import Phase
+    from orchestrator.phases import persist_down
+    from orchestrator.remote.facts import merge_requests
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        return {"commands": {"servers": servers_cmd(inv, node)}}
+        return merge_requests([{"commands": {"servers": servers_cmd(inv, node)}},
+                               persist_down.facts(inv)])
 
-    return Phase("stop-server", [StopNamed(name)], facts)
+    # its boot unit first (launch --persist), so a reboot cannot bring it back meanwhile
+    return Phase("stop-server", [persist_down.RemoveBootUnits(
+        name, {f"sparkctl-sglang-{name}", "sparkctl-vllm"}),
+                                 StopNamed(name)], facts)
 
 
 class StopNamed(Step):

@@ -132,5 +132,16 @@ def main(args):
         time.sleep(interval)
 
 
+COMM = "sparkctl-guard"
+"""The guard's process name (/proc/PID/comm): what earlyoom's --avoid protects by name
+(`sparkctl up --oom-guard`, phases/oomguard.py), so earlyoom never kills the guard itself."""
+
+
+def name_process():
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as f:
+        f.write(COMM)
+
+
 if __name__ == "__main__":
+    name_process()
     sys.exit(main(json.loads(sys.argv[-1])))

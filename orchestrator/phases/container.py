@@ -28,6 +28,9 @@ from orchestrator.phases.nccl_env import nccl_environment
 INFINIBAND = "/dev/infiniband"
 HASH_LABEL = "sparkctl.config-hash"
 READY_DEADLINE = 60
+RESTART_POLICY = "unless-stopped"
+"""What persistent containers run with: docker starts them again when the node (or docker)
+restarts, but never one stopped by hand or by sparkctl (`docker stop`)."""
 PULL_TIMEOUT = 3 * 3600
 
 
@@ -59,10 +62,15 @@ class ContainerSpec:
     """Appended to a failed start (what usually causes it)."""
     dirs: list[str] = field(default_factory=list)
     """Node directories to create (root, 0755) before `docker run`."""
+    restart: str | None = None
+    """docker's restart policy (`--restart`), e.g. RESTART_POLICY for a server that must come
+    back after a reboot (`launch --persist`, phases/persist.py); None: docker's default, no."""
 
     def run_args(self) -> list[str]:
         """`docker run` arguments without the config-hash label (the hash is taken over them)."""
         args = ["run", "-d", "--name", self.name, "--network", "host", *self.flags]
+        if self.restart:
+            args += ["--restart", self.restart]
         args += env_args("-e", self.env)
         for src, dst, readonly in self.mounts:
             args += ["-v", f"{src}:{dst}" + (":ro" if readonly else "")]

@@ -359,8 +359,11 @@ class VerifyDown(Step):
 
 
 def verify_cmd(inventory: Inventory, network: bool) -> str:
+    from orchestrator.phases.boot_units import UNIT_DIR, UNIT_PREFIX
+
     checks = [
         managed_ps_cmd(inventory, "container: {{.Names}}"),
+        f"ls {UNIT_DIR}/{UNIT_PREFIX}*.service 2>/dev/null | sed 's/^/boot unit: /'",
         f"[ ! -e {quote(CONFIG_DIR)} ] || echo 'directory: {CONFIG_DIR}'",
     ]
     if network:  # a file of the user's at our path was left alone on purpose: only ours counts
@@ -371,12 +374,21 @@ def verify_cmd(inventory: Inventory, network: bool) -> str:
 
 
 def down_phase(inventory: Inventory, network: bool) -> Phase:
-    steps: list[Step] = [StopServer(), RemoveContainers()]
+    from orchestrator.phases import oomguard, persist_down
+    from orchestrator.remote.facts import merge_requests
+
+    steps: list[Step] = [persist_down.RemoveBootUnits(), StopServer(), RemoveContainers()]
     if network:
         steps.append(RemoveNetwork())
-    steps += [RemoveFiles(network), VerifyDown(network)]
-    return Phase("down", steps, down_facts)
+    steps += [oomguard.Remove(), RemoveFiles(network), VerifyDown(network)]
+    return Phase("down", steps, lambda inv, node: merge_requests(
+        [down_facts(inv, node), persist_down.facts(inv), oomguard.down_facts(inv)]))
 
 
-def build_down_plan(inventory: Inventory, network: bool) -> Plan:
+def build_down_plan(inventory: Inventory, network: bool, oom_guard_only: bool = False) -> Plan:
+    if oom_guard_only:  # `down --oom-guard`: only what `up --oom-guard` did
+        from orchestrator.phases import oomguard
+
+        return Plan("down", [Phase("down", [oomguard.Remove()],
+                                   lambda inv, node: oomguard.down_facts(inv))])
     return Plan("down", [down_phase(inventory, network)])

@@ -13,6 +13,7 @@ from orchestrator.core.report import Report
 from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.phases import teardown
+from orchestrator.phases.oomguard import ENABLED
 from orchestrator.render import MANAGED_HEADER, sha256
 
 INVENTORY = inventory_from_data(
@@ -46,7 +47,8 @@ def up_facts(node: str = "spark-a", netplan_content: str | None = None) -> dict[
     return {
         "files": {teardown.NETPLAN_FILE: {"exists": True, "content": content, "sha256": sha256(content)},
                   teardown.LEDGER: {"exists": True, "content": json.dumps(ledger)},
-                  teardown.CONFIG_DIR: {"exists": True}, teardown.STATE_DIR: {"exists": True}},
+                  teardown.CONFIG_DIR: {"exists": True}, teardown.STATE_DIR: {"exists": True},
+                  ENABLED: {"exists": True}},
         "netplan": {teardown.NETPLAN_FILE: {"interfaces": ["enp1s0f1np1", "enP2p1s0f1np1"]},
                     "/etc/netplan/50-cloud-init.yaml": {"interfaces": ["eth0"]}},
         "links": {"enp1s0f1np1": {"addresses": [f"192.168.200.{suffix}/24"]},
@@ -57,6 +59,9 @@ def up_facts(node: str = "spark-a", netplan_content: str | None = None) -> dict[
             "managed": cmd("abc123\ttrtllm-multinode\trunning\n"),
             "state_entries": cmd("lock\nrun\nnetplan-backup.yaml\n"),
             "pid_files": cmd("mpirun.pid\nrank-0.pid\n"),
+            # launch --persist and up --oom-guard were run too
+            "boot_units": cmd("sparkctl-serve-qwen3-235b.service enabled\n"),
+            "restart_policies": cmd("/trtllm-multinode unless-stopped\n"),
         },
     }
 
@@ -83,6 +88,9 @@ def test_every_step_changes_a_node_that_was_set_up() -> None:
     assert all(isinstance(o, Change) for o in outcomes.values()), outcomes
     assert "mpirun.pid" in outcomes["stop-server"].summary
     assert outcomes["containers"].payload == ["abc123"]
+    assert "sparkctl-serve-qwen3-235b.service" in outcomes["boot-units"].summary
+    assert "trtllm-multinode (unless-stopped)" in outcomes["boot-units"].summary
+    assert "stop and disable earlyoom" in outcomes["oom-guard"].summary
     undo = outcomes["network"].payload
     assert undo.remove_file
     assert undo.addresses == [("enP2p1s0f1np1", "192.168.201.12/24"), ("enp1s0f1np1", "192.168.200.12/24")]
@@ -98,7 +106,7 @@ def test_a_clean_node_needs_nothing_so_down_twice_is_fine() -> None:
 
 def test_without_network_the_plan_has_no_network_step() -> None:
     names = [s.name for s in teardown.down_phase(INVENTORY, network=False).steps]
-    assert names == ["stop-server", "containers", "files", "verify"]
+    assert names == ["boot-units", "stop-server", "containers", "oom-guard", "files", "verify"]
     assert teardown.build_down_plan(INVENTORY, False).phases[0].name == "down"
 
 
@@ -183,8 +191,9 @@ def test_an_unreachable_node_does_not_stop_the_others_cleaning(node: Any) -> Non
                         RunOptions("down"), report, Progress(quiet=True))
     executor.run(teardown.build_down_plan(INVENTORY, network=True))
     statuses = {s.step: s.status for s in report.hosts["spark-a"].steps}
-    assert statuses == {"stop-server": "changed", "containers": "changed", "network": "changed",
-                        "files": "changed", "verify": "ok"}, report.to_json()
+    assert statuses == {"boot-units": "changed", "stop-server": "changed", "containers": "changed",
+                        "network": "changed", "oom-guard": "changed", "files": "changed",
+                        "verify": "ok"}, report.to_json()
     assert not report.ok and report.exit_code == 1
     assert not any(name == "spark-b" for name, _ in journal)
     removals = [line for _, line in journal if "docker rm -f abc123" in line]
@@ -200,7 +209,7 @@ def test_dry_run_changes_nothing(node: Any) -> None:
     Executor(INVENTORY, transports, RunOptions("down", dry_run=True), report, Progress(quiet=True)).run(
         teardown.build_down_plan(INVENTORY, network=True))
     assert all(line.startswith("python3 - ") for _, line in journal), journal
-    assert report.count("planned") == 8
+    assert report.count("planned") == 12
 
 
 def test_verify_reports_leftovers(fake_transport: Any) -> None:

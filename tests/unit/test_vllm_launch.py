@@ -53,8 +53,8 @@ def serving(config: str, health: int | None = 200, recipe_name: str = "other") -
 def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(recipe: Any) -> None:
     inv = inventory()
     phases = ENGINE.launch_phases(recipe, inv, LaunchOptions(timeout=900))
-    assert [p.name for p in phases] == ["server-check", "models", "ray", "serve"]
-    guard, models, ray_phase, serve_phase = phases
+    assert [p.name for p in phases] == ["server-check", "models", "ray", "serve", "persist"]
+    guard, models, ray_phase, serve_phase, _ = phases
 
     assert [s.name for s in guard.steps][-1] == "running-server"
     assert isinstance(guard.steps[-1], serve.ServerGuard)
@@ -81,7 +81,7 @@ def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(
 
 def test_the_verify_steps_of_the_plan_reach_the_head(recipe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     inv = inventory()
-    *_, serve_phase = ENGINE.launch_phases(recipe, inv, LaunchOptions())
+    *_, serve_phase, _ = ENGINE.launch_phases(recipe, inv, LaunchOptions())
     wait, smoke = serve_phase.steps[2:]
     cluster = FakeCluster(inv)
     ready = {"pids": {"vllm.pid": {"alive": True}}, "health": 200, "models": [recipe.model]}
@@ -510,39 +510,41 @@ def test_ray_log_tail_says_when_there_is_none(recipe: Any) -> None:
 
 def test_a_worker_is_replaced_when_the_head_it_joined_restarted(recipe: Any, fake_transport: Any) -> None:
     """The head's container restarted after the worker joined (status: `docker restart`, a
-    reboot): the worker must start again to join the new Ray cluster, saying so; otherwise it
-    is left alone. A head started in this very run hands its start time to the workers."""
+    crash): the worker must start again to join the new Ray cluster, saying so. A worker that
+    started after the head (a reboot with --persist restarts both; it rejoined) is left alone.
+    A head started in this very run hands its start time to the workers."""
     from orchestrator.phases.container import HASH_LABEL
 
     inv = inventory()
     name = recipe.container_name
+    t0, t1, t2 = "2026-11-23T20:00:00.1Z", "2026-11-23T20:05:00.123456789Z", "2026-11-23T20:09:00Z"
 
-    def facts(head_started: str, worker_labels: dict[str, str] | None) -> dict[str, Any]:
+    def facts(head_started: str, worker_started: str | None) -> dict[str, Any]:
         home = {"commands": {"home": {"rc": 0, "out": "/home/spark\n"}},
                 "ibdev2netdev": {"devices": {"enp1s0f1np1": {"device": "rocep1s0f1"},
                                              "enP2p1s0f1np1": {"device": "roceP2p1s0f1"}}}}
         head = {**home, "containers": {name: {"State": {"Running": True, "StartedAt": head_started}}}}
         worker: dict[str, Any] = {**home, "containers": {name: None}}
-        if worker_labels is not None:
-            worker["containers"][name] = {"Config": {"Labels": worker_labels},
-                                          "State": {"Running": True}}
+        if worker_started is not None:
+            wanted = ray.RayWorker(recipe).spec_for(context(inv, "spark-b", {"spark-b": home}))
+            assert wanted is not None
+            worker["containers"][name] = {
+                "Config": {"Labels": {**wanted.labels, HASH_LABEL: wanted.digest()}},
+                "State": {"Running": True, "StartedAt": worker_started}}
         return {"spark-a": head, "spark-b": worker}
 
     step = ray.RayWorker(recipe)
-    first = step.check(context(inv, "spark-b", facts("T0", None)))
+    first = step.check(context(inv, "spark-b", facts(t0, None)))
     assert isinstance(first, Change) and first.summary == f"run container {name}"
-    wanted = step.spec_for(context(inv, "spark-b", facts("T0", None)))
-    assert wanted is not None and wanted.labels[ray.HEAD_LABEL] == "T0"
-    labels = {**wanted.labels, HASH_LABEL: wanted.digest()}
-    assert isinstance(step.check(context(inv, "spark-b", facts("T0", labels))), Unchanged)
-    again = step.check(context(inv, "spark-b", facts("T1", labels)))
-    assert isinstance(again, Change)
-    assert again.summary == (f"replace container {name}: the Ray head it joined restarted (T1); "
-                             "join the new head")
-    restarted_now = context(inv, "spark-b", facts("T0", labels), shared={ray.HEAD_STARTED: "T2"})
-    assert "restarted (T2)" in step.check(restarted_now).summary  # type: ignore[union-attr]
+    assert isinstance(step.check(context(inv, "spark-b", facts(t0, t1))), Unchanged)  # joined after
+    again = step.check(context(inv, "spark-b", facts(t1, t0)))
+    assert isinstance(again, Change) and again.payload["remove_old"] is True
+    assert again.summary == (f"replace container {name}: the Ray head restarted ({t1}) after this "
+                             "worker joined it; join the new head")
+    restarted_now = context(inv, "spark-b", facts(t0, t1), shared={ray.HEAD_STARTED: t2})
+    assert f"restarted ({t2})" in step.check(restarted_now).summary  # type: ignore[union-attr]
     # the head step records its new start time for the workers
-    head_ctx = context(inv, "spark-a", facts("T0", None), shared={},
+    head_ctx = context(inv, "spark-a", facts(t0, None), shared={},
                        transports={"spark-a": fake_transport("spark-a").on(
                            r"inspect -f", 0, "2026-11-23T20:41:28.5Z\n", "")})
     head_step = ray.RayHead(recipe)

@@ -21,6 +21,7 @@ from sparklab_dockerd_state import (
     lock,
     pull,
     remove_dir,
+    set_state,
 )
 
 
@@ -113,6 +114,7 @@ def cmd_cp(args: list[str]) -> int:
 def stop_one(c: dict, timeout: float) -> None:
     if not c["State"].get("Running"):
         return
+    set_state(c["Id"], ManuallyStopped=True)  # restart policies leave it stopped (boot.py)
     pid, monitor_pid = c["State"]["Pid"], c["State"].get("MonitorPid")
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)

@@ -214,6 +214,7 @@ def run_attached(cid: str, remove: bool) -> int:
 
 def start_container(cid: str, verb: str) -> int:
     d = cdir(cid)
+    set_state(cid, ManuallyStopped=False)
     for marker in ("started", "init-error"):
         if os.path.exists(f"{d}/{marker}"):
             os.unlink(f"{d}/{marker}")
@@ -248,6 +249,9 @@ def spawn_monitor(cid: str) -> None:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
+        # nothing else of the caller's: an inherited lock fd (`docker start` holds the state
+        # lock) would keep every later docker command waiting for as long as the container runs
+        os.closerange(3, 65536)
         monitor(cid)
     finally:
         os._exit(0)

@@ -229,8 +229,9 @@ def lock() -> int:
 
 
 def ensure_state_fs() -> None:
-    # Overlay upper dirs cannot live on overlayfs (the node's /var is one): the containers' layers
-    # live on a tmpfs mounted in the node's mount namespace, gone with the node.
+    # Overlay upper dirs cannot live on overlayfs (the node's /var is one): the node's init binds
+    # a plain directory of the node's disk here (kept across `lab reboot`); without it (an
+    # older node), a tmpfs in the node's mount namespace, gone with the node.
     os.makedirs(CONTAINERS, exist_ok=True)
     os.makedirs(OUTBOX, mode=0o755, exist_ok=True)
     os.makedirs(OUTBOX_IN_CONTAINER, mode=0o755, exist_ok=True)

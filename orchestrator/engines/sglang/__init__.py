@@ -39,8 +39,14 @@ class SglangEngine:
                      mark=lambda transports: mark_ready(
                          transports[spec.first], f"{record_dir(spec.name)}/server.json")),
                  ready.Smoke(spec)]
-        return [serve.check_phase(spec), models.phase(recipe, inventory),
-                serve.serve_phase(spec, steps)]
+        phases = [serve.check_phase(spec), models.phase(recipe, inventory),
+                  serve.serve_phase(spec, steps)]
+        from orchestrator.engines.sglang.persist import persist_phase
+        from orchestrator.phases.persist import not_persistent_phase
+
+        phases.append(persist_phase(spec, options) if options.persist else
+                      not_persistent_phase(spec.name, "sglang"))
+        return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
         from orchestrator.engines.sglang.recipe import estimate_memory

@@ -120,6 +120,7 @@ class ServeSpec:
                                              server=self.name, recipe=self.recipe.name,
                                              rank=str(rank)),
             flags=flags, hashed=hashed, ready_what=f"SGLang rank {rank} in {self.container}",
+            restart=containers.RESTART_POLICY if self.options.persist else None,
             hint=(f"Hint: `docker logs {self.container}` on {node.name} says why SGLang exited "
                   "(a flag, the model, memory)."),
             dirs=[RUN_DIR])

@@ -54,8 +54,14 @@ class TrtllmEngine:
             verify.SmokeTest(lambda head: readiness.smoke_test(
                 head, inventory.container.name, recipe.model, recipe.port)),
         ]
-        return [guard, serve.memory_phase(spec), serve.stop_phase(spec),
-                models.phase(recipe, inventory), serve.phase(spec, ready)]
+        phases = [guard, serve.memory_phase(spec), serve.stop_phase(spec),
+                  models.phase(recipe, inventory), serve.phase(spec, ready)]
+        from orchestrator.engines.trtllm.persist import persist_phase
+        from orchestrator.phases.persist import not_persistent_phase
+
+        phases.append(persist_phase(spec, options) if options.persist else
+                      not_persistent_phase(options.name or recipe.name, "trtllm"))
+        return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
         from orchestrator.engines.trtllm.recipe import estimate_memory

@@ -24,6 +24,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import CONFIG_DIR, RUN_DIR
 from orchestrator.phases.container import (
     INFINIBAND,
+    RESTART_POLICY,
     Container,
     ContainerSpec,
     Image,
@@ -78,6 +79,9 @@ def trtllm_spec(inventory: Inventory, node: Node, roce: list[str], hf_cache: str
         mounts=[(CONFIG_DIR, CONFIG_DIR, True), (RUN_DIR, RUN_DIR, False),
                 (hf_cache, CONTAINER_HF_HOME, False)],
         labels=managed_labels(inventory, node), flags=flags,
+        # the cluster's sshd (MPI's way in) comes back with the node, as its netplan does; a
+        # persistent server's boot unit (phases/persist.py) then starts mpirun in it
+        restart=RESTART_POLICY,
         hashed={"entrypoint": sha256(entrypoint_content()),
                 "sshd_config": sha256(sshd_config_content(inventory, node))},
         # our sshd presenting OUR pinned host key on the first fabric address (another process

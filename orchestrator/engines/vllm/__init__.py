@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
 
 
-def ray_phase(recipe: Recipe, inventory: Inventory) -> Phase:
+def ray_phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) -> Phase:
     from orchestrator.engines import serving_nodes
     from orchestrator.engines.vllm import ray
     from orchestrator.phases import container
@@ -39,8 +39,8 @@ def ray_phase(recipe: Recipe, inventory: Inventory) -> Phase:
         return recipe.image
 
     steps = [container.Image(image), container.ImageDigest(image),
-             ray.RayHead(recipe),
-             ray.RayWorker(recipe),
+             ray.RayHead(recipe, restart),
+             ray.RayWorker(recipe, restart),
              ray.RayCluster(recipe)]
     return ServingPhase("ray", steps, facts, serving=serving_nodes(recipe, inventory))
 
@@ -74,8 +74,17 @@ class VllmEngine:
             verify.SmokeTest(lambda head: smoke_test(head, recipe.container_name, recipe.model,
                                                      recipe.port)),
         ]
-        return [guard, models.phase(recipe, inventory), ray_phase(recipe, inventory),
-                serve.phase(spec, ready)]
+        from orchestrator.phases.container import RESTART_POLICY
+
+        restart = RESTART_POLICY if options.persist else None
+        phases = [guard, models.phase(recipe, inventory), ray_phase(recipe, inventory, restart),
+                  serve.phase(spec, ready)]
+        from orchestrator.engines.vllm.persist import persist_phase
+        from orchestrator.phases.persist import not_persistent_phase
+
+        phases.append(persist_phase(spec, options) if options.persist else
+                      not_persistent_phase(options.name or recipe.name, "vllm"))
+        return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
         from orchestrator.engines.vllm.recipe import estimate_memory

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
 from typing import Any
 
 from orchestrator.commands import docker_cmd, docker_exec_cmd, quote
@@ -26,6 +25,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
+from orchestrator.timestamps import parse_time
 
 RAY_LOGS = "/tmp/ray/session_latest/logs"
 READY_LOG_LINE = "Ray runtime started"
@@ -89,7 +89,8 @@ def ray_args(recipe: Recipe, inventory: Inventory, node: Node) -> list[str]:
 
 
 def ray_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], hf_cache: str,
-             infiniband: bool) -> ContainerSpec:
+             infiniband: bool, restart: str | None = None) -> ContainerSpec:
+    """A node's Ray container; `restart` is docker's restart policy (launch --persist)."""
     head = node.name == inventory.head_name
     flags = ["--ipc", "host", "--gpus", "all", "--ulimit", "memlock=-1",
              "--ulimit", "stack=67108864"]
@@ -99,7 +100,8 @@ def ray_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], 
     hashed: dict[str, str] = {}
     if not head:
         # a new head is a new Ray cluster: the workers must start again to join it
-        head_spec = ray_spec(recipe, inventory, inventory.head, roce, hf_cache, infiniband)
+        head_spec = ray_spec(recipe, inventory, inventory.head, roce, hf_cache, infiniband,
+                             restart)
         hashed["head"] = head_spec.digest()
     name = recipe.container_name
     return ContainerSpec(
@@ -108,7 +110,7 @@ def ray_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], 
         mounts=[(RUN_DIR, RUN_DIR, False), (hf_cache, CONTAINER_HF_HOME, False)],
         labels=containers.managed_labels(inventory, node, engine="vllm", recipe=recipe.name,
                                          role="ray-head" if head else "ray-worker"),
-        flags=flags, hashed=hashed,
+        flags=flags, hashed=hashed, restart=restart,
         ready=f"{docker_cmd('logs', name)} 2>&1 | grep -q {quote(STARTED_LINE)}",
         ready_what=(f"the Ray head in {name} did not start on {head_ip}:{port}" if head else
                     f"the Ray worker on {node.name} did not join the head at {head_ip}:{port}"),
@@ -137,7 +139,7 @@ def check_fabric_link(ctx: NodeContext) -> None:
         "`sparkctl up` restores the addresses")
 
 
-def spec_for(recipe: Recipe, role: str) -> containers.SpecFor:
+def spec_for(recipe: Recipe, role: str, restart: str | None = None) -> containers.SpecFor:
     def pick(ctx: NodeContext) -> ContainerSpec | None:
         head = ctx.node.name == ctx.inventory.head_name
         if (role == "head") != head:
@@ -145,15 +147,8 @@ def spec_for(recipe: Recipe, role: str) -> containers.SpecFor:
         check_fabric_link(ctx)
         infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
         roce = containers.roce_devices(ctx.inventory, ctx.facts, ctx.node.name)
-        spec = ray_spec(recipe, ctx.inventory, ctx.node, roce, containers.node_hf_cache(ctx),
-                        infiniband)
-        if head:
-            return spec
-        # A worker belongs to the head it joined: once the head's container restarted (a
-        # reboot, `docker restart`, a crash) its Ray cluster is a new one, and the old worker's
-        # raylet only dies a minute later. The head's start time, a label (so in the config
-        # hash), replaces the worker then.
-        return replace(spec, labels={**spec.labels, HEAD_LABEL: head_started(ctx, recipe)})
+        return ray_spec(recipe, ctx.inventory, ctx.node, roce, containers.node_hf_cache(ctx),
+                        infiniband, restart)
     return pick
 
 
@@ -167,15 +162,14 @@ def head_started(ctx: NodeContext, recipe: Recipe) -> str:
 
 
 HEAD_STARTED = "ray_head_started"
-HEAD_LABEL = "sparkctl.ray-head-started"
 
 
 class RayHead(containers.Container):
     """The head's Ray container; after (re)starting it, records when it started, so the
     workers' step (next, on the other nodes) sees they must join this new head."""
 
-    def __init__(self, recipe: Recipe) -> None:
-        super().__init__(spec_for(recipe, "head"), name="ray-head")
+    def __init__(self, recipe: Recipe, restart: str | None = None) -> None:
+        super().__init__(spec_for(recipe, "head", restart), name="ray-head")
         self.container = recipe.container_name
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
@@ -188,23 +182,30 @@ class RayHead(containers.Container):
 
 
 class RayWorker(containers.Container):
-    """A worker's Ray container, replaced (and saying why) when its head restarted."""
+    """A worker's Ray container. A worker belongs to the head it joined: once the head's
+    container restarted (`docker restart`, a crash) after the worker started, its Ray cluster
+    is a new one and the old worker's raylet only dies a minute later, so a running worker that
+    started before the head is replaced (saying why). After a reboot with --persist both restart
+    and the worker (re)joins the new head: it started after the head, and is left alone."""
 
-    def __init__(self, recipe: Recipe) -> None:
-        super().__init__(spec_for(recipe, "worker"), name="ray-worker")
+    def __init__(self, recipe: Recipe, restart: str | None = None) -> None:
+        super().__init__(spec_for(recipe, "worker", restart), name="ray-worker")
         self.recipe = recipe
 
     def check(self, ctx: NodeContext) -> Outcome:
         outcome = super().check(ctx)
         current = (ctx.facts.get("containers") or {}).get(self.recipe.container_name)
-        if not isinstance(outcome, Change) or not isinstance(current, dict):
+        if isinstance(outcome, Change) or not isinstance(current, dict):
             return outcome
-        joined = ((current.get("Config") or {}).get("Labels") or {}).get(HEAD_LABEL)
-        started = head_started(ctx, self.recipe)
-        if joined and joined != started:
-            return replace(outcome, summary=f"replace container {self.recipe.container_name}: "
-                           f"the Ray head it joined restarted ({started}); join the new head")
-        return outcome
+        mine = parse_time((current.get("State") or {}).get("StartedAt"))
+        head = parse_time(head_started(ctx, self.recipe))
+        spec = self.spec_for(ctx)
+        if mine is None or head is None or mine >= head or spec is None:
+            return outcome
+        return Change(f"replace container {self.recipe.container_name}: the Ray head restarted "
+                      f"({head_started(ctx, self.recipe)}) after this worker joined it; join the "
+                      "new head", payload={"args": spec.with_hash(spec.run_args(), spec.digest()),
+                                           "remove_old": True})
 
 
 def probe_cmd(container: str) -> str:

@@ -1,0 +1,51 @@
+"""TensorRT-LLM's part of `launch --persist` (the shared mechanism: phases/persist.py).
+
+The `up` container (its sshd: MPI's way in) runs with a restart policy, so docker brings it back
+on every node. Then each node's boot unit starts the memory guard as launch did; the head waits
+until every peer's container sshd answers on its fabric address (head last), then runs the same
+`mpirun ... trtllm-serve` launch ran and records the server, and waits for /health.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.core.step import Phase
+from orchestrator.engines.base import LaunchOptions
+from orchestrator.engines.trtllm.serve import LaunchSpec, node_cmd, node_plan, server_record, start_cmd
+from orchestrator.inventory import Node
+from orchestrator.phases import persist
+from orchestrator.phases.memory import guard_cmd
+
+BOOT_TIME = "@SPARKCTL_BOOT_TIME@"
+"""Replaced by the boot script with the time it starts the server (the record's `started`)."""
+
+
+def persist_phase(spec: LaunchSpec, options: LaunchOptions) -> Phase:
+    recipe, inventory = spec.recipe, spec.inventory
+    container = inventory.container.name
+    nodes = [n.name for n in inventory.ordered_nodes() if n.name in spec.serving]
+    port = inventory.container.ssh_port
+    guard = spec.guard_min_available_gb
+
+    def part(node: Node) -> persist.Part:
+        start = [("memory guard", guard_cmd(container, node.name, guard))]
+        if node.name != nodes[0]:
+            address = inventory.mpi_address(node)
+            return persist.Part(containers=[container], start=start, ready=[
+                (f"sshd in {container} on {address}:{port}", persist.tcp_cmd(address, port))])
+        record: dict[str, Any] = {**server_record(recipe, spec.host, spec.digest),
+                                  "started": BOOT_TIME}
+        peers = [inventory.node(name) for name in nodes[1:]]
+        wait = [(f"sshd in {container} on {peer.name} ({inventory.mpi_address(peer)}:{port})",
+                 persist.tcp_cmd(inventory.mpi_address(peer), port)) for peer in peers]
+        start += [(f"mpirun ... trtllm-serve {recipe.model} in {container}",
+                   start_cmd(container, spec.argv)),
+                  ("the server record", node_cmd(container, action="started", server=record))]
+        return persist.Part(containers=[container], wait=wait, start=start,
+                            health_port=recipe.port)
+
+    return persist.phase(persist.PersistSpec(
+        server=options.name or recipe.name, engine="trtllm", recipe=recipe, inventory=inventory,
+        nodes=nodes, part=part, guard_gb=guard, loaded_gb=node_plan(recipe).loaded_gb,
+        deadline=options.timeout))

@@ -1,0 +1,230 @@
+"""`launch --persist`: a server that comes back after a node reboot, for every engine.
+
+Two halves, as on any Docker host: the containers run with a restart policy (`--restart
+unless-stopped` in their `docker run` argv, phases/container.py RESTART_POLICY), so docker starts
+them again when the node boots; and a small boot unit on each serving node,
+`sparkctl-serve-<server>.service`, re-runs what `launch` ran there after the containers, with
+the same checks, in the same order. Its ExecStart is the node script orchestrator/node/boot.py
+(installed as BOOT_SCRIPT) with this node's boot plan (`<BOOT_DIR>/<server>.json`):
+
+  fabric     every fabric interface up with the inventory's address (networkd re-applies
+             sparkctl's netplan file at boot), within the deadline
+  containers each one running (`docker start` when docker has not restarted it)
+  models     the model's (and draft's) directory present in the node's HF cache
+  memory     MemAvailable >= what the recipe loads here + the memory guard's margin
+  wait       the head waits for its peers (their sshd, Ray workers, ranks): head last
+  start      what launch ran on this node, the same commands (memory guard, mpirun, vllm serve)
+  ready      the node's part answers (the head: /health 200 on 127.0.0.1:<port>)
+
+Each engine says what its nodes run (`Part`), the rest is this module. Every file goes through
+the ledger (phases/files.py): a user's file at one of these paths is never overwritten. `down`
+disables and removes the units (phases/teardown.py, engines/servers.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.commands import join, quote
+from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
+from orchestrator.inventory import Inventory, Node
+from orchestrator.phases.boot_units import (
+    BOOT_LOG_DIR,
+    BOOT_SCRIPT,
+    plan_path,
+    unit_name,
+    unit_path,
+)
+from orchestrator.phases.files import FileSpec, ManagedFiles, files_request
+
+
+@dataclass(frozen=True)
+class Part:
+    """What one node runs for the server at boot, after the shared checks, in order."""
+
+    containers: list[str]
+    wait: list[tuple[str, str]] = field(default_factory=list)
+    """(what, shell condition) that must hold before `start` (the head: its peers are up)."""
+    start: list[tuple[str, str]] = field(default_factory=list)
+    """(what, shell command) run in order: what `launch` ran here after the containers."""
+    ready: list[tuple[str, str]] = field(default_factory=list)
+    """(what, shell condition): this node's part is up (checked last, and first: already up?)."""
+    health_port: int | None = None
+    """The node answers here (127.0.0.1): /health 200 means served (the server's first node)."""
+
+
+@dataclass(frozen=True)
+class PersistSpec:
+    server: str
+    engine: str
+    recipe: Any
+    inventory: Inventory
+    nodes: list[str]
+    """The serving nodes, the one that answers first."""
+    part: Callable[[Node], Part]
+    guard_gb: float
+    loaded_gb: float
+    """What the recipe holds on each node before its KV cache (weights share, draft, runtime)."""
+    deadline: float = 1800.0
+
+
+def hub_dir(hf_cache: str, repo: str) -> str:
+    return f"{hf_cache.rstrip('/')}/hub/models--{repo.replace('/', '--')}"
+
+
+def model_dirs(recipe: Any, hf_cache: str) -> list[str]:
+    """Where the node keeps the recipe's models (HF cache layout, or a local dir under it)."""
+    from orchestrator.engines.base import CONTAINER_HF_HOME
+
+    out = []
+    for repo, _, local in recipe.repos:
+        if local is None:
+            out.append(hub_dir(hf_cache, repo))
+        elif local.startswith(CONTAINER_HF_HOME + "/"):
+            out.append(hf_cache.rstrip("/") + local[len(CONTAINER_HF_HOME):])
+    return out
+
+
+def boot_plan(spec: PersistSpec, node: Node, hf_cache: str) -> dict[str, Any]:
+    """The node's boot plan (pure): what BOOT_SCRIPT checks and runs, in order."""
+    inv = spec.inventory
+    part = spec.part(node)
+    fabric = [{"interface": name, "address": inv.fabric_address(node, name)}
+              for name in inv.fabric.interfaces]
+    return {
+        "server": spec.server, "engine": spec.engine, "node": node.name,
+        "role": "head" if node.name == spec.nodes[0] else "peer", "nodes": spec.nodes,
+        "fabric": fabric, "containers": part.containers,
+        "models": model_dirs(spec.recipe, hf_cache),
+        "memory": {"loaded_gb": round(spec.loaded_gb, 2), "guard_gb": spec.guard_gb},
+        "wait": [{"what": w, "cmd": c} for w, c in part.wait],
+        "start": [{"what": w, "cmd": c} for w, c in part.start],
+        "ready": [{"what": w, "cmd": c} for w, c in part.ready],
+        "health_port": part.health_port, "deadline_seconds": int(spec.deadline),
+        "log": f"{BOOT_LOG_DIR}/boot-{spec.server}.log",
+    }
+
+
+def unit_text(server: str, engine: str, nodes: list[str]) -> str:
+    return (
+        "# Written by sparkctl (`launch --persist`); `sparkctl down` removes it.\n"
+        "[Unit]\n"
+        f"Description=sparkctl: bring server {server} ({engine} on {', '.join(nodes)}) back "
+        "after a reboot\n"
+        "Wants=network-online.target\n"
+        "After=network-online.target docker.service\n"
+        "Requires=docker.service\n\n"
+        "[Service]\n"
+        "Type=oneshot\n"
+        "RemainAfterExit=yes\n"
+        f"ExecStart=/usr/bin/python3 {BOOT_SCRIPT} {plan_path(server)}\n"
+        "TimeoutStartSec=infinity\n\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )
+
+
+def render(spec: PersistSpec) -> Callable[[NodeContext], list[FileSpec]]:
+    def files(ctx: NodeContext) -> list[FileSpec]:
+        from orchestrator.node import script
+        from orchestrator.phases.container import node_hf_cache
+
+        if ctx.node.name not in spec.nodes:
+            return []
+        plan = boot_plan(spec, ctx.node, node_hf_cache(ctx))
+        return [FileSpec(BOOT_SCRIPT, 0o755, script("boot.py")),
+                FileSpec(plan_path(spec.server), 0o644, json.dumps(plan, indent=1) + "\n"),
+                FileSpec(unit_path(spec.server), 0o644,
+                         unit_text(spec.server, spec.engine, spec.nodes))]
+    return files
+
+
+def enabled_cmd(server: str) -> str:
+    return f"systemctl is-enabled {quote(unit_name(server))} 2>/dev/null || true"
+
+
+class EnableUnit(Step):
+    """The boot unit enabled (started by systemd at boot, after docker and the network)."""
+
+    name = "boot-unit"
+
+    def __init__(self, spec: PersistSpec) -> None:
+        self.spec = spec
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        if ctx.node.name not in self.spec.nodes:
+            return Unchanged("not a serving node")
+        unit = unit_name(self.spec.server)
+        state = (((ctx.facts.get("commands") or {}).get("unit_enabled") or {}).get("out") or "")
+        if state.strip() == "enabled":
+            return Unchanged(f"{unit} enabled")
+        return Change(f"enable {unit}: at boot it checks the fabric, containers, models and "
+                      f"memory, then starts {self.spec.server} here "
+                      + ("(after its peers)" if ctx.node.name == self.spec.nodes[0] and
+                         len(self.spec.nodes) > 1 else ""))
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        unit = unit_name(self.spec.server)
+        ctx.run(f"systemctl daemon-reload && {join(['systemctl', 'enable', unit])}", sudo=True,
+                timeout=60, display=f"systemctl enable {unit}").check()
+        return f"{unit} enabled (log at boot: {BOOT_LOG_DIR}/boot-{self.spec.server}.log)"
+
+
+SINGLE_SERVER_ENGINES = ("trtllm", "vllm")
+"""Engines that serve one server per cluster: launching one replaced any other of them."""
+
+
+def stale(server: str, engine: str, persist: bool) -> Callable[[dict[str, str]], list[str]]:
+    """Which boot units a launch makes stale ({server: engine} -> servers): this server's when
+    it is launched without --persist; any other server of a one-server engine when this is one
+    (that server was replaced: its unit would start it again at boot)."""
+    def pick(units: dict[str, str]) -> list[str]:
+        return sorted(s for s, e in units.items() if (s == server and not persist) or (
+            s != server and engine in SINGLE_SERVER_ENGINES and e in SINGLE_SERVER_ENGINES))
+    return pick
+
+
+def phase(spec: PersistSpec) -> Phase:
+    from orchestrator.phases import persist_down
+
+    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
+        from orchestrator.paths import LEDGER
+        from orchestrator.phases.container import spec_facts
+        from orchestrator.remote.facts import merge_requests
+
+        own = spec_facts([], [], inv.cluster.user)
+        own.pop("ibdev2netdev", None)
+        own["files"] = {**files_request([BOOT_SCRIPT, plan_path(spec.server),
+                                         unit_path(spec.server)]), LEDGER: True}
+        own["commands"]["unit_enabled"] = enabled_cmd(spec.server)
+        return merge_requests([own, persist_down.facts(inv)])
+
+    cleanup = persist_down.RemoveBootUnits(select=stale(spec.server, spec.engine, True),
+                                           name="stale-boot-units")
+    return Phase("persist", [cleanup, ManagedFiles("boot-files", render(spec)), EnableUnit(spec)],
+                 facts)
+
+
+def not_persistent_phase(server: str, engine: str) -> Phase:
+    """A launch without --persist: a boot unit this launch made stale goes (see `stale`)."""
+    from orchestrator.phases import persist_down
+
+    step = persist_down.RemoveBootUnits(select=stale(server, engine, False),
+                                        name="stale-boot-units")
+    return Phase("persist", [step], lambda inv, node: persist_down.facts(inv))
+
+
+# ---------------------------------------------------------------- the parts engines share
+def tcp_cmd(host: str, port: int) -> str:
+    """A shell condition: something accepts TCP connections at host:port."""
+    probe = ("import socket,sys; s=socket.socket(); s.settimeout(3); "
+             "sys.exit(s.connect_ex((sys.argv[1], int(sys.argv[2]))))")
+    return join(["python3", "-c", probe, host, str(port)])
+
+
+def running_cmd(container: str) -> str:
+    return (f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {quote(container)} 2>/dev/null)\" "
+            "= true ]")

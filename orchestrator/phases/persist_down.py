@@ -1,0 +1,106 @@
+"""What `down` does about `launch --persist` (phases/persist.py): the boot units go first.
+
+On each node: every sparkctl boot unit (or, with `down --server NAME`, that server's) is
+disabled and stopped (`systemctl disable --now`, so a boot still waiting for its peers ends),
+its unit file and boot plan are removed through the ledger (a file someone changed since
+sparkctl wrote it is left alone and named), and the boot script too once no unit is left. The
+containers' restart policy (`unless-stopped`) goes with the containers `down` removes next; the
+report names each container and its policy, so it says exactly what stops coming back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator.commands import join
+from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
+from orchestrator.inventory import Inventory
+from orchestrator.phases.boot_units import (
+    BOOT_SCRIPT,
+    parse_units,
+    plan_path,
+    unit_name,
+    unit_path,
+    units_cmd,
+)
+from orchestrator.phases.files import ledger_answer, ledger_cmd
+
+
+def restart_policies_cmd(inventory: Inventory) -> str:
+    """`<name> <restart policy>` per container of this cluster's (sparkctl's labels)."""
+    ids = join(["docker", "ps", "-aq", "--filter", "label=sparkctl.managed=true",
+                "--filter", f"label=sparkctl.cluster={inventory.cluster.name}"])
+    inspect = join(["docker", "inspect", "-f", "{{.Name}} {{.HostConfig.RestartPolicy.Name}}"])
+    return f"ids=$({ids} 2>/dev/null); [ -z \"$ids\" ] || {inspect} $ids 2>/dev/null; true"
+
+
+def facts(inventory: Inventory) -> dict[str, Any]:
+    return {"commands": {"boot_units": units_cmd(),
+                         "restart_policies": restart_policies_cmd(inventory)}}
+
+
+def restart_policies(ctx: NodeContext, containers: set[str] | None = None) -> list[str]:
+    out = []
+    answer = (ctx.facts.get("commands") or {}).get("restart_policies") or {}
+    for line in (answer.get("out") or "").splitlines():
+        parts = line.strip().lstrip("/").split()
+        if len(parts) == 2 and parts[1] not in ("", "no") and (
+                containers is None or parts[0] in containers):
+            out.append(f"{parts[0]} ({parts[1]})")
+    return out
+
+
+class RemoveBootUnits(Step):
+    """Disable and remove sparkctl's boot units (all, or one server's)."""
+
+    name = "boot-units"
+
+    def __init__(self, server: str | None = None, containers: set[str] | None = None,
+                 select: Callable[[dict[str, str]], list[str]] | None = None,
+                 name: str = "boot-units") -> None:
+        self.server = server
+        self.containers = containers
+        self.select = select
+        self.name = name
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        answer = (ctx.facts.get("commands") or {}).get("boot_units")
+        units = parse_units(answer, engines=True)
+        if self.select is not None:  # launch: the units it made stale (persist.stale)
+            servers = self.select(units)
+            if not servers:
+                return Unchanged("no stale boot unit")
+            return Change(f"disable and remove {', '.join(unit_name(s) for s in servers)} "
+                          "(that server was replaced or launched without --persist)",
+                          payload={"units": [unit_name(s) for s in servers],
+                                   "files": [unit_path(s) for s in servers]
+                                   + [plan_path(s) for s in servers]})
+        servers = sorted(s for s in units if self.server in (None, s))
+        policies = restart_policies(ctx, self.containers)
+        if not servers:
+            return Unchanged("no boot unit (not persistent here)"
+                             + (f"; restart policy of {', '.join(policies)} goes with the "
+                                "containers" if policies and self.server is None else ""))
+        last = len(servers) == len(units)
+        files = [unit_path(s) for s in servers] + [plan_path(s) for s in servers]
+        if last:
+            files.append(BOOT_SCRIPT)
+        text = (f"disable and remove {', '.join(unit_name(s) for s in servers)} "
+                f"({', '.join(f.rsplit('/', 1)[-1] for f in files[len(servers):])} too)")
+        if policies:
+            text += (f"; the restart policy of {', '.join(policies)} goes with "
+                     + ("the containers removed next" if self.server is None else "its containers"))
+        return Change(text, payload={"units": [unit_name(s) for s in servers], "files": files})
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        units, files = change.payload["units"], change.payload["files"]
+        command = (f"{join(['systemctl', 'disable', '--now', *units])} >&2; "
+                   f"printf '%s' {join([json.dumps(files)])} | {ledger_cmd('undo')}; "
+                   "systemctl daemon-reload >&2 || true")
+        result = ctx.run(command, sudo=True, timeout=60,
+                         display=f"systemctl disable --now {' '.join(units)}; remove their files")
+        answer = ledger_answer(result, ctx.node.name, self.name)
+        left = [str(e.get("reason")) for e in answer.get("left") or []]
+        return ("left alone: " + "; ".join(left)) if left else None

@@ -1,0 +1,245 @@
+"""`launch --persist` (phases/persist.py, the engines' parts, node/boot.py), its removal by
+`down` (phases/persist_down.py) and `up --oom-guard` (phases/oomguard.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import make_context, make_inventory
+from nodescript import run_node_script
+
+from orchestrator.core.step import Change, Unchanged
+from orchestrator.engines import get_engine, load_recipe
+from orchestrator.engines.base import LaunchOptions
+from orchestrator.phases import boot_units, oomguard, persist, persist_down
+from orchestrator.phases.container import ContainerSpec
+
+HOME = {"commands": {"home": {"rc": 0, "out": "/home/nvidia\n"}}}
+
+
+def persist_spec(recipe: str, **options: Any) -> persist.PersistSpec:
+    r = load_recipe(recipe)
+    phases = get_engine(r.engine).launch_phases(r, make_inventory(), LaunchOptions(persist=True,
+                                                                                   **options))
+    assert phases[-1].name == "persist"
+    step = phases[-1].steps[2]
+    assert isinstance(step, persist.EnableUnit)
+    return step.spec
+
+
+def test_without_persist_no_boot_unit_only_a_stale_one_removed() -> None:
+    r = load_recipe("minimax-m2.7")
+    phases = get_engine("vllm").launch_phases(r, make_inventory(), LaunchOptions())
+    assert [s.name for s in phases[-1].steps] == ["stale-boot-units"]
+    args = ContainerSpec(name="c", image="img", command=["x"]).run_args()
+    assert "--restart" not in args
+
+
+def test_a_launch_makes_its_own_unit_stale_without_persist_and_a_replaced_servers_unit() -> None:
+    units = {"old-trt": "trtllm", "mine": "vllm", "sgl": "sglang"}
+    assert persist.stale("mine", "vllm", persist=True)(units) == ["old-trt"]
+    assert persist.stale("mine", "vllm", persist=False)(units) == ["mine", "old-trt"]
+    # SGLang servers live side by side: only its own unit, and only without --persist
+    assert persist.stale("sgl", "sglang", persist=True)(units) == []
+    assert persist.stale("sgl", "sglang", persist=False)(units) == ["sgl"]
+    inv = make_inventory()
+    facts = {n.name: {"commands": {"boot_units": {
+        "out": "sparkctl-serve-old-trt.service enabled trtllm\n"}}} for n in inv.nodes}
+    step = persist.phase(persist_spec("minimax-m2.7").__class__(**{
+        **persist_spec("minimax-m2.7").__dict__})).steps[0]
+    change = step.check(make_context(inv, inv.head_name, facts))
+    assert isinstance(change, Change)
+    assert change.summary.startswith("disable and remove sparkctl-serve-old-trt.service")
+
+
+def test_restart_policy_is_in_the_docker_run_argv_before_the_image() -> None:
+    args = ContainerSpec(name="c", image="img", command=["x"], restart="unless-stopped").run_args()
+    assert args[args.index("--restart") + 1] == "unless-stopped"
+    assert args.index("--restart") < args.index("img")
+
+
+@pytest.mark.parametrize("recipe", ["qwen3-235b", "minimax-m2.7", "qwen3.6-27b-tp2"])
+def test_every_engine_gets_the_persist_phase_and_a_boot_plan_per_node(recipe: str) -> None:
+    spec = persist_spec(recipe)
+    inv = make_inventory()
+    assert spec.nodes[0] == inv.head_name and len(spec.nodes) == 2
+    head, peer = (persist.boot_plan(spec, inv.node(n), "/home/nvidia/.cache/huggingface")
+                  for n in spec.nodes)
+    assert head["role"] == "head" and peer["role"] == "peer"
+    assert head["health_port"] == spec.recipe.port and peer["health_port"] is None
+    assert head["models"][0].startswith("/home/nvidia/.cache/huggingface/hub/models--")
+    assert [f["interface"] for f in head["fabric"]] == inv.fabric.interfaces
+    assert head["memory"]["loaded_gb"] > 0 and head["memory"]["guard_gb"] == 2.0
+
+
+def test_trtllm_head_waits_for_its_peers_then_starts_guard_mpirun_and_record() -> None:
+    spec = persist_spec("qwen3-235b")
+    inv = make_inventory()
+    head = persist.boot_plan(spec, inv.head, "/h")
+    peer = persist.boot_plan(spec, inv.node(spec.nodes[1]), "/h")
+    assert head["containers"] == ["trtllm-multinode"]
+    peer_ip = inv.mpi_address(inv.node(spec.nodes[1]))
+    assert [w["what"] for w in head["wait"]] == [
+        f"sshd in trtllm-multinode on {spec.nodes[1]} ({peer_ip}:2233)"]
+    assert [s["what"].split(" ")[0] for s in head["start"]] == ["memory", "mpirun", "the"]
+    assert "trtllm-serve" in head["start"][1]["cmd"] and "docker exec -d" in head["start"][1]["cmd"]
+    assert "@SPARKCTL_BOOT_TIME@" in head["start"][2]["cmd"]
+    assert peer["wait"] == [] and [s["what"] for s in peer["start"]] == ["memory guard"]
+
+
+def test_vllm_and_sglang_containers_get_the_restart_policy_only_with_persist() -> None:
+    from orchestrator.engines.sglang.serve import ServeSpec
+    from orchestrator.engines.vllm.ray import ray_spec
+
+    inv = make_inventory()
+    vllm = load_recipe("minimax-m2.7")
+    assert "--restart" in ray_spec(vllm, inv, inv.head, ["rocep1s0f1"], "/h", False,
+                                   "unless-stopped").run_args()
+    sgl = load_recipe("qwen3.6-27b-tp2")
+    for persist_flag, want in ((True, True), (False, False)):
+        spec = ServeSpec(sgl, inv, LaunchOptions(persist=persist_flag))
+        args = spec.container_spec(inv.head, ["rocep1s0f1", "roceP2p1s0f1"], "/h", False).run_args()
+        assert ("--restart" in args) is want
+
+
+def test_unit_runs_the_boot_script_after_docker_and_the_network_at_boot() -> None:
+    text = persist.unit_text("s1", "trtllm", ["a", "b"])
+    assert "ExecStart=/usr/bin/python3 /etc/sparkctl/boot/sparkctl-boot.py /etc/sparkctl/boot/s1.json" in text
+    assert "After=network-online.target docker.service" in text
+    assert "WantedBy=multi-user.target" in text and "Type=oneshot" in text
+    assert boot_units.server_of_unit("/etc/systemd/system/sparkctl-serve-s1.service") == "s1"
+    assert boot_units.server_of_unit("/etc/systemd/system/ssh.service") is None
+
+
+def test_persist_files_go_through_the_ledger_and_the_unit_is_enabled() -> None:
+    spec = persist_spec("qwen3-235b")
+    inv = make_inventory()
+    facts = {n.name: {**HOME, "files": {}} for n in inv.nodes}
+    ctx = make_context(inv, inv.head_name, facts)
+    files = persist.render(spec)(ctx)
+    assert [f.path for f in files] == ["/etc/sparkctl/boot/sparkctl-boot.py",
+                                       "/etc/sparkctl/boot/qwen3-235b.json",
+                                       "/etc/systemd/system/sparkctl-serve-qwen3-235b.service"]
+    assert json.loads(files[1].content)["node"] == inv.head_name
+    step = persist.EnableUnit(spec)
+    assert isinstance(step.check(ctx), Change)
+    facts[inv.head_name]["commands"]["unit_enabled"] = {"rc": 0, "out": "enabled\n"}
+    assert isinstance(step.check(ctx), Unchanged)
+
+
+def test_status_reads_the_units_and_says_where_the_server_is_persistent() -> None:
+    from orchestrator.checks.status_render import persistence_text
+
+    answer = {"out": "sparkctl-serve-s1.service enabled\nsparkctl-serve-s2.service disabled\n"}
+    units = {"a": boot_units.parse_units(answer), "b": {"s1": True}, "c": {}}
+    assert units["a"] == {"s1": True, "s2": False}
+    found = boot_units.persistence(units, "s1")
+    assert found == {"persistent": True, "unit": "sparkctl-serve-s1.service", "nodes": ["a", "b"]}
+    assert persistence_text(found) == "persistent: yes, sparkctl-serve-s1.service enabled on a, b"
+    assert boot_units.persistence(units, "s2")["persistent"] is False
+    assert persistence_text(boot_units.persistence(units, "s3")).startswith("persistent: no")
+
+
+def test_down_disables_and_removes_the_units_and_names_the_restart_policies() -> None:
+    inv = make_inventory()
+    facts = {n.name: {"commands": {
+        "boot_units": {"out": "sparkctl-serve-s1.service enabled\n"},
+        "restart_policies": {"out": "/trtllm-multinode unless-stopped\n/other no\n"}}}
+        for n in inv.nodes}
+    ctx = make_context(inv, inv.head_name, facts)
+    change = persist_down.RemoveBootUnits().check(ctx)
+    assert isinstance(change, Change)
+    assert change.summary.startswith("disable and remove sparkctl-serve-s1.service")
+    assert "trtllm-multinode (unless-stopped) goes with the containers" in change.summary
+    assert "other" not in change.summary
+    assert change.payload["files"][-1] == boot_units.BOOT_SCRIPT  # no unit left: the script too
+    only = persist_down.RemoveBootUnits("s2").check(ctx)
+    assert isinstance(only, Unchanged)
+
+
+def boot_plan_file(tmp_path: Path, **overrides: Any) -> Path:
+    model = tmp_path / "models--x"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    marker = tmp_path / "started"
+    plan = {"server": "s1", "engine": "trtllm", "node": "a", "role": "head", "nodes": ["a", "b"],
+            "fabric": [], "containers": [], "models": [str(model)],
+            "memory": {"loaded_gb": 0.0, "guard_gb": 0.0},
+            "wait": [{"what": "peer b", "cmd": "true"}],
+            "start": [{"what": "server", "cmd": f"echo @SPARKCTL_BOOT_TIME@ > {marker}"}],
+            "ready": [{"what": "marker", "cmd": f"test -s {marker}"}], "health_port": None,
+            "deadline_seconds": 5, "log": str(tmp_path / "log" / "boot-s1.log")}
+    plan.update(overrides)
+    path = tmp_path / "s1.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def test_boot_script_checks_in_order_then_starts_and_logs(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = run_node_script("boot.py", [str(boot_plan_file(tmp_path))], monkeypatch)
+    assert ran.code == 0, ran.stdout
+    steps = [line.split(" ", 2)[2] for line in ran.stdout.splitlines()]
+    assert [s.split(":")[0] for s in steps] == ["boot of server s1 (trtllm) on a, head of a, b",
+                                                "containers running", "models present", "memory",
+                                                "ready", "started", "up"]
+    assert "@" not in (tmp_path / "started").read_text()  # the boot time went in
+    assert (tmp_path / "log" / "boot-s1.log").read_text().splitlines() == ran.stdout.splitlines()
+
+
+def test_boot_script_refuses_without_the_model_or_the_memory(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = boot_plan_file(tmp_path, models=[str(tmp_path / "absent")])
+    ran = run_node_script("boot.py", [str(plan)], monkeypatch)
+    assert ran.code == 1 and "FAILED: models missing on this node" in ran.stdout
+    (tmp_path / "models--x" / "config.json").unlink()
+    (tmp_path / "models--x").rmdir()
+    plan = boot_plan_file(tmp_path, memory={"loaded_gb": 1e6, "guard_gb": 2.0})
+    ran = run_node_script("boot.py", [str(plan)], monkeypatch)
+    assert ran.code == 1 and re.search(r"FAILED: memory: MemAvailable [\d.]+ GB < 1000002.0 GB",
+                                       ran.stdout)
+    assert "started" not in ran.stdout
+
+
+def test_oom_guard_acts_below_the_memory_guard_and_spares_sshd_dockerd_and_the_guard() -> None:
+    from orchestrator.phases.memory import GUARD_DEFAULT_GB
+
+    text = oomguard.defaults_text()
+    args = re.search(r'^EARLYOOM_ARGS="(.*)"$', text, re.M)
+    assert args is not None
+    words = args.group(1).split()  # as systemd splits $EARLYOOM_ARGS
+    term, kill = (int(v) for v in words[words.index("-M") + 1].split(","))
+    guard_kib = GUARD_DEFAULT_GB * 1024 * 1024
+    assert kill < term < guard_kib
+    assert words[words.index("-s") + 1] == "100,100"
+    avoid = re.compile(words[words.index("--avoid") + 1])
+    for name in ("sshd", "dockerd", "containerd", "systemd", "earlyoom", oomguard.GUARD_COMM):
+        assert avoid.search(name), name
+    for name in ("python3", "trtllm-serve", "vllm", "sshd-session-x"):
+        assert not avoid.search(name), name
+    assert not set("'\"*?[ ") & set(oomguard.AVOID)  # same regex for systemd and /bin/sh
+
+
+def test_the_memory_guard_names_itself_as_earlyoom_spares_it() -> None:
+    source = (Path(persist.__file__).parents[1] / "node" / "memguard.py").read_text()
+    assert f'COMM = "{oomguard.GUARD_COMM}"' in source
+    assert len(oomguard.GUARD_COMM) <= 15  # /proc/PID/comm keeps 15 characters
+
+
+def test_down_removes_earlyoom_only_when_sparkctl_installed_it() -> None:
+    inv = make_inventory()
+
+    def ctx_with(files: dict[str, Any]) -> Any:
+        return make_context(inv, inv.head_name, {n.name: {"files": files} for n in inv.nodes})
+
+    assert isinstance(oomguard.Remove().check(ctx_with({})), Unchanged)
+    marker = {"exists": True, "sha256": "x"}
+    change = oomguard.Remove().check(ctx_with({oomguard.MARKER: marker}))
+    assert isinstance(change, Change) and change.payload == {"installed": True, "enabled": False}
+    assert "remove the earlyoom package" in change.summary
+    change = oomguard.Remove().check(ctx_with({oomguard.ENABLED: marker}))
+    assert isinstance(change, Change) and "package was there before: kept" in change.summary
