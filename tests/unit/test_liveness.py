@@ -17,7 +17,7 @@ from test_serve import status_facts
 from test_status import INVENTORY, SERVER, node_facts
 
 from orchestrator.checks import status
-from orchestrator.checks.status import server_state
+from orchestrator.checks.status_server import server_state
 from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
 from orchestrator.engines import liveness, load_recipe, verify
 from orchestrator.engines.base import LaunchOptions, Ready
