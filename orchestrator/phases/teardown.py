@@ -161,13 +161,8 @@ class RemoveContainers(Step):
         if not ours:
             return Unchanged("no sparkctl container" + note)
         names = ", ".join(f"{c.name} ({c.state})" for c in ours)
-        return Change(f"remove {names}{note}", payload=[c.id for c in ours])
-
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        ctx.run(remove_containers_cmd(change.payload), sudo=True,
-                timeout=CONTAINER_STOP_SECONDS + 60, display="docker stop + rm (sparkctl containers)"
-                ).check()
-        return None
+        return Change(f"remove {names}{note}",
+                      commands=(remove_containers_cmd([c.id for c in ours]),))
 
 
 def remove_containers_cmd(ids: list[str]) -> str:

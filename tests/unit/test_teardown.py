@@ -87,7 +87,7 @@ def test_every_step_changes_a_node_that_was_set_up() -> None:
     outcomes = {s.name: s.check(ctx) for s in phase.steps if s.kind == "change"}
     assert all(isinstance(o, Change) for o in outcomes.values()), outcomes
     assert "mpirun.pid" in outcomes["stop-server"].summary
-    assert outcomes["containers"].payload == ["abc123"]
+    assert outcomes["containers"].commands == (teardown.remove_containers_cmd(["abc123"]),)
     assert "sparkctl-serve-qwen3-235b.service" in outcomes["boot-units"].summary
     assert "trtllm-multinode (unless-stopped)" in outcomes["boot-units"].summary
     assert "stop and disable earlyoom" in outcomes["oom-guard"].summary
