@@ -8,7 +8,8 @@ from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
 
 
 def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
-        trust_new_hosts: bool, break_lock: bool, verify: bool, command: str = "up") -> int:
+        trust_new_hosts: bool, break_lock: bool, verify: bool, command: str = "up",
+        distribute_image: bool = False) -> int:
     from orchestrator.core.plan import build_up_plan
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.state import remember_inventory
@@ -17,7 +18,7 @@ def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
     request = RunRequest(
         command=command, inventory=inventory, build=lambda session: build_up_plan(inventory),
         dry_run=dry_run, yes=yes, as_json=as_json, trust_new_hosts=trust_new_hosts,
-        break_lock=break_lock, values={"verify": verify},
+        break_lock=break_lock, values={"verify": verify, "distribute_image": distribute_image},
     )
     code = execute(request)
     if code == 0 and not dry_run:
@@ -35,8 +36,12 @@ def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
 @click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
 @click.option("--verify/--no-verify", default=False,
               help="Run the mpirun check even when nothing changed (it always runs after changes).")
+@click.option("--distribute-image", is_flag=True,
+              help="Pull the container image on the head only and send it to the other nodes "
+                   "over the fabric (docker save | docker load, verified by image ID and "
+                   "digest). Without it, this happens only for nodes whose pull fails.")
 def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
-       trust_new_hosts: bool, break_lock: bool, verify: bool) -> None:
+       trust_new_hosts: bool, break_lock: bool, verify: bool, distribute_image: bool) -> None:
     """Bring the cluster up: fabric network, SSH trust, containers, MPI hostfile.
 
     \b
@@ -44,11 +49,14 @@ def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
       preflight  read-only checks on every node; any problem: nothing changes anywhere
       network    fabric netplan file (0600), validated, applied with automatic rollback
       ssh        a dedicated cluster key pair for MPI and pinned container host keys
-      container  the TensorRT-LLM container with the fabric's NCCL/UCX/MPI settings
+      container  the image (pulled; a node that cannot reach the registry gets it from
+                 the head over the fabric, verified), the TensorRT-LLM container with the
+                 fabric's NCCL/UCX/MPI settings
       mpi        the hostfile; `mpirun hostname` across all containers proves it
     Safe to run again: it changes only what is wrong. See docs/up.md.
     """
-    run_command(lambda: _up(inventory_path, dry_run, yes, as_json, trust_new_hosts, break_lock, verify))
+    run_command(lambda: _up(inventory_path, dry_run, yes, as_json, trust_new_hosts, break_lock,
+                            verify, distribute_image=distribute_image))
 
 
 @click.command(context_settings=CONTEXT)
