@@ -28,7 +28,8 @@ from orchestrator.node import script
 from orchestrator.remote.pipe import RemoteProcess
 from orchestrator.remote.transport import Transport
 
-FANOUT_SCRIPT = script("fanout_manifest.py") + "\n" + script("fanout.py")
+FANOUT_SCRIPT = "\n".join(script(name) for name in
+                          ("fanout_manifest.py", "fanout_io.py", "fanout.py"))
 STREAMS = int(os.environ.get("SPARKCTL_FANOUT_STREAMS", "4"))
 """Parallel TCP connections per peer (4 filled the lab's link; see docs/performance.md)."""
 

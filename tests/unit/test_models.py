@@ -165,7 +165,8 @@ def test_the_phase_runs_on_the_serving_nodes_and_asks_for_manifests(
     assert words[:3] == ["docker", "exec", cluster.inventory.container.name]
     assert words[3:-2] == ["python3", "-c", fanout.FANOUT_SCRIPT] and words[-2] == "manifest"
     # the node script is the manifest code and the fan-out in one (stdlib only, sent whole)
-    assert script("fanout_manifest.py") + "\n" + script("fanout.py") == fanout.FANOUT_SCRIPT
+    parts = ("fanout_manifest.py", "fanout_io.py", "fanout.py")
+    assert "\n".join(script(name) for name in parts) == fanout.FANOUT_SCRIPT
     # the facts manifest skips the chunk hashes (only the distribute step needs them)
     assert json.loads(words[-1]) == {"hub": models.HUB_DIR, "chunks": False, "repos": [
         {"repo": MODEL, "revision": "main", "dir": None, "allow": ["*.safetensors", "*.json"],
