@@ -242,6 +242,9 @@ def bench_fanout(s: Settings, res: Results, workdir: Path) -> None:
             res.row("fan-out sparkctl (raw TCP, 4 streams, verified)", "MB/s",
                     note=size).runs.append(rate[0])
             res.row("fan-out sparkctl seconds", note=size).runs.append(rate[2])
+            if rate[3]:
+                res.row("fan-out sparkctl, on the wire (sender's seconds)", "MB/s",
+                        note=size).runs.append(rate[1] / rate[3])
             time.sleep(1)
         s.log("fanout: where the time goes (node script alone, interleaved with iperf3)")
         rows = fanout_probe.probe(lab, head, peer, model_bytes // 2**20, s.runs)

@@ -348,6 +348,9 @@ def test_distribute_copies_only_what_differs_and_verifies(
     assert len([c for c in cluster["spark-b"].calls if "manifest" in c.command]) == 1
     assert message is not None and message.startswith(
         "copied spark-b: 300.00 GB in ") and ", 5.0 MB already there; " in message
+    # the sender's own seconds (process start-up excluded): the rate comparable with iperf3
+    assert "; on the wire 2.00 s (150.00 GB/s); " in message
+    assert ctx.shared["fanout"]["spark-b"]["wire_seconds"] == 2.0
     assert message.endswith(f"identical on spark-a, spark-b: {MODEL}@c0ffee: 2 files, 300.00 GB; "
                             f"{DRAFT}@local: 1 files, 5.0 MB")
     assert ctx.shared["fanout"]["spark-b"]["bytes_copied"] == BIG
