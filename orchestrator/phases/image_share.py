@@ -124,10 +124,16 @@ class ImageShare(Step):
 
     def check(self, ctx: NodeContext) -> Outcome:
         image = self.image_of(ctx)
-        wanted = {n: why for n, why in sorted((ctx.shared.get(WANTED) or {}).items())
-                  if image and image_fact(ctx, n, image) is None}
+        if not image:
+            return Unchanged("no image")
+        wanted = dict(ctx.shared.get(WANTED) or {})
+        if ctx.options.values.get("distribute_image"):  # (a dry run sees it before any pull)
+            for name in ctx.cluster_facts:
+                if name != ctx.inventory.head_name:
+                    wanted.setdefault(name, "--distribute-image")
+        wanted = {n: why for n, why in sorted(wanted.items()) if image_fact(ctx, n, image) is None}
         if not wanted:
-            return Unchanged("every node pulled the image itself" if image else "no image")
+            return Unchanged("no node needs the image from another")
         return Change("send " + image + " over the fabric to " + ", ".join(wanted),
                       payload=wanted)
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -56,6 +58,8 @@ def test_distribute_image_pulls_on_the_head_only(inventory: Any, context: Any) -
     peer = c.Image(share=True).check(peer_ctx)
     assert isinstance(head, Change) and head.summary == f"docker pull {IMAGE}"
     assert isinstance(peer, Change) and "from the head over the fabric" in peer.summary
+    planned = share.ImageShare().check(peer_ctx)  # a dry run: nothing applied yet
+    assert isinstance(planned, Change) and planned.payload == {"spark-b": "--distribute-image"}
     c.Image(share=True).apply(peer_ctx, peer)
     assert peer_ctx.shared[share.WANTED] == {"spark-b": "--distribute-image"}
     present = context(inv, "spark-b", {"spark-b": facts()}, options=options)
@@ -92,6 +96,37 @@ def test_image_share_sends_from_the_head_and_verifies_the_image_id(
     monkeypatch.setattr(share, "copy_image", lambda *a: {"id": "sha256:other", "digests": []})
     with pytest.raises(SparkctlError, match=r"spark-b: .* arrived as image ID sha256:other"):
         share.ImageShare().apply(ctx, change)
+
+
+def test_the_token_travels_on_stdin_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[tuple[str, str, str]] = []
+    lines = {"recv": [{"port": 4242}, {"done": True, "id": ID, "digests": [], "bytes": 5}],
+             "send": [{"done": True, "id": ID, "digests": [], "bytes": 5, "seconds": 0.1}]}
+
+    class Remote:
+        def __init__(self, transport: Any, command: str, stdin_text: str, display: str) -> None:
+            self.mode = shlex.split(command)[3]
+            started.append((transport, command, stdin_text))
+            self.lines = [json.dumps(line) for line in lines[self.mode]]
+
+        def readline(self) -> str:
+            return self.lines.pop(0) if self.lines else ""
+
+        def stderr_tail(self) -> str:
+            return ""
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(share, "RemoteProcess", Remote)
+    head, peer = SimpleNamespace(node="spark-a"), SimpleNamespace(node="spark-b")
+    got = share.copy_image(head, peer, "192.168.200.13", IMAGE)  # type: ignore[arg-type]
+    assert got["id"] == ID and got["source_id"] == ID
+    (on_peer, recv_cmd, token), (on_head, send_cmd, token2) = started
+    assert (on_peer, on_head) == (peer, head)
+    assert token == token2 and len(token) == 32
+    assert token not in recv_cmd and token not in send_cmd
+    assert '"listen": "192.168.200.13"' in recv_cmd and '"port": 4242' in send_cmd
 
 
 def test_no_node_with_the_image_names_every_reason(inventory: Any, context: Any) -> None:
