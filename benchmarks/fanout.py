@@ -20,10 +20,12 @@ from benchmarks.staging import fabric_ip
 CONTAINER = "trtllm-multinode"
 HF = "/root/.cache/huggingface"
 RATE = re.compile(r"(spark-[a-z]+): ([\d.]+) (GB|MB) in ([\d.]+) s")
+WIRE = re.compile(r"on the wire ([\d.]+) s")
 
 
-def fanout_rate(launch: Timed) -> tuple[float, float, float] | None:
-    """(MB/s, MB, seconds) of the distribute step's copy, from the launch report."""
+def fanout_rate(launch: Timed) -> tuple[float, float, float, float | None] | None:
+    """(MB/s, MB, seconds, seconds on the wire) of the distribute step's copy, from the launch
+    report (on the wire: the sender's own seconds, without starting the processes)."""
     for host in launch.report.get("hosts", {}).values():
         for step in host.get("steps", []):
             if step.get("step") == "distribute":
@@ -31,7 +33,8 @@ def fanout_rate(launch: Timed) -> tuple[float, float, float] | None:
                 if found:
                     size = float(found.group(2)) * (1000 if found.group(3) == "GB" else 1)
                     seconds = float(found.group(4))
-                    return size / seconds, size, seconds
+                    wire = WIRE.search(step.get("message", ""))
+                    return size / seconds, size, seconds, float(wire.group(1)) if wire else None
     return None
 
 

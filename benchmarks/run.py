@@ -41,6 +41,12 @@ TARGETS = [
            "iperf3 raw TCP head->peer, fabric", at_least=True),
     Target("fan-out >= 70% of iperf3", "fan-out sparkctl (raw TCP, 4 streams, verified)", 0.70,
            "iperf3 raw TCP head->peer (fan-out lab)", at_least=True),
+    Target("fan-out on the wire >= 50% of iperf3",
+           "fan-out sparkctl, on the wire (sender's seconds)", 0.50,
+           "iperf3 raw TCP head->peer (fan-out lab)", at_least=True),
+    Target("fan-out node script (4 streams, verified) >= 50% of iperf3",
+           "fan-out node script: verified, 4 stream(s)", 0.50,
+           "iperf3 raw TCP head->peer (probe)", at_least=True),
     Target("sparkctl --help < 0.2 s", "sparkctl --help", 0.2),
 ]
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks import fanout, floor, staging
+from benchmarks import fanout, fanout_probe, floor, staging
 from benchmarks.labctl import SPARKCTL, BenchError, Lab, Timed
 from benchmarks.stats import Measurement, median
 
@@ -205,13 +205,17 @@ def bench_scale(s: Settings, res: Results, workdir: Path) -> None:
             lab.down()
 
 
+FANOUT_MIN_BYTES = 384 * 2**20
+
+
 def bench_fanout(s: Settings, res: Results, workdir: Path) -> None:
     """Fan-out vs SSH streams vs iperf3 on one 2-node lab, interleaved run by run."""
     lab = Lab(s.lab_id, 2, "b2b", workdir)
-    s.log(f"fanout: lab up, model {s.model_bytes / 2**20:.0f} MiB")
-    lab.up(s.engine_load_seconds, s.model_bytes)
+    model_bytes = max(s.model_bytes, FANOUT_MIN_BYTES)  # issue #18 measures >= 384 MiB
+    s.log(f"fanout: lab up, model {model_bytes / 2**20:.0f} MiB")
+    lab.up(s.engine_load_seconds, model_bytes)
     head, peer = lab.node_names()[:2]
-    size = f"{s.model_bytes / 2**20:.0f} MiB model + draft"
+    size = f"{model_bytes / 2**20:.0f} MiB model + draft"
     try:
         if not lab.sparkctl("up", "--yes").ok:
             raise BenchError("fanout: up failed")
@@ -238,6 +242,16 @@ def bench_fanout(s: Settings, res: Results, workdir: Path) -> None:
             res.row("fan-out sparkctl (raw TCP, 4 streams, verified)", "MB/s",
                     note=size).runs.append(rate[0])
             res.row("fan-out sparkctl seconds", note=size).runs.append(rate[2])
+            if rate[3]:
+                res.row("fan-out sparkctl, on the wire (sender's seconds)", "MB/s",
+                        note=size).runs.append(rate[1] / rate[3])
             time.sleep(1)
+        s.log("fanout: where the time goes (node script alone, interleaved with iperf3)")
+        rows = fanout_probe.probe(lab, head, peer, model_bytes // 2**20, s.runs)
+        for name, values in rows.items():
+            label = "iperf3 raw TCP head->peer (probe)" if name == "iperf3" else \
+                f"fan-out node script: {name}"
+            res.row(label, "MB/s", note=f"{model_bytes / 2**20:.0f} MiB, wire time"
+                    ).runs.extend(values)
     finally:
         lab.down()

@@ -46,6 +46,9 @@ _fault_command("delay", "Delay (and drop) frames leaving an interface of the nod
                click.option("--loss", type=float, default=None, help="percent of frames lost"))
 _fault_command("engine-hang", "The simulated engine hangs (flag file in the node).")
 _fault_command("rank-die", "A simulated engine rank dies (flag file in the node).")
+_fault_command("block-registry", "The node cannot reach any container registry: `docker pull` "
+               "fails as with no DNS/route to it (flag file in the node); `docker save`/`load` "
+               "still work. Undo: `fault restore --node NODE`.")
 _fault_command("change-address", "Replace an interface's addresses by hand.", _IFACE,
                click.option("--address", required=True, help="e.g. 192.168.200.99/24"))
 _fault_command("set-mtu", "Change an interface's MTU by hand.", _IFACE,

@@ -301,6 +301,7 @@ FAULTS: dict[str, tuple[Apply, Undo]] = {
     "delay": (_delay, _undo_delay),
     "engine-hang": (_flag, _undo_flag),
     "rank-die": (_flag, _undo_flag),
+    "block-registry": (_flag, _undo_flag),
     "change-address": (_change_address, _undo_change_address),
     "set-mtu": (_set_mtu, _undo_set_mtu),
     "switch-mtu": (_switch_mtu, _undo_switch_mtu),

@@ -9,7 +9,7 @@ from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option
 
 def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
         trust_new_hosts: bool, break_lock: bool, verify: bool, command: str = "up",
-        oom_guard: bool = False) -> int:
+        oom_guard: bool = False, distribute_image: bool = False) -> int:
     from orchestrator.core.plan import build_up_plan
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.state import remember_inventory
@@ -18,7 +18,7 @@ def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
     request = RunRequest(
         command=command, inventory=inventory, build=lambda session: build_up_plan(inventory, oom_guard),
         dry_run=dry_run, yes=yes, as_json=as_json, trust_new_hosts=trust_new_hosts,
-        break_lock=break_lock, values={"verify": verify},
+        break_lock=break_lock, values={"verify": verify, "distribute_image": distribute_image},
     )
     code = execute(request)
     if code == 0 and not dry_run:
@@ -41,8 +41,13 @@ def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
 @click.option("--oom-guard", is_flag=True,
               help="Also install and configure earlyoom on every node, acting only after "
                    "sparkctl's memory guard (sshd, dockerd and the guard protected).")
+@click.option("--distribute-image", is_flag=True,
+              help="Pull the container image on the head only and send it to the other nodes "
+                   "over the fabric (docker save | docker load, verified by image ID and "
+                   "digest). Without it, this happens only for nodes whose pull fails.")
 def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
-       trust_new_hosts: bool, break_lock: bool, verify: bool, oom_guard: bool) -> None:
+       trust_new_hosts: bool, break_lock: bool, verify: bool, oom_guard: bool,
+       distribute_image: bool) -> None:
     """Bring the cluster up: fabric network, SSH trust, containers, MPI hostfile.
 
     \b
@@ -50,13 +55,15 @@ def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
       preflight  read-only checks on every node; any problem: nothing changes anywhere
       network    fabric netplan file (0600), validated, applied with automatic rollback
       ssh        a dedicated cluster key pair for MPI and pinned container host keys
-      container  the TensorRT-LLM container with the fabric's NCCL/UCX/MPI settings
+      container  the image (pulled; a node that cannot reach the registry gets it from
+                 the head over the fabric, verified), the TensorRT-LLM container with the
+                 fabric's NCCL/UCX/MPI settings
       mpi        the hostfile; `mpirun hostname` across all containers proves it
       oom-guard  (--oom-guard) earlyoom installed, /etc/default/earlyoom, service enabled
     Safe to run again: it changes only what is wrong. See docs/up.md.
     """
-    run_command(lambda: _up(inventory_path, dry_run, yes, as_json, trust_new_hosts, break_lock, verify,
-                            oom_guard=oom_guard))
+    run_command(lambda: _up(inventory_path, dry_run, yes, as_json, trust_new_hosts, break_lock,
+                            verify, oom_guard=oom_guard, distribute_image=distribute_image))
 
 
 @click.command(context_settings=CONTEXT)

@@ -11,8 +11,9 @@ recv: checks what this node already has (final files by their cached or fresh ha
     `*.sparkctl-part` files chunk by chunk), checks free space, prints one JSON line (the port
     it listens on, the chunks it needs), then takes chunks over raw TCP on the fabric address
     only, from connections that first present the one-time token it was given on stdin. Every
-    chunk is hashed as it arrives and compared with the head's before it is written; a file is
-    renamed into place when its last chunk is in; links and refs are made last.
+    chunk is hashed and compared with the head's (fanout_io.py: spliced into the partial file,
+    hashed from the page cache); a file is renamed into place when its last chunk is in and
+    right; links and refs are made last.
 send: streams the chunks the receiver asked for over N parallel connections (sendfile),
     printing `{"sent": bytes}` lines as it goes.
 """
@@ -55,6 +56,11 @@ if "manifest" not in globals():  # run as a file or imported (tests); nodes get 
         )
     except ImportError:
         from fanout_manifest import CHUNK, PART, HashCache, cache_path, free_bytes, manifest, out  # type: ignore
+if "splice_exact" not in globals():
+    try:
+        from orchestrator.node.fanout_io import make_pipe, read_exact, receive_buffered, splice_exact
+    except ImportError:
+        from fanout_io import make_pipe, read_exact, receive_buffered, splice_exact  # type: ignore
 
 
 # ---------------------------------------------------------------- receiving
@@ -124,7 +130,7 @@ class Receiver:
             if i not in self.fds:
                 path = safe_join(self.root, self.files[i]["rel"]) + PART
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                self.fds[i] = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+                self.fds[i] = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             return self.fds[i]
 
     def finish_file(self, i):
@@ -156,9 +162,17 @@ class Receiver:
     def take(self, conn):
         """One authenticated connection: frames until END; each chunk verified before written."""
         conn.settimeout(IDLE_SECONDS)
-        buf = bytearray(self.chunk)
+        pipe = make_pipe()
+        buf = bytearray(0 if pipe else self.chunk)
         view = memoryview(buf)
         header = bytearray(HEADER.size)
+        try:
+            self._take(conn, pipe, view, header)
+        finally:
+            for end in pipe or ():
+                os.close(end)
+
+    def _take(self, conn, pipe, view, header):
         while True:
             read_exact(conn, memoryview(header))
             i, off, length = HEADER.unpack(header)
@@ -168,13 +182,13 @@ class Receiver:
             f = self.files[i]
             if length > self.chunk or off % self.chunk or off + length > f["size"]:
                 raise ValueError(f"bad frame for {f['rel']}: offset {off}, length {length}")
-            read_exact(conn, view[:length], self)
-            if hashlib.sha256(view[:length]).hexdigest() != f["chunks"][off // self.chunk]:
-                raise ValueError(f"{f['rel']}: chunk at {off} arrived corrupted")
             fd = self.open_part(i)
-            written = 0
-            while written < length:
-                written += os.pwrite(fd, view[written:length], off + written)
+            if pipe is not None and length:
+                got = splice_exact(conn, pipe, fd, off, length, self)
+            else:
+                got = receive_buffered(conn, view[:length], fd, off, self)
+            if got != f["chunks"][off // self.chunk]:
+                raise ValueError(f"{f['rel']}: chunk at {off} arrived corrupted")
             with self.lock:
                 self.need[i].discard(off)
                 done = not self.need[i]
@@ -202,18 +216,6 @@ class Receiver:
             with open(path + PART, "w") as f:
                 f.write(content)
             os.replace(path + PART, path)
-
-
-def read_exact(conn, view, receiver=None):
-    n = 0
-    while n < len(view):
-        got = conn.recv_into(view[n:], min(len(view) - n, 4 << 20))
-        if not got:
-            raise ConnectionError("the sender closed the connection mid-chunk")
-        n += got
-        if receiver is not None:
-            receiver.received += got
-            receiver.last = time.monotonic()
 
 
 def recv(args):

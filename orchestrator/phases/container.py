@@ -217,12 +217,18 @@ def _inventory_image(ctx: NodeContext) -> str | None:
 
 
 class Image(Step):
-    """The image on the node: pulled only when missing (None: no image needed on this node)."""
+    """The image on the node: pulled only when missing (None: no image needed on this node).
+
+    With `share` (the phase has an ImageShare step after this one), a node that cannot pull
+    gets the image from another node over the fabric instead of failing here; so does every
+    node but the head with `up --distribute-image` (phases/image_share.py).
+    """
 
     name = "image"
 
-    def __init__(self, image_of: ImageOf | None = None) -> None:
+    def __init__(self, image_of: ImageOf | None = None, share: bool = False) -> None:
         self.image_of = image_of or _inventory_image
+        self.share = share
 
     def check(self, ctx: NodeContext) -> Outcome:
         image = self.image_of(ctx)
@@ -234,16 +240,30 @@ class Image(Step):
                                 f"{fact['error'].strip()}")
         if fact:
             return Unchanged(f"{image} present")
-        return Change(f"docker pull {image}", payload=image)
+        if self.share and ctx.options.values.get("distribute_image") and not ctx.is_head:
+            return Change(f"get {image} from the head over the fabric (--distribute-image)",
+                          payload={"image": image, "distribute": True})
+        return Change(f"docker pull {image}", payload={"image": image})
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        image = change.payload or self.image_of(ctx)
+        from orchestrator.phases.image_share import want
+
+        payload = change.payload or {"image": self.image_of(ctx)}
+        image = payload["image"]
+        if payload.get("distribute"):
+            want(ctx, ctx.node.name, "--distribute-image")
+            return f"{image}: sent by another node over the fabric (next step)"
         command = f"{docker_cmd('pull', image)} >&2 && {docker_cmd('image', 'inspect', image)}"
         result = ctx.run(command, sudo=True, timeout=PULL_TIMEOUT)
         if not result.ok:
+            error = result.stderr.strip()[-400:]
+            if self.share:  # another node may have it: image-share sends it, or says why not
+                want(ctx, ctx.node.name, "its pull failed")
+                return (f"`docker pull {image}` failed, the image will come from another node "
+                        f"over the fabric: {error.splitlines()[-1] if error else ''}")
             raise SparkctlError(
                 f"{ctx.node.name}: container/image: `docker pull {image}` exited "
-                f"{result.exit_status}: {result.stderr.strip()[-400:]}\n"
+                f"{result.exit_status}: {error}\n"
                 "Hint: a 'Root CA' / x509 error usually means the node's clock is wrong."
             )
         try:
@@ -267,10 +287,14 @@ class ImageDigest(Step):
         if image is None:
             return Unchanged("no container here")
         digests: dict[str, str | None] = {}
+        ids: dict[str, str | None] = {}
         for name, node_facts in sorted(ctx.cluster_facts.items()):
             fact = (ctx.shared.get("image_facts") or {}).get(name) or \
                 (node_facts.get("images") or {}).get(image)
             digests[name] = image_digest(fact, image)
+            ids[name] = fact.get("Id") if isinstance(fact, dict) and "error" not in fact else None
+        if any(d and d == ids.get(n) for n, d in digests.items()):
+            digests = ids  # a node keeps no registry digest (e.g. `docker load`): compare IDs
         mine = digests.get(ctx.node.name)
         if mine is None:
             return Unchanged("digest known after the pull")

@@ -28,7 +28,8 @@ from orchestrator.node import script
 from orchestrator.remote.pipe import RemoteProcess
 from orchestrator.remote.transport import Transport
 
-FANOUT_SCRIPT = script("fanout_manifest.py") + "\n" + script("fanout.py")
+FANOUT_SCRIPT = "\n".join(script(name) for name in
+                          ("fanout_manifest.py", "fanout_io.py", "fanout.py"))
 STREAMS = int(os.environ.get("SPARKCTL_FANOUT_STREAMS", "4"))
 """Parallel TCP connections per peer (4 filled the lab's link; see docs/performance.md)."""
 
@@ -51,14 +52,20 @@ class PeerCopy:
     """Bytes the peer already had right (whole files and verified chunks of partial ones)."""
     sent: int = 0
     seconds: float = 0.0
+    """From starting the sender to the receiver's last verified chunk (what the user waits)."""
+    wire: float = 0.0
+    """The sender's own seconds, first connection to the last confirmation: the transfer
+    without starting the processes (comparable with iperf3)."""
 
     def line(self) -> str:
         rate = self.sent / self.seconds if self.seconds > 0 else 0.0
         if not self.sent:
             return f"{self.peer}: nothing to copy ({gb(self.total)} already there)"
         resumed = f", {gb(self.had)} already there" if self.had else ""
+        wire = (f"; on the wire {self.wire:.2f} s ({self.sent / self.wire / 1e9:.2f} GB/s)"
+                if self.wire > 0 else "")
         return (f"{self.peer}: {gb(self.sent)} in {self.seconds:.1f} s "
-                f"({rate / 1e9:.2f} GB/s){resumed}")
+                f"({rate / 1e9:.2f} GB/s){resumed}{wire}")
 
 
 class FanoutProgress:
@@ -194,6 +201,7 @@ def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: s
             if status.get("done") or status.get("error"):
                 break
         result.seconds = time.monotonic() - started
+        result.wire = float(status.get("seconds") or 0.0)
         final = _first_json(receiver)
         if final.get("error") == "space":
             raise space_error(peer.node, final.get("path", entry["root"]),

@@ -291,10 +291,12 @@ class Distribute(Step):
             else:
                 errors.append(str(outcome.error))
         totals = {peer: fanout.PeerCopy(peer, sum(c.total for c in cs), sum(c.had for c in cs),
-                                        sum(c.sent for c in cs), sum(c.seconds for c in cs))
+                                        sum(c.sent for c in cs), sum(c.seconds for c in cs),
+                                        sum(c.wire for c in cs))
                   for peer, cs in copies.items()}
         ctx.shared["fanout"] = {p: {"bytes_total": t.total, "bytes_had": t.had,
                                     "bytes_copied": t.sent, "seconds": round(t.seconds, 3),
+                                    "wire_seconds": round(t.wire, 3),
                                     "gb_per_s": round(t.sent / t.seconds / 1e9, 3)
                                     if t.seconds else None} for p, t in totals.items()}
         if errors:

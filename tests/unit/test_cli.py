@@ -79,10 +79,13 @@ def test_up_runs_the_up_plan_and_remembers_the_inventory(inv: str, executed: dic
     assert result.exit_code == 0, result.output
     request = executed["request"]
     assert (request.command, request.yes, request.as_json, request.trust_new_hosts, request.break_lock,
-            request.dry_run, request.values) == ("up", True, True, True, True, False, {"verify": True})
+            request.dry_run, request.values) == ("up", True, True, True, True, False,
+                                                 {"verify": True, "distribute_image": False})
     plan = request.build(fake_cluster().session())
     assert [p.name for p in plan.phases][:2] == ["preflight", "network"]
     assert (state_dir / "last-inventory").read_text().strip() == inv
+    again = sparkctl("up", "-i", inv, "--yes", "--distribute-image")
+    assert again.exit_code == 0 and executed["request"].values["distribute_image"] is True
 
 
 def test_a_failed_up_exits_1_and_is_not_remembered(inv: str, executed: dict[str, Any],

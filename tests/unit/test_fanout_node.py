@@ -205,7 +205,8 @@ def test_not_enough_space_is_refused_with_the_numbers(tmp_path: Path,
     assert lines == [{"error": "space", "need": entry["bytes"], "free": 10, "path": str(peer)}]
 
 
-def test_a_disk_filling_up_mid_copy_fails_at_once(tmp_path: Path,
+@pytest.mark.parametrize("splice", [True, False], ids=["splice", "recv+write"])
+def test_a_disk_filling_up_mid_copy_fails_at_once(tmp_path: Path, splice: bool,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
     import threading
@@ -222,6 +223,19 @@ def test_a_disk_filling_up_mid_copy_fails_at_once(tmp_path: Path,
     lines: list[dict[str, Any]] = []
     exits: list[int] = []
     monkeypatch.setattr(node.os, "pwrite", full)
+    real_splice = getattr(node.os, "splice", None)
+
+    def splice(src: int, dst: int, count: int, offset_src: Any = None, offset_dst: Any = None,
+               flags: int = 0) -> int:
+        if offset_dst is not None:  # into the file
+            raise OSError(errno.ENOSPC, "No space left on device")
+        assert real_splice is not None
+        return int(real_splice(src, dst, count))
+
+    if splice and real_splice is not None:
+        monkeypatch.setattr(node.os, "splice", splice)
+    elif real_splice is not None:
+        monkeypatch.delattr(node.os, "splice")
     monkeypatch.setattr(node.os, "_exit", lambda code: exits.append(code))
     monkeypatch.setattr(node, "out", lines.append)
     monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(json.dumps(

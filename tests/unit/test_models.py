@@ -165,7 +165,8 @@ def test_the_phase_runs_on_the_serving_nodes_and_asks_for_manifests(
     assert words[:3] == ["docker", "exec", cluster.inventory.container.name]
     assert words[3:-2] == ["python3", "-c", fanout.FANOUT_SCRIPT] and words[-2] == "manifest"
     # the node script is the manifest code and the fan-out in one (stdlib only, sent whole)
-    assert script("fanout_manifest.py") + "\n" + script("fanout.py") == fanout.FANOUT_SCRIPT
+    parts = ("fanout_manifest.py", "fanout_io.py", "fanout.py")
+    assert "\n".join(script(name) for name in parts) == fanout.FANOUT_SCRIPT
     # the facts manifest skips the chunk hashes (only the distribute step needs them)
     assert json.loads(words[-1]) == {"hub": models.HUB_DIR, "chunks": False, "repos": [
         {"repo": MODEL, "revision": "main", "dir": None, "allow": ["*.safetensors", "*.json"],
@@ -347,6 +348,9 @@ def test_distribute_copies_only_what_differs_and_verifies(
     assert len([c for c in cluster["spark-b"].calls if "manifest" in c.command]) == 1
     assert message is not None and message.startswith(
         "copied spark-b: 300.00 GB in ") and ", 5.0 MB already there; " in message
+    # the sender's own seconds (process start-up excluded): the rate comparable with iperf3
+    assert "; on the wire 2.00 s (150.00 GB/s); " in message
+    assert ctx.shared["fanout"]["spark-b"]["wire_seconds"] == 2.0
     assert message.endswith(f"identical on spark-a, spark-b: {MODEL}@c0ffee: 2 files, 300.00 GB; "
                             f"{DRAFT}@local: 1 files, 5.0 MB")
     assert ctx.shared["fanout"]["spark-b"]["bytes_copied"] == BIG

@@ -1,4 +1,5 @@
-"""Commands that act on containers and images: exec, cp, stop/kill, start, rm, pull, images."""
+"""Commands that act on containers and images: exec, cp, stop/kill, start, rm, pull, images
+(save and load: sparklab_dockerd_image)."""
 from __future__ import annotations
 
 import contextlib
@@ -218,6 +219,10 @@ def cmd_image(args: list[str]) -> int:
         return cmd_pull(rest)
     if sub in ("ls", "list"):
         return cmd_images(rest)
+    if sub in ("save", "load"):
+        import sparklab_dockerd_image
+
+        return int(getattr(sparklab_dockerd_image, "cmd_" + sub)(rest))
     raise DockerError(f"docker: 'image {sub}' is not a docker command (sparklab).", 1)
 
 

@@ -142,19 +142,34 @@ def node_digest(name: str) -> str | None:
     return override.get(name) or override.get("image") or digest
 
 
-def image_id(digest: str) -> str:
+def config_blob(name: str, digest: str) -> bytes:
+    """The image's config as `docker save` writes it; its sha256 is the image ID."""
+    return json.dumps({"architecture": "arm64", "os": "linux",
+                       "config": {"Env": [f"PATH={image_path(name)}"], "Cmd": ["/bin/bash"],
+                                  "Labels": {"org.sparklab.simulated": "true"}},
+                       "sparklab": {"image": name, "repo_digest": digest}},
+                      sort_keys=True).encode()
+
+
+def image_id(name: str, digest: str) -> str:
     import hashlib
 
-    return "sha256:" + hashlib.sha256(("config:" + digest).encode()).hexdigest()
+    return "sha256:" + hashlib.sha256(config_blob(name, digest)).hexdigest()
+
+
+def registry_blocked() -> bool:
+    """The lab fault `block-registry`: this node cannot reach any registry."""
+    return os.path.exists(ROOT + "/faults/block-registry")
 
 
 def image_record(name: str) -> dict | None:
     rec = read_json(f"{IMAGES}/{name.replace('/', '+')}.json")
     if not isinstance(rec, dict):
         return None
-    digest = node_digest(name) or rec["digest"]
+    # a loaded image keeps what it was saved with; a pulled one shows this node's registry's
+    digest = rec["digest"] if rec.get("loaded") else (node_digest(name) or rec["digest"])
     repo = name.rsplit(":", 1)[0]
-    return {"Id": image_id(digest), "RepoTags": [name], "RepoDigests": [f"{repo}@{digest}"],
+    return {"Id": image_id(name, digest), "RepoTags": [name], "RepoDigests": [f"{repo}@{digest}"],
             "Created": rec["pulled"], "Size": 27_000_000_000,
             "Config": {"Env": [f"PATH={image_path(name)}"], "Cmd": ["/bin/bash"], "Entrypoint": None,
                        "Labels": {"org.sparklab.simulated": "true"}}}
@@ -162,6 +177,10 @@ def image_record(name: str) -> dict | None:
 
 def pull(ref: str, out: object) -> dict:
     name = normalize_image(ref)
+    if registry_blocked():
+        registry = name.split("/", 1)[0]
+        raise DockerError(f'Error response from daemon: Get "https://{registry}/v2/": dial tcp: '
+                          f"lookup {registry}: no such host (sparklab fault block-registry)", 1)
     digest = node_digest(name)
     if digest is None:
         raise DockerError(f"Error response from daemon: manifest for {ref} not found: "

@@ -36,6 +36,7 @@ from orchestrator.phases.container import (
     spec_facts,
 )
 from orchestrator.phases.container import fabric_env as nccl_env
+from orchestrator.phases.image_share import ImageShare
 from orchestrator.phases.ssh_keys import (
     HOST_PUB,
     entrypoint_content,
@@ -179,5 +180,6 @@ def node_trtllm_spec(ctx: NodeContext) -> ContainerSpec:
 
 
 def phase(inventory: Inventory) -> Phase:
-    return Phase("container", [Image(), ImageDigest(), MpiVersion(), Container(node_trtllm_spec)],
+    return Phase("container", [Image(share=True), ImageShare(), ImageDigest(), MpiVersion(),
+                               Container(node_trtllm_spec)],
                  facts)

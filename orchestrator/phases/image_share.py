@@ -1,0 +1,180 @@
+"""The container image node to node over the fabric, for nodes that cannot (or should not) pull.
+
+A node gets the image this way when its `docker pull` failed (no route or DNS to the registry,
+a proxy, a registry outage: the Image step records the error instead of failing) or, with
+`up --distribute-image`, whenever it lacks the image: then only the head pulls. The source is
+the head when it has the image, else any node that has it. Per target, in parallel: a receiver
+on the target's fabric address (a one-time token on stdin, one connection) pipes the stream
+into `docker load`; the source streams `docker save` into it (node/imagecopy.py). The stream's
+sha256 is checked end to end, and the loaded image must show the source's image ID (and its
+registry digest, where the node's docker keeps one): else the step fails, naming the node.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from orchestrator.commands import join
+from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
+from orchestrator.errors import SparkctlError
+from orchestrator.node import script
+from orchestrator.remote.cluster import parallel
+from orchestrator.remote.pipe import RemoteProcess
+from orchestrator.remote.transport import Transport
+
+WANTED = "image_share"
+"""ctx.shared key: {node: why it needs the image from another node}."""
+FACTS = "image_facts"
+
+
+def imagecopy_cmd(mode: str, args: dict[str, Any]) -> str:
+    return join(["python3", "-c", script("imagecopy.py"), mode, json.dumps(args, sort_keys=True)])
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def want(ctx: NodeContext, node: str, reason: str) -> None:
+    ctx.shared.setdefault(WANTED, {})[node] = reason
+
+
+def image_fact(ctx: NodeContext, node: str, image: str) -> dict[str, Any] | None:
+    """The node's `docker image inspect` record: pulled in this run, or from the facts."""
+    fact = (ctx.shared.get(FACTS) or {}).get(node) or \
+        ((ctx.cluster_facts.get(node) or {}).get("images") or {}).get(image)
+    return fact if isinstance(fact, dict) and "error" not in fact and fact.get("Id") else None
+
+
+def repo_digest(fact: dict[str, Any], image: str) -> str | None:
+    repo = image.split("@")[0].rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
+    for entry in fact.get("RepoDigests") or []:
+        if entry.split("@")[0] == repo:
+            return str(entry.split("@", 1)[1])
+    return None
+
+
+def _first_json(proc: RemoteProcess) -> dict[str, Any]:
+    while True:
+        line = proc.readline()
+        if not line:
+            return {}
+        if line.strip().startswith("{"):
+            return dict(json.loads(line))
+
+
+def copy_image(source: Transport, target: Transport, target_ip: str, image: str) -> dict[str, Any]:
+    """`docker save` on source -> `docker load` on target over raw TCP on the target's fabric
+    address. Returns the receiver's final record (id, digests, bytes); raises naming the node."""
+    token = secrets.token_hex(16)
+    receiver = RemoteProcess(target, imagecopy_cmd("recv", {"listen": target_ip, "image": image}),
+                             token, display="python3 -c <imagecopy recv>")
+    sender: RemoteProcess | None = None
+    try:
+        ready = _first_json(receiver)
+        if "port" not in ready:
+            raise SparkctlError(f"{target.node}: the image receiver did not start: "
+                                f"{ready or receiver.stderr_tail()}")
+        sender = RemoteProcess(source, imagecopy_cmd("send", {"host": target_ip, "image": image,
+                                                              "port": ready["port"]}),
+                               token, display="python3 -c <imagecopy send>")
+        sent = _first_json(sender)
+        final = _first_json(receiver)
+        if final.get("error"):
+            raise SparkctlError(f"{target.node}: receiving {image} from {source.node} failed "
+                                f"({final['error']}): {final.get('message')}")
+        if sent.get("error") or not sent.get("done"):
+            raise SparkctlError(f"{source.node}: sending {image} to {target.node} failed: "
+                                f"{sent.get('message') or sender.stderr_tail()}")
+        if not final.get("done"):
+            raise SparkctlError(f"{target.node}: the image receiver ended without loading "
+                                f"{image}: {receiver.stderr_tail()}")
+        return {**final, "source_id": sent.get("id"), "source_digests": sent.get("digests") or [],
+                "seconds": sent.get("seconds", 0.0)}
+    finally:
+        if sender is not None:
+            sender.close()
+        receiver.close()
+
+
+def verify(node: str, image: str, got: dict[str, Any], want_id: str,
+           want_digest: str | None) -> str:
+    """The loaded image must be the source's: same image ID, same registry digest if kept."""
+    if got.get("id") != want_id:
+        raise SparkctlError(f"{node}: {image} arrived as image ID {got.get('id')}, the source has "
+                            f"{want_id} (docker load registered another image); run up again")
+    theirs = repo_digest({"RepoDigests": got.get("digests")}, image)
+    if want_digest and theirs and theirs != want_digest:
+        raise SparkctlError(f"{node}: {image} arrived with digest {theirs}, the source has "
+                            f"{want_digest}")
+    return theirs or want_digest or want_id
+
+
+class ImageShare(Step):
+    """Runs on the head after every node's Image step: sends the image to the nodes that need
+    it from a node that has it."""
+
+    name = "image-share"
+    scope = "head"
+
+    def __init__(self, image_of: Any = None) -> None:
+        self.image_of = image_of or (lambda ctx: ctx.inventory.container.image)
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        image = self.image_of(ctx)
+        if not image:
+            return Unchanged("no image")
+        wanted = dict(ctx.shared.get(WANTED) or {})
+        if ctx.options.values.get("distribute_image"):  # (a dry run sees it before any pull)
+            for name in ctx.cluster_facts:
+                if name != ctx.inventory.head_name:
+                    wanted.setdefault(name, "--distribute-image")
+        wanted = {n: why for n, why in sorted(wanted.items()) if image_fact(ctx, n, image) is None}
+        if not wanted:
+            return Unchanged("no node needs the image from another")
+        return Change("send " + image + " over the fabric to " + ", ".join(wanted),
+                      payload=wanted)
+
+    def source(self, ctx: NodeContext, image: str, wanted: dict[str, str]) -> str:
+        names = [ctx.inventory.head_name, *(n for n in sorted(ctx.transports)
+                                            if n != ctx.inventory.head_name)]
+        for name in names:
+            if name not in wanted and name in ctx.transports and image_fact(ctx, name, image):
+                return name
+        reasons = "; ".join(f"{n}: {why}" for n, why in wanted.items())
+        raise SparkctlError(f"no node has {image} to send to the others ({reasons}). Make the "
+                            "registry reachable from at least the head (or `docker load` the "
+                            "image there by hand) and run up again")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        image = self.image_of(ctx)
+        wanted: dict[str, str] = change.payload
+        source = self.source(ctx, image, wanted)
+        mine = image_fact(ctx, source, image) or {}
+        want_id, want_digest = str(mine.get("Id")), repo_digest(mine, image)
+
+        def one(node: str) -> dict[str, Any]:
+            ip = ctx.inventory.mpi_address(ctx.inventory.node(node))
+            return copy_image(ctx.transports[source], ctx.transports[node], ip, image)
+
+        outcomes = parallel(one, list(wanted))
+        lines, extra, errors = [], {}, []
+        for node, outcome in outcomes.items():
+            try:
+                got = outcome.get()
+                shown = verify(node, image, got, want_id, want_digest)
+            except SparkctlError as exc:
+                errors.append(str(exc))
+                continue
+            ctx.shared.setdefault(FACTS, {})[node] = {
+                "Id": got["id"], "RepoDigests": got.get("digests") or []}
+            extra[node] = {"from": source, "why": wanted[node], "image_id": got["id"],
+                           "digest": shown, "bytes": got.get("bytes", 0)}
+            lines.append(f"{node} <- {source} ({wanted[node]}, {gb(got.get('bytes', 0))}), "
+                         f"{shown} verified")
+        ctx.shared.setdefault("report_extra", {}).setdefault("image_distribution", {}).update(extra)
+        if errors:
+            raise SparkctlError("; ".join(errors))
+        return f"{image} sent over the fabric: " + "; ".join(lines)
