@@ -63,7 +63,7 @@ def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(
 
     assert [n.name for n in models.nodes(inv)] == ["spark-a", "spark-b"]
     assert [type(s).__name__ for s in ray_phase.steps] == [
-        "Image", "ImageDigest", "RayHead", "RayWorker", "RayCluster"]
+        "Image", "ImageShare", "ImageDigest", "RayHead", "RayWorker", "RayCluster"]
     head_req = ray_phase.facts(inv, inv.node("spark-a"))
     worker_req = ray_phase.facts(inv, inv.node("spark-b"))
     assert head_req["commands"]["ray"] == ray.probe_cmd("sparkctl-vllm") + " 2>/dev/null"

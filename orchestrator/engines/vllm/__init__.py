@@ -24,6 +24,7 @@ def ray_phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) 
     from orchestrator.engines import serving_nodes
     from orchestrator.engines.vllm import ray
     from orchestrator.phases import container
+    from orchestrator.phases.image_share import ImageShare
     from orchestrator.phases.models import ServingPhase
     from orchestrator.remote.facts import merge_requests
 
@@ -38,7 +39,8 @@ def ray_phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) 
     def image(ctx: Any) -> str:
         return recipe.image
 
-    steps = [container.Image(image), container.ImageDigest(image),
+    # a node that cannot pull gets the image from one that has it, over the fabric
+    steps = [container.Image(image, share=True), ImageShare(image), container.ImageDigest(image),
              ray.RayHead(recipe, restart),
              ray.RayWorker(recipe, restart),
              ray.RayCluster(recipe)]
