@@ -1,8 +1,8 @@
 """Containers on the nodes, by one reusable mechanism: a `ContainerSpec` says what to run.
 
 TensorRT-LLM's `up` container (engines/trtllm/container.py) and the server containers of vLLM
-and SGLang are all run by the same steps. The image is pulled
-where it is missing and its digest must be the same on every node. A container's whole
+and SGLang are all run by the same steps. The image is pulled where it is missing and its
+digest must be the same on every node. A container's whole
 configuration (the docker run argv and the extra inputs it reads at start, e.g. the entrypoint
 and sshd config) is hashed into a label: a running container with the same hash is left alone,
 anything else is replaced. The fabric settings (NCCL/UCX/OMPI) come from the inventory's
@@ -16,7 +16,7 @@ import difflib
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.commands import docker_cmd, env_args, join, quote
@@ -333,6 +333,18 @@ class Container(Step):
         self.name = name
 
     def check(self, ctx: NodeContext) -> Outcome:
+        """`_judge`'s verdict with the command `apply` runs (docker rm, run, ready wait)."""
+        outcome = self._judge(ctx)
+        spec = self.spec_for(ctx) if isinstance(outcome, Change) else None
+        if spec is None or not isinstance(outcome, Change):
+            return outcome
+        return replace(outcome, commands=(self._command(ctx, spec, outcome.payload),))
+
+    def _command(self, ctx: NodeContext, spec: ContainerSpec, payload: dict[str, Any]) -> str:
+        return run_container_cmd(spec, payload["args"], ctx.inventory.cluster.user,
+                                 node_hf_cache(ctx), payload["remove_old"])
+
+    def _judge(self, ctx: NodeContext) -> Outcome:
         node = ctx.node
         spec = self.spec_for(ctx)
         if spec is None:
@@ -357,9 +369,8 @@ class Container(Step):
                           diff=container_diff(current, spec.with_hash(args, digest), spec),
                           payload=payload)
         if not state.get("Running"):
-            return Change(
-                f"replace container {name} ({state.get('Status', 'stopped')}, exit code "
-                f"{state.get('ExitCode')})", payload=payload)
+            return Change(f"replace container {name} ({state.get('Status', 'stopped')}, exit "
+                          f"code {state.get('ExitCode')})", payload=payload)
         image_id = ((ctx.facts.get("images") or {}).get(spec.image) or {}).get("Id")
         if image_id and current.get("Image") and current["Image"] != image_id:
             return Change(f"replace container {name} (runs an older {spec.image})",
@@ -374,18 +385,15 @@ class Container(Step):
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         spec = self.spec_for(ctx)
         assert spec is not None
-        command = run_container_cmd(spec, change.payload["args"], ctx.inventory.cluster.user,
-                                    node_hf_cache(ctx), change.payload["remove_old"])
+        command = change.commands[0] if change.commands else self._command(ctx, spec, change.payload)
         result = ctx.run(command, sudo=True, timeout=spec.ready_deadline + 120,
                          display=f"docker run {spec.name} + wait until it is ready")
         if not result.ok:
             text = result.stderr.strip()
             if len(text) > 1500:  # keep what failed (the first line), then the log's end
                 text = text.splitlines()[0] + "\n  ...\n" + text[-1300:]
-            raise SparkctlError(
-                f"{ctx.node.name}: container/{self.name}: starting {spec.name} "
-                f"failed (exit {result.exit_status}):\n{text}\n{spec.hint}"
-            )
+            raise SparkctlError(f"{ctx.node.name}: container/{self.name}: starting {spec.name} "
+                                f"failed (exit {result.exit_status}):\n{text}\n{spec.hint}")
         return None
 
 
