@@ -196,6 +196,9 @@ class RemoveNetwork(Step):
             notes.append(f"left alone: {NETPLAN_FILE} was changed since sparkctl wrote it")
         elif owner == "absent":
             notes.append("no sparkctl netplan file")
+        for note in notes:  # what was not done belongs in the report's notes (stdout, piped)
+            if note.startswith("left alone"):
+                ctx.shared.setdefault("notes", []).append(f"{ctx.node.name}: {note}")
         remove_file = owner == "ours"
         before = (ledger_entries(ctx).get(NETPLAN_FILE) or {}).get("before") or {}
         restore = remove_file and before.get("kind") == "file"
@@ -211,8 +214,11 @@ class RemoveNetwork(Step):
         if addresses:
             parts.append("delete " + ", ".join(f"{a} on {i}" for i, a in addresses))
         diff = ""
-        if remove_file:
-            diff = "".join(f"-{line}\n" for line in (fact.get("content") or "").splitlines())
+        if remove_file:  # a unified diff to nothing (or to the file from before `up`)
+            lines = (fact.get("content") or "").splitlines()
+            target = f"{NETPLAN_FILE} (as before `up`)" if restore else "/dev/null"
+            diff = (f"--- {NETPLAN_FILE} (on node)\n+++ {target}\n@@ -1,{len(lines)} +0,0 @@\n"
+                    + "".join(f"-{line}\n" for line in lines))
         return Change("; ".join(parts + notes), diff=diff,
                       payload=NetworkUndo(remove_file, restore, addresses))
 

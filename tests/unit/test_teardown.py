@@ -93,6 +93,11 @@ def test_every_step_changes_a_node_that_was_set_up() -> None:
     assert "stop and disable earlyoom" in outcomes["oom-guard"].summary
     undo = outcomes["network"].payload
     assert undo.remove_file
+    from orchestrator.core import diffs
+
+    found = diffs.step_diffs([("spark-a", [("down/network", outcomes["network"].diff)])])
+    (line,) = diffs.summary_lines(found)
+    assert line.startswith(f"{teardown.NETPLAN_FILE}: removed (") and line.endswith("on spark-a"), line
     assert undo.addresses == [("enP2p1s0f1np1", "192.168.201.12/24"), ("enp1s0f1np1", "192.168.200.12/24")]
     assert "netplan-backup.yaml" in outcomes["files"].summary and "lock" not in outcomes["files"].summary
 
@@ -138,9 +143,13 @@ def test_issue_20_a_users_file_at_our_path_after_a_rollback_is_never_removed() -
     for ledger in ({}, {teardown.NETPLAN_FILE: {"sha256": "0" * 64, "before": {"kind": "absent"}}}):
         facts = up_facts(netplan_content=users)
         facts["files"][teardown.LEDGER] = {"exists": True, "content": json.dumps(ledger)}
-        outcome = teardown.RemoveNetwork().check(ctx_for(facts))
+        ctx = ctx_for(facts)
+        outcome = teardown.RemoveNetwork().check(ctx)
         assert isinstance(outcome, Unchanged), outcome
         assert "left alone" in outcome.reason
+        # also a note of the report (stdout, even piped): what down did NOT do
+        (note,) = ctx.shared["notes"]
+        assert note.startswith(f"spark-a: left alone: {teardown.NETPLAN_FILE} was "), note
 
 
 def test_addresses_another_netplan_file_configures_are_kept() -> None:
