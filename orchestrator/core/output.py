@@ -45,7 +45,8 @@ def plain(markup: str) -> str:
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
                 right: Sequence[str] = ()) -> None:
     """A table: rich on a terminal; off it a title line and aligned plain columns (the last
-    column is never padded, so a long message is one line). Cells are rich markup."""
+    column is not padded unless right-aligned, so a long message is one line). Cells are rich
+    markup."""
     out = console()
     if on_terminal():
         from rich.table import Table
@@ -61,10 +62,12 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
     cells = [list(columns)] + [[plain(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     out.print(plain(title), markup=False)
+    last = len(columns) - 1  # (a right-aligned last column is padded: numbers line up)
     for row in cells:
         padded = [cell.rjust(widths[i]) if columns[i] in right else cell.ljust(widths[i])
                   for i, cell in enumerate(row[:-1])]
-        out.print("  ".join([*padded, row[-1]]).rstrip(), markup=False)
+        tail = row[-1].rjust(widths[last]) if columns[last] in right else row[-1]
+        out.print("  ".join([*padded, tail]).rstrip(), markup=False)
 
 
 FULL_DIFF = "sparkctl.full_diff"
