@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 
-from sparklab_dockerd_state import all_containers, cdir, lock, now_iso, read_json, set_state
+from sparklab_dockerd_state import all_containers, cdir, now_iso, read_json, set_state
 
 
 def reset() -> list[str]:
@@ -41,22 +40,19 @@ def should_restart(c: dict) -> bool:
 
 
 def restart() -> list[str]:
-    from sparklab_dockerd_run import start_container
+    from sparklab_dockerd_run import start_locked
 
     done = []
     for c in reversed(all_containers()):  # oldest first, like creation order
         if not should_restart(c):
             continue
         policy = c["HostConfig"]["RestartPolicy"]["Name"]
-        fd = lock()
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # it prints the name, as docker does
-                start_container(c["Id"], "start")
+                start_locked(c["Id"])
             done.append(f"{c['Name'][1:]}: restarted (restart policy {policy})")
         except Exception as exc:  # one container's failure must not keep the others down
             done.append(f"{c['Name'][1:]}: restart failed: {exc}")
-        finally:
-            os.close(fd)
     return done
 
 

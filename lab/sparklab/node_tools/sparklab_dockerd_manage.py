@@ -9,7 +9,7 @@ import sys
 import time
 
 from sparklab_dockerd_query import cmd_inspect, render, running
-from sparklab_dockerd_run import env_entries, split_flags, start_container
+from sparklab_dockerd_run import env_entries, split_flags, start_locked
 from sparklab_dockerd_state import (
     DEFAULT_PATH,
     IMAGES,
@@ -19,7 +19,6 @@ from sparklab_dockerd_state import (
     cdir,
     find,
     image_record,
-    lock,
     pull,
     remove_dir,
     set_state,
@@ -165,11 +164,7 @@ def cmd_start(args: list[str]) -> int:
         if c["State"].get("Running"):
             print(ref)
             continue
-        fd = lock()
-        try:
-            start_container(c["Id"], "start")
-        finally:
-            os.close(fd)
+        start_locked(c["Id"])
     return 0
 
 
@@ -178,11 +173,7 @@ def cmd_restart(args: list[str]) -> int:
     container keeps its filesystem, its processes start afresh from its command."""
     def act(ref: str, c: dict, timeout: float) -> None:
         stop_one(c, timeout)
-        fd = lock()
-        try:
-            start_container(c["Id"], "start")  # (prints the name, as docker does)
-        finally:
-            os.close(fd)
+        start_locked(c["Id"])  # (prints the name, as docker does)
     return each_container(args, "restart", act)
 
 

@@ -212,6 +212,16 @@ def run_attached(cid: str, remove: bool) -> int:
     return int(state.get("ExitCode", 0))
 
 
+def start_locked(cid: str) -> int:
+    """`docker start` of an existing container, under the runtime's lock (start, restart and
+    the boot-time restart policies all go through here)."""
+    fd = lock()
+    try:
+        return start_container(cid, "start")
+    finally:
+        os.close(fd)
+
+
 def start_container(cid: str, verb: str) -> int:
     d = cdir(cid)
     set_state(cid, ManuallyStopped=False)
