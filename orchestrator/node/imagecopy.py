@@ -144,6 +144,9 @@ def send(args):
             out({"error": "save", "message": save.stderr.read().decode(errors="replace")[-400:]})
             return 4
         conn.sendall(FRAME.pack(0) + digest.digest())
+        # the receiver confirms once `docker load` is done: for a large image much of that
+        # work comes after the stream ends, so no idle timeout here (its exit closes the socket)
+        conn.settimeout(None)
         confirmed = conn.recv(1) == b"K"
     except OSError as exc:
         save.kill()

@@ -122,14 +122,6 @@ class FanoutProgress:
                 self._tasks.clear()
 
 
-def _first_json(proc: RemoteProcess) -> dict[str, Any]:
-    while True:
-        line = proc.readline()
-        if not line:
-            return {}
-        if line.strip().startswith("{"):
-            return dict(json.loads(line))
-
 
 def _interrupted() -> bool:
     """The main thread is gone (Ctrl-C ended the run): stop copying, keep what arrived."""
@@ -157,7 +149,7 @@ def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: s
         json.dumps(plan), display=f"docker exec -i {container} python3 -c <fanout recv>")
     sender: RemoteProcess | None = None
     try:
-        ready = _first_json(receiver)
+        ready = receiver.first_json()
         if not ready:
             raise SparkctlError(f"{peer.node}: the fan-out receiver did not start: "
                                 f"{receiver.stderr_tail()}")
@@ -169,7 +161,7 @@ def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: s
         result.had = int(ready["have"])
         need = ready["need"]
         if not need:
-            final = _first_json(receiver)
+            final = receiver.first_json()
             if not final.get("done"):
                 raise SparkctlError(f"{peer.node}: fan-out receiver failed: "
                                     f"{final or receiver.stderr_tail()}")
@@ -202,7 +194,7 @@ def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: s
                 break
         result.seconds = time.monotonic() - started
         result.wire = float(status.get("seconds") or 0.0)
-        final = _first_json(receiver)
+        final = receiver.first_json()
         if final.get("error") == "space":
             raise space_error(peer.node, final.get("path", entry["root"]),
                               int(final.get("need", 0)), int(final.get("free", 0)),

@@ -56,14 +56,6 @@ def repo_digest(fact: dict[str, Any], image: str) -> str | None:
     return None
 
 
-def _first_json(proc: RemoteProcess) -> dict[str, Any]:
-    while True:
-        line = proc.readline()
-        if not line:
-            return {}
-        if line.strip().startswith("{"):
-            return dict(json.loads(line))
-
 
 def copy_image(source: Transport, target: Transport, target_ip: str, image: str) -> dict[str, Any]:
     """`docker save` on source -> `docker load` on target over raw TCP on the target's fabric
@@ -73,15 +65,15 @@ def copy_image(source: Transport, target: Transport, target_ip: str, image: str)
                              token, display="python3 -c <imagecopy recv>")
     sender: RemoteProcess | None = None
     try:
-        ready = _first_json(receiver)
+        ready = receiver.first_json()
         if "port" not in ready:
             raise SparkctlError(f"{target.node}: the image receiver did not start: "
                                 f"{ready or receiver.stderr_tail()}")
         sender = RemoteProcess(source, imagecopy_cmd("send", {"host": target_ip, "image": image,
                                                               "port": ready["port"]}),
                                token, display="python3 -c <imagecopy send>")
-        sent = _first_json(sender)
-        final = _first_json(receiver)
+        sent = sender.first_json()
+        final = receiver.first_json()
         if final.get("error"):
             raise SparkctlError(f"{target.node}: receiving {image} from {source.node} failed "
                                 f"({final['error']}): {final.get('message')}")

@@ -7,6 +7,7 @@ token) never appears in argv or in the trace; `display` is what logs show.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -48,6 +49,16 @@ class RemoteProcess:
             return str(self._reader.readline().decode(errors="replace"))
         except (OSError, EOFError, ValueError):
             return ""
+
+    def first_json(self) -> dict[str, Any]:
+        """The next stdout line that is a JSON object (node scripts print one per event), or {}
+        at the end; other lines (warnings, progress) are skipped."""
+        while True:
+            line = self.readline()
+            if not line:
+                return {}
+            if line.strip().startswith("{"):
+                return dict(json.loads(line))
 
     def stderr_tail(self, limit: int = 800) -> str:
         try:

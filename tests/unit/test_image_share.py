@@ -20,6 +20,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.node import imagecopy
 from orchestrator.phases import container as c
 from orchestrator.phases import image_share as share
+from orchestrator.remote.pipe import RemoteProcess
 
 IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
 REPO = IMAGE.rsplit(":", 1)[0]
@@ -111,6 +112,8 @@ def test_the_token_travels_on_stdin_only(monkeypatch: pytest.MonkeyPatch) -> Non
 
         def readline(self) -> str:
             return self.lines.pop(0) if self.lines else ""
+
+        first_json = RemoteProcess.first_json  # the real reading of the fake's lines
 
         def stderr_tail(self) -> str:
             return ""

@@ -24,6 +24,7 @@ from orchestrator.errors import CommandError, SparkctlError
 from orchestrator.node import ledger as node_ledger
 from orchestrator.node import script
 from orchestrator.phases import fanout, models
+from orchestrator.remote import pipe
 
 RECIPE = load_recipe("qwen3-235b")
 MODEL, DRAFT = (repo for repo, _, _ in RECIPE.repos)
@@ -142,6 +143,8 @@ def remotes(monkeypatch: pytest.MonkeyPatch) -> Remotes:
 
         def readline(self) -> str:
             return self._lines.pop(0) if self._lines else ""
+
+        first_json = pipe.RemoteProcess.first_json  # the real reading of the fake's lines
 
         def stderr_tail(self) -> str:
             return fake.stderr
