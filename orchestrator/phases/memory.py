@@ -36,6 +36,13 @@ MEMINFO = "/proc/meminfo"
 PLAN_FILE = f"{RUN_DIR}/memory.json"
 RECORD_FILE = f"{RUN_DIR}/memguard-stopped.json"
 GUARD_DEFAULT_GB = 2.0
+
+
+def guard_threshold(option: float | None, recipe: Any) -> float:
+    """The memory guard's threshold: `launch --guard-min-available-gb`, else the recipe's
+    `memory.guard_min_available_gb`, else GUARD_DEFAULT_GB (one rule for every engine)."""
+    return next(v for v in (option, recipe.memory.guard_min_available_gb, GUARD_DEFAULT_GB)
+                if v is not None)
 GIB = 1024**3
 
 

@@ -118,10 +118,10 @@ def unit_text(server: str, engine: str, nodes: list[str]) -> str:
         "After=network-online.target docker.service\n"
         "Requires=docker.service\n\n"
         "[Service]\n"
-        "Type=oneshot\n"
-        "RemainAfterExit=yes\n"
-        f"ExecStart=/usr/bin/python3 {BOOT_SCRIPT} {plan_path(server)}\n"
-        "TimeoutStartSec=infinity\n\n"
+        # exec, not oneshot: the head waits up to its deadline for peers and /health, and a
+        # oneshot unit would hold multi-user.target (and the whole boot) until then
+        "Type=exec\n"
+        f"ExecStart=/usr/bin/python3 {BOOT_SCRIPT} {plan_path(server)}\n\n"
         "[Install]\n"
         "WantedBy=multi-user.target\n"
     )

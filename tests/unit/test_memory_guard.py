@@ -83,3 +83,20 @@ def test_lab_meminfo_is_fixed_width_and_scaled() -> None:
     assert len(small) == len(big)
     info = parse_meminfo(small)
     assert info["MemTotal"] == 128.0 and 127.9 < info["MemAvailable"] < 128.0
+
+
+def test_the_guard_threshold_is_the_option_then_the_recipe_then_the_default() -> None:
+    """One rule for every engine (TensorRT-LLM's launch and every engine's boot plan): the
+    vLLM and SGLang boot plans used to skip the recipe's own figure."""
+    from orchestrator.engines import load_recipe
+    from orchestrator.phases.memory import GUARD_DEFAULT_GB, guard_threshold
+
+    for name in ("minimax-m2.7", "qwen3.6-27b", "qwen3-235b"):
+        recipe = load_recipe(name)
+        mine = recipe.model_copy(update={"memory": recipe.memory.model_copy(
+            update={"guard_min_available_gb": 5.0})})
+        assert guard_threshold(None, mine) == 5.0
+        assert guard_threshold(3.0, mine) == 3.0
+        assert guard_threshold(0.0, mine) == 0.0  # an explicit 0 (guard off) is kept
+        assert guard_threshold(None, recipe) == (recipe.memory.guard_min_available_gb
+                                                 or GUARD_DEFAULT_GB)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -110,7 +111,8 @@ def test_unit_runs_the_boot_script_after_docker_and_the_network_at_boot() -> Non
     text = persist.unit_text("s1", "trtllm", ["a", "b"])
     assert "ExecStart=/usr/bin/python3 /etc/sparkctl/boot/sparkctl-boot.py /etc/sparkctl/boot/s1.json" in text
     assert "After=network-online.target docker.service" in text
-    assert "WantedBy=multi-user.target" in text and "Type=oneshot" in text
+    # exec, so the head's wait for its peers never holds the boot (oneshot would)
+    assert "WantedBy=multi-user.target" in text and "Type=exec" in text and "oneshot" not in text
     assert boot_units.server_of_unit("/etc/systemd/system/sparkctl-serve-s1.service") == "s1"
     assert boot_units.server_of_unit("/etc/systemd/system/ssh.service") is None
 
@@ -118,7 +120,8 @@ def test_unit_runs_the_boot_script_after_docker_and_the_network_at_boot() -> Non
 def test_persist_files_go_through_the_ledger_and_the_unit_is_enabled() -> None:
     spec = persist_spec("qwen3-235b")
     inv = make_inventory()
-    facts = {n.name: {**HOME, "files": {}} for n in inv.nodes}
+    # a copy per node: the test writes into one node's commands below (HOME stays as it is)
+    facts = {n.name: {**copy.deepcopy(HOME), "files": {}} for n in inv.nodes}
     ctx = make_context(inv, inv.head_name, facts)
     files = persist.render(spec)(ctx)
     assert [f.path for f in files] == ["/etc/sparkctl/boot/sparkctl-boot.py",

@@ -8,7 +8,8 @@ Environment=/EnvironmentFile= and $VAR/${VAR} expansion) detached in its own ses
 under /run (gone with a reboot, like systemd's runtime state), its output appended to
 /var/log/sparklab-journal/<unit>.log (the lab's journal); `stop` signals its process group.
 At boot (`lab reboot`, node_supervisor.py) every unit a target wants is started, after docker.
-Simplified: every start is detached (a Type=oneshot unit's `systemctl start` does not wait).
+Simplified: every start is detached, as for Type=exec/simple units (sparkctl's boot units are
+Type=exec; a Type=oneshot unit's `systemctl start` would wait under real systemd).
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.sglang.serve import ServeSpec
 from orchestrator.inventory import Node
 from orchestrator.phases import persist
-from orchestrator.phases.memory import GUARD_DEFAULT_GB
+from orchestrator.phases.memory import guard_threshold
 
 
 def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
@@ -31,5 +31,5 @@ def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
 
     return persist.phase(persist.PersistSpec(
         server=spec.name, engine="sglang", recipe=spec.recipe, inventory=spec.inventory,
-        nodes=nodes, part=part, guard_gb=options.guard_min_available_gb or GUARD_DEFAULT_GB,
+        nodes=nodes, part=part, guard_gb=guard_threshold(options.guard_min_available_gb, spec.recipe),
         loaded_gb=e.weights_gb + e.draft_gb + e.runtime_gb, deadline=options.timeout))

@@ -150,12 +150,10 @@ class LaunchSpec:
 
     def __init__(self, recipe: Recipe, inventory: Inventory, host: str, replace: bool,
                  drop_caches: bool, guard_min_available_gb: float | None = None) -> None:
-        from orchestrator.phases.memory import GUARD_DEFAULT_GB
+        from orchestrator.phases.memory import guard_threshold
 
         self.recipe = recipe
-        self.guard_min_available_gb = next(v for v in (
-            guard_min_available_gb, recipe.memory.guard_min_available_gb, GUARD_DEFAULT_GB)
-            if v is not None)
+        self.guard_min_available_gb = guard_threshold(guard_min_available_gb, recipe)
         self.inventory = inventory
         self.host = host
         self.replace = replace

@@ -17,7 +17,7 @@ from orchestrator.engines.vllm.ray import node_ip, probe_cmd
 from orchestrator.engines.vllm.serve import MAIN, OURS, ServeSpec, start_cmd
 from orchestrator.inventory import Node
 from orchestrator.phases import persist
-from orchestrator.phases.memory import GUARD_DEFAULT_GB
+from orchestrator.phases.memory import guard_threshold
 
 # reads the Ray probe's JSON on stdin: exit 0 when every wanted IP is alive
 EVERY_NODE = ("import json,sys\n"
@@ -50,7 +50,7 @@ def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
 
     return persist.phase(persist.PersistSpec(
         server=options.name or recipe.name, engine="vllm", recipe=recipe, inventory=inventory,
-        nodes=nodes, part=part, guard_gb=options.guard_min_available_gb or GUARD_DEFAULT_GB,
+        nodes=nodes, part=part, guard_gb=guard_threshold(options.guard_min_available_gb, recipe),
         loaded_gb=estimate, deadline=options.timeout))
 
 
