@@ -99,7 +99,10 @@ def boot_plan(spec: PersistSpec, node: Node, hf_cache: str) -> dict[str, Any]:
         "role": "head" if node.name == spec.nodes[0] else "peer", "nodes": spec.nodes,
         "fabric": fabric, "containers": part.containers,
         "models": model_dirs(spec.recipe, hf_cache),
-        "memory": {"loaded_gb": round(spec.loaded_gb, 2), "guard_gb": spec.guard_gb},
+        # only where this unit starts what loads: where docker's restart policy brought the
+        # server back (SGLang) it is loading already, and the check would race it
+        "memory": ({"loaded_gb": round(spec.loaded_gb, 2), "guard_gb": spec.guard_gb}
+                   if part.start else None),
         "wait": [{"what": w, "cmd": c} for w, c in part.wait],
         "start": [{"what": w, "cmd": c} for w, c in part.start],
         "ready": [{"what": w, "cmd": c} for w, c in part.ready],

@@ -74,7 +74,11 @@ def test_every_engine_gets_the_persist_phase_and_a_boot_plan_per_node(recipe: st
     assert head["health_port"] == spec.recipe.port and peer["health_port"] is None
     assert head["models"][0].startswith("/home/nvidia/.cache/huggingface/hub/models--")
     assert [f["interface"] for f in head["fabric"]] == inv.fabric.interfaces
-    assert head["memory"]["loaded_gb"] > 0 and head["memory"]["guard_gb"] == 2.0
+    if recipe.startswith("qwen3.6"):  # SGLang: docker's restart policy brings the server back,
+        # it loads already when the unit runs: a memory check there would race it
+        assert head["memory"] is None and peer["memory"] is None and not head["start"]
+    else:
+        assert head["memory"]["loaded_gb"] > 0 and head["memory"]["guard_gb"] == 2.0
 
 
 def test_trtllm_head_waits_for_its_peers_then_starts_guard_mpirun_and_record() -> None:
@@ -246,3 +250,12 @@ def test_down_removes_earlyoom_only_when_sparkctl_installed_it() -> None:
     assert "remove the earlyoom package" in change.summary
     change = oomguard.Remove().check(ctx_with({oomguard.ENABLED: marker}))
     assert isinstance(change, Change) and "package was there before: kept" in change.summary
+
+
+def test_boot_script_skips_the_memory_check_where_the_server_came_back_by_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = boot_plan_file(tmp_path, memory=None, start=[],
+                          ready=[{"what": "container", "cmd": "true"}])
+    ran = run_node_script("boot.py", [str(plan)], monkeypatch)
+    assert ran.code == 0, ran.stdout
+    assert "memory: not checked here (this node's server came back with its container)" in ran.stdout
