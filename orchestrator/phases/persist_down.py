@@ -72,11 +72,13 @@ class RemoveBootUnits(Step):
             servers = self.select(units)
             if not servers:
                 return Unchanged("no stale boot unit")
+            # the last unit of the node goes: its boot script with it, as `down` does
+            script = [BOOT_SCRIPT] if len(servers) == len(units) else []
             return Change(f"disable and remove {', '.join(unit_name(s) for s in servers)} "
                           "(that server was replaced or launched without --persist)",
                           payload={"units": [unit_name(s) for s in servers],
                                    "files": [unit_path(s) for s in servers]
-                                   + [plan_path(s) for s in servers]})
+                                   + [plan_path(s) for s in servers] + script})
         servers = sorted(s for s in units if self.server in (None, s))
         policies = restart_policies(ctx, self.containers)
         if not servers:

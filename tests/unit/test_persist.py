@@ -259,3 +259,19 @@ def test_boot_script_skips_the_memory_check_where_the_server_came_back_by_itself
     ran = run_node_script("boot.py", [str(plan)], monkeypatch)
     assert ran.code == 0, ran.stdout
     assert "memory: not checked here (this node's server came back with its container)" in ran.stdout
+
+
+def test_a_launch_removing_the_last_stale_unit_removes_the_boot_script_too() -> None:
+    inv = make_inventory()
+
+    def stale_check(lines: str, persistent: bool) -> Any:
+        facts = {inv.head_name: {"commands": {"boot_units": {"rc": 0, "out": lines}}}}
+        step = persist_down.RemoveBootUnits(select=persist.stale("mine", "vllm", persist=persistent))
+        return step.check(make_context(inv, inv.head_name, facts))
+
+    only_mine = "sparkctl-serve-mine.service enabled vllm\n"
+    change = stale_check(only_mine, persistent=False)
+    assert isinstance(change, Change) and change.payload["files"][-1] == boot_units.BOOT_SCRIPT
+    both = only_mine + "sparkctl-serve-other.service enabled sglang\n"
+    change = stale_check(both, persistent=False)
+    assert isinstance(change, Change) and boot_units.BOOT_SCRIPT not in change.payload["files"]
