@@ -116,7 +116,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
             else:
                 facts[name] = value
     result = assess(inventory, facts, errors)
-    result["servers"] = server_list(inventory, facts)
+    result["servers"] = server_list(inventory, facts, result.get("server"))
     from orchestrator.phases.boot_units import persistence
 
     units = {name: node.get("boot_units") or {} for name, node in result["nodes"].items()}

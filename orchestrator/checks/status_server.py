@@ -124,15 +124,22 @@ SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "al
                "container", "started", "memory_gb", "legacy")
 
 
-def server_list(inventory: Inventory, facts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+# the recorded server's verdict (assess_server) in the servers list's words
+LISTED_STATE = {"starting": "loading", "unhealthy": "not answering", "down": "stopped"}
+
+
+def server_list(inventory: Inventory, facts: dict[str, dict[str, Any]],
+                recorded: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every server on every node (from the same facts round trip): name, engine, node(s),
-    port, health as probed on its node, and a state word."""
+    port, health as probed on its node, and a state word. The recorded server (`legacy`, the
+    one `status` assessed in full as `recorded`) gets that verdict, so both never disagree."""
     from orchestrator.engines.servers import from_facts
 
     out = []
     for server in from_facts(facts, inventory, alive_only=False):
         entry = {k: server.get(k) for k in SERVER_KEYS}
-        entry["state"] = server_state(server)
+        entry["state"] = (LISTED_STATE.get(recorded["state"], recorded["state"])
+                          if server.get("legacy") and recorded else server_state(server))
         out.append(entry)
     return out
 

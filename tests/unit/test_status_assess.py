@@ -222,3 +222,18 @@ def test_the_server_list_comes_from_the_same_round_trip() -> None:
     (server,) = status.server_list(INVENTORY, facts)
     assert (server["name"], server["engine"], server["state"], server["node"]) == (
         "q36", "sglang", "loading", "spark-b")
+
+
+def test_the_recorded_server_has_one_verdict_in_status_and_in_the_servers_list() -> None:
+    """The servers list names the recorded server too (legacy); it carries status's full
+    verdict (a dead rank, a restarted container), not a second one from /health alone."""
+    listing = {"servers": [{"name": "qwen3", "engine": "trtllm", "port": 8355, "alive": True,
+                            "health": 200, "legacy": True, "model": "Qwen/Qwen3"}]}
+    facts = {n: node_facts(n) for n in BOTH}
+    facts["spark-a"]["commands"]["servers"] = {"rc": 0, "out": json.dumps(listing)}
+    (entry,) = status.server_list(INVENTORY, facts, {"state": "dead"})
+    assert entry["state"] == "dead"
+    (entry,) = status.server_list(INVENTORY, facts, {"state": "starting"})
+    assert entry["state"] == "loading"
+    (entry,) = status.server_list(INVENTORY, facts)  # nothing assessed: its own probe
+    assert entry["state"] == "healthy"
