@@ -126,7 +126,11 @@ def send(args):
     if mine is None:
         out({"error": "inspect", "message": error})
         return 4
-    conn = socket.create_connection((args["host"], int(args["port"])), timeout=30)
+    try:
+        conn = socket.create_connection((args["host"], int(args["port"])), timeout=30)
+    except OSError as exc:  # said as a line: the receiver would only know nobody came
+        out({"error": "connect", "message": f"{type(exc).__name__}: {exc}"})
+        return 4
     conn.settimeout(IDLE_SECONDS)
     conn.sendall(token)
     save = subprocess.Popen(["docker", "save", args["image"]], stdout=subprocess.PIPE,

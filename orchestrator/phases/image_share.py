@@ -74,6 +74,10 @@ def copy_image(source: Transport, target: Transport, target_ip: str, image: str)
                                token, display="python3 -c <imagecopy send>")
         sent = sender.first_json()
         final = receiver.first_json()
+        if sent.get("error") in ("connect", "save", "inspect"):  # the cause: the receiver only
+            # saw the stream stop or never start
+            raise SparkctlError(f"{source.node}: sending {image} to {target.node} failed "
+                                f"({sent['error']}): {sent.get('message')}")
         if final.get("error"):
             raise SparkctlError(f"{target.node}: receiving {image} from {source.node} failed "
                                 f"({final['error']}): {final.get('message')}")

@@ -23,7 +23,7 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Un
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import LEDGER, STATE_DIR
 from orchestrator.phases.files import check_written, ledger_answer, ledger_cmd, write_files_cmd
-from orchestrator.phases.memory import GUARD_DEFAULT_GB, MEMINFO
+from orchestrator.phases.memory import GUARD_DEFAULT_GB
 from orchestrator.render import sha256, unified_diff
 
 DEFAULTS = "/etc/default/earlyoom"
@@ -86,7 +86,7 @@ def write_marker(ctx: NodeContext, path: str, text: str, step: str) -> None:
 
 
 def facts(inventory: Inventory, node: Node) -> dict[str, Any]:
-    return {"files": {DEFAULTS: True, MARKER: False, ENABLED: False, LEDGER: True, MEMINFO: True},
+    return {"files": {DEFAULTS: True, MARKER: False, ENABLED: False, LEDGER: True},
             "commands": {"earlyoom": STATE_CMD}}
 
 

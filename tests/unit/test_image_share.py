@@ -99,11 +99,7 @@ def test_image_share_sends_from_the_head_and_verifies_the_image_id(
         share.ImageShare().apply(ctx, change)
 
 
-def test_the_token_travels_on_stdin_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    started: list[tuple[str, str, str]] = []
-    lines = {"recv": [{"port": 4242}, {"done": True, "id": ID, "digests": [], "bytes": 5}],
-             "send": [{"done": True, "id": ID, "digests": [], "bytes": 5, "seconds": 0.1}]}
-
+def fake_remote(lines: dict[str, list[dict[str, Any]]], started: list[Any]) -> type:
     class Remote:
         def __init__(self, transport: Any, command: str, stdin_text: str, display: str) -> None:
             self.mode = shlex.split(command)[3]
@@ -120,8 +116,14 @@ def test_the_token_travels_on_stdin_only(monkeypatch: pytest.MonkeyPatch) -> Non
 
         def close(self) -> None:
             pass
+    return Remote
 
-    monkeypatch.setattr(share, "RemoteProcess", Remote)
+
+def test_the_token_travels_on_stdin_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[tuple[str, str, str]] = []
+    lines = {"recv": [{"port": 4242}, {"done": True, "id": ID, "digests": [], "bytes": 5}],
+             "send": [{"done": True, "id": ID, "digests": [], "bytes": 5, "seconds": 0.1}]}
+    monkeypatch.setattr(share, "RemoteProcess", fake_remote(lines, started))
     head, peer = SimpleNamespace(node="spark-a"), SimpleNamespace(node="spark-b")
     got = share.copy_image(head, peer, "192.168.200.13", IMAGE)  # type: ignore[arg-type]
     assert got["id"] == ID and got["source_id"] == ID
@@ -130,6 +132,17 @@ def test_the_token_travels_on_stdin_only(monkeypatch: pytest.MonkeyPatch) -> Non
     assert token == token2 and len(token) == 32
     assert token not in recv_cmd and token not in send_cmd
     assert '"listen": "192.168.200.13"' in recv_cmd and '"port": 4242' in send_cmd
+
+
+def test_a_sender_that_cannot_connect_is_named_not_the_receivers_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = {"recv": [{"port": 4242}, {"error": "io", "message": "the sender never connected"}],
+             "send": [{"error": "connect", "message": "ConnectionRefusedError: refused"}]}
+    monkeypatch.setattr(share, "RemoteProcess", fake_remote(lines, []))
+    head, peer = SimpleNamespace(node="spark-a"), SimpleNamespace(node="spark-b")
+    with pytest.raises(SparkctlError, match=r"^spark-a: sending .* to spark-b failed \(connect\): "
+                                            r"ConnectionRefusedError: refused$"):
+        share.copy_image(head, peer, "192.168.200.13", IMAGE)  # type: ignore[arg-type]
 
 
 def test_no_node_with_the_image_names_every_reason(inventory: Any, context: Any) -> None:
