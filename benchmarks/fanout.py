@@ -1,41 +1,79 @@
 """Model fan-out head -> peer on the fabric, next to iperf3 on the same link in the same run.
 
 Three measurements, interleaved run by run on one 2-node lab (the model from `--model-mib`):
-- sparkctl's fan-out (raw TCP, STREAMS parallel connections, every chunk verified): the peer's
-  copy removed, then `sparkctl launch --replace`; the rate is the one its distribute step reports
-  (bytes sent / seconds from the sender's start to the receiver's last verified chunk);
+- sparkctl's fan-out (raw TCP, a connection per receiving core up to STREAMS, every chunk
+  verified), as in a first launch: the server stopped (`down --server`, so no server holds the
+  nodes' memory), the peer's copy removed, the head's files in its page cache (as just
+  downloaded), then `sparkctl launch`; the rate is the one its distribute step reports (bytes
+  sent / seconds from the sender's start to the receiver's last verified chunk), with the
+  sender's own seconds and the receiver's CPU busy share beside it;
 - the SSH alternative: one `ssh -c aes128-gcm@openssh.com` stream per file, all in parallel,
   from the head's container to the peer's (the cluster key and config sparkctl sets up), into the
   peer's HF cache folder (bytes / wall time of the whole parallel copy);
-- iperf3, one TCP stream memory to memory, 3 s.
+- iperf3, one TCP stream memory to memory, 3 s;
+- the head's disk read past the page cache (dd O_DIRECT): the limit of a copy whose files are
+  not in the head's page cache.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-from benchmarks.labctl import Lab, Timed
+from benchmarks.labctl import BenchError, Lab, Timed
 from benchmarks.staging import fabric_ip
 
 CONTAINER = "trtllm-multinode"
 HF = "/root/.cache/huggingface"
 RATE = re.compile(r"(spark-[a-z]+): ([\d.]+) (GB|MB) in ([\d.]+) s")
 WIRE = re.compile(r"on the wire ([\d.]+) s")
+BUSY = re.compile(r"CPU (\d+)% busy there")
 
 
-def fanout_rate(launch: Timed) -> tuple[float, float, float, float | None] | None:
-    """(MB/s, MB, seconds, seconds on the wire) of the distribute step's copy, from the launch
-    report (on the wire: the sender's own seconds, without starting the processes)."""
+@dataclass
+class Copied:
+    """The distribute step's copy, from the launch report."""
+
+    mb: float
+    seconds: float
+    """Wall: from starting the sender to the receiver's last verified chunk."""
+    wire: float | None
+    """The sender's own seconds, without starting the processes."""
+    cpu_busy: float | None
+    """The receiver's CPU busy share (%) while it received."""
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.mb / self.seconds
+
+
+def fanout_rate(launch: Timed) -> Copied | None:
     for host in launch.report.get("hosts", {}).values():
         for step in host.get("steps", []):
-            if step.get("step") == "distribute":
-                found = RATE.search(step.get("message", ""))
-                if found:
-                    size = float(found.group(2)) * (1000 if found.group(3) == "GB" else 1)
-                    seconds = float(found.group(4))
-                    wire = WIRE.search(step.get("message", ""))
-                    return size / seconds, size, seconds, float(wire.group(1)) if wire else None
+            message = step.get("message", "")
+            found = RATE.search(message) if step.get("step") == "distribute" else None
+            if found:
+                wire, busy = WIRE.search(message), BUSY.search(message)
+                return Copied(float(found.group(2)) * (1000 if found.group(3) == "GB" else 1),
+                              float(found.group(4)), float(wire.group(1)) if wire else None,
+                              float(busy.group(1)) if busy else None)
     return None
+
+
+def warm_head(lab: Lab, head: str) -> None:
+    """Read the head's model files once, so they are in its page cache (as after a download)."""
+    lab.exec(head, f"docker exec {CONTAINER} sh -c 'cat {HF}/hub/models--*/blobs/* "
+                   f"$(find {HF}/drafts -type f) > /dev/null'")
+
+
+def disk_read(lab: Lab, head: str) -> float:
+    """MB/s reading the head's largest model file from the disk, past the page cache."""
+    out = lab.exec(head, f"docker exec {CONTAINER} sh -c 'f=$(ls -S {HF}/hub/models--*/blobs/* "
+                         "| head -n1); dd if=$f of=/dev/null bs=8M iflag=direct 2>&1 | tail -n1'")
+    found = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", out)
+    if not found:
+        raise BenchError(f"dd gave no rate: {out[-200:]}")
+    return int(found.group(1)) / float(found.group(2)) / 1e6
 
 
 def clear_peer(lab: Lab, peer: str) -> None:

@@ -1,13 +1,15 @@
 """Where the fan-out's time goes: its node script run directly between two lab nodes, no sparkctl.
 
 Same lab, same run, interleaved: the fan-out's own sender and receiver (orchestrator/node/
-fanout.py, unchanged) copy one folder head -> peer over the fabric with 1, 2 and 4 streams;
-again with the receiver's older data path (recv into a buffer + pwrite instead of splice +
-hash from the page cache); with sha256 replaced by a no-op (the hashing's share); into a
-tmpfs (the filesystem's share); sha256 alone on the node (one core: the verification's
-floor); and iperf3 next to them. Nothing here is timed by sparkctl: the rates are the sender's own
-seconds (first connection to the receiver's confirmation that the last chunk is verified and
-written), so process start-up (docker exec, python) is excluded from every row.
+fanout.py, unchanged) copy one folder head -> peer over the fabric with 1 stream, with one
+stream per core of the receiver (what sparkctl uses) and with more streams than cores (the
+receiver's cap lifted); again with the receiver's older data path (recv into a buffer + pwrite
+instead of splice + hash from the page cache); with sha256 replaced by a no-op (the hashing's
+share); sha256 alone on the node (one core: the verification's floor); the receiver's CPU busy
+share during the verified copies (near 100 %: CPU-bound); and iperf3 next to them. Nothing here
+is timed by sparkctl: the rates are the sender's own seconds (first connection to the
+receiver's confirmation that the last chunk is verified and written), so process start-up
+(docker exec, python) is excluded from every row.
 
     python -m benchmarks.fanout_probe --lab-id 30 [--mib 384] [--runs 3]   (a lab that is up)
 """
@@ -26,8 +28,9 @@ from benchmarks.staging import fabric_ip, iperf
 DIR = "/var/tmp/sparkctl-fanout-probe"
 NODE = Path(__file__).resolve().parent.parent / "orchestrator" / "node"
 FILES = 4
-SHM = "/dev/shm/sparkctl-fanout-probe"
 SHA_ROW = "sha256, 1 core, in memory"
+CPU_ROW = "receiver's CPU busy while verified (%)"
+UNITLESS = (SHA_ROW, CPU_ROW)
 NO_HASH = ("import hashlib\nclass _Same(str):\n    __hash__ = str.__hash__\n"
            "    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
            "class _NoHash:\n    def __init__(self, data=b''): pass\n"
@@ -53,12 +56,14 @@ SHA = ("import hashlib, os, time\nb = os.urandom(32 << 20)\nt = time.perf_counte
 
 def install(lab: Lab, node: str) -> None:
     lab.exec(node, f"rm -rf {DIR} && mkdir -p {DIR}")
-    for name in ("fanout_manifest.py", "fanout_io.py", "fanout.py"):
+    for name in ("fanout_manifest.py", "fanout_io.py", "fanout_receiver.py", "fanout.py"):
         lab.exec(node, f"cat > {DIR}/{name}", stdin=(NODE / name).read_text())
-    lab.exec(node, f"cat > {DIR}/fanout_nohash.py",
-             stdin=NO_HASH + (NODE / "fanout.py").read_text())
-    lab.exec(node, f"cat > {DIR}/fanout_nosplice.py",
-             stdin=NO_SPLICE + (NODE / "fanout.py").read_text())
+    script = (NODE / "fanout.py").read_text()
+    lab.exec(node, f"cat > {DIR}/fanout_nohash.py", stdin=NO_HASH + script)
+    lab.exec(node, f"cat > {DIR}/fanout_nosplice.py", stdin=NO_SPLICE + script)
+    # more connections than cores (the receiver's own cap lifted), to show why it caps
+    lab.exec(node, f"cat > {DIR}/fanout_nocap.py", stdin=script.replace(
+        "def usable_cores():", "def usable_cores():\n    return 64\n\n\ndef cores_for_real():"))
 
 
 def prepare(lab: Lab, head: str, peer: str, mib: int) -> dict[str, object]:
@@ -76,13 +81,15 @@ def _q(text: str) -> str:
 
 
 def copy(lab: Lab, head: str, peer: str, manifest: dict[str, object], streams: int,
-         script: str = "fanout.py", dst: str = f"{DIR}/dst") -> float:
-    """One copy into an empty folder on the peer; MB/s as the sender measured it."""
+         script: str = "fanout.py", dst: str = f"{DIR}/dst", cpu: list[float] | None = None
+         ) -> float:
+    """One copy into an empty folder on the peer; MB/s as the sender measured it (and the
+    receiver's CPU busy share appended to `cpu`)."""
     files = manifest["files"]
     assert isinstance(files, list)
     lab.exec(peer, f"rm -rf {dst} && mkdir -p {dst}")
-    plan = {"token": "probe-token-0123456789abcdef", "root": dst, "files": files,
-            "chunk": manifest["chunk"], "links": {}, "refs": {}}
+    plan = {"token": "probe-token-0123456789abcdef", "chunk": manifest["chunk"],
+            "repos": [{"root": dst, "files": files, "links": {}, "refs": {}}]}
     ip = fabric_ip(lab, peer)
     args = json.dumps({"listen": ip, "streams": streams})
     lab.exec(peer, f"cat > {DIR}/plan.json", stdin=json.dumps(plan))
@@ -96,10 +103,10 @@ def copy(lab: Lab, head: str, peer: str, manifest: dict[str, object], streams: i
             ready = json.loads(first)
             break
         time.sleep(0.1)
-    job = {"token": plan["token"], "root": f"{DIR}/src", "files": [f["rel"] for f in files],
+    job = {"token": plan["token"], "files": [[f"{DIR}/src", f["rel"]] for f in files],
            "need": ready["need"]}
     lab.exec(head, f"cat > {DIR}/job.json", stdin=json.dumps(job))
-    send_args = json.dumps({"host": ip, "port": ready["port"], "streams": streams})
+    send_args = json.dumps({"host": ip, "port": ready["port"], "streams": ready["streams"]})
     sent = lab.exec(head, f"python3 {DIR}/{script} send {_q(send_args)} < {DIR}/job.json")
     final = ""
     for _ in range(600):
@@ -111,6 +118,9 @@ def copy(lab: Lab, head: str, peer: str, manifest: dict[str, object], streams: i
     lab.exec(peer, f"rm -rf {dst}")
     if not last.get("done") or '"done": true' not in final:
         raise RuntimeError(f"probe copy failed: {sent[-300:]} {final[-300:]}")
+    busy = json.loads(final.strip().splitlines()[-1]).get("cpu_busy")
+    if cpu is not None and busy is not None:
+        cpu.append(100 * float(busy))
     return float(last["sent"]) / float(last["seconds"]) / 1e6
 
 
@@ -121,19 +131,20 @@ def sha256_rate(lab: Lab, node: str) -> float:
 def probe(lab: Lab, head: str, peer: str, mib: int, runs: int) -> dict[str, list[float]]:
     """Every row, `runs` times, interleaved."""
     manifest = prepare(lab, head, peer, mib)
+    streams_here = min(4, int(lab.exec(peer, "nproc").strip() or "1"))
     rows: dict[str, list[float]] = {}
     for _ in range(runs):
         rows.setdefault("iperf3", []).append(iperf(lab, head, peer))
-        for streams in (1, 2, 4):
-            rows.setdefault(f"verified, {streams} stream(s)", []).append(
-                copy(lab, head, peer, manifest, streams))
-        for streams in (2, 4):
-            rows.setdefault(f"verified, {streams} streams, recv+write (no splice)", []).append(
-                copy(lab, head, peer, manifest, streams, "fanout_nosplice.py"))
-        rows.setdefault("not verified (sha256 no-op), 2 streams", []).append(
-            copy(lab, head, peer, manifest, 2, "fanout_nohash.py"))
-        rows.setdefault("verified, 2 streams, into tmpfs (/dev/shm)", []).append(
-            copy(lab, head, peer, manifest, 2, dst=SHM))
+        cores = f"{streams_here} stream(s) (one per core: sparkctl's choice here)"
+        rows.setdefault("verified, 1 stream", []).append(copy(lab, head, peer, manifest, 1))
+        rows.setdefault(f"verified, {cores}", []).append(
+            copy(lab, head, peer, manifest, 4, cpu=rows.setdefault(CPU_ROW, [])))
+        rows.setdefault("verified, 4 streams (more than cores)", []).append(
+            copy(lab, head, peer, manifest, 4, "fanout_nocap.py"))
+        rows.setdefault(f"verified, {streams_here} stream(s), recv+write (no splice)", []).append(
+            copy(lab, head, peer, manifest, 4, "fanout_nosplice.py"))
+        rows.setdefault(f"not verified (sha256 no-op), {streams_here} stream(s)", []).append(
+            copy(lab, head, peer, manifest, 4, "fanout_nohash.py"))
         rows.setdefault(SHA_ROW, []).append(sha256_rate(lab, peer))
     for node in (head, peer):
         lab.exec(node, f"rm -rf {DIR}", check=False)
@@ -152,8 +163,9 @@ def main() -> int:
     rows = probe(lab, head, peer, args.mib, args.runs)
     base = median(rows["iperf3"])
     for name, values in rows.items():
-        share = f"{median(values) / base:4.0%}" if name != SHA_ROW else "    "
-        print(f"{name:<42} {median(values):7.0f} MB/s  {share}  "
+        share = f"{median(values) / base:4.0%}" if name not in UNITLESS else "    "
+        unit = "%   " if name == CPU_ROW else "MB/s"
+        print(f"{name:<60} {median(values):7.0f} {unit}  {share}  "
               f"({', '.join(f'{v:.0f}' for v in values)})")
     return 0
 

@@ -83,10 +83,15 @@ class HashCache:
             pass  # a cache only: a full or read-only disk costs a re-hash next time
 
 
-def free_bytes(path):
+def existing(path):
+    """The path itself, or its nearest ancestor that exists (a model folder not made yet)."""
     while path and not os.path.exists(path):
         path = os.path.dirname(path)
-    st = os.statvfs(path or "/")
+    return path or "/"
+
+
+def free_bytes(path):
+    st = os.statvfs(existing(path))
     return st.f_bavail * st.f_frsize
 
 

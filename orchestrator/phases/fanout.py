@@ -1,12 +1,14 @@
 """Model fan-out: the head's files to every peer over the fabric, at link speed, resumable and
 verified (the node side is orchestrator/node/fanout.py).
 
-Per peer: a receiver starts in the peer's container (over the controller's SSH connection to
-that peer, a one-time token on its stdin), checks what it already has (whole files by sha256,
-partial files chunk by chunk), checks free space, and listens on the peer's fabric address
-only. The sender starts in the head's container (token on stdin too) and streams the missing
-chunks over STREAMS parallel raw TCP connections. Every chunk is verified against the head's
-manifest before it is written; files appear under their real names only when complete.
+Per peer, for all of a recipe's repositories at once: a receiver starts in the peer's
+container (over the controller's SSH connection to that peer, a one-time token on its stdin),
+checks what it already has (whole files by sha256, partial files chunk by chunk), checks free
+space, and listens on the peer's fabric address only. The sender starts in the head's container
+(token on stdin too) and streams the missing chunks over up to STREAMS parallel raw TCP
+connections (no more than the receiver has cores: each hashes what it receives). Every chunk
+is verified against the head's manifest before it is written; files appear under their real
+names only when complete.
 Raw TCP was measured faster than parallel SSH streams on the lab (docs/performance.md).
 """
 
@@ -29,9 +31,10 @@ from orchestrator.remote.pipe import RemoteProcess
 from orchestrator.remote.transport import Transport
 
 FANOUT_SCRIPT = "\n".join(script(name) for name in
-                          ("fanout_manifest.py", "fanout_io.py", "fanout.py"))
+                          ("fanout_manifest.py", "fanout_io.py", "fanout_receiver.py", "fanout.py"))
 STREAMS = int(os.environ.get("SPARKCTL_FANOUT_STREAMS", "4"))
-"""Parallel TCP connections per peer (4 filled the lab's link; see docs/performance.md)."""
+"""Parallel TCP connections per peer at most; the receiver takes no more than its cores
+(see docs/performance.md)."""
 
 
 def gb(n: float) -> str:
@@ -52,10 +55,14 @@ class PeerCopy:
     """Bytes the peer already had right (whole files and verified chunks of partial ones)."""
     sent: int = 0
     seconds: float = 0.0
-    """From starting the sender to the receiver's last verified chunk (what the user waits)."""
+    """From handing the (already started) sender its job to the receiver's last verified chunk
+    (what the user waits for once the peer's files are checked)."""
     wire: float = 0.0
     """The sender's own seconds, first connection to the last confirmation: the transfer
     without starting the processes (comparable with iperf3)."""
+    cpu_busy: float | None = None
+    """The peer's CPU busy share while it received (near 1: the copy was CPU-bound there,
+    every byte is hashed; see docs/performance.md)."""
 
     def line(self) -> str:
         rate = self.sent / self.seconds if self.seconds > 0 else 0.0
@@ -64,8 +71,9 @@ class PeerCopy:
         resumed = f", {gb(self.had)} already there" if self.had else ""
         wire = (f"; on the wire {self.wire:.2f} s ({self.sent / self.wire / 1e9:.2f} GB/s)"
                 if self.wire > 0 else "")
+        cpu = f", CPU {self.cpu_busy:.0%} busy there" if self.cpu_busy is not None else ""
         return (f"{self.peer}: {gb(self.sent)} in {self.seconds:.1f} s "
-                f"({rate / 1e9:.2f} GB/s){resumed}{wire}")
+                f"({rate / 1e9:.2f} GB/s){resumed}{wire}{cpu}")
 
 
 class FanoutProgress:
@@ -134,20 +142,36 @@ def space_error(node: str, path: str, need: int, free: int, during: str) -> Spar
         f"{gb(free)} free; free some space on {node} and run launch again")
 
 
+def copy_plan(token: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The receiver's plan: every repository's files (with their chunk hashes), links and refs,
+    each under its own root (the HF cache, or a local model folder's parent)."""
+    chunks = {entry["chunk"] for entry in entries}
+    if len(chunks) != 1:
+        raise SparkctlError(f"the head's manifests disagree on the chunk size: {sorted(chunks)}")
+    repos = [{"root": entry["root"], "links": entry["links"], "refs": entry["refs"],
+              "files": [{"rel": rel, **info} for rel, info in sorted(entry["blobs"].items())]}
+             for entry in entries]
+    return {"token": token, "chunk": chunks.pop(), "repos": repos}
+
+
 def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: str,
-                 entry: dict[str, Any], progress: FanoutProgress,
+                 entries: list[dict[str, Any]], progress: FanoutProgress,
                  streams: int = STREAMS) -> PeerCopy:
-    """Make the peer's copy of one repository identical to the head's `entry` (a manifest
-    entry with chunk hashes). Returns what was sent; raises SparkctlError naming the node."""
-    files = [{"rel": rel, **info} for rel, info in sorted(entry["blobs"].items())]
-    result = PeerCopy(peer.node, total=sum(f["size"] for f in files))
+    """Make the peer's copy of the repositories identical to the head's `entries` (manifest
+    entries with chunk hashes): one receiver and one sender for all of them, so the streams
+    are shared over every file. Returns what was sent; raises SparkctlError naming the node."""
     token = secrets.token_hex(16)
-    plan = {"token": token, "root": entry["root"], "files": files, "chunk": entry["chunk"],
-            "links": entry["links"], "refs": entry["refs"]}
+    plan = copy_plan(token, entries)
+    files = [[repo["root"], f["rel"]] for repo in plan["repos"] for f in repo["files"]]
+    result = PeerCopy(peer.node, total=sum(f["size"] for repo in plan["repos"]
+                                           for f in repo["files"]))
     receiver = RemoteProcess(
         peer, node_script_cmd(container, "recv", {"listen": peer_ip, "streams": streams}, True),
         json.dumps(plan), display=f"docker exec -i {container} python3 -c <fanout recv>")
-    sender: RemoteProcess | None = None
+    # the sender starts now and waits for its job on stdin: its start-up overlaps the
+    # receiver's check of what the peer has (an empty stdin ends it, when nothing is needed)
+    sender = RemoteProcess(head, node_script_cmd(container, "send", {"host": peer_ip}, True),
+                           None, display=f"docker exec -i {container} python3 -c <fanout send>")
     try:
         ready = receiver.first_json()
         if not ready:
@@ -158,6 +182,9 @@ def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: s
                               "for the copy")
         if "error" in ready:
             raise SparkctlError(f"{peer.node}: cannot check the model files: {ready.get('message')}")
+        if "port" not in ready:
+            raise SparkctlError(f"{peer.node}: the fan-out receiver answered {ready}: "
+                                f"{receiver.stderr_tail()}")
         result.had = int(ready["have"])
         need = ready["need"]
         if not need:
@@ -168,13 +195,9 @@ def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: s
             return result
         total_need = int(ready["need_bytes"])
         progress.start(peer.node, total_need)
-        job = {"token": token, "root": entry["root"], "files": [f["rel"] for f in files],
-               "need": need}
         started = time.monotonic()
-        sender = RemoteProcess(
-            head, node_script_cmd(container, "send", {"host": peer_ip, "port": ready["port"],
-                                                       "streams": streams}, True),
-            json.dumps(job), display=f"docker exec -i {container} python3 -c <fanout send>")
+        sender.feed(json.dumps({"token": token, "files": files, "need": need,
+                                "port": ready["port"], "streams": ready["streams"]}))
         status: dict[str, Any] = {}
         while True:
             if _interrupted():
@@ -196,7 +219,7 @@ def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: s
         result.wire = float(status.get("seconds") or 0.0)
         final = receiver.first_json()
         if final.get("error") == "space":
-            raise space_error(peer.node, final.get("path", entry["root"]),
+            raise space_error(peer.node, final.get("path", plan["repos"][0]["root"]),
                               int(final.get("need", 0)), int(final.get("free", 0)),
                               f"(the disk filled up during the copy: {final.get('message')})")
         if final.get("error"):
@@ -208,8 +231,8 @@ def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: s
         if not final.get("done"):
             raise SparkctlError(f"{peer.node}: the receiver ended without finishing: "
                                 f"{receiver.stderr_tail()}")
+        result.cpu_busy = final.get("cpu_busy")
         return result
     finally:
-        if sender is not None:
-            sender.close()
+        sender.close()
         receiver.close()

@@ -271,32 +271,23 @@ class Distribute(Step):
                                     f"({head[repo].get('error') or 'no config.json'})")
         bar = fanout.FanoutProgress(note)
 
-        def copy_to(peer: str) -> list[fanout.PeerCopy]:
+        def copy_to(peer: str) -> fanout.PeerCopy:
             ip = ctx.inventory.mpi_address(ctx.inventory.node(peer))
-            return [fanout.copy_to_peer(head=ctx.transport, peer=ctx.transports[peer],  # type: ignore[arg-type]
-                                        container=container, peer_ip=ip, entry=head[repo],
-                                        progress=bar)
-                    for repo, _, _ in self.recipe.repos]
+            return fanout.copy_to_peer(head=ctx.transport, peer=ctx.transports[peer],  # type: ignore[arg-type]
+                                       container=container, peer_ip=ip, progress=bar,
+                                       entries=[head[repo] for repo, _, _ in self.recipe.repos])
 
         # every peer at once: each gets its own streams over its own link (or switch port)
         try:
             outcomes = parallel(copy_to, peers, limit=8)
         finally:
             bar.stop()
-        copies: dict[str, list[fanout.PeerCopy]] = {}
-        errors = []
-        for peer, outcome in outcomes.items():
-            if outcome.ok:
-                copies[peer] = outcome.get()
-            else:
-                errors.append(str(outcome.error))
-        totals = {peer: fanout.PeerCopy(peer, sum(c.total for c in cs), sum(c.had for c in cs),
-                                        sum(c.sent for c in cs), sum(c.seconds for c in cs),
-                                        sum(c.wire for c in cs))
-                  for peer, cs in copies.items()}
+        totals = {peer: outcome.get() for peer, outcome in outcomes.items() if outcome.ok}
+        errors = [str(outcome.error) for outcome in outcomes.values() if not outcome.ok]
         ctx.shared["fanout"] = {p: {"bytes_total": t.total, "bytes_had": t.had,
                                     "bytes_copied": t.sent, "seconds": round(t.seconds, 3),
                                     "wire_seconds": round(t.wire, 3),
+                                    "receiver_cpu_busy": t.cpu_busy,
                                     "gb_per_s": round(t.sent / t.seconds / 1e9, 3)
                                     if t.seconds else None} for p, t in totals.items()}
         if errors:

@@ -1,7 +1,9 @@
 """A remote command fed on stdin and read line by line while it runs (the fan-out's sender and
 receiver): over the node's one SSH connection (an extra session channel) or, when the
 controller is the node itself, a local process. The stdin text (which may hold a one-time
-token) never appears in argv or in the trace; `display` is what logs show.
+token) never appears in argv or in the trace; `display` is what logs show. Started with no
+stdin text, the process runs at once and waits for `feed` (the fan-out starts its sender while
+the receiver still checks what it has, so neither waits for the other to start).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from orchestrator.remote.transport import Transport
 
 
 class RemoteProcess:
-    def __init__(self, transport: Transport, command: str, stdin_text: str, display: str) -> None:
+    def __init__(self, transport: Transport, command: str, stdin_text: str | None,
+                 display: str) -> None:
         self.node = transport.node
         self.display = display
         self._channel: Any = None
@@ -28,8 +31,6 @@ class RemoteProcess:
         if ssh is not None:
             channel = ssh.open_session()
             channel.exec_command(command)
-            channel.sendall(stdin_text.encode())
-            channel.shutdown_write()
             self._channel = channel
             self._reader = channel.makefile("rb")
             self._errors = channel.makefile_stderr("rb")
@@ -37,11 +38,21 @@ class RemoteProcess:
             self._process = subprocess.Popen(
                 ["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, start_new_session=True)
-            assert self._process.stdin is not None
-            self._process.stdin.write(stdin_text.encode())
-            self._process.stdin.close()
             self._reader = self._process.stdout
             self._errors = self._process.stderr
+        if stdin_text is not None:
+            self.feed(stdin_text)
+
+    def feed(self, text: str) -> None:
+        """Write the whole stdin and close it (once)."""
+        if self._channel is not None:
+            self._channel.sendall(text.encode())
+            self._channel.shutdown_write()
+        else:
+            assert self._process is not None and self._process.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                self._process.stdin.write(text.encode())
+            self._process.stdin.close()
 
     def readline(self) -> str:
         """The next line of stdout ("" at the end)."""

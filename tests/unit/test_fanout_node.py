@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator.node import fanout as node
 from orchestrator.node import fanout_manifest
+from orchestrator.node import fanout_receiver as receiver_state
 
 SCRIPT = str(Path(node.__file__))
 REPO = "org/m"
@@ -50,13 +51,28 @@ def manifest(hub: Path, chunks: bool = True, **patterns: list[str]) -> dict[str,
     return dict(json.loads(result.stdout)[REPO])
 
 
+def files_of(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"rel": rel, **info} for rel, info in sorted(entry["blobs"].items())]
+
+
+def plan_of(token: str, *repos: tuple[Path, dict[str, Any]]) -> dict[str, Any]:
+    """The receiver's plan (phases/fanout.py copy_plan's shape): (peer root, head entry) each."""
+    return {"token": token, "chunk": CHUNK, "repos": [
+        {"root": str(root), "files": files_of(entry), "links": entry["links"],
+         "refs": entry["refs"]} for root, entry in repos]}
+
+
+def job_of(token: str, need: list[list[int]], *repos: tuple[Path, dict[str, Any]]) -> dict[str, Any]:
+    """The sender's job: (head root, entry) each; files as [root, rel] in the plan's order."""
+    return {"token": token, "need": need,
+            "files": [[str(root), f["rel"]] for root, entry in repos for f in files_of(entry)]}
+
+
 def copy(head: Path, peer: Path, streams: int = 3, **patterns: list[str]
          ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     """One fan-out head -> peer: (receiver's first line, receiver's last line, sender lines)."""
     entry = manifest(head, **patterns)
-    files = [{"rel": rel, **info} for rel, info in sorted(entry["blobs"].items())]
-    plan = {"token": "t" * 32, "root": str(peer), "files": files, "links": entry["links"], "chunk": CHUNK,
-            "refs": entry["refs"]}
+    plan = plan_of("t" * 32, (peer, entry))
     receiver = subprocess.Popen(
         [sys.executable, SCRIPT, "recv", json.dumps({"listen": "127.0.0.1", "streams": streams})],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -66,10 +82,9 @@ def copy(head: Path, peer: Path, streams: int = 3, **patterns: list[str]
     ready = json.loads(receiver.stdout.readline())
     sent: list[dict[str, Any]] = []
     if ready.get("need"):
-        job = {"token": "t" * 32, "root": str(head), "files": [f["rel"] for f in files],
-               "need": ready["need"]}
-        result = run("send", {"host": "127.0.0.1", "port": ready["port"], "streams": streams},
-                     json.dumps(job))
+        job = job_of("t" * 32, ready["need"], (head, entry))
+        result = run("send", {"host": "127.0.0.1", "port": ready["port"],
+                              "streams": ready["streams"]}, json.dumps(job))
         sent = [json.loads(line) for line in result.stdout.splitlines()]
     last = receiver.stdout.read().strip().splitlines()
     receiver.wait(timeout=60)
@@ -117,7 +132,8 @@ def test_copy_reproduces_the_hf_layout_exactly(tmp_path: Path) -> None:
     make_hub(head)
     peer.mkdir()
     ready, last, sent = copy(head, peer)
-    assert last == {"done": True, "received": ready["need_bytes"]}
+    assert last["done"] and last["received"] == ready["need_bytes"]
+    assert 0 < last["cpu_busy"] <= 1  # the node's CPU busy share while it received
     assert sent[-1]["done"] and sent[-1]["sent"] == ready["need_bytes"] == ready["total"]
     assert tree(peer) == tree(head)
     assert not list(peer.rglob("*.sparkctl-part"))
@@ -171,17 +187,14 @@ def test_a_wrong_token_gets_nothing_written(tmp_path: Path) -> None:
     make_hub(head, big=1000)
     peer.mkdir()
     entry = manifest(head)
-    files = [{"rel": rel, **info} for rel, info in sorted(entry["blobs"].items())]
     receiver = subprocess.Popen(
         [sys.executable, SCRIPT, "recv", json.dumps({"listen": "127.0.0.1", "streams": 1})],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert receiver.stdin is not None and receiver.stdout is not None
-    receiver.stdin.write(json.dumps({"token": "a" * 32, "root": str(peer), "files": files,
-                                     "links": {}, "refs": {}, "chunk": CHUNK}))
+    receiver.stdin.write(json.dumps(plan_of("a" * 32, (peer, entry))))
     receiver.stdin.close()
     ready = json.loads(receiver.stdout.readline())
-    job = {"token": "b" * 32, "root": str(head), "files": [f["rel"] for f in files],
-           "need": ready["need"]}
+    job = job_of("b" * 32, ready["need"], (head, entry))
     result = run("send", {"host": "127.0.0.1", "port": ready["port"], "streams": 1}, json.dumps(job))
     assert json.loads(result.stdout.splitlines()[-1])["error"] == "send"
     receiver.kill()  # our own child: it would wait for a real sender until its idle timeout
@@ -195,10 +208,9 @@ def test_not_enough_space_is_refused_with_the_numbers(tmp_path: Path,
     make_hub(head, big=1000)
     peer.mkdir()
     entry = manifest(head)
-    files = [{"rel": rel, **info} for rel, info in sorted(entry["blobs"].items())]
-    monkeypatch.setattr(node, "free_bytes", lambda path: 10)
+    monkeypatch.setattr(receiver_state, "free_bytes", lambda path: 10)
     monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(json.dumps(
-        {"token": "a" * 32, "root": str(peer), "files": files, "links": {}, "refs": {}, "chunk": CHUNK})))
+        plan_of("a" * 32, (peer, entry)))))
     lines: list[dict[str, Any]] = []
     monkeypatch.setattr(node, "out", lines.append)
     assert node.recv({"listen": "127.0.0.1", "streams": 1}) == 3
@@ -215,7 +227,6 @@ def test_a_disk_filling_up_mid_copy_fails_at_once(tmp_path: Path, splice: bool,
     make_hub(head, big=2 * CHUNK)
     peer.mkdir()
     entry = manifest(head)
-    files = [{"rel": rel, **info} for rel, info in sorted(entry["blobs"].items())]
 
     def full(fd: int, data: Any, offset: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -239,7 +250,7 @@ def test_a_disk_filling_up_mid_copy_fails_at_once(tmp_path: Path, splice: bool,
     monkeypatch.setattr(node.os, "_exit", lambda code: exits.append(code))
     monkeypatch.setattr(node, "out", lines.append)
     monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(json.dumps(
-        {"token": "a" * 32, "root": str(peer), "files": files, "links": {}, "refs": {}, "chunk": CHUNK})))
+        plan_of("a" * 32, (peer, entry)))))
     port: list[int] = []
     original = lines.append
 
@@ -256,8 +267,7 @@ def test_a_disk_filling_up_mid_copy_fails_at_once(tmp_path: Path, splice: bool,
         if port:
             break
         threading.Event().wait(0.05)
-    job = {"token": "a" * 32, "root": str(head), "files": [f["rel"] for f in files],
-           "need": lines[0]["need"]}
+    job = job_of("a" * 32, lines[0]["need"], (head, entry))
     result = run("send", {"host": "127.0.0.1", "port": port[0], "streams": 1}, json.dumps(job))
     thread.join(timeout=30)
     assert exits == [4]
@@ -276,13 +286,12 @@ def test_a_connection_that_comes_after_every_chunk_still_gets_its_answer(tmp_pat
     make_hub(head, big=2 * CHUNK)
     peer.mkdir()
     entry = manifest(head)
-    files = [{"rel": rel, **info} for rel, info in sorted(entry["blobs"].items())]
+    files = files_of(entry)
     receiver = subprocess.Popen(
         [sys.executable, SCRIPT, "recv", json.dumps({"listen": "127.0.0.1", "streams": 2})],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert receiver.stdin is not None and receiver.stdout is not None
-    receiver.stdin.write(json.dumps({"token": "a" * 32, "root": str(peer), "files": files,
-                                     "links": entry["links"], "refs": entry["refs"], "chunk": CHUNK}))
+    receiver.stdin.write(json.dumps(plan_of("a" * 32, (peer, entry))))
     receiver.stdin.close()
     ready = json.loads(receiver.stdout.readline())
     assert len(ready["need"]) >= 2  # so the sender opens two connections
@@ -310,3 +319,87 @@ def test_a_connection_that_comes_after_every_chunk_still_gets_its_answer(tmp_pat
     assert receiver.wait(timeout=30) == 0
     assert json.loads(last[-1])["done"] and tree(peer) == tree(head)
     stranger.close()
+
+
+def make_local(root: Path, name: str = "draft") -> Path:
+    """A local model folder (a draft model saved with save_pretrained: no HF cache layout)."""
+    folder = root / name
+    (folder / "sub").mkdir(parents=True)
+    (folder / "config.json").write_bytes(b'{"draft": true}\n')
+    (folder / "model.safetensors").write_bytes(os.urandom(2 * CHUNK + 77))
+    (folder / "sub" / "extra.bin").write_bytes(os.urandom(100))
+    return folder
+
+
+def test_every_repository_goes_in_one_copy_each_into_its_own_root(tmp_path: Path) -> None:
+    """One receiver and one sender for the HF cache model and a local draft folder: the frames
+    index one list of both repositories' files, and each lands under its own root."""
+    head_hub, head_drafts = tmp_path / "head" / "hub", tmp_path / "head" / "drafts"
+    peer_hub, peer_drafts = tmp_path / "peer" / "hub", tmp_path / "peer" / "drafts"
+    make_hub(head_hub)
+    make_local(head_drafts)
+    peer_hub.mkdir(parents=True)  # (the peer's drafts folder does not exist yet)
+    result = run("manifest", {"hub": str(head_hub), "chunks": True, "chunk": CHUNK, "repos": [
+        {"repo": REPO, "revision": "main"},
+        {"repo": "org/draft", "revision": "main", "dir": str(head_drafts / "draft")}]})
+    entries = json.loads(result.stdout)
+    model, draft = entries[REPO], entries["org/draft"]
+    assert draft["root"] == str(head_drafts) and model["root"] == str(head_hub)
+    receiver = subprocess.Popen(
+        [sys.executable, SCRIPT, "recv", json.dumps({"listen": "127.0.0.1", "streams": 4})],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert receiver.stdin is not None and receiver.stdout is not None
+    receiver.stdin.write(json.dumps(plan_of("t" * 32, (peer_hub, model), (peer_drafts, draft))))
+    receiver.stdin.close()
+    ready = json.loads(receiver.stdout.readline())
+    model_files = len(model["blobs"])
+    assert {i for i, _, _ in ready["need"]} >= {model_files, model_files + 1}  # the draft's too
+    assert ready["need_bytes"] == ready["total"] == model["bytes"] + draft["bytes"]
+    job = job_of("t" * 32, ready["need"], (head_hub, model), (head_drafts, draft))
+    sent = run("send", {"host": "127.0.0.1", "port": ready["port"], "streams": ready["streams"]},
+               json.dumps(job))
+    assert json.loads(sent.stdout.splitlines()[-1])["done"], sent.stdout + sent.stderr
+    last = json.loads(receiver.stdout.read().strip().splitlines()[-1])
+    assert receiver.wait(timeout=30) == 0 and last["done"]
+    assert tree(peer_hub) == tree(head_hub)
+    for rel in ("config.json", "model.safetensors", "sub/extra.bin"):
+        assert (peer_drafts / "draft" / rel).read_bytes() == (head_drafts / "draft" / rel).read_bytes()
+    # each repository's hash cache beside it: a second copy finds everything right
+    assert (peer_drafts / "draft" / ".cache" / "sparkctl-hashes.json").is_file()
+    again = subprocess.run([sys.executable, SCRIPT, "recv", json.dumps({"listen": "127.0.0.1"})],
+                           input=json.dumps(plan_of("t" * 32, (peer_hub, model), (peer_drafts, draft))),
+                           capture_output=True, text=True, timeout=60)
+    first = json.loads(again.stdout.splitlines()[0])
+    assert first["need"] == [] and first["have"] == first["total"]
+
+
+def test_the_receiver_takes_no_more_connections_than_it_has_cores(tmp_path: Path) -> None:
+    """Each receiving connection hashes what it gets: on a node with one usable core a second
+    connection would only contend, so the ready line offers one (the sender opens that many)."""
+    head, peer = tmp_path / "head", tmp_path / "peer"
+    make_hub(head)
+    peer.mkdir()
+    plan = json.dumps(plan_of("t" * 32, (peer, manifest(head))))
+
+    def ready(cores: set[int] | None) -> dict[str, Any]:
+        proc = subprocess.Popen(
+            [sys.executable, SCRIPT, "recv", json.dumps({"listen": "127.0.0.1", "streams": 8})],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(plan)
+        proc.stdin.close()
+        line = json.loads(proc.stdout.readline())
+        proc.kill()  # our own child, waiting for a sender that never comes
+        proc.wait()
+        return dict(line)
+
+    assert ready({min(os.sched_getaffinity(0))})["streams"] == 1
+    assert ready(None)["streams"] == min(8, len(os.sched_getaffinity(0)))
+
+
+def test_a_sender_given_no_job_ends_quietly() -> None:
+    """The controller starts the sender beside the receiver; when nothing is needed it closes
+    the sender's stdin without a job, and the sender must end at once, without a traceback."""
+    result = run("send", {"host": "127.0.0.1"}, "")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")

@@ -113,14 +113,14 @@ class Remotes:
                 {"sent": sent // 2}, {"sent": sent, "seconds": 2.0, "done": True}]
         if self.recv is not None:
             return self.recv
-        files = run.stdin["files"]
+        files = [f for repo in run.stdin["repos"] for f in repo["files"]]
         need = [[i, 0, f["size"]] for i, f in enumerate(files)
                 if f["sha256"] not in self.has.get(run.node, set())]
         need_bytes = sum(n[2] for n in need)
         total = sum(f["size"] for f in files)
         ready = {"port": 4242 if need else 0, "need": need, "need_bytes": need_bytes,
-                 "have": total - need_bytes, "total": total, "free": 1000 * GB}
-        return [ready, {"done": True, "received": need_bytes}]
+                 "have": total - need_bytes, "total": total, "streams": 2 if need else 0}
+        return [ready, {"done": True, "received": need_bytes, "cpu_busy": 0.97}]
 
     def of(self, mode: str) -> list[Started]:
         return [run for run in self.started if run.mode == mode]
@@ -136,12 +136,20 @@ def remotes(monkeypatch: pytest.MonkeyPatch) -> Remotes:
             assert words[:7] == ["docker", "exec", "-i", CONTAINER, "python3", "-c",
                                  fanout.FANOUT_SCRIPT]
             self.node = transport.node
-            self.run = Started(transport.node, words[7], json.loads(words[8]),
-                               json.loads(stdin_text), command, display)
+            self.run = Started(transport.node, words[7], json.loads(words[8]), {}, command,
+                               display)
             fake.started.append(self.run)
+            self._lines: list[str] | None = None
+            if stdin_text is not None:
+                self.feed(stdin_text)
+
+        def feed(self, text: str) -> None:
+            assert self._lines is None, "stdin written twice"
+            self.run.stdin = json.loads(text)
             self._lines = [json.dumps(line) + "\n" for line in fake.lines(self.run)]
 
         def readline(self) -> str:
+            assert self._lines is not None, "read before its stdin was written"
             return self._lines.pop(0) if self._lines else ""
 
         first_json = pipe.RemoteProcess.first_json  # the real reading of the fake's lines
@@ -168,7 +176,7 @@ def test_the_phase_runs_on_the_serving_nodes_and_asks_for_manifests(
     assert words[:3] == ["docker", "exec", cluster.inventory.container.name]
     assert words[3:-2] == ["python3", "-c", fanout.FANOUT_SCRIPT] and words[-2] == "manifest"
     # the node script is the manifest code and the fan-out in one (stdlib only, sent whole)
-    parts = ("fanout_manifest.py", "fanout_io.py", "fanout.py")
+    parts = ("fanout_manifest.py", "fanout_io.py", "fanout_receiver.py", "fanout.py")
     assert "\n".join(script(name) for name in parts) == fanout.FANOUT_SCRIPT
     # the facts manifest skips the chunk hashes (only the distribute step needs them)
     assert json.loads(words[-1]) == {"hub": models.HUB_DIR, "chunks": False, "repos": [
@@ -326,25 +334,31 @@ def test_distribute_copies_only_what_differs_and_verifies(
     # the head's manifest with chunk hashes (the receiver checks every chunk against them)
     (head_manifest,) = cluster["spark-a"].calls
     assert json.loads(shlex.split(head_manifest.command)[-1])["chunks"] is True
-    # a receiver per repository on the peer, listening on its fabric address only, with the
-    # head's plan (and a fresh one-time token) on stdin, never on the command line
-    recv_model, recv_draft = remotes.of("recv")
-    assert [r.node for r in remotes.started if r.mode == "recv"] == ["spark-b", "spark-b"]
-    assert recv_model.args == {"listen": "192.168.200.13", "streams": fanout.STREAMS}
-    plan = recv_model.stdin
-    assert plan["root"] == models.HUB_DIR and plan["links"] == head[MODEL]["links"]
-    assert plan["refs"] == {f"{FOLDER}/refs/main": COMMIT}
-    assert [f["rel"] for f in plan["files"]] == sorted(head[MODEL]["blobs"])
-    assert plan["files"][1] == {"rel": f"{FOLDER}/blobs/model.safetensors",
-                                **head[MODEL]["blobs"][f"{FOLDER}/blobs/model.safetensors"]}
-    assert re.fullmatch("[0-9a-f]{32}", plan["token"]) and plan["token"] not in recv_model.command
-    assert recv_draft.stdin["token"] != plan["token"]
-    # one sender, on the head, for the model's weights only: the draft was already right
+    # one receiver on the peer for every repository, listening on its fabric address only,
+    # with the head's plan (and a fresh one-time token) on stdin, never on the command line
+    (receiver,) = remotes.of("recv")
+    assert receiver.node == "spark-b"
+    assert receiver.args == {"listen": "192.168.200.13", "streams": fanout.STREAMS}
+    plan = receiver.stdin
+    model, draft = plan["repos"]
+    assert plan["chunk"] == 32 << 20
+    assert model["root"] == models.HUB_DIR and model["links"] == head[MODEL]["links"]
+    assert model["refs"] == {f"{FOLDER}/refs/main": COMMIT}
+    assert [f["rel"] for f in model["files"]] == sorted(head[MODEL]["blobs"])
+    assert model["files"][1] == {"rel": f"{FOLDER}/blobs/model.safetensors",
+                                 **head[MODEL]["blobs"][f"{FOLDER}/blobs/model.safetensors"]}
+    assert draft["root"] == DRAFTS and [f["rel"] for f in draft["files"]] == \
+        [f"{DRAFT_FOLDER}/config.json"]
+    assert re.fullmatch("[0-9a-f]{32}", plan["token"]) and plan["token"] not in receiver.command
+    # one sender, on the head, for the model's weights only (the draft was already right),
+    # with as many streams as the receiver said it takes (its cores)
     (sender,) = remotes.of("send")
     assert sender.node == "spark-a"
-    assert sender.args == {"host": "192.168.200.13", "port": 4242, "streams": fanout.STREAMS}
-    assert sender.stdin == {"token": plan["token"], "root": models.HUB_DIR,
-                            "files": [f["rel"] for f in plan["files"]], "need": [[1, 0, BIG]]}
+    assert sender.args == {"host": "192.168.200.13"}  # started before the receiver was ready
+    assert sender.stdin == {"token": plan["token"], "need": [[1, 0, BIG]], "files": [
+        [models.HUB_DIR, f"{FOLDER}/blobs/config.json"],
+        [models.HUB_DIR, f"{FOLDER}/blobs/model.safetensors"],
+        [DRAFTS, f"{DRAFT_FOLDER}/config.json"]], "port": 4242, "streams": 2}
     assert sender.stdin["token"] not in sender.command
     assert all(r.closed for r in remotes.started)
     # verified: the peer's manifest read again after the copy
@@ -352,8 +366,9 @@ def test_distribute_copies_only_what_differs_and_verifies(
     assert message is not None and message.startswith(
         "copied spark-b: 300.00 GB in ") and ", 5.0 MB already there; " in message
     # the sender's own seconds (process start-up excluded): the rate comparable with iperf3
-    assert "; on the wire 2.00 s (150.00 GB/s); " in message
+    assert "; on the wire 2.00 s (150.00 GB/s), CPU 97% busy there; " in message
     assert ctx.shared["fanout"]["spark-b"]["wire_seconds"] == 2.0
+    assert ctx.shared["fanout"]["spark-b"]["receiver_cpu_busy"] == 0.97
     assert message.endswith(f"identical on spark-a, spark-b: {MODEL}@c0ffee: 2 files, 300.00 GB; "
                             f"{DRAFT}@local: 1 files, 5.0 MB")
     assert ctx.shared["fanout"]["spark-b"]["bytes_copied"] == BIG
@@ -377,13 +392,14 @@ def test_a_local_dir_model_is_copied_into_its_dir(
     models.Distribute(RECIPE).apply(cluster.context("spark-a", options=options()),
                                     Change("copy", payload=["spark-b"]))
 
-    plan = remotes.of("recv")[1].stdin
-    assert plan["root"] == DRAFTS and plan["links"] == {} and plan["refs"] == {}
-    assert [f["rel"] for f in plan["files"]] == [
+    draft = remotes.of("recv")[0].stdin["repos"][1]
+    assert draft["root"] == DRAFTS and draft["links"] == {} and draft["refs"] == {}
+    assert [f["rel"] for f in draft["files"]] == [
         f"{DRAFT_FOLDER}/.cache/huggingface/download/x.metadata", f"{DRAFT_FOLDER}/config.json",
         f"{DRAFT_FOLDER}/model.safetensors"]
-    (sender,) = remotes.of("send")
-    assert sender.stdin["root"] == DRAFTS and sender.stdin["need"] == [[1, 0, 400]]
+    (sender,) = remotes.of("send")  # (the model's two files come first, then the draft's)
+    assert sender.stdin["files"][3] == [DRAFTS, f"{DRAFT_FOLDER}/config.json"]
+    assert sender.stdin["need"] == [[3, 0, 400]]
 
 
 def test_a_copy_that_did_not_take_is_an_error(
@@ -426,12 +442,13 @@ def distribute_error(fake_cluster: Callable[..., FakeCluster], remotes: Remotes,
 def test_a_failing_copy_or_manifest_fails_the_step(
         fake_cluster: Callable[..., FakeCluster], remotes: Remotes) -> None:
     ready = {"port": 4242, "need": [[1, 0, BIG]], "need_bytes": BIG, "have": 10, "total": BIG + 10,
-             "free": 1000 * GB}
+             "streams": 2}
     remotes.recv = [{"error": "space", "need": BIG, "free": 100 * GB, "path": models.HUB_DIR}]
     assert distribute_error(fake_cluster, remotes) == (
         f"spark-b: not enough disk space for the copy: need 300.00 GB at {models.HUB_DIR}, "
         "100.00 GB free; free some space on spark-b and run launch again")
-    assert not remotes.of("send")
+    # the sender was started beside the receiver, never given a job, and ended (closed)
+    assert [(r.stdin, r.closed) for r in remotes.of("send")] == [({}, True)]
 
     remotes.recv = []  # the receiver died before saying anything
     assert distribute_error(fake_cluster, remotes) == \

@@ -210,3 +210,41 @@ def test_subprocess_is_what_runs_local_streams(monkeypatch: pytest.MonkeyPatch) 
     assert list(stream.lines()) == ["hi\n"]
     stream.close()
     assert started == [["sh", "-c", "echo hi"]]
+
+
+def test_a_remote_process_started_without_stdin_waits_for_feed() -> None:
+    """The fan-out starts its sender before the receiver is ready: the process runs, reads
+    nothing until `feed`, then gets the whole text and EOF (and never sees it in argv)."""
+    from orchestrator.remote.pipe import RemoteProcess
+
+    proc = RemoteProcess(local(), "echo started; cat; echo done", None, display="cat <job>")
+    assert proc.readline() == "started\n"  # running already, its stdin still open
+    proc.feed('{"token": "secret"}\n')
+    assert proc.readline() == '{"token": "secret"}\n' and proc.readline() == "done\n"
+    assert proc.wait(timeout=10) == 0
+    proc.close()
+    # closed without a job: the process gets EOF (the fan-out's sender then ends quietly)
+    idle = RemoteProcess(local(), "cat; echo eof", None, display="cat")
+    idle.close()
+    assert idle.wait(timeout=10) != -1
+
+
+def test_a_remote_process_over_ssh_writes_stdin_only_when_fed() -> None:
+    from orchestrator.remote.pipe import RemoteProcess
+
+    class Channel(FakeChannel):
+        def sendall(self, data: bytes) -> None:
+            self.events.append(("stdin", data))
+
+        def makefile_stderr(self, mode: str) -> io.BytesIO:
+            return io.BytesIO(b"")
+
+    channel = Channel([b"ok\n"])
+    proc = RemoteProcess(SSHNode(channel), "python3 -c <send>", None, display="send")  # type: ignore[arg-type]
+    assert channel.events == [("exec", "python3 -c <send>")]  # nothing written yet
+    proc.feed("job")
+    assert channel.events[1:] == [("stdin", b"job"), "eof"]
+    assert proc.readline() == "ok\n"
+    fed = Channel([])
+    RemoteProcess(SSHNode(fed), "recv", "plan", display="recv")  # type: ignore[arg-type]
+    assert fed.events == [("exec", "recv"), ("stdin", b"plan"), "eof"]
