@@ -83,18 +83,30 @@ def fanout_lab(lab_session: list[Lab], tmp_path_factory: pytest.TempPathFactory)
 
 def test_an_interrupted_copy_resumes_with_only_the_rest(fanout_lab: Lab, tmp_path: Path) -> None:
     lab, peer = fanout_lab, fanout_lab.nodes[1]
-    proc = subprocess.Popen(launch_argv(lab), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env(tmp_path))
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        parts = in_container(lab, peer, f"find {HF} -name '*.sparkctl-part' -size +1M", check=False)
-        if parts.strip():
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, "the launch ended before its copy could be interrupted"
-    proc.send_signal(signal.SIGINT)  # our own child, by its handle
-    _, err = proc.communicate(timeout=120)
+    # the head's fabric frames delayed 40 ms: each stream's window then moves ~100 MB/s, so the
+    # copy takes seconds and the poll below catches it part-way (on an idle lab it takes < 1 s)
+    delayed = lab.cli("fault", "delay", "--node", lab.nodes[0], "--interface", "enp1s0f1np1",
+                      "--ms", "40")
+    assert delayed.returncode == 0, delayed.stderr
+    try:
+        proc = subprocess.Popen(launch_argv(lab), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env(tmp_path))
+        # interrupted once the peer holds more than 4 streams x a 32 MiB chunk: at least one
+        # chunk is then complete and verified, so the next launch has something to keep
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            held = in_container(lab, peer, f"du -smc {HF}/hub {HF}/drafts 2>/dev/null | tail -n1",
+                                check=False).split()
+            if held and int(held[0]) > 4 * 32 + 1:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the launch ended before its copy could be interrupted"
+        proc.send_signal(signal.SIGINT)  # our own child, by its handle
+        _, err = proc.communicate(timeout=120)
+    finally:
+        lab.cli("fault", "restore", "--node", lab.nodes[0])
     assert proc.returncode != 0, err[-2000:]
+    assert "interrupted during models/distribute" in err, err[-2000:]
     time.sleep(1)  # the receiver notices the closed connections and exits
     again = subprocess.run(launch_argv(lab), capture_output=True, text=True, env=env(tmp_path),
                            timeout=600)
