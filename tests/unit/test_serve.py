@@ -82,8 +82,9 @@ def test_a_dead_rank_restarts_the_same_recipe_at_once() -> None:
     status = json.loads(status_facts({"config_hash": "SAME"}, True, 503)["commands"]["serve"]["out"])
     assert serve.decide(status, "SAME", False, ("spark-b: rank-1",)) == "restart"
     facts = {"spark-b": {"commands": {"serve": {"rc": 0, "out": json.dumps(
-        {"pids": {"rank-1.pid": {"alive": False}, "mpirun.pid": {"alive": True}}})}}}}
-    assert serve.dead_ranks(facts, ["spark-b"]) == ("spark-b: rank-1",)
+        {"pids": {"rank-1.pid": {"alive": False, "pid": 9}, "mpirun.pid": {"alive": True}}})}}}}
+    # in the words status uses for the same fact (engines/liveness.py)
+    assert serve.dead_ranks(facts, ["spark-b"]) == ("rank-1 on spark-b (pid 9)",)
 
 
 def test_relaunch_of_the_same_recipe_is_a_noop() -> None:

@@ -18,6 +18,7 @@ import yaml
 from orchestrator.commands import docker_exec_cmd, join
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import config_hash, serving_nodes
+from orchestrator.engines.liveness import dead_ranks as ranks_ended
 from orchestrator.engines.liveness import judge, was_ready
 from orchestrator.engines.trtllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
@@ -129,13 +130,10 @@ def restart_reason(status: dict[str, Any], dead: tuple[str, ...]) -> str:
 
 
 def dead_ranks(cluster_facts: dict[str, dict[str, Any]], nodes: list[str]) -> tuple[str, ...]:
-    """Recorded rank processes that have ended, as "node: rank-N"."""
-    dead = []
-    for node in nodes:
-        pids = status_from_facts(cluster_facts.get(node, {})).get("pids") or {}
-        dead += [f"{node}: {name.removesuffix('.pid')}" for name, info in sorted(pids.items())
-                 if name.startswith("rank-") and not info.get("alive")]
-    return tuple(dead)
+    """Recorded rank processes that have ended on these nodes (liveness.dead_ranks' words, as
+    status says them too)."""
+    return tuple(ranks_ended({node: status_from_facts(cluster_facts.get(node, {})).get("pids")
+                              or {} for node in nodes}))
 
 
 def refusal(status: dict[str, Any], recipe: Recipe) -> str:
