@@ -14,11 +14,9 @@ from orchestrator.core.step import Phase
 from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.trtllm.serve import LaunchSpec, node_cmd, node_plan, server_record, start_cmd
 from orchestrator.inventory import Node
+from orchestrator.node.boot import BOOT_TIME  # the boot script's start time goes there
 from orchestrator.phases import persist
 from orchestrator.phases.memory import guard_cmd
-
-BOOT_TIME = "@SPARKCTL_BOOT_TIME@"
-"""Replaced by the boot script with the time it starts the server (the record's `started`)."""
 
 
 def persist_phase(spec: LaunchSpec, options: LaunchOptions) -> Phase:

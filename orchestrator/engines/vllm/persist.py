@@ -11,11 +11,11 @@ from __future__ import annotations
 from orchestrator.commands import join
 from orchestrator.core.step import Phase
 from orchestrator.engines.base import LaunchOptions
-from orchestrator.engines.trtllm.persist import BOOT_TIME
 from orchestrator.engines.trtllm.serve import node_cmd
 from orchestrator.engines.vllm.ray import node_ip, probe_cmd
 from orchestrator.engines.vllm.serve import MAIN, OURS, ServeSpec, start_cmd
 from orchestrator.inventory import Node
+from orchestrator.node.boot import BOOT_TIME
 from orchestrator.phases import persist
 from orchestrator.phases.memory import guard_threshold
 
