@@ -51,6 +51,12 @@ def ledger_cmd(mode: str, *args: str) -> str:
     return "python3 -c " + _quote(script("ledger.py")) + " " + join([mode, *args])
 
 
+def undo_files_cmd(paths: list[str]) -> str:
+    """Remove these files only where they are still what sparkctl wrote (the ledger's undo:
+    someone else's file, or one changed since, is left alone and reported)."""
+    return f"printf '%s' {_quote(json.dumps(paths))} | {ledger_cmd('undo')}"
+
+
 def ledger_answer(result: Result, node: str, what: str) -> dict[str, Any]:
     """The ledger script's JSON answer; a full disk or read-only filesystem named with node,
     path and free space; any other failure as the command's own error."""

@@ -95,9 +95,9 @@ def token_write_cmd() -> str:
 
 def token_remove_cmd() -> str:
     """Remove the token file only if it is the one sparkctl wrote (ledger)."""
-    from orchestrator.phases.files import ledger_cmd
+    from orchestrator.phases.files import undo_files_cmd
 
-    return f"printf '%s' {quote(json.dumps([TOKEN_PATH]))} | {ledger_cmd('undo')}"
+    return undo_files_cmd([TOKEN_PATH])
 
 
 def comparable(entry: dict[str, Any]) -> dict[str, Any]:

@@ -18,11 +18,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import LEDGER, STATE_DIR
-from orchestrator.phases.files import check_written, ledger_answer, ledger_cmd, write_files_cmd
+from orchestrator.phases.files import check_written, ledger_answer, undo_files_cmd, write_files_cmd
 from orchestrator.phases.memory import GUARD_DEFAULT_GB
 from orchestrator.render import sha256, unified_diff
 
@@ -175,8 +174,7 @@ class Remove(Step):
         return Change("; ".join(what), payload={"installed": installed, "enabled": enabled})
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        undo = (f"printf '%s' {quote(json.dumps([DEFAULTS, MARKER, ENABLED]))} | "
-                f"{ledger_cmd('undo')}")
+        undo = undo_files_cmd([DEFAULTS, MARKER, ENABLED])
         if change.payload["installed"]:
             command = ("systemctl disable --now earlyoom >&2; "
                        "DEBIAN_FRONTEND=noninteractive apt-get remove -y -q earlyoom >&2; " + undo)

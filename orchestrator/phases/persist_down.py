@@ -10,7 +10,6 @@ report names each container and its policy, so it says exactly what stops coming
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,7 @@ from orchestrator.phases.boot_units import (
     unit_path,
     units_cmd,
 )
-from orchestrator.phases.files import ledger_answer, ledger_cmd
+from orchestrator.phases.files import ledger_answer, undo_files_cmd
 
 
 def restart_policies_cmd(inventory: Inventory) -> str:
@@ -99,7 +98,7 @@ class RemoveBootUnits(Step):
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         units, files = change.payload["units"], change.payload["files"]
         command = (f"{join(['systemctl', 'disable', '--now', *units])} >&2; "
-                   f"printf '%s' {join([json.dumps(files)])} | {ledger_cmd('undo')}; "
+                   f"{undo_files_cmd(files)}; "
                    "systemctl daemon-reload >&2 || true")
         result = ctx.run(command, sudo=True, timeout=60,
                          display=f"systemctl disable --now {' '.join(units)}; remove their files")

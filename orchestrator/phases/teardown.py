@@ -24,7 +24,7 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Plan, St
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import CONFIG_DIR, LEDGER, NETPLAN_FILE, RUN_DIR, SERVER_JSON, STATE_DIR
-from orchestrator.phases.files import ledger_answer, ledger_cmd, ledger_entries, ownership
+from orchestrator.phases.files import ledger_answer, ledger_cmd, ledger_entries, ownership, undo_files_cmd
 
 LOCK_NAME = "lock"
 """The cluster lock lives in STATE_DIR on the head and is held while down runs: kept."""
@@ -270,8 +270,7 @@ def remove_network_cmd(undo: NetworkUndo) -> str:
     """
     lines = ["status=0"]
     if undo.remove_file:
-        lines.append(f"printf '%s' {quote(json.dumps([NETPLAN_FILE]))} | {ledger_cmd('undo')} "
-                     "|| status=1")
+        lines.append(f"{undo_files_cmd([NETPLAN_FILE])} || status=1")
         lines.append("netplan apply || status=1")
     lines += [f"ip addr del {quote(address)} dev {quote(iface)} 2>/dev/null"
               for iface, address in undo.addresses]
