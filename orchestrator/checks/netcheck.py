@@ -174,19 +174,24 @@ def check_mtu(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[C
 
 
 def check_netplan(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+    """Whether sparkctl's file configures each fabric interface, and whether another file sets
+    addresses or DHCP on it (up's preflight rule: a file that only names it is harmless)."""
+    from orchestrator.phases.netplan_conflicts import conflicts
+
     out = []
     files = facts.get("netplan") or {}
+    clashing = conflicts(inventory, node, facts)
     for interface in inventory.fabric.interfaces:
         ours = interface in (files.get(NETPLAN_FILE) or {}).get("interfaces", [])
-        others = sorted(path for path, fact in files.items()
-                        if path != NETPLAN_FILE and interface in (fact.get("interfaces") or []))
+        others = [(path, setting) for path, found, _ in clashing for setting in found
+                  if setting.iface == interface]
         result = CheckResult("netplan", node.name, "pass", "", interface=interface,
-                             value=",".join(others) or None)
+                             value=",".join(sorted({path for path, _ in others})) or None)
         if others:
             result.status = "warn"
-            result.message = (f"{', '.join(others)} also configure(s) {interface}: netplan merges "
-                              "files, so the other tool's settings can fight sparkctl's on the next "
-                              "`netplan apply` or reboot.")
+            said = "; ".join(f"{path} sets {setting.what()}" for path, setting in others)
+            result.message = (f"{said} on {interface}: netplan merges files, so those settings "
+                              "fight sparkctl's on the next `netplan apply` or reboot.")
             result.fix = f"remove {interface} from those files (sparkctl never edits them)"
         elif not ours:
             result.status = "warn"

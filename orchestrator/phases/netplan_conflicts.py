@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.inventory import Inventory, Node
@@ -28,40 +29,59 @@ def _target(key: str, definition: dict[str, Any], iface: str) -> bool:
     return key == iface and not definition.get("matches_other")
 
 
+@dataclass(frozen=True)
+class Setting:
+    """What one definition of another file sets on a fabric interface, beyond the inventory."""
+
+    iface: str
+    key: str
+    """The definition's id (the interface's name, or another id that matches it)."""
+    addresses: tuple[str, ...]
+    dhcp: tuple[str, ...]
+
+    def label(self) -> str:
+        return self.iface if self.key == self.iface else f"{self.iface} (as {self.key})"
+
+    def what(self) -> str:
+        return ", ".join([*self.addresses, *(f"{flag}: true" for flag in self.dhcp)])
+
+
 def conflicts(inventory: Inventory, node: Node, facts: dict[str, Any]
-              ) -> list[tuple[str, list[tuple[str, str]], list[str]]]:
-    """[(file, [(interface, what it sets)], the file's other definitions)] per conflicting file."""
+              ) -> list[tuple[str, list[Setting], list[str]]]:
+    """[(file, what it sets on fabric interfaces, the file's other definitions)] per
+    conflicting file."""
     wanted = node.addresses or {}
     out = []
     for path, fact in sorted((facts.get("netplan") or {}).items()):
         if path == NETPLAN_FILE or not isinstance(fact, dict):
             continue
         definitions: dict[str, Any] = fact.get("definitions") or {}
-        found: list[tuple[str, str]] = []
+        found: list[Setting] = []
         used: set[str] = set()
         for iface in inventory.fabric.interfaces:
             for key, definition in sorted(definitions.items()):
                 if not isinstance(definition, dict) or not _target(key, definition, iface):
                     continue
-                extra = [a for a in definition.get("addresses") or [] if a != wanted.get(iface)]
-                dhcp = [f for f in ("dhcp4", "dhcp6") if definition.get(f)]
+                extra = tuple(a for a in definition.get("addresses") or []
+                              if a != wanted.get(iface))
+                dhcp = tuple(f for f in ("dhcp4", "dhcp6") if definition.get(f))
                 if extra or dhcp:
-                    what = ", ".join(extra + [f"{f}: true" for f in dhcp])
-                    found.append((iface if key == iface else f"{iface} (as {key})", what))
+                    found.append(Setting(iface, key, extra, dhcp))
                     used.add(key)
         if found:
             out.append((path, found, sorted(set(definitions) - used)))
     return out
 
 
-def _shared_subnet(found: list[tuple[str, str]]) -> str:
+def _shared_subnet(found: list[Setting]) -> str:
     networks: dict[str, list[str]] = {}
-    for iface, what in found:
-        for word in what.split(", "):
+    for setting in found:
+        for address in setting.addresses:
             try:
-                networks.setdefault(str(ipaddress.ip_interface(word).network), []).append(iface)
+                network = str(ipaddress.ip_interface(address).network)
             except ValueError:
                 continue
+            networks.setdefault(network, []).append(setting.label())
     shared = [f"{', '.join(ifaces)} share {net}" for net, ifaces in networks.items() if len(ifaces) > 1]
     return (f" ({'; '.join(shared)}: one subnet on two interfaces breaks routing and NCCL)"
             if shared else "")
@@ -72,8 +92,8 @@ def conflict_problems(inventory: Inventory, node: Node, facts: dict[str, Any]) -
     problems = []
     wanted = node.addresses or {}
     for path, found, others in conflicts(inventory, node, facts):
-        ifaces = sorted({iface.split(" ")[0] for iface, _ in found})
-        listed = "; ".join(f"{iface}: {what}" for iface, what in found)
+        ifaces = sorted({setting.iface for setting in found})
+        listed = "; ".join(f"{setting.label()}: {setting.what()}" for setting in found)
         ours = ", ".join(f"{i} {wanted.get(i)}" for i in ifaces)
         remove = (f"delete it (it holds nothing else): `sudo rm {path}`" if not others else
                   f"remove {', '.join(ifaces)} from it (keep {', '.join(others)})")

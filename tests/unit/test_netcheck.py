@@ -161,9 +161,29 @@ def test_slow_speed_warns() -> None:
 def test_other_netplan_file_fighting_warns() -> None:
     inv = inventory()
     facts = healthy_facts(inv, "spark-a")
-    facts["netplan"]["/etc/netplan/40-cx7.yaml"] = {"exists": True, "interfaces": ["enp1s0f1np1"]}
-    [warn] = [r for r in node_results(inv, "spark-a", facts) if r.status == "warn"]
-    assert warn.check == "netplan" and "40-cx7.yaml" in warn.message
+    # NVIDIA's playbook file: both twins in one /24, and DHCP on the second
+    facts["netplan"]["/etc/netplan/40-cx7.yaml"] = {
+        "exists": True, "interfaces": ["enp1s0f1np1", "enP2p1s0f1np1"], "definitions": {
+            "enp1s0f1np1": {"addresses": ["192.168.100.10/24"]},
+            "enP2p1s0f1np1": {"dhcp4": True}}}
+    warns = [r for r in node_results(inv, "spark-a", facts) if r.status == "warn"]
+    assert [(r.check, r.interface, r.value) for r in warns] == [
+        ("netplan", "enp1s0f1np1", "/etc/netplan/40-cx7.yaml"),
+        ("netplan", "enP2p1s0f1np1", "/etc/netplan/40-cx7.yaml")]
+    assert warns[0].message.startswith(
+        "/etc/netplan/40-cx7.yaml sets 192.168.100.10/24 on enp1s0f1np1: netplan merges files")
+    assert warns[1].message.startswith("/etc/netplan/40-cx7.yaml sets dhcp4: true on enP2p1s0f1np1")
+
+
+def test_a_file_that_only_names_a_fabric_interface_is_harmless() -> None:
+    """The same rule as up's preflight (phases/netplan_conflicts.py): a definition without
+    addresses or DHCP (e.g. one that only sets the MTU) adds nothing that can fight."""
+    inv = inventory()
+    facts = healthy_facts(inv, "spark-a")
+    facts["netplan"]["/etc/netplan/40-cx7.yaml"] = {
+        "exists": True, "interfaces": ["enp1s0f1np1"],
+        "definitions": {"enp1s0f1np1": {"mtu": 9000}}}
+    assert not [r for r in node_results(inv, "spark-a", facts) if r.status == "warn"]
 
 
 def test_twins_sharing_a_subnet_fail() -> None:
