@@ -76,6 +76,17 @@ class PeerCopy:
                 f"({rate / 1e9:.2f} GB/s){resumed}{wire}{cpu}")
 
 
+def copied_line(copies: list[PeerCopy], seconds: float) -> str:
+    """The distribute step's words: per peer, and in all when several peers got a copy at
+    once (their links in parallel: the sum can exceed one link's rate)."""
+    lines = "; ".join(copy.line() for copy in copies)
+    sent = sum(copy.sent for copy in copies)
+    if sum(1 for copy in copies if copy.sent) < 2 or seconds <= 0:
+        return lines
+    return (f"{gb(sent)} to {len(copies)} peers in {seconds:.1f} s "
+            f"({sent / seconds / 1e9:.2f} GB/s in all): {lines}")
+
+
 class FanoutProgress:
     """One bar per peer (rich, when stderr is a terminal) or a plain line every few seconds."""
 

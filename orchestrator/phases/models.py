@@ -278,10 +278,12 @@ class Distribute(Step):
                                        entries=[head[repo] for repo, _, _ in self.recipe.repos])
 
         # every peer at once: each gets its own streams over its own link (or switch port)
+        started = time.monotonic()
         try:
             outcomes = parallel(copy_to, peers, limit=8)
         finally:
             bar.stop()
+        seconds = time.monotonic() - started
         totals = {peer: outcome.get() for peer, outcome in outcomes.items() if outcome.ok}
         errors = [str(outcome.error) for outcome in outcomes.values() if not outcome.ok]
         ctx.shared["fanout"] = {p: {"bytes_total": t.total, "bytes_had": t.had,
@@ -301,8 +303,8 @@ class Distribute(Step):
                         f"({len(after[peer][repo]['files'])} vs {len(head[repo]['files'])} files); "
                         "run launch again"
                     )
-        return "copied " + "; ".join(t.line() for t in totals.values()) + "; " + summary(
-            self.recipe, head, [ctx.node.name, *peers])
+        return ("copied " + fanout.copied_line(list(totals.values()), seconds) + "; "
+                + summary(self.recipe, head, [ctx.node.name, *peers]))
 
     def _peer_manifests(self, ctx: NodeContext, peers: list[str]) -> dict[str, dict[str, Any]]:
         container = ctx.inventory.container.name
