@@ -30,6 +30,8 @@ NODE = Path(__file__).resolve().parent.parent / "orchestrator" / "node"
 FILES = 4
 SHA_ROW = "sha256, 1 core, in memory"
 CPU_ROW = "receiver's CPU busy while verified (%)"
+PER_CORE = "verified, a stream per core (sparkctl's choice)"
+UNVERIFIED = "not verified (sha256 no-op), a stream per core"
 UNITLESS = (SHA_ROW, CPU_ROW)
 NO_HASH = ("import hashlib\nclass _Same(str):\n    __hash__ = str.__hash__\n"
            "    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
@@ -131,19 +133,17 @@ def sha256_rate(lab: Lab, node: str) -> float:
 def probe(lab: Lab, head: str, peer: str, mib: int, runs: int) -> dict[str, list[float]]:
     """Every row, `runs` times, interleaved."""
     manifest = prepare(lab, head, peer, mib)
-    streams_here = min(4, int(lab.exec(peer, "nproc").strip() or "1"))
     rows: dict[str, list[float]] = {}
     for _ in range(runs):
         rows.setdefault("iperf3", []).append(iperf(lab, head, peer))
-        cores = f"{streams_here} stream(s) (one per core: sparkctl's choice here)"
         rows.setdefault("verified, 1 stream", []).append(copy(lab, head, peer, manifest, 1))
-        rows.setdefault(f"verified, {cores}", []).append(
+        rows.setdefault(PER_CORE, []).append(
             copy(lab, head, peer, manifest, 4, cpu=rows.setdefault(CPU_ROW, [])))
         rows.setdefault("verified, 4 streams (more than cores)", []).append(
             copy(lab, head, peer, manifest, 4, "fanout_nocap.py"))
-        rows.setdefault(f"verified, {streams_here} stream(s), recv+write (no splice)", []).append(
+        rows.setdefault("verified, a stream per core, recv+write (no splice)", []).append(
             copy(lab, head, peer, manifest, 4, "fanout_nosplice.py"))
-        rows.setdefault(f"not verified (sha256 no-op), {streams_here} stream(s)", []).append(
+        rows.setdefault(UNVERIFIED, []).append(
             copy(lab, head, peer, manifest, 4, "fanout_nohash.py"))
         rows.setdefault(SHA_ROW, []).append(sha256_rate(lab, peer))
     for node in (head, peer):
