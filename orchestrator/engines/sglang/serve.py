@@ -237,19 +237,19 @@ def check_phase(spec: ServeSpec) -> Phase:
 
 
 def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
+    from orchestrator.phases.image_share import image_steps
     from orchestrator.phases.models import ServingPhase
+    from orchestrator.phases.registry import with_probe
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         own = containers.spec_facts([spec.recipe.image], [spec.container], inv.cluster.user)
         own["links"] = True
         own["commands"]["servers"] = servers.servers_cmd(inv, node, probe=True)  # (as the check phase asks)
-        return own
+        return with_probe(own, spec.recipe.image if node.name in spec.nodes else None)
 
-    def image(ctx: NodeContext) -> str | None:
-        return spec.recipe.image if ctx.node.name in spec.nodes else None
-
+    # a serving node that cannot pull gets the image from one that has it, over the fabric
     container = containers.Container(spec.spec_for, name="sglang")
-    steps: list[Step] = [containers.Image(image), containers.ImageDigest(image),
+    steps: list[Step] = [*image_steps(lambda ctx: spec.recipe.image, lambda ctx: spec.nodes),
                          DropCaches(cold_start_reason(spec, container)), container, Record(spec), *ready]
     nodes = [spec.inventory.head_name, *(n for n in spec.nodes if n != spec.inventory.head_name)]
     return ServingPhase("serve", steps, facts, serving=nodes)
