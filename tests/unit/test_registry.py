@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -119,7 +120,7 @@ def test_up_preflight_probes_in_the_same_facts_and_says_it_up_front() -> None:
                     "spark-a (which pulls it) over the fabric"]
     assert ctx.shared["notes"] == [said[0].removeprefix("note: ")]
     nobody = {"spark-a": node(probe=BLOCKED), "spark-b": node(probe=BLOCKED)}
-    with pytest.raises(SparkctlError, match="no node has .* spark-a, spark-b cannot reach nvcr.io"):
+    with pytest.raises(SparkctlError, match=r"no node has .* spark-a, spark-b cannot reach nvcr\.io"):
         step.check(make_context(inv, "spark-a", nobody))
 
 
@@ -251,7 +252,7 @@ def test_the_lab_shim_manifest_inspect_fails_under_block_registry_like_a_pull(
     with pytest.raises(state.DockerError) as pulled:
         state.pull(IMAGE, io.StringIO())
     assert str(pulled.value) == "Error response from daemon: " + str(blocked.value)
-    with pytest.raises(state.DockerError, match='"https://registry-1.docker.io/v2/": dial tcp: '
-                                                'lookup registry-1.docker.io: no such host'):
+    with pytest.raises(state.DockerError, match=re.escape(
+            '"https://registry-1.docker.io/v2/": dial tcp: lookup registry-1.docker.io: no such host')):
         image.cmd_manifest(["inspect", "scitrera/dgx-spark-sglang:0.5.12"])  # Docker Hub
     assert sys.modules["sparklab_dockerd_image"] is image

@@ -3,8 +3,10 @@ is `python3 -m sglang.launch_server` (rank R of the server's nodes), bound to 12
 first node. Several servers may run at once on chosen nodes; each has its own record
 (RUN_DIR/servers/<name>/server.json on its first node, engines/servers.py).
 
-Phases: server-check (every node's servers, judged against this one: name, port, memory), the
-shared models phase, then serve: image, a page-cache drop before a cold start (the seeds' rule
+Phases: server-check (every node's servers, judged against this one: name, port, memory),
+image-check (phases/registry.py: each of the server's nodes can pull the image, or gets it from
+a node that has it), the shared models phase, then serve: the image (pulled, or sent over the
+fabric by phases/image_share.py, digest verified), a page-cache drop before a cold start (the seeds' rule
 on unified memory; --no-drop-caches skips it), the containers, the record, readiness (SGLang's
 /health and its "fired up" log line) and one real chat completion.
 """
