@@ -67,7 +67,8 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
             ignore_memory: bool, guard_min_available_gb: float | None = None,
             placed: tuple[str, ...] = (), name: str | None = None, port: int | None = None,
-            no_drop_caches: bool = False, persist: bool = False) -> int:
+            no_drop_caches: bool = False, persist: bool = False,
+            distribute_image: bool = False) -> int:
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan
     from orchestrator.engines import check_against_inventory, engine_of, load_recipe
@@ -116,7 +117,8 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     request = RunRequest(
         command="launch", inventory=inventory, build=build, dry_run=dry_run, yes=yes,
         as_json=as_json, trust_new_hosts=trust_new_hosts, break_lock=break_lock,
-        values={"hf_token": token, "progress_note": _note}, after=after,
+        values={"hf_token": token, "progress_note": _note, "distribute_image": distribute_image},
+        after=after,
     )
     return execute(request)
 
@@ -175,17 +177,25 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
               help="Come back after a node reboot: containers with a restart policy and a boot "
                    "unit sparkctl-serve-NAME.service per serving node (also: `persist: true` in "
                    "the recipe). `sparkctl down` removes both.")
+@click.option("--distribute-image", is_flag=True,
+              help="Pull the engine's image on one serving node only (the head when it serves) "
+                   "and send it to the others over the fabric (docker save | docker load, "
+                   "verified by image ID and digest). Without it, this happens only for nodes "
+                   "that cannot reach the registry (probed before pulling) or whose pull fails. "
+                   "TensorRT-LLM's image comes with `up` (`up --distribute-image`).")
 def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
            timeout: float, replace: bool, host: str, drop_caches: bool,
            hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
            ignore_memory: bool, guard_min_available_gb: float | None, placed: tuple[str, ...],
-           name: str | None, port: int | None, persist: bool) -> None:
+           name: str | None, port: int | None, persist: bool, distribute_image: bool) -> None:
     """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
 
     \b
     checks  another server (any engine) refused unless --replace; memory on every node
     models  fetched once on the head, fanned out to the serving nodes over the fabric,
             verified chunk by chunk; the HF token exists only meanwhile
+    image   (vLLM, SGLang) every serving node can pull the engine's image or gets it
+            from a node that has it, over the fabric (said before anything changes)
     serve   the engine's server (TensorRT-LLM: mpirun ... trtllm-serve; vLLM: Ray, then
             vllm serve; SGLang: sglang.launch_server per node), then readiness over HTTP
             and one real chat completion
@@ -196,7 +206,7 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
     run_command(lambda: _launch(recipe_name, inventory_path, dry_run, yes, as_json, timeout,
                                 replace, host, drop_caches, hf_token_file, trust_new_hosts,
                                 break_lock, ignore_memory, guard_min_available_gb, placed, name,
-                                port, not drop_caches, persist))
+                                port, not drop_caches, persist, distribute_image))
 
 
 def _server_on_head(inventory_path: str | None, command: str) -> Any:

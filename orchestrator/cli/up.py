@@ -18,7 +18,8 @@ def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
     request = RunRequest(
         command=command, inventory=inventory, build=lambda session: build_up_plan(inventory, oom_guard),
         dry_run=dry_run, yes=yes, as_json=as_json, trust_new_hosts=trust_new_hosts,
-        break_lock=break_lock, values={"verify": verify, "distribute_image": distribute_image},
+        break_lock=break_lock, values={"verify": verify, "distribute_image": distribute_image,
+                                       "progress_note": lambda line: click.echo(line, err=True)},
     )
     code = execute(request)
     if code == 0 and not dry_run:
@@ -44,7 +45,8 @@ def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
 @click.option("--distribute-image", is_flag=True,
               help="Pull the container image on the head only and send it to the other nodes "
                    "over the fabric (docker save | docker load, verified by image ID and "
-                   "digest). Without it, this happens only for nodes whose pull fails.")
+                   "digest). Without it, this happens only for nodes that cannot reach the "
+                   "registry (probed in preflight, before pulling) or whose pull fails.")
 def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
        trust_new_hosts: bool, break_lock: bool, verify: bool, oom_guard: bool,
        distribute_image: bool) -> None:
@@ -52,7 +54,8 @@ def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
 
     \b
     Phases, in lock-step on every node:
-      preflight  read-only checks on every node; any problem: nothing changes anywhere
+      preflight  read-only checks on every node; any problem: nothing changes anywhere;
+                 a node that cannot reach the image's registry is named up front
       network    fabric netplan file (0600), validated, applied with automatic rollback
       ssh        a dedicated cluster key pair for MPI and pinned container host keys
       container  the image (pulled; a node that cannot reach the registry gets it from

@@ -209,6 +209,7 @@ def container_diff(current: dict[str, Any], args: list[str],
 
 # ---------------------------------------------------------------- steps
 ImageOf = Callable[[NodeContext], "str | None"]
+Targets = Callable[[NodeContext], "list[str] | None"]
 SpecFor = Callable[[NodeContext], "ContainerSpec | None"]
 
 
@@ -219,16 +220,16 @@ def _inventory_image(ctx: NodeContext) -> str | None:
 class Image(Step):
     """The image on the node: pulled only when missing (None: no image needed on this node).
 
-    With `share` (the phase has an ImageShare step after this one), a node that cannot pull
-    gets the image from another node over the fabric instead of failing here; so does every
-    node but the head with `up --distribute-image` (phases/image_share.py).
+    With `share` (an ImageShare step follows), a node that cannot pull (probe: phases/registry.py;
+    or its pull fails), and with `--distribute-image` every node but the one that pulls, gets the
+    image from another node over the fabric (phases/image_share.py); `targets` need the image.
     """
 
     name = "image"
 
-    def __init__(self, image_of: ImageOf | None = None, share: bool = False) -> None:
-        self.image_of = image_of or _inventory_image
-        self.share = share
+    def __init__(self, image_of: ImageOf | None = None, share: bool = False,
+                 targets: Targets | None = None) -> None:
+        self.image_of, self.share, self.targets = image_of or _inventory_image, share, targets
 
     def check(self, ctx: NodeContext) -> Outcome:
         image = self.image_of(ctx)
@@ -240,19 +241,19 @@ class Image(Step):
                                 f"{fact['error'].strip()}")
         if fact:
             return Unchanged(f"{image} present")
-        if self.share and ctx.options.values.get("distribute_image") and not ctx.is_head:
-            return Change(f"get {image} from the head over the fabric (--distribute-image)",
-                          payload={"image": image, "distribute": True})
-        return Change(f"docker pull {image}", payload={"image": image})
+        from orchestrator.phases.registry import receive  # (probed, or --distribute-image)
+
+        fabric = receive(ctx, image, self.targets) if self.share else None
+        return fabric or Change(f"docker pull {image}", payload={"image": image})
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        from orchestrator.phases.image_share import want
+        from orchestrator.phases.registry import want
 
         payload = change.payload or {"image": self.image_of(ctx)}
         image = payload["image"]
         if payload.get("distribute"):
-            want(ctx, ctx.node.name, "--distribute-image")
-            return f"{image}: sent by another node over the fabric (next step)"
+            want(ctx, ctx.node.name, str(payload["distribute"]))
+            return f"{image}: sent by {payload.get('source')} over the fabric (next step)"
         command = f"{docker_cmd('pull', image)} >&2 && {docker_cmd('image', 'inspect', image)}"
         result = ctx.run(command, sudo=True, timeout=PULL_TIMEOUT)
         if not result.ok:

@@ -1,9 +1,11 @@
 """The container image node to node over the fabric, for nodes that cannot (or should not) pull.
 
-A node gets the image this way when its `docker pull` failed (no route or DNS to the registry,
-a proxy, a registry outage: the Image step records the error instead of failing) or, with
-`up --distribute-image`, whenever it lacks the image: then only the head pulls. The source is
-the head when it has the image, else any node that has it. Per target, in parallel: a receiver
+A node gets the image this way when it cannot pull: its registry probe in the facts failed
+(phases/registry.py: no route or DNS to the registry, a proxy, the tag unknown there), or its
+`docker pull` failed (the Image step records the error instead of failing); or, with
+`--distribute-image` (`up`, `launch`), whenever it lacks the image: then only one node pulls
+(the head when it needs the image), unless a node has it already. The source is the head when
+it has the image, else any node that has it. Per target, in parallel: a receiver
 on the target's fabric address (a one-time token on stdin, one connection) pipes the stream
 into `docker load`; the source streams `docker save` into it (node/imagecopy.py). The stream's
 sha256 is checked end to end, and the loaded image must show the source's image ID (and its
@@ -20,12 +22,13 @@ from orchestrator.commands import join
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.node import script
+from orchestrator.phases.registry import WANTED, ImageOf, Targets, supply_for, want
+
+__all__ = ["WANTED", "ImageShare", "copy_image", "image_steps", "want"]
 from orchestrator.remote.cluster import parallel
 from orchestrator.remote.pipe import RemoteProcess
 from orchestrator.remote.transport import Transport
 
-WANTED = "image_share"
-"""ctx.shared key: {node: why it needs the image from another node}."""
 FACTS = "image_facts"
 
 
@@ -37,8 +40,17 @@ def gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
-def want(ctx: NodeContext, node: str, reason: str) -> None:
-    ctx.shared.setdefault(WANTED, {})[node] = reason
+def image_steps(image_of: ImageOf, targets: Targets | None = None) -> list[Step]:
+    """The image on every node that needs it (`targets`, default every node of the phase),
+    pulled or sent over the fabric from a node that has it, the same digest everywhere."""
+    from orchestrator.phases.container import Image, ImageDigest
+
+    def needed(ctx: NodeContext) -> str | None:
+        wanted = targets(ctx) if targets else None
+        return image_of(ctx) if wanted is None or ctx.node.name in wanted else None
+
+    return [Image(needed, share=True, targets=targets), ImageShare(image_of, targets),
+            ImageDigest(needed)]
 
 
 def image_fact(ctx: NodeContext, node: str, image: str) -> dict[str, Any] | None:
@@ -115,22 +127,21 @@ class ImageShare(Step):
     name = "image-share"
     scope = "head"
 
-    def __init__(self, image_of: Any = None) -> None:
+    def __init__(self, image_of: ImageOf | None = None, targets: Targets | None = None) -> None:
         self.image_of = image_of or (lambda ctx: ctx.inventory.container.image)
+        self.targets = targets
 
     def check(self, ctx: NodeContext) -> Outcome:
         image = self.image_of(ctx)
         if not image:
             return Unchanged("no image")
-        wanted = dict(ctx.shared.get(WANTED) or {})
-        if ctx.options.values.get("distribute_image"):  # (a dry run sees it before any pull)
-            for name in ctx.cluster_facts:
-                if name != ctx.inventory.head_name:
-                    wanted.setdefault(name, "--distribute-image")
+        planned = supply_for(ctx, image, self.targets)  # (a dry run sees it before any pull)
+        wanted = {**planned.receivers, **(ctx.shared.get(WANTED) or {})}
         wanted = {n: why for n, why in sorted(wanted.items()) if image_fact(ctx, n, image) is None}
         if not wanted:
             return Unchanged("no node needs the image from another")
-        return Change("send " + image + " over the fabric to " + ", ".join(wanted),
+        source = f" from {planned.source}" if planned.source else ""
+        return Change(f"send {image}{source} over the fabric to " + ", ".join(wanted),
                       payload=wanted)
 
     def source(self, ctx: NodeContext, image: str, wanted: dict[str, str]) -> str:
@@ -142,10 +153,10 @@ class ImageShare(Step):
         reasons = "; ".join(f"{n}: {why}" for n, why in wanted.items())
         raise SparkctlError(f"no node has {image} to send to the others ({reasons}). Make the "
                             "registry reachable from at least the head (or `docker load` the "
-                            "image there by hand) and run up again")
+                            "image there by hand) and run the command again")
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        image = self.image_of(ctx)
+        image = str(self.image_of(ctx))
         wanted: dict[str, str] = change.payload
         source = self.source(ctx, image, wanted)
         mine = image_fact(ctx, source, image) or {}

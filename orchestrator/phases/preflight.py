@@ -2,6 +2,9 @@
 
 One step per node collects EVERY problem of that node, so one run lists all of them. Any
 problem fails the step; the executor then stops after this phase, so nothing changes anywhere.
+Then, on the head, the image: a node that lacks it and cannot reach its registry (probed in the
+same facts, phases/registry.py) is said to get it over the fabric, or, when no node has it or
+can pull it, the run stops here naming node, registry and fix.
 Reachability and sudo are proven by the facts gathering itself (a node that cannot be reached
 or cannot sudo fails at connect/facts, before this step).
 """
@@ -18,6 +21,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.nccl_env import ring_nccl_fact, ring_nccl_warning
 from orchestrator.phases.netplan_conflicts import conflict_problems
+from orchestrator.phases.registry import RegistryCheck, probe_fact
 from orchestrator.remote.facts import (
     Command,
     CommandResult,
@@ -33,7 +37,9 @@ DOCKER_DIR = "/var/lib/docker"
 
 
 def phase(inventory: Inventory) -> Phase:
-    return Phase("preflight", [PreflightChecks()], facts=preflight_request)
+    # then, on the head: every node can pull the image or gets it from one that has it
+    return Phase("preflight", [PreflightChecks(), RegistryCheck(lambda ctx: ctx.inventory.container.image)],
+                 facts=preflight_request)
 
 
 def preflight_request(inventory: Inventory, node: Node) -> dict[str, Any]:
@@ -53,7 +59,8 @@ def groups_fact(user: str) -> Command:
 
 def _base_request(inventory: Inventory, node: Node) -> dict[str, Any]:
     typed = request_of(DOCKER, NETPLAN, groups_fact(inventory.cluster.user),
-                       DockerObject("images", inventory.container.image))
+                       DockerObject("images", inventory.container.image),
+                       probe_fact(inventory.container.image))
     return merge_requests([typed, {
         "links": True,
         "ibdev2netdev": True,

@@ -1,6 +1,10 @@
 """The container image node to node on the lab: a peer whose registry access is blocked
-(`lab fault block-registry`) gets the image from the head over the fabric (docker save | docker
-load), digest and image ID verified; `up --distribute-image` does it without the peer pulling.
+(`lab fault block-registry`) is found by preflight's registry probe before anything is pulled
+and gets the image from the head over the fabric (docker save | docker load), digest and image
+ID verified; `up --distribute-image` does it without the peer pulling; no node that has or can
+pull the image stops `up` in preflight. SGLang's launch does the same for a server placed on a
+node whose registry access is blocked (and refuses, before fetching the model, when no node
+has the SGLang image).
 
 The lab's `docker rmi` keeps images (they cost nothing there), so a test removes the peer's
 image by deleting the runtime's record of it (/var/lib/sparklab/images/<name>.json).
@@ -24,10 +28,11 @@ IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
 RECORD = "/var/lib/sparklab/images/" + IMAGE.replace("/", "+") + ".json"
 
 
-def up(lab: Lab, *extra: str) -> dict[str, Any]:
+def up(lab: Lab, *extra: str, command: str = "up") -> dict[str, Any]:
     env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("image-share")}
-    result = subprocess.run([SPARKCTL, "up", "--inventory", str(lab.inventory), "--yes",
-                             "--json", *extra], capture_output=True, text=True, env=env,
+    env.pop("HF_TOKEN", None)
+    result = subprocess.run([SPARKCTL, *command.split(), "--inventory", str(lab.inventory),
+                             "--yes", "--json", *extra], capture_output=True, text=True, env=env,
                             timeout=300)
     report: dict[str, Any] = json.loads(result.stdout) if result.stdout.strip() else {}
     report["exit_code"], report["stderr"] = result.returncode, result.stderr
@@ -62,13 +67,20 @@ def test_a_peer_without_registry_access_gets_the_image_from_the_head(image_lab: 
         assert pull.returncode != 0 and "no such host" in pull.stderr
         report = up(lab)
         assert report["exit_code"] == 0, json.dumps(report)[-3000:]
-        assert "will come from another node" in step(report, peer, "image")["message"]
+        # said up front (preflight's probe), and the peer never tried to pull
+        said = (f"{peer} cannot reach nvcr.io (Get \"https://nvcr.io/v2/\": dial tcp: lookup "
+                f"nvcr.io: no such host")
+        assert said in step(report, head, "registry")["message"]
+        assert any(n.startswith(said) and n.endswith(f"it will get the image from {head} over "
+                                                     "the fabric") for n in report["notes"])
+        assert report["stderr"].index(said) < report["stderr"].index("phase network")
+        assert f"sent by {head} over the fabric" in step(report, peer, "image")["message"]
         theirs, mine = inspect(lab, peer), inspect(lab, head)
         assert theirs["Id"] == mine["Id"] and theirs["RepoDigests"] == mine["RepoDigests"]
         digest = mine["RepoDigests"][0].split("@", 1)[1]
         shared = step(report, head, "image-share")
         assert shared["status"] == "changed"
-        assert f"{peer} <- {head} (its pull failed" in shared["message"]
+        assert f"{peer} <- {head} (cannot reach nvcr.io" in shared["message"]
         assert f"{digest} verified" in shared["message"]
         sent = report["image_distribution"][peer]
         assert (sent["from"], sent["digest"], sent["image_id"]) == (head, digest, mine["Id"])
@@ -88,9 +100,72 @@ def test_distribute_image_sends_it_without_pulling_on_the_peer(image_lab: Lab) -
     lab.exec(peer, f"rm -f {RECORD}")
     report = up(lab, "--distribute-image")
     assert report["exit_code"] == 0, json.dumps(report)[-3000:]
-    assert "--distribute-image" in step(report, peer, "image")["message"] or \
-        "sent by another node" in step(report, peer, "image")["message"]
+    assert f"sent by {head} over the fabric" in step(report, peer, "image")["message"]
     assert f"{peer} <- {head} (--distribute-image" in step(report, head, "image-share")["message"]
     assert inspect(lab, peer)["Id"] == inspect(lab, head)["Id"]
     record = json.loads(lab.exec(peer, f"cat {RECORD}").stdout)
     assert record.get("loaded") is True  # docker load registered it: no pull on the peer
+
+
+def test_no_node_with_the_image_or_a_registry_stops_up_in_preflight(image_lab: Lab) -> None:
+    lab = image_lab
+    for node in lab.nodes:
+        lab.cli("fault", "block-registry", "--node", node, check=True)
+        lab.exec(node, f"rm -f {RECORD}")
+    try:
+        report = up(lab)
+        assert report["exit_code"] == 1 and report["changed"] == 0, json.dumps(report)[-3000:]
+        failed = step(report, lab.nodes[0], "registry")
+        assert failed["phase"] == "preflight" and failed["status"] == "failed"
+        assert (f"no node has {IMAGE} and none can pull it from nvcr.io: "
+                f"{', '.join(lab.nodes)} cannot reach nvcr.io") in failed["message"]
+        assert "`docker load`" in failed["message"] and "--distribute-image" in failed["message"]
+        assert not any(s["phase"] == "network" for s in report["hosts"][lab.nodes[0]]["steps"])
+    finally:
+        lab.cli("fault", "restore")
+    assert up(lab)["exit_code"] == 0  # both pull again
+
+
+SGLANG_IMAGE = "scitrera/dgx-spark-sglang:0.5.12"
+SGLANG_RECORD = "/var/lib/sparklab/images/" + SGLANG_IMAGE.replace("/", "+") + ".json"
+
+
+def test_an_sglang_server_on_a_blocked_node_gets_its_image_from_one_that_has_it(
+        image_lab: Lab) -> None:
+    lab = image_lab
+    head, peer = lab.nodes[0], lab.nodes[1]
+    for node in lab.nodes:
+        lab.exec(node, f"rm -f {SGLANG_RECORD}")
+    lab.cli("fault", "block-registry", "--node", peer, check=True)
+    launch = ("launch qwen3-8b", "--nodes", peer, "--timeout", "240")
+    try:
+        refused = up(lab, *launch[1:], command=launch[0])
+        assert refused["exit_code"] == 1, json.dumps(refused)[-3000:]
+        failed = step(refused, head, "registry")
+        assert failed["phase"] == "image-check"
+        assert (f"no node has {SGLANG_IMAGE} and none can pull it from docker.io: {peer} cannot "
+                "reach docker.io") in failed["message"]
+        assert "`docker load`" in failed["message"]
+        assert not any(s["phase"] == "models" for s in refused["hosts"][head]["steps"])
+        lab.exec(head, ["docker", "pull", SGLANG_IMAGE])  # now a node has it
+        report = up(lab, *launch[1:], command=launch[0])
+        assert report["exit_code"] == 0, json.dumps(report)[-3000:]
+        assert any(n.startswith(f"{peer} cannot reach docker.io") and
+                   n.endswith(f"it will get the image from {head} over the fabric")
+                   for n in report["notes"]), report["notes"]
+        mine = dict(json.loads(lab.exec(head, ["docker", "image", "inspect", SGLANG_IMAGE]).stdout)[0])
+        theirs = dict(json.loads(lab.exec(peer, ["docker", "image", "inspect", SGLANG_IMAGE]).stdout)[0])
+        digest = mine["RepoDigests"][0].split("@", 1)[1]
+        assert theirs["Id"] == mine["Id"] and theirs["RepoDigests"] == mine["RepoDigests"]
+        shared = step(report, head, "image-share")
+        assert f"{peer} <- {head} (cannot reach docker.io" in shared["message"]
+        assert f"{digest} verified" in shared["message"]
+        sent = report["image_distribution"][peer]
+        assert (sent["from"], sent["digest"], sent["image_id"]) == (head, digest, mine["Id"])
+        running = lab.exec(peer, ["docker", "inspect", "-f", "{{.State.Running}} {{.Image}}",
+                                  "sparkctl-sglang-qwen3-8b"]).stdout.split()
+        assert running == ["true", mine["Id"]]
+        assert report["node"] == peer and report["ok"]
+    finally:
+        lab.cli("fault", "restore", "--node", peer)
+        up(lab, "--server", "qwen3-8b", command="down")

@@ -79,8 +79,9 @@ def test_up_runs_the_up_plan_and_remembers_the_inventory(inv: str, executed: dic
     assert result.exit_code == 0, result.output
     request = executed["request"]
     assert (request.command, request.yes, request.as_json, request.trust_new_hosts, request.break_lock,
-            request.dry_run, request.values) == ("up", True, True, True, True, False,
-                                                 {"verify": True, "distribute_image": False})
+            request.dry_run) == ("up", True, True, True, True, False)
+    assert (request.values["verify"], request.values["distribute_image"]) == (True, False)
+    assert callable(request.values["progress_note"])  # the registry check's notes, up front
     plan = request.build(fake_cluster().session())
     assert [p.name for p in plan.phases][:2] == ["preflight", "network"]
     assert (state_dir / "last-inventory").read_text().strip() == inv
@@ -177,8 +178,17 @@ def test_launch_hands_a_plan_and_a_health_wait_to_the_runner(inv: str, executed:
     token_value = request.values["hf_token"]
     assert str(token_value) == "***" and token_value.reveal() == "hf_secret_value"
     assert "memory:" in result.stderr and "anyone who reaches that address" in result.stderr
+    assert request.values["distribute_image"] is False
     missing = sparkctl("launch", "gpt-oss-120b", "-i", inv, "--yes", "--hf-token-file", "/nonexistent")
     assert missing.exit_code == 2 and "HF token file not found: /nonexistent" in missing.stderr
+
+
+def test_launch_distribute_image_reaches_the_run(inv: str, executed: dict[str, Any]) -> None:
+    result = sparkctl("launch", "qwen3-8b", "-i", inv, "--yes", "--distribute-image")
+    assert result.exit_code == 0, result.output
+    assert executed["request"].values["distribute_image"] is True
+    shown = sparkctl("launch", "--help")
+    assert "--distribute-image" in shown.stdout and "over the fabric" in shown.stdout
 
 
 def test_recipes_list_and_show(inv: str) -> None:

@@ -125,15 +125,15 @@ def test_config_hash_depends_on_what_the_container_reads(inventory: Any, wanted:
 
 def test_image_pulled_only_when_missing_and_digests_must_match(inventory: Any, context: Any) -> None:
     inv = inventory()
-    assert isinstance(c.Image().check(context(inv, "spark-a", {"spark-a": node_facts()})),
+    assert isinstance(shared.Image().check(context(inv, "spark-a", {"spark-a": node_facts()})),
                       Unchanged)
     missing = context(inv, "spark-a", {"spark-a": node_facts(pulled=False)})
-    assert isinstance(c.Image().check(missing), Change)
+    assert isinstance(shared.Image().check(missing), Change)
     facts = {"spark-a": node_facts(), "spark-b": node_facts("spark-b", digest="sha256:" + "2" * 64)}
     with pytest.raises(SparkctlError, match=r"spark-a -> sha256:1+; spark-b -> sha256:2+"):
-        c.ImageDigest().check(context(inv, "spark-b", facts))
+        shared.ImageDigest().check(context(inv, "spark-b", facts))
     same = {"spark-a": node_facts(), "spark-b": node_facts("spark-b")}
-    outcome = c.ImageDigest().check(context(inv, "spark-b", same))
+    outcome = shared.ImageDigest().check(context(inv, "spark-b", same))
     assert isinstance(outcome, Unchanged) and "sha256:1111" in outcome.reason
 
 
@@ -143,7 +143,7 @@ def test_pull_feeds_the_digest_check(inventory: Any, context: Any, fake_transpor
     transport = fake_transport("spark-a", [(0, pulled, "")])
     ctx = context(inv, "spark-a", {"spark-a": node_facts(pulled=False)},
                   transports={"spark-a": transport})
-    c.Image().apply(ctx, Change("pull"))
+    shared.Image().apply(ctx, Change("pull"))
     assert transport.calls[0]["command"].startswith(f"docker pull {IMAGE}")
     assert shared.image_digest(ctx.shared["image_facts"]["spark-a"], IMAGE) == "sha256:7"
 

@@ -58,7 +58,8 @@ def test_distribute_image_pulls_on_the_head_only(inventory: Any, context: Any) -
     peer_ctx = context(inv, "spark-b", cluster, options=options)
     peer = c.Image(share=True).check(peer_ctx)
     assert isinstance(head, Change) and head.summary == f"docker pull {IMAGE}"
-    assert isinstance(peer, Change) and "from the head over the fabric" in peer.summary
+    assert isinstance(peer, Change) and "from spark-a over the fabric (--distribute-image)" \
+        in peer.summary
     planned = share.ImageShare().check(peer_ctx)  # a dry run: nothing applied yet
     assert isinstance(planned, Change) and planned.payload == {"spark-b": "--distribute-image"}
     c.Image(share=True).apply(peer_ctx, peer)

@@ -53,8 +53,9 @@ def serving(config: str, health: int | None = 200, recipe_name: str = "other") -
 def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(recipe: Any) -> None:
     inv = inventory()
     phases = ENGINE.launch_phases(recipe, inv, LaunchOptions(timeout=900))
-    assert [p.name for p in phases] == ["server-check", "models", "ray", "serve", "persist"]
-    guard, models, ray_phase, serve_phase, _ = phases
+    assert [p.name for p in phases] == ["server-check", "image-check", "models", "ray", "serve",
+                                       "persist"]
+    guard, _, models, ray_phase, serve_phase, _ = phases
 
     assert [s.name for s in guard.steps][-1] == "running-server"
     assert isinstance(guard.steps[-1], serve.ServerGuard)

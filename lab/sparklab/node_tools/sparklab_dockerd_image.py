@@ -10,6 +10,11 @@ so an image is modelled as an OCI layout, as Docker 25+ writes it:
 and refuses a stream that is cut short or altered; then it registers the image with the same
 ID and digest the saving node showed. A registry blocked by the lab fault `block-registry`
 does not matter to either (neither talks to a registry).
+
+`docker manifest inspect IMAGE` is the client asking the image's registry for its manifest (no
+layer downloaded): the catalog's digest as an OCI index with one linux/arm64 entry; with
+`block-registry` it fails as the real client does without DNS/route to the registry, and for an
+image the catalog lacks with the registry's "no such manifest".
 """
 from __future__ import annotations
 
@@ -27,8 +32,11 @@ from sparklab_dockerd_state import (
     config_blob,
     image_dir,
     image_record,
+    node_digest,
     normalize_image,
     now_iso,
+    registry_blocked,
+    registry_unreachable,
     write_json,
 )
 
@@ -137,4 +145,26 @@ def cmd_load(args: list[str]) -> int:
                 "id": "sha256:" + sha(config)})
     if ("-q", None) not in opts and ("--quiet", None) not in opts:
         print(f"Loaded image: {name}")
+    return 0
+
+
+def cmd_manifest(args: list[str]) -> int:
+    if args[:1] != ["inspect"]:
+        raise DockerError('Usage:  docker manifest COMMAND (sparklab: only "inspect")', 1)
+    _, rest = split_flags(args[1:], set(), {"-v", "--verbose", "--insecure"}, "manifest inspect")
+    if len(rest) != 1:
+        raise DockerError('"docker manifest inspect" requires 1 or 2 arguments '
+                          "(sparklab: one image).", 1)
+    name = normalize_image(rest[0])
+    if registry_blocked():
+        raise DockerError(registry_unreachable(name), 1)
+    digest = node_digest(name)
+    if digest is None:
+        raise DockerError(f"no such manifest: {name}", 1)
+    print(json.dumps({"schemaVersion": 2,
+                      "mediaType": "application/vnd.oci.image.index.v1+json",
+                      "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                                     "digest": digest, "size": 1234,
+                                     "platform": {"architecture": "arm64", "os": "linux"}}]},
+                     indent=3))
     return 0

@@ -265,7 +265,15 @@ def cmd_version(args: list[str]) -> int:
 
 
 def cmd_info(args: list[str]) -> int:
+    opts, _ = split_flags(args, {"--format", "-f"}, set(), "info")
+    fmt = next((v for f, v in reversed(opts) if f in ("--format", "-f")), None)
     running_n = sum(1 for c in all_containers() if c["State"].get("Running"))
+    if fmt is not None:  # {{.Field}} of docker's info; the lab's daemon has no proxy
+        info = {"ServerVersion": "27.3.1-sparklab", "Name": os.uname().nodename,
+                "Containers": len(all_containers()), "ContainersRunning": running_n,
+                "HTTPProxy": "", "HTTPSProxy": "", "NoProxy": ""}
+        print(render(fmt, info))
+        return 0
     print(f"Containers: {len(all_containers())}\n Running: {running_n}\n"
           f"Server Version: 27.3.1-sparklab\nRuntimes: sparklab nvidia\n"
           f"Default Runtime: sparklab\nName: {os.uname().nodename}\n"

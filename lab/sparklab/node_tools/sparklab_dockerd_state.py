@@ -162,6 +162,16 @@ def registry_blocked() -> bool:
     return os.path.exists(ROOT + "/faults/block-registry")
 
 
+def registry_unreachable(name: str) -> str:
+    """What Go's HTTP client says when the registry's name does not resolve (no DNS/route).
+    The registry is the first part of the name when it looks like a host, else Docker Hub."""
+    first, _, rest = name.partition("/")
+    registry = first if rest and ("." in first or ":" in first or first == "localhost") else \
+        "registry-1.docker.io"
+    return (f'Get "https://{registry}/v2/": dial tcp: lookup {registry}: no such host '
+            "(sparklab fault block-registry)")
+
+
 def image_record(name: str) -> dict | None:
     rec = read_json(f"{IMAGES}/{name.replace('/', '+')}.json")
     if not isinstance(rec, dict):
@@ -178,9 +188,7 @@ def image_record(name: str) -> dict | None:
 def pull(ref: str, out: object) -> dict:
     name = normalize_image(ref)
     if registry_blocked():
-        registry = name.split("/", 1)[0]
-        raise DockerError(f'Error response from daemon: Get "https://{registry}/v2/": dial tcp: '
-                          f"lookup {registry}: no such host (sparklab fault block-registry)", 1)
+        raise DockerError(f"Error response from daemon: {registry_unreachable(name)}", 1)
     digest = node_digest(name)
     if digest is None:
         raise DockerError(f"Error response from daemon: manifest for {ref} not found: "

@@ -39,8 +39,11 @@ class SglangEngine:
                      mark=lambda transports: mark_ready(
                          transports[spec.first], f"{record_dir(spec.name)}/server.json")),
                  ready.Smoke(spec)]
-        phases = [serve.check_phase(spec), models.phase(recipe, inventory),
-                  serve.serve_phase(spec, steps)]
+        from orchestrator.phases import registry
+
+        phases = [serve.check_phase(spec),
+                  registry.phase(recipe.image, spec.nodes, inventory.head_name),
+                  models.phase(recipe, inventory), serve.serve_phase(spec, steps)]
         from orchestrator.engines.sglang.persist import persist_phase
         from orchestrator.phases.persist import not_persistent_phase
 

@@ -3,8 +3,10 @@ is `python3 -m sglang.launch_server` (rank R of the server's nodes), bound to 12
 first node. Several servers may run at once on chosen nodes; each has its own record
 (RUN_DIR/servers/<name>/server.json on its first node, engines/servers.py).
 
-Phases: server-check (every node's servers, judged against this one: name, port, memory), the
-shared models phase, then serve: image, a page-cache drop before a cold start (the seeds' rule
+Phases: server-check (every node's servers, judged against this one: name, port, memory),
+image-check (phases/registry.py: each of the server's nodes can pull the image, or gets it from
+a node that has it), the shared models phase, then serve: the image (pulled, or sent over the
+fabric by phases/image_share.py, digest verified), a page-cache drop before a cold start (the seeds' rule
 on unified memory; --no-drop-caches skips it), the containers, the record, readiness (SGLang's
 /health and its "fired up" log line) and one real chat completion.
 """
@@ -237,19 +239,19 @@ def check_phase(spec: ServeSpec) -> Phase:
 
 
 def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
+    from orchestrator.phases.image_share import image_steps
     from orchestrator.phases.models import ServingPhase
+    from orchestrator.phases.registry import with_probe
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         own = containers.spec_facts([spec.recipe.image], [spec.container], inv.cluster.user)
         own["links"] = True
         own["commands"]["servers"] = servers.servers_cmd(inv, node, probe=True)  # (as the check phase asks)
-        return own
+        return with_probe(own, spec.recipe.image if node.name in spec.nodes else None)
 
-    def image(ctx: NodeContext) -> str | None:
-        return spec.recipe.image if ctx.node.name in spec.nodes else None
-
+    # a serving node that cannot pull gets the image from one that has it, over the fabric
     container = containers.Container(spec.spec_for, name="sglang")
-    steps: list[Step] = [containers.Image(image), containers.ImageDigest(image),
+    steps: list[Step] = [*image_steps(lambda ctx: spec.recipe.image, lambda ctx: spec.nodes),
                          DropCaches(cold_start_reason(spec, container)), container, Record(spec), *ready]
     nodes = [spec.inventory.head_name, *(n for n in spec.nodes if n != spec.inventory.head_name)]
     return ServingPhase("serve", steps, facts, serving=nodes)

@@ -27,8 +27,6 @@ from orchestrator.phases.container import (
     RESTART_POLICY,
     Container,
     ContainerSpec,
-    Image,
-    ImageDigest,
     managed_labels,
     node_hf_cache,
     roce_devices,
@@ -36,7 +34,8 @@ from orchestrator.phases.container import (
     spec_facts,
 )
 from orchestrator.phases.container import fabric_env as nccl_env
-from orchestrator.phases.image_share import ImageShare
+from orchestrator.phases.image_share import image_steps
+from orchestrator.phases.registry import probe_fact
 from orchestrator.phases.ssh_keys import (
     HOST_PUB,
     entrypoint_content,
@@ -50,6 +49,7 @@ def facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     request = spec_facts([inventory.container.image], [inventory.container.name],
                          inventory.cluster.user)
     request["commands"].update(record_fact(inventory.container.image))
+    request["commands"].update(probe_fact(inventory.container.image).request()["commands"])
     return request
 
 
@@ -180,6 +180,6 @@ def node_trtllm_spec(ctx: NodeContext) -> ContainerSpec:
 
 
 def phase(inventory: Inventory) -> Phase:
-    return Phase("container", [Image(share=True), ImageShare(), ImageDigest(), MpiVersion(),
-                               Container(node_trtllm_spec)],
+    return Phase("container", [*image_steps(lambda ctx: ctx.inventory.container.image),
+                               MpiVersion(), Container(node_trtllm_spec)],
                  facts)

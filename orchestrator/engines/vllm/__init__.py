@@ -24,13 +24,14 @@ def ray_phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) 
     from orchestrator.engines import serving_nodes
     from orchestrator.engines.vllm import ray
     from orchestrator.phases import container
-    from orchestrator.phases.image_share import ImageShare
+    from orchestrator.phases.image_share import image_steps
     from orchestrator.phases.models import ServingPhase
+    from orchestrator.phases.registry import with_probe
     from orchestrator.remote.facts import merge_requests
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        own = {**container.spec_facts([recipe.image], [recipe.container_name], inv.cluster.user),
-               "links": True}
+        own = with_probe({**container.spec_facts([recipe.image], [recipe.container_name],
+                                                 inv.cluster.user), "links": True}, recipe.image)
         if node.name != inv.head_name:
             return own
         probe = {"commands": {"ray": ray.probe_cmd(recipe.container_name) + " 2>/dev/null"}}
@@ -40,8 +41,7 @@ def ray_phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) 
         return recipe.image
 
     # a node that cannot pull gets the image from one that has it, over the fabric
-    steps = [container.Image(image, share=True), ImageShare(image), container.ImageDigest(image),
-             ray.RayHead(recipe, restart),
+    steps = [*image_steps(image), ray.RayHead(recipe, restart),
              ray.RayWorker(recipe, restart),
              ray.RayCluster(recipe)]
     return ServingPhase("ray", steps, facts, serving=serving_nodes(recipe, inventory))
@@ -79,8 +79,13 @@ class VllmEngine:
         from orchestrator.phases.container import RESTART_POLICY
 
         restart = RESTART_POLICY if options.persist else None
-        phases = [guard, models.phase(recipe, inventory), ray_phase(recipe, inventory, restart),
-                  serve.phase(spec, ready)]
+        from orchestrator.engines import serving_nodes
+        from orchestrator.phases import registry
+
+        image_check = registry.phase(recipe.image, serving_nodes(recipe, inventory),
+                                     inventory.head_name)
+        phases = [guard, image_check, models.phase(recipe, inventory),
+                  ray_phase(recipe, inventory, restart), serve.phase(spec, ready)]
         from orchestrator.engines.vllm.persist import persist_phase
         from orchestrator.phases.persist import not_persistent_phase
 
