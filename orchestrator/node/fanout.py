@@ -54,9 +54,10 @@ def cpu_ticks():
     return sum(ticks) - idle, sum(ticks)
 
 
-def busy_share(before):
-    """The node's CPU busy share since `before` (0..1): near 1, the copy is CPU-bound here."""
-    after = cpu_ticks()
+def busy_share(before, after=None):
+    """The node's CPU busy share since `before` (0..1): near 1, the copy is CPU-bound here.
+    None when unknown (no /proc/stat, or a copy shorter than one clock tick)."""
+    after = after or cpu_ticks()
     if before is None or after is None or after[1] <= before[1]:
         return None
     return round((after[0] - before[0]) / (after[1] - before[1]), 3)

@@ -133,7 +133,8 @@ def test_copy_reproduces_the_hf_layout_exactly(tmp_path: Path) -> None:
     peer.mkdir()
     ready, last, sent = copy(head, peer)
     assert last["done"] and last["received"] == ready["need_bytes"]
-    assert 0 < last["cpu_busy"] <= 1  # the node's CPU busy share while it received
+    # the node's CPU busy share while it received (None: shorter than a clock tick)
+    assert last["cpu_busy"] is None or 0 <= last["cpu_busy"] <= 1
     assert sent[-1]["done"] and sent[-1]["sent"] == ready["need_bytes"] == ready["total"]
     assert tree(peer) == tree(head)
     assert not list(peer.rglob("*.sparkctl-part"))
@@ -403,3 +404,11 @@ def test_a_sender_given_no_job_ends_quietly() -> None:
     the sender's stdin without a job, and the sender must end at once, without a traceback."""
     result = run("send", {"host": "127.0.0.1"}, "")
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_the_busy_share_is_the_non_idle_part_of_the_ticks_between() -> None:
+    assert node.busy_share((100, 400), (250, 600)) == 0.75
+    assert node.busy_share((100, 400), (100, 400)) is None  # no tick passed
+    assert node.busy_share(None, (1, 2)) is None
+    busy, total = node.cpu_ticks() or (0, 0)
+    assert 0 <= busy <= total and total > 0  # read from this machine's /proc/stat
