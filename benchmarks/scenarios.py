@@ -260,11 +260,14 @@ def bench_fanout(s: Settings, res: Results, workdir: Path) -> None:
                     ).runs.append(fanout.disk_read(lab, head))
             time.sleep(1)
         s.log("fanout: where the time goes (node script alone, interleaved with iperf3)")
+        # no server either (the last launch started one: it would hold the nodes' memory)
+        lab.sparkctl("down", "--server", RECIPE, "--yes")
         rows = fanout_probe.probe(lab, head, peer, model_bytes // 2**20, s.runs)
         for name, values in rows.items():
             label = "iperf3 raw TCP head->peer (probe)" if name == "iperf3" else \
                 f"fan-out node script: {name}"
-            res.row(label, "MB/s", note=f"{model_bytes / 2**20:.0f} MiB, wire time"
+            unit = "%" if name == fanout_probe.CPU_ROW else "MB/s"
+            res.row(label, unit, note=f"{model_bytes / 2**20:.0f} MiB, wire time"
                     ).runs.extend(values)
     finally:
         lab.down()
