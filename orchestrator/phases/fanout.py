@@ -72,19 +72,24 @@ class PeerCopy:
         wire = (f"; on the wire {self.wire:.2f} s ({self.sent / self.wire / 1e9:.2f} GB/s)"
                 if self.wire > 0 else "")
         cpu = f", CPU {self.cpu_busy:.0%} busy there" if self.cpu_busy is not None else ""
-        return (f"{self.peer}: {gb(self.sent)} in {self.seconds:.1f} s "
+        return (f"{self.peer}: {gb(self.sent)} in {seconds(self.seconds)} "
                 f"({rate / 1e9:.2f} GB/s){resumed}{wire}{cpu}")
 
 
-def copied_line(copies: list[PeerCopy], seconds: float) -> str:
+def seconds(value: float) -> str:
+    """Tenths for a long copy, hundredths below 10 s (a sub-second copy's rate needs them)."""
+    return f"{value:.1f} s" if value >= 10 else f"{value:.2f} s"
+
+
+def copied_line(copies: list[PeerCopy], wall: float) -> str:
     """The distribute step's words: per peer, and in all when several peers got a copy at
     once (their links in parallel: the sum can exceed one link's rate)."""
     lines = "; ".join(copy.line() for copy in copies)
     sent = sum(copy.sent for copy in copies)
-    if sum(1 for copy in copies if copy.sent) < 2 or seconds <= 0:
+    if sum(1 for copy in copies if copy.sent) < 2 or wall <= 0:
         return lines
-    return (f"{gb(sent)} to {len(copies)} peers in {seconds:.1f} s "
-            f"({sent / seconds / 1e9:.2f} GB/s in all): {lines}")
+    return (f"{gb(sent)} to {len(copies)} peers in {seconds(wall)} "
+            f"({sent / wall / 1e9:.2f} GB/s in all): {lines}")
 
 
 class FanoutProgress:

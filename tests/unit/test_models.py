@@ -533,9 +533,11 @@ def test_several_peers_get_a_total_beside_their_own_lines() -> None:
     b = fanout.PeerCopy("spark-b", total=2 * GB, sent=2 * GB, seconds=2.0, wire=1.9, cpu_busy=0.5)
     c = fanout.PeerCopy("spark-c", total=2 * GB, had=1 * GB, sent=1 * GB, seconds=1.0)
     assert fanout.copied_line([b, c], 2.5) == (
-        "3.00 GB to 2 peers in 2.5 s (1.20 GB/s in all): "
-        "spark-b: 2.00 GB in 2.0 s (1.00 GB/s); on the wire 1.90 s (1.05 GB/s), CPU 50% busy "
-        "there; spark-c: 1.00 GB in 1.0 s (1.00 GB/s), 1.00 GB already there")
+        "3.00 GB to 2 peers in 2.50 s (1.20 GB/s in all): "
+        "spark-b: 2.00 GB in 2.00 s (1.00 GB/s); on the wire 1.90 s (1.05 GB/s), CPU 50% busy "
+        "there; spark-c: 1.00 GB in 1.00 s (1.00 GB/s), 1.00 GB already there")
+    # hundredths below 10 s (a sub-second copy's rate needs them), tenths above
+    assert fanout.seconds(0.654) == "0.65 s" and fanout.seconds(123.45) == "123.5 s"
     # one peer (or one that needed anything): its own line is the whole story
     idle = fanout.PeerCopy("spark-c", total=2 * GB)
     assert fanout.copied_line([b, idle], 2.5) == b.line() + "; " + idle.line()
