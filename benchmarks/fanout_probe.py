@@ -1,9 +1,8 @@
 """Where the fan-out's time goes: its node script run directly between two lab nodes, no sparkctl.
 
 Same lab, same run, interleaved: the fan-out's own sender and receiver (orchestrator/node/
-fanout.py, unchanged) copy one folder head -> peer over the fabric with 1 stream, with one
-stream per core of the receiver (what sparkctl uses) and with more streams than cores (the
-receiver's cap lifted); again with the receiver's older data path (recv into a buffer + pwrite
+fanout.py, unchanged) copy one folder head -> peer over the fabric with 1, 2 and 4 streams
+(4: sparkctl's default); again with the receiver's older data path (recv into a buffer + pwrite
 instead of splice + hash from the page cache); with sha256 replaced by a no-op (the hashing's
 share); sha256 alone on the node (one core: the verification's floor); the receiver's CPU busy
 share during the verified copies (near 100 %: CPU-bound); and iperf3 next to them. Nothing here
@@ -30,8 +29,8 @@ NODE = Path(__file__).resolve().parent.parent / "orchestrator" / "node"
 FILES = 4
 SHA_ROW = "sha256, 1 core, in memory"
 CPU_ROW = "receiver's CPU busy while verified (%)"
-PER_CORE = "verified, a stream per core (sparkctl's choice)"
-UNVERIFIED = "not verified (sha256 no-op), a stream per core"
+DEFAULT = "verified, 4 streams (sparkctl's default)"
+UNVERIFIED = "not verified (sha256 no-op), 4 streams"
 UNITLESS = (SHA_ROW, CPU_ROW)
 NO_HASH = ("import hashlib\nclass _Same(str):\n    __hash__ = str.__hash__\n"
            "    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
@@ -63,9 +62,6 @@ def install(lab: Lab, node: str) -> None:
     script = (NODE / "fanout.py").read_text()
     lab.exec(node, f"cat > {DIR}/fanout_nohash.py", stdin=NO_HASH + script)
     lab.exec(node, f"cat > {DIR}/fanout_nosplice.py", stdin=NO_SPLICE + script)
-    # more connections than cores (the receiver's own cap lifted), to show why it caps
-    lab.exec(node, f"cat > {DIR}/fanout_nocap.py", stdin=script.replace(
-        "def usable_cores():", "def usable_cores():\n    return 64\n\n\ndef cores_for_real():"))
 
 
 def prepare(lab: Lab, head: str, peer: str, mib: int) -> dict[str, object]:
@@ -137,11 +133,10 @@ def probe(lab: Lab, head: str, peer: str, mib: int, runs: int) -> dict[str, list
     for _ in range(runs):
         rows.setdefault("iperf3", []).append(iperf(lab, head, peer))
         rows.setdefault("verified, 1 stream", []).append(copy(lab, head, peer, manifest, 1))
-        rows.setdefault(PER_CORE, []).append(
+        rows.setdefault("verified, 2 streams", []).append(copy(lab, head, peer, manifest, 2))
+        rows.setdefault(DEFAULT, []).append(
             copy(lab, head, peer, manifest, 4, cpu=rows.setdefault(CPU_ROW, [])))
-        rows.setdefault("verified, 4 streams (more than cores)", []).append(
-            copy(lab, head, peer, manifest, 4, "fanout_nocap.py"))
-        rows.setdefault("verified, a stream per core, recv+write (no splice)", []).append(
+        rows.setdefault("verified, 4 streams, recv+write (no splice)", []).append(
             copy(lab, head, peer, manifest, 4, "fanout_nosplice.py"))
         rows.setdefault(UNVERIFIED, []).append(
             copy(lab, head, peer, manifest, 4, "fanout_nohash.py"))

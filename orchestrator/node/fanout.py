@@ -9,15 +9,13 @@ manifest: per repository, its files (snapshot name -> blob), each blob's size, s
     keyed by size, mtime and inode), so later runs hash only what changed.
 recv: takes every repository of a copy at once (the plan lists them, each with its root), so
     one receiver and one sender per peer share the streams over all files; checks what this
-    node already has (final files by their cached or fresh hash, partial
-    `*.sparkctl-part` files chunk by chunk), checks free space, prints one JSON line (the port
-    it listens on, the chunks it needs), then takes chunks over raw TCP on the fabric address
-    only, from connections that first present the one-time token it was given on stdin. It
-    takes at most as many connections as it has cores (each hashes what it receives: more
-    would only contend; the ready line says how many). Every
-    chunk is hashed and compared with the head's (fanout_io.py: spliced into the partial file,
-    hashed from the page cache); a file is renamed into place when its last chunk is in and
-    right; links and refs are made last.
+    node already has (final files by their cached or fresh hash, partial `*.sparkctl-part`
+    files chunk by chunk), checks free space, prints one JSON line (the port it listens on,
+    the chunks it needs, how many connections it waits for), then takes chunks over raw TCP
+    on the fabric address only, from connections that first present the one-time token it
+    was given on stdin. Every chunk is hashed and compared with the head's (fanout_io.py:
+    spliced into the partial file, hashed from the page cache); a file is renamed into place
+    when its last chunk is in and right; links and refs are made last.
 send: streams the chunks the receiver asked for over N parallel connections (sendfile),
     printing `{"sent": bytes}` lines as it goes. It may start before the receiver is ready: it
     waits for the job on stdin (the receiver's port and stream count are in it); an empty
@@ -61,13 +59,6 @@ def busy_share(before, after=None):
     if before is None or after is None or after[1] <= before[1]:
         return None
     return round((after[0] - before[0]) / (after[1] - before[1]), 3)
-
-
-def usable_cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 if "manifest" not in globals():  # run as a file or imported (tests); nodes get one script
@@ -115,8 +106,8 @@ def recv(args):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args["listen"], 0))  # the fabric address only, never 0.0.0.0
     sock.listen(16)
-    # at most a connection per core: each hashes what it receives, more would only contend
-    streams = min(int(args.get("streams", 4)), usable_cores())
+    # the connections it waits for (no more than chunks to send): the sender opens that many
+    streams = connection_count(args.get("streams", 4), need_list)
     out({"port": sock.getsockname()[1], "need": need_list, "need_bytes": need_bytes,
          "have": have, "total": total, "streams": streams})
     threads = []
@@ -143,7 +134,7 @@ def recv(args):
     # Accept every connection the sender opens, even once all chunks are in: closing the
     # listener with a late connection still in its backlog resets it, and the sender would
     # report a failed copy that in fact succeeded.
-    expected = connection_count(streams, need_list)
+    expected = streams
     accepted, complete_since, ticks = 0, None, None
     deadline = time.monotonic() + IDLE_SECONDS
     while accepted < expected and time.monotonic() < deadline:

@@ -5,9 +5,8 @@ Per peer, for all of a recipe's repositories at once: a receiver starts in the p
 container (over the controller's SSH connection to that peer, a one-time token on its stdin),
 checks what it already has (whole files by sha256, partial files chunk by chunk), checks free
 space, and listens on the peer's fabric address only. The sender starts in the head's container
-(token on stdin too) and streams the missing chunks over up to STREAMS parallel raw TCP
-connections (no more than the receiver has cores: each hashes what it receives). Every chunk
-is verified against the head's manifest before it is written; files appear under their real
+(token on stdin too) and streams the missing chunks over STREAMS parallel raw TCP connections.
+Every chunk is verified against the head's manifest before it is written; files appear under their real
 names only when complete.
 Raw TCP was measured faster than parallel SSH streams on the lab (docs/performance.md).
 """
@@ -33,8 +32,8 @@ from orchestrator.remote.transport import Transport
 FANOUT_SCRIPT = "\n".join(script(name) for name in
                           ("fanout_manifest.py", "fanout_io.py", "fanout_receiver.py", "fanout.py"))
 STREAMS = int(os.environ.get("SPARKCTL_FANOUT_STREAMS", "4"))
-"""Parallel TCP connections per peer at most; the receiver takes no more than its cores
-(see docs/performance.md)."""
+"""Parallel TCP connections per peer (fewer when fewer chunks are missing). On the lab's
+2 cores 4 measured 3 % ahead of 2 (docs/performance.md); on a Spark more cores hash at once."""
 
 
 def gb(n: float) -> str:

@@ -351,7 +351,7 @@ def test_distribute_copies_only_what_differs_and_verifies(
         [f"{DRAFT_FOLDER}/config.json"]
     assert re.fullmatch("[0-9a-f]{32}", plan["token"]) and plan["token"] not in receiver.command
     # one sender, on the head, for the model's weights only (the draft was already right),
-    # with as many streams as the receiver said it takes (its cores)
+    # with as many streams as the receiver said it waits for
     (sender,) = remotes.of("send")
     assert sender.node == "spark-a"
     assert sender.args == {"host": "192.168.200.13"}  # started before the receiver was ready
