@@ -37,8 +37,6 @@ TARGETS = [
     Target("cold up, 16 nodes <= 1.5x 2 nodes", "up cold, 16 nodes", 1.5, "up cold, 2 nodes"),
     Target("no-change up, 16 nodes <= 1.5x 2 nodes", "up no-change, 16 nodes", 1.5,
            "up no-change, 2 nodes"),
-    Target("staging >= 70% of raw TCP", "staging copy head->peer (tar|ssh)", 0.70,
-           "iperf3 raw TCP head->peer, fabric", at_least=True),
     Target("fan-out >= 70% of iperf3", "fan-out sparkctl (raw TCP, verified), wall", 0.70,
            "iperf3 raw TCP head->peer (fan-out lab)", at_least=True),
     Target("fan-out >= 50% of iperf3 (the minimum)", "fan-out sparkctl (raw TCP, verified), wall",

@@ -107,15 +107,16 @@ def bench_two_node(s: Settings, res: Results, workdir: Path) -> None:
 
 
 def _staging(lab: Lab, launch: Timed, res: Results) -> None:
+    """The launch's model copy (its distribute step's own figures), next to iperf3; the fanout
+    scenario measures it in depth."""
     head, peer = lab.node_names()[:2]
-    rate = staging.copy_rate(lab, launch, peer)
-    if rate is None:
-        res.notes.append("staging: launch copied nothing (was the model already there?)")
+    copied = fanout.fanout_rate(launch)
+    if copied is None:
+        res.notes.append("model copy: launch copied nothing (was the model already there?)")
     else:
-        mb_s, size, seconds = rate
-        res.row("staging copy head->peer (tar|ssh)", "MB/s",
-                note=f"{size / 2**20:.0f} MiB").runs.append(mb_s)
-        res.row("staging copy seconds", note=f"{size / 2**20:.0f} MiB").runs.append(seconds)
+        res.row("model copy head->peer in the launch (fan-out, verified)", "MB/s",
+                note=f"{copied.mb:.0f} MB").runs.append(copied.mb_per_s)
+        res.row("model copy seconds", note=f"{copied.mb:.0f} MB").runs.append(copied.seconds)
     res.row("iperf3 raw TCP head->peer, fabric", "MB/s",
             note="1 stream, 3 s").runs.append(staging.iperf(lab, head, peer))
 

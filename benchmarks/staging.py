@@ -1,4 +1,5 @@
-"""Model staging over the fabric: sparkctl's copy rate against raw TCP (iperf3) on the same link."""
+"""The fabric as the benchmarks see it: a node's fabric address, and iperf3 between two nodes
+(the raw TCP rate model copies are compared with)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,7 @@ import json
 import subprocess
 import time
 
-from benchmarks.labctl import SPARKCTL, BenchError, Lab, Timed
-
-HUB = "/home/nvidia/.cache/huggingface/hub"
+from benchmarks.labctl import SPARKCTL, BenchError, Lab
 
 
 def fabric_ip(lab: Lab, node: str) -> str:
@@ -16,16 +15,6 @@ def fabric_ip(lab: Lab, node: str) -> str:
     interface = data["fabric"]["interfaces"][0]
     entry = next(n for n in data["nodes"] if n["name"] == node)
     return str(entry["addresses"][interface]).split("/")[0]
-
-
-def copy_rate(lab: Lab, launch: Timed, peer: str) -> tuple[float, int, float] | None:
-    """(MB/s, bytes, seconds) of launch's tar|ssh copy to `peer`, or None if nothing was copied."""
-    copies = launch.trace.commands_matching("tar ")
-    if not copies:
-        return None
-    seconds = sum(r["seconds"] for r in copies)
-    size = int(lab.exec(peer, f"du -sb {HUB} | cut -f1").strip() or 0)
-    return size / seconds / 1e6, size, seconds
 
 
 def iperf(lab: Lab, client: str, server: str, seconds: int = 3) -> float:
