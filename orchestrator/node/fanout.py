@@ -33,6 +33,9 @@ import time
 
 IDLE_SECONDS = 120.0
 LATE_CONNECTION_SECONDS = 10.0
+PROGRESS_SECONDS = 0.2
+"""The sender's progress lines: also how soon it notices the controller is gone (Ctrl-C: its
+next line meets a closed channel) and stops sending."""
 
 
 def connection_count(streams, need):
@@ -229,7 +232,7 @@ def send(args):
         t.start()
     while any(t.is_alive() for t in threads):
         for t in threads:
-            t.join(timeout=0.5)
+            t.join(timeout=PROGRESS_SECONDS)
         try:  # the controller went away (Ctrl-C): a broken pipe ends the copy
             out({"sent": sent[0], "seconds": round(time.monotonic() - started, 3)})
         except (BrokenPipeError, OSError):

@@ -83,10 +83,11 @@ def fanout_lab(lab_session: list[Lab], tmp_path_factory: pytest.TempPathFactory)
 
 def test_an_interrupted_copy_resumes_with_only_the_rest(fanout_lab: Lab, tmp_path: Path) -> None:
     lab, peer = fanout_lab, fanout_lab.nodes[1]
-    # the head's fabric frames delayed 40 ms: each stream's window then moves ~100 MB/s, so the
-    # copy takes seconds and the poll below catches it part-way (on an idle lab it takes < 1 s)
+    # the head's fabric frames delayed 100 ms: each stream's window then moves ~40 MB/s, so the
+    # copy takes seconds and the poll below catches it part-way (on an idle lab it takes < 1 s;
+    # a copy goes on for a moment after Ctrl-C, until the sender's next progress line)
     delayed = lab.cli("fault", "delay", "--node", lab.nodes[0], "--interface", "enp1s0f1np1",
-                      "--ms", "40")
+                      "--ms", "100")
     assert delayed.returncode == 0, delayed.stderr
     try:
         proc = subprocess.Popen(launch_argv(lab), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
