@@ -76,8 +76,37 @@ if "Receiver" not in globals():
         from fanout_receiver import END, HEADER, Receiver, safe_join  # type: ignore
 
 
+FINISHED = threading.Event()
+
+
+def read_stdin(args):
+    """The plan or job: one JSON line on stdin (None: stdin closed without one). With "watch",
+    the controller keeps stdin open for the whole copy, and its end means the controller is
+    gone (Ctrl-C, a lost SSH connection): stop at once, keeping what arrived for the next run.
+    `docker exec` does not end a process whose client went away, so it must notice itself."""
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    if args.get("watch"):
+        threading.Thread(target=exit_when_stdin_ends, daemon=True).start()
+    return json.loads(line)
+
+
+def exit_when_stdin_ends():
+    sys.stdin.read()
+    if not FINISHED.is_set():
+        os._exit(9)
+
+
+def finish(line):
+    FINISHED.set()  # from here on the controller may close stdin: it has what it needs
+    out(line)
+
+
 def recv(args):
-    plan = json.load(sys.stdin)
+    plan = read_stdin(args)
+    if plan is None:
+        return 0
     r = Receiver(args, plan)
     total = sum(f["size"] for f in r.files)
     try:
@@ -103,7 +132,7 @@ def recv(args):
             cache.save()
         out({"port": 0, "need": [], "need_bytes": 0, "have": have, "total": total,
              "streams": 0})
-        out({"done": True, "received": 0})
+        finish({"done": True, "received": 0})
         return 0
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -172,7 +201,7 @@ def recv(args):
     r.links()
     for cache in r.caches.values():
         cache.save()
-    out({"done": True, "received": r.received, "cpu_busy": busy_share(ticks)})
+    finish({"done": True, "received": r.received, "cpu_busy": busy_share(ticks)})
     return 0
 
 
@@ -180,10 +209,9 @@ def recv(args):
 
 
 def send(args):
-    text = sys.stdin.read()
-    if not text.strip():
+    job = read_stdin(args)
+    if job is None:
         return 0  # nothing was needed: the controller closed stdin without a job
-    job = json.loads(text)
     args = dict(args, **{k: job[k] for k in ("port", "streams") if k in job})
     files, token = job["files"], job["token"].encode()  # files: [root, rel] in the plan's order
     work = queue.Queue()
@@ -240,7 +268,7 @@ def send(args):
     if errors:
         out({"error": "send", "message": errors[0], "sent": sent[0]})
         return 1
-    out({"sent": sent[0], "seconds": round(time.monotonic() - started, 3), "done": True})
+    finish({"sent": sent[0], "seconds": round(time.monotonic() - started, 3), "done": True})
     return 0
 
 

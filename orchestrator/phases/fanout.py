@@ -180,12 +180,17 @@ def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: s
     files = [[repo["root"], f["rel"]] for repo in plan["repos"] for f in repo["files"]]
     result = PeerCopy(peer.node, total=sum(f["size"] for repo in plan["repos"]
                                            for f in repo["files"]))
+    # Both get their one line on stdin and keep it open ("watch"): when this process ends
+    # (Ctrl-C) or its SSH connection drops, stdin ends and they stop at once on the nodes.
     receiver = RemoteProcess(
-        peer, node_script_cmd(container, "recv", {"listen": peer_ip, "streams": streams}, True),
-        json.dumps(plan), display=f"docker exec -i {container} python3 -c <fanout recv>")
+        peer, node_script_cmd(container, "recv", {"listen": peer_ip, "streams": streams,
+                                                  "watch": True}, True),
+        None, display=f"docker exec -i {container} python3 -c <fanout recv>")
+    receiver.feed(json.dumps(plan) + "\n", close=False)
     # the sender starts now and waits for its job on stdin: its start-up overlaps the
     # receiver's check of what the peer has (an empty stdin ends it, when nothing is needed)
-    sender = RemoteProcess(head, node_script_cmd(container, "send", {"host": peer_ip}, True),
+    sender = RemoteProcess(head, node_script_cmd(container, "send", {"host": peer_ip,
+                                                                      "watch": True}, True),
                            None, display=f"docker exec -i {container} python3 -c <fanout send>")
     try:
         ready = receiver.first_json()
@@ -212,7 +217,8 @@ def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: s
         progress.start(peer.node, total_need)
         started = time.monotonic()
         sender.feed(json.dumps({"token": token, "files": files, "need": need,
-                                "port": ready["port"], "streams": ready["streams"]}))
+                                "port": ready["port"], "streams": ready["streams"]}) + "\n",
+                    close=False)
         status: dict[str, Any] = {}
         while True:
             if _interrupted():

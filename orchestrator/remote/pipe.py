@@ -43,16 +43,20 @@ class RemoteProcess:
         if stdin_text is not None:
             self.feed(stdin_text)
 
-    def feed(self, text: str) -> None:
-        """Write the whole stdin and close it (once)."""
+    def feed(self, text: str, close: bool = True) -> None:
+        """Write to stdin and (by default) close it. Left open, stdin ends when this process
+        is closed, or when the controller dies: a node script can watch for that."""
         if self._channel is not None:
             self._channel.sendall(text.encode())
-            self._channel.shutdown_write()
+            if close:
+                self._channel.shutdown_write()
         else:
             assert self._process is not None and self._process.stdin is not None
             with contextlib.suppress(BrokenPipeError):
                 self._process.stdin.write(text.encode())
-            self._process.stdin.close()
+                self._process.stdin.flush()
+            if close:
+                self._process.stdin.close()
 
     def readline(self) -> str:
         """The next line of stdout ("" at the end)."""

@@ -40,7 +40,9 @@ def up(lab: Lab, *extra: str, command: str = "up") -> dict[str, Any]:
 
 
 def step(report: dict[str, Any], node: str, name: str) -> dict[str, Any]:
-    return next(s for s in report["hosts"][node]["steps"] if s["step"] == name)
+    found = [s for s in report.get("hosts", {}).get(node, {}).get("steps", []) if s["step"] == name]
+    assert found, f"no step {name} on {node}: {json.dumps(report)[-3000:]}"
+    return dict(found[0])
 
 
 def inspect(lab: Lab, node: str) -> dict[str, Any]:
@@ -51,6 +53,10 @@ def inspect(lab: Lab, node: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def image_lab(lab_session: list[Lab]) -> Iterator[Lab]:
     lab = healthy_lab(lab_session)
+    # the session's lab may still serve what another module launched: a server holding the
+    # nodes' memory would stop a launch here at its memory check, before the image is looked at
+    cleared = up(lab, command="down")
+    assert cleared["exit_code"] == 0, cleared["stderr"][-2000:]
     first = up(lab)
     assert first["exit_code"] == 0, first["stderr"][-2000:]
     yield lab

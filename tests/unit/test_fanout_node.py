@@ -412,3 +412,24 @@ def test_the_busy_share_is_the_non_idle_part_of_the_ticks_between() -> None:
     assert node.busy_share(None, (1, 2)) is None
     busy, total = node.cpu_ticks() or (0, 0)
     assert 0 <= busy <= total and total > 0  # read from this machine's /proc/stat
+
+
+def test_a_watched_receiver_stops_when_its_controller_goes_away(tmp_path: Path) -> None:
+    """With "watch", stdin stays open for the whole copy; its end (Ctrl-C on the controller, a
+    dropped SSH connection, a `docker exec` client gone) stops the receiver at once: it would
+    otherwise wait for a sender until its idle timeout, listening on the fabric."""
+    head, peer = tmp_path / "head", tmp_path / "peer"
+    make_hub(head)
+    peer.mkdir()
+    receiver = subprocess.Popen(
+        [sys.executable, SCRIPT, "recv", json.dumps({"listen": "127.0.0.1", "streams": 2,
+                                                     "watch": True})],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert receiver.stdin is not None and receiver.stdout is not None
+    receiver.stdin.write(json.dumps(plan_of("t" * 32, (peer, manifest(head)))) + "\n")
+    receiver.stdin.flush()
+    ready = json.loads(receiver.stdout.readline())
+    assert ready["need"] and receiver.poll() is None  # listening, stdin still open
+    receiver.stdin.close()  # the controller is gone
+    assert receiver.wait(timeout=10) == 9
+    assert not list((peer / FOLDER / "blobs").glob("big"))  # nothing half-written in place

@@ -143,8 +143,9 @@ def remotes(monkeypatch: pytest.MonkeyPatch) -> Remotes:
             if stdin_text is not None:
                 self.feed(stdin_text)
 
-        def feed(self, text: str) -> None:
+        def feed(self, text: str, close: bool = True) -> None:
             assert self._lines is None, "stdin written twice"
+            assert text.endswith("\n") and not close  # one line, stdin left open (watched)
             self.run.stdin = json.loads(text)
             self._lines = [json.dumps(line) + "\n" for line in fake.lines(self.run)]
 
@@ -338,7 +339,7 @@ def test_distribute_copies_only_what_differs_and_verifies(
     # with the head's plan (and a fresh one-time token) on stdin, never on the command line
     (receiver,) = remotes.of("recv")
     assert receiver.node == "spark-b"
-    assert receiver.args == {"listen": "192.168.200.13", "streams": fanout.STREAMS}
+    assert receiver.args == {"listen": "192.168.200.13", "streams": fanout.STREAMS, "watch": True}
     plan = receiver.stdin
     model, draft = plan["repos"]
     assert plan["chunk"] == 32 << 20
@@ -354,7 +355,8 @@ def test_distribute_copies_only_what_differs_and_verifies(
     # with as many streams as the receiver said it waits for
     (sender,) = remotes.of("send")
     assert sender.node == "spark-a"
-    assert sender.args == {"host": "192.168.200.13"}  # started before the receiver was ready
+    # started before the receiver was ready; both stop when their stdin ends (controller gone)
+    assert sender.args == {"host": "192.168.200.13", "watch": True}
     assert sender.stdin == {"token": plan["token"], "need": [[1, 0, BIG]], "files": [
         [models.HUB_DIR, f"{FOLDER}/blobs/config.json"],
         [models.HUB_DIR, f"{FOLDER}/blobs/model.safetensors"],

@@ -248,3 +248,28 @@ def test_a_remote_process_over_ssh_writes_stdin_only_when_fed() -> None:
     fed = Channel([])
     RemoteProcess(SSHNode(fed), "recv", "plan", display="recv")  # type: ignore[arg-type]
     assert fed.events == [("exec", "recv"), ("stdin", b"plan"), "eof"]
+
+
+def test_stdin_fed_but_left_open_ends_when_the_process_is_closed() -> None:
+    """The fan-out's node scripts get one line and watch the rest of stdin: it must stay open
+    after feed(close=False), and end (EOF) when the controller closes the process."""
+    from orchestrator.remote.pipe import RemoteProcess
+
+    class Channel(FakeChannel):
+        def sendall(self, data: bytes) -> None:
+            self.events.append(("stdin", data))
+
+        def makefile_stderr(self, mode: str) -> io.BytesIO:
+            return io.BytesIO(b"")
+
+    channel = Channel([])
+    proc = RemoteProcess(SSHNode(channel), "recv", None, display="recv")  # type: ignore[arg-type]
+    proc.feed("plan\n", close=False)
+    assert channel.events == [("exec", "recv"), ("stdin", b"plan\n")]  # no EOF yet
+    local_proc = RemoteProcess(local(), "read line; echo got $line; cat; echo eof", None,
+                               display="watch")
+    local_proc.feed("plan\n", close=False)
+    assert local_proc.readline() == "got plan\n"
+    local_proc.feed("", close=True)  # (what close() amounts to for the node script: EOF)
+    assert local_proc.readline() == "eof\n"
+    local_proc.close()
