@@ -24,6 +24,7 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.nccl_env import nccl_environment
+from orchestrator.phases.registry import repo_digest
 
 INFINIBAND = "/dev/infiniband"
 HASH_LABEL = "sparkctl.config-hash"
@@ -172,11 +173,7 @@ def image_digest(image_facts: dict[str, Any] | None, image: str) -> str | None:
     """The registry digest of the image on a node (RepoDigests), else its local ID."""
     if not image_facts or "error" in image_facts:
         return None
-    repo = image.split("@")[0].rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
-    for entry in image_facts.get("RepoDigests") or []:
-        if entry.split("@")[0] == repo:
-            return entry.split("@", 1)[1]
-    return image_facts.get("Id")
+    return repo_digest(image_facts, image) or image_facts.get("Id")
 
 
 def describe(env: list[str], binds: list[str], image: str, labels: dict[str, str]) -> str:

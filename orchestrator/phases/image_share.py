@@ -22,7 +22,7 @@ from orchestrator.commands import join
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.node import script
-from orchestrator.phases.registry import WANTED, ImageOf, Targets, supply_for, want
+from orchestrator.phases.registry import WANTED, ImageOf, Targets, repo_digest, supply_for, want
 
 __all__ = ["WANTED", "ImageShare", "copy_image", "image_steps", "want"]
 from orchestrator.remote.cluster import parallel
@@ -58,15 +58,6 @@ def image_fact(ctx: NodeContext, node: str, image: str) -> dict[str, Any] | None
     fact = (ctx.shared.get(FACTS) or {}).get(node) or \
         ((ctx.cluster_facts.get(node) or {}).get("images") or {}).get(image)
     return fact if isinstance(fact, dict) and "error" not in fact and fact.get("Id") else None
-
-
-def repo_digest(fact: dict[str, Any], image: str) -> str | None:
-    repo = image.split("@")[0].rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
-    for entry in fact.get("RepoDigests") or []:
-        if entry.split("@")[0] == repo:
-            return str(entry.split("@", 1)[1])
-    return None
-
 
 
 def copy_image(source: Transport, target: Transport, target_ip: str, image: str) -> dict[str, Any]:

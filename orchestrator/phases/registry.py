@@ -38,6 +38,15 @@ def registry_of(image: str) -> str:
     return "docker.io"
 
 
+def repo_digest(fact: dict[str, Any], image: str) -> str | None:
+    """The registry digest `docker image inspect` lists for the image's repository, if any."""
+    repo = image.split("@")[0].rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
+    for entry in fact.get("RepoDigests") or []:
+        if entry.split("@")[0] == repo:
+            return str(entry.split("@", 1)[1])
+    return None
+
+
 def probe_fact(image: str) -> Command:
     """`present`, `reachable`, `unknown: why`, or the failing `docker manifest inspect`'s error."""
     img = quote(image)
