@@ -19,20 +19,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from benchmarks.labctl import BenchError, Lab, Timed
 from benchmarks.staging import fabric_ip
 
 CONTAINER = "trtllm-multinode"
 HF = "/root/.cache/huggingface"
-RATE = re.compile(r"(spark-[a-z]+): ([\d.]+) (GB|MB) in ([\d.]+) s")
-WIRE = re.compile(r"on the wire ([\d.]+) s")
-BUSY = re.compile(r"CPU (\d+)% busy there")
 
 
 @dataclass
 class Copied:
-    """The distribute step's copy, from the launch report."""
+    """The distribute step's copy to one peer, from the launch's JSON report (`fanout`)."""
 
     mb: float
     seconds: float
@@ -47,17 +45,14 @@ class Copied:
         return self.mb / self.seconds
 
 
-def fanout_rate(launch: Timed) -> Copied | None:
-    for host in launch.report.get("hosts", {}).values():
-        for step in host.get("steps", []):
-            message = step.get("message", "")
-            found = RATE.search(message) if step.get("step") == "distribute" else None
-            if found:
-                wire, busy = WIRE.search(message), BUSY.search(message)
-                return Copied(float(found.group(2)) * (1000 if found.group(3) == "GB" else 1),
-                              float(found.group(4)), float(wire.group(1)) if wire else None,
-                              float(busy.group(1)) if busy else None)
-    return None
+def fanout_rate(launch: Timed, peer: str) -> Copied | None:
+    """None when the launch copied nothing to the peer (its model was already there)."""
+    figures: dict[str, Any] = (launch.report.get("fanout") or {}).get(peer) or {}
+    if not figures.get("bytes_copied") or not figures.get("seconds"):
+        return None
+    busy = figures.get("receiver_cpu_busy")
+    return Copied(figures["bytes_copied"] / 1e6, figures["seconds"],
+                  figures.get("wire_seconds") or None, 100 * busy if busy is not None else None)
 
 
 def warm_head(lab: Lab, head: str) -> None:

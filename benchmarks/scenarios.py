@@ -110,7 +110,7 @@ def _staging(lab: Lab, launch: Timed, res: Results) -> None:
     """The launch's model copy (its distribute step's own figures), next to iperf3; the fanout
     scenario measures it in depth."""
     head, peer = lab.node_names()[:2]
-    copied = fanout.fanout_rate(launch)
+    copied = fanout.fanout_rate(launch, peer)
     if copied is None:
         res.notes.append("model copy: launch copied nothing (was the model already there?)")
     else:
@@ -243,7 +243,7 @@ def bench_fanout(s: Settings, res: Results, workdir: Path) -> None:
             fanout.clear_peer(lab, peer)
             fanout.warm_head(lab, head)
             again = lab.sparkctl(*launch)
-            copied = fanout.fanout_rate(again) if again.ok else None
+            copied = fanout.fanout_rate(again, peer) if again.ok else None
             if copied is None:
                 res.notes.append(f"fanout: launch copied nothing or failed: {again.failure()}")
                 continue

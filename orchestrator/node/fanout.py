@@ -33,9 +33,8 @@ import time
 
 IDLE_SECONDS = 120.0
 LATE_CONNECTION_SECONDS = 10.0
-PROGRESS_SECONDS = 0.2
-"""The sender's progress lines: also how soon it notices the controller is gone (Ctrl-C: its
-next line meets a closed channel) and stops sending."""
+PROGRESS_SECONDS = 0.5
+"""How often the sender says how much it has sent (the controller's bar, rate and ETA)."""
 
 
 def connection_count(streams, need):

@@ -63,6 +63,13 @@ class PeerCopy:
     """The peer's CPU busy share while it received (near 1: the copy was CPU-bound there,
     every byte is hashed; see docs/performance.md)."""
 
+    def figures(self) -> dict[str, Any]:
+        """The copy in the JSON report (`fanout`, per peer): what `line` says, as numbers."""
+        return {"bytes_total": self.total, "bytes_had": self.had, "bytes_copied": self.sent,
+                "seconds": round(self.seconds, 3), "wire_seconds": round(self.wire, 3),
+                "receiver_cpu_busy": self.cpu_busy,
+                "gb_per_s": round(self.sent / self.seconds / 1e9, 3) if self.seconds else None}
+
     def line(self) -> str:
         rate = self.sent / self.seconds if self.seconds > 0 else 0.0
         if not self.sent:
@@ -220,22 +227,18 @@ def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: s
                                 "port": ready["port"], "streams": ready["streams"]}) + "\n",
                     close=False)
         status: dict[str, Any] = {}
-        while True:
+        while not (status.get("done") or status.get("error")):
             if _interrupted():
                 raise SparkctlError(f"{peer.node}: copy interrupted "
                                     f"({gb(result.sent)} of {gb(total_need)} sent; the rest "
                                     "resumes on the next launch)")
-            line = sender.readline()
+            line = sender.first_json()
             if not line:
-                break
-            if not line.startswith("{"):
-                continue
-            status = json.loads(line)
+                break  # the sender ended without its last line: judged below
+            status = line
             result.sent = int(status.get("sent", result.sent))
             elapsed = time.monotonic() - started
             progress.update(peer.node, result.sent, total_need, result.sent / max(elapsed, 1e-3))
-            if status.get("done") or status.get("error"):
-                break
         result.seconds = time.monotonic() - started
         result.wire = float(status.get("seconds") or 0.0)
         final = receiver.first_json()

@@ -286,12 +286,9 @@ class Distribute(Step):
         seconds = time.monotonic() - started
         totals = {peer: outcome.get() for peer, outcome in outcomes.items() if outcome.ok}
         errors = [str(outcome.error) for outcome in outcomes.values() if not outcome.ok]
-        ctx.shared["fanout"] = {p: {"bytes_total": t.total, "bytes_had": t.had,
-                                    "bytes_copied": t.sent, "seconds": round(t.seconds, 3),
-                                    "wire_seconds": round(t.wire, 3),
-                                    "receiver_cpu_busy": t.cpu_busy,
-                                    "gb_per_s": round(t.sent / t.seconds / 1e9, 3)
-                                    if t.seconds else None} for p, t in totals.items()}
+        # the same figures as numbers, for scripts (`--json`: "fanout", per peer)
+        ctx.shared.setdefault("report_extra", {})["fanout"] = {
+            peer: copy.figures() for peer, copy in totals.items()}
         if errors:
             raise SparkctlError("; ".join(errors))
         after = self._peer_manifests(ctx, peers)

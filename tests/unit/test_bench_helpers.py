@@ -124,21 +124,20 @@ def test_a_phase_lasts_as_long_as_its_slowest_node() -> None:
     assert phase_seconds({}, "ray") is None
 
 
-def test_the_fanout_rate_is_read_from_the_distribute_step() -> None:
-    """The bench's figures are the launch report's own words (phases/fanout.py PeerCopy.line):
-    a change in that wording must fail here, not silently empty the fan-out rows."""
+def test_the_fanout_rate_is_read_from_the_reports_figures() -> None:
+    """The bench reads the launch's JSON report (`fanout`, phases/fanout.py PeerCopy.figures):
+    a change in those keys must fail here, not silently empty the fan-out rows."""
     from benchmarks import fanout
     from benchmarks.labctl import Timed
-    from orchestrator.phases.fanout import PeerCopy, copied_line
+    from orchestrator.phases.fanout import PeerCopy
 
-    line = copied_line([PeerCopy("spark-b", total=810_000_000, sent=810_000_000, seconds=0.59,
-                                 wire=0.56, cpu_busy=0.97)], 0.6)
-    report = {"hosts": {"spark-a": {"steps": [
-        {"step": "download", "message": "downloaded x"},
-        {"step": "distribute", "message": f"copied {line}; identical on spark-a, spark-b"}]}}}
-    copied = fanout.fanout_rate(Timed(1.0, 0, report, tracing.summarize([]), ""))
+    copy = PeerCopy("spark-b", total=810_000_000, sent=810_000_000, seconds=0.59, wire=0.56,
+                    cpu_busy=0.97)
+    report = {"fanout": {"spark-b": copy.figures()}}
+    copied = fanout.fanout_rate(Timed(1.0, 0, report, tracing.summarize([]), ""), "spark-b")
     assert copied is not None
     assert (copied.mb, copied.seconds, copied.wire, copied.cpu_busy) == (810.0, 0.59, 0.56, 97.0)
     assert round(copied.mb_per_s) == 1373
-    nothing = {"hosts": {"spark-a": {"steps": [{"step": "distribute", "message": "identical"}]}}}
-    assert fanout.fanout_rate(Timed(1.0, 0, nothing, tracing.summarize([]), "")) is None
+    had = {"fanout": {"spark-b": PeerCopy("spark-b", total=810_000_000).figures()}}
+    for nothing in ({}, had):  # no copy at all, or nothing to send to the peer
+        assert fanout.fanout_rate(Timed(1.0, 0, nothing, tracing.summarize([]), ""), "spark-b") is None

@@ -369,12 +369,11 @@ def test_distribute_copies_only_what_differs_and_verifies(
         "copied spark-b: 300.00 GB in ") and ", 5.0 MB already there; " in message
     # the sender's own seconds (process start-up excluded): the rate comparable with iperf3
     assert "; on the wire 2.00 s (150.00 GB/s), CPU 97% busy there; " in message
-    assert ctx.shared["fanout"]["spark-b"]["wire_seconds"] == 2.0
-    assert ctx.shared["fanout"]["spark-b"]["receiver_cpu_busy"] == 0.97
+    figures = ctx.shared["report_extra"]["fanout"]["spark-b"]  # `--json`'s "fanout"
+    assert figures["wire_seconds"] == 2.0 and figures["receiver_cpu_busy"] == 0.97
     assert message.endswith(f"identical on spark-a, spark-b: {MODEL}@c0ffee: 2 files, 300.00 GB; "
                             f"{DRAFT}@local: 1 files, 5.0 MB")
-    assert ctx.shared["fanout"]["spark-b"]["bytes_copied"] == BIG
-    assert ctx.shared["fanout"]["spark-b"]["bytes_total"] == BIG + 10 + 5_000_000
+    assert figures["bytes_copied"] == BIG and figures["bytes_total"] == BIG + 10 + 5_000_000
     assert notes[-1].startswith("        → spark-b: 300.00 GB / 300.00 GB (")
 
 
