@@ -51,8 +51,15 @@ def probe_fact(image: str) -> Command:
     """`present`, `reachable`, `unknown: why`, or the failing `docker manifest inspect`'s error."""
     img = quote(image)
     fmt = quote("{{.HTTPSProxy}}|{{.NoProxy}}")
+    # the daemon may pull Docker Hub images through a mirror the client never asks: then the
+    # client's answer says nothing about the pull, and the node pulls as before
+    mirrors = (f"mirrors=$(docker info --format {quote('{{json .RegistryConfig.Mirrors}}')} "
+               '2>/dev/null); case "$mirrors" in *://*) echo "unknown: the docker daemon pulls '
+               'docker.io images through a mirror ($mirrors)"; exit 0;; esac; '
+               if registry_of(image) == "docker.io" else "")
     command = (
         f"if docker image inspect {img} >/dev/null 2>&1; then echo present; exit 0; fi; "
+        f"{mirrors}"
         f"info=$(docker info --format {fmt} 2>/dev/null); proxy=${{info%%|*}}; "
         'case "$proxy" in *xxxxx*) echo "unknown: the docker daemon\'s proxy has credentials '
         'docker info does not show"; exit 0;; esac; '

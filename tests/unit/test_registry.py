@@ -188,7 +188,8 @@ echo "$*" >> "$FAKE_LOG"
 case "$1 $2" in
   "image inspect") [ -n "$FAKE_PRESENT" ] && { echo '[{"Id": "sha256:1"}]'; exit 0; }
                    echo "Error: No such image: $3" >&2; exit 1 ;;
-  "info --format") echo "$FAKE_PROXY|localhost"; exit 0 ;;
+  "info --format") case "$3" in *Mirrors*) echo "${FAKE_MIRRORS:-[]}" ;;
+                                *) echo "$FAKE_PROXY|localhost" ;; esac; exit 0 ;;
   "manifest inspect") echo "proxy=$HTTPS_PROXY" >> "$FAKE_LOG"
                       [ -n "$FAKE_BLOCKED" ] && { echo "$FAKE_BLOCKED" >&2; exit 1; }
                       echo '{"schemaVersion": 2}'; exit 0 ;;
@@ -197,18 +198,18 @@ exit 2
 """
 
 
-def run_probe(tmp_path: Path, **env: str) -> tuple[dict[str, Any], str]:
+def run_probe(tmp_path: Path, image: str = IMAGE, **env: str) -> tuple[dict[str, Any], str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "docker").write_text(FAKE_DOCKER)
     (bin_dir / "docker").chmod(0o755)
     log = tmp_path / "log"
     log.write_text("")
-    result = subprocess.run(["sh", "-c", registry.probe_fact(IMAGE).command], capture_output=True,
+    result = subprocess.run(["sh", "-c", registry.probe_fact(image).command], capture_output=True,
                             text=True, timeout=30,
                             env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log),
                                  **env})
-    facts = {"commands": {f"registry {IMAGE}": {"rc": result.returncode, "out": result.stdout,
+    facts = {"commands": {f"registry {image}": {"rc": result.returncode, "out": result.stdout,
                                                 "err": result.stderr}}}
     return facts, log.read_text()
 
@@ -223,6 +224,23 @@ def test_the_probe_command_asks_the_registry_only_when_the_image_is_missing(tmp_
     assert reach(facts, IMAGE) == Reach("blocked", NO_HOST, network=True)
     facts, log = run_probe(tmp_path, FAKE_PROXY="http://xxxxx:xxxxx@proxy:3128")
     assert reach(facts, IMAGE).state == "unknown" and "manifest" not in log
+
+
+def test_a_docker_hub_image_behind_a_daemon_mirror_is_not_judged_by_the_client(
+        tmp_path: Path) -> None:
+    """The daemon pulls docker.io images through its registry-mirrors; `docker manifest
+    inspect` (the client) never uses them, so its failure would wrongly stop a node that pulls
+    fine: with a mirror the probe says it cannot tell, and the node pulls as before."""
+    hub = "scitrera/dgx-spark-sglang:0.5.12"
+    facts, log = run_probe(tmp_path, hub, FAKE_MIRRORS='["https://mirror.example:5000/"]',
+                           FAKE_BLOCKED=NO_HOST)
+    found = reach(facts, hub)
+    assert found.state == "unknown" and "mirror.example" in found.reason and "manifest" not in log
+    facts, log = run_probe(tmp_path, hub, FAKE_BLOCKED=NO_HOST)  # no mirror: the client decides
+    assert reach(facts, hub).state == "blocked" and "manifest inspect" in log
+    facts, log = run_probe(tmp_path, IMAGE, FAKE_MIRRORS='["https://mirror.example:5000/"]',
+                           FAKE_BLOCKED=NO_HOST)  # mirrors serve docker.io only
+    assert reach(facts, IMAGE).state == "blocked"
 
 
 # ---------------------------------------------------------------- the lab's docker shim

@@ -271,7 +271,7 @@ def cmd_info(args: list[str]) -> int:
     if fmt is not None:  # {{.Field}} of docker's info; the lab's daemon has no proxy
         info = {"ServerVersion": "27.3.1-sparklab", "Name": os.uname().nodename,
                 "Containers": len(all_containers()), "ContainersRunning": running_n,
-                "HTTPProxy": "", "HTTPSProxy": "", "NoProxy": ""}
+                "HTTPProxy": "", "HTTPSProxy": "", "NoProxy": "", "RegistryConfig": {"Mirrors": []}}
         print(render(fmt, info))
         return 0
     print(f"Containers: {len(all_containers())}\n Running: {running_n}\n"
