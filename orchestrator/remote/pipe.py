@@ -47,9 +47,11 @@ class RemoteProcess:
         """Write to stdin and (by default) close it. Left open, stdin ends when this process
         is closed, or when the controller dies: a node script can watch for that."""
         if self._channel is not None:
-            self._channel.sendall(text.encode())
-            if close:
-                self._channel.shutdown_write()
+            # a process that already ended says why on stdout/stderr, as the local one does
+            with contextlib.suppress(OSError):
+                self._channel.sendall(text.encode())
+                if close:
+                    self._channel.shutdown_write()
         else:
             assert self._process is not None and self._process.stdin is not None
             with contextlib.suppress(BrokenPipeError):

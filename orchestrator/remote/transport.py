@@ -278,9 +278,15 @@ class SSHTransport(_SudoMixin):
         try:
             channel = transport.open_session(timeout=timeout)
             channel.exec_command(command)
-            if stdin:
-                channel.sendall(stdin)
-            channel.shutdown_write()
+            try:
+                if stdin:
+                    channel.sendall(stdin)
+                channel.shutdown_write()
+            except OSError:
+                # The command ended without reading all its input (`sudo -n` refusing at once
+                # does): its exit status and stderr say why, so read them rather than fail.
+                if not channel.closed:
+                    raise
             return _collect(channel, timeout, self.node)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(f"{self.node}: the SSH connection broke: {exc}") from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,12 @@ class Server(paramiko.ServerInterface):
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         def answer() -> None:
             text = command.decode()
+            if text.startswith("refuse"):  # as `sudo -n` does: ends without reading stdin
+                time.sleep(0.2)  # after the exec reply, as sshd: the client is sending by then
+                channel.sendall_stderr(b"sudo: a password is required\n")
+                channel.send_exit_status(1)
+                channel.close()
+                return
             data = b""
             while True:
                 chunk = channel.recv(1024)
@@ -240,6 +247,34 @@ def test_a_lost_connection_is_a_transport_error(tmp_path: Path, server: SSHServe
     transport.close()
     with pytest.raises(TransportError, match="the SSH connection was lost"):
         transport.run("echo hi")
+
+
+def test_a_command_that_ends_without_reading_its_input_reports_its_own_status(
+        tmp_path: Path, server: SSHServer) -> None:
+    inv, _ = setup(tmp_path, server.port, known=SERVER_KEY)
+    transport = open_ssh(inv)
+    try:
+        # more than the channel's window: sending blocks until the server closes the channel
+        result = transport.run("refuse", stdin=b"x" * (8 << 20))
+        assert (result.exit_status, result.stderr) == (1, "sudo: a password is required\n")
+        assert transport.run("echo still usable").stdout == "ran: echo still usable\n"
+    finally:
+        transport.close()
+
+
+def test_feeding_a_remote_process_that_already_ended_keeps_its_own_words(
+        tmp_path: Path, server: SSHServer) -> None:
+    from orchestrator.remote.pipe import RemoteProcess
+
+    inv, _ = setup(tmp_path, server.port, known=SERVER_KEY)
+    transport = open_ssh(inv)
+    try:
+        process = RemoteProcess(transport, "refuse", None, "refuse")
+        process.feed("x" * (8 << 20))
+        assert process.readline() == ""
+        assert "a password is required" in process.stderr_tail()
+    finally:
+        transport.close()
 
 
 def test_connect_all_reports_each_node(tmp_path: Path, server: SSHServer) -> None:
