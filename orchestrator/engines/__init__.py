@@ -37,6 +37,11 @@ def get_engine(name: str) -> Engine:
     return engine
 
 
+def ready_lines() -> dict[str, str]:
+    """Each engine's ready line, by engine name: what the node scripts look for in its logs."""
+    return {name: get_engine(name).ready_line for name in sorted(REGISTRY)}
+
+
 def recipe_files() -> dict[str, Path]:
     """Built-in recipes by name, from every registered engine's recipes/ folder."""
     found: dict[str, Path] = {}

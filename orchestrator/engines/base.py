@@ -173,6 +173,9 @@ class Engine(Protocol):
     title: str
     """How people call it (TensorRT-LLM, vLLM, SGLang)."""
     recipe_type: type[BaseRecipe]
+    ready_line: str
+    """The line its server logs once it serves: with it, a server that stopped answering is
+    stalled, not still loading (engines/liveness.py; the node scripts get it as an argument)."""
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         """Phases `up` adds after the shared ones (TensorRT-LLM: its container and MPI)."""

@@ -4,7 +4,8 @@ A server that never answered yet is loading ("starting"); one that was ready onc
 answers is not loading: it is *stalled* (an engine that lost a rank or its fabric link answers
 /health 503 and never comes back). A rank process that ended makes the server *dead*, whatever
 /health says. "Was ready" comes from the server record's `ready_at` (written by `launch` when its
-readiness check passes, see `mark_ready`) or from the engine's own ready line in its log.
+readiness check passes, see `mark_ready`) or from the engine's own ready line in its log
+(`Engine.ready_line`, which the node scripts get as an argument).
 `status` reports these verdicts and `launch` of the same recipe restarts a stalled or dead server
 instead of calling it "already running" or waiting out its deadline.
 """
@@ -21,8 +22,6 @@ if TYPE_CHECKING:
     from orchestrator.remote.transport import Transport
 
 READY_KEY = "ready_at"
-# The line each engine logs once it serves (uvicorn under trtllm-serve and vLLM; SGLang's own).
-READY_LINES = ("Application startup complete.", "The server is fired up and ready to roll!")
 
 
 @dataclass(frozen=True)

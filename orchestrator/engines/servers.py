@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
+from orchestrator.engines import ready_lines
 from orchestrator.engines.base import SPARK_MEMORY_GB
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.paths import RUN_DIR
@@ -39,7 +40,7 @@ def servers_cmd(inventory: Inventory, node: Node | None = None, probe: bool = Fa
     from orchestrator.node import script
 
     head = legacy and (node is None or node.name == inventory.head_name)
-    args = {"run": RUN_DIR, "probe": probe,
+    args = {"run": RUN_DIR, "probe": probe, "ready_lines": ready_lines(),
             "legacy_container": inventory.container.name if head else None}
     return "python3 -c " + quote(script("servers.py")) + " " + quote(json.dumps(args, sort_keys=True))
 

@@ -68,13 +68,15 @@ def children(pid):
             if ppid == pid:
                 kids += [int(entry), *children(int(entry))]
     return kids
-def ready_in_log():
-    """The engine logged that it serves (uvicorn's startup line): read until the first match,
-    which comes early, so a long log of requests is not read through."""
-    for name in ("server.log", "rank-0.log"):
+def ready_in_log(record):
+    """The record's engine logged that it serves (its ready line, from the "ready_lines"
+    argument): read until the first match, which comes early, so a long log of requests is
+    not read through."""
+    line = (a.get("ready_lines") or {}).get((record or {}).get("engine") or "trtllm")
+    for name in ("server.log", "rank-0.log") if line else ():
         try:
             with open(os.path.join(run, name), errors="replace") as f:
-                if any("Application startup complete." in line for line in f):
+                if any(line in text for text in f):
                     return True
         except OSError:
             continue
@@ -136,7 +138,7 @@ if a["action"] in ("status", "chat"):
     except (OSError, ValueError):
         out["memguard"] = None
     if a.get("port") or a.get("ready_log"):
-        out["ready_log"] = ready_in_log()
+        out["ready_log"] = ready_in_log(out["server"])
     if a.get("port"):
         out["health"] = http("/health")[0]
         if a.get("deep") and out["health"] == 200:

@@ -1,5 +1,6 @@
 """The servers recorded on this node (runs on the node as `python3 -c`; one JSON argument:
-{"run": RUN_DIR, "probe": bool, "legacy_container": name or null}).
+{"run": RUN_DIR, "probe": bool, "ready_lines": {engine: its ready line}, "legacy_container": name
+or null}).
 
 Per-server engines (SGLang) record each server in RUN_DIR/servers/<name>/server.json on the
 server's first node; its containers are `docker inspect`ed for liveness, and with "probe" its
@@ -54,13 +55,17 @@ def first_match(lines, text):
 
 
 def ready_log(record):
-    """The engine logged that it served: uvicorn's line in server.log / rank-0.log (TensorRT-LLM,
-    vLLM), SGLang's in its container's log. Tells a stalled server from one still loading."""
+    """The record's engine logged that it served (its ready line, from the "ready_lines"
+    argument): in server.log / rank-0.log for the older single record (TensorRT-LLM, vLLM), in
+    its container's log otherwise (SGLang). Tells a stalled server from one still loading."""
+    line = (a.get("ready_lines") or {}).get(record.get("engine") or "trtllm")
+    if not line:
+        return False
     if record["legacy"]:
         for name in ("server.log", "rank-0.log"):
             try:
                 with open(os.path.join(run, name), errors="replace") as handle:
-                    if first_match(handle, "Application startup complete."):
+                    if first_match(handle, line):
                         return True
             except OSError:
                 continue
@@ -72,7 +77,7 @@ def ready_log(record):
         return False
     try:
         lines = (line.decode(errors="replace") for line in proc.stdout)
-        return first_match(lines, "The server is fired up and ready to roll!")
+        return first_match(lines, line)
     finally:
         proc.kill()
         proc.wait()

@@ -5,6 +5,7 @@ engine: status, the TensorRT-LLM and vLLM guards, SGLang's placement, the node s
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -209,16 +210,37 @@ def test_mark_ready_adds_ready_at_once_and_keeps_the_mode(tmp_path: Path,
     assert str(record) in liveness.mark_ready_cmd(str(record), "T3")
 
 
-def test_serverctl_reads_the_ready_line_from_the_engines_log(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_engine_names_its_ready_line_and_status_passes_them_to_the_node() -> None:
+    from orchestrator.engines import ready_lines
+
+    lines = ready_lines()
+    assert lines == {"trtllm": "Application startup complete.",
+                     "vllm": "Application startup complete.",
+                     "sglang": "The server is fired up and ready to roll!"}
+    def payload(command: str) -> dict[str, Any]:
+        return dict(json.loads(shlex.split(command)[-1]))
+
+    assert payload(serve.node_cmd("c", action="status"))["ready_lines"] == lines
+    assert "ready_lines" not in payload(serve.node_cmd("c", action="stop"))
+
+
+def test_serverctl_reads_the_ready_line_of_the_records_engine(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.engines import ready_lines
+
     def ready(run: Path) -> Any:
         ran = run_node_script("serverctl.py", [json.dumps(
-            {"action": "status", "run": str(run), "ready_log": True})], monkeypatch)
+            {"action": "status", "run": str(run), "ready_log": True,
+             "ready_lines": ready_lines()})], monkeypatch)
         return ran.json.get("ready_log")
 
     tmp_path.joinpath("rank-0.log").write_text("loading\n")
     assert ready(tmp_path) is False
     tmp_path.joinpath("rank-0.log").write_text("loading\nINFO:     Application startup complete.\n")
+    assert ready(tmp_path) is True  # no record: TensorRT-LLM's (the default engine)
+    tmp_path.joinpath("server.json").write_text(json.dumps({"engine": "sglang"}))
+    assert ready(tmp_path) is False  # uvicorn's line is not SGLang's: still warming up
+    tmp_path.joinpath("server.json").write_text(json.dumps({"engine": "vllm"}))
     assert ready(tmp_path) is True
 
 
@@ -226,10 +248,36 @@ def test_servers_script_reads_the_ready_line_of_a_record_that_does_not_answer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tmp_path.joinpath("server.json").write_text(json.dumps({"recipe": "r", "port": 1}))
     tmp_path.joinpath("server.log").write_text("INFO:     Application startup complete.\n")
-    args = {"run": str(tmp_path), "probe": True, "legacy_container": "c"}
+    from orchestrator.engines import ready_lines
+
+    args = {"run": str(tmp_path), "probe": True, "legacy_container": "c",
+            "ready_lines": ready_lines()}
     ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
         "def running(container):": "def running(container):\n    return True\n\ndef _unused(container):",
         "def health(port):": "def health(port):\n    return 503\n\ndef _unused2(port):"})
     found = ran.json["servers"][0]
     assert found["health"] == 503 and found["ready_log"] is True
     assert server_state(found) == "stalled"
+
+
+def test_servers_script_reads_an_sglang_containers_log_for_sglangs_own_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.engines import ready_lines
+
+    log = tmp_path / "container.log"  # stands for `docker logs CONTAINER`
+    record = tmp_path / "servers" / "qwen" / "server.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"engine": "sglang", "port": 1, "container": str(log)}))
+    args = {"run": str(tmp_path), "probe": True, "ready_lines": ready_lines()}
+
+    def listed() -> dict[str, Any]:
+        ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
+            "def running(container):": "def running(container):\n    return True\n\ndef _unused(container):",
+            "def health(port):": "def health(port):\n    return 503\n\ndef _unused2(port):",
+            '["docker", "logs", record.get("container") or ""]': '["cat", record["container"]]'})
+        return dict(ran.json["servers"][0])
+
+    log.write_text("INFO:     Application startup complete.\n")  # uvicorn's, before warm-up
+    assert listed()["ready_log"] is False and server_state(listed()) != "stalled"
+    log.write_text("INFO:     Application startup complete.\nThe server is fired up and ready to roll!\n")
+    assert listed()["ready_log"] is True and server_state(listed()) == "stalled"

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 class SglangEngine:
     name = "sglang"
     title = "SGLang"
+    ready_line = "The server is fired up and ready to roll!"  # after its warm-up request
     recipe_type = Recipe
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:

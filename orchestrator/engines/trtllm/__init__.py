@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 class TrtllmEngine:
     name = "trtllm"
     title = "TensorRT-LLM"
+    ready_line = "Application startup complete."  # uvicorn's, under trtllm-serve
     recipe_type = Recipe
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:

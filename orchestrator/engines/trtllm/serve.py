@@ -17,7 +17,7 @@ import yaml
 
 from orchestrator.commands import docker_exec_cmd, join
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines import config_hash, serving_nodes
+from orchestrator.engines import config_hash, ready_lines, serving_nodes
 from orchestrator.engines.liveness import dead_ranks as ranks_ended
 from orchestrator.engines.liveness import judge, was_ready
 from orchestrator.engines.trtllm.recipe import Recipe
@@ -49,6 +49,8 @@ Decision = Literal["noop", "loading", "start", "replace", "restart", "refuse"]
 
 
 def node_cmd(container: str, **args: Any) -> str:
+    if args.get("action") == "status":  # it looks for the engine's ready line in the logs
+        args["ready_lines"] = ready_lines()
     payload = json.dumps({"run": RUN_DIR, **args}, sort_keys=True)
     return docker_exec_cmd(container, ["python3", "-c", NODE_SCRIPT, payload])
 

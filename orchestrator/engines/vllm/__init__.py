@@ -50,6 +50,7 @@ def ray_phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) 
 class VllmEngine:
     name = "vllm"
     title = "vLLM"
+    ready_line = "Application startup complete."  # uvicorn's, under vllm serve
     recipe_type = Recipe
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
