@@ -214,9 +214,12 @@ class RegistryCheck(Step):
         if not notes:
             return Unchanged(f"{image}: present or pullable on every node that needs it")
         say = ctx.options.values.get("progress_note")
+        # an interactive run checks twice (the plan it shows, then the run): say it once
+        said = ctx.options.values.setdefault("notes_said", set())
         for note in notes:
-            if say:
+            if say and note not in said:
                 say(f"note: {note}")
+                said.add(note)
             if note not in ctx.shared.setdefault("notes", []):
                 ctx.shared["notes"].append(note)
         return Unchanged("; ".join(notes))

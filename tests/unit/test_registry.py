@@ -119,6 +119,10 @@ def test_up_preflight_probes_in_the_same_facts_and_says_it_up_front() -> None:
     assert said == [f"note: spark-b cannot reach nvcr.io ({NO_HOST}): it will get the image from "
                     "spark-a (which pulls it) over the fabric"]
     assert ctx.shared["notes"] == [said[0].removeprefix("note: ")]
+    # an interactive run checks again after the plan it showed: the note is not said twice
+    again = make_context(inv, "spark-a", cluster, options=ctx.options)
+    assert isinstance(step.check(again), Unchanged) and len(said) == 1
+    assert again.shared["notes"] == ctx.shared["notes"]  # (still in that run's summary)
     nobody = {"spark-a": node(probe=BLOCKED), "spark-b": node(probe=BLOCKED)}
     with pytest.raises(SparkctlError, match=r"no node has .* spark-a, spark-b cannot reach nvcr\.io"):
         step.check(make_context(inv, "spark-a", nobody))
