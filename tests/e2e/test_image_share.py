@@ -48,9 +48,32 @@ def step(report: dict[str, Any], node: str, name: str) -> dict[str, Any]:
     return dict(found[0])
 
 
-def inspect(lab: Lab, node: str) -> dict[str, Any]:
-    out = lab.exec(node, ["docker", "image", "inspect", IMAGE]).stdout
+def inspect(lab: Lab, node: str, image: str = IMAGE) -> dict[str, Any]:
+    out = lab.exec(node, ["docker", "image", "inspect", image]).stdout
     return dict(json.loads(out)[0])
+
+
+def assert_sent_by_the_head(lab: Lab, report: dict[str, Any], image: str, registry: str,
+                            container: str) -> dict[str, Any]:
+    """The peer got IMAGE from the head over the fabric: said up front, the same image ID and
+    digest on both, the digest verified, and the peer's CONTAINER runs it. The share step."""
+    head, peer = lab.nodes[0], lab.nodes[1]
+    assert report["exit_code"] == 0, json.dumps(report)[-3000:]
+    assert any(n.startswith(f"{peer} cannot reach {registry}") and
+               n.endswith(f"it will get the image from {head} over the fabric")
+               for n in report["notes"]), report["notes"]
+    theirs, mine = inspect(lab, peer, image), inspect(lab, head, image)
+    assert theirs["Id"] == mine["Id"] and theirs["RepoDigests"] == mine["RepoDigests"]
+    digest = mine["RepoDigests"][0].split("@", 1)[1]
+    shared = step(report, head, "image-share")
+    assert f"{peer} <- {head} (cannot reach {registry}" in shared["message"]
+    assert f"{digest} verified" in shared["message"]
+    sent = report["image_distribution"][peer]
+    assert (sent["from"], sent["digest"], sent["image_id"]) == (head, digest, mine["Id"])
+    running = lab.exec(peer, ["docker", "inspect", "-f", "{{.State.Running}} {{.Image}}",
+                              container]).stdout.split()
+    assert running == ["true", mine["Id"]]
+    return shared
 
 
 @pytest.fixture(scope="module")
@@ -75,28 +98,15 @@ def test_a_peer_without_registry_access_gets_the_image_from_the_head(image_lab: 
         pull = lab.exec(peer, ["docker", "pull", IMAGE], check=False)
         assert pull.returncode != 0 and "no such host" in pull.stderr
         report = up(lab)
-        assert report["exit_code"] == 0, json.dumps(report)[-3000:]
+        shared = assert_sent_by_the_head(lab, report, IMAGE, "nvcr.io", "trtllm-multinode")
+        assert shared["status"] == "changed"
         # said up front (preflight's probe), and the peer never tried to pull
         said = (f"{peer} cannot reach nvcr.io (Get \"https://nvcr.io/v2/\": dial tcp: lookup "
                 f"nvcr.io: no such host")
         assert said in step(report, head, "registry")["message"]
-        assert any(n.startswith(said) and n.endswith(f"it will get the image from {head} over "
-                                                     "the fabric") for n in report["notes"])
         assert report["stderr"].index(said) < report["stderr"].index("phase network")
         assert f"sent by {head} over the fabric" in step(report, peer, "image")["message"]
-        theirs, mine = inspect(lab, peer), inspect(lab, head)
-        assert theirs["Id"] == mine["Id"] and theirs["RepoDigests"] == mine["RepoDigests"]
-        digest = mine["RepoDigests"][0].split("@", 1)[1]
-        shared = step(report, head, "image-share")
-        assert shared["status"] == "changed"
-        assert f"{peer} <- {head} (cannot reach nvcr.io" in shared["message"]
-        assert f"{digest} verified" in shared["message"]
-        sent = report["image_distribution"][peer]
-        assert (sent["from"], sent["digest"], sent["image_id"]) == (head, digest, mine["Id"])
         assert step(report, peer, "image-digest")["status"] == "ok"
-        running = lab.exec(peer, ["docker", "inspect", "-f", "{{.State.Running}} {{.Image}}",
-                                  "trtllm-multinode"]).stdout.split()
-        assert running == ["true", mine["Id"]]
     finally:
         lab.cli("fault", "restore", "--node", peer)
     again = up(lab)  # nothing left to send: the peer has it now
@@ -158,22 +168,7 @@ def test_an_sglang_server_on_a_blocked_node_gets_its_image_from_one_that_has_it(
         assert not any(s["phase"] == "models" for s in refused["hosts"][head]["steps"])
         lab.exec(head, ["docker", "pull", SGLANG_IMAGE])  # now a node has it
         report = up(lab, *launch[1:], command=launch[0])
-        assert report["exit_code"] == 0, json.dumps(report)[-3000:]
-        assert any(n.startswith(f"{peer} cannot reach docker.io") and
-                   n.endswith(f"it will get the image from {head} over the fabric")
-                   for n in report["notes"]), report["notes"]
-        mine = dict(json.loads(lab.exec(head, ["docker", "image", "inspect", SGLANG_IMAGE]).stdout)[0])
-        theirs = dict(json.loads(lab.exec(peer, ["docker", "image", "inspect", SGLANG_IMAGE]).stdout)[0])
-        digest = mine["RepoDigests"][0].split("@", 1)[1]
-        assert theirs["Id"] == mine["Id"] and theirs["RepoDigests"] == mine["RepoDigests"]
-        shared = step(report, head, "image-share")
-        assert f"{peer} <- {head} (cannot reach docker.io" in shared["message"]
-        assert f"{digest} verified" in shared["message"]
-        sent = report["image_distribution"][peer]
-        assert (sent["from"], sent["digest"], sent["image_id"]) == (head, digest, mine["Id"])
-        running = lab.exec(peer, ["docker", "inspect", "-f", "{{.State.Running}} {{.Image}}",
-                                  "sparkctl-sglang-qwen3-8b"]).stdout.split()
-        assert running == ["true", mine["Id"]]
+        assert_sent_by_the_head(lab, report, SGLANG_IMAGE, "docker.io", "sparkctl-sglang-qwen3-8b")
         assert report["node"] == peer and report["ok"]
     finally:
         lab.cli("fault", "restore", "--node", peer)
@@ -194,23 +189,10 @@ def test_a_vllm_worker_on_a_blocked_node_gets_its_image_from_the_head(image_lab:
         # MiniMax M2.7 is gated: the lab's hub wants a token (any), never shown anywhere
         report = up(lab, "--timeout", "240", command="launch minimax-m2.7",
                     hf_token="hf_SENTINELimageShareToken")
-        assert report["exit_code"] == 0, json.dumps(report)[-3000:]
-        assert "hf_SENTINELimageShareToken" not in json.dumps(report)
-        assert any(n.startswith(f"{peer} cannot reach nvcr.io") and
-                   n.endswith(f"it will get the image from {head} over the fabric")
-                   for n in report["notes"]), report["notes"]
-        mine = dict(json.loads(lab.exec(head, ["docker", "image", "inspect", VLLM_IMAGE]).stdout)[0])
-        theirs = dict(json.loads(lab.exec(peer, ["docker", "image", "inspect", VLLM_IMAGE]).stdout)[0])
-        digest = mine["RepoDigests"][0].split("@", 1)[1]
-        assert theirs["Id"] == mine["Id"] and theirs["RepoDigests"] == mine["RepoDigests"]
-        shared = step(report, head, "image-share")
-        assert shared["phase"] == "ray" and f"{digest} verified" in shared["message"]
-        assert f"{peer} <- {head} (cannot reach nvcr.io" in shared["message"]
-        assert report["image_distribution"][peer]["digest"] == digest
         # the peer's Ray worker runs the image it was sent, and Ray counts both nodes
-        running = lab.exec(peer, ["docker", "inspect", "-f", "{{.State.Running}} {{.Image}}",
-                                  "sparkctl-vllm"]).stdout.split()
-        assert running == ["true", mine["Id"]]
+        shared = assert_sent_by_the_head(lab, report, VLLM_IMAGE, "nvcr.io", "sparkctl-vllm")
+        assert shared["phase"] == "ray"
+        assert "hf_SENTINELimageShareToken" not in json.dumps(report)
         assert "2 node(s) alive" in step(report, head, "ray-cluster")["message"]
     finally:
         lab.cli("fault", "restore", "--node", peer)
