@@ -1,5 +1,6 @@
 """Model fan-out on the lab: an interrupted copy resumes, a corrupted file on a peer is found
-and replaced, only the recipe's files move, a full disk fails fast with the numbers.
+and replaced, only the recipe's files move (files in a repository's folders keep the Hugging
+Face layout on every node), a full disk fails fast with the numbers.
 
 The lab's model size is raised to 256 MiB on the head for this module (its `lab.json`), so the
 copy takes long enough to be interrupted half-way; both nodes' model folders are cleared first.
@@ -152,6 +153,35 @@ def test_only_the_recipes_files_reach_the_peer(fanout_lab: Lab, tmp_path: Path) 
     names = in_container(lab, peer, f"ls {SNAPSHOTS}/*/").split()
     assert "config.json" in names and "model.safetensors.index.json" in names
     assert "generation_config.json" not in names and "tokenizer_config.json" in names
+
+
+def test_files_in_folders_keep_the_hf_layout_and_the_rest_is_never_fetched(
+        fanout_lab: Lab, tmp_path: Path) -> None:
+    # gpt-oss-120b's repository holds two other formats in folders (original/, metal/): a
+    # two-node recipe that wants only original/ gets it on both nodes, links and all, and
+    # neither node ever holds metal/ or the root shards
+    lab, (head, peer) = fanout_lab, fanout_lab.nodes[:2]
+    source = (REPO / "orchestrator/engines/trtllm/recipes/gpt-oss-120b.yml").read_text()
+    recipe = tmp_path / "gpt-oss-original.yml"
+    recipe.write_text(source.replace("name: gpt-oss-120b", "name: gpt-oss-original")
+                      .replace("tp_size: 1", "tp_size: 2").replace("nodes: 1", "nodes: 2")
+                      .replace('deny: ["original/*", "metal/*"]', 'allow: ["original/*", "*.json"]'))
+    result = subprocess.run(launch_argv(lab, str(recipe)), capture_output=True, text=True,
+                            env=env(tmp_path), timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    snapshots = f"{HF}/hub/models--openai--gpt-oss-120b/snapshots"
+    listing = {node: in_container(lab, node, f"cd {snapshots}/*/ && find . -type l | sort | "
+                                             "while read l; do echo $l $(readlink $l) "
+                                             "$(test -e $l && echo ok); done")
+               for node in (head, peer)}
+    assert listing[head] == listing[peer], listing
+    lines = listing[peer].splitlines()
+    assert any(line.startswith("./original/model.safetensors ../../../blobs/") for line in lines)
+    assert all(line.endswith(" ok") for line in lines), lines
+    assert not any("metal/" in line or "/model-0" in line for line in lines), lines
+    for node in (head, peer):
+        blobs = in_container(lab, node, f"du -sb {HF}/hub/models--openai--gpt-oss-120b/blobs")
+        assert int(blobs.split()[0]) < 2 * (256 << 20), (node, blobs)  # one format of three
 
 
 def test_a_full_disk_on_a_peer_fails_fast_with_node_path_and_numbers(fanout_lab: Lab,

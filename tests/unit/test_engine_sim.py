@@ -90,6 +90,31 @@ def test_hf_download_is_byte_identical_across_nodes_and_logs_only_real_transfers
     assert len(log) == 2
 
 
+def test_gpt_oss_holds_other_formats_and_the_recipes_patterns_leave_them(
+        lab: dict[str, str]) -> None:
+    from orchestrator.engines import load_recipe
+
+    # as on the Hub: original/ and metal/ are each as large as the weights, in folders whose
+    # snapshot links go three levels up to the blobs
+    whole = Path(hf_download(lab, "openai/gpt-oss-120b").stdout.strip())
+    blobs = Path(lab["HF_HOME"]) / "hub" / "models--openai--gpt-oss-120b" / "blobs"
+    for name in ("original/model.safetensors", "metal/model.bin"):
+        assert (whole / name).is_symlink() and (whole / name).resolve().parent == blobs
+        assert str(Path(os.readlink(whole / name)).parent) == "../../../blobs"
+        assert (whole / name).stat().st_size == 50_000
+    assert sum(p.stat().st_size for p in blobs.iterdir()) > 3 * 50_000
+    for name in ("gpt-oss-120b", "gpt-oss-120b-vllm"):
+        recipe = load_recipe(name)
+        allow, deny = recipe.file_patterns(recipe.model)
+        other = {**lab, "HF_HOME": str(Path(lab["HF_HOME"]).parent / f"hf-{name}")}
+        args = [a for p in allow for a in ("--include", p)] + [a for p in deny for a in ("--exclude", p)]
+        snap = Path(hf_download(other, recipe.model, *args).stdout.strip())
+        names = sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if not p.is_dir())
+        assert "config.json" in names and "model.safetensors.index.json" in names, name
+        assert not any(n.startswith(("original/", "metal/")) for n in names), (name, names)
+        assert sum((snap / n).stat().st_size for n in names if n.endswith(".safetensors")) == 50_000
+
+
 def test_hf_download_to_local_dir(lab: dict[str, str], tmp_path: Path) -> None:
     res = hf_download(lab, DRAFT, "--local-dir", str(tmp_path / "draft"))
     assert res.returncode == 0, res.stderr

@@ -26,6 +26,14 @@ CONFIG_EXTRAS = {
     "Qwen/Qwen3.6-27B-FP8": {"mtp_num_hidden_layers": 1, "sparklab_weights_gb": 28.0},
     "Qwen/Qwen3-8B": {"sparklab_weights_gb": 16.4},
 }
+OTHER_FORMATS = {
+    # the real repository also holds OpenAI's reference checkpoint (original/) and a build for
+    # Apple's Metal (metal/), each as large as the weights: without patterns a download (and a
+    # copy) moves three times what an engine loads (issue #18: "65 GB pulled as 195 GB")
+    "openai/gpt-oss-120b": {"original/config.json": None, "original/dtypes.json": None,
+                            "original/model.safetensors": "weights", "metal/model.bin": "weights"},
+}
+"""Files beside the served weights, by repo: "weights" ones are as large as the weights."""
 """More config.json keys per repo: MTP heads (what NEXTN needs) and the real weights' size in GB
 (the lab's shards are small; the simulated engines check memory against this)."""
 VERSION = "0.35.3"
@@ -90,6 +98,9 @@ def snapshot_files(repo: str, revision: str) -> dict[str, bytes]:
         index[f"layer.{i}.weight"] = name
     files["model.safetensors.index.json"] = json.dumps(
         {"metadata": {"total_size": total}, "weight_map": index}, indent=2).encode()
+    for name, kind in OTHER_FORMATS.get(repo, {}).items():
+        files[name] = (stream(f"{repo}/{name}".encode(), total) if kind == "weights"
+                       else json.dumps({"sparklab_simulated": True, "file": name}).encode())
     return files
 
 
@@ -181,6 +192,7 @@ def download(repo: str, revision: str, local_dir: str | None, token: str | None,
     if local_dir:
         os.makedirs(local_dir, exist_ok=True)
         for name, data in files.items():
+            os.makedirs(os.path.dirname(os.path.join(local_dir, name)), exist_ok=True)
             fetched += write_if_changed(os.path.join(local_dir, name), data)
         meta = os.path.join(local_dir, ".cache", "huggingface")
         os.makedirs(meta, exist_ok=True)
@@ -194,9 +206,11 @@ def download(repo: str, revision: str, local_dir: str | None, token: str | None,
             blob = hashlib.sha256(data).hexdigest()
             fetched += write_if_changed(os.path.join(folder, "blobs", blob), data)
             link = os.path.join(snap, name)
+            os.makedirs(os.path.dirname(link), exist_ok=True)  # (files in folders: original/...)
             if os.path.islink(link) or os.path.exists(link):
                 os.unlink(link)
-            os.symlink(os.path.join("..", "..", "blobs", blob), link)
+            os.symlink(os.path.relpath(os.path.join(folder, "blobs", blob), os.path.dirname(link)),
+                       link)
         if not (len(revision) == 40 and revision == commit):
             write_if_changed(os.path.join(folder, "refs", revision), commit.encode())
         result = snap
