@@ -5,7 +5,9 @@ fanout.py, unchanged) copy one folder head -> peer over the fabric with 1, 2 and
 (4: sparkctl's default); again with the receiver's older data path (recv into a buffer + pwrite
 instead of splice + hash from the page cache); with sha256 replaced by a no-op (the hashing's
 share); sha256 alone on the node (one core: the verification's floor); the receiver's CPU busy
-share during the verified copies (near 100 %: CPU-bound); and iperf3 next to them. Nothing here
+share during the verified and the unverified copies (near 100 %: CPU-bound); from those, the
+ceiling of any verified copy when both ends share the machine's CPUs (`ceiling`); and iperf3
+next to them. Nothing here
 is timed by sparkctl: the rates are the sender's own seconds (first connection to the
 receiver's confirmation that the last chunk is verified and written), so process start-up
 (docker exec, python) is excluded from every row.
@@ -29,9 +31,12 @@ NODE = Path(__file__).resolve().parent.parent / "orchestrator" / "node"
 FILES = 4
 SHA_ROW = "sha256, 1 core, in memory"
 CPU_ROW = "receiver's CPU busy while verified (%)"
+CPU_UNVERIFIED_ROW = "receiver's CPU busy while not verified (%)"
+CEILING_ROW = "verified copy's ceiling on these CPUs (computed)"
 DEFAULT = "verified, 4 streams (sparkctl's default)"
 UNVERIFIED = "not verified (sha256 no-op), 4 streams"
-UNITLESS = (SHA_ROW, CPU_ROW)
+UNITLESS = (SHA_ROW, CPU_ROW, CPU_UNVERIFIED_ROW)
+PERCENT = (CPU_ROW, CPU_UNVERIFIED_ROW)
 NO_HASH = ("import hashlib\nclass _Same(str):\n    __hash__ = str.__hash__\n"
            "    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
            "class _NoHash:\n    def __init__(self, data=b''): pass\n"
@@ -126,9 +131,18 @@ def sha256_rate(lab: Lab, node: str) -> float:
     return float(lab.exec(node, f"python3 -c {_q(SHA)}").strip())
 
 
+def ceiling(cpus: int, unverified: float, busy_percent: float, sha256: float) -> float:
+    """The fastest a verified copy can go when both ends share CPUS (the lab): moving a MB
+    costs what the unverified copy used (CPUS x busy / its rate, core-seconds: TCP, splice,
+    page cache), hashing it 1/sha256 more; CPUS divided by the sum. MB/s."""
+    moving = cpus * busy_percent / 100 / unverified
+    return cpus / (moving + 1 / sha256)
+
+
 def probe(lab: Lab, head: str, peer: str, mib: int, runs: int) -> dict[str, list[float]]:
     """Every row, `runs` times, interleaved."""
     manifest = prepare(lab, head, peer, mib)
+    cpus = int(lab.exec(peer, "nproc").strip())
     rows: dict[str, list[float]] = {}
     for _ in range(runs):
         rows.setdefault("iperf3", []).append(iperf(lab, head, peer))
@@ -138,9 +152,13 @@ def probe(lab: Lab, head: str, peer: str, mib: int, runs: int) -> dict[str, list
             copy(lab, head, peer, manifest, 4, cpu=rows.setdefault(CPU_ROW, [])))
         rows.setdefault("verified, 4 streams, recv+write (no splice)", []).append(
             copy(lab, head, peer, manifest, 4, "fanout_nosplice.py"))
-        rows.setdefault(UNVERIFIED, []).append(
-            copy(lab, head, peer, manifest, 4, "fanout_nohash.py"))
+        rows.setdefault(UNVERIFIED, []).append(copy(
+            lab, head, peer, manifest, 4, "fanout_nohash.py",
+            cpu=rows.setdefault(CPU_UNVERIFIED_ROW, [])))
         rows.setdefault(SHA_ROW, []).append(sha256_rate(lab, peer))
+        if len(rows[CPU_UNVERIFIED_ROW]) == len(rows[UNVERIFIED]):
+            rows.setdefault(CEILING_ROW, []).append(ceiling(
+                cpus, rows[UNVERIFIED][-1], rows[CPU_UNVERIFIED_ROW][-1], rows[SHA_ROW][-1]))
     for node in (head, peer):
         lab.exec(node, f"rm -rf {DIR}", check=False)
     return rows
@@ -159,7 +177,7 @@ def main() -> int:
     base = median(rows["iperf3"])
     for name, values in rows.items():
         share = f"{median(values) / base:4.0%}" if name not in UNITLESS else "    "
-        unit = "%   " if name == CPU_ROW else "MB/s"
+        unit = "%   " if name in PERCENT else "MB/s"
         print(f"{name:<60} {median(values):7.0f} {unit}  {share}  "
               f"({', '.join(f'{v:.0f}' for v in values)})")
     return 0

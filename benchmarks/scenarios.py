@@ -267,7 +267,7 @@ def bench_fanout(s: Settings, res: Results, workdir: Path) -> None:
         for name, values in rows.items():
             label = "iperf3 raw TCP head->peer (probe)" if name == "iperf3" else \
                 f"fan-out node script: {name}"
-            unit = "%" if name == fanout_probe.CPU_ROW else "MB/s"
+            unit = "%" if name in fanout_probe.PERCENT else "MB/s"
             res.row(label, unit, note=f"{model_bytes / 2**20:.0f} MiB, wire time"
                     ).runs.extend(values)
     finally:

@@ -141,3 +141,13 @@ def test_the_fanout_rate_is_read_from_the_reports_figures() -> None:
     had = {"fanout": {"spark-b": PeerCopy("spark-b", total=810_000_000).figures()}}
     for nothing in ({}, had):  # no copy at all, or nothing to send to the peer
         assert fanout.fanout_rate(Timed(1.0, 0, nothing, tracing.summarize([]), ""), "spark-b") is None
+
+
+def test_the_verified_ceiling_adds_hashing_to_what_moving_the_bytes_cost() -> None:
+    from benchmarks.fanout_probe import ceiling
+
+    # 2 CPUs 93 % busy moving 2800 MB/s unverified: 0.664 ms of CPU per MB; sha256 at 1580 MB/s
+    # adds 0.633 ms: 2 CPUs then verify at most ~1542 MB/s
+    assert round(ceiling(2, 2800, 93, 1580)) == 1542
+    assert ceiling(2, 2800, 93, 1e12) == pytest.approx(2800 / 0.93)  # free hashing
+    assert ceiling(4, 2800, 93, 1580) > ceiling(2, 2800, 93, 1580)  # hashing on more cores
