@@ -26,7 +26,7 @@ _records: list[dict[str, Any]] = []
 _lock = threading.Lock()
 
 
-def _wrap(cls: type) -> None:
+def _wrap(cls: Any) -> None:
     original = cls._execute
 
     def execute(self: Any, command: str, stdin: bytes, timeout: float) -> tuple[int, str, str]:
