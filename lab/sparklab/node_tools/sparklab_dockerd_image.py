@@ -8,8 +8,9 @@ so an image is modelled as an OCI layout, as Docker 25+ writes it:
   blobs/sha256/<config>    the config; its sha256 IS the image ID (as in docker)
 `load` checks every blob against its name (sha256), the config against the layer (diff_ids),
 and refuses a stream that is cut short or altered; then it registers the image with the same
-ID and digest the saving node showed. A registry blocked by the lab fault `block-registry`
-does not matter to either (neither talks to a registry).
+ID the saving node showed and, as Docker's classic image store does, no registry digest
+(RepoDigests stays empty until the node pulls the image itself). A registry blocked by the lab
+fault `block-registry` does not matter to either (neither talks to a registry).
 
 `docker manifest inspect IMAGE` is the client asking the image's registry for its manifest (no
 layer downloaded): the catalog's digest as an OCI index with one linux/arm64 entry; with
@@ -35,8 +36,10 @@ from sparklab_dockerd_state import (
     node_digest,
     normalize_image,
     now_iso,
+    read_json,
     registry_blocked,
     registry_unreachable,
+    stored_digest,
     write_json,
 )
 
@@ -79,7 +82,7 @@ def cmd_save(args: list[str]) -> int:
     if output is None and sys.stdout.isatty():
         raise DockerError("cowardly refusing to save to a terminal. Use the -o flag or "
                           "redirect", 1)
-    digest = rec["RepoDigests"][0].split("@", 1)[1]
+    digest = stored_digest(name, read_json(f"{IMAGES}/{name.replace('/', '+')}.json"))
     layer = layer_tar()
     config = config_blob(name, digest)
     manifest = json.dumps([{"Config": f"blobs/sha256/{sha(config)}", "RepoTags": [name],

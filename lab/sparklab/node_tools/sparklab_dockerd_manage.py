@@ -238,7 +238,8 @@ def cmd_images(args: list[str]) -> int:
                         if n.endswith(".json")) if r]
     rows = [{"Repository": r["RepoTags"][0].rsplit(":", 1)[0],
              "Tag": r["RepoTags"][0].rsplit(":", 1)[1], "ID": r["Id"][7:19],
-             "Digest": r["RepoDigests"][0].split("@")[1], "CreatedSince": "2 weeks ago",
+             "Digest": r["RepoDigests"][0].split("@")[1] if r["RepoDigests"] else "<none>",
+             "CreatedSince": "2 weeks ago",
              "Size": "27GB"} for r in recs]
     if fmt:
         for row in rows:

@@ -172,14 +172,22 @@ def registry_unreachable(name: str) -> str:
             "(sparklab fault block-registry)")
 
 
+def stored_digest(name: str, rec: dict) -> str:
+    """The manifest digest an image on this node was made from (its ID derives from it)."""
+    return str(rec["digest"] if rec.get("loaded") else (node_digest(name) or rec["digest"]))
+
+
 def image_record(name: str) -> dict | None:
     rec = read_json(f"{IMAGES}/{name.replace('/', '+')}.json")
     if not isinstance(rec, dict):
         return None
-    # a loaded image keeps what it was saved with; a pulled one shows this node's registry's
-    digest = rec["digest"] if rec.get("loaded") else (node_digest(name) or rec["digest"])
+    # a loaded image keeps the ID it was saved with but no registry digest: the classic image
+    # store records RepoDigests only on a pull (moby/moby#22011, still so in Docker 29); a
+    # pulled one shows this node's registry's digest
+    digest = stored_digest(name, rec)
     repo = name.rsplit(":", 1)[0]
-    return {"Id": image_id(name, digest), "RepoTags": [name], "RepoDigests": [f"{repo}@{digest}"],
+    return {"Id": image_id(name, digest), "RepoTags": [name],
+            "RepoDigests": [] if rec.get("loaded") else [f"{repo}@{digest}"],
             "Created": rec["pulled"], "Size": 27_000_000_000,
             "Config": {"Env": [f"PATH={image_path(name)}"], "Cmd": ["/bin/bash"], "Entrypoint": None,
                        "Labels": {"org.sparklab.simulated": "true"}}}
