@@ -369,7 +369,8 @@ def _pump(channel: paramiko.Channel, upstream: socket.socket) -> None:
     except OSError:
         pass
     finally:
-        channel.close()
+        with contextlib.suppress(EOFError, OSError):  # the client may be gone already
+            channel.close()
         upstream.close()
 
 
