@@ -62,7 +62,8 @@ SHA = ("import hashlib, os, time\nb = os.urandom(32 << 20)\nt = time.perf_counte
 
 def install(lab: Lab, node: str) -> None:
     lab.exec(node, f"rm -rf {DIR} && mkdir -p {DIR}")
-    for name in ("fanout_manifest.py", "fanout_io.py", "fanout_receiver.py", "fanout.py"):
+    for name in ("stdin_watch.py", "fanout_manifest.py", "fanout_io.py", "fanout_receiver.py",
+                 "fanout.py"):
         lab.exec(node, f"cat > {DIR}/{name}", stdin=(NODE / name).read_text())
     script = (NODE / "fanout.py").read_text()
     lab.exec(node, f"cat > {DIR}/fanout_nohash.py", stdin=NO_HASH + script)

@@ -73,28 +73,19 @@ if "Receiver" not in globals():
         from orchestrator.node.fanout_receiver import END, HEADER, Receiver, safe_join
     except ImportError:
         from fanout_receiver import END, HEADER, Receiver, safe_join  # type: ignore
-
-
-FINISHED = threading.Event()
+if "read_line" not in globals():
+    try:
+        from orchestrator.node.stdin_watch import FINISHED, read_line
+    except ImportError:
+        from stdin_watch import FINISHED, read_line  # type: ignore
 
 
 def read_stdin(args):
-    """The plan or job: one JSON line on stdin (None: stdin closed without one). With "watch",
-    the controller keeps stdin open for the whole copy, and its end means the controller is
-    gone (Ctrl-C, a lost SSH connection): stop at once, keeping what arrived for the next run.
-    `docker exec` does not end a process whose client went away, so it must notice itself."""
-    line = sys.stdin.readline()
-    if not line.strip():
-        return None
-    if args.get("watch"):
-        threading.Thread(target=exit_when_stdin_ends, daemon=True).start()
-    return json.loads(line)
-
-
-def exit_when_stdin_ends():
-    sys.stdin.read()
-    if not FINISHED.is_set():
-        os._exit(9)
+    """The plan or job: one JSON line on stdin (None: stdin closed without one). With "watch"
+    (stdin_watch.py), a copy stops at once when the controller goes away, keeping what
+    arrived for the next run."""
+    line = read_line(args.get("watch"))
+    return json.loads(line) if line.strip() else None
 
 
 def finish(line):

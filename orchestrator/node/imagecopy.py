@@ -1,8 +1,8 @@
 """A container image from one node to another over the fabric (stdlib only, run on the node
 with python3 as the cluster user, who may use docker).
 
-    python3 -c SCRIPT recv '{"listen": "FABRIC_IP", "image": IMAGE}'  < token
-    python3 -c SCRIPT send '{"host": "PEER_IP", "port": P, "image": IMAGE}' < token
+    python3 -c SCRIPT recv '{"listen": "FABRIC_IP", "image": IMAGE, "watch": bool}'  < token
+    python3 -c SCRIPT send '{"host": "PEER_IP", "port": P, "image": IMAGE, "watch": bool}' < token
 
 recv: listens on the fabric address only (never 0.0.0.0), prints {"port": P}, takes ONE
     connection that presents the one-time token first, and pipes what follows into
@@ -10,7 +10,10 @@ recv: listens on the fabric address only (never 0.0.0.0), prints {"port": P}, ta
     prints the loaded image's ID and registry digests ({"done": true, "id": ..., "digests": ...}).
 send: `docker save IMAGE` straight into the connection (frames: 4-byte length + data, a zero
     length ends it, then the stream's sha256), and prints {"done": true, "bytes": N, "id": ...}.
-Nothing is written to disk on either side besides what docker itself stores.
+Nothing is written to disk on either side besides what docker itself stores. The token is the
+first line on stdin; with "watch" the controller keeps stdin open and its end (Ctrl-C, a lost
+SSH connection) kills `docker save`/`docker load` and ends the copy (stdin_watch.py, sent in
+front of this script).
 """
 import hashlib
 import hmac
@@ -22,6 +25,12 @@ import sys
 import time
 
 FRAME = struct.Struct("!I")
+
+if "read_line" not in globals():  # run as a file or imported (tests); nodes get one script
+    try:
+        from orchestrator.node.stdin_watch import CHILDREN, FINISHED, read_line
+    except ImportError:
+        from stdin_watch import CHILDREN, FINISHED, read_line  # type: ignore
 PIECE = 4 << 20
 ACCEPT_SECONDS = 60.0
 IDLE_SECONDS = 300.0
@@ -70,8 +79,17 @@ def accept(sock, token):
     return None
 
 
+def token_of(args):
+    return read_line(args.get("watch")).strip().encode()
+
+
+def finish(obj):
+    FINISHED.set()  # the controller has what it needs: closing stdin now is no interruption
+    out(obj)
+
+
 def recv(args):
-    token = sys.stdin.read().strip().encode()
+    token = token_of(args)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((args["listen"], 0))
     sock.listen(4)
@@ -83,6 +101,7 @@ def recv(args):
         return 4
     load = subprocess.Popen(["docker", "load"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
+    CHILDREN.append(load)
     digest, total = hashlib.sha256(), 0
     try:
         while True:
@@ -116,12 +135,12 @@ def recv(args):
     if got is None:
         out({"error": "load", "message": "loaded, but `docker image inspect` fails: " + error})
         return 4
-    out(dict(got, done=True, bytes=total, sha256=digest.hexdigest()))
+    finish(dict(got, done=True, bytes=total, sha256=digest.hexdigest()))
     return 0
 
 
 def send(args):
-    token = sys.stdin.read().strip().encode()
+    token = token_of(args)
     mine, error = inspect(args["image"])
     if mine is None:
         out({"error": "inspect", "message": error})
@@ -135,6 +154,7 @@ def send(args):
     conn.sendall(token)
     save = subprocess.Popen(["docker", "save", args["image"]], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
+    CHILDREN.append(save)
     digest, total, started = hashlib.sha256(), 0, time.monotonic()
     try:
         while True:
@@ -162,7 +182,7 @@ def send(args):
     if not confirmed:
         out({"error": "load", "message": "the receiver did not confirm the load", "bytes": total})
         return 4
-    out(dict(mine, done=True, bytes=total, seconds=round(time.monotonic() - started, 3)))
+    finish(dict(mine, done=True, bytes=total, seconds=round(time.monotonic() - started, 3)))
     return 0
 
 

@@ -32,8 +32,11 @@ from orchestrator.remote.transport import Transport
 FACTS = "image_facts"
 
 
+IMAGECOPY_SCRIPT = script("stdin_watch.py") + "\n" + script("imagecopy.py")
+
+
 def imagecopy_cmd(mode: str, args: dict[str, Any]) -> str:
-    return join(["python3", "-c", script("imagecopy.py"), mode, json.dumps(args, sort_keys=True)])
+    return join(["python3", "-c", IMAGECOPY_SCRIPT, mode, json.dumps(args, sort_keys=True)])
 
 
 def gb(n: float) -> str:
@@ -63,9 +66,13 @@ def image_fact(ctx: NodeContext, node: str, image: str) -> dict[str, Any] | None
 def copy_image(source: Transport, target: Transport, target_ip: str, image: str) -> dict[str, Any]:
     """`docker save` on source -> `docker load` on target over raw TCP on the target's fabric
     address. Returns the receiver's final record (id, digests, bytes); raises naming the node."""
-    token = secrets.token_hex(16)
-    receiver = RemoteProcess(target, imagecopy_cmd("recv", {"listen": target_ip, "image": image}),
-                             token, display="python3 -c <imagecopy recv>")
+    token = secrets.token_hex(16) + "\n"
+    # both watch their stdin, kept open: Ctrl-C or a lost connection ends them on the nodes,
+    # `docker save`/`docker load` with them (otherwise the image would go on streaming)
+    receiver = RemoteProcess(target, imagecopy_cmd("recv", {"listen": target_ip, "image": image,
+                                                            "watch": True}),
+                             None, display="python3 -c <imagecopy recv>")
+    receiver.feed(token, close=False)
     sender: RemoteProcess | None = None
     try:
         ready = receiver.first_json()
@@ -73,8 +80,10 @@ def copy_image(source: Transport, target: Transport, target_ip: str, image: str)
             raise SparkctlError(f"{target.node}: the image receiver did not start: "
                                 f"{ready or receiver.stderr_tail()}")
         sender = RemoteProcess(source, imagecopy_cmd("send", {"host": target_ip, "image": image,
-                                                              "port": ready["port"]}),
-                               token, display="python3 -c <imagecopy send>")
+                                                              "port": ready["port"],
+                                                              "watch": True}),
+                               None, display="python3 -c <imagecopy send>")
+        sender.feed(token, close=False)
         sent = sender.first_json()
         final = receiver.first_json()
         if sent.get("error") in ("connect", "save", "inspect"):  # the cause: the receiver only

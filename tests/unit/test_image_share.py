@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shlex
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -102,10 +105,15 @@ def test_image_share_sends_from_the_head_and_verifies_the_image_id(
 
 def fake_remote(lines: dict[str, list[dict[str, Any]]], started: list[Any]) -> type:
     class Remote:
-        def __init__(self, transport: Any, command: str, stdin_text: str, display: str) -> None:
+        def __init__(self, transport: Any, command: str, stdin_text: str | None,
+                     display: str) -> None:
             self.mode = shlex.split(command)[3]
-            started.append((transport, command, stdin_text))
+            self.started = (transport, command)
             self.lines = [json.dumps(line) for line in lines[self.mode]]
+
+        def feed(self, text: str, close: bool = True) -> None:
+            assert text.endswith("\n") and not close  # one line, stdin kept open (watched)
+            started.append((*self.started, text.strip()))
 
         def readline(self) -> str:
             return self.lines.pop(0) if self.lines else ""
@@ -133,6 +141,7 @@ def test_the_token_travels_on_stdin_only(monkeypatch: pytest.MonkeyPatch) -> Non
     assert token == token2 and len(token) == 32
     assert token not in recv_cmd and token not in send_cmd
     assert '"listen": "192.168.200.13"' in recv_cmd and '"port": 4242' in send_cmd
+    assert '"watch": true' in recv_cmd and '"watch": true' in send_cmd
 
 
 def test_a_sender_that_cannot_connect_is_named_not_the_receivers_wait(
@@ -204,7 +213,7 @@ def fake_docker(tmp_path: Path, name: str, content: bytes | None) -> dict[str, s
 
 def copy_locally(tmp_path: Path, content: bytes, token: str = "t" * 32,
                  tamper: bool = False) -> tuple[dict[str, Any], dict[str, Any], Path]:
-    script = Path(imagecopy.__file__).read_text()
+    script = share.IMAGECOPY_SCRIPT  # as the nodes get it (stdin_watch.py in front)
     if tamper:  # the sender alters one byte after hashing: the receiver must notice
         script = script.replace("conn.sendall(FRAME.pack(len(data)) + data)",
                                 "conn.sendall(FRAME.pack(len(data)) + data[:-1] + b'X')")
@@ -242,3 +251,32 @@ def test_an_altered_stream_is_refused_and_nothing_is_loaded(tmp_path: Path) -> N
 def test_imagecopy_usage(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     assert imagecopy.main(["x", "nope", "{}"]) == 2
     assert "usage" in capsys.readouterr().err
+
+
+def test_a_watched_receiver_ends_with_its_docker_load_when_the_controller_goes_away(
+        tmp_path: Path) -> None:
+    """Ctrl-C on the controller (or a lost SSH connection) closes the receiver's stdin: it
+    kills `docker load` and exits at once instead of waiting out the stream."""
+    target_env = fake_docker(tmp_path, "target", None)
+    receiver = subprocess.Popen(
+        [sys.executable, "-c", share.IMAGECOPY_SCRIPT, "recv",
+         json.dumps({"listen": "127.0.0.1", "image": "i", "watch": True})],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=target_env)
+    assert receiver.stdin is not None and receiver.stdout is not None
+    receiver.stdin.write("t" * 32 + "\n")
+    receiver.stdin.flush()
+    # the token is one line: the receiver answers while its stdin stays open
+    answered = select.select([receiver.stdout], [], [], 10)[0]
+    if not answered:
+        receiver.kill()
+    assert answered, "the receiver waited for stdin to end before listening"
+    port = json.loads(receiver.stdout.readline())["port"]
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(b"t" * 32 + imagecopy.FRAME.pack(1000) + b"x" * 10)  # mid-frame
+        time.sleep(0.5)  # the token is checked and `docker load` runs
+        assert receiver.poll() is None
+        receiver.stdin.close()  # the controller is gone
+        assert receiver.wait(timeout=10) == 9
+    time.sleep(0.3)
+    # killed, not left to read the end of its input and store what came
+    assert not (tmp_path / "target" / "store" / "image").exists()

@@ -177,7 +177,8 @@ def test_the_phase_runs_on_the_serving_nodes_and_asks_for_manifests(
     assert words[:3] == ["docker", "exec", cluster.inventory.container.name]
     assert words[3:-2] == ["python3", "-c", fanout.FANOUT_SCRIPT] and words[-2] == "manifest"
     # the node script is the manifest code and the fan-out in one (stdlib only, sent whole)
-    parts = ("fanout_manifest.py", "fanout_io.py", "fanout_receiver.py", "fanout.py")
+    parts = ("stdin_watch.py", "fanout_manifest.py", "fanout_io.py", "fanout_receiver.py",
+             "fanout.py")
     assert "\n".join(script(name) for name in parts) == fanout.FANOUT_SCRIPT
     # the facts manifest skips the chunk hashes (only the distribute step needs them)
     assert json.loads(words[-1]) == {"hub": models.HUB_DIR, "chunks": False, "repos": [
