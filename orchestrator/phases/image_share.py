@@ -22,9 +22,7 @@ from orchestrator.commands import join
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.node import script
-from orchestrator.phases.registry import WANTED, ImageOf, Targets, repo_digest, supply_for, want
-
-__all__ = ["WANTED", "ImageShare", "copy_image", "image_steps", "want"]
+from orchestrator.phases.registry import WANTED, ImageOf, Targets, repo_digest, supply_for
 from orchestrator.remote.cluster import parallel
 from orchestrator.remote.pipe import RemoteProcess
 from orchestrator.remote.transport import Transport

@@ -35,7 +35,7 @@ from orchestrator.phases.container import (
 )
 from orchestrator.phases.container import fabric_env as nccl_env
 from orchestrator.phases.image_share import image_steps
-from orchestrator.phases.registry import probe_fact
+from orchestrator.phases.registry import with_probe
 from orchestrator.phases.ssh_keys import (
     HOST_PUB,
     entrypoint_content,
@@ -49,8 +49,7 @@ def facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     request = spec_facts([inventory.container.image], [inventory.container.name],
                          inventory.cluster.user)
     request["commands"].update(record_fact(inventory.container.image))
-    request["commands"].update(probe_fact(inventory.container.image).request()["commands"])
-    return request
+    return with_probe(request, inventory.container.image)
 
 
 def fabric_env(inventory: Inventory, roce_devices: list[str], mpi_major: int = 4) -> dict[str, str]:
