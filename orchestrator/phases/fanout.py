@@ -192,13 +192,13 @@ def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: s
     receiver = RemoteProcess(
         peer, node_script_cmd(container, "recv", {"listen": peer_ip, "streams": streams,
                                                   "watch": True}, True),
-        None, display=f"docker exec -i {container} python3 -c <fanout recv>")
+        display=f"docker exec -i {container} python3 -c <fanout recv>")
     receiver.feed(json.dumps(plan) + "\n", close=False)
     # the sender starts now and waits for its job on stdin: its start-up overlaps the
     # receiver's check of what the peer has (an empty stdin ends it, when nothing is needed)
     sender = RemoteProcess(head, node_script_cmd(container, "send", {"host": peer_ip,
                                                                       "watch": True}, True),
-                           None, display=f"docker exec -i {container} python3 -c <fanout send>")
+                           display=f"docker exec -i {container} python3 -c <fanout send>")
     try:
         ready = receiver.first_json()
         if not ready:

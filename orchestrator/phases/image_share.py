@@ -69,7 +69,7 @@ def copy_image(source: Transport, target: Transport, target_ip: str, image: str)
     # `docker save`/`docker load` with them (otherwise the image would go on streaming)
     receiver = RemoteProcess(target, imagecopy_cmd("recv", {"listen": target_ip, "image": image,
                                                             "watch": True}),
-                             None, display="python3 -c <imagecopy recv>")
+                             display="python3 -c <imagecopy recv>")
     receiver.feed(token, close=False)
     sender: RemoteProcess | None = None
     try:
@@ -80,7 +80,7 @@ def copy_image(source: Transport, target: Transport, target_ip: str, image: str)
         sender = RemoteProcess(source, imagecopy_cmd("send", {"host": target_ip, "image": image,
                                                               "port": ready["port"],
                                                               "watch": True}),
-                               None, display="python3 -c <imagecopy send>")
+                               display="python3 -c <imagecopy send>")
         sender.feed(token, close=False)
         sent = sender.first_json()
         final = receiver.first_json()

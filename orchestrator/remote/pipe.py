@@ -1,9 +1,9 @@
 """A remote command fed on stdin and read line by line while it runs (the fan-out's sender and
 receiver): over the node's one SSH connection (an extra session channel) or, when the
 controller is the node itself, a local process. The stdin text (which may hold a one-time
-token) never appears in argv or in the trace; `display` is what logs show. Started with no
-stdin text, the process runs at once and waits for `feed` (the fan-out starts its sender while
-the receiver still checks what it has, so neither waits for the other to start).
+token) never appears in argv or in the trace; `display` is what logs show. The process runs at
+once and gets its stdin from `feed` (the fan-out starts its sender while the receiver still
+checks what it has, so neither waits for the other to start).
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from orchestrator.remote.transport import Transport
 
 
 class RemoteProcess:
-    def __init__(self, transport: Transport, command: str, stdin_text: str | None,
-                 display: str) -> None:
+    def __init__(self, transport: Transport, command: str, display: str) -> None:
         self.node = transport.node
         self.display = display
         self._channel: Any = None
@@ -40,8 +39,6 @@ class RemoteProcess:
                 stderr=subprocess.PIPE, start_new_session=True)
             self._reader = self._process.stdout
             self._errors = self._process.stderr
-        if stdin_text is not None:
-            self.feed(stdin_text)
 
     def feed(self, text: str, close: bool = True) -> None:
         """Write to stdin and (by default) close it. Left open, stdin ends when this process

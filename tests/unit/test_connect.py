@@ -269,7 +269,7 @@ def test_feeding_a_remote_process_that_already_ended_keeps_its_own_words(
     inv, _ = setup(tmp_path, server.port, known=SERVER_KEY)
     transport = open_ssh(inv)
     try:
-        process = RemoteProcess(transport, "refuse", None, "refuse")
+        process = RemoteProcess(transport, "refuse", "refuse")
         process.feed("x" * (8 << 20))
         assert process.readline() == ""
         assert "a password is required" in process.stderr_tail()

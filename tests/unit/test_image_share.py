@@ -105,8 +105,7 @@ def test_image_share_sends_from_the_head_and_verifies_the_image_id(
 
 def fake_remote(lines: dict[str, list[dict[str, Any]]], started: list[Any]) -> type:
     class Remote:
-        def __init__(self, transport: Any, command: str, stdin_text: str | None,
-                     display: str) -> None:
+        def __init__(self, transport: Any, command: str, display: str) -> None:
             self.mode = shlex.split(command)[3]
             self.started = (transport, command)
             self.lines = [json.dumps(line) for line in lines[self.mode]]

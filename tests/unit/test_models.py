@@ -131,7 +131,7 @@ def remotes(monkeypatch: pytest.MonkeyPatch) -> Remotes:
     fake = Remotes()
 
     class Remote:
-        def __init__(self, transport: Any, command: str, stdin_text: str, display: str) -> None:
+        def __init__(self, transport: Any, command: str, display: str) -> None:
             words = shlex.split(command)
             assert words[:7] == ["docker", "exec", "-i", CONTAINER, "python3", "-c",
                                  fanout.FANOUT_SCRIPT]
@@ -140,8 +140,6 @@ def remotes(monkeypatch: pytest.MonkeyPatch) -> Remotes:
                                display)
             fake.started.append(self.run)
             self._lines: list[str] | None = None
-            if stdin_text is not None:
-                self.feed(stdin_text)
 
         def feed(self, text: str, close: bool = True) -> None:
             assert self._lines is None, "stdin written twice"
