@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.sglang.ready import READY_LINE
 from orchestrator.engines.sglang.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 class SglangEngine:
     name = "sglang"
     title = "SGLang"
-    ready_line = "The server is fired up and ready to roll!"  # after its warm-up request
+    ready_line = READY_LINE  # logged after its warm-up request
     recipe_type = Recipe
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from orchestrator.engines.sglang.serve import ServeSpec
     from orchestrator.remote.transport import Transport
 
-READY_LINE = "The server is fired up and ready to roll!"  # = ENGINE.ready_line
+READY_LINE = "The server is fired up and ready to roll!"
 POLL_SECONDS = 2.0
 PROBE = r"""
 import json, sys, urllib.error, urllib.request
