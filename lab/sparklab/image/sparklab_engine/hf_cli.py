@@ -26,6 +26,8 @@ CONFIG_EXTRAS = {
     "Qwen/Qwen3.6-27B-FP8": {"mtp_num_hidden_layers": 1, "sparklab_weights_gb": 28.0},
     "Qwen/Qwen3-8B": {"sparklab_weights_gb": 16.4},
 }
+"""More config.json keys per repo: MTP heads (what NEXTN needs) and the real weights' size in GB
+(the lab's shards are small; the simulated engines check memory against this)."""
 OTHER_FORMATS = {
     # the real repository also holds OpenAI's reference checkpoint (original/) and a build for
     # Apple's Metal (metal/), each as large as the weights: without patterns a download (and a
@@ -34,8 +36,6 @@ OTHER_FORMATS = {
                             "original/model.safetensors": "weights", "metal/model.bin": "weights"},
 }
 """Files beside the served weights, by repo: "weights" ones are as large as the weights."""
-"""More config.json keys per repo: MTP heads (what NEXTN needs) and the real weights' size in GB
-(the lab's shards are small; the simulated engines check memory against this)."""
 VERSION = "0.35.3"
 USAGE = f"""usage: hf <command> [<args>]
 
