@@ -259,10 +259,14 @@ def test_stdin_fed_but_left_open_ends_when_the_process_is_closed() -> None:
     proc = RemoteProcess(SSHNode(channel), "recv", display="recv")  # type: ignore[arg-type]
     proc.feed("plan\n", close=False)
     assert channel.events == [("exec", "recv"), ("stdin", b"plan\n")]  # no EOF yet
-    local_proc = RemoteProcess(local(), "read line; echo got $line; cat; echo eof",
-                               display="watch")
+    assert not channel.closed
+    proc.close()  # over SSH: the channel closes, and sshd ends the command's stdin
+    assert channel.closed
+    # locally: the process (e.g. the `docker exec` client, whose end is the script's EOF)
+    # waits on its open stdin until close() ends it
+    local_proc = RemoteProcess(local(), "read line; echo got $line; cat", display="watch")
     local_proc.feed("plan\n", close=False)
     assert local_proc.readline() == "got plan\n"
-    local_proc.feed("", close=True)  # (what close() amounts to for the node script: EOF)
-    assert local_proc.readline() == "eof\n"
+    assert local_proc.wait(timeout=0.3) == -1  # still running: stdin is open
     local_proc.close()
+    assert local_proc.wait(timeout=5) != -1
