@@ -24,7 +24,7 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.nccl_env import nccl_environment
-from orchestrator.phases.registry import repo_digest
+from orchestrator.phases.registry import receive, repo_digest, want
 
 INFINIBAND = "/dev/infiniband"
 HASH_LABEL = "sparkctl.config-hash"
@@ -238,14 +238,11 @@ class Image(Step):
                                 f"{fact['error'].strip()}")
         if fact:
             return Unchanged(f"{image} present")
-        from orchestrator.phases.registry import receive  # (probed, or --distribute-image)
-
+        # over the fabric when the probe found the registry unreachable, or --distribute-image
         fabric = receive(ctx, image, self.targets) if self.share else None
         return fabric or Change(f"docker pull {image}", payload={"image": image})
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        from orchestrator.phases.registry import want
-
         payload = change.payload or {"image": self.image_of(ctx)}
         image = payload["image"]
         if payload.get("distribute"):
