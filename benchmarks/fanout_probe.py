@@ -7,10 +7,9 @@ instead of splice + hash from the page cache); with sha256 replaced by a no-op (
 share); sha256 alone on the node (one core: the verification's floor); the receiver's CPU busy
 share during the verified and the unverified copies (near 100 %: CPU-bound); from those, the
 ceiling of any verified copy when both ends share the machine's CPUs (`ceiling`); and iperf3
-next to them. Nothing here
-is timed by sparkctl: the rates are the sender's own seconds (first connection to the
-receiver's confirmation that the last chunk is verified and written), so process start-up
-(docker exec, python) is excluded from every row.
+next to them. Nothing here is timed by sparkctl: the rates are the sender's own seconds (first
+connection to the receiver's confirmation that the last chunk is verified and written), so
+process start-up (docker exec, python) is excluded from every row.
 
     python -m benchmarks.fanout_probe --lab-id 30 [--mib 384] [--runs 3]   (a lab that is up)
 """
