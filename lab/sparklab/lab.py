@@ -18,6 +18,7 @@ from sparklab.identity import (
     require_root_linux,
 )
 from sparklab.inventory import inventory_data, write_inventory
+from sparklab.llamacpp_install import llamacpp_lower_layers
 from sparklab.netplan_install import netplan_root
 from sparklab.node import (
     kill_node,
@@ -28,7 +29,6 @@ from sparklab.node import (
 )
 from sparklab.node_fs import NodeSpec, build_usr_layer, prepare_node
 from sparklab.openmpi_install import openmpi5_root
-from sparklab.llamacpp_install import llamacpp_lower_layers
 from sparklab.ray_install import ray_lower_layers
 from sparklab.topology import LabPlan, build_plan
 
