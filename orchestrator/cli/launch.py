@@ -128,14 +128,17 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
     """The recipe with `--nodes` (wins over the recipe's `placement`) and `--port` applied."""
     import re
 
+    from orchestrator.engines import REGISTRY, get_engine
     from orchestrator.errors import InputError
 
     if name is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", name):
         raise InputError(f"--name {name!r}: use [a-z0-9._-], starting with a letter or digit")
     nodes = [n.strip() for word in placed for n in word.split(",") if n.strip()]
-    if engine.name != "sglang" and (nodes or name or recipe.placement):
-        raise InputError(f"--nodes, --name and `placement` are for SGLang recipes; {engine.title} "
-                         "serves from the head and the next nodes, one server at a time")
+    if not getattr(engine, "placed", False) and (nodes or name or recipe.placement):
+        placed = sorted(e.title for e in map(get_engine, REGISTRY) if getattr(e, "placed", False))
+        raise InputError(f"--nodes, --name and `placement` are for {' and '.join(placed)} "
+                         f"recipes; {engine.title} serves from the head and the next nodes, one "
+                         "server at a time")
     update: dict[str, Any] = {}
     if nodes:
         update["placement"] = nodes

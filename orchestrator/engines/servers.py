@@ -220,8 +220,11 @@ def down_phase(inventory: Inventory, name: str) -> Any:
                                persist_down.facts(inv)])
 
     # its boot unit first (launch --persist), so a reboot cannot bring it back meanwhile
-    return Phase("stop-server", [persist_down.RemoveBootUnits(
-        name, {f"sparkctl-sglang-{name}", "sparkctl-vllm"}),
+    from orchestrator.engines import REGISTRY
+
+    # per-server engines name their containers sparkctl-<engine>-<server>
+    mine = {f"sparkctl-{engine}-{name}" for engine in REGISTRY} | {"sparkctl-vllm"}
+    return Phase("stop-server", [persist_down.RemoveBootUnits(name, mine),
                                  StopNamed(name)], facts)
 
 

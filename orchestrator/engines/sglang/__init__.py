@@ -22,6 +22,8 @@ class SglangEngine:
     title = "SGLang"
     ready_line = READY_LINE  # logged after its warm-up request
     recipe_type = Recipe
+    placed = True
+    """Servers are named and placed (`launch --nodes/--name`), several at once."""
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
