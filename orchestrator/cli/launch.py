@@ -135,8 +135,8 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
         raise InputError(f"--name {name!r}: use [a-z0-9._-], starting with a letter or digit")
     nodes = [n.strip() for word in placed for n in word.split(",") if n.strip()]
     if not getattr(engine, "placed", False) and (nodes or name or recipe.placement):
-        placed = sorted(e.title for e in map(get_engine, REGISTRY) if getattr(e, "placed", False))
-        raise InputError(f"--nodes, --name and `placement` are for {' and '.join(placed)} "
+        titles = sorted(e.title for e in map(get_engine, REGISTRY) if getattr(e, "placed", False))
+        raise InputError(f"--nodes, --name and `placement` are for {' and '.join(titles)} "
                          f"recipes; {engine.title} serves from the head and the next nodes, one "
                          "server at a time")
     update: dict[str, Any] = {}
