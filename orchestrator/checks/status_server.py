@@ -121,7 +121,7 @@ def assess_ray(server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]
 
 
 SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
-               "container", "started", "memory_gb", "legacy")
+               "container", "started", "memory_gb", "legacy", "processes", "dead_nodes")
 
 
 # the recorded server's verdict (assess_server) in the servers list's words

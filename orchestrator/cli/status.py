@@ -32,6 +32,14 @@ def _render_servers(found: list[dict[str, object]]) -> None:
         nodes = ",".join(map(str, listed)) if isinstance(listed, list) else s.get("node")
         click.echo(f"  {s['name']!s:20} {s['engine']!s:7} {nodes!s:16} 127.0.0.1:{s['port']!s:6} "
                    f"{s['state']!s:13} {s['model']}" + ("  (persistent)" if s.get("persistent") else ""))
+        dead = s.get("dead_nodes")
+        if isinstance(dead, list) and dead:
+            click.echo(f"    its process on {', '.join(map(str, dead))} is gone: relaunch it")
+        processes = s.get("processes")
+        if isinstance(processes, list) and processes:
+            click.echo("    " + "; ".join(f"{p.get('node')}: {p.get('process') or '?'} "
+                                          f"{p.get('rss_mb')} MB RSS" for p in processes
+                                          if isinstance(p, dict)))
 
 
 @click.command(context_settings=CONTEXT)
