@@ -38,7 +38,7 @@ def errors(log: str, limit: int = 3) -> list[str]:
     found: list[str] = []
     for line in log.splitlines():
         match = ERROR_LINE.match(line.strip())
-        text = (match.group(1) or match.group(2)).strip() if match else ""
+        text = " ".join((match.group(1) or match.group(2)).split()) if match else ""
         if text and text not in found and "common_fit_params" not in text:
             found.append(text)
     return found[:limit]

@@ -208,6 +208,30 @@ class RpcReachable(Step):
         return f"{self.spec.first} reaches rpc-server at {', '.join(endpoints)}"
 
 
+class ServerContainer(containers.Container):
+    """llama-server's container; one that exits right after it starts (the port taken, the
+    GGUF unreadable) takes the server's other containers with it and says llama.cpp's own
+    error (the `E` lines name the port or the file)."""
+
+    def __init__(self, spec: ServeSpec) -> None:
+        super().__init__(server_spec_for(spec), name="llama-server")
+        self.spec = spec
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        from orchestrator.engines.llamacpp.ready import errors
+
+        try:
+            return super().apply(ctx, change)
+        except SparkctlError as exc:
+            said = errors("\n".join(line.removeprefix("  | ") for line in str(exc).splitlines()))
+            servers.stop_server(ctx.transports, ctx.inventory,
+                                {"name": self.spec.name, "nodes": self.spec.nodes})
+            raise SparkctlError(
+                f"{ctx.node.name}: llama-server exited right after it started"
+                + (f": {'; '.join(said)}" if said else f" ({exc})")
+                + f"; {self.spec.name}'s containers were removed") from None
+
+
 class ColdStart:
     """Why a node needs no page-cache drop before its container starts (None: a cold start)."""
 
@@ -251,7 +275,7 @@ def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
     from orchestrator.phases.memory import DropCaches
     from orchestrator.phases.models import ServingPhase
 
-    container = containers.Container(server_spec_for(spec), name="llama-server")
+    container = ServerContainer(spec)
     steps: list[Step] = [DropCaches(ColdStart(spec, container, [spec.first])), container,
                          Record(spec), *ready]  # type: ignore[arg-type]
     return ServingPhase("serve", steps, facts_for(spec), serving=ordered(spec))
