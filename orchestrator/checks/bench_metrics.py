@@ -165,7 +165,13 @@ METERS: dict[str, type[SpecMeter]] = {"trtllm": TrtllmMeter, "vllm": VllmMeter, 
 
 
 def meter_for(engine: str, fetch: Fetch) -> SpecMeter:
-    return METERS.get(engine, SpecMeter)(fetch)
+    """The engine's meter: its own when it has one (Engine.spec_meter), else from METERS."""
+    meter: type[SpecMeter] | None = METERS.get(engine)
+    if meter is None:
+        from orchestrator.engines import REGISTRY, get_engine
+
+        meter = getattr(get_engine(engine), "spec_meter", None) if engine in REGISTRY else None
+    return (meter or SpecMeter)(fetch)
 
 
 # ---------------------------------------------------------------- the nodes' state

@@ -175,3 +175,25 @@ def test_the_engine_is_placed_and_other_engines_refuse_nodes() -> None:
         _placed(vllm, get_engine("vllm"), ("spark-b",), None, None)
     lines = get_engine("llamacpp").describe(load_recipe("lab-tiny-llama-rpc"))
     assert "rpc-server -H '<its fabric IP>' -p 50052" in lines[1][1]
+
+
+def test_bench_reads_llama_servers_own_counters() -> None:
+    from orchestrator.checks.bench_metrics import meter_for
+
+    def exposition(drafts: int, drafted: int, accepted: int, tokens: int, seconds: float) -> str:
+        return (f"llamacpp:spec_decode_num_drafts_total {drafts}\n"
+                f"llamacpp:spec_decode_num_draft_tokens_total {drafted}\n"
+                f"llamacpp:spec_decode_num_accepted_tokens_total {accepted}\n"
+                f"llamacpp:tokens_predicted_total {tokens}\n"
+                f"llamacpp:tokens_predicted_seconds_total {seconds}\n")
+
+    answers = iter([exposition(0, 0, 0, 10, 0.5), exposition(0, 0, 0, 110, 1.5)])
+    meter = meter_for("llamacpp", lambda: next(answers))
+    meter.begin()
+    assert meter.end() is None and "100 tokens generated in 1.00s" in str(meter.note)
+    answers = iter([exposition(0, 0, 0, 0, 0), exposition(10, 40, 30, 80, 2.0)])
+    meter = meter_for("llamacpp", lambda: next(answers))
+    meter.begin()
+    figures = meter.end()
+    assert figures is not None and figures["acceptance_rate"] == 0.75
+    assert figures["acceptance_length"] == 4.0 and figures["engine_generation_tps"] == 40.0

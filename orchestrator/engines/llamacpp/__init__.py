@@ -25,6 +25,13 @@ class LlamacppEngine:
     placed = True
     """Servers are named and placed (`launch --nodes/--name`), several at once."""
 
+    @property
+    def spec_meter(self) -> type:
+        """How `bench` reads llama-server's /metrics (llamacpp:* counters)."""
+        from orchestrator.engines.llamacpp.metrics import LlamacppMeter
+
+        return LlamacppMeter
+
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
 
