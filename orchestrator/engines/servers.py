@@ -62,13 +62,14 @@ def parse(out: str, node: str, inventory: Inventory) -> list[dict[str, Any]]:
     return servers
 
 
-def members(out: str) -> dict[str, Any]:
-    """A node's containers of named servers, by server name (node/servers.py's "members")."""
+def members(out: str) -> dict[str, Any] | None:
+    """A node's containers of named servers, by server name (node/servers.py's "members");
+    None when the answer has none (no verdict on that node then)."""
     try:
-        found = json.loads(out or "{}").get("members") or {}
-    except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}
+        found = json.loads(out or "{}").get("members")
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def attach_members(servers: list[dict[str, Any]], by_node: dict[str, dict[str, Any]]) -> None:
@@ -100,8 +101,9 @@ def from_facts(cluster_facts: dict[str, dict[str, Any]], inventory: Inventory,
     out, by_node = [], {}
     for node, facts in sorted(cluster_facts.items()):
         answer = (facts.get("commands") or {}).get("servers") or {}
-        if "out" in answer:
-            by_node[node] = members(answer.get("out") or "")
+        found = members(answer.get("out") or "")
+        if found is not None:
+            by_node[node] = found
         out += parse(answer.get("out") or "", node, inventory)
     attach_members(out, by_node)
     return [s for s in out if s.get("alive") or not alive_only]
@@ -121,7 +123,9 @@ def gather(transports: dict[str, Transport], inventory: Inventory, probe: bool =
     by_node: dict[str, dict[str, Any]] = {}
     for name, outcome in parallel(one, sorted(transports)).items():
         if outcome.ok and outcome.get() is not None:
-            by_node[name] = members(outcome.get() or "")
+            found = members(outcome.get() or "")
+            if found is not None:
+                by_node[name] = found
             out += parse(outcome.get() or "", name, inventory)
     attach_members(out, by_node)
     return [s for s in out if s.get("alive") or not alive_only]
