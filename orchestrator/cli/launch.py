@@ -171,9 +171,9 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
 @click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
 @click.option("--ignore-memory", is_flag=True, help="Launch even if the memory estimate says no.")
 @click.option("--nodes", "placed", multiple=True, metavar="NODE[,NODE]",
-              help="SGLang: run on these inventory nodes (rank order; wins over the recipe's "
-                   "placement). Default: the head (and the next nodes).")
-@click.option("--name", metavar="NAME", help="SGLang: the server's name (default: the recipe's).")
+              help="SGLang, llama.cpp: run on these inventory nodes (rank order; wins over the "
+                   "recipe's placement). Default: the head (and the next nodes).")
+@click.option("--name", metavar="NAME", help="SGLang, llama.cpp: the server's name (default: the recipe's).")
 @click.option("--port", type=click.IntRange(1024, 65535), default=None,
               help="The server's port instead of the recipe's.")
 @click.option("--persist", is_flag=True,
@@ -197,10 +197,11 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
     checks  another server (any engine) refused unless --replace; memory on every node
     models  fetched once on the head, fanned out to the serving nodes over the fabric,
             verified chunk by chunk; the HF token exists only meanwhile
-    image   (vLLM, SGLang) every serving node can pull the engine's image or gets it
+    image   (vLLM, SGLang, llama.cpp) every serving node can pull the engine's image or gets it
             from a node that has it, over the fabric (said before anything changes)
     serve   the engine's server (TensorRT-LLM: mpirun ... trtllm-serve; vLLM: Ray, then
-            vllm serve; SGLang: sglang.launch_server per node), then readiness over HTTP
+            vllm serve; SGLang: sglang.launch_server per node; llama.cpp: rpc-server on
+            the other nodes, then llama-server), then readiness over HTTP
             and one real chat completion
     persist (--persist) a boot unit per serving node that brings the server back after
             a reboot, the same checks first (docs/operate.md)
