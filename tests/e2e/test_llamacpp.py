@@ -148,7 +148,9 @@ def test_a_corrupt_gguf_is_named_without_a_hang(served: Served, tmp_path: Path) 
     assert broken.returncode != 0
     said = broken.stdout + broken.stderr
     assert "failed to load model from /root/.cache/huggingface/hub/models--sparklab--broken-gguf" in said
-    assert "tiny-llama-f16.gguf" in said and "broken stopped" in said, said
+    assert "tiny-llama-f16.gguf" in said, said
+    # llama-server exits at once: seen right after `docker run` or by the readiness wait
+    assert "broken stopped" in said or "broken's containers were removed" in said, said
     assert "llamacpp-broken" not in lab.exec(head, "docker ps -a --format '{{.Names}}'").stdout
 
 
