@@ -125,9 +125,10 @@ def test_readiness_reads_llama_cpps_own_errors() -> None:
            "0.00.021.150 E llama_model_load: error loading model: failed to load model from /m.gguf\n"
            "0.00.021.160 I srv    operator(): cleaning up before exit...\n"
            "0.00.021.272 E srv         start: couldn't bind HTTP server socket, port: 8080\n")
-    assert errors(log) == ["gguf_init_from_reader: failed to read key-value pairs",
-                           "llama_model_load: error loading model: failed to load model from /m.gguf",
-                           "srv start: couldn't bind HTTP server socket, port: 8080"]
+    # the lines naming the file and the port first, then the rest in log order
+    assert errors(log) == ["llama_model_load: error loading model: failed to load model from /m.gguf",
+                           "srv start: couldn't bind HTTP server socket, port: 8080",
+                           "gguf_init_from_reader: failed to read key-value pairs"]
 
 
 def test_an_unreachable_rpc_server_is_named_and_the_server_removed() -> None:

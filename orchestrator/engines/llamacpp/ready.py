@@ -33,15 +33,16 @@ def poll_cmd(container: str, port: int) -> str:
 
 
 def errors(log: str, limit: int = 3) -> list[str]:
-    """llama.cpp's error lines (level E), most telling first: the deepest cause comes before
-    the `failed to load model` lines that repeat it."""
+    """llama.cpp's error lines (level E), most telling first: those naming a file or a port,
+    then the others in log order."""
     found: list[str] = []
     for line in log.splitlines():
         match = ERROR_LINE.match(line.strip())
         text = " ".join((match.group(1) or match.group(2)).split()) if match else ""
         if text and text not in found and "common_fit_params" not in text:
             found.append(text)
-    return found[:limit]
+    # the lines that name the file or the port first (a log's streams may interleave)
+    return sorted(found, key=lambda text: not ("/" in text or "port" in text))[:limit]
 
 
 def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note, reason: str) -> None:
