@@ -198,3 +198,37 @@ def test_bench_reads_llama_servers_own_counters() -> None:
     figures = meter.end()
     assert figures is not None and figures["acceptance_rate"] == 0.75
     assert figures["acceptance_length"] == 4.0 and figures["engine_generation_tps"] == 40.0
+
+
+def test_the_lab_hub_serves_a_real_repo_with_its_own_files(tmp_path: Path) -> None:
+    """`hf download` of a folder under the lab's real hub: its files as they are, in the HF
+    cache layout, and a new build of the files is a new commit."""
+    import os
+    import subprocess
+    import sys
+
+    hub = tmp_path / "realhub"
+    repo = hub / "sparklab" / "tiny"
+    (repo / "sub").mkdir(parents=True)
+    (repo / "config.json").write_text('{"model_type": "llama"}')
+    (repo / "tiny.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 10)
+    (repo / "sub" / "tokenizer.json").write_text("{}")
+    (repo / ".sparklab-inputs").write_text("one\n")
+    (tmp_path / "lab" / "config").mkdir(parents=True)
+    (tmp_path / "lab" / "config" / "lab.json").write_text('{"model_bytes": 1000, "node": "a"}')
+    env = {"PATH": "/usr/bin:/bin", "SPARKLAB_LAB_DIR": str(tmp_path / "lab"),
+           "HF_HOME": str(tmp_path / "hf"), "SPARKLAB_REAL_HUB": str(hub)}
+    tool = ROOT / "lab" / "sparklab" / "image" / "bin" / "hf"
+
+    def download() -> Path:
+        done = subprocess.run([sys.executable, str(tool), "download", "sparklab/tiny"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return Path(done.stdout.strip())
+
+    snap = download()
+    assert (snap / "tiny.gguf").read_bytes() == (repo / "tiny.gguf").read_bytes()
+    assert (snap / "sub" / "tokenizer.json").exists() and not (snap / ".sparklab-inputs").exists()
+    (repo / ".sparklab-inputs").write_text("two\n")
+    assert download().name != snap.name
+    assert os.path.islink(snap / "tiny.gguf")
