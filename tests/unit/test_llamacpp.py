@@ -232,3 +232,54 @@ def test_the_lab_hub_serves_a_real_repo_with_its_own_files(tmp_path: Path) -> No
     (repo / ".sparklab-inputs").write_text("two\n")
     assert download().name != snap.name
     assert os.path.islink(snap / "tiny.gguf")
+
+
+def rpc_server_spec() -> ServeSpec:
+    return ServeSpec(load_recipe("lab-tiny-llama-rpc"), make_inventory(), LaunchOptions())
+
+
+def test_readiness_waits_for_health_and_the_model() -> None:
+    from orchestrator.engines.llamacpp.ready import wait_until_ready
+
+    spec = rpc_server_spec()
+    probe = json.dumps({"health": 200, "models": ["sparklab/tiny-llama-gguf"]})
+    transports = {"spark-a": FakeTransport("spark-a").on("/health", stdout=f"running=true\n{probe}\n"),
+                  "spark-b": FakeTransport("spark-b").on("State.Running", stdout="true\n")}
+    notes: list[str] = []
+    ready = wait_until_ready(transports, spec, 60, notes.append)  # type: ignore[arg-type]
+    assert ready.models == ["sparklab/tiny-llama-gguf"] and "ready: /health 200" in notes[-1]
+
+
+def test_an_exit_while_loading_names_llama_cpps_error_and_stops_the_server() -> None:
+    from orchestrator.engines.base import LaunchFailed
+    from orchestrator.engines.llamacpp.ready import wait_until_ready
+
+    spec = rpc_server_spec()
+    log = "0.00.021.150 E llama_model_load: error loading model: failed to load model from /x.gguf\n"
+    head = (FakeTransport("spark-a").on("docker logs --tail", stdout=log)
+            .on("/health", stdout="running=gone\n{}\n"))
+    transports = {"spark-a": head, "spark-b": FakeTransport("spark-b")}
+    with pytest.raises(LaunchFailed) as raised:
+        wait_until_ready(transports, spec, 60, lambda line: None)  # type: ignore[arg-type]
+    assert "llama-server exited on spark-a while loading" in raised.value.reason
+    assert "failed to load model from /x.gguf" in raised.value.reason
+    assert any("label=sparkctl.server=lab-tiny-llama-rpc" in c for c in transports["spark-b"].commands)
+    # an rpc-server whose container ended while the head loads stops it too
+    head = FakeTransport("spark-a").on("/health", stdout='running=true\n{"health": 503}\n')
+    transports = {"spark-a": head, "spark-b": FakeTransport("spark-b").on("State.Running", stdout="gone")}
+    with pytest.raises(LaunchFailed, match="rpc-server exited on spark-b"):
+        wait_until_ready(transports, spec, 60, lambda line: None)  # type: ignore[arg-type]
+
+
+def test_persist_and_the_plan_of_a_two_node_launch() -> None:
+    from orchestrator.engines.llamacpp.persist import persist_phase
+
+    spec = rpc_server_spec()
+    assert persist_phase(spec, LaunchOptions(persist=True)).name == "persist"
+    engine = get_engine("llamacpp")
+    phases = engine.launch_phases(spec.recipe, spec.inventory, LaunchOptions(persist=True))
+    assert [p.name for p in phases] == ["server-check", "image-check", "models", "rpc", "serve",
+                                        "persist"]
+    assert engine.estimate_memory(spec.recipe).fits
+    assert engine.config_preview(spec.recipe)["container"] == "sparkctl-llamacpp-lab-tiny-llama-rpc"
+    assert engine.warnings(spec.recipe) and not engine.warnings(load_recipe("lab-tiny-llama"))
