@@ -1,0 +1,61 @@
+"""`sparkctl advise --measure` on the lab with the simulated SGLang: a server runs before
+(`keep`, on the second node); advise launches every layout of qwen3-8b that fits on two nodes in
+turn (single, TP 2, PP 2, two replicas), benches the same cells on each, prints predicted beside
+measured, picks the best measured, and `keep` runs again afterwards, nothing else."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from conftest import REPO, Lab, e2e_state
+
+pytestmark = pytest.mark.lab
+
+SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
+
+
+def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("advise")}
+    env.pop("HF_TOKEN", None)
+    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO)
+
+
+def test_measure_launches_each_layout_benches_it_and_restores_what_ran(lab: Lab) -> None:
+    inventory = ["--inventory", str(lab.inventory)]
+    sparkctl("down", *inventory, "--yes")
+    up = sparkctl("up", *inventory, "--yes")
+    assert up.returncode == 0, up.stdout + up.stderr
+    head, other = lab.nodes
+    keep = sparkctl("launch", "qwen3-8b", *inventory, "--nodes", other, "--name", "keep", "--yes",
+                    "--timeout", "120")
+    assert keep.returncode == 0, keep.stdout + keep.stderr
+
+    run = sparkctl("advise", "qwen3-8b", "--nodes", "2", "--goal", "throughput", "-c", "2",
+                   "--measure", "--yes", "--json", "--tg", "16", "--pp", "64", *inventory,
+                   "--timeout", "120")
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["goal"] == "throughput" and doc["basis"] == "measured"
+    measured = [a for a in doc["layouts"] if a.get("measured") and not a["measured"]["error"]]
+    assert {a["layout"] for a in measured} >= {"single", "tp2", "replicas x2"}, doc["layouts"]
+    for entry in measured:
+        m, p = entry["measured"], entry["predicted"]
+        assert m["tg_c1"] > 0 and m["tg_aggregate"] > 0 and p["tg_c1"] > 0
+    best = max(measured, key=lambda a: a["measured"]["tg_aggregate"])
+    assert doc["pick"] == best["layout"]
+    # the replicas were two servers on their own nodes, the aggregate their sum
+    assert "replicas x2: launching qwen3-8b-r2 on " + other in run.stderr
+    assert "keep" in run.stderr and "restored: keep run again" in doc["notes"][-1]
+
+    status = json.loads(sparkctl("status", *inventory, "--json").stdout)
+    running = {(s["name"], s["node"]) for s in status["servers"]}
+    assert running == {("keep", other)}, status["servers"]
+    assert head not in {s["node"] for s in status["servers"]}
+
+    text = sparkctl("advise", "qwen3-8b", "--nodes", "2")
+    assert text.returncode == 0 and "pick:" in text.stdout and "meas" not in text.stdout
+    sparkctl("down", *inventory, "--yes")
