@@ -6,22 +6,16 @@ measured, picks the best measured, and `keep` runs again afterwards, nothing els
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
-from conftest import REPO, Lab, e2e_state
+from conftest import Lab, run_sparkctl
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 
-
-def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("advise")}
-    env.pop("HF_TOKEN", None)
-    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO)
+def sparkctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_sparkctl("advise", *args)
 
 
 def test_measure_launches_each_layout_benches_it_and_restores_what_ran(lab: Lab) -> None:
