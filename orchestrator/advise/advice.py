@@ -45,6 +45,12 @@ class LayoutAdvice:
             return self.measured.tg_c1 if goal == "latency" else self.measured.tg_aggregate
         return self.predicted.tg_c1 if goal == "latency" else self.predicted.tg_aggregate
 
+    def ratio(self, goal: Goal = "latency") -> float | None:
+        """Measured / predicted (for the goal's figure), once measured."""
+        measured = self.value(goal, measured=True)
+        predicted = self.predicted.tg_c1 if goal == "latency" else self.predicted.tg_aggregate
+        return None if measured is None or not predicted else measured / predicted
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "layout": self.layout.label, "kind": self.layout.kind, "nodes": self.layout.nodes,

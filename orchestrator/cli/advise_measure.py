@@ -16,7 +16,7 @@ Note = Callable[[str], None]
 
 
 def _launch(inventory: Any, recipe: Any, name: str | None, timeout: float, token: Any,
-            note: Note) -> None:
+            note: Note, persist: bool = False) -> None:
     """The plan `sparkctl launch RECIPE --replace --yes` runs, under the cluster lock."""
     from orchestrator.core.lock import ClusterLock
     from orchestrator.core.session import open_session, run_plan
@@ -27,7 +27,7 @@ def _launch(inventory: Any, recipe: Any, name: str | None, timeout: float, token
 
     check_against_inventory(recipe, inventory)
     engine = engine_of(recipe)
-    options = LaunchOptions(replace=True, timeout=timeout, name=name)
+    options = LaunchOptions(replace=True, timeout=timeout, name=name, persist=persist)
     plan = Plan("launch", engine.launch_phases(recipe, inventory, options))
     values = {"hf_token": token, "progress_note": note, "distribute_image": False}
     with open_session(inventory, "launch", quiet=True) as session:
@@ -68,11 +68,19 @@ def _tg(doc: dict[str, Any], concurrency: int) -> float | None:
 
 
 def _servers(inventory: Any) -> list[dict[str, Any]]:
+    """The running servers, each marked `persistent` when it has a boot unit (launch
+    --persist), so the restore keeps it persistent."""
     from orchestrator.core.session import open_session
     from orchestrator.engines import servers
+    from orchestrator.phases.boot_units import parse_units, persistence, units_cmd
 
     with open_session(inventory, "advise", quiet=True) as session:
-        return servers.gather(session.transports, inventory)
+        found = servers.gather(session.transports, inventory)
+        units = {name: parse_units({"out": t.run(units_cmd(), timeout=30).stdout})
+                 for name, t in session.transports.items()} if found else {}
+    for server in found:
+        server["persistent"] = persistence(units, str(server.get("name")))["persistent"]
+    return found
 
 
 def _stop(inventory: Any, wanted: Callable[[dict[str, Any]], bool], note: Note) -> None:
@@ -164,6 +172,10 @@ def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
     finally:
         restored = _restore(inventory, before, opts["timeout"], token, note)
     advice.choose(measured=True)
+    ratios = [f"{a.layout.label} {r:.2f}" for a in feasible
+              if (r := a.ratio(advice.goal)) is not None]
+    if ratios:  # how far this cluster is from the model: a measured efficiency, per layout
+        advice.notes.append("measured / predicted: " + ", ".join(ratios) + f" (at {advice.goal})")
     advice.notes.append(restored)
     return 0 if advice.pick is not None and "could not" not in restored else 1
 
@@ -187,7 +199,8 @@ def _restore(inventory: Any, before: list[dict[str, Any]], timeout: float, token
                                  placement=placement)
             name = server.get("name") if server.get("name") != recipe.name else None
             note(f"[advise] restoring {server.get('name')} ({recipe.name})")
-            _launch(inventory, recipe, name, timeout, token, note)
+            _launch(inventory, recipe, name, timeout, token, note,
+                    persist=bool(server.get("persistent")))
         except SparkctlError as exc:
             failed.append(f"{server.get('name')} ({exc})")
     if failed:

@@ -26,11 +26,13 @@ class Cluster:
         self.launched: list[tuple[str, list[str] | None, int, int]] = []
         self.configs: list[Any] = []
         self.stopped: list[str] = []
+        self.persisted: list[str] = []
         self.fail = fail
 
     def launch(self, inventory: Any, recipe: Any, name: str | None, timeout: float, token: Any,
-               note: Callable[[str], None]) -> None:
+               note: Callable[[str], None], persist: bool = False) -> None:
         server = name or recipe.name
+        self.persisted += [server] if persist else []
         if self.fail and recipe.tp_size == 2:
             raise SparkctlError(self.fail)
         nodes = recipe.placement or [n.name for n in inventory.ordered_nodes()][:recipe.world_size]
@@ -67,7 +69,8 @@ def cluster(monkeypatch: pytest.MonkeyPatch, inventory: Callable[..., Any]) -> C
 def test_each_layout_is_launched_benched_alike_and_what_ran_is_restored(cluster: Any) -> None:
     recipe = load_recipe("qwen3-8b")
     nodes = [n.name for n in cluster([]).inventory.ordered_nodes()]
-    fake = cluster([{"name": "keep", "recipe": "qwen3-8b", "nodes": [nodes[1]], "port": 30001}])
+    fake = cluster([{"name": "keep", "recipe": "qwen3-8b", "nodes": [nodes[1]], "port": 30001,
+                     "persistent": True}])
     advice = advise(recipe, engine_of(recipe), 2, "throughput", 4)
     notes: list[str] = []
     assert advise_measure.measure(advice, OPTS, notes.append) == 0
@@ -77,7 +80,8 @@ def test_each_layout_is_launched_benched_alike_and_what_ran_is_restored(cluster:
         ("qwen3-8b-r1", [nodes[0]], 1, 1), ("qwen3-8b-r2", [nodes[1]], 1, 1)]
     # the server that ran before: stopped first, relaunched last, as it was
     assert fake.stopped[0] == "keep" and fake.launched[-1] == ("keep", [nodes[1]], 1, 1)
-    assert [s["name"] for s in fake.running] == ["keep"]
+    assert [s["name"] for s in fake.running] == ["keep"] and fake.persisted == ["keep"]
+    assert fake.running[0]["port"] == 30001
     assert {tuple(c.concurrency) for c in fake.configs} == {(1, 4), (1, 2)}
     assert {(tuple(c.tg), tuple(c.pp), tuple(c.depth)) for c in fake.configs} == {((16,), (64,), (0,))}
     by = {a.layout.label: a.measured for a in advice.layouts}
@@ -86,6 +90,7 @@ def test_each_layout_is_launched_benched_alike_and_what_ran_is_restored(cluster:
     assert advice.pick is not None and advice.pick.layout.label == "tp2" and advice.measured
     assert advice.to_json()["layouts"][1]["measured"]["tg_aggregate"] == 80.0
     assert "restored: keep run again" in advice.notes[-1]
+    assert "measured / predicted: single" in advice.notes[-2]
 
 
 def test_a_layout_that_fails_is_reported_and_the_others_measured(cluster: Any) -> None:
