@@ -122,3 +122,19 @@ def test_more_nodes_than_the_inventory_has_is_bad_input(cluster: Any) -> None:
     cluster([])
     with pytest.raises(InputError, match="--nodes 5"):
         advise_measure.measure(advise(recipe, engine_of(recipe), 5), OPTS, lambda line: None)
+
+
+def test_the_text_shows_predicted_beside_measured_and_a_failed_layout(cluster: Any) -> None:
+    from orchestrator.advise.render import lines
+
+    recipe = load_recipe("qwen3-8b")
+    cluster([], fail="launch of qwen3-8b failed: spark-b: NCCL timeout")
+    advice = advise(recipe, engine_of(recipe), 2, "throughput", 2)
+    advise_measure.measure(advice, OPTS, lambda line: None)
+    text = "\n".join(lines(advice))
+    assert "pred c2" in text and "meas c1" in text and "meas c2" in text
+    single = next(line for line in text.splitlines() if line.startswith("single"))
+    assert single.split()[-2:] == ["10.0", "20.0"]  # measured c1, c2 after the predictions
+    assert "launch of qwen3-8b failed" in next(line for line in text.splitlines()
+                                                 if line.startswith("tp2"))
+    assert "measured aggregate tg at 2 requests" in text
