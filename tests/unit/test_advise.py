@@ -60,7 +60,7 @@ def test_published_figures_are_predicted_within_35_percent_with_one_factor_per_e
 
 def test_a_held_out_single_spark_figure_is_predicted_within_40_percent() -> None:
     held = [r for r in _rows() if r.figure.role == "held-out"]
-    assert held and all(r.figure.layout.nodes == 1 for r in held)
+    assert any(r.figure.layout.nodes == 1 for r in held)
     for row in held:
         print(f"held out: {row.figure.label}: published {row.figure.tg} predicted "
               f"{row.predicted:.1f} ({row.error:+.0%}), {row.figure.source}")

@@ -22,7 +22,10 @@ class VllmLayouts:
                   Layout("tp", tp=2), 1, 24.3, "eugr/spark-vllm-docker PR#183"),
         Published("gpt-oss-120b MXFP4, 1 Spark, pure decode", "openai/gpt-oss-120b",
                   Layout("single"), 1, 59.0, "conselara.dev/notes/dgx-spark-benchmarks "
-                  "(57-60 t/s, CUDA graphs on)", role="held-out"),
+                  "(57-60 t/s, CUDA graphs on; Spark Arena: 58.82)", role="held-out"),
+        Published("gpt-oss-120b MXFP4 TP2, two Sparks", "openai/gpt-oss-120b",
+                  Layout("tp", tp=2), 1, 75.96, "Spark Arena leaderboard (as reported by "
+                  "sectorhq.co)", role="held-out"),
         Published("MiniMax M2.7 MXFP4 TP2 over Ray (vLLM 0.18.1rc1)", "olka-fi/MiniMax-M2.7-MXFP4",
                   Layout("tp", tp=2), 1, 12.4, "the seed blog (al-engr.com): an older vLLM",
                   role="outlier"),
