@@ -56,7 +56,7 @@ SUMMARIES = {
     "logs": "Server and container logs of every node, interleaved.",
     "down": "Stop the server and containers; with --network also remove the fabric config.",
     "recipes": "List built-in recipes, or show one with its memory estimate.",
-    "advise": "Which layout serves a recipe fastest on N Sparks: predicted, or --measure'd.",
+    "advise": "Which layout serves a recipe fastest on N Sparks: predicted, or measured.",
     "doctor": "Diagnose the controller's setup: `doctor ssh` shows how each node is reached.",
 }
 
