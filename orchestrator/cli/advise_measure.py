@@ -155,7 +155,10 @@ def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
     feasible = [a for a in advice.layouts if a.fits]
     before = _servers(inventory)
     confirm(opts, [a.layout.label for a in feasible], before)
+    from orchestrator.advise.advice import Measured
+
     token = read_hf_token(None)
+    interrupted = False
     try:
         if before:
             _stop(inventory, lambda s: True, note)
@@ -163,10 +166,12 @@ def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
             try:
                 entry.measured = _measure_one(advice, entry, inventory, nodes, opts, token, note)
             except SparkctlError as exc:
-                from orchestrator.advise.advice import Measured
-
                 entry.measured = Measured(None, None, str(exc))
                 note(f"[advise] {entry.layout.label}: {exc}")
+            except KeyboardInterrupt:  # keep what was measured; still clean up and restore
+                entry.measured, interrupted = Measured(None, None, "interrupted"), True
+                note(f"[advise] interrupted during {entry.layout.label}: stopping it, restoring")
+                break
             finally:
                 _stop(inventory, lambda s: True, note)
     finally:
@@ -177,6 +182,9 @@ def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
     if ratios:  # how far this cluster is from the model: a measured efficiency, per layout
         advice.notes.append("measured / predicted: " + ", ".join(ratios) + f" (at {advice.goal})")
     advice.notes.append(restored)
+    if interrupted:
+        advice.notes.append("interrupted: the layouts after it were not measured")
+        return 130
     return 0 if advice.pick is not None and "could not" not in restored else 1
 
 

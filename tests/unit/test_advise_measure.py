@@ -138,3 +138,22 @@ def test_the_text_shows_predicted_beside_measured_and_a_failed_layout(cluster: A
     assert "launch of qwen3-8b failed" in next(line for line in text.splitlines()
                                                  if line.startswith("tp2"))
     assert "measured aggregate tg at 2 requests" in text
+
+
+def test_ctrl_c_keeps_what_was_measured_stops_and_restores(cluster: Any, monkeypatch: Any) -> None:
+    recipe = load_recipe("qwen3-8b")
+    fake = cluster([{"name": "keep", "recipe": "qwen3-8b", "nodes": ["spark-b"], "port": 30000}])
+    bench = fake.bench
+
+    def interrupted(inventory: Any, server: str, config: Any, note: Any) -> dict[str, Any]:
+        if any(s.get("tp") == 2 for s in fake.running):
+            raise KeyboardInterrupt
+        return bench(inventory, server, config, note)
+
+    monkeypatch.setattr(advise_measure, "_bench", interrupted)
+    advice = advise(recipe, engine_of(recipe), 2)
+    assert advise_measure.measure(advice, OPTS, lambda line: None) == 130
+    by = {a.layout.label: a.measured for a in advice.layouts}
+    assert by["single"] is not None and by["single"].tg_c1 == 10.0
+    assert by["tp2"] is not None and by["tp2"].error == "interrupted" and by["pp2"] is None
+    assert [s["name"] for s in fake.running] == ["keep"] and "interrupted" in advice.notes[-1]
