@@ -11,6 +11,37 @@ from typing import Any
 from orchestrator.advise.model import FABRIC_GBS, FABRIC_LATENCY_US, SPARK_BANDWIDTH_GBS, Hardware
 from orchestrator.errors import InputError
 
+LAST = "netcheck-last.json"
+"""The last `sparkctl netcheck`'s result, in the state directory: advise's default fabric."""
+
+
+def save_last(doc: dict[str, Any], inventory: Any) -> None:
+    """Keep netcheck's result (with which cluster and when) for advise; never fails netcheck."""
+    import contextlib
+    import time
+
+    from orchestrator.state import state_dir
+
+    with contextlib.suppress(OSError):
+        state_dir().mkdir(parents=True, exist_ok=True)
+        saved = {**doc, "cluster": inventory.cluster.name, "inventory": inventory.source,
+                 "saved": time.strftime("%Y-%m-%d %H:%M")}
+        (state_dir() / LAST).write_text(json.dumps(saved))
+
+
+def last_saved() -> str | None:
+    """The last netcheck's file when it measured the fabric (a latency or a bandwidth)."""
+    from orchestrator.state import state_dir
+
+    path = state_dir() / LAST
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    measured = any(_values(doc, check, unit) for check, unit in (
+        ("latency", "ms"), ("ping", "ms"), ("nccl-busbw", "GB/s"), ("throughput", "Gb/s")))
+    return str(path) if measured else None
+
 
 def _values(doc: dict[str, Any], check: str, unit: str) -> list[float]:
     return [float(c["value"]) for c in doc.get("checks") or []
@@ -23,6 +54,10 @@ def hardware(netcheck: str | None = None, bandwidth_gbs: float | None = None) ->
                f"memory bandwidth {SPARK_BANDWIDTH_GBS:g} GB/s (Spark spec sheet)"]
     latency_us, fabric_gbs = FABRIC_LATENCY_US, FABRIC_GBS
     latency_from = bandwidth_from = "published"
+    if netcheck == "none":
+        netcheck = None
+    elif netcheck is None:
+        netcheck = last_saved()
     if netcheck:
         path = Path(netcheck).expanduser()
         try:
@@ -36,14 +71,16 @@ def hardware(netcheck: str | None = None, bandwidth_gbs: float | None = None) ->
             raise InputError(f"--netcheck {path}: not the output of `sparkctl netcheck --json`")
         # a ping's round trip: a 2-rank ring all-reduce is two one-way hops, about one RTT
         pings = _values(doc, "latency", "ms") or _values(doc, "ping", "ms")
+        name = path.name if path.name != LAST else \
+            f"of {doc.get('cluster', '?')} saved {doc.get('saved', '?')}"
         if pings:
-            latency_us, latency_from = 1000 * max(pings), f"netcheck {path.name}"
+            latency_us, latency_from = 1000 * max(pings), f"netcheck {name}"
         busbw = _values(doc, "nccl-busbw", "GB/s")
         iperf = _values(doc, "throughput", "Gb/s")
         if busbw:
-            fabric_gbs, bandwidth_from = min(busbw), f"netcheck {path.name} (NCCL)"
+            fabric_gbs, bandwidth_from = min(busbw), f"netcheck {name} (NCCL)"
         elif iperf:
-            fabric_gbs, bandwidth_from = min(iperf) / 8, f"netcheck {path.name} (iperf3)"
+            fabric_gbs, bandwidth_from = min(iperf) / 8, f"netcheck {name} (iperf3)"
     sources.append(f"fabric {latency_us:g} us per collective ({latency_from}), "
                    f"{fabric_gbs:g} GB/s ({bandwidth_from})")
     return Hardware(bandwidth_gbs=bandwidth_gbs or SPARK_BANDWIDTH_GBS,

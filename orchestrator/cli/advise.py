@@ -61,9 +61,11 @@ def _published() -> int:
 @click.option("--acceptance", type=click.FloatRange(1, 64), default=None,
               help="Speculative decoding: tokens per step (1 + accepted drafts), e.g. what "
                    "`sparkctl bench` measured; default: modelled from the draft length.")
-@click.option("--netcheck", metavar="FILE",
+@click.option("--netcheck", metavar="FILE|none",
               help="A saved `sparkctl netcheck --deep --json`: the fabric's measured latency "
-                   "and bandwidth instead of the Spark's published figures.")
+                   "and bandwidth instead of the Spark's published figures. Default: the last "
+                   "`sparkctl netcheck` run from here, when it measured any; `none`: the "
+                   "published figures.")
 @click.option("--memory-bandwidth", type=click.FloatRange(min=1), default=None, metavar="GB/S",
               help="Memory bandwidth per node (default: 273, the Spark's).")
 @click.option("--explain", is_flag=True, help="Show the arithmetic of every prediction.")

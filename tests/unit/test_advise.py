@@ -166,3 +166,21 @@ def test_bad_input_is_a_clear_error() -> None:
     assert result.exit_code == 2 and "no recipe named" in result.output
     result = CliRunner().invoke(cli, ["advise"])
     assert result.exit_code == 2 and "RECIPE is needed" in result.output
+
+
+def test_the_last_netcheck_run_is_the_default_fabric(state_dir: Path, inventory: Any) -> None:
+    from orchestrator.advise.fabric import last_saved, save_last
+
+    assert last_saved() is None and hardware().fabric_latency_us == 60.0
+    save_last({"command": "netcheck", "ok": True, "checks": [
+        {"check": "mtu", "status": "pass", "value": 9000, "unit": None}]}, inventory())
+    assert last_saved() is None  # nothing measured: the published figures stay
+    save_last({"command": "netcheck", "ok": True, "checks": [
+        {"check": "ping", "status": "pass", "value": 0.08, "unit": "ms"},
+        {"check": "throughput", "status": "pass", "value": 180.0, "unit": "Gb/s"}]}, inventory())
+    hw = hardware()
+    assert (hw.fabric_latency_us, hw.fabric_gbs) == (80.0, 22.5)
+    assert "netcheck of " in hw.sources[1] and "saved" in hw.sources[1]
+    assert hardware("none").fabric_latency_us == 60.0
+    result = CliRunner().invoke(cli, ["advise", "qwen3.6-27b", "--netcheck", "none"])
+    assert "60 us per collective (published)" in result.output
