@@ -102,9 +102,9 @@ def _measure_one(advice: Any, entry: Any, inventory: Any, nodes: list[str], opts
 
     support = support_of(advice.engine)
     layout = entry.layout
-    share = max(1, round(advice.concurrency / layout.servers))
-    config = BenchConfig(tg=[opts["tg"]], pp=[opts["pp"]], depth=[0],
-                         concurrency=sorted({1, share}), runs=opts["runs"], warmup=False)
+    # the concurrency dealt out over the servers as evenly as it goes (4 over 3: 2, 1, 1)
+    c, n = advice.concurrency, layout.servers
+    shares = [c // n + (index < c % n) for index in range(n)]
     names = []
     for index in range(layout.servers):
         if support is None:
@@ -120,10 +120,12 @@ def _measure_one(advice: Any, entry: Any, inventory: Any, nodes: list[str], opts
         names.append(name or one.name)
     # replicas are on nodes of their own: each is benched with its share of the requests and
     # the aggregates add up (one after the other: no node is shared)
-    docs = [_bench(inventory, name, config, note) for name in names]
-    ones = [v for d in docs if (v := _tg(d, 1)) is not None]
-    shares = [_tg(d, share) for d in docs]
-    aggregate = sum(v for v in shares if v is not None) if all(v is not None for v in shares) else None
+    docs = [(_bench(inventory, name, BenchConfig(
+        tg=[opts["tg"]], pp=[opts["pp"]], depth=[0], concurrency=sorted({1, max(share, 1)}),
+        runs=opts["runs"], warmup=False), note), share) for name, share in zip(names, shares, strict=True)]
+    ones = [v for d, _ in docs if (v := _tg(d, 1)) is not None]
+    parts = [_tg(d, share) if share else 0.0 for d, share in docs]
+    aggregate = sum(v for v in parts if v is not None) if None not in parts else None
     return Measured(sum(ones) / len(ones) if ones else None, aggregate)
 
 
@@ -153,7 +155,10 @@ def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
         raise InputError(f"--nodes {advice.nodes}: the inventory {inventory.source} has "
                          f"{len(nodes)} node(s)")
     feasible = [a for a in advice.layouts if a.fits]
-    before = _servers(inventory)
+    # servers on the nodes advise uses are stopped meanwhile and relaunched; others keep running
+    running = _servers(inventory)
+    before = [s for s in running if set(s.get("nodes") or []) & set(nodes)]
+    keep = {str(s.get("name")) for s in running if s not in before}
     confirm(opts, [a.layout.label for a in feasible], before)
     from orchestrator.advise.advice import Measured
 
@@ -161,7 +166,7 @@ def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
     interrupted = False
     try:
         if before:
-            _stop(inventory, lambda s: True, note)
+            _stop(inventory, lambda s: str(s.get("name")) not in keep, note)
         for entry in feasible:
             try:
                 entry.measured = _measure_one(advice, entry, inventory, nodes, opts, token, note)
@@ -173,7 +178,7 @@ def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
                 note(f"[advise] interrupted during {entry.layout.label}: stopping it, restoring")
                 break
             finally:
-                _stop(inventory, lambda s: True, note)
+                _stop(inventory, lambda s: str(s.get("name")) not in keep, note)
     finally:
         restored = _restore(inventory, before, opts["timeout"], token, note)
     advice.choose(measured=True)

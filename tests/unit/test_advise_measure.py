@@ -157,3 +157,16 @@ def test_ctrl_c_keeps_what_was_measured_stops_and_restores(cluster: Any, monkeyp
     assert by["single"] is not None and by["single"].tg_c1 == 10.0
     assert by["tp2"] is not None and by["tp2"].error == "interrupted" and by["pp2"] is None
     assert [s["name"] for s in fake.running] == ["keep"] and "interrupted" in advice.notes[-1]
+
+
+def test_servers_elsewhere_keep_running_and_requests_are_dealt_evenly(cluster: Any) -> None:
+    recipe = load_recipe("qwen3-8b")
+    fake = cluster([{"name": "other", "recipe": "qwen3-8b", "nodes": ["spark-z"], "port": 30000}])
+    advice = advise(recipe, engine_of(recipe), 2, "throughput", 3)
+    assert advise_measure.measure(advice, OPTS, lambda line: None) == 0
+    assert "other" not in fake.stopped and [s["name"] for s in fake.running] == ["other"]
+    assert not any(name == "other" for name, *_ in fake.launched)
+    # 3 requests over 2 replicas: 2 and 1; the aggregate is their sum (20 + 10)
+    by = {a.layout.label: a.measured for a in advice.layouts}
+    assert by["replicas x2"] is not None and by["replicas x2"].tg_aggregate == 30.0
+    assert {tuple(c.concurrency) for c in fake.configs} >= {(1, 2), (1,), (1, 3)}
