@@ -27,6 +27,8 @@ def _advise(opts: dict[str, Any]) -> int:
     advice = advise(recipe, engine, nodes, opts["goal"], opts["concurrency"],
                     hardware(opts["netcheck"], opts["memory_bandwidth"]), opts["acceptance"],
                     opts["context"])
+    if opts["layouts"]:
+        _only(advice, opts["layouts"])
     code = 0 if advice.pick is not None else 1
     if opts["measure"]:
         from orchestrator.cli.advise_measure import measure
@@ -37,6 +39,21 @@ def _advise(opts: dict[str, Any]) -> int:
     else:
         click.echo("\n".join(lines(advice, opts["explain"])))
     return code
+
+
+def _only(advice: Any, kinds: str) -> None:
+    """--layouts: keep only these kinds (e.g. to measure fewer), and pick among them."""
+    from orchestrator.errors import InputError
+
+    wanted = {k.strip() for k in kinds.split(",") if k.strip()}
+    offered = [a.layout.kind for a in advice.layouts]
+    unknown = sorted(wanted - set(offered))
+    if unknown:
+        raise InputError(f"--layouts {kinds}: {', '.join(unknown)} is not a layout "
+                         f"{advice.engine.title} offers for {advice.recipe.name} on "
+                         f"{advice.nodes} node(s) (offered: {', '.join(offered)})")
+    advice.layouts = [a for a in advice.layouts if a.layout.kind in wanted]
+    advice.choose()
 
 
 def _published() -> int:
@@ -68,6 +85,8 @@ def _published() -> int:
                    "published figures.")
 @click.option("--memory-bandwidth", type=click.FloatRange(min=1), default=None, metavar="GB/S",
               help="Memory bandwidth per node (default: 273, the Spark's).")
+@click.option("--layouts", metavar="KIND[,KIND]",
+              help="Only these layouts (single, tp, pp, replicas), e.g. to --measure fewer.")
 @click.option("--explain", is_flag=True, help="Show the arithmetic of every prediction.")
 @json_option
 @click.option("--published", is_flag=True,

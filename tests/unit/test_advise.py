@@ -184,3 +184,14 @@ def test_the_last_netcheck_run_is_the_default_fabric(state_dir: Path, inventory:
     assert hardware("none").fabric_latency_us == 60.0
     result = CliRunner().invoke(cli, ["advise", "qwen3.6-27b", "--netcheck", "none"])
     assert "60 us per collective (published)" in result.output
+
+
+def test_layouts_narrows_the_choice_and_refuses_what_is_not_offered() -> None:
+    result = CliRunner().invoke(cli, ["advise", "qwen3-8b", "--layouts", "single,replicas",
+                                      "--goal", "throughput", "--json"])
+    doc = json.loads(result.output)
+    assert [a["layout"] for a in doc["layouts"]] == ["single", "replicas x2"]
+    assert doc["pick"] == "replicas x2"
+    bad = CliRunner().invoke(cli, ["advise", "qwen3.6-27b", "--layouts", "pp"])
+    assert bad.exit_code == 2 and "pp is not a layout SGLang offers" in bad.output
+    assert "offered: single, tp, replicas" in bad.output
