@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.sglang.layouts import SglangLayouts
 from orchestrator.engines.sglang.ready import READY_LINE
 from orchestrator.engines.sglang.recipe import Recipe
 
@@ -24,6 +25,7 @@ class SglangEngine:
     recipe_type = Recipe
     placed = True
     """Servers are named and placed (`launch --nodes/--name`), several at once."""
+    layouts = SglangLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
