@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.llamacpp.layouts import LlamacppLayouts
 from orchestrator.engines.llamacpp.ready import READY_LINE
 from orchestrator.engines.llamacpp.recipe import Recipe
 
@@ -24,6 +25,7 @@ class LlamacppEngine:
     recipe_type = Recipe
     placed = True
     """Servers are named and placed (`launch --nodes/--name`), several at once."""
+    layouts = LlamacppLayouts()  # `sparkctl advise`: one node, the RPC layer split, replicas
 
     @property
     def spec_meter(self) -> type:
