@@ -57,6 +57,7 @@ SUMMARIES = {
     "down": "Stop the server and containers; with --network also remove the fabric config.",
     "recipes": "List built-in recipes, or show one with its memory estimate.",
     "doctor": "Diagnose the controller's setup: `doctor ssh` shows how each node is reached.",
+    "init": "Write an inventory for your Sparks: finds the cabled fabric port on every node.",
 }
 
 # Commands other distributions add through the "sparkctl.plugins" entry point group.
@@ -81,6 +82,7 @@ LAZY = {
     "down": "orchestrator.cli.status:down",
     "recipes": "orchestrator.cli.launch:recipes",
     "doctor": "orchestrator.cli.doctor:doctor",
+    "init": "orchestrator.cli.init:init",
 }
 
 
@@ -145,6 +147,21 @@ def diff_option(func: Callable[..., Any]) -> Callable[..., Any]:
         "--diff", is_flag=True, expose_value=False, callback=remember,
         help="Show the plan's diffs in full (default: one line per changed file and its nodes).",
     )(func)
+
+
+def verbosity_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """-v / -q: every row of the report (the summary's "(-v lists them)") or no progress lines;
+    read through core/output.py verbosity() wherever a command renders."""
+
+    def remember(ctx: click.Context, param: click.Parameter, value: int) -> None:
+        if value:
+            ctx.meta["sparkctl.verbosity"] = ctx.meta.get("sparkctl.verbosity", 0) + (
+                value if param.name == "verbose" else -value)
+
+    func = click.option("--quiet", "-q", count=True, expose_value=False, callback=remember,
+                        help="Print less: no progress lines, only failures and the summary.")(func)
+    return click.option("--verbose", "-v", count=True, expose_value=False, callback=remember,
+                        help="Print more: every step's row, also those already right.")(func)
 
 
 def wants_json(argv: list[str] | None = None) -> bool:

@@ -9,7 +9,14 @@ from typing import Any
 
 import click
 
-from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
+from orchestrator.cli import (
+    CONTEXT,
+    diff_option,
+    inventory_option,
+    json_option,
+    run_command,
+    verbosity_option,
+)
 
 DEFAULT_TOKEN_FILE = "~/.cache/huggingface/token"
 
@@ -183,6 +190,7 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
                    "verified by image ID and digest). Without it, this happens only for nodes "
                    "that cannot reach the registry (probed before pulling) or whose pull fails. "
                    "TensorRT-LLM's image comes with `up` (`up --distribute-image`).")
+@verbosity_option
 def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
            timeout: float, replace: bool, host: str, drop_caches: bool,
            hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,

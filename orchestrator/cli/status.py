@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
+from orchestrator.cli import (
+    CONTEXT,
+    diff_option,
+    inventory_option,
+    json_option,
+    run_command,
+    verbosity_option,
+)
 
 
 def _status(inventory_path: str | None, as_json: bool) -> int:
@@ -168,6 +175,7 @@ def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_js
               help="Stop only this server (its containers and record); nothing else is removed.")
 @click.option("--oom-guard", is_flag=True,
               help="Remove only what `up --oom-guard` set up (plain down removes it too).")
+@verbosity_option
 def down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,
          trust_new_hosts: bool, break_lock: bool, server: str | None, oom_guard: bool) -> None:
     """Stop the server and the containers, remove sparkctl's files; --network: the fabric config too.

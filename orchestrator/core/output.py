@@ -80,3 +80,20 @@ def full_diff_requested() -> bool:
 
     context = click.get_current_context(silent=True)
     return bool(context is not None and context.meta.get(FULL_DIFF))
+
+
+VERBOSITY = "sparkctl.verbosity"
+"""Key in click's context meta set by -v / -q (cli/__init__.py verbosity_option)."""
+
+
+def verbosity() -> int:
+    """1 or more with -v (or SPARKCTL_VERBOSE=1), -1 or less with -q, else 0."""
+    import os
+
+    import click
+
+    context = click.get_current_context(silent=True)
+    level = int(context.meta.get(VERBOSITY, 0)) if context is not None else 0
+    if level == 0 and os.environ.get("SPARKCTL_VERBOSE") == "1":
+        return 1
+    return level
