@@ -312,7 +312,7 @@ def load_saved(path: str) -> dict[str, Any]:
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read a bench result: {exc}") from None
+        raise InputError(f"{path}: not JSON (a bench result is): {exc}") from None
     if not isinstance(doc, dict) or ("cells" not in doc and "sweep" not in doc):
         raise InputError(f"{path}: not a `sparkctl bench` result (no cells)")
     return doc
