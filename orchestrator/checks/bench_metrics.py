@@ -84,6 +84,8 @@ class SpecMeter:
     """begin() at a cell's start, poll() while it runs, end() -> figures or None."""
 
     source = ""
+    prometheus = False
+    """/metrics is Prometheus text that reading leaves alone (status reads it too)."""
 
     def __init__(self, fetch: Fetch) -> None:
         self.fetch = fetch
@@ -132,6 +134,7 @@ class TrtllmMeter(SpecMeter):
 
 
 class VllmMeter(SpecMeter):
+    prometheus = True
     source = "vLLM /metrics counters vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}"
     NAMES = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
              "vllm:spec_decode_num_accepted_tokens")
@@ -159,6 +162,7 @@ class VllmMeter(SpecMeter):
 
 
 class SglangMeter(SpecMeter):
+    prometheus = True
     source = "SGLang /metrics gauges sglang:spec_accept_length, sglang:spec_accept_rate"
 
     def end(self) -> dict[str, Any] | None:

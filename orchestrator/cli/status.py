@@ -31,29 +31,47 @@ def _status(inventory_path: str | None, as_json: bool) -> int:
 
 
 def _render_servers(found: list[dict[str, object]]) -> None:
+    from orchestrator.checks.status_memory import metrics_text
+    from orchestrator.core.output import console
+
     if not found:
         return
-    click.echo("\nservers:")
+    out = console()
+    out.print("\nservers:", markup=False)
     for s in found:
         listed = s.get("nodes")
         nodes = ",".join(map(str, listed)) if isinstance(listed, list) else s.get("node")
-        click.echo(f"  {s['name']!s:20} {s['engine']!s:7} {nodes!s:16} 127.0.0.1:{s['port']!s:6} "
-                   f"{s['state']!s:13} {s['model']}" + ("  (persistent)" if s.get("persistent") else ""))
+        out.print(f"  {s['name']!s:20} {s['engine']!s:7} {nodes!s:16} 127.0.0.1:{s['port']!s:6} "
+                  f"{s['state']!s:13} {s['model']}" + ("  (persistent)" if s.get("persistent") else ""),
+                  markup=False)
+        figures = metrics_text(s.get("metrics"))  # type: ignore[arg-type]
+        if figures:
+            out.print(f"  {'':20} {figures}", markup=False)
 
 
 @click.command(context_settings=CONTEXT)
 @inventory_option
 @json_option
-def status(inventory_path: str | None, as_json: bool) -> None:
+@click.option("--watch", "-w", type=click.FloatRange(min=1), is_flag=False, flag_value=5.0,
+              default=None, metavar="[SECONDS]",
+              help="Look again every SECONDS (default 5), redrawn in place on a terminal "
+                   "(with --json: one object per line). Ctrl-C ends it.")
+def status(inventory_path: str | None, as_json: bool, watch: float | None) -> None:
     """What runs on each node, and whether it is healthy (read from the nodes, not a cache).
 
     \b
     Per node: reachable, fabric links and addresses, the container (image digest, uptime,
-    whether its configuration is current), and the server on the head (recipe, model,
-    health probed on the head's 127.0.0.1, endpoint, uptime).
+    whether its configuration is current), memory (MemAvailable, GPU memory and utilisation
+    where known, the memory guard's threshold), and the servers (recipe, model, health
+    probed on their node's 127.0.0.1, the engine's own /metrics: requests running and
+    waiting, KV cache, speculative acceptance).
     Exit 0: every node answered and nothing is unhealthy (a cluster not set up is fine).
     Exit 1: a node is unreachable, or something is unhealthy (listed under the table).
     """
+    if watch is not None:
+        from orchestrator.cli.status_watch import watch_status
+
+        run_command(lambda: watch_status(lambda: _status(inventory_path, as_json), watch, as_json))
     run_command(lambda: _status(inventory_path, as_json))
 
 
