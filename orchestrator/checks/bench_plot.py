@@ -80,7 +80,7 @@ def plot_runs(runs: list[Run], path: str, title: str | None = None) -> None:
     depths = sorted({c["depth"] for d in docs for c in d.get("cells") or []}) or [0]
     concs = [f"c{c}" for c in sorted({c["concurrency"] for d in docs for c in d.get("cells") or []})]
     panels = len(depths) + 2
-    cols = min(panels, 3)
+    cols = 2 if panels == 4 else min(panels, 3)
     rows = (panels + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
     flat = [ax for row in axes for ax in row]
@@ -111,9 +111,9 @@ def plot_runs(runs: list[Run], path: str, title: str | None = None) -> None:
                                      lambda c, s=slots: s[f"d{c['depth']:,}"])
                 if not xs:
                     continue
-                shift = (k * len(concs) + i) * width / max(1, len(concs)) - 0.4 + width / 2
-                ax.bar([x + shift for x in xs], ys, yerr=es, capsize=3,
-                       width=width / max(1, len(concs)), color=colour,
+                bar = 0.8 / (len(runs) * len(concs))  # every run's every concurrency in a slot
+                shift = -0.4 + bar * (k * len(concs) + i + 0.5)
+                ax.bar([x + shift for x in xs], ys, yerr=es, capsize=3, width=bar, color=colour,
                        alpha=1.0 - 0.5 * i / max(1, len(concs)),
                        label=f"{label} {conc}".strip())
             ax.set_title(ylabel.split(" (")[0] + " by context depth")

@@ -44,12 +44,14 @@ def test_status_watch_redraws_in_place_on_a_terminal(lab: Lab, tmp_path: Path) -
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed")
     socket = f"sparkctl-e2e-{os.getpid()}"
-    command = (f"cd {REPO} && SPARKCTL_STATE_DIR={STATE} {sys.executable} -m orchestrator.cli "
-               f"status --inventory {lab.inventory} --watch 1; echo exited $? > {tmp_path}/rc")
+    # COLUMNS/LINES from pytest's own terminal would override the pane's size for rich
+    command = (f"cd {REPO} && unset COLUMNS LINES && SPARKCTL_STATE_DIR={STATE} "
+               f"{sys.executable} -m orchestrator.cli status --inventory {lab.inventory} --watch 1; "
+               f"echo exited $? > {tmp_path}/rc")
     subprocess.run(["tmux", "-L", socket, "new-session", "-d", "-s", "watch", "-x", "220", "-y", "40",
                     command], check=True)
     try:
-        first = second = ""
+        first = second = screen = ""
         for _ in range(60):  # until two different looks were drawn
             time.sleep(1)
             screen = _pane(socket)
@@ -59,7 +61,7 @@ def test_status_watch_redraws_in_place_on_a_terminal(lab: Lab, tmp_path: Path) -
                 elif screen != first:
                     second = screen
                     break
-        assert first and second, first
+        assert first and second, screen
         for screen in (first, second):
             assert screen.count("sparkctl status:") == 1, screen  # redrawn, not appended
             assert "┃ node" in screen and "GB available" in screen

@@ -159,8 +159,8 @@ def test_bench_plot_of_saved_runs(saved: tuple[Path, Path], tmp_path: Path) -> N
     out = tmp_path / "runs.png"
     result = CliRunner().invoke(cli, ["bench", "plot", str(saved[0]), str(saved[1]), "-o", str(out)])
     assert result.exit_code == 0, result.output
-    with Image.open(out) as image:  # two depths + prefill + TTFT: a 3 x 2 grid
-        assert image.size == (1560, 840)
+    with Image.open(out) as image:  # two depths + prefill + TTFT: a 2 x 2 grid
+        assert image.size == (1040, 840)
     bad = CliRunner().invoke(cli, ["bench", "plot", str(saved[0]), "-o", str(tmp_path / "x.gif")])
     assert bad.exit_code == 2 and "a .png" in bad.output
 
