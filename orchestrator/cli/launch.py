@@ -75,15 +75,17 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             ignore_memory: bool, guard_min_available_gb: float | None = None,
             placed: tuple[str, ...] = (), name: str | None = None, port: int | None = None,
             no_drop_caches: bool = False, persist: bool = False,
-            distribute_image: bool = False) -> int:
+            distribute_image: bool = False, api_key_file: str | None = None) -> int:
+    from orchestrator.cli.api_key import check_bind
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan
     from orchestrator.engines import check_against_inventory, engine_of, load_recipe
-    from orchestrator.engines.base import DEFAULT_HOST, LaunchOptions
+    from orchestrator.engines.base import LaunchOptions
     from orchestrator.errors import InputError
 
     recipe = load_recipe(recipe_name)
     engine = engine_of(recipe)
+    check_bind(host, api_key_file, engine.name, engine.title)  # before anything else happens
     inventory, _ = load_inventory_option(inventory_path)
     recipe = _placed(recipe, engine, placed, name, port)
     check_against_inventory(recipe, inventory)
@@ -94,9 +96,6 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
                          "--ignore-memory launches it anyway")
     for warning in engine.warnings(recipe):
         _note(f"warning: {warning}")
-    if host != DEFAULT_HOST:
-        _note(f"warning: the server will listen on {host}:{recipe.port}; {engine.title}'s server "
-              "has no API key here, so anyone who reaches that address can use it")
     token = read_hf_token(hf_token_file)
     options = LaunchOptions(host=host, replace=replace, drop_caches=drop_caches, timeout=timeout,
                             guard_min_available_gb=guard_min_available_gb,
@@ -162,7 +161,10 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
               help="Seconds to wait for the server to answer before stopping it.")
 @click.option("--replace", is_flag=True, help="Replace a server running a different recipe.")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address the server binds on its node (no API key: keep localhost).")
+              help="Address the server binds on its node; beyond loopback needs --api-key-file.")
+@click.option("--api-key-file", metavar="FILE",
+              help="The server's API key (mode 0600, one line; never on argv): required with a "
+                   "--host other than loopback.")
 @click.option("--drop-caches/--no-drop-caches", default=True, show_default=True,
               help="Drop the page cache on the serving nodes before a cold start (unified "
                    "memory); --drop-caches is the default and kept for compatibility.")
@@ -195,7 +197,8 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
            timeout: float, replace: bool, host: str, drop_caches: bool,
            hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
            ignore_memory: bool, guard_min_available_gb: float | None, placed: tuple[str, ...],
-           name: str | None, port: int | None, persist: bool, distribute_image: bool) -> None:
+           name: str | None, port: int | None, persist: bool, distribute_image: bool,
+           api_key_file: str | None) -> None:
     """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
 
     \b
@@ -214,7 +217,7 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
     run_command(lambda: _launch(recipe_name, inventory_path, dry_run, yes, as_json, timeout,
                                 replace, host, drop_caches, hf_token_file, trust_new_hosts,
                                 break_lock, ignore_memory, guard_min_available_gb, placed, name,
-                                port, not drop_caches, persist, distribute_image))
+                                port, not drop_caches, persist, distribute_image, api_key_file))
 
 
 def _server_on_head(inventory_path: str | None, command: str) -> Any:
