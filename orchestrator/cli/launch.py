@@ -310,7 +310,8 @@ def chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_jso
     run_command(lambda: _chat(prompt, inventory_path, max_tokens, as_json, name))
 
 
-def _tunnel(inventory_path: str | None, local_port: int | None, name: str | None = None) -> int:
+def _tunnel(inventory_path: str | None, local_port: int | None, name: str | None = None,
+            as_json: bool = False) -> int:
     import threading
 
     from orchestrator.remote.tunnel import Forwarder
@@ -325,6 +326,14 @@ def _tunnel(inventory_path: str | None, local_port: int | None, name: str | None
             click.echo(f"Forwarding {url} -> {node} 127.0.0.1:{port} "
                        f"({server['model']}). OpenAI clients: base_url={url}/v1. Ctrl-C to stop.",
                        err=True)
+            if as_json:  # one line, once the forward listens: scripts read where to connect
+                import json
+
+                click.echo(json.dumps({"command": "tunnel", "ok": True, "url": url,
+                                       "base_url": f"{url}/v1", "local_port": forward.local_port,
+                                       "node": node, "port": port, "model": server["model"],
+                                       "server": server.get("name")}))
+                sys.stdout.flush()
             try:
                 threading.Event().wait()
             except KeyboardInterrupt:
@@ -338,9 +347,14 @@ def _tunnel(inventory_path: str | None, local_port: int | None, name: str | None
 @click.option("--local-port", type=click.IntRange(0, 65535), default=None,
               help="Local port (127.0.0.1 only); default: the server's port; 0 picks a free one.")
 @click.option("--server", "name", metavar="NAME", help="Which server (needed when several run).")
-def tunnel(inventory_path: str | None, local_port: int | None, name: str | None) -> None:
-    """Forward a local port to a server on its node until Ctrl-C (for other clients)."""
-    run_command(lambda: _tunnel(inventory_path, local_port, name))
+@json_option
+def tunnel(inventory_path: str | None, local_port: int | None, name: str | None,
+           as_json: bool) -> None:
+    """Forward a local port to a server on its node until Ctrl-C (for other clients).
+
+    --json prints one line once the forward listens: {"url", "base_url", "local_port", "node",
+    "port", "model", "server"}."""
+    run_command(lambda: _tunnel(inventory_path, local_port, name, as_json))
 
 
 @click.group(context_settings=CONTEXT, invoke_without_command=True)
@@ -352,19 +366,30 @@ def recipes(ctx: click.Context) -> None:
 
 
 @recipes.command("list")
-def list_recipes() -> None:
-    """The built-in recipes, one a line."""
+@json_option
+def list_recipes(as_json: bool = False) -> None:
+    """The built-in recipes, one a line (--json: one object with a list)."""
     def body() -> int:
+        from orchestrator.core.report import print_json
         from orchestrator.engines import builtin_names, engine_of, load_recipe
 
+        rows = []
         for name in builtin_names():
             recipe = load_recipe(name)
             engine = engine_of(recipe)
             spec = getattr(recipe, "speculative", None)
             drafting = f"{spec.decoding_type} {spec.max_draft_len}" if spec else "no draft"
-            fits = "fits" if engine.estimate_memory(recipe).fits else "DOES NOT FIT"
-            click.echo(f"{name:18} {engine.name:7} {recipe.model:38} nodes {recipe.node_count}  "
-                       f"{drafting:12} port {recipe.port}  {fits}")
+            estimate = engine.estimate_memory(recipe)
+            rows.append({"name": name, "engine": engine.name, "model": recipe.model,
+                         "nodes": recipe.node_count, "drafting": drafting if spec else None,
+                         "port": recipe.port, "fits": estimate.fits,
+                         "memory_gb": estimate.total_gb})
+            if not as_json:
+                click.echo(f"{name:18} {engine.name:7} {recipe.model:38} nodes "
+                           f"{recipe.node_count}  {drafting:12} port {recipe.port}  "
+                           f"{'fits' if estimate.fits else 'DOES NOT FIT'}")
+        if as_json:
+            print_json({"command": "recipes list", "ok": True, "recipes": rows})
         return 0
 
     run_command(body)

@@ -86,13 +86,14 @@ def _tail_value(text: str) -> int | None:
 
 
 def _logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since: str | None,
-          tail: str, server: str | None = None) -> int:
+          tail: str, server: str | None = None, as_json: bool = False) -> int:
     from orchestrator.checks.logs import run_logs
     from orchestrator.core.runner import load_inventory_option
 
     inventory, _ = load_inventory_option(inventory_path)
-    extra = (server,) if server else ()  # one server's containers only
-    return run_logs(inventory, list(nodes), follow, since, _tail_value(tail), *extra)
+    # server: one server's containers only
+    return run_logs(inventory, list(nodes), follow, since, _tail_value(tail), server or None,
+                    as_json=as_json)
 
 
 @click.command(context_settings=CONTEXT)
@@ -104,8 +105,10 @@ def _logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, sinc
 @click.option("--tail", default="100", show_default=True, metavar="N",
               help="Lines from the end of each log to start with ('all' for everything).")
 @click.option("--server", metavar="NAME", help="Only this server's containers (SGLang servers).")
+@click.option("--json", "as_json", is_flag=True,
+              help='JSON lines on stdout: {"node", "source", "line"} per log line.')
 def logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since: str | None,
-         tail: str, server: str | None) -> None:
+         tail: str, server: str | None, as_json: bool) -> None:
     """Container, server and rank logs of every node, interleaved, prefixed with node and source.
 
     \b
@@ -114,7 +117,7 @@ def logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since
     --follow streams from every node at once; Ctrl-C stops it (exit 130) and leaves nothing
     running on the nodes.
     """
-    run_command(lambda: _logs(inventory_path, nodes, follow, since, tail, server))
+    run_command(lambda: _logs(inventory_path, nodes, follow, since, tail, server, as_json))
 
 
 def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,

@@ -134,8 +134,9 @@ def test_status_prints_json_and_exits_on_health(inv: str, monkeypatch: pytest.Mo
 def test_logs_checks_tail_and_passes_the_options_on(inv: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, ...]] = []
 
-    def run_logs(inventory: Any, nodes: list[str], follow: bool, since: str | None, tail: int | None) -> int:
-        calls.append((nodes, follow, since, tail))
+    def run_logs(inventory: Any, nodes: list[str], follow: bool, since: str | None, tail: int | None,
+                 server: str | None = None, as_json: bool = False) -> int:
+        calls.append((nodes, follow, since, tail, as_json))
         return 0
     monkeypatch.setattr("orchestrator.checks.logs.run_logs", run_logs)
     bad = sparkctl("logs", "-i", inv, "--tail", "ten")
@@ -143,7 +144,9 @@ def test_logs_checks_tail_and_passes_the_options_on(inv: str, monkeypatch: pytes
     followed = sparkctl("logs", "-i", inv, "-n", "spark-b", "-f", "--since", "10m", "--tail", "all")
     assert followed.exit_code == 0
     assert sparkctl("logs", "-i", inv).exit_code == 0
-    assert calls == [(["spark-b"], True, "10m", None), ([], False, None, 100)]
+    assert sparkctl("logs", "-i", inv, "--json").exit_code == 0
+    assert calls == [(["spark-b"], True, "10m", None, False), ([], False, None, 100, False),
+                     ([], False, None, 100, True)]
 
 
 def test_netcheck_json_shape_and_exit_code(inv: str, fake_cluster: Any,
