@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
+from orchestrator.cli.completion import complete_server
 
 
 def _note(line: str) -> None:
@@ -252,7 +253,8 @@ def _bench(opts: dict[str, Any]) -> int:
 
 @click.group(context_settings=CONTEXT, invoke_without_command=True)
 @inventory_option
-@click.option("--server", metavar="NAME", help="Which server (its name or recipe; needed when several run).")
+@click.option("--server", metavar="NAME", help="Which server (its name or recipe; needed when several run).",
+              shell_complete=complete_server)
 @click.option("--tg", metavar="N[,N]", help="Tokens to generate per request (quick: 32; --full: 128,256).")
 @click.option("--pp", metavar="N[,N]", help="Prompt tokens per request (default 2048).")
 @click.option("--depth", metavar="N[,N]",

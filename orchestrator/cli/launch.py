@@ -17,6 +17,7 @@ from orchestrator.cli import (
     run_command,
     verbosity_option,
 )
+from orchestrator.cli.completion import complete_recipe, complete_server
 
 DEFAULT_TOKEN_FILE = "~/.cache/huggingface/token"
 
@@ -151,7 +152,7 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("recipe_name", metavar="RECIPE")
+@click.argument("recipe_name", metavar="RECIPE", shell_complete=complete_recipe)
 @inventory_option
 @click.option("--dry-run", is_flag=True, help="Show the plan and the memory estimate; change nothing.")
 @diff_option
@@ -300,7 +301,8 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
 @inventory_option
 @click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
 @json_option
-@click.option("--server", "name", metavar="NAME", help="Which server (needed when several run).")
+@click.option("--server", "name", metavar="NAME", help="Which server (needed when several run).",
+              shell_complete=complete_server)
 def chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_json: bool,
          name: str | None) -> None:
     """Send one chat completion to the running server, through SSH to the head.
@@ -346,7 +348,8 @@ def _tunnel(inventory_path: str | None, local_port: int | None, name: str | None
 @inventory_option
 @click.option("--local-port", type=click.IntRange(0, 65535), default=None,
               help="Local port (127.0.0.1 only); default: the server's port; 0 picks a free one.")
-@click.option("--server", "name", metavar="NAME", help="Which server (needed when several run).")
+@click.option("--server", "name", metavar="NAME", help="Which server (needed when several run).",
+              shell_complete=complete_server)
 @json_option
 def tunnel(inventory_path: str | None, local_port: int | None, name: str | None,
            as_json: bool) -> None:

@@ -12,6 +12,7 @@ from orchestrator.cli import (
     run_command,
     verbosity_option,
 )
+from orchestrator.cli.completion import complete_server
 
 
 def _status(inventory_path: str | None, as_json: bool) -> int:
@@ -104,7 +105,8 @@ def _logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, sinc
 @click.option("--since", metavar="T", help="Only lines since T: 30s, 10m, 2h, 1d, an ISO or Unix time.")
 @click.option("--tail", default="100", show_default=True, metavar="N",
               help="Lines from the end of each log to start with ('all' for everything).")
-@click.option("--server", metavar="NAME", help="Only this server's containers (SGLang servers).")
+@click.option("--server", metavar="NAME", shell_complete=complete_server,
+              help="Only this server's containers (SGLang servers).")
 @click.option("--json", "as_json", is_flag=True,
               help='JSON lines on stdout: {"node", "source", "line"} per log line.')
 def logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since: str | None,
@@ -192,7 +194,7 @@ def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_js
 @json_option
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
 @click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
-@click.option("--server", metavar="NAME",
+@click.option("--server", metavar="NAME", shell_complete=complete_server,
               help="Stop only this server (its containers and record); nothing else is removed.")
 @click.option("--oom-guard", is_flag=True,
               help="Remove only what `up --oom-guard` set up (plain down removes it too).")
