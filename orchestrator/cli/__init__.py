@@ -149,21 +149,6 @@ def diff_option(func: Callable[..., Any]) -> Callable[..., Any]:
     )(func)
 
 
-def verbosity_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    """-v / -q: every row of the report (the summary's "(-v lists them)") or no progress lines;
-    read through core/output.py verbosity() wherever a command renders."""
-
-    def remember(ctx: click.Context, param: click.Parameter, value: int) -> None:
-        if value:
-            ctx.meta["sparkctl.verbosity"] = ctx.meta.get("sparkctl.verbosity", 0) + (
-                value if param.name == "verbose" else -value)
-
-    func = click.option("--quiet", "-q", count=True, expose_value=False, callback=remember,
-                        help="Print less: no progress lines, only failures and the summary.")(func)
-    return click.option("--verbose", "-v", count=True, expose_value=False, callback=remember,
-                        help="Print more: every step's row, also those already right.")(func)
-
-
 def wants_json(argv: list[str] | None = None) -> bool:
     """`--json` among the arguments (before a `--`): errors then go to stdout as JSON too."""
     args = sys.argv[1:] if argv is None else argv

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli import CONTEXT, run_command, verbosity_option
+from orchestrator.cli import CONTEXT, run_command
+from orchestrator.cli.verbosity import verbosity_option
 
 EXAMPLE = "two-sparks.yml"
 MANAGEMENT_CMD = ("ip -o addr show to \"$(echo $SSH_CONNECTION | cut -d' ' -f3)\" "

@@ -9,15 +9,9 @@ from typing import Any
 
 import click
 
-from orchestrator.cli import (
-    CONTEXT,
-    diff_option,
-    inventory_option,
-    json_option,
-    run_command,
-    verbosity_option,
-)
+from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
 from orchestrator.cli.completion import complete_recipe, complete_server
+from orchestrator.cli.verbosity import verbosity_option
 
 DEFAULT_TOKEN_FILE = "~/.cache/huggingface/token"
 

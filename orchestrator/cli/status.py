@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.cli import (
-    CONTEXT,
-    diff_option,
-    inventory_option,
-    json_option,
-    run_command,
-    verbosity_option,
-)
+from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
 from orchestrator.cli.completion import complete_server
+from orchestrator.cli.verbosity import verbosity_option
 
 
 def _status(inventory_path: str | None, as_json: bool) -> int:

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.cli import (
-    CONTEXT,
-    diff_option,
-    inventory_option,
-    json_option,
-    run_command,
-    verbosity_option,
-)
+from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
+from orchestrator.cli.verbosity import verbosity_option
 
 
 def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,

@@ -154,7 +154,7 @@ def test_example_is_the_shipped_inventory_and_loads(tmp_path: Path) -> None:
 def test_verbosity_flags_reach_the_renderer() -> None:
     import click
 
-    from orchestrator.cli import verbosity_option
+    from orchestrator.cli.verbosity import verbosity_option
     from orchestrator.core.output import verbosity
 
     seen: list[int] = []
