@@ -80,7 +80,7 @@ LAZY = {
     "status": "orchestrator.cli.status:status",
     "logs": "orchestrator.cli.status:logs",
     "down": "orchestrator.cli.status:down",
-    "recipes": "orchestrator.cli.launch:recipes",
+    "recipes": "orchestrator.cli.recipes:recipes",
     "doctor": "orchestrator.cli.doctor:doctor",
     "init": "orchestrator.cli.init:init",
 }
