@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from orchestrator.cli import CONTEXT, run_command
 from orchestrator.cli.verbosity import verbosity_option
+
+if TYPE_CHECKING:
+    from orchestrator.checks.cabling import NodeLinks
 
 EXAMPLE = "two-sparks.yml"
 MANAGEMENT_CMD = ("ip -o addr show to \"$(echo $SSH_CONNECTION | cut -d' ' -f3)\" "
@@ -30,7 +34,7 @@ def example_text() -> str:
 
 
 def _probe(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
-           known_hosts: str | None, trust_new_hosts: bool) -> list[object]:
+           known_hosts: str | None, trust_new_hosts: bool) -> list[NodeLinks]:
     """Connect to every host and read its hostname and ibdev2netdev (NodeLinks per host)."""
     from pydantic import ValidationError
 
@@ -80,7 +84,7 @@ def _probe(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
 def _init(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
           known_hosts: str | None, trust_new_hosts: bool, output: str, yes: bool,
           example: bool, name: str) -> int:
-    from orchestrator.checks.cabling import InitSettings, NodeLinks, choose_port, inventory_text
+    from orchestrator.checks.cabling import InitSettings, choose_port, inventory_text
     from orchestrator.errors import InputError
 
     if example:
@@ -96,8 +100,7 @@ def _init(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
     if len(set(hosts)) != len(hosts):
         raise InputError(f"init: a host is named twice: {' '.join(hosts)}")
     click.echo(f"sparkctl init: reading the fabric ports of {len(hosts)} node(s)", err=True)
-    nodes = [n for n in _probe(hosts, user, ssh_key, known_hosts, trust_new_hosts)
-             if isinstance(n, NodeLinks)]
+    nodes = _probe(hosts, user, ssh_key, known_hosts, trust_new_hosts)
     choice = choose_port(nodes)
     click.echo(f"Fabric: {choice.reason}.", err=True)
     text = inventory_text(InitSettings(name, user, ssh_key, known_hosts), nodes, choice)
