@@ -175,8 +175,11 @@ def metrics_text(metrics: dict[str, Any] | None) -> str:
         parts.append(f"{metrics['requests_waiting']:g} waiting")
     if "kv_cache_usage" in metrics:
         parts.append(f"KV cache {metrics['kv_cache_usage'] * 100:.0f} %")
-    if "spec_acceptance_length" in metrics:
-        parts.append(f"acceptance length {metrics['spec_acceptance_length']:.2f}")
-    if "spec_acceptance_rate" in metrics:
-        parts.append(f"acceptance rate {metrics['spec_acceptance_rate']:.2f}")
+    length, rate = metrics.get("spec_acceptance_length"), metrics.get("spec_acceptance_rate")
+    # gauges an engine keeps at 0 / 1 without a draft model say nothing: left out
+    if rate or (length is not None and length > 1):
+        if length is not None:
+            parts.append(f"acceptance length {length:.2f}")
+        if rate is not None:
+            parts.append(f"acceptance rate {rate:.2f}")
     return "; ".join(parts) or "metrics: none of the known figures"

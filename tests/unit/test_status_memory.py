@@ -72,6 +72,9 @@ def test_metrics_by_meaning_whatever_the_prefix() -> None:
                   "spec_acceptance_length": 2.7}
     assert metrics_text({"ok": True, **sg}) == ("2 request(s) running; 0 waiting; KV cache 50 %; "
                                                 "acceptance length 2.70")
+    idle = {"ok": True, "requests_running": 0, "spec_acceptance_length": 1.0,
+            "spec_acceptance_rate": 0.0}  # no draft: the gauges say nothing
+    assert metrics_text(idle) == "0 request(s) running"
 
 
 def test_attach_reads_healthy_prometheus_servers_only() -> None:
