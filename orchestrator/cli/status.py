@@ -9,7 +9,7 @@ from orchestrator.cli.completion import complete_server
 from orchestrator.cli.verbosity import verbosity_option
 
 
-def _status(inventory_path: str | None, as_json: bool) -> int:
+def _status(inventory_path: str | None, as_json: bool, one_line: bool = False) -> int:
     from orchestrator.checks.status import gather_status
     from orchestrator.checks.status_render import render_status
     from orchestrator.core.report import print_json
@@ -17,7 +17,11 @@ def _status(inventory_path: str | None, as_json: bool) -> int:
 
     inventory, _ = load_inventory_option(inventory_path)
     result = gather_status(inventory)
-    if as_json:
+    if as_json and one_line:  # status --watch --json: JSON lines
+        import json
+
+        click.echo(json.dumps(result))
+    elif as_json:
         print_json(result)
     else:
         render_status(result)
@@ -66,7 +70,8 @@ def status(inventory_path: str | None, as_json: bool, watch: float | None) -> No
     if watch is not None:
         from orchestrator.cli.status_watch import watch_status
 
-        run_command(lambda: watch_status(lambda: _status(inventory_path, as_json), watch, as_json))
+        run_command(lambda: watch_status(lambda: _status(inventory_path, as_json, one_line=True),
+                                         watch, as_json))
     run_command(lambda: _status(inventory_path, as_json))
 
 

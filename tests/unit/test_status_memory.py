@@ -164,3 +164,30 @@ def test_watch_on_a_terminal_redraws_what_status_renders(monkeypatch: pytest.Mon
     assert status_watch.watch_status(look, 1, as_json=False) == 0
     assert len(drawn) == 2 and "0 GB" in drawn[0] and "1 GB" in drawn[1]
     assert "━" in drawn[0]  # a rich table, as on a terminal, not the plain lines of a pipe
+
+
+def test_status_watch_json_is_one_object_per_line(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_cli import INVENTORY as INV_TEXT
+    from test_cli import sparkctl
+
+    from orchestrator.cli import status_watch
+
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text(INV_TEXT)
+    looks = iter(range(10))
+    monkeypatch.setattr("orchestrator.checks.status.gather_status",
+                        lambda inv: {"ok": True, "nodes": {}, "servers": [], "look": next(looks)})
+    calls: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        calls.append(seconds)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(status_watch.time, "sleep", sleep)
+    result = sparkctl("status", "-i", str(inventory), "--json", "--watch")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["look"] for line in result.stdout.splitlines()] == [0, 1]
+    assert calls == [5.0, 5.0]  # --watch alone: every 5 s
+    bad = sparkctl("status", "-i", str(inventory), "--watch", "0.1")
+    assert bad.exit_code == 2
