@@ -283,3 +283,12 @@ def test_persist_and_the_plan_of_a_two_node_launch() -> None:
     assert engine.estimate_memory(spec.recipe).fits
     assert engine.config_preview(spec.recipe)["container"] == "sparkctl-llamacpp-lab-tiny-llama-rpc"
     assert engine.warnings(spec.recipe) and not engine.warnings(load_recipe("lab-tiny-llama"))
+
+
+def test_status_reads_llama_servers_prometheus_metrics() -> None:
+    from orchestrator.checks.status_memory import reads_prometheus, summarize_metrics
+
+    assert reads_prometheus("llamacpp")
+    figures = summarize_metrics("llamacpp:requests_processing 1\nllamacpp:requests_deferred 2\n"
+                                "llamacpp:kv_cache_usage_ratio 0.25\n")
+    assert figures == {"requests_running": 1, "requests_waiting": 2, "kv_cache_usage": 0.25}
