@@ -16,6 +16,21 @@ SIOCGIFFLAGS, SIOCGIFADDR = 0x8913, 0x8915
 GATED_ORGS = ("nvidia/", "meta-llama/")
 
 
+def option_table(engine: str):  # type: ignore[no-untyped-def]
+    """sparkctl's option table for an engine: the copy `lab up` puts beside the image's code, or
+    the source tree's when the simulator runs from a checkout (unit tests)."""
+    tables = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tables")
+    if os.path.isfile(os.path.join(tables, "optiontable.py")):
+        if tables not in sys.path:
+            sys.path.insert(0, tables)
+        import optiontable  # type: ignore[import-not-found]
+
+        return optiontable.load_table(engine, path=__import__("pathlib").Path(tables, f"{engine}.json"))
+    from orchestrator.engines.optiontable import load_table
+
+    return load_table(engine)
+
+
 def lab_dir() -> str:
     return os.environ.get("SPARKLAB_LAB_DIR", "/var/lib/sparklab")
 

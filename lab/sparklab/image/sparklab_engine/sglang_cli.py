@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from .common import ModelMissing, hostname, lab_config, resolve_model
+from .common import ModelMissing, hostname, lab_config, option_table, resolve_model
 
 VERSION = "0.5.12"
 USAGE = "usage: launch_server.py [-h] --model-path MODEL_PATH [options]"
@@ -39,19 +39,6 @@ NAMES = {"--model-path": "model", "--tensor-parallel-size": "tp", "--pipeline-pa
 
 class UsageError(Exception):
     pass
-
-
-def option_table():  # type: ignore[no-untyped-def]
-    here = os.path.dirname(os.path.abspath(__file__))
-    tables = os.path.join(here, "tables")
-    if os.path.isfile(os.path.join(tables, "optiontable.py")):
-        sys.path.insert(0, tables)
-        import optiontable  # type: ignore[import-not-found]
-
-        return optiontable.load_table("sglang", path=__import__("pathlib").Path(tables, "sglang.json"))
-    from orchestrator.engines.optiontable import load_table  # running from the source tree
-
-    return load_table("sglang")
 
 
 def log(message: str) -> None:
@@ -206,7 +193,7 @@ def main(argv: list[str]) -> int:
         print(VERSION)
         return 0
     try:
-        opts = parse(argv, option_table())
+        opts = parse(argv, option_table("sglang"))
     except UsageError as exc:
         print(f"{USAGE}\nlaunch_server.py: error: {exc}", file=sys.stderr)
         return 2

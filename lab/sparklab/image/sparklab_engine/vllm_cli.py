@@ -18,23 +18,10 @@ import sys
 import threading
 import time
 
-from .common import ModelMissing, fault, hostname, lab_config, resolve_model
+from .common import ModelMissing, fault, hostname, lab_config, option_table, resolve_model
 
 VERSION = "0.31.0"
 USAGE = "usage: vllm serve [model_tag] [options]"
-
-
-def option_table():  # type: ignore[no-untyped-def]
-    here = os.path.dirname(os.path.abspath(__file__))
-    tables = os.path.join(here, "tables")
-    if os.path.isfile(os.path.join(tables, "optiontable.py")):
-        sys.path.insert(0, tables)
-        import optiontable  # type: ignore[import-not-found]
-
-        return optiontable.load_table("vllm", path=__import__("pathlib").Path(tables, "vllm.json"))
-    from orchestrator.engines.optiontable import load_table  # running from the source tree
-
-    return load_table("vllm")
 
 
 def log(level: str, where: str, message: str) -> None:
@@ -96,7 +83,7 @@ def main(argv: list[str]) -> int:
               "(sparklab simulates `vllm serve` only)", file=sys.stderr)
         return 2
     try:
-        opts = parse(argv[1:], option_table())
+        opts = parse(argv[1:], option_table("vllm"))
     except UsageError as exc:
         print(f"{USAGE}\nvllm serve: error: {exc}", file=sys.stderr)
         return 2
