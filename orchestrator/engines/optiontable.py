@@ -234,7 +234,7 @@ def _closest(word: str, candidates: list[str]) -> str | None:
 
 def _is_lax_bool(value: Any) -> bool:
     # pydantic accepts the ints 0/1 but not 1.0 or 2; strings are matched exactly.
-    if isinstance(value, float):
+    if not isinstance(value, int | str):  # floats, lists, mappings (a list is not even hashable)
         return False
     return value in _BOOL_TRUE or value in _BOOL_FALSE
 
