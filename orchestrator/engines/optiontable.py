@@ -43,6 +43,9 @@ class OptionTable:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     root_model: str | None = None
     underscores_equal_dashes: bool = False
+    # argparse's allow_abbrev (on unless a parser turns it off): `--tp 1` is `--tp-size 1` when
+    # no other option starts with --tp; click (trtllm-serve) has no such thing
+    allow_abbrev: bool = False
     # keys an earlier release read and this one refuses: key -> {"replacement", "hint"}
     removed: dict[str, dict[str, str]] = field(default_factory=dict)
     _spellings: dict[str, str] = field(default_factory=dict, repr=False)
@@ -69,7 +72,26 @@ class OptionTable:
             positive = self._spellings.get(self._norm("--" + flag[5:]))
             if positive and self.flags[positive]["kind"] == "bool_optional":
                 return positive, True
+        actions = set(self.abbreviations(flag).values())
+        if len(actions) == 1:
+            return actions.pop()
         return None, False
+
+    def abbreviations(self, flag: str) -> dict[str, tuple[str, bool]]:
+        """The spellings a `--prefix` abbreviates, as argparse matches them, each with its
+        (canonical flag, whether it is the --no- form); empty when abbreviations are off. One
+        option reached through several spellings (--tp -> --tp-size only) is not ambiguous."""
+        if not self.allow_abbrev or not flag.startswith("--"):
+            return {}
+        prefix = self._norm(flag)
+        found: dict[str, tuple[str, bool]] = {}
+        for spelling, canonical in self._spellings.items():
+            if spelling.startswith(prefix):
+                found[spelling] = (canonical, False)
+            negative = "--no-" + spelling[2:]
+            if self.flags[canonical]["kind"] == "bool_optional" and negative.startswith(prefix):
+                found[negative] = (canonical, True)
+        return found
 
     def canonical(self, flag: str) -> str | None:
         """The table's own spelling of a flag, an alias or a --no- form; None when unknown."""
@@ -92,7 +114,12 @@ class OptionTable:
             flag, eq, inline = token.partition("=")
             canonical, negated = self._lookup(flag)
             if canonical is None:
-                problems.append(self._problem(flag, "unknown option", spellings))
+                matches = self.abbreviations(flag)
+                if matches:  # several options start so: argparse's "ambiguous option" (exit 2)
+                    problems.append(Problem(flag, f"ambiguous option: could match "
+                                                  f"{', '.join(sorted(matches))}", self.label))
+                else:
+                    problems.append(self._problem(flag, "unknown option", spellings))
                 continue
             spec = self.flags[canonical]
             kind = spec["kind"]
@@ -267,5 +294,6 @@ def load_table(engine: str, path: Path | None = None) -> OptionTable:
         engine=prov["engine"], version=prov["version"], flags=data["serve_flags"],
         models=data.get("llm_args", {}), root_model=data.get("root_model"),
         underscores_equal_dashes=data.get("flag_style", {}).get("underscores_equal_dashes", False),
+        allow_abbrev=data.get("flag_style", {}).get("allow_abbrev", False),
         removed=data.get("removed_keys", {}),
     )

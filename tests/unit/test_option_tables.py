@@ -59,6 +59,16 @@ def test_vllm_flags() -> None:
     assert "integer" in bad_int.message
     [missing] = t.check_flags(["--port"])
     assert missing.message == "needs a value"
+    assert t.check_flags(["--tensor-parallel", "2", "--max_model", "4096", "--no-enable-prefix"]) == []
+    assert t.canonical("--no-enable-prefix") == "--enable-prefix-caching"
+    assert "could match --distributed-executor-backend, --distributed-timeout-seconds" in \
+        t.check_flags(["--dist", "ray"])[0].message
+
+
+def test_click_has_no_abbreviations() -> None:
+    if not _present("trtllm"):
+        pytest.skip("no trtllm table")
+    assert load_table("trtllm").check_flags(["--tensor_parallel", "2"])[0].message == "unknown option"
 
 
 # ---------------------------------------------------------------- SGLang
@@ -74,8 +84,14 @@ def test_sglang_flags() -> None:
     assert stored.message == "takes no value"
     [choice] = t.check_flags(["--dtype", "fp64"])
     assert "not one of" in choice.message
-    [unknown] = t.check_flags(["--mem-fraction", "0.8"])
+    [unknown] = t.check_flags(["--mem-fractoin-static", "0.8"])
     assert unknown.suggestion == "--mem-fraction-static"
+    # argparse's unique abbreviations are the option itself; an ambiguous one names its candidates
+    assert t.check_flags(["--tp", "1", "--mem-fraction", "0.8", "--trust-remote"]) == []
+    assert t.canonical("--tp") == "--tensor-parallel-size"
+    [ambiguous] = t.check_flags(["--pp", "2"])
+    assert ambiguous.message == ("ambiguous option: could match --pp-async-batch-depth, "
+                                 "--pp-max-micro-batch-size, --pp-size")
     # underscores are not dashes to SGLang's plain argparse
     assert t.check_flags(["--tp_size", "2"])[0].message == "unknown option"
 

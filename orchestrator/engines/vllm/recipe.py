@@ -84,13 +84,14 @@ class Recipe(BaseRecipe):
             raise ValueError(
                 f"nodes is {self.nodes} but tensor_parallel_size x pipeline_parallel_size is "
                 f"{self.world_size}: a Spark has one GPU, so vLLM needs one node per rank")
+        from orchestrator.engines.vllm.options import canonical, check_serve_args
+
         for word in self.serve_args:
-            flag = word.split("=", 1)[0].replace("_", "-")
+            # an abbreviation (--tensor-parallel) is the flag itself to vLLM's argparse
+            flag = canonical(word.split("=", 1)[0]) if word.startswith("-") else word
             if flag in RESERVED_FLAGS:
                 raise ValueError(f"serve_args must not set {flag}: sparkctl sets it from "
                                  f"{RESERVED_FLAGS[flag]}")
-        from orchestrator.engines.vllm.options import check_serve_args
-
         problems = check_serve_args(self.serve_args)
         if problems:
             raise ValueError("serve_args: " + "; ".join(problems))

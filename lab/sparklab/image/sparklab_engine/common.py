@@ -31,6 +31,24 @@ def option_table(engine: str):  # type: ignore[no-untyped-def]
     return load_table(engine)
 
 
+class UsageError(Exception):
+    """A command line the engine's argparse parser refuses (exit 2)."""
+
+
+def usage_errors(problems: list) -> None:  # type: ignore[type-arg]
+    """argparse's wording for what the option table found: unrecognized arguments (all of them),
+    an ambiguous abbreviation with its candidates, or the first bad value."""
+    if not problems:
+        return
+    unknown = [p.key for p in problems if p.message == "unknown option"]
+    if unknown:
+        raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
+    p = problems[0]
+    if p.message.startswith("ambiguous option: could match "):
+        raise UsageError(f"ambiguous option: {p.key} could match {p.message.split('match ', 1)[1]}")
+    raise UsageError(f"argument {p.key}: {p.message}")
+
+
 def lab_dir() -> str:
     return os.environ.get("SPARKLAB_LAB_DIR", "/var/lib/sparklab")
 

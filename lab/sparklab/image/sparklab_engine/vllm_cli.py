@@ -18,7 +18,16 @@ import sys
 import threading
 import time
 
-from .common import ModelMissing, fault, hostname, lab_config, option_table, resolve_model
+from .common import (
+    ModelMissing,
+    UsageError,
+    fault,
+    hostname,
+    lab_config,
+    option_table,
+    resolve_model,
+    usage_errors,
+)
 
 VERSION = "0.31.0"
 USAGE = "usage: vllm serve [model_tag] [options]"
@@ -30,18 +39,8 @@ def log(level: str, where: str, message: str) -> None:
           flush=True)
 
 
-class UsageError(Exception):
-    pass
-
-
 def parse(args: list[str], table) -> dict:  # type: ignore[no-untyped-def]
-    problems = table.check_flags(args)
-    if problems:
-        unknown = [p.key for p in problems if p.message == "unknown option"]
-        if unknown:
-            raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
-        p = problems[0]
-        raise UsageError(f"argument {p.key}: {p.message}")
+    usage_errors(table.check_flags(args))
     opts: dict = {"model": None, "tp": 1, "pp": 1, "backend": None, "host": None, "port": 8000,
                   "served": None, "util": 0.92}
     names = {"--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp",
@@ -51,8 +50,8 @@ def parse(args: list[str], table) -> dict:  # type: ignore[no-untyped-def]
     i = 0
     while i < len(args):
         token = args[i]
-        flag, eq, inline = token.replace("_", "-").partition("=") if token.startswith("--") \
-            else (token, "", "")
+        flag, eq, inline = token.partition("=") if token.startswith("--") else (token, "", "")
+        flag = table.canonical(flag) or flag  # -tp, --max_model_len, unique abbreviations
         if flag in names:
             value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
             opts[names[flag]] = value

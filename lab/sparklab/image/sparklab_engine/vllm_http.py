@@ -24,6 +24,8 @@ class VllmState(EngineState):
 
 
 class VllmHandler(Handler):
+    checks_model = True  # a request naming a model this server does not serve is a 404
+
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
         st = self.state
