@@ -89,3 +89,56 @@ def test_a_model_the_server_does_not_serve_is_a_404(handler: str) -> None:
         assert ask("served-m") == 200 and ask(None) == 200
     finally:
         server.shutdown_quietly()
+
+
+def test_native_multinode_rank0_serves_and_headless_ranks_join(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's mp multi-node in the lab: rank 0 listens on --master-addr:--master-port, a headless
+    rank joins from its NCCL interface, checks the model on its node, loads, answers steps, and
+    ends when rank 0 shuts down."""
+    import json
+    import threading
+
+    from sparklab_engine import vllm_mp
+
+    snap = tmp_path / "hub" / "models--org--m" / "snapshots" / "main"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (tmp_path / "lab" / "config").mkdir(parents=True)
+    (tmp_path / "lab" / "config" / "lab.json").write_text(json.dumps({"engine_load_seconds": 0.1}))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("SPARKLAB_LAB_DIR", str(tmp_path / "lab"))
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    executor = vllm_mp.MpExecutor("org/m", 2, "127.0.0.1", port)
+    ended: list[int] = []
+    worker = threading.Thread(target=lambda: ended.append(vllm_mp.run_headless(1, "127.0.0.1", port)))
+    worker.start()
+    executor.start()
+    executor.load()
+    executor.step()
+    assert executor.dead is None
+    executor.shutdown()
+    worker.join(timeout=30)
+    assert ended == [0]
+
+
+def test_native_multinode_refusals(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    snap = tmp_path / "hub" / "models--org--m" / "snapshots" / "main"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    base = ["serve", "org/m", "--distributed-executor-backend", "mp", "--nnodes", "2"]
+    assert vllm_cli.main([*base, "-tp", "4", "--node-rank", "0"]) == 1
+    assert "World size (4) is larger than the number of available GPUs (1)" in capsys.readouterr().err
+    assert vllm_cli.main([*base, "-tp", "2", "--node-rank", "1"]) == 1
+    assert "start the ranks > 0 with --headless" in capsys.readouterr().err
+    # rank 0 binds --master-addr: an address that is not this node's fails like torch's store
+    assert vllm_cli.main([*base, "-tp", "2", "--master-addr", "192.0.2.1"]) == 1
+    assert "failed to bind to 192.0.2.1:29501" in capsys.readouterr().err
