@@ -64,11 +64,13 @@ def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(
 
     assert [n.name for n in models.nodes(inv)] == ["spark-a", "spark-b"]
     assert [type(s).__name__ for s in ray_phase.steps] == [
-        "Image", "ImageShare", "ImageDigest", "RayHead", "RayWorker", "RayCluster"]
+        "Image", "ImageShare", "ImageDigest", "RayInImage", "SameNcclDevices", "RayHead",
+        "RayWorker", "RayCluster"]
     head_req = ray_phase.facts(inv, inv.node("spark-a"))
     worker_req = ray_phase.facts(inv, inv.node("spark-b"))
     assert head_req["commands"]["ray"] == ray.probe_cmd("sparkctl-vllm") + " 2>/dev/null"
     assert "ray" not in (worker_req.get("commands") or {}) and worker_req["links"] is True
+    assert "vllm_image_record" in worker_req["commands"]  # what the image holds, per image ID
 
     assert [s.name for s in serve_phase.steps] == ["stop-previous", "server", "ready", "smoke-test"]
     assert [s.kind for s in serve_phase.steps][2:] == ["verify", "verify"]

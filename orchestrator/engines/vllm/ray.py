@@ -28,6 +28,7 @@ from orchestrator.phases.container import INFINIBAND, ContainerSpec
 from orchestrator.timestamps import parse_time
 
 RAY_LOGS = "/tmp/ray/session_latest/logs"
+SPREAD = '{"placement_group_options":{"strategy":"SPREAD"}}'
 READY_LOG_LINE = "Ray runtime started"
 STARTED_LINE = READY_LOG_LINE.replace(" ", "[ ]")  # no literal of the marker in our argv
 
@@ -62,10 +63,16 @@ def engine_env(inventory: Inventory, node: Node, roce: list[str], recipe: Recipe
         "VLLM_HOST_IP": node_ip(inventory, node),
         # Gloo takes one interface, not a list
         "GLOO_SOCKET_IFNAME": inventory.fabric.interfaces[0],
-        # Ray's memory monitor counts GPU-resident weights on unified memory as host memory and
-        # kills healthy workers (NVIDIA's vLLM playbook turns it off the same way)
-        "RAY_memory_monitor_refresh_ms": "0",
     })
+    if recipe.backend == "ray":
+        env.update({
+            # Ray's memory monitor counts GPU-resident weights on unified memory as host memory
+            # and kills healthy workers (NVIDIA's vLLM playbook turns it off the same way)
+            "RAY_memory_monitor_refresh_ms": "0",
+            # one GPU per Spark: vLLM's default PACK placement group would try to put bundles
+            # together; SPREAD puts one on each node (eugr/spark-vllm-docker#227)
+            "VLLM_DISTRIBUTED_EXECUTOR_CONFIG": SPREAD,
+        })
     env.update(recipe.env)
     return env
 
