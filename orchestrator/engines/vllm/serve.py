@@ -118,6 +118,7 @@ class ServeSpec:
         return {"engine": "vllm", "recipe": r.name, "model": r.model, "draft_model": None,
                 "port": r.port, "host": self.host, "tp_size": r.tensor_parallel_size,
                 "pp_size": r.pipeline_parallel_size, "container": r.container_name,
+                "executor": r.backend,
                 "main": MAIN, "ours": OURS, "nodes": self.serving,
                 "started": datetime.now(UTC).isoformat(timespec="seconds"),
                 "config_hash": self.digest}
