@@ -59,3 +59,27 @@ def test_mpirun_forwards_every_fabric_variable(topology: str) -> None:
     forwarded = [argv[i + 1] for i, word in enumerate(argv) if word == "-x"]
     assert set(fabric_variable_names(inv)) <= set(forwarded)  # type: ignore[arg-type]
     assert (set(RING_ENV) <= set(forwarded)) is (topology == "ring")
+
+
+def test_vllm_headless_ranks_reach_the_head_on_the_link_they_share() -> None:
+    """In a ring each neighbour has its own link to the head: its --master-addr is the head's
+    address on that link (torch's store listens on every address of the head)."""
+    from orchestrator.engines.vllm.multinode import head_address_for
+
+    # the lab's three-node ring: each link its own subnet (200: a-b, 204: a-c, 202: b-c)
+    inv = make_inventory({
+        "cluster": {"name": "ring", "ssh_key": "/k"},
+        "fabric": {"interfaces": ["enp1s0f1np1", "enp1s0f0np0"], "topology": "ring"},
+        "nodes": [
+            {"name": "spark-a", "host": "a", "addresses": {
+                "enp1s0f1np1": "192.168.200.12/24", "enp1s0f0np0": "192.168.204.12/24"}},
+            {"name": "spark-b", "host": "b", "addresses": {
+                "enp1s0f0np0": "192.168.200.13/24", "enp1s0f1np1": "192.168.202.13/24"}},
+            {"name": "spark-c", "host": "c", "addresses": {
+                "enp1s0f0np0": "192.168.202.14/24", "enp1s0f1np1": "192.168.204.14/24"}},
+        ]})
+    assert head_address_for(inv, inv.node("spark-b")) == "192.168.200.12"
+    assert head_address_for(inv, inv.node("spark-c")) == "192.168.204.12"
+    assert head_address_for(inv, inv.head) == "192.168.200.12"
+    direct = make_inventory()
+    assert head_address_for(direct, direct.nodes[1]) == head_address_for(direct, direct.head)

@@ -139,6 +139,3 @@ def test_native_multinode_refusals(capsys: pytest.CaptureFixture[str], tmp_path:
     assert "World size (4) is larger than the number of available GPUs (1)" in capsys.readouterr().err
     assert vllm_cli.main([*base, "-tp", "2", "--node-rank", "1"]) == 1
     assert "start the ranks > 0 with --headless" in capsys.readouterr().err
-    # rank 0 binds --master-addr: an address that is not this node's fails like torch's store
-    assert vllm_cli.main([*base, "-tp", "2", "--master-addr", "192.0.2.1"]) == 1
-    assert "failed to bind to 192.0.2.1:29501" in capsys.readouterr().err

@@ -36,6 +36,23 @@ REJOIN = ('while :; do "$@"; echo "sparkctl: headless rank ended ($?); rejoining
           "sleep 2; done")
 
 
+def head_address_for(inventory: Inventory, node: Node) -> str:
+    """The head's fabric address on the link it shares with `node`: the --master-addr that node's
+    rank connects to (torch's store listens on every address of the head). On a cable or a
+    switch that is the head's first address; in a ring each neighbour has its own link."""
+    import ipaddress
+
+    head = inventory.head
+    if node.name == head.name:
+        return ray.node_ip(inventory, head)
+    mine = ipaddress.IPv4Address(ray.node_ip(inventory, node))
+    for name in inventory.fabric.interfaces:
+        cidr = (head.addresses or {}).get(name)
+        if cidr and mine in ipaddress.IPv4Interface(cidr).network:
+            return inventory.fabric_address(head, name)
+    return ray.node_ip(inventory, head)
+
+
 def mp_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], hf_cache: str,
             infiniband: bool, restart: str | None = None) -> ContainerSpec:
     """A node's container for vLLM's own multi-node: the head's idles (rank 0 is started in it
@@ -44,7 +61,7 @@ def mp_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], h
 
     head = node.name == inventory.head_name
     rank = serving_nodes(recipe, inventory).index(node.name)
-    head_ip = ray.node_ip(inventory, inventory.head)
+    head_ip = head_address_for(inventory, node)
     flags = ["--ipc", "host", "--gpus", "all", "--ulimit", "memlock=-1",
              "--ulimit", "stack=67108864"]
     if infiniband:

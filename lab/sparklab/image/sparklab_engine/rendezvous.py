@@ -180,7 +180,10 @@ def connect_to_leader(rank: int, at: tuple[str, int] | None = None) -> socket.so
     last_warn = 0.0
     while True:
         try:
-            sock = socket.create_connection((leader, port), timeout=5, source_address=(addr, 0))
+            # NCCL binds its interface; torch's store client (vLLM's --master-addr) lets the
+            # kernel route, which in a ring picks the link that leads to rank 0
+            source = (addr, 0) if at is None else None
+            sock = socket.create_connection((leader, port), timeout=5, source_address=source)
             sock.settimeout(None)
             hello = {"type": "hello", "rank": rank, "host": hostname(), "ifname": ifname}
             sock.sendall((json.dumps(hello) + "\n").encode())

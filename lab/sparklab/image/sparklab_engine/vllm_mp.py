@@ -1,9 +1,10 @@
 """vLLM's native multi-node (`--distributed-executor-backend mp --nnodes N --node-rank R
 --master-addr HEAD --master-port P`, `--headless` on the other ranks), without Ray.
 
-Rank 0 (the node that serves the API) listens on --master-addr:--master-port; each headless rank
-connects there from its own NCCL interface (the fabric) and checks the model on its node, loads
-its share, then answers one step per request until rank 0 goes away. The wire is the lab's
+Rank 0 (the node that serves the API) listens on --master-port (every address, as torch's TCP
+store does); each headless rank connects to its --master-addr:--master-port (the kernel picks the
+route, the fabric link to rank 0) and checks the model on its node, loads its share, then answers
+one step per request until rank 0 goes away. The wire is the lab's
 rendezvous (rendezvous.py), the stand-in for torch's TCP store and NCCL.
 """
 from __future__ import annotations
@@ -17,11 +18,13 @@ class MpExecutor:
     def __init__(self, model: str, nnodes: int, master: str, port: int) -> None:
         self.model, self.nnodes = model, nnodes
         try:
-            self.leader = Leader(nnodes, bind=(master, port))
-        except OSError as exc:  # torch's TCPStore: the master address must be this node's
-            raise RuntimeError(f"The server socket has failed to bind to {master}:{port} "
-                               f"(errno: {exc.errno} - {exc.strerror}). Is --master-addr this "
-                               "node's address?") from None
+            # torch's TCP store listens on every address of rank 0's node; the others connect to
+            # the --master-addr they were given (the head's address on the link they share)
+            self.leader = Leader(nnodes, bind=("", port))
+        except OSError as exc:
+            raise RuntimeError(f"The server socket has failed to listen on any local network "
+                               f"address. port: {port}, useIpv6: 0, code: -98, name: EADDRINUSE, "
+                               f"message: {exc.strerror}") from None
 
     @property
     def dead(self) -> str | None:
