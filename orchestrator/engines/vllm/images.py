@@ -15,16 +15,15 @@ on an image without it stops there, before any container or server changes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.commands import docker_cmd, quote
+from orchestrator.commands import docker_cmd
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import EXIT_BAD_INPUT, SparkctlError
+from orchestrator.phases import image_records
 
-RECORD_DIR = "/var/lib/sparkctl/images"  # beside the Open MPI records (trtllm/mpi_env.py)
 FACT_KEY = "vllm_image_record"
 RAY_IMAGE = "nvcr.io/nvidia/vllm:26.03-py3"  # a pullable image known to ship Ray (KNOWN)
 
@@ -71,21 +70,17 @@ def no_ray_message(image: str, why: str) -> str:
 
 # ---------------------------------------------------------------- the probe, once per image ID
 def record_path(image: str) -> str:
-    return f"{RECORD_DIR}/{hashlib.sha256(image.encode()).hexdigest()[:16]}.vllm.json"
+    return image_records.record_path(image, "vllm")
 
 
 def record_fact(image: str) -> dict[str, str]:
     """The facts `commands` entry that reads the record (empty output when there is none)."""
-    return {FACT_KEY: f"cat {quote(record_path(image))} 2>/dev/null || true"}
+    return image_records.record_fact(FACT_KEY, record_path(image))
 
 
 def recorded(facts: dict[str, Any], image_id: str | None) -> dict[str, Any] | None:
-    out = (((facts.get("commands") or {}).get(FACT_KEY) or {}).get("out") or "").strip()
-    try:
-        record = json.loads(out) if out else None
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or "ray" not in record:
+    record = image_records.read_record(facts, FACT_KEY)
+    if record is None or "ray" not in record:
         return None
     return record if image_id and record.get("image_id") == image_id else None
 
@@ -105,12 +100,7 @@ def detect_and_record_cmd(image: str, image_id: str) -> str:
         "'detected':datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}\n"
         "print(json.dumps(r))\n"
     )
-    path = record_path(image)
-    return (f"out=$({probe} 2>&1) || {{ echo \"$out\" | tail -20 >&2; exit 2; }}; "
-            f"rec=$(printf '%s' \"$out\" | python3 -c {quote(script)}) || exit 3; "
-            f"install -d -m 0755 {quote(RECORD_DIR)} && "
-            f"printf '%s\\n' \"$rec\" > {quote(path)}.tmp && mv {quote(path)}.tmp {quote(path)} && "
-            "printf '%s\\n' \"$rec\"")
+    return image_records.detect_and_record_cmd(probe, script, record_path(image))
 
 
 def _image_id(ctx: NodeContext, image: str) -> str | None:
