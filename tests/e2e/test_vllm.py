@@ -265,6 +265,8 @@ def test_nvidias_current_image_runs_vllms_own_multinode_without_ray(
         launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
     lab, _ = launched
     head, other = lab.nodes
+    up = sparkctl("up", *inv(lab), "--yes")  # `down` above took the fetching container too
+    assert up.returncode == 0, up.stdout + up.stderr
     result = sparkctl("launch", "minimax-m2.7-mp", *inv(lab), "--yes", "--json", "--replace",
                       "--timeout", "180")
     assert result.returncode == 0, result.stdout + result.stderr
