@@ -31,6 +31,18 @@ def option_table(engine: str):  # type: ignore[no-untyped-def]
     return load_table(engine)
 
 
+def image_version(default: str) -> str:
+    """The engine version of the image this container runs (catalog.json, by SPARKLAB_IMAGE from
+    the image's environment), else `default` (outside a container: unit tests)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        with open(os.path.join(here, "catalog.json")) as f:
+            entry = json.load(f)["images"].get(os.environ.get("SPARKLAB_IMAGE", ""), {})
+    except (OSError, ValueError, KeyError):
+        entry = {}
+    return str(entry.get("version") or default)
+
+
 class UsageError(Exception):
     """A command line the engine's argparse parser refuses (exit 2)."""
 

@@ -11,7 +11,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import perf_model
-from .common import trt_log
+from .common import image_version, trt_log
 from .llm_args import draft_model
 
 WORDS = ("the", "city", "light", "river", "bread", "museum", "evening", "streets", "art",
@@ -226,7 +226,7 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             self.send_json(200, st.drain())
         elif path == "/version":
-            self.send_json(200, {"version": "1.3.0rc12-sparklab"})
+            self.send_json(200, {"version": image_version("1.3.0rc13") + "-sparklab"})
         else:
             self.send_json(404, {"detail": "Not Found"})
 

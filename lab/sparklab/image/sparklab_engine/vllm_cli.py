@@ -23,13 +23,14 @@ from .common import (
     UsageError,
     fault,
     hostname,
+    image_version,
     lab_config,
     option_table,
     resolve_model,
     usage_errors,
 )
 
-VERSION = "0.31.0"
+VERSION = image_version("0.31.0")  # the image's vLLM (catalog.json); the flags stay 0.31.0's table
 USAGE = "usage: vllm serve [model_tag] [options]"
 
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import time
 
+from .common import image_version
 from .server import EngineState, Handler, Server, start_http
 
-VERSION = "0.31.0"
+VERSION = image_version("0.31.0")  # the image's vLLM (catalog.json)
 
 
 class VllmState(EngineState):
