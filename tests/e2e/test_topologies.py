@@ -40,8 +40,11 @@ def ring_engines(inventory: str) -> None:
     env = {**ENV, "HF_TOKEN": "hf_topologyLabToken000000000000"}
 
     def launch(recipe: str) -> str:
+        # one server at a time here; `down` takes the fetching container too: `up` again
+        sparkctl("down", "--inventory", inventory, "--yes")
+        assert sparkctl("up", "--inventory", inventory, "--yes").returncode == 0
         result = subprocess.run([str(BIN / "sparkctl"), "launch", recipe, "--inventory", inventory,
-                                 "--yes", "--replace", "--timeout", "240"], env=env,
+                                 "--yes", "--timeout", "240"], env=env,
                                 capture_output=True, text=True, timeout=400, check=False)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr
         return result.stdout
@@ -52,8 +55,9 @@ def ring_engines(inventory: str) -> None:
     launch("qwen3.6-27b-tp2")  # SGLang across two nodes
     for node in ("spark-a", "spark-b"):
         assert container_env(node, "sparkctl-sglang-qwen3.6-27b-tp2") >= RING, node
+    sparkctl("down", "--inventory", inventory, "--yes")
     plan = subprocess.run([str(BIN / "sparkctl"), "launch", "qwen3-235b", "--inventory", inventory,
-                           "--dry-run", "--json", "--replace"], env=env, capture_output=True,
+                           "--dry-run", "--json"], env=env, capture_output=True,
                           text=True, timeout=300, check=False)
     text = plan.stdout
     assert "mpirun -np 2" in text, text[-2000:] + plan.stderr

@@ -251,13 +251,14 @@ def write_recipe(tmp_path: Any, **fields: Any) -> str:
 def test_forcing_ray_on_an_image_without_it_exits_2_before_any_change(
         launched: tuple[Lab, subprocess.CompletedProcess[str]], tmp_path: Any) -> None:
     lab, _ = launched
-    before = {n: lab.exec(n, "docker ps -a --format '{{.Names}} {{.ID}} {{.State}}'").stdout for n in lab.nodes}
+    listing = "docker ps -a --format '{{.Names}} {{.ID}} {{.State}}'"
+    before = {n: lab.exec(n, listing).stdout for n in lab.nodes}
     result = sparkctl("launch", write_recipe(tmp_path, executor="ray"), *inv(lab), "--yes")
     message = result.stdout + result.stderr
     assert result.returncode == 2, message
     assert "executor: ray, but nvcr.io/nvidia/vllm:26.10-py3 ships no Ray" in message
     assert "executor: mp" in message and "nvcr.io/nvidia/vllm:26.03-py3" in message
-    after = {n: lab.exec(n, "docker ps -a --format '{{.Names}} {{.ID}} {{.State}}'").stdout for n in lab.nodes}
+    after = {n: lab.exec(n, listing).stdout for n in lab.nodes}
     assert after == before
 
 
