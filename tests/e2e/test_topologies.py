@@ -56,6 +56,7 @@ def ring_engines(inventory: str) -> None:
     for node in ("spark-a", "spark-b"):
         assert container_env(node, "sparkctl-sglang-qwen3.6-27b-tp2") >= RING, node
     sparkctl("down", "--inventory", inventory, "--yes")
+    assert sparkctl("up", "--inventory", inventory, "--yes").returncode == 0
     plan = subprocess.run([str(BIN / "sparkctl"), "launch", "qwen3-235b", "--inventory", inventory,
                            "--dry-run", "--json"], env=env, capture_output=True,
                           text=True, timeout=300, check=False)
