@@ -116,6 +116,16 @@ def image_path(name: str) -> str:
     return f"{first}:{DEFAULT_PATH}" if first else DEFAULT_PATH
 
 
+def image_env(name: str) -> list[str]:
+    """The image's own environment (its Config.Env): its PATH, and for the lab's simulated tools
+    which image they run in and what it lacks (SPARKLAB_IMAGE_LACKS=ray: python3 without Ray)."""
+    entry = catalog_entry(name)
+    env = [f"PATH={image_path(name)}", f"SPARKLAB_IMAGE={name}"]
+    if entry.get("lacks"):
+        env.append("SPARKLAB_IMAGE_LACKS=" + ",".join(entry["lacks"]))
+    return env
+
+
 def catalog_digest(name: str) -> str | None:
     import hashlib
 
@@ -145,7 +155,7 @@ def node_digest(name: str) -> str | None:
 def config_blob(name: str, digest: str) -> bytes:
     """The image's config as `docker save` writes it; its sha256 is the image ID."""
     return json.dumps({"architecture": "arm64", "os": "linux",
-                       "config": {"Env": [f"PATH={image_path(name)}"], "Cmd": ["/bin/bash"],
+                       "config": {"Env": image_env(name), "Cmd": ["/bin/bash"],
                                   "Labels": {"org.sparklab.simulated": "true"}},
                        "sparklab": {"image": name, "repo_digest": digest}},
                       sort_keys=True).encode()
@@ -189,7 +199,7 @@ def image_record(name: str) -> dict | None:
     return {"Id": image_id(name, digest), "RepoTags": [name],
             "RepoDigests": [] if rec.get("loaded") else [f"{repo}@{digest}"],
             "Created": rec["pulled"], "Size": 27_000_000_000,
-            "Config": {"Env": [f"PATH={image_path(name)}"], "Cmd": ["/bin/bash"], "Entrypoint": None,
+            "Config": {"Env": image_env(name), "Cmd": ["/bin/bash"], "Entrypoint": None,
                        "Labels": {"org.sparklab.simulated": "true"}}}
 
 
