@@ -56,6 +56,7 @@ SUMMARIES = {
     "logs": "Server and container logs of every node, interleaved.",
     "down": "Stop the server and containers; with --network also remove the fabric config.",
     "recipes": "List built-in recipes, or show one with its memory estimate.",
+    "gateway": "One OpenAI endpoint for every server (LiteLLM): key, replicas, rolling swaps.",
     "doctor": "Diagnose the controller's setup: `doctor ssh` shows how each node is reached.",
 }
 
@@ -77,6 +78,7 @@ LAZY = {
     "tunnel": "orchestrator.cli.launch:tunnel",
     "bench": "orchestrator.cli.bench:bench",
     "status": "orchestrator.cli.status:status",
+    "gateway": "orchestrator.cli.gateway:gateway",
     "logs": "orchestrator.cli.status:logs",
     "down": "orchestrator.cli.status:down",
     "recipes": "orchestrator.cli.launch:recipes",
