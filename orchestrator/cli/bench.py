@@ -232,6 +232,10 @@ def _bench(opts: dict[str, Any]) -> int:
               help="With --sweep: seconds each relaunch may take.")
 @json_option
 @click.option("--save", metavar="DIR", help="Keep the results as DIR/bench-<time>.json.")
+@click.option("--gateway", is_flag=True,
+              help="Measure through the gateway against the same replicas directly, in the same "
+                   "run, on the gateway's node: median latency it adds (--runs x 10 requests) "
+                   "and throughput at the highest --concurrency (docs/gateway.md).")
 @click.option("--plot", metavar="FILE.png", help="Draw throughput vs concurrency (needs matplotlib).")
 @click.pass_context
 def bench(ctx: click.Context, **opts: Any) -> None:
@@ -246,6 +250,11 @@ def bench(ctx: click.Context, **opts: Any) -> None:
     Ctrl-C stops the benchmark (never the server) and exits 130. See docs/bench.md.
     """
     if ctx.invoked_subcommand is not None:
+        return
+    if opts.pop("gateway"):
+        from orchestrator.cli.gateway import bench_gateway
+
+        run_command(lambda: bench_gateway(opts))
         return
     for key in ("tg", "pp", "depth", "concurrency"):
         opts[key] = _ints(opts[key])

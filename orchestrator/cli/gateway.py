@@ -191,3 +191,53 @@ def status(inventory_path: str | None, as_json: bool) -> None:
 def down(inventory_path: str | None, as_json: bool) -> None:
     """Remove the gateway and its relays (the servers keep running)."""
     run_command(lambda: _down(inventory_path, as_json))
+
+
+def bench_gateway(opts: dict[str, Any]) -> int:
+    """`bench --gateway`: node/gateway_bench.py on the gateway's node, rendered."""
+    import json
+
+    from orchestrator.cli.bench import _ints
+    from orchestrator.cli.launch import _server_on_head
+    from orchestrator.commands import quote
+    from orchestrator.core.report import print_json
+    from orchestrator.errors import SparkctlError
+    from orchestrator.node import script
+    from orchestrator.phases import gateway, gateway_spec
+
+    manager, _ = _server_on_head(opts["inventory_path"], "bench --gateway")
+    with manager as session:
+        gw = gateway.find_gateway(gateway.probe_all(session.transports, liveliness=False))
+        if gw is None or not gw.state:
+            raise SparkctlError("no gateway runs: `sparkctl gateway up` first")
+        state = gw.state
+        replicas = [r for r in state.get("replicas") or []
+                    if not opts.get("server") or opts["server"] in (r["server"], r["model"])]
+        if not replicas:
+            raise SparkctlError(f"no replica named {opts.get('server')!r} behind the gateway")
+        model = replicas[0]["model"]
+        concurrency = max(_ints(opts["concurrency"]) or [8])
+        args = {"gateway": f"http://127.0.0.1:{state['port']}", "config": gateway_spec.CONFIG_FILE,
+                "model": model, "requests": 10 * opts["runs"], "seconds": 15,
+                "concurrency": concurrency, "max_tokens": max(_ints(opts["tg"]) or [32]),
+                "direct": [f"http://{r['address']}:{r['port']}" for r in replicas
+                           if r["model"] == model]}
+        result = session.transports[gw.node].run(
+            "python3 -c " + quote(script("gateway_bench.py")) + " " + quote(json.dumps(args)),
+            sudo=True, timeout=600, display="bench through the gateway and direct").check()
+    doc = {"command": "bench", "schema": "sparkctl-bench-gateway/1", "ok": True, "model": model,
+           "node": gw.node, "replicas": len(args["direct"]), **json.loads(result.stdout)}
+    if opts["as_json"]:
+        print_json(doc)
+        return 0
+    lat, rates = doc["latency_ms"], doc["throughput"]
+    click.echo(f"gateway vs direct on {gw.node}, {model}, {doc['replicas']} replica(s)")
+    click.echo(f"latency  median of {doc['requests']}: direct {lat['direct']:.1f} ms, gateway "
+               f"{lat['gateway']:.1f} ms: the gateway adds {doc['added_ms']:.1f} ms per request")
+    for name in ("direct", "gateway"):
+        r = rates[name]
+        click.echo(f"c{doc['concurrency']:<7} {name:<8} {r['requests_per_s']:.2f} req/s, "
+                   f"{r['tokens_per_s']:.1f} tokens/s ({r['requests']} requests, {r['errors']} "
+                   "errors)")
+    click.echo(f"throughput through the gateway: {doc['ratio'] * 100:.1f} % of direct")
+    return 0
