@@ -167,8 +167,9 @@ def relay_signal_cmd(server: str, signal: str) -> str:
     paths = relay_paths(server)
     pid = quote(paths["pidfile"])
     cmd = f"[ ! -f {pid} ] || kill -{signal} $(cat {pid}) 2>/dev/null || true"
-    if signal == "TERM":
-        cmd += " ; rm -f " + " ".join(quote(p) for p in paths.values())
+    if signal == "TERM":  # gone first, so it cannot write its state file after the rm
+        cmd += (f"; for i in $(seq 30); do [ -f {pid} ] && kill -0 $(cat {pid}) 2>/dev/null "
+                "|| break; sleep 0.1; done; rm -f " + " ".join(quote(p) for p in paths.values()))
     return cmd
 
 
