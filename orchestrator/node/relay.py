@@ -10,8 +10,12 @@ it again, SIGTERM ends it. Bytes pass untouched: no HTTP is parsed, no key is se
 
 The state file says {"pid", "accepting", "connections", "busy"}: a connection is busy while a
 request went up and no answer came back since, or while answer bytes flowed within the last
-second (a stream): `drain` waits for busy == 0 before the engine is stopped. Standard library
-only (Python 3.8+).
+second (a stream): `drain` waits for busy == 0 before the engine is stopped. While the door is
+closed, a kept-alive connection that starts a NEW request (request bytes after answer bytes:
+HTTP/1.1 clients send the next request only once the answer is in) is closed before a byte of
+it reaches the engine, so LiteLLM retries that request on another replica; without this, its
+pooled connections would keep a draining replica busy forever. Standard library only
+(Python 3.8+).
 """
 import asyncio
 import contextlib
@@ -29,6 +33,7 @@ class Pipe:
     def __init__(self):
         self.up = 0.0      # last request bytes (client -> engine)
         self.down = 0.0    # last answer bytes (engine -> client)
+        self.last = None   # which way bytes went last
         self.writers = []
 
     def busy(self, now):
@@ -75,7 +80,10 @@ class Relay:
                 data = await source.read(65536)
                 if not data:
                     break
+                if direction == "up" and self.server is None and pipe.last != "up":
+                    break  # draining and a new request starts: refused, retried elsewhere
                 setattr(pipe, direction, time.monotonic())
+                pipe.last = direction
                 sink.write(data)
                 await sink.drain()
         except (OSError, asyncio.IncompleteReadError):

@@ -209,7 +209,10 @@ def test_the_relay_passes_bytes_and_its_door_closes_and_opens(tmp_path: Path) ->
             wait_for(state, lambda s: not s["accepting"])
             with pytest.raises(OSError):
                 socket.create_connection(("127.0.0.1", port), timeout=2).close()
-            wait_for(state, lambda s: s["connections"] == 0)  # idle: closed while draining
+            client.sendall(b"next")  # a new request on the kept-alive connection: refused
+            inner.settimeout(5)
+            assert inner.recv(4) == b""  # closed before a byte of it reached the engine
+            wait_for(state, lambda s: s["connections"] == 0)
             inner.close()
         os.kill(relay.pid, signal.SIGUSR2)
         wait_for(state, lambda s: s["accepting"])
