@@ -251,13 +251,13 @@ def bench(ctx: click.Context, **opts: Any) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
+    for key in ("tg", "pp", "depth", "concurrency"):
+        opts[key] = _ints(opts[key])
     if opts.pop("gateway"):
         from orchestrator.cli.gateway import bench_gateway
 
         run_command(lambda: bench_gateway(opts))
         return
-    for key in ("tg", "pp", "depth", "concurrency"):
-        opts[key] = _ints(opts[key])
     if opts["plot"]:
         try:
             import matplotlib  # noqa: F401

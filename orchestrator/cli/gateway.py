@@ -197,7 +197,6 @@ def bench_gateway(opts: dict[str, Any]) -> int:
     """`bench --gateway`: node/gateway_bench.py on the gateway's node, rendered."""
     import json
 
-    from orchestrator.cli.bench import _ints
     from orchestrator.cli.launch import _server_on_head
     from orchestrator.commands import quote
     from orchestrator.core.report import print_json
@@ -216,10 +215,10 @@ def bench_gateway(opts: dict[str, Any]) -> int:
         if not replicas:
             raise SparkctlError(f"no replica named {opts.get('server')!r} behind the gateway")
         model = replicas[0]["model"]
-        concurrency = max(_ints(opts["concurrency"]) or [8])
+        concurrency = max(opts["concurrency"] or [8])  # parsed by `bench`
         args = {"gateway": f"http://127.0.0.1:{state['port']}", "config": gateway_spec.CONFIG_FILE,
                 "model": model, "requests": 10 * opts["runs"], "seconds": 15,
-                "concurrency": concurrency, "max_tokens": max(_ints(opts["tg"]) or [32]),
+                "concurrency": concurrency, "max_tokens": max(opts["tg"] or [32]),
                 "direct": [f"http://{r['address']}:{r['port']}" for r in replicas
                            if r["model"] == model]}
         result = session.transports[gw.node].run(

@@ -213,7 +213,7 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
     if rolling or allow_downtime:
         from orchestrator.cli.rolling import rolling_launch
 
-        rolling_launch(locals())
+        rolling_launch(locals(), _launch)
         return
     run_command(lambda: _launch(recipe_name, inventory_path, dry_run, yes, as_json, timeout,
                                 replace, host, drop_caches, hf_token_file, trust_new_hosts,

@@ -63,15 +63,16 @@ def others_serve(session: Any, inventory: Any, recipe: str, name: str) -> bool:
 def rolling(recipe_name: str, inventory_path: str | None, allow_downtime: bool,
             relaunch: Callable[[dict[str, Any]], int], note: Callable[[str], None] = _note) -> int:
     """Relaunch every replica of RECIPE in turn; `relaunch(server)` is launch's body for it."""
-    from orchestrator.cli.launch import _server_on_head
+    from orchestrator.core.runner import load_inventory_option
+    from orchestrator.core.session import open_session
     from orchestrator.engines import load_recipe, servers
     from orchestrator.errors import SparkctlError
     from orchestrator.phases import gateway
     from orchestrator.phases.gateway_spec import COOLDOWN_SECONDS
 
     recipe = load_recipe(recipe_name)
-    manager, inventory = _server_on_head(inventory_path, "launch --rolling")
-    with manager as session:
+    inventory, _ = load_inventory_option(inventory_path)
+    with open_session(inventory, "launch --rolling", quiet=True) as session:
         found = servers.gather(session.transports, inventory, probe=True, alive_only=False)
         # the ones not serving first: relaunching them costs no capacity, and each healthy
         # one then leaves only while another serves
@@ -113,11 +114,11 @@ def rolling(recipe_name: str, inventory_path: str | None, allow_downtime: bool,
     return 0
 
 
-def rolling_launch(opts: dict[str, Any]) -> None:
-    """`launch --rolling` from launch's options: each replica relaunched by launch's own body,
-    on its nodes, under its name and port, replacing it (--yes: the rolling run was asked for)."""
+def rolling_launch(opts: dict[str, Any], _launch: Callable[..., int]) -> None:
+    """`launch --rolling` from launch's options: each replica relaunched by launch's own body
+    (`_launch`, passed in: this module is launch's helper and must not import it back), on its
+    nodes, under its name and port, replacing it (--yes: the rolling run was asked for)."""
     from orchestrator.cli import run_command
-    from orchestrator.cli.launch import _launch
     from orchestrator.errors import InputError
 
     def body() -> int:
