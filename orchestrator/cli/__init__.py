@@ -57,6 +57,7 @@ SUMMARIES = {
     "down": "Stop the server and containers; with --network also remove the fabric config.",
     "recipes": "List built-in recipes, or show one with its memory estimate.",
     "gateway": "One OpenAI endpoint for every server (LiteLLM): key, replicas, rolling swaps.",
+    "advise": "Which layout serves a recipe fastest on N Sparks: predicted, or measured.",
     "doctor": "Diagnose the controller's setup: `doctor ssh` shows how each node is reached.",
 }
 
@@ -82,6 +83,7 @@ LAZY = {
     "logs": "orchestrator.cli.status:logs",
     "down": "orchestrator.cli.status:down",
     "recipes": "orchestrator.cli.launch:recipes",
+    "advise": "orchestrator.cli.advise:advise",
     "doctor": "orchestrator.cli.doctor:doctor",
 }
 
