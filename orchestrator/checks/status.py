@@ -71,6 +71,9 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     # every server on this node (SGLang runs one per node or placement), probed where it runs
     from orchestrator.engines.servers import servers_cmd
     commands["servers"] = servers_cmd(inventory, node, probe=True)
+    from orchestrator.phases.gateway_spec import probe_cmd
+
+    commands["gateway"] = probe_cmd(liveliness=True)  # `gateway up` (docs/gateway.md)
     own = {"files": files, "links": True, "ibdev2netdev": True,
            "containers": [inventory.container.name], "images": [inventory.container.image],
            "commands": commands, "timeout": 40}
@@ -117,6 +120,9 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
                 facts[name] = value
     result = assess(inventory, facts, errors)
     result["servers"] = server_list(inventory, facts, result.get("server"))
+    from orchestrator.phases.gateway import summary
+
+    result["gateway"] = summary(facts)
     from orchestrator.phases.boot_units import persistence
 
     units = {name: node.get("boot_units") or {} for name, node in result["nodes"].items()}

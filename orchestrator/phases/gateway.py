@@ -215,3 +215,28 @@ def drain(transport: Transport, server: str, timeout: float, note: Note) -> bool
     note(f"rolling: {server}: requests still in flight after {timeout:.0f} s; relaunching "
          "anyway (the gateway retries what fails on another replica)")
     return False
+
+
+def summary(cluster_facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """For `sparkctl status` (pure): the gateway from every node's probe fact ("gateway"), with
+    each model's replicas and how many are in the rotation (their relay's door open)."""
+    probes: dict[str, dict[str, Any]] = {}
+    for node, facts in cluster_facts.items():
+        answer = ((facts.get("commands") or {}).get("gateway") or {}).get("out") or ""
+        try:
+            probes[node] = json.loads(answer)
+        except ValueError:
+            continue
+    found = next(((n, p) for n, p in sorted(probes.items()) if p.get("state")), None)
+    if found is None:
+        return {"running": False}
+    node, probe_doc = found
+    state = probe_doc["state"]
+    models: dict[str, dict[str, int]] = {}
+    for r in state.get("replicas") or []:
+        relay = (probes.get(r["node"], {}).get("relays") or {}).get(r["server"]) or {}
+        entry = models.setdefault(r["model"], {"replicas": 0, "in_rotation": 0})
+        entry["replicas"] += 1
+        entry["in_rotation"] += int(bool(relay.get("alive") and relay.get("accepting")))
+    return {"running": True, "node": node, "host": state.get("host"), "port": state.get("port"),
+            "key": bool(state.get("key")), "live": bool(probe_doc.get("live")), "models": models}

@@ -221,3 +221,25 @@ def test_the_relay_passes_bytes_and_its_door_closes_and_opens(tmp_path: Path) ->
         relay.terminate()
         relay.wait(10)
         engine.close()
+
+
+def test_status_summarises_the_gateway_from_the_probe_facts() -> None:
+    s = spec()
+    open_door = {"alive": True, "accepting": True}
+    facts = {
+        "spark-a": {"commands": {"gateway": {"out": json.dumps(answers(
+            s.record(), live=True, relays={"r-a": open_door}))}}},
+        "spark-b": {"commands": {"gateway": {"out": json.dumps(answers(
+            relays={"r-b": {"alive": True, "accepting": False}}))}}},
+    }
+    doc = gateway.summary(facts)
+    assert doc == {"running": True, "node": "spark-a", "host": "0.0.0.0", "port": 4000,
+                   "key": True, "live": True,
+                   "models": {"Qwen/Qwen3-8B": {"replicas": 2, "in_rotation": 1}}}
+    assert gateway.summary({"spark-a": {"commands": {"gateway": {"out": "garbage"}}}}) == {
+        "running": False}
+    from orchestrator.checks.status import status_facts
+
+    inventory = make_inventory()
+    assert "gateway_probe" in json.dumps(status_facts(inventory, inventory.head)) or \
+        '"dir"' in status_facts(inventory, inventory.head)["commands"]["gateway"]
