@@ -59,6 +59,7 @@ SUMMARIES = {
     "gateway": "One OpenAI endpoint for every server (LiteLLM): key, replicas, rolling swaps.",
     "advise": "Which layout serves a recipe fastest on N Sparks: predicted, or measured.",
     "doctor": "Diagnose the controller's setup: `doctor ssh` shows how each node is reached.",
+    "init": "Write an inventory for your Sparks: finds the cabled fabric port on every node.",
 }
 
 # Commands other distributions add through the "sparkctl.plugins" entry point group.
@@ -82,9 +83,10 @@ LAZY = {
     "gateway": "orchestrator.cli.gateway:gateway",
     "logs": "orchestrator.cli.status:logs",
     "down": "orchestrator.cli.status:down",
-    "recipes": "orchestrator.cli.launch:recipes",
+    "recipes": "orchestrator.cli.recipes:recipes",
     "advise": "orchestrator.cli.advise:advise",
     "doctor": "orchestrator.cli.doctor:doctor",
+    "init": "orchestrator.cli.init:init",
 }
 
 

@@ -136,7 +136,7 @@ def rolling_launch(opts: dict[str, Any], _launch: Callable[..., int]) -> None:
                 opts["trust_new_hosts"], opts["break_lock"], opts["ignore_memory"],
                 opts["guard_min_available_gb"], tuple(server.get("nodes") or [server["node"]]),
                 str(server["name"]), int(server["port"]), not opts["drop_caches"],
-                opts["persist"], opts["distribute_image"])
+                opts["persist"], opts["distribute_image"], opts.get("api_key_file"))
 
         return rolling(opts["recipe_name"], opts["inventory_path"], opts["allow_downtime"],
                        relaunch)
