@@ -95,11 +95,26 @@ def image_dir() -> str:
 
 
 def normalize_image(ref: str) -> str:
+    if "@" in ref:  # by digest: the catalog image that declares it (else unknown, as a registry)
+        return by_digest(ref)
     last = ref.rsplit("/", 1)[-1]
     if "@" not in ref and ":" not in last:
         ref += ":latest"
     if "/" not in ref.split(":")[0]:
         ref = "docker.io/library/" + ref
+    return ref
+
+
+def by_digest(ref: str) -> str:
+    """REPO@sha256:... -> the catalog's REPO:TAG whose declared `digest` it is; unchanged
+    otherwise (the pull then fails as a registry's "manifest unknown" does)."""
+    repo, _, digest = ref.partition("@")
+    repo = repo.rsplit(":", 1)[0] if ":" in repo.rsplit("/", 1)[-1] else repo
+    catalog = read_json(image_dir() + "/catalog.json", {}) or {}
+    for name, entry in (catalog.get("images") or {}).items():
+        if name.rsplit(":", 1)[0] == repo and isinstance(entry, dict) \
+                and entry.get("digest") == digest:
+            return name
     return ref
 
 
@@ -133,6 +148,9 @@ def catalog_digest(name: str) -> str | None:
     catalog = read_json(d + "/catalog.json", {}) or {}
     if name not in catalog.get("images", {}):
         return None
+    declared = (catalog["images"][name] or {}).get("digest")
+    if declared:  # an image the lab serves under its real registry digest (pinned references)
+        return str(declared)
     h = hashlib.sha256(name.encode())
     for base, dirs, files in sorted(os.walk(d)):
         dirs[:] = sorted(x for x in dirs if x != "__pycache__")
