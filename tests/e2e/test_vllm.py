@@ -270,6 +270,7 @@ def test_forcing_ray_on_an_unknown_image_pulls_it_only_then_refuses_in_the_plan(
     """Not on the nodes: the pull is the only change (the models are not fetched, no container
     is made) and the message says so; present now: refused while planning, nothing changed."""
     lab, _ = launched
+    sparkctl("down", *inv(lab), "--yes")  # no server to refuse first (the guard phase)
     listing = "docker ps -a --format '{{.Names}} {{.ID}} {{.State}}'"
     before = {n: lab.exec(n, listing).stdout for n in lab.nodes}
     recipe = write_recipe(tmp_path, executor="ray", image=UNKNOWN_IMAGE)
