@@ -178,3 +178,24 @@ def test_an_unknown_image_forced_to_ray_is_looked_into_before_the_models(
     assert ("ray-check" in names) is probed
     if probed:
         assert names.index("ray-check") < names.index("models")
+
+
+def test_a_step_refusing_the_input_makes_the_run_exit_2() -> None:
+    """RayInImage's refusal carries exit 2 through the executor's report (other failures: 1)."""
+    from orchestrator.core.executor import Executor
+    from orchestrator.core.progress import Progress
+    from orchestrator.core.report import Report
+    from orchestrator.core.step import Phase, Plan, RunOptions
+
+    image = "example.org/own/vllm:1"
+    inv = inventory()
+    answer = json.dumps({"image": image, "image_id": IMAGE_ID, "ray": None})
+    transport = FakeTransport("spark-a", facts=probe_facts(image, None)).on("docker run", 0,
+                                                                          answer + "\n")
+    phase = Phase("ray-check", [images.RayInImage(image, "ray")], lambda i, n: {}, head_only=True)
+    report = Report("launch")
+    Executor(inv, {"spark-a": transport}, RunOptions(), report,  # type: ignore[dict-item]
+             Progress(quiet=True)).run(Plan("launch", [phase]))
+    assert not report.ok and report.exit_code == 2
+    assert "Nothing was changed" in report.hosts["spark-a"].steps[-1].message
+    assert Report("up").exit_code == 0
