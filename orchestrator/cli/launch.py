@@ -103,7 +103,11 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     endpoint = f"http://{host}:{recipe.port}"
     server = name or recipe.name
 
-    plan = Plan("launch", engine.launch_phases(recipe, inventory, options))
+    from orchestrator.phases import hf_token
+
+    # the token first: a missing or refused one stops the launch before any download or change
+    plan = Plan("launch", [hf_token.phase(recipe, inventory),
+                           *engine.launch_phases(recipe, inventory, options)])
 
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,
@@ -122,7 +126,8 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
         values={"hf_token": token, "progress_note": _note, "distribute_image": distribute_image},
         after=after,
     )
-    return execute(request)
+    code = execute(request)
+    return 2 if code == 1 and request.values.get(hf_token.MISSING) else code
 
 
 def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
