@@ -103,10 +103,10 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     endpoint = f"http://{host}:{recipe.port}"
     server = name or recipe.name
 
-    from orchestrator.phases import hf_token
+    from orchestrator.phases import hub_token
 
     # the token first: a missing or refused one stops the launch before any download or change
-    plan = Plan("launch", [hf_token.phase(recipe, inventory),
+    plan = Plan("launch", [hub_token.phase(recipe, inventory),
                            *engine.launch_phases(recipe, inventory, options)])
 
     def build(session: Any) -> Plan:
@@ -127,7 +127,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
         after=after,
     )
     code = execute(request)
-    return 2 if code == 1 and request.values.get(hf_token.MISSING) else code
+    return 2 if code == 1 and request.values.get(hub_token.MISSING) else code
 
 
 def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,

@@ -1,4 +1,4 @@
-"""phases/hf_token.py: the HF token checked on the head before anything downloads: present when
+"""phases/hub_token.py: the HF token checked on the head before anything downloads: present when
 a missing repository is gated, accepted by the hub (`hf auth whoami`, the token on stdin), and
 the lab's `hf auth whoami` (lab/sparklab/image/sparklab_engine/hf_cli.py)."""
 
@@ -15,7 +15,7 @@ from test_models import DRAFT, MODEL, RECIPE, facts_of, head_manifests, hub_entr
 from orchestrator.commands import Secret
 from orchestrator.core.step import RunOptions, Unchanged
 from orchestrator.errors import InputError, SparkctlError
-from orchestrator.phases import hf_token
+from orchestrator.phases import hub_token
 
 GATED = ("huggingface_hub.errors.GatedRepoError: 401 Client Error.\nCannot access gated repo for "
          f"url https://huggingface.co/api/models/{MODEL}/revision/main.")
@@ -41,14 +41,14 @@ def options(**values: Any) -> RunOptions:
      "https://huggingface.co"),
 ])
 def test_whoami_answers(status: int, output: str, state: str, hub: str) -> None:
-    verdict = hf_token.read_whoami(status, output)
+    verdict = hub_token.read_whoami(status, output)
     assert (verdict.state, verdict.hub) == (state, hub)
 
 
 def test_nothing_to_download_asks_nothing(fake_cluster: Callable[..., FakeCluster]) -> None:
     cluster = fake_cluster(facts={"spark-a": facts_of(head_manifests())})
     ctx = cluster.context("spark-a", options=options(hf_token=Secret("hf_x")))
-    outcome = hf_token.HubToken(RECIPE).check(ctx)
+    outcome = hub_token.HubToken(RECIPE).check(ctx)
     assert isinstance(outcome, Unchanged) and "no token needed" in outcome.reason
     assert cluster["spark-a"].calls == []
 
@@ -62,7 +62,7 @@ def test_a_refused_token_stops_before_any_download_naming_the_hub(
     ctx = cluster.context("spark-a", options=options(hf_token=Secret("hf_wrong")))
     with pytest.raises(SparkctlError, match=r"spark-a: the HF token .* rejected by the hub "
                                             r"https://huggingface.co \(.*401") as caught:
-        hf_token.HubToken(RECIPE).check(ctx)
+        hub_token.HubToken(RECIPE).check(ctx)
     assert not isinstance(caught.value, InputError)  # exit 1: the input was there, the hub said no
     (call,) = head.calls
     # the token only on stdin: never on the command line or in the container's environment
@@ -75,14 +75,14 @@ def test_an_accepted_token_and_an_unreachable_hub(fake_cluster: Callable[..., Fa
     cluster = fake_cluster(facts=missing_facts())
     cluster["spark-a"].on("whoami", stdout="hub=https://huggingface.co\nuser: someone\n")
     ctx = cluster.context("spark-a", options=options(hf_token=Secret("hf_ok")))
-    outcome = hf_token.HubToken(RECIPE).check(ctx)
+    outcome = hub_token.HubToken(RECIPE).check(ctx)
     assert isinstance(outcome, Unchanged)
     assert outcome.reason == "HF token accepted by https://huggingface.co (user: someone)"
 
     cluster = fake_cluster(facts=missing_facts())
     cluster["spark-a"].on("whoami", status=1, stdout="hub=https://huggingface.co\n"
                           "requests.exceptions.ConnectionError: Max retries exceeded")
-    outcome = hf_token.HubToken(RECIPE).check(cluster.context(
+    outcome = hub_token.HubToken(RECIPE).check(cluster.context(
         "spark-a", options=options(hf_token=Secret("hf_ok"))))
     assert isinstance(outcome, Unchanged) and "cannot be reached from spark-a" in outcome.reason
 
@@ -93,8 +93,8 @@ def test_no_token_for_a_gated_repo_is_bad_input(fake_cluster: Callable[..., Fake
     head.on("--dry-run", status=1, stderr=GATED)
     ctx = cluster.context("spark-a", options=options())
     with pytest.raises(InputError, match=rf"{MODEL} is gated on the hub and no HF token was given"):
-        hf_token.HubToken(RECIPE).check(ctx)
-    assert ctx.options.values[hf_token.MISSING] is True
+        hub_token.HubToken(RECIPE).check(ctx)
+    assert ctx.options.values[hub_token.MISSING] is True
     (call,) = head.calls  # the draft is present: only the missing repo is asked about
     assert "--dry-run" in call.command and "HF_TOKEN_PATH" not in call.command
 
@@ -103,9 +103,9 @@ def test_no_token_for_a_public_repo_is_fine(fake_cluster: Callable[..., FakeClus
     cluster = fake_cluster(facts=missing_facts())
     cluster["spark-a"].on("--dry-run", stdout="[dry-run] Will download 3 files totalling 1.2G.")
     ctx = cluster.context("spark-a", options=options())
-    outcome = hf_token.HubToken(RECIPE).check(ctx)
+    outcome = hub_token.HubToken(RECIPE).check(ctx)
     assert isinstance(outcome, Unchanged) and "need none" in outcome.reason
-    assert hf_token.MISSING not in ctx.options.values
+    assert hub_token.MISSING not in ctx.options.values
 
 
 def test_the_lab_whoami(monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
