@@ -1,4 +1,4 @@
-"""The Hugging Face token (hub_token: not hf_*, a name the wheel check keeps for the lab), checked on the head before anything downloads or any container changes.
+"""The Hugging Face token, checked on the head before anything downloads or any container changes.
 
 Only when the head lacks a model the recipe serves (nothing to download: nothing to check). In
 the head's `up` container, where the download would run and against the hub it would use
