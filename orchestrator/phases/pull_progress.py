@@ -134,11 +134,12 @@ class PullReport:
             if event.status.startswith(("Status: ", "Digest: ")):
                 self.say(f"          {self.node}: {event.status}")
             return
-        if event.status.startswith(DONE) or self.last is None or now - self.last >= self.every:
+        done = event.status.startswith(DONE)
+        moving = event.total is not None  # bytes: only on a terminal, throttled
+        if done or (moving and (self.last is None or now - self.last >= self.every)):
             self.last = now
-            what = event.status if event.status.startswith(DONE) else "pulling"
-            self.say(f"          {self.node}: {self.image}: {event.layer[:12]} {what}; "
-                     f"{self.state.summary()}")
+            self.say(f"          {self.node}: {self.image}: {event.layer[:12]} "
+                     f"{event.status.lower()}; {self.state.summary()}")
 
 
 def pull_cmd(image: str) -> str:

@@ -66,9 +66,9 @@ def test_a_slow_pull_shows_layers_and_bytes(
         lines = [line for line in result.stderr.splitlines() if f"{node}: {IMAGE}:" in line]
         assert f"↓ {node}: docker pull {IMAGE}" in result.stderr
         # bytes while downloading (docker on a pseudo-terminal), then each layer as it completes
-        assert any("pulling; 0/4 layers done" in line and "downloaded" in line for line in lines), \
+        assert any("downloading; 0/4 layers done" in line and "downloaded" in line for line in lines), \
             result.stderr
-        assert any(" Pull complete; 4/4 layers done, 27.03 GB of 27.03 GB downloaded" in line
+        assert any(" pull complete; 4/4 layers done, 27.03 GB of 27.03 GB downloaded" in line
                    for line in lines), result.stderr
         assert f"{node}: Status: Downloaded newer image for {IMAGE}" in result.stderr
 

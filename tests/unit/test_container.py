@@ -149,7 +149,7 @@ def test_pull_feeds_the_digest_check(inventory: Any, context: Any, fake_transpor
     shared.Image().apply(ctx, Change("pull"))
     assert f"docker pull {IMAGE}" in transport.calls[0]["command"]
     assert transport.calls[1]["command"].startswith(f"docker image inspect {IMAGE}")
-    assert any("0123456789ab Pull complete; 1/1 layers done" in line for line in lines)
+    assert any("0123456789ab pull complete; 1/1 layers done" in line for line in lines)
     assert shared.image_digest(ctx.shared["image_facts"]["spark-a"], IMAGE) == "sha256:7"
 
 

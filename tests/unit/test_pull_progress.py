@@ -74,9 +74,9 @@ def test_report_says_each_finished_layer_and_throttles_the_bars() -> None:
     for line in TERMINAL:
         report.line(line)
     # the first bar line speaks (nothing said yet), later bars wait for the throttle
-    bars = [line for line in said if "pulling;" in line]
+    bars = [line for line in said if "downloading;" in line]
     assert len(bars) == 1
-    assert any("4f4fb700ef54 Pull complete; 1/2 layers done" in line for line in said)
+    assert any("4f4fb700ef54 pull complete; 1/2 layers done" in line for line in said)
     assert said[-1].strip().startswith("spark-a: Status: Downloaded newer image")
 
 
