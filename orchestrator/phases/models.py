@@ -271,7 +271,9 @@ class Distribute(Step):
         container = ctx.inventory.container.name
         note = ctx.options.values.get("progress_note") or (lambda line: None)
         peers: list[str] = change.payload
-        head = read_manifests(ctx.transport, container, self.recipe, chunks=True)  # type: ignore[arg-type]
+        # the chunk hashes of a model not hashed before take minutes: said while they run
+        with Heartbeat(note, f"{ctx.node.name}: hashing the model's chunks for the copy"):
+            head = read_manifests(ctx.transport, container, self.recipe, chunks=True)  # type: ignore[arg-type]
         for repo, _, _ in self.recipe.repos:
             if not head[repo]["present"]:
                 raise SparkctlError(f"{ctx.node.name}: {repo} is not complete on the head "
