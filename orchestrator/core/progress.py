@@ -66,9 +66,10 @@ class Heartbeat:
     the wait's own lines: each one resets the silence, so a chatty wait gets no extra lines.
     `detail` adds what is known so far (layers, bytes) to the heartbeat line."""
 
-    def __init__(self, note: Callable[[str], None], what: str, every: float = HEARTBEAT_SECONDS,
+    def __init__(self, note: Callable[[str], None], what: str, every: float | None = None,
                  detail: Callable[[], str] | None = None) -> None:
-        self.note, self.what, self.every, self.detail = note, what, every, detail
+        self.note, self.what, self.detail = note, what, detail
+        self.every = HEARTBEAT_SECONDS if every is None else every
         self.started = self.last = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True, name="heartbeat")

@@ -4,6 +4,9 @@ that fills a long wait's silences (core/progress.py)."""
 from __future__ import annotations
 
 import threading
+from typing import Any
+
+import pytest
 
 from orchestrator.core.progress import Heartbeat, elapsed_text
 from orchestrator.phases.pull_progress import PullEvent, PullReport, PullState, parse_line, pull_cmd
@@ -102,3 +105,35 @@ def test_heartbeat_speaks_in_a_silence_with_what_and_detail() -> None:
 def test_elapsed_text() -> None:
     assert elapsed_text(7.9) == "7s"
     assert elapsed_text(125) == "2m05s"
+
+
+def test_a_silent_readiness_wait_still_says_what_it_waits_for(
+        monkeypatch: pytest.MonkeyPatch, inventory: Any, context: Any) -> None:
+    """engines/verify.py's WaitReady: an engine that prints nothing while it loads still gets
+    a line naming what is awaited (and the engine's own lines pass through)."""
+    from orchestrator.core import progress
+    from orchestrator.core.step import Change, RunOptions
+    from orchestrator.engines.base import Ready
+    from orchestrator.engines.verify import WaitReady
+
+    monkeypatch.setattr(progress, "HEARTBEAT_SECONDS", 0.0)
+    said: list[str] = []
+    beat = threading.Event()
+
+    def note(line: str) -> None:
+        said.append(line)
+        if "waiting" in line:
+            beat.set()
+
+    def wait(transports: Any, timeout: float, say: Any) -> Ready:
+        say("[  0.5s] loading (/health 503)")
+        assert beat.wait(30), said  # silent until the heartbeat spoke
+        return Ready(models=["m"], seconds=1.0)
+
+    inv = inventory()
+    ctx = context(inv, "spark-a", {"spark-a": {}},
+                  options=RunOptions(command="launch", values={"progress_note": note}))
+    message = WaitReady(wait, 60, "vLLM").apply(ctx, Change("verify"))
+    assert message is not None and message.startswith("answering: m")
+    assert said[0] == "[  0.5s] loading (/health 503)"
+    assert any("… vLLM on spark-a to answer: waiting, " in line for line in said)
