@@ -173,7 +173,8 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
               help="The memory guard stops the server when a node's MemAvailable falls below "
                    "this (default: the recipe's memory.guard_min_available_gb, else 2).")
 @click.option("--hf-token-file", metavar="FILE",
-              help=f"HF token file when $HF_TOKEN is unset (default {DEFAULT_TOKEN_FILE}).")
+              help=f"HF token file when $HF_TOKEN is unset (default {DEFAULT_TOKEN_FILE}); "
+                   "checked with the hub before anything downloads.")
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
 @click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
 @click.option("--ignore-memory", is_flag=True, help="Launch even if the memory estimate says no.")
