@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO, Lab, e2e_state, healthy_lab
 
+from orchestrator.inventory_checks import load_inventory
+
 pytestmark = pytest.mark.lab
 
 SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
-IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
-RECORD = "/var/lib/sparklab/images/" + IMAGE.replace("/", "+") + ".json"
 LAB_JSON = "/var/lib/sparklab/config/lab.json"
 OUTBOX = "cat /var/lib/sparklab/outbox/hf-downloads.log 2>/dev/null || true"
 HUB = "/home/nvidia/.cache/huggingface"
@@ -37,6 +37,16 @@ def sparkctl(home: Path, *args: str, token: str | None = None) -> subprocess.Com
                           env=env, cwd=REPO)
 
 
+def image_of(lab: Lab) -> str:
+    image = load_inventory(lab.inventory).container.image
+    assert image
+    return image
+
+
+def record(image: str) -> str:
+    return "/var/lib/sparklab/images/" + image.replace("/", "+") + ".json"
+
+
 def set_pull_seconds(lab: Lab, seconds: float) -> None:
     for node in lab.nodes:
         lab.exec(node, f"python3 -c \"import json; p='{LAB_JSON}'; c=json.load(open(p)); "
@@ -50,7 +60,7 @@ def slow_up(lab_session: list[Lab], tmp_path_factory: pytest.TempPathFactory
     home = tmp_path_factory.mktemp("home")
     set_pull_seconds(lab, 24)
     for node in lab.nodes:  # the image must be pulled again
-        lab.exec(node, f"rm -f '{RECORD}'")
+        lab.exec(node, f"rm -f '{record(image_of(lab))}'")
     try:
         result = sparkctl(home, "up", "--inventory", str(lab.inventory), "--yes")
     finally:
@@ -62,15 +72,16 @@ def test_a_slow_pull_shows_layers_and_bytes(
         slow_up: tuple[Lab, Path, subprocess.CompletedProcess[str]]) -> None:
     lab, _, result = slow_up
     assert result.returncode == 0, result.stdout + result.stderr
+    image = image_of(lab)
     for node in lab.nodes:
-        lines = [line for line in result.stderr.splitlines() if f"{node}: {IMAGE}:" in line]
-        assert f"↓ {node}: docker pull {IMAGE}" in result.stderr
+        lines = [line for line in result.stderr.splitlines() if f"{node}: {image}:" in line]
+        assert f"↓ {node}: docker pull {image}" in result.stderr, result.stderr
         # bytes while downloading (docker on a pseudo-terminal), then each layer as it completes
         assert any("downloading; 0/4 layers done" in line and "downloaded" in line for line in lines), \
             result.stderr
         assert any(" pull complete; 4/4 layers done, 27.03 GB of 27.03 GB downloaded" in line
                    for line in lines), result.stderr
-        assert f"{node}: Status: Downloaded newer image for {IMAGE}" in result.stderr
+        assert f"{node}: Status: Downloaded newer image for {image}" in result.stderr
 
 
 def test_a_refused_token_stops_the_launch_before_any_download(
