@@ -271,6 +271,8 @@ def test_forcing_ray_on_an_unknown_image_pulls_it_only_then_refuses_in_the_plan(
     is made) and the message says so; present now: refused while planning, nothing changed."""
     lab, _ = launched
     sparkctl("down", *inv(lab), "--yes")  # no server to refuse first (the guard phase)
+    up = sparkctl("up", *inv(lab), "--yes")  # `down` took the fetching container too
+    assert up.returncode == 0, up.stdout + up.stderr
     listing = "docker ps -a --format '{{.Names}} {{.ID}} {{.State}}'"
     before = {n: lab.exec(n, listing).stdout for n in lab.nodes}
     recipe = write_recipe(tmp_path, executor="ray", image=UNKNOWN_IMAGE)
