@@ -69,11 +69,11 @@ class LeaveGateway(Step):
                       f"(up to {DRAIN_TIMEOUT:.0f} s)")
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        from orchestrator.phases import gateway
+        from orchestrator.phases.gateway_relays import drain
 
         if ctx.transport is None:  # only a dry run has none, and it applies nothing
             return None
-        drained = gateway.drain(ctx.transport, self.server, DRAIN_TIMEOUT, lambda _line: None)
+        drained = drain(ctx.transport, self.server, DRAIN_TIMEOUT, lambda _line: None)
         ctx.run(gs.relay_signal_cmd(self.server, "TERM"), sudo=True, timeout=30,
                 display=f"stop the relay of {self.server}").check()
         return "drained" if drained else (f"requests still in flight after {DRAIN_TIMEOUT:.0f} s "
