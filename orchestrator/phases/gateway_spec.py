@@ -157,8 +157,10 @@ def relay_start_cmd(replica: Replica) -> str:
                        "pidfile": paths["pidfile"]}, sort_keys=True)
     start = join(["setsid", "python3", "-c", script("relay.py"), args])
     pid = quote(paths["pidfile"])
-    return (f"mkdir -p {quote(GATEWAY_RUN)} && if [ -f {pid} ] && kill -0 $(cat {pid}) "
-            f"2>/dev/null; then echo running; else rm -f {quote(paths['state'])}; "
+    # a live pid that is a relay's (after a reboot the pid file's number may be another's)
+    return (f"mkdir -p {quote(GATEWAY_RUN)} && if [ -f {pid} ] && grep -qsa -- "
+            f"{quote(RELAY_PATTERN)} /proc/$(cat {pid})/cmdline; then echo running; "
+            f"else rm -f {quote(paths['state'])}; "
             f"{start} >{quote(paths['log'])} 2>&1 </dev/null & echo started; fi")
 
 
