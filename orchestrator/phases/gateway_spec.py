@@ -213,4 +213,5 @@ def stop_relays_cmd() -> str:
     return (f"p={pids}; [ -z \"$p\" ] || kill -TERM $p 2>/dev/null; for i in $(seq 30); do "
             f"p={pids}; [ -z \"$p\" ] && break; sleep 0.1; done; "
             f"[ -z \"$p\" ] || kill -KILL $p 2>/dev/null; "
-            f"rm -f {quote(GATEWAY_RUN)}/relay-*; true")
+            # relay[-]*, not the plain name: this very command must not match RELAY_PATTERN
+            f"rm -f {quote(GATEWAY_RUN)}/relay[-]*; true")
