@@ -203,7 +203,8 @@ def test_an_unreachable_node_does_not_stop_the_others_cleaning(node: Any) -> Non
     executor.run(teardown.build_down_plan(INVENTORY, network=True))
     statuses = {s.step: s.status for s in report.hosts["spark-a"].steps}
     assert statuses == {"boot-units": "changed", "stop-server": "changed", "containers": "changed",
-                        "gateway-relays": "changed", "network": "changed", "oom-guard": "changed", "files": "changed",
+                        "gateway-relays": "changed", "network": "changed", "oom-guard": "changed",
+                        "files": "changed",
                         "verify": "ok"}, report.to_json()
     assert not report.ok and report.exit_code == 1
     assert not any(name == "spark-b" for name, _ in journal)
