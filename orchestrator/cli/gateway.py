@@ -181,7 +181,9 @@ def gateway() -> None:
             least-busy, retried on another replica, a failing one out for 5 s
     status  address, key on/off, models, replicas, their health and rotation
     down    remove the gateway, its config (the key) and its relays
-    See docs/gateway.md.
+    `launch` and `down --server` update a running gateway's table (a new replica
+    restarts LiteLLM gracefully; one leaving is drained first). up/down take the
+    cluster lock. See docs/gateway.md.
     """
 
 
