@@ -105,7 +105,7 @@ def after_change(session: Any, inventory: Inventory, note: gateway.Note) -> None
 
     try:
         outcome = follow(session.transports, inventory, note)
-    except SparkctlError as exc:
+    except (SparkctlError, ValueError, KeyError, OSError) as exc:  # an odd answer from a node
         note(f"gateway: could not follow the change ({exc}); `sparkctl gateway up` again")
         return
     if outcome in ("followed", "restarted"):
