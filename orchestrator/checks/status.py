@@ -24,6 +24,8 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.node import script
 from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
+from orchestrator.phases.gateway import summary as gateway_summary
+from orchestrator.phases.gateway_spec import probe_cmd as gateway_probe_cmd
 from orchestrator.phases.teardown import managed_ps_cmd
 from orchestrator.remote.cluster import parallel
 from orchestrator.timestamps import age
@@ -71,6 +73,7 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     # every server on this node (SGLang runs one per node or placement), probed where it runs
     from orchestrator.engines.servers import servers_cmd
     commands["servers"] = servers_cmd(inventory, node, probe=True)
+    commands["gateway"] = gateway_probe_cmd(liveliness=True)  # `gateway up` (docs/gateway.md)
     own = {"files": files, "links": True, "ibdev2netdev": True,
            "containers": [inventory.container.name], "images": [inventory.container.image],
            "commands": commands, "timeout": 40}
@@ -118,6 +121,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
                 facts[name] = value
         result = assess(inventory, facts, errors)
         result["servers"] = server_list(inventory, facts, result.get("server"))
+        result["gateway"] = gateway_summary(facts)
         from orchestrator.checks.status_memory import attach_metrics
 
         def run_on(node: str, command: str) -> tuple[int, str]:

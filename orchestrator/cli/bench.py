@@ -278,6 +278,10 @@ def _bench(opts: dict[str, Any]) -> int:
               show_default=True,
               help="md: llama-benchy's markdown table (mean ± std); csv; json (= --json).")
 @click.option("--save", metavar="DIR", help="Keep the results as DIR/bench-<time>.json.")
+@click.option("--gateway", is_flag=True,
+              help="Measure through the gateway against the same replicas directly, in the same "
+                   "run, on the gateway's node: median latency it adds (--runs x 10 requests) "
+                   "and throughput at the highest --concurrency (docs/gateway.md).")
 @click.option("--plot", metavar="FILE.png",
               help="Draw the results: generation per depth, prefill, TTFT (needs matplotlib).")
 @click.pass_context
@@ -298,6 +302,11 @@ def bench(ctx: click.Context, **opts: Any) -> None:
         return
     for key, value in choose_cells(opts).items():
         opts[key] = _ints(value)
+    if opts.pop("gateway"):
+        from orchestrator.cli.gateway import bench_gateway
+
+        run_command(lambda: bench_gateway(opts))
+        return
     opts["format"] = "json" if opts.pop("as_json") else opts.pop("fmt")
     if opts["plot"]:
         need_matplotlib()
