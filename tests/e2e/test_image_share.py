@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 from conftest import REPO, Lab, e2e_state, healthy_lab
+from sparklab.inventory import CONTAINER_IMAGE
 
 pytestmark = pytest.mark.lab
 
 SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
-IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
+IMAGE = CONTAINER_IMAGE  # the image the lab's inventory names: the one up pulls and shares
 RECORD = "/var/lib/sparklab/images/" + IMAGE.replace("/", "+") + ".json"
 
 
