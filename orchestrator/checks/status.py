@@ -37,8 +37,8 @@ PROBE = script("probe.py")
 def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     """One facts request: what status shows, plus what the container step needs to compute the
     config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
+    from orchestrator.engines.serverctl import node_cmd
     from orchestrator.engines.trtllm import container as container_step
-    from orchestrator.engines.trtllm.serve import node_cmd
     from orchestrator.phases.boot_units import units_cmd
     from orchestrator.phases.ssh_keys import ENTRYPOINT, SSHD_CONFIG
     from orchestrator.remote.facts import merge_requests

@@ -114,7 +114,7 @@ class OtherEngineGuard(Step):
 def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:
     """How the single recorded server (TensorRT-LLM, vLLM) is stopped on each of its nodes."""
     from orchestrator.commands import docker_cmd
-    from orchestrator.engines.trtllm.serve import node_cmd
+    from orchestrator.engines.serverctl import node_cmd
     from orchestrator.phases.teardown import managed_filter_args
 
     engine = str(running["engine"])

@@ -120,7 +120,7 @@ class StopServer(Step):
                       payload={"container": name, "ours": record.get("ours")})
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        from orchestrator.engines.trtllm.serve import node_cmd
+        from orchestrator.engines.serverctl import node_cmd
 
         payload = change.payload or {}
         command = node_cmd(payload.get("container") or ctx.inventory.container.name,

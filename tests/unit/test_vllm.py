@@ -167,7 +167,7 @@ def test_another_engine_serving_is_refused_naming_recipe_and_engine() -> None:
 
 def test_replace_across_engines_stops_the_other_engines_server() -> None:
     from orchestrator.engines.running import OtherEngineGuard, guard_phase, running_cmd
-    from orchestrator.engines.trtllm.serve import node_cmd
+    from orchestrator.engines.serverctl import node_cmd
 
     inv = inventory()
     trt_stop = node_cmd(inv.container.name, action="stop", rotate=True)

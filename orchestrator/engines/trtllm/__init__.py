@@ -36,14 +36,15 @@ class TrtllmEngine:
         server, verified ready by a real token through every rank and one chat completion."""
         from orchestrator.engines import running, verify
         from orchestrator.engines.liveness import mark_ready
+        from orchestrator.engines.serverctl import smoke_test
         from orchestrator.engines.trtllm import readiness, serve
         from orchestrator.paths import SERVER_JSON
         from orchestrator.phases import models
 
         spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches,
-                                options.guard_min_available_gb)
+                                options.guard_min_available_gb, options.name, options.persist)
         guard = running.guard_phase(recipe, inventory, options.replace,
-                                    same_engine=[serve.ServerGuard(spec)],
+                                    same_engine=[spec.guard()],
                                     more_facts=serve.guard_facts(spec))
         # readiness as the shared verify steps: /health, /health_generate (a token through
         # every rank), /v1/models, then one real chat completion
@@ -52,7 +53,7 @@ class TrtllmEngine:
                 transports, inventory, recipe.model, recipe.port, timeout, note),
                 options.timeout, "the server",
                 mark=lambda transports: mark_ready(transports[inventory.head_name], SERVER_JSON)),
-            verify.SmokeTest(lambda head: readiness.smoke_test(
+            verify.SmokeTest(lambda head: smoke_test(
                 head, inventory.container.name, recipe.model, recipe.port)),
         ]
         phases = [guard, serve.memory_phase(spec), serve.stop_phase(spec),

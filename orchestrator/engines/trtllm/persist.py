@@ -12,7 +12,8 @@ from typing import Any
 
 from orchestrator.core.step import Phase
 from orchestrator.engines.base import LaunchOptions
-from orchestrator.engines.trtllm.serve import LaunchSpec, node_cmd, node_plan, server_record, start_cmd
+from orchestrator.engines.serverctl import node_cmd
+from orchestrator.engines.trtllm.serve import LaunchSpec, node_plan, start_cmd
 from orchestrator.inventory import Node
 from orchestrator.node.boot import BOOT_TIME  # the boot script's start time goes there
 from orchestrator.phases import persist
@@ -32,7 +33,7 @@ def persist_phase(spec: LaunchSpec, options: LaunchOptions) -> Phase:
             address = inventory.mpi_address(node)
             return persist.Part(containers=[container], start=start, ready=[
                 (f"sshd in {container} on {address}:{port}", persist.tcp_cmd(address, port))])
-        record: dict[str, Any] = {**server_record(recipe, spec.host, spec.digest),
+        record: dict[str, Any] = {**spec.record(),
                                   "started": BOOT_TIME}
         peers = [inventory.node(name) for name in nodes[1:]]
         wait = [(f"sshd in {container} on {peer.name} ({inventory.mpi_address(peer)}:{port})",

@@ -61,14 +61,17 @@ class VllmEngine:
         serve`, and verify steps: ready over HTTP, then one real chat completion."""
         from orchestrator.engines import running, verify
         from orchestrator.engines.liveness import mark_ready
-        from orchestrator.engines.trtllm.readiness import smoke_test
+        from orchestrator.engines.serverctl import smoke_test
         from orchestrator.engines.vllm import serve
         from orchestrator.paths import SERVER_JSON
         from orchestrator.phases import models
+        from orchestrator.phases.memory import guard_threshold
 
-        spec = serve.ServeSpec(recipe, inventory, options.host, options.replace)
+        spec = serve.ServeSpec(recipe, inventory, options.host, options.replace, options.name,
+                               guard_threshold(options.guard_min_available_gb, recipe),
+                               options.persist)
         guard = running.guard_phase(recipe, inventory, options.replace,
-                                    same_engine=[serve.ServerGuard(spec)],
+                                    same_engine=[spec.guard()],
                                     more_facts=serve.guard_facts(spec))
         ready = [
             verify.WaitReady(lambda transports, timeout, note: serve.wait_until_ready(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from orchestrator.commands import join
 from orchestrator.core.step import Phase
 from orchestrator.engines.base import LaunchOptions
-from orchestrator.engines.trtllm.serve import node_cmd
+from orchestrator.engines.serverctl import node_cmd
 from orchestrator.engines.vllm.ray import node_ip, probe_cmd
 from orchestrator.engines.vllm.serve import MAIN, OURS, ServeSpec, start_cmd
 from orchestrator.inventory import Node
