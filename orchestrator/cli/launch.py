@@ -78,7 +78,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     recipe = load_recipe(recipe_name)
     engine = engine_of(recipe)
     inventory, _ = load_inventory_option(inventory_path)
-    recipe = _placed(recipe, engine, placed, name, port)
+    recipe = _placed(recipe, placed, name, port)
     check_against_inventory(recipe, inventory)
     estimate = engine.estimate_memory(recipe)
     _note(f"memory: {estimate.explanation}")
@@ -123,7 +123,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     return execute(request)
 
 
-def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
+def _placed(recipe: Any, placed: tuple[str, ...], name: str | None,
             port: int | None) -> Any:
     """The recipe with `--nodes` (wins over the recipe's `placement`) and `--port` applied."""
     import re
@@ -133,9 +133,7 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
     if name is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", name):
         raise InputError(f"--name {name!r}: use [a-z0-9._-], starting with a letter or digit")
     nodes = [n.strip() for word in placed for n in word.split(",") if n.strip()]
-    if engine.name != "sglang" and (nodes or name or recipe.placement):
-        raise InputError(f"--nodes, --name and `placement` are for SGLang recipes; {engine.title} "
-                         "serves from the head and the next nodes, one server at a time")
+    # every engine: the nodes are checked against its rank rules (Engine.placement_problem)
     update: dict[str, Any] = {}
     if nodes:
         update["placement"] = nodes
@@ -168,9 +166,10 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
 @click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
 @click.option("--ignore-memory", is_flag=True, help="Launch even if the memory estimate says no.")
 @click.option("--nodes", "placed", multiple=True, metavar="NODE[,NODE]",
-              help="SGLang: run on these inventory nodes (rank order; wins over the recipe's "
-                   "placement). Default: the head (and the next nodes).")
-@click.option("--name", metavar="NAME", help="SGLang: the server's name (default: the recipe's).")
+              help="Run on these inventory nodes (rank order; wins over the recipe's placement), "
+                   "checked against the engine's rank rules (tp x pp). Default: the head (and "
+                   "the next nodes).")
+@click.option("--name", metavar="NAME", help="The server's name (default: the recipe's).")
 @click.option("--port", type=click.IntRange(1024, 65535), default=None,
               help="The server's port instead of the recipe's.")
 @click.option("--persist", is_flag=True,

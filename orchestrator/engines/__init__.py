@@ -116,6 +116,10 @@ def check_against_inventory(recipe: BaseRecipe, inventory: Inventory) -> None:
             f"{inventory.source} has {len(inventory.nodes)}: "
             f"{', '.join(n.name for n in inventory.nodes)}"
         )
+    nodes = serving_nodes(recipe, inventory)
+    problem = engine_of(recipe).placement_problem(recipe, nodes, inventory)
+    if problem:
+        raise InputError(f"recipe {recipe.name} on {', '.join(nodes)}: {problem}")
 
 
 def serving_nodes(recipe: BaseRecipe, inventory: Inventory) -> list[str]:

@@ -22,6 +22,14 @@ class SglangEngine:
     title = "SGLang"
     ready_line = READY_LINE  # logged after its warm-up request
     recipe_type = Recipe
+    several_servers = True
+
+    def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
+        from orchestrator.engines.base import ranks_problem
+
+        # SGLang asserts tp x pp divisible by --nnodes; sparkctl runs one rank per Spark
+        return ranks_problem(recipe.world_size, f"tp_size {recipe.tp_size} x pp_size "
+                             f"{recipe.pp_size}", nodes)
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []

@@ -25,6 +25,14 @@ class TrtllmEngine:
     title = "TensorRT-LLM"
     ready_line = "Application startup complete."  # uvicorn's, under trtllm-serve
     recipe_type = Recipe
+    several_servers = False
+
+    def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
+        from orchestrator.engines.base import head_first_problem, ranks_problem
+
+        return (ranks_problem(recipe.tp_size, f"tp_size {recipe.tp_size}", nodes)
+                or head_first_problem(self.title, "runs mpirun in the head's `up` container",
+                                      nodes, inventory))
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         from orchestrator.engines.trtllm import container, mpi

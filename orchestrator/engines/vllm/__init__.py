@@ -52,6 +52,16 @@ class VllmEngine:
     title = "vLLM"
     ready_line = "Application startup complete."  # uvicorn's, under vllm serve
     recipe_type = Recipe
+    several_servers = False
+
+    def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
+        from orchestrator.engines.base import head_first_problem, ranks_problem
+
+        rule = (f"tensor_parallel_size {recipe.tensor_parallel_size} x pipeline_parallel_size "
+                f"{recipe.pipeline_parallel_size}")
+        return (ranks_problem(recipe.world_size, rule, nodes)
+                or head_first_problem(self.title, "starts its Ray head and `vllm serve` on the head",
+                                      nodes, inventory))
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
