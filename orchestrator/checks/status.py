@@ -17,7 +17,7 @@ import json
 import time
 from typing import Any
 
-from orchestrator.checks.status_server import assess_server, server_list
+from orchestrator.checks.status_server import add_server_problems, assess_server, server_list
 from orchestrator.commands import quote
 from orchestrator.engines.liveness import dead_ranks
 from orchestrator.errors import SparkctlError
@@ -117,6 +117,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
                 facts[name] = value
     result = assess(inventory, facts, errors)
     result["servers"] = server_list(inventory, facts, result.get("server"))
+    add_server_problems(result)
     from orchestrator.phases.boot_units import persistence
 
     units = {name: node.get("boot_units") or {} for name, node in result["nodes"].items()}

@@ -121,7 +121,7 @@ def assess_ray(server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]
 
 
 SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
-               "container", "started", "memory_gb", "legacy")
+               "container", "started", "memory_gb", "legacy", "memguard")
 
 
 # the recorded server's verdict (assess_server) in the servers list's words
@@ -146,11 +146,57 @@ def server_list(inventory: Inventory, facts: dict[str, dict[str, Any]],
 
 def server_state(server: dict[str, Any]) -> str:
     """healthy, loading (never ready yet), stalled (ready once, no answer now), not answering,
-    dead (its container exited: SGLang ends every rank when one dies) or stopped."""
+    dead (its container exited: SGLang ends every rank when one dies), guard-stopped (the memory
+    guard stopped it) or stopped."""
     from orchestrator.engines.liveness import judge, was_ready
 
+    if isinstance(server.get("memguard"), dict) and not server.get("alive"):
+        return "guard-stopped"
     if not server.get("alive"):
         return "stopped" if server.get("legacy") else "dead"
     verdict = judge(server.get("health"), was_ready(server, bool(server.get("ready_log"))))
     return {"healthy": "healthy", "starting": "loading", "stalled": "stalled"}.get(
         verdict.state, "not answering")
+
+
+BAD_STATES = ("dead", "stalled", "not answering", "guard-stopped")
+
+
+def server_problem(entry: dict[str, Any]) -> str | None:
+    """What status says (and exits 1 for) about one listed server that does not serve."""
+    from orchestrator.phases.memory import describe_stop
+
+    state = entry.get("state")
+    if entry.get("legacy") or state not in BAD_STATES:
+        return None  # (the recorded single server is assessed in full by assess_server)
+    nodes = entry.get("nodes") or [entry.get("node")]
+    what = (f"server {entry.get('name')} ({entry.get('engine')}, {entry.get('model')} on "
+            f"{', '.join(map(str, nodes))})")
+    relaunch = (f"`sparkctl launch {entry.get('recipe') or '<recipe>'} --name {entry.get('name')} "
+                f"--nodes {','.join(map(str, nodes))}` starts it again")
+    if state == "guard-stopped":
+        guard = entry.get("memguard") or {}
+        return (f"{what} was stopped by the memory guard at {guard.get('available_gb', '?')} GB "
+                f"available ({describe_stop(guard)}): free memory on {guard.get('node', '?')}, "
+                f"then {relaunch}")
+    if state == "dead":
+        return (f"{what} is dead: its container is gone or exited; `sparkctl logs --server "
+                f"{entry.get('name')}` shows why; {relaunch}")
+    if state == "stalled":
+        return (f"{what} is stalled: it was ready and /health now answers "
+                f"{entry.get('health') or 'nothing'}; {relaunch} (a relaunch restarts it)")
+    return f"{what} does not answer /health ({entry.get('health') or 'no answer'}); see `sparkctl logs`"
+
+
+def add_server_problems(result: dict[str, Any]) -> None:
+    """Every listed server that does not serve is a problem on its first node: status exits 1
+    naming it (the cluster is degraded), whichever engine serves it."""
+    for entry in result.get("servers") or []:
+        problem = server_problem(entry)
+        node = result["nodes"].get(str((entry.get("nodes") or [entry.get("node")])[0]))
+        if problem is None or node is None:
+            continue
+        node["problems"].append(problem)
+        node["state"] = "problem"
+        result["ok"] = False
+        result["state"] = "degraded"
