@@ -164,8 +164,6 @@ BAD_STATES = ("dead", "stalled", "not answering", "guard-stopped")
 
 def server_problem(entry: dict[str, Any]) -> str | None:
     """What status says (and exits 1 for) about one listed server that does not serve."""
-    from orchestrator.phases.memory import describe_stop
-
     state = entry.get("state")
     if entry.get("legacy") or state not in BAD_STATES:
         return None  # (the recorded single server is assessed in full by assess_server)
@@ -177,8 +175,8 @@ def server_problem(entry: dict[str, Any]) -> str | None:
     if state == "guard-stopped":
         guard = entry.get("memguard") or {}
         return (f"{what} was stopped by the memory guard at {guard.get('available_gb', '?')} GB "
-                f"available ({describe_stop(guard)}): free memory on {guard.get('node', '?')}, "
-                f"then {relaunch}")
+                f"available (< {guard.get('min_available_gb', '?')} GB on {guard.get('node', '?')} "
+                f"at {guard.get('time', '?')}): free memory there, then {relaunch}")
     if state == "dead":
         return (f"{what} is dead: its container is gone or exited; `sparkctl logs --server "
                 f"{entry.get('name')}` shows why; {relaunch}")
@@ -192,7 +190,15 @@ def add_server_problems(result: dict[str, Any]) -> None:
     """Every listed server that does not serve is a problem on its first node: status exits 1
     naming it (the cluster is degraded), whichever engine serves it."""
     for entry in result.get("servers") or []:
-        problem = server_problem(entry)
+        guard, server = entry.get("memguard"), result.get("server")
+        if entry.get("legacy") and isinstance(guard, dict) and isinstance(server, dict):
+            # the single recorded server (assessed in full) stopped by a guard on its node
+            server["state"] = (f"stopped by the memory guard: {guard.get('available_gb')} GB "
+                               f"available < {guard.get('min_available_gb')} GB on {guard.get('node')}")
+            entry["state"] = "guard-stopped"
+        problem = server_problem({**entry, "legacy": False} if entry.get("memguard") else entry)
+        if problem and entry.get("legacy") and isinstance(server, dict):
+            server["problem"] = problem
         node = result["nodes"].get(str((entry.get("nodes") or [entry.get("node")])[0]))
         if problem is None or node is None:
             continue

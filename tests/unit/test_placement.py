@@ -43,3 +43,17 @@ def test_every_engine_has_the_placement_members() -> None:
         engine = get_engine(name)
         assert isinstance(engine.several_servers, bool)
         assert callable(engine.placement_problem)
+
+
+def test_the_node_guard_command_starts_one_detached_guard_watching_the_containers() -> None:
+    import json
+    import shlex
+
+    from orchestrator.phases.memory import node_guard_cmd
+
+    command = node_guard_cmd("/var/lib/sparkctl/run/servers/q", "spark-b", 2.0, ["sparkctl-sglang-q"])
+    assert "rm -f /var/lib/sparkctl/run/servers/q/memguard-stopped.json" in command
+    assert "kill -0" in command and "setsid python3 -c" in command and command.endswith("& fi")
+    args = json.loads(shlex.split(command.split("setsid ", 1)[1].split(" </dev/null")[0])[-1])
+    assert args == {"run": "/var/lib/sparkctl/run/servers/q", "node": "spark-b",
+                    "min_available_gb": 2.0, "containers": ["sparkctl-sglang-q"]}

@@ -64,7 +64,7 @@ def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(
 
     assert [n.name for n in models.nodes(inv)] == ["spark-a", "spark-b"]
     assert [type(s).__name__ for s in ray_phase.steps] == [
-        "Image", "ImageShare", "ImageDigest", "RayHead", "RayWorker", "RayCluster"]
+        "NodeGuard", "Image", "ImageShare", "ImageDigest", "RayHead", "RayWorker", "RayCluster"]
     head_req = ray_phase.facts(inv, inv.node("spark-a"))
     worker_req = ray_phase.facts(inv, inv.node("spark-b"))
     assert head_req["commands"]["ray"] == ray.probe_cmd("sparkctl-vllm") + " 2>/dev/null"
@@ -75,7 +75,7 @@ def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(
     assert [n.name for n in serve_phase.nodes(inv)] == ["spark-a"]  # the head only
     assert serve_phase.facts(inv, inv.node("spark-b")) == {}
     assert serve_phase.facts(inv, inv.node("spark-a")) == {"commands": {"serve": head_facts["serve"]}}
-    assert ray_phase.steps[0].image_of(None) == recipe.image  # the recipe's image, not up's
+    assert ray_phase.steps[1].image_of(None) == recipe.image  # the recipe's image, not up's
     wait = serve_phase.steps[2]
     assert isinstance(wait, WaitReady) and wait.timeout == 900 and wait.what == "vLLM"
 

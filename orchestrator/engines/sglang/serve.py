@@ -27,7 +27,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
-from orchestrator.phases.memory import DropCaches, guard_threshold
+from orchestrator.phases.memory import DropCaches, NodeGuard, guard_threshold
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -252,8 +252,17 @@ def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
 
     # a serving node that cannot pull gets the image from one that has it, over the fabric
     container = containers.Container(spec.spec_for, name="sglang")
+
+    def guarded(ctx: NodeContext) -> str | None:
+        running = not isinstance(container.check(ctx), Change)
+        return "the server already runs (with its guard)" if running else None
+
+    # the memory guard on every serving node, before the containers start loading
+    guard = NodeGuard(spec.nodes, servers.record_dir(spec.name), [spec.container],
+                      guard_threshold(spec.options.guard_min_available_gb, spec.recipe), guarded)
     steps: list[Step] = [*image_steps(lambda ctx: spec.recipe.image, lambda ctx: spec.nodes),
-                         DropCaches(cold_start_reason(spec, container)), container, Record(spec), *ready]
+                         DropCaches(cold_start_reason(spec, container)), guard, container,
+                         Record(spec), *ready]
     nodes = [spec.inventory.head_name, *(n for n in spec.nodes if n != spec.inventory.head_name)]
     return ServingPhase("serve", steps, facts, serving=nodes)
 

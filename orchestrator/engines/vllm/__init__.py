@@ -20,9 +20,11 @@ if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
 
 
-def ray_phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) -> Phase:
+def ray_phase(recipe: Recipe, inventory: Inventory, restart: str | None = None,
+              spec: Any = None) -> Phase:
     from orchestrator.engines import serving_nodes
     from orchestrator.engines.vllm import ray
+    from orchestrator.engines.vllm.serve import status_cmd as serve_status_cmd
     from orchestrator.phases import container
     from orchestrator.phases.image_share import image_steps
     from orchestrator.phases.models import ServingPhase
@@ -35,16 +37,33 @@ def ray_phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) 
         if node.name != inv.head_name:
             return own
         probe = {"commands": {"ray": ray.probe_cmd(recipe.container_name) + " 2>/dev/null"}}
+        if spec is not None:  # the memory guard's step judges the server from the head's status
+            probe["commands"]["serve"] = serve_status_cmd(recipe.container_name, recipe.port)
         return merge_requests([own, probe])
 
     def image(ctx: Any) -> str:
         return recipe.image
 
     # a node that cannot pull gets the image from one that has it, over the fabric
-    steps = [*image_steps(image), ray.RayHead(recipe, restart),
+    guard = [] if spec is None else [memory_guard(spec)]
+    steps = [*guard, *image_steps(image), ray.RayHead(recipe, restart),
              ray.RayWorker(recipe, restart),
              ray.RayCluster(recipe)]
     return ServingPhase("ray", steps, facts, serving=serving_nodes(recipe, inventory))
+
+
+def memory_guard(spec: Any) -> Any:
+    """The memory guard on every serving node, on the node itself: it stops the node's Ray
+    container (and so vllm serve or its worker) when MemAvailable falls below the threshold."""
+    from orchestrator.engines.servers import record_dir
+    from orchestrator.phases.memory import NodeGuard
+
+    def not_needed(ctx: Any) -> str | None:
+        running = spec.decision(ctx) in ("noop", "loading")
+        return "the server already runs (with its guard)" if running else None
+
+    return NodeGuard(spec.serving, record_dir(spec.name), [spec.recipe.container_name],
+                     spec.guard_gb, not_needed)
 
 
 class VllmEngine:
@@ -99,7 +118,7 @@ class VllmEngine:
         image_check = registry.phase(recipe.image, serving_nodes(recipe, inventory),
                                      inventory.head_name)
         phases = [guard, image_check, models.phase(recipe, inventory),
-                  ray_phase(recipe, inventory, restart), serve.phase(spec, ready)]
+                  ray_phase(recipe, inventory, restart, spec), serve.phase(spec, ready)]
         from orchestrator.engines.vllm.persist import persist_phase
         from orchestrator.phases.persist import not_persistent_phase
 
