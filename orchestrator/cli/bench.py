@@ -107,14 +107,26 @@ class Bench:
         return doc
 
 
-def _relaunch_cmd(recipe: str, inventory_path: str, timeout: float) -> list[str]:
+def _relaunch_cmd(recipe: str, inventory_path: str, timeout: float,
+                  server: dict[str, Any] | None = None) -> list[str]:
     return [sys.executable, "-m", "orchestrator.cli", "launch", recipe, "--inventory",
-            inventory_path, "--replace", "--yes", "--json", "--timeout", str(timeout)]
+            inventory_path, "--replace", "--yes", "--json", "--timeout", str(timeout),
+            *placed_args(server or {})]
 
 
-def relauncher(inventory_path: str, timeout: float) -> Any:
-    """`sparkctl launch FILE --replace --yes` in its own process group (a Ctrl-C reaches only
-    bench, which then stops the launch's waiting and restores the original recipe)."""
+def placed_args(server: dict[str, Any]) -> list[str]:
+    """--name, --nodes and --port of the measured server: the sweep relaunches (and restores)
+    exactly that server, not the recipe's default name, nodes and port."""
+    args = ["--name", str(server["name"])] if server.get("name") else []
+    if server.get("nodes"):
+        args += ["--nodes", ",".join(map(str, server["nodes"]))]
+    return args + (["--port", str(server["port"])] if server.get("port") else [])
+
+
+def relauncher(inventory_path: str, timeout: float, server: dict[str, Any] | None = None) -> Any:
+    """`sparkctl launch FILE --replace --yes` (with the measured server's name, nodes and port)
+    in its own process group (a Ctrl-C reaches only bench, which then stops the launch's waiting
+    and restores the original recipe)."""
     import json
     import os
     import signal
@@ -123,7 +135,7 @@ def relauncher(inventory_path: str, timeout: float) -> Any:
     from orchestrator.errors import SparkctlError
 
     def relaunch(recipe: Any) -> None:
-        proc = subprocess.Popen(_relaunch_cmd(str(recipe), inventory_path, timeout),
+        proc = subprocess.Popen(_relaunch_cmd(str(recipe), inventory_path, timeout, server),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         try:
@@ -201,7 +213,8 @@ def _bench(opts: dict[str, Any]) -> int:
             with tempfile.TemporaryDirectory(prefix="sparkctl-sweep-") as tmp:
                 key, files = write_variants(data, key, values, Path(tmp),
                                              lambda path: load_recipe(str(path)))
-                result = run_sweep(values, files, relauncher(str(inventory_path), opts["timeout"]),
+                relaunch = relauncher(str(inventory_path), opts["timeout"], bench.server)
+                result = run_sweep(values, files, relaunch,
                                    lambda value: bench.measure(config, forward.local_port),
                                    original, _note)
             result.update(key=key, values=values, original=str(original))
