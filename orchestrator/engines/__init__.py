@@ -42,6 +42,11 @@ def ready_lines() -> dict[str, str]:
     return {name: get_engine(name).ready_line for name in sorted(REGISTRY)}
 
 
+def one_server_engines() -> frozenset[str]:
+    """The engines that run one server per cluster (`several_servers` False)."""
+    return frozenset(name for name in REGISTRY if not get_engine(name).several_servers)
+
+
 def recipe_files() -> dict[str, Path]:
     """Built-in recipes by name, from every registered engine's recipes/ folder."""
     found: dict[str, Path] = {}

@@ -54,11 +54,13 @@ class SglangEngine:
         phases = [serve.check_phase(spec),
                   registry.phase(recipe.image, spec.nodes, inventory.head_name),
                   models.phase(recipe, inventory), serve.serve_phase(spec, steps)]
+        from orchestrator.engines import one_server_engines
         from orchestrator.engines.sglang.persist import persist_phase
         from orchestrator.phases.persist import not_persistent_phase
 
         phases.append(persist_phase(spec, options) if options.persist else
-                      not_persistent_phase(spec.name, "sglang"))
+                      not_persistent_phase(spec.name, "sglang",
+                                           one_server_engines()))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:

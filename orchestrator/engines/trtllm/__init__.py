@@ -66,11 +66,13 @@ class TrtllmEngine:
         ]
         phases = [guard, serve.memory_phase(spec), serve.stop_phase(spec),
                   models.phase(recipe, inventory), serve.phase(spec, ready)]
+        from orchestrator.engines import one_server_engines
         from orchestrator.engines.trtllm.persist import persist_phase
         from orchestrator.phases.persist import not_persistent_phase
 
         phases.append(persist_phase(spec, options) if options.persist else
-                      not_persistent_phase(options.name or recipe.name, "trtllm"))
+                      not_persistent_phase(options.name or recipe.name, "trtllm",
+                                           one_server_engines()))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:

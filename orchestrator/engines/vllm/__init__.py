@@ -119,11 +119,13 @@ class VllmEngine:
                                      inventory.head_name)
         phases = [guard, image_check, models.phase(recipe, inventory),
                   ray_phase(recipe, inventory, restart, spec), serve.phase(spec, ready)]
+        from orchestrator.engines import one_server_engines
         from orchestrator.engines.vllm.persist import persist_phase
         from orchestrator.phases.persist import not_persistent_phase
 
         phases.append(persist_phase(spec, options) if options.persist else
-                      not_persistent_phase(options.name or recipe.name, "vllm"))
+                      not_persistent_phase(options.name or recipe.name, "vllm",
+                                           one_server_engines()))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
