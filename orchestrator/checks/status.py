@@ -154,8 +154,9 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
         server_unknown = f"the head {head} is unreachable"
     elif server is None and (nodes[head].get("container") or {}).get("status") == "unknown":
         server_unknown = f"could not look on {head}: {nodes[head]['container'].get('why')}"
-    if server is not None and server["problem"]:
-        nodes[head]["problems"].append(server["problem"])
+    if server is not None and server["problem"]:  # named: several servers may run
+        nodes[head]["problems"].append(f"server {server.get('name') or server.get('recipe')} "
+                                       f"({server.get('engine')}): {server['problem']}")
         nodes[head]["state"] = "problem"
     if server is not None:
         _check_processes(nodes, facts)

@@ -40,6 +40,7 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     engine = server.get("engine", "trtllm")
     out: dict[str, Any] = {
         "engine": engine, "recipe": server.get("recipe"), "model": server.get("model"),
+        "name": server.get("name") or server.get("recipe"),
         "draft_model": server.get("draft_model"), "port": port,
         "endpoint": f"http://127.0.0.1:{port}", "node": inventory.head_name,
         "started": server.get("started"), "uptime_seconds": age(server.get("started"), facts.get("time")),

@@ -79,7 +79,7 @@ def test_a_ready_server_answering_503_is_stalled_with_its_log_tail() -> None:
     assert "it was ready (2025-06-15T14:02:00+00:00) and now answers /health 503" in server["problem"]
     assert "`sparkctl launch` of the same recipe restarts it" in server["problem"]
     assert "Traceback: boom" in server["log_tail"]
-    assert server["problem"] in result["nodes"]["spark-a"]["problems"]
+    assert f"server qwen3 (trtllm): {server['problem']}" in result["nodes"]["spark-a"]["problems"]
 
 
 def test_the_engines_ready_line_is_enough_to_call_it_stalled() -> None:
