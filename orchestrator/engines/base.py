@@ -19,6 +19,7 @@ from orchestrator.errors import SparkctlError
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
+    from orchestrator.engines.meters import SpecMeter
     from orchestrator.inventory import Inventory
 
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
@@ -178,6 +179,12 @@ class Engine(Protocol):
     """The line its server logs once it serves: with it, a server that stopped answering is
     stalled, not still loading (engines/liveness.py; the node scripts get it as an argument)."""
 
+    spec_meter: type[SpecMeter]
+    """How its /metrics gives the speculative-decoding figures of a benchmark cell
+    (engines/meters.py; `sparkctl bench`)."""
+    log_label: str
+    """The label `sparkctl logs` gives the lines of its own server containers (those labelled
+    sparkctl.engine=NAME), or "" when it has none of its own."""
     several_servers: bool
     """Whether several servers of this engine may run at once (on different nodes, or on one
     node when memory and ports allow). False: one server of the engine per cluster (its

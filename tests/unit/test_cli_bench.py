@@ -17,9 +17,10 @@ from click.testing import CliRunner
 from conftest import FakeCluster, make_inventory
 
 from orchestrator.checks import bench_run
-from orchestrator.checks.bench_metrics import NODE_STATE_CMD, VllmMeter
+from orchestrator.checks.bench_metrics import NODE_STATE_CMD
 from orchestrator.cli import bench as bench_cli
 from orchestrator.cli import cli
+from orchestrator.engines.vllm.meter import VllmMeter
 from orchestrator.errors import SparkctlError
 
 INVENTORY = """\

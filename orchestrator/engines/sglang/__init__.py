@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.sglang.meter import SglangMeter
 from orchestrator.engines.sglang.ready import READY_LINE
 from orchestrator.engines.sglang.recipe import Recipe
 
@@ -22,6 +23,8 @@ class SglangEngine:
     title = "SGLang"
     ready_line = READY_LINE  # logged after its warm-up request
     recipe_type = Recipe
+    spec_meter = SglangMeter  # its speculative-decoding figures in /metrics (bench)
+    log_label = "sglang"  # `sparkctl logs`: its per-server containers
     several_servers = True
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:

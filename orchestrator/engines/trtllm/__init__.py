@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.trtllm.meter import TrtllmMeter
 from orchestrator.engines.trtllm.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ class TrtllmEngine:
     title = "TensorRT-LLM"
     ready_line = "Application startup complete."  # uvicorn's, under trtllm-serve
     recipe_type = Recipe
+    spec_meter = TrtllmMeter  # its speculative-decoding figures in /metrics (bench)
+    log_label = ""  # `sparkctl logs`: its server logs are the `up` container's and the run files
     several_servers = False
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:

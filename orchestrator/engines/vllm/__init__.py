@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.vllm.meter import VllmMeter
 from orchestrator.engines.vllm.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ class VllmEngine:
     title = "vLLM"
     ready_line = "Application startup complete."  # uvicorn's, under vllm serve
     recipe_type = Recipe
+    spec_meter = VllmMeter  # its speculative-decoding figures in /metrics (bench)
+    log_label = "ray"  # `sparkctl logs`: its Ray containers
     several_servers = False
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
