@@ -56,7 +56,8 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     if node.name == inventory.head_name:
         # the probe runs on the node, not in the container: it must answer with the container down
         files[SERVER_JSON] = True
-        commands["probe"] = "python3 -c " + quote(PROBE) + " " + quote(SERVER_JSON)
+        commands["probe"] = " ".join(["python3 -c", quote(PROBE), quote(SERVER_JSON),
+                                      quote(json.dumps(health_paths(), sort_keys=True))])
         # when the server's container last started: a restart after launch takes the server along
         commands["server_container"] = record_container_cmd(
             inventory, "docker inspect -f '{{.Name}} {{.State.StartedAt}}' \"$c\"") + " 2>/dev/null"
@@ -79,6 +80,14 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
 
 PROCESS_WORDS = ["mpirun", "trtllm", "orted", "vllm"]
 RECORD_CONTAINER = script("record_container.py")
+
+
+def health_paths() -> dict[str, Any]:
+    """Every engine's health paths (Engine.health_paths) for the node's probe."""
+    from orchestrator.engines import DEFAULT_ENGINE, REGISTRY, get_engine
+
+    return {"paths": {name: list(get_engine(name).health_paths) for name in sorted(REGISTRY)},
+            "default": DEFAULT_ENGINE}
 
 
 def record_container_cmd(inventory: Inventory, command: str, engine: str = "") -> str:

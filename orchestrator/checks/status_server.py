@@ -9,6 +9,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+from orchestrator.engines import DEFAULT_ENGINE, REGISTRY, get_engine
 from orchestrator.engines.liveness import READY_KEY, judge, was_ready
 from orchestrator.inventory import Inventory
 from orchestrator.paths import SERVER_JSON
@@ -37,7 +38,7 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     except json.JSONDecodeError:
         probe = {"error": "the health probe printed no JSON"}
     port = server.get("port")
-    engine = server.get("engine", "trtllm")
+    engine = server.get("engine", DEFAULT_ENGINE)
     out: dict[str, Any] = {
         "engine": engine, "recipe": server.get("recipe"), "model": server.get("model"),
         "name": server.get("name") or server.get("recipe"),
@@ -48,7 +49,7 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     }
     container_running = (head.get("container") or {}).get("status") == "running"
     health = probe.get("/health")
-    second = "/health_generate" if engine == "trtllm" else "/v1/models"
+    second = engine_of_record(engine).health_paths[1]  # after /health: the engine's own
     pids = (processes or {}).get("pids") or {}
     main = pids.get(str(server.get("main") or "mpirun.pid"))
     ready = was_ready(server, bool((processes or {}).get("ready_log")))
@@ -76,6 +77,11 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     elif ray_problem:
         out["state"], out["problem"] = "unhealthy", ray_problem
     return out
+
+
+def engine_of_record(engine: str) -> Any:
+    """The engine a record names (an unknown one: the default's probes)."""
+    return get_engine(engine if engine in REGISTRY else DEFAULT_ENGINE)
 
 
 RESTART_MARGIN_SECONDS = 5

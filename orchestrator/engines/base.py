@@ -185,6 +185,9 @@ class Engine(Protocol):
     log_label: str
     """The label `sparkctl logs` gives the lines of its own server containers (those labelled
     sparkctl.engine=NAME), or "" when it has none of its own."""
+    health_paths: tuple[str, str]
+    """What `status` probes on the serving node: /health, then the engine's second probe
+    (TensorRT-LLM's /health_generate sends a token through every rank; others: /v1/models)."""
     several_servers: bool
     """Whether several servers of this engine may run at once (on different nodes, or on one
     node when memory and ports allow). False: one server of the engine per cluster (its

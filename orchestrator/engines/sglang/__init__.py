@@ -25,6 +25,7 @@ class SglangEngine:
     recipe_type = Recipe
     spec_meter = SglangMeter  # its speculative-decoding figures in /metrics (bench)
     log_label = "sglang"  # `sparkctl logs`: its per-server containers
+    health_paths = ("/health", "/v1/models")
     several_servers = True
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:

@@ -28,6 +28,7 @@ class TrtllmEngine:
     recipe_type = Recipe
     spec_meter = TrtllmMeter  # its speculative-decoding figures in /metrics (bench)
     log_label = ""  # `sparkctl logs`: its server logs are the `up` container's and the run files
+    health_paths = ("/health", "/health_generate")  # one token through every rank
     several_servers = False
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:

@@ -74,6 +74,7 @@ class VllmEngine:
     recipe_type = Recipe
     spec_meter = VllmMeter  # its speculative-decoding figures in /metrics (bench)
     log_label = "ray"  # `sparkctl logs`: its Ray containers
+    health_paths = ("/health", "/v1/models")  # no /health_generate
     several_servers = False
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
