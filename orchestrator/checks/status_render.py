@@ -67,7 +67,7 @@ def render_status(status: dict[str, Any]) -> None:
     else:
         out.print(
             f"server: {_styled(server['state'])} {server.get('recipe')} "
-            f"({escape(server.get('engine') or 'trtllm')}: {server.get('model')}"
+            f"({escape(str(server.get('engine')))}: {server.get('model')}"
             + (f", draft {server['draft_model']}" if server.get("draft_model") else "")
             + f"), {server['endpoint']} on {server.get('node')} (`sparkctl tunnel` forwards it), "
             + f"up {human_duration(server.get('uptime_seconds'))}",

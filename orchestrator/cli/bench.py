@@ -48,6 +48,7 @@ def _server_info(session: Any, inventory: Any, transport: Any, server: dict[str,
     import json
 
     from orchestrator.commands import docker_cmd
+    from orchestrator.engines import DEFAULT_ENGINE
     from orchestrator.phases.container import image_digest
 
     # the image of the container the server runs in (vLLM's and SGLang's are the recipe's, not
@@ -64,7 +65,7 @@ def _server_info(session: Any, inventory: Any, transport: Any, server: dict[str,
         except ValueError:
             facts = None
     keys = ("recipe", "model", "draft_model", "engine", "config_hash", "tp_size", "port", "started")
-    return {**{k: server.get(k) for k in keys}, "engine": server.get("engine") or "trtllm",
+    return {**{k: server.get(k) for k in keys}, "engine": server.get("engine") or DEFAULT_ENGINE,
             "image": image, "image_digest": image_digest(facts, image),
             "head": server.get("node") or inventory.head_name, "server": server.get("name")}
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.engines import DEFAULT_ENGINE
 from orchestrator.errors import SparkctlError
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class FileFilter(StrictModel):
 class BaseRecipe(StrictModel):
     """The fields every engine's recipe has; each engine adds its own and fixes `engine`."""
 
-    engine: str = "trtllm"
+    engine: str = DEFAULT_ENGINE
     """Which engine serves the recipe: trtllm (default), vllm or sglang."""
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
     """Recipe name, as `sparkctl launch NAME` uses it."""

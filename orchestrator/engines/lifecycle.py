@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from orchestrator.core.step import NodeContext, Outcome, Step, Unchanged
+from orchestrator.engines import DEFAULT_ENGINE
 from orchestrator.engines.base import DEFAULT_HOST
 from orchestrator.engines.liveness import judge, was_ready
 
@@ -65,7 +66,7 @@ class ServerRecord:
         engine and no nodes)."""
         known = {f.name for f in fields(cls)} - {"extra"}
         given = {k: v for k, v in data.items() if k in known and v is not None}
-        given.setdefault("engine", "trtllm")
+        given.setdefault("engine", DEFAULT_ENGINE)
         given.setdefault("recipe", str(data.get("name") or "?"))
         given.setdefault("name", given["recipe"])
         given.setdefault("model", "?")

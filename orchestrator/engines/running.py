@@ -118,7 +118,7 @@ def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:
     from orchestrator.phases.teardown import managed_filter_args
 
     engine = str(running["engine"])
-    if engine == "trtllm":
+    if running.get("container") in (None, inventory.container.name):  # in the `up` container
         return node_cmd(inventory.container.name, action="stop", rotate=True)
     # engines with their own containers: remove those containers
     ids = docker_cmd("ps", "-aq", *managed_filter_args(inventory), "--filter",

@@ -175,7 +175,8 @@ def test_replace_across_engines_stops_the_other_engines_server() -> None:
              ("trtllm", load_recipe("minimax-m2.7"), trt_stop))
     for engine, recipe, expected in cases:
         record = {"engine": engine, "recipe": "x", "model": "org/m",
-                  "main": "vllm.pid" if engine == "vllm" else "mpirun.pid"}
+                  "main": "vllm.pid" if engine == "vllm" else "mpirun.pid",
+                  "container": "sparkctl-vllm" if engine == "vllm" else inv.container.name}
         facts = {"commands": {"running": {"rc": 0, "out": json.dumps({"server": record, "alive": True})}}}
 
         phase = guard_phase(recipe, inv, replace=False)
