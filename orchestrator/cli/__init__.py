@@ -56,6 +56,7 @@ SUMMARIES = {
     "logs": "Server and container logs of every node, interleaved.",
     "down": "Stop the server and containers; with --network also remove the fabric config.",
     "recipes": "List built-in recipes, or show one with its memory estimate.",
+    "advise": "Which layout serves a recipe fastest on N Sparks: predicted, or measured.",
     "doctor": "Diagnose the controller's setup: `doctor ssh` shows how each node is reached.",
 }
 
@@ -80,6 +81,7 @@ LAZY = {
     "logs": "orchestrator.cli.status:logs",
     "down": "orchestrator.cli.status:down",
     "recipes": "orchestrator.cli.launch:recipes",
+    "advise": "orchestrator.cli.advise:advise",
     "doctor": "orchestrator.cli.doctor:doctor",
 }
 

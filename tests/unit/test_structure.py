@@ -24,6 +24,7 @@ FORBIDDEN = {
     "phases": {"checks", "cli"},
     "engines": {"cli"},
     "checks": {"cli"},
+    "advise": {"cli"},
 }
 # Modules allowed to break the rule above, with what they may import: core/plan.py assembles
 # the plans out of the phases and the engine. Anything else found is a failure to fix.

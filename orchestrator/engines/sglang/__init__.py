@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.sglang.layouts import SglangLayouts
 from orchestrator.engines.sglang.meter import SglangMeter
 from orchestrator.engines.sglang.ready import READY_LINE
 from orchestrator.engines.sglang.recipe import Recipe
@@ -26,6 +27,7 @@ class SglangEngine:
     spec_meter = SglangMeter  # its speculative-decoding figures in /metrics (bench)
     log_label = "sglang"  # `sparkctl logs`: its per-server containers
     health_paths = ("/health", "/v1/models")
+    layouts = SglangLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
     several_servers = True
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.trtllm.layouts import TrtllmLayouts
 from orchestrator.engines.trtllm.meter import TrtllmMeter
 from orchestrator.engines.trtllm.recipe import Recipe
 
@@ -29,6 +30,7 @@ class TrtllmEngine:
     spec_meter = TrtllmMeter  # its speculative-decoding figures in /metrics (bench)
     log_label = ""  # `sparkctl logs`: its server logs are the `up` container's and the run files
     health_paths = ("/health", "/health_generate")  # one token through every rank
+    layouts = TrtllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
     several_servers = False
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:

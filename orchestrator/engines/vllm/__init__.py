@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.vllm.layouts import VllmLayouts
 from orchestrator.engines.vllm.meter import VllmMeter
 from orchestrator.engines.vllm.recipe import Recipe
 
@@ -75,6 +76,7 @@ class VllmEngine:
     spec_meter = VllmMeter  # its speculative-decoding figures in /metrics (bench)
     log_label = "ray"  # `sparkctl logs`: its Ray containers
     health_paths = ("/health", "/v1/models")  # no /health_generate
+    layouts = VllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
     several_servers = False
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
