@@ -47,6 +47,11 @@ def one_server_engines() -> frozenset[str]:
     return frozenset(name for name in REGISTRY if not get_engine(name).several_servers)
 
 
+def server_containers(server: str) -> set[str]:
+    """The containers a server of that name may run in, whichever engine (Engine.containers)."""
+    return {c for name in REGISTRY for c in get_engine(name).containers(server)}
+
+
 def recipe_files() -> dict[str, Path]:
     """Built-in recipes by name, from every registered engine's recipes/ folder."""
     found: dict[str, Path] = {}

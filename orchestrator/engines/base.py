@@ -194,6 +194,11 @@ class Engine(Protocol):
     node when memory and ports allow). False: one server of the engine per cluster (its
     processes run in one cluster-wide container); a different one is refused or --replace'd."""
 
+    def containers(self, server: str) -> list[str]:
+        """The containers of its server SERVER (its own, not `up`'s): `down --server` drops
+        their restart policy; server "" gives the engine's fixed container names, if any."""
+        ...
+
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         """Phases `up` adds after the shared ones (TensorRT-LLM: its container and MPI)."""
         ...

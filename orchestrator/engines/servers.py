@@ -220,8 +220,9 @@ def down_phase(inventory: Inventory, name: str) -> Any:
                                persist_down.facts(inv)])
 
     # its boot unit first (launch --persist), so a reboot cannot bring it back meanwhile
-    return Phase("stop-server", [persist_down.RemoveBootUnits(
-        name, {f"sparkctl-sglang-{name}", "sparkctl-vllm"}),
+    from orchestrator.engines import server_containers
+
+    return Phase("stop-server", [persist_down.RemoveBootUnits(name, server_containers(name)),
                                  StopNamed(name)], facts)
 
 

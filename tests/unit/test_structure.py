@@ -205,11 +205,10 @@ KNOWN_LEAKS = {
     "orchestrator/checks/netcheck.py": 1, "orchestrator/checks/netcheck_container.py": 1,
     "orchestrator/checks/status.py": 8, "orchestrator/checks/status_server.py": 2,
     "orchestrator/cli/launch.py": 1, "orchestrator/cli/status.py": 1,
-    "orchestrator/engines/servers.py": 2, "orchestrator/inventory.py": 2,
+    "orchestrator/inventory.py": 2,
     "orchestrator/inventory_checks.py": 1, "orchestrator/node/record_container.py": 1,
     "orchestrator/node/running.py": 1, "orchestrator/node/serverctl.py": 2,
     "orchestrator/node/servers.py": 2, "orchestrator/phases/ssh_keys.py": 1,
-    "orchestrator/phases/teardown.py": 1,
 }
 
 

@@ -37,6 +37,9 @@ class SglangEngine:
         return ranks_problem(recipe.world_size, f"tp_size {recipe.tp_size} x pp_size "
                              f"{recipe.pp_size}", nodes)
 
+    def containers(self, server: str) -> list[str]:
+        return [f"sparkctl-sglang-{server}"] if server else []
+
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
 

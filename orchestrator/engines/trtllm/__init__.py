@@ -40,6 +40,9 @@ class TrtllmEngine:
                 or head_first_problem(self.title, "runs mpirun in the head's `up` container",
                                       nodes, inventory))
 
+    def containers(self, server: str) -> list[str]:
+        return []  # its server runs in the `up` container, which stays
+
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         from orchestrator.engines.trtllm import container, mpi
 

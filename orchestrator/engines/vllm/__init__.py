@@ -88,6 +88,11 @@ class VllmEngine:
                 or head_first_problem(self.title, "starts its Ray head and `vllm serve` on the head",
                                       nodes, inventory))
 
+    def containers(self, server: str) -> list[str]:
+        from orchestrator.engines.vllm.recipe import DEFAULT_CONTAINER
+
+        return [DEFAULT_CONTAINER]  # one server per cluster, in its Ray containers
+
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
 
