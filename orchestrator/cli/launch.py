@@ -71,7 +71,12 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             distribute_image: bool = False) -> int:
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan
-    from orchestrator.engines import check_against_inventory, engine_of, load_recipe
+    from orchestrator.engines import (
+        check_against_inventory,
+        default_placement,
+        engine_of,
+        load_recipe,
+    )
     from orchestrator.engines.base import DEFAULT_HOST, LaunchOptions
     from orchestrator.errors import InputError
 
@@ -80,6 +85,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     inventory, _ = load_inventory_option(inventory_path)
     recipe = _placed(recipe, placed, name, port)
     check_against_inventory(recipe, inventory)
+    recipe = default_placement(recipe, inventory)
     estimate = engine.estimate_memory(recipe)
     _note(f"memory: {estimate.explanation}")
     if estimate.verdict == "does not fit" and not ignore_memory:

@@ -132,6 +132,16 @@ def check_against_inventory(recipe: BaseRecipe, inventory: Inventory) -> None:
         raise InputError(f"recipe {recipe.name} on {', '.join(nodes)}: {problem}")
 
 
+def default_placement(recipe: Any, inventory: Inventory) -> Any:
+    """The recipe without `placement` when it names the default nodes (the head and the next):
+    the same server as one launched without --nodes, so its configuration hash is the same
+    (a relaunch, e.g. bench --sweep's restore, is then a no-op, not a replacement)."""
+    default = [n.name for n in inventory.ordered_nodes()[: recipe.node_count]]
+    if recipe.placement and list(recipe.placement) == default:
+        return recipe.model_copy(update={"placement": None})
+    return recipe
+
+
 def serving_nodes(recipe: BaseRecipe, inventory: Inventory) -> list[str]:
     """The nodes the server runs on, in rank order (head first unless placed elsewhere)."""
     if recipe.placement:

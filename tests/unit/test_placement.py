@@ -57,3 +57,14 @@ def test_the_node_guard_command_starts_one_detached_guard_watching_the_container
     args = json.loads(shlex.split(command.split("setsid ", 1)[1].split(" </dev/null")[0])[-1])
     assert args == {"run": "/var/lib/sparkctl/run/servers/q", "node": "spark-b",
                     "min_available_gb": 2.0, "containers": ["sparkctl-sglang-q"]}
+
+
+def test_the_default_nodes_named_are_the_same_server_as_none_named() -> None:
+    from orchestrator.engines import config_hash, default_placement
+
+    inv = make_inventory()
+    plain = load_recipe("qwen3-235b")
+    named = default_placement(placed("qwen3-235b", ["spark-a", "spark-b"]), inv)
+    assert config_hash(named, [], "") == config_hash(plain, [], "")
+    elsewhere = default_placement(placed("qwen3.6-27b", ["spark-b"]), inv)
+    assert elsewhere.placement == ["spark-b"]
