@@ -65,10 +65,14 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         commands["server_log"] = (f"cd {quote(RUN_DIR)} 2>/dev/null && for f in server.log "
                                   'rank-0.log; do [ -s "$f" ] && { echo "==> $f <=="; '
                                   f'tail -n {LOG_TAIL_LINES} "$f"; }}; done; true')
-        # the Ray cluster, when the recorded server is vLLM's (its head container knows the nodes)
-        from orchestrator.engines.vllm.ray import RAY_PROBE
-        commands["ray"] = record_container_cmd(
-            inventory, "docker exec \"$c\" python3 -c " + quote(RAY_PROBE), engine="vllm")
+        # an engine's own probe (Engine.status_probe: vLLM's Ray nodes), run in the recorded
+        # server's container when the record is that engine's
+        from orchestrator.engines import REGISTRY, get_engine
+        for name in sorted(REGISTRY):
+            found = get_engine(name).status_probe()
+            if found:
+                commands[found[0]] = record_container_cmd(
+                    inventory, "docker exec \"$c\" python3 -c " + quote(found[1]), engine=name)
     # every server on this node (SGLang runs one per node or placement), probed where it runs
     from orchestrator.engines.servers import servers_cmd
     commands["servers"] = servers_cmd(inventory, node, probe=True)

@@ -54,8 +54,10 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     main = pids.get(str(server.get("main") or "mpirun.pid"))
     ready = was_ready(server, bool((processes or {}).get("ready_log")))
     out["ready_at"] = server.get(READY_KEY)
-    if engine == "vllm":
-        out["ray"] = assess_ray(server, commands.get("ray") or {})
+    own = engine_of_record(engine)
+    probe_key = (own.status_probe() or ("", ""))[0] if own.name == engine else ""
+    if probe_key:  # the engine's own probe (vLLM: every serving node alive in Ray)
+        out[probe_key] = own.judge_probe(server, commands.get(probe_key) or {})
     if not container_running:
         out["state"] = "down"
         out["problem"] = "server recorded but the head container is not running"
@@ -71,11 +73,11 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
                     (second, probe.get(second)) if health == 200 else None, port,
                     main_alive=bool(main.get("alive")) if isinstance(main, dict) else None)
     out["state"], out["problem"] = verdict.state, verdict.problem
-    ray_problem = (out.get("ray") or {}).get("problem")
-    if ray_problem and verdict.restart:
-        out["problem"] += f"; {ray_problem}"
-    elif ray_problem:
-        out["state"], out["problem"] = "unhealthy", ray_problem
+    own_problem = (out.get(probe_key) or {}).get("problem") if probe_key else None
+    if own_problem and verdict.restart:
+        out["problem"] += f"; {own_problem}"
+    elif own_problem:
+        out["state"], out["problem"] = "unhealthy", own_problem
     return out
 
 
@@ -106,25 +108,6 @@ def container_restarted(server: dict[str, Any], answer: dict[str, Any],
     return (f"the head's container {name.lstrip('/')} restarted at "
             f"{datetime.fromtimestamp(container_up).astimezone():%H:%M:%S}, after the server "
             f"started at {datetime.fromtimestamp(server_up).astimezone():%H:%M:%S}")
-
-
-def assess_ray(server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's Ray cluster as its head reports it: every node the server runs on must be alive."""
-    from orchestrator.engines.vllm.ray import parse_probe
-
-    probe: dict[str, Any] = (parse_probe(answer) if answer.get("out") or answer.get("rc")
-                             else {"error": "no answer"})
-    nodes = probe.get("nodes") or []
-    alive = sorted(n.get("ip") for n in nodes if n.get("alive"))
-    want = len(server.get("nodes") or []) or 1
-    out: dict[str, Any] = {"nodes": nodes, "alive": len(alive), "expected": want, "problem": ""}
-    if probe.get("error"):
-        out["error"] = probe["error"]
-        out["problem"] = f"the Ray cluster does not answer: {probe['error']}"
-    elif len(alive) < want:
-        out["problem"] = (f"Ray has {len(alive)} of {want} node(s) alive ({', '.join(alive) or 'none'}): "
-                          "a worker's container or link is down; see `sparkctl logs`")
-    return out
 
 
 SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",

@@ -199,6 +199,16 @@ class Engine(Protocol):
         their restart policy; server "" gives the engine's fixed container names, if any."""
         ...
 
+    def status_probe(self) -> tuple[str, str] | None:
+        """(key, a Python program) `status` runs in the recorded server's container when the
+        record is this engine's (vLLM: the nodes its Ray cluster knows), or None."""
+        ...
+
+    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        """That program's answer judged for `status` (with "problem" when something is
+        wrong), shown under the probe's key."""
+        ...
+
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         """Phases `up` adds after the shared ones (TensorRT-LLM: its container and MPI)."""
         ...

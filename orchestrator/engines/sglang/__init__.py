@@ -6,7 +6,7 @@ with the fabric environment the other engines use. See docs/engines.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 from orchestrator.engines.sglang.layouts import SglangLayouts
@@ -39,6 +39,12 @@ class SglangEngine:
 
     def containers(self, server: str) -> list[str]:
         return [f"sparkctl-sglang-{server}"] if server else []
+
+    def status_probe(self) -> tuple[str, str] | None:
+        return None
+
+    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        return {}
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []

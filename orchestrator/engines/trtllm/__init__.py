@@ -8,7 +8,7 @@ rank) and /v1/models.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -42,6 +42,12 @@ class TrtllmEngine:
 
     def containers(self, server: str) -> list[str]:
         return []  # its server runs in the `up` container, which stays
+
+    def status_probe(self) -> tuple[str, str] | None:
+        return None
+
+    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        return {}
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         from orchestrator.engines.trtllm import container, mpi

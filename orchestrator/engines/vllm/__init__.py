@@ -93,6 +93,16 @@ class VllmEngine:
 
         return [DEFAULT_CONTAINER]  # one server per cluster, in its Ray containers
 
+    def status_probe(self) -> tuple[str, str] | None:
+        from orchestrator.engines.vllm.ray import RAY_PROBE
+
+        return "ray", RAY_PROBE
+
+    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        from orchestrator.engines.vllm.ray import judge_probe
+
+        return judge_probe(server, answer)
+
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
 
