@@ -187,7 +187,7 @@ def _placed(recipe: Any, placed: tuple[str, ...], name: str | None,
                    "and send it to the others over the fabric (docker save | docker load, "
                    "verified by image ID and digest). Without it, this happens only for nodes "
                    "that cannot reach the registry (probed before pulling) or whose pull fails. "
-                   "TensorRT-LLM's image comes with `up` (`up --distribute-image`).")
+                   "The `up` container's image comes with `up` (`up --distribute-image`).")
 def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
            timeout: float, replace: bool, host: str, drop_caches: bool,
            hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,

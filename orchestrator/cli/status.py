@@ -78,7 +78,7 @@ def _logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, sinc
 @click.option("--since", metavar="T", help="Only lines since T: 30s, 10m, 2h, 1d, an ISO or Unix time.")
 @click.option("--tail", default="100", show_default=True, metavar="N",
               help="Lines from the end of each log to start with ('all' for everything).")
-@click.option("--server", metavar="NAME", help="Only this server's containers (SGLang servers).")
+@click.option("--server", metavar="NAME", help="Only this server's own containers.")
 def logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since: str | None,
          tail: str, server: str | None) -> None:
     """Container, server and rank logs of every node, interleaved, prefixed with node and source.

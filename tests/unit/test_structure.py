@@ -201,10 +201,8 @@ ENGINE_WORDS = ("trtllm", "vllm", "sglang", "tensorrt")
 """Engine names (and TensorRT-LLM's title) as they would leak into product code."""
 KNOWN_LEAKS = {
     # What is left to move behind the Engine seam (issue 24); this list only shrinks. Target: {}.
-    "orchestrator/checks/bench_stats.py": 1, "orchestrator/checks/ncclperf.py": 1,
     "orchestrator/checks/netcheck.py": 1, "orchestrator/checks/netcheck_container.py": 1,
     "orchestrator/checks/status.py": 6,
-    "orchestrator/cli/launch.py": 1, "orchestrator/cli/status.py": 1,
     "orchestrator/inventory.py": 2,
     "orchestrator/inventory_checks.py": 1, "orchestrator/node/record_container.py": 1,
     "orchestrator/node/running.py": 1, "orchestrator/node/serverctl.py": 2,
