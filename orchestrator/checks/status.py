@@ -37,6 +37,7 @@ PROBE = script("probe.py")
 def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     """One facts request: what status shows, plus what the container step needs to compute the
     config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
+    from orchestrator.checks.status_server import engine_probes, health_paths
     from orchestrator.engines.serverctl import node_cmd
     from orchestrator.engines.trtllm import container as container_step
     from orchestrator.phases.boot_units import units_cmd
@@ -65,33 +66,22 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         commands["server_log"] = (f"cd {quote(RUN_DIR)} 2>/dev/null && for f in server.log "
                                   'rank-0.log; do [ -s "$f" ] && { echo "==> $f <=="; '
                                   f'tail -n {LOG_TAIL_LINES} "$f"; }}; done; true')
-        # an engine's own probe (Engine.status_probe: vLLM's Ray nodes), run in the recorded
-        # server's container when the record is that engine's
-        from orchestrator.engines import REGISTRY, get_engine
-        for name in sorted(REGISTRY):
-            found = get_engine(name).status_probe()
-            if found:
-                commands[found[0]] = record_container_cmd(
-                    inventory, "docker exec \"$c\" python3 -c " + quote(found[1]), engine=name)
+        # an engine's own probe (Engine.status_probe: vLLM's Ray nodes), in the record's container
+        for name, (key, program) in engine_probes().items():
+            commands[key] = record_container_cmd(
+                inventory, "docker exec \"$c\" python3 -c " + quote(program), engine=name)
     # every server on this node (SGLang runs one per node or placement), probed where it runs
     from orchestrator.engines.servers import servers_cmd
     commands["servers"] = servers_cmd(inventory, node, probe=True)
     own = {"files": files, "links": True, "ibdev2netdev": True,
            "containers": [inventory.container.name], "images": [inventory.container.image],
            "commands": commands, "timeout": 40}
-    return merge_requests([own, container_step.facts(inventory, node)])
+    from orchestrator.checks.status_memory import facts_request
+    return merge_requests([own, container_step.facts(inventory, node), facts_request()])
 
 
 PROCESS_WORDS = ["mpirun", "trtllm", "orted", "vllm"]
 RECORD_CONTAINER = script("record_container.py")
-
-
-def health_paths() -> dict[str, Any]:
-    """Every engine's health paths (Engine.health_paths) for the node's probe."""
-    from orchestrator.engines import DEFAULT_ENGINE, REGISTRY, get_engine
-
-    return {"paths": {name: list(get_engine(name).health_paths) for name in sorted(REGISTRY)},
-            "default": DEFAULT_ENGINE}
 
 
 def record_container_cmd(inventory: Inventory, command: str, engine: str = "") -> str:
@@ -128,8 +118,15 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
                 errors[name] = value
             else:
                 facts[name] = value
-    result = assess(inventory, facts, errors)
-    result["servers"] = server_list(inventory, facts, result.get("server"))
+        result = assess(inventory, facts, errors)
+        result["servers"] = server_list(inventory, facts, result.get("server"))
+        from orchestrator.checks.status_memory import attach_metrics
+
+        def run_on(node: str, command: str) -> tuple[int, str]:
+            done = session.transports[node].run(command, timeout=15, display="GET /metrics")
+            return done.exit_status, done.stdout
+
+        attach_metrics([s for s in result["servers"] if s.get("node") in session.transports], run_on)
     add_server_problems(result)
     from orchestrator.phases.boot_units import persistence
 
@@ -158,6 +155,9 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
             }
     _compare_digests(nodes)
     _compare_setup(nodes)
+    from orchestrator.checks.status_memory import node_memory
+    for name, node_facts in facts.items():
+        nodes[name]["memory"] = node_memory(node_facts)
     head = inventory.head_name
     processes = {name: server_processes(node_facts) for name, node_facts in facts.items()}
     server = assess_server(inventory, facts.get(head), nodes[head], dead_ranks(processes),

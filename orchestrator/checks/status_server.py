@@ -86,6 +86,18 @@ def engine_of_record(engine: str) -> Any:
     return get_engine(engine if engine in REGISTRY else DEFAULT_ENGINE)
 
 
+def health_paths() -> dict[str, Any]:
+    """Every engine's health paths (Engine.health_paths) for the node's probe."""
+    return {"paths": {name: list(get_engine(name).health_paths) for name in sorted(REGISTRY)},
+            "default": DEFAULT_ENGINE}
+
+
+def engine_probes() -> dict[str, tuple[str, str]]:
+    """Each engine's own status probe (Engine.status_probe), by engine name."""
+    found = {name: get_engine(name).status_probe() for name in sorted(REGISTRY)}
+    return {name: probe for name, probe in found.items() if probe}
+
+
 RESTART_MARGIN_SECONDS = 5
 """The server's start time is the controller's clock to the second, the container's the node's:
 a restart counts only when the container started clearly later (and the server's process is

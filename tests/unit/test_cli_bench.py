@@ -318,7 +318,7 @@ def test_plot_without_matplotlib_is_bad_input(inv: str, monkeypatch: pytest.Monk
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
     result = sparkctl("bench", "-i", inv, "--plot", "x.png")
-    assert result.exit_code == 2 and "--plot needs matplotlib" in result.stderr
+    assert result.exit_code == 2 and "plots need matplotlib" in result.stderr
 
 
 # ------------------------------------------------------------------ the relaunch of a sweep
@@ -399,3 +399,33 @@ def test_ctrl_c_during_a_relaunch_interrupts_the_launch_too(popen: type[Proc],
     with pytest.raises(KeyboardInterrupt):
         bench_cli.relauncher("/inv.yml", 60)("r.yml")
     assert killed == [(4242, signal.SIGINT)]
+
+
+def test_default_is_quick_and_md_is_llama_benchys_table(inv: str, cluster: FakeCluster,
+                                                        measured: Measured) -> None:
+    result = sparkctl("bench", "-i", inv, "--format", "md")
+    assert result.exit_code == 0, result.output
+    ((config, _),) = measured.calls
+    assert (config.tg, config.pp, config.depth, config.concurrency, config.runs) == (
+        [32], [2048], [0], [1], 3)
+    assert "1 cell(s), 4 request(s): expect about" in result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "| model | test | t/s | ttfr (ms) | est_ppt (ms) | e2e_ttft (ms) |"
+    assert lines[2].startswith("| nvidia/MiniMax-M2.7-NVFP4 | pp2048 | ")
+    assert lines[3].startswith("| nvidia/MiniMax-M2.7-NVFP4 | tg32 | 20.00 ± ")
+
+
+def test_full_runs_the_blog_table(inv: str, cluster: FakeCluster, measured: Measured) -> None:
+    result = sparkctl("bench", "-i", inv, "--full", "--format", "csv")
+    assert result.exit_code == 0, result.output
+    ((config, _),) = measured.calls
+    assert config.requests() == 208 and "12 cell(s), 208 request(s)" in result.stderr
+    assert "tg256 @ d16384 c8" in result.stdout
+
+
+def test_an_unwritable_plot_path_stops_before_measuring(inv: str, cluster: FakeCluster,
+                                                        measured: Measured, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    result = sparkctl("bench", "-i", inv, "--plot", str(tmp_path / "missing" / "p.png"))
+    assert result.exit_code == 2 and "does not exist" in result.stderr
+    assert measured.calls == []

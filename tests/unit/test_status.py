@@ -209,3 +209,14 @@ def test_stream_merges_every_source_with_prefixes(monkeypatch: pytest.MonkeyPatc
         "spark-a container | A line 0", "spark-a container | A line 1",
         "spark-b files     | B line 0", "spark-b files     | B line 1"])
     assert "spark-b: no container" in err.getvalue()
+
+
+def test_stream_as_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logs, "Stream", FakeStream)
+    sources = [logs.LogSource("spark-a", "container", "A"), logs.LogSource("spark-b", "files", "B")]
+    out, err = io.StringIO(), io.StringIO()
+    code = logs.stream_logs(INVENTORY, {"spark-a": None, "spark-b": None}, sources,  # type: ignore[dict-item]
+                            follow=False, out=out, err=err, as_json=True)
+    found = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert code == 0 and len(found) == 4
+    assert {"node": "spark-b", "source": "files", "line": "B line 1"} in found

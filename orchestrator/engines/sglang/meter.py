@@ -9,6 +9,7 @@ from orchestrator.engines.meters import SpecMeter, parse_prometheus
 
 
 class SglangMeter(SpecMeter):
+    prometheus = True
     source = "SGLang /metrics gauges sglang:spec_accept_length, sglang:spec_accept_rate"
 
     def end(self) -> dict[str, Any] | None:

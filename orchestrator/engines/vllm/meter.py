@@ -10,6 +10,7 @@ from orchestrator.engines.meters import SpecMeter, counter, parse_prometheus
 
 
 class VllmMeter(SpecMeter):
+    prometheus = True
     source = "vLLM /metrics counters vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}"
     NAMES = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
              "vllm:spec_decode_num_accepted_tokens")
