@@ -24,6 +24,8 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.node import script
 from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
+from orchestrator.phases.gateway import summary as gateway_summary
+from orchestrator.phases.gateway_spec import probe_cmd as gateway_probe_cmd
 from orchestrator.phases.teardown import managed_ps_cmd
 from orchestrator.remote.cluster import parallel
 from orchestrator.timestamps import age
@@ -37,7 +39,7 @@ PROBE = script("probe.py")
 def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     """One facts request: what status shows, plus what the container step needs to compute the
     config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
-    from orchestrator.checks.status_server import engine_probes, health_paths
+    from orchestrator.checks.status_server import engine_probes, health_arg
     from orchestrator.engines.serverctl import node_cmd
     from orchestrator.engines.trtllm import container as container_step
     from orchestrator.phases.boot_units import units_cmd
@@ -57,8 +59,7 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     if node.name == inventory.head_name:
         # the probe runs on the node, not in the container: it must answer with the container down
         files[SERVER_JSON] = True
-        commands["probe"] = " ".join(["python3 -c", quote(PROBE), quote(SERVER_JSON),
-                                      quote(json.dumps(health_paths(), sort_keys=True))])
+        commands["probe"] = " ".join(["python3 -c", quote(PROBE), quote(SERVER_JSON), health_arg()])
         # when the server's container last started: a restart after launch takes the server along
         commands["server_container"] = record_container_cmd(
             inventory, "docker inspect -f '{{.Name}} {{.State.StartedAt}}' \"$c\"") + " 2>/dev/null"
@@ -66,13 +67,13 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         commands["server_log"] = (f"cd {quote(RUN_DIR)} 2>/dev/null && for f in server.log "
                                   'rank-0.log; do [ -s "$f" ] && { echo "==> $f <=="; '
                                   f'tail -n {LOG_TAIL_LINES} "$f"; }}; done; true')
-        # an engine's own probe (Engine.status_probe: vLLM's Ray nodes), in the record's container
         for name, (key, program) in engine_probes().items():
             commands[key] = record_container_cmd(
                 inventory, "docker exec \"$c\" python3 -c " + quote(program), engine=name)
     # every server on this node (SGLang runs one per node or placement), probed where it runs
     from orchestrator.engines.servers import servers_cmd
     commands["servers"] = servers_cmd(inventory, node, probe=True)
+    commands["gateway"] = gateway_probe_cmd(liveliness=True)  # `gateway up` (docs/gateway.md)
     own = {"files": files, "links": True, "ibdev2netdev": True,
            "containers": [inventory.container.name], "images": [inventory.container.image],
            "commands": commands, "timeout": 40}
@@ -120,6 +121,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
                 facts[name] = value
         result = assess(inventory, facts, errors)
         result["servers"] = server_list(inventory, facts, result.get("server"))
+        result["gateway"] = gateway_summary(facts)
         from orchestrator.checks.status_memory import attach_metrics
 
         def run_on(node: str, command: str) -> tuple[int, str]:
@@ -167,9 +169,9 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
         server_unknown = f"the head {head} is unreachable"
     elif server is None and (nodes[head].get("container") or {}).get("status") == "unknown":
         server_unknown = f"could not look on {head}: {nodes[head]['container'].get('why')}"
-    if server is not None and server["problem"]:  # named: several servers may run
-        nodes[head]["problems"].append(f"server {server.get('name') or server.get('recipe')} "
-                                       f"({server.get('engine')}): {server['problem']}")
+    if server is not None and server["problem"]:
+        from orchestrator.checks.status_server import named_problem
+        nodes[head]["problems"].append(named_problem(server))
         nodes[head]["state"] = "problem"
     if server is not None:
         _check_processes(nodes, facts)

@@ -56,8 +56,9 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     out["ready_at"] = server.get(READY_KEY)
     own = engine_of_record(engine)
     probe_key = (own.status_probe() or ("", ""))[0] if own.name == engine else ""
-    if probe_key:  # the engine's own probe (vLLM: every serving node alive in Ray)
-        out[probe_key] = own.judge_probe(server, commands.get(probe_key) or {})
+    judged = own.judge_probe(server, commands.get(probe_key) or {}) if probe_key else {}
+    if judged:  # the engine's own probe (vLLM over Ray: every serving node alive in Ray)
+        out[probe_key] = judged
     if not container_running:
         out["state"] = "down"
         out["problem"] = "server recorded but the head container is not running"
@@ -86,10 +87,23 @@ def engine_of_record(engine: str) -> Any:
     return get_engine(engine if engine in REGISTRY else DEFAULT_ENGINE)
 
 
+def named_problem(server: dict[str, Any]) -> str:
+    """The recorded server's problem, named (several servers may run)."""
+    name = server.get("name") or server.get("recipe")
+    return f"server {name} ({server.get('engine')}): {server['problem']}"
+
+
 def health_paths() -> dict[str, Any]:
     """Every engine's health paths (Engine.health_paths) for the node's probe."""
     return {"paths": {name: list(get_engine(name).health_paths) for name in sorted(REGISTRY)},
             "default": DEFAULT_ENGINE}
+
+
+def health_arg() -> str:
+    """health_paths() as the node's probe takes it (one quoted JSON argument)."""
+    from orchestrator.commands import quote
+
+    return quote(json.dumps(health_paths(), sort_keys=True))
 
 
 def engine_probes() -> dict[str, tuple[str, str]]:
@@ -123,7 +137,8 @@ def container_restarted(server: dict[str, Any], answer: dict[str, Any],
 
 
 SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
-               "container", "started", "memory_gb", "legacy", "memguard")
+               "container", "started", "memory_gb", "legacy", "processes", "dead_nodes",
+               "memguard")
 
 
 # the recorded server's verdict (assess_server) in the servers list's words

@@ -139,24 +139,15 @@ def need_matplotlib() -> None:
 
 def _relaunch_cmd(recipe: str, inventory_path: str, timeout: float,
                   server: dict[str, Any] | None = None) -> list[str]:
+    from orchestrator.checks.bench_sweep import placed_args
     return [sys.executable, "-m", "orchestrator.cli", "launch", recipe, "--inventory",
             inventory_path, "--replace", "--yes", "--json", "--timeout", str(timeout),
-            *placed_args(server or {})]
-
-
-def placed_args(server: dict[str, Any]) -> list[str]:
-    """--name, --nodes and --port of the measured server: the sweep relaunches (and restores)
-    exactly that server, not the recipe's default name, nodes and port."""
-    args = ["--name", str(server["name"])] if server.get("name") else []
-    if server.get("nodes"):
-        args += ["--nodes", ",".join(map(str, server["nodes"]))]
-    return args + (["--port", str(server["port"])] if server.get("port") else [])
+            *placed_args(server or {})]  # exactly the measured server
 
 
 def relauncher(inventory_path: str, timeout: float, server: dict[str, Any] | None = None) -> Any:
-    """`sparkctl launch FILE --replace --yes` (with the measured server's name, nodes and port)
-    in its own process group (a Ctrl-C reaches only bench, which then stops the launch's waiting
-    and restores the original recipe)."""
+    """`sparkctl launch FILE --replace --yes` of the measured server in its own process group
+    (a Ctrl-C reaches only bench: it stops the launch's waiting, restores the original)."""
     import json
     import os
     import signal
@@ -292,6 +283,10 @@ def _bench(opts: dict[str, Any]) -> int:
               show_default=True,
               help="md: llama-benchy's markdown table (mean ± std); csv; json (= --json).")
 @click.option("--save", metavar="DIR", help="Keep the results as DIR/bench-<time>.json.")
+@click.option("--gateway", is_flag=True,
+              help="Measure through the gateway against the same replicas directly, in the same "
+                   "run, on the gateway's node: median latency it adds (--runs x 10 requests) "
+                   "and throughput at the highest --concurrency (docs/gateway.md).")
 @click.option("--plot", metavar="FILE.png",
               help="Draw the results: generation per depth, prefill, TTFT (needs matplotlib).")
 @click.pass_context
@@ -312,6 +307,11 @@ def bench(ctx: click.Context, **opts: Any) -> None:
         return
     for key, value in choose_cells(opts).items():
         opts[key] = _ints(value)
+    if opts.pop("gateway"):
+        from orchestrator.cli.gateway import bench_gateway
+
+        run_command(lambda: bench_gateway(opts))
+        return
     opts["format"] = "json" if opts.pop("as_json") else opts.pop("fmt")
     if opts["plot"]:
         need_matplotlib()

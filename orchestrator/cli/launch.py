@@ -193,28 +193,40 @@ def _placed(recipe: Any, placed: tuple[str, ...], name: str | None,
                    "verified by image ID and digest). Without it, this happens only for nodes "
                    "that cannot reach the registry (probed before pulling) or whose pull fails. "
                    "The `up` container's image comes with `up` (`up --distribute-image`).")
+@click.option("--rolling", is_flag=True,
+              help="Replace the running replicas of RECIPE (changed config or image) one at a "
+                   "time: out of the gateway, drained, relaunched, ready, back in "
+                   "(docs/gateway.md).")
+@click.option("--allow-downtime", is_flag=True,
+              help="With --rolling: also when only one replica runs (it stops serving meanwhile).")
 @verbosity_option
 def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
            timeout: float, replace: bool, host: str, drop_caches: bool,
            hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
            ignore_memory: bool, guard_min_available_gb: float | None, placed: tuple[str, ...],
            name: str | None, port: int | None, persist: bool, distribute_image: bool,
-           api_key_file: str | None) -> None:
+           api_key_file: str | None, rolling: bool, allow_downtime: bool) -> None:
     """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
 
     \b
     checks  another server (any engine) refused unless --replace; memory on every node
     models  fetched once on the head, fanned out to the serving nodes over the fabric,
             verified chunk by chunk; the HF token exists only meanwhile
-    image   (vLLM, SGLang) every serving node can pull the engine's image or gets it
+    image   (vLLM, SGLang, llama.cpp) every serving node can pull the engine's image or gets it
             from a node that has it, over the fabric (said before anything changes)
     serve   the engine's server (TensorRT-LLM: mpirun ... trtllm-serve; vLLM: Ray, then
-            vllm serve; SGLang: sglang.launch_server per node), then readiness over HTTP
+            vllm serve; SGLang: sglang.launch_server per node; llama.cpp: rpc-server on
+            the other nodes, then llama-server), then readiness over HTTP
             and one real chat completion
     persist (--persist) a boot unit per serving node that brings the server back after
             a reboot, the same checks first (docs/operate.md)
     Relaunching the same recipe is a no-op. See docs/launch.md and docs/engines.md.
     """
+    if rolling or allow_downtime:
+        from orchestrator.cli.rolling import rolling_launch
+
+        rolling_launch(locals(), _launch)
+        return
     run_command(lambda: _launch(recipe_name, inventory_path, dry_run, yes, as_json, timeout,
                                 replace, host, drop_caches, hf_token_file, trust_new_hosts,
                                 break_lock, ignore_memory, guard_min_available_gb, placed, name,

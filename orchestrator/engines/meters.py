@@ -70,3 +70,33 @@ class SpecMeter:
 
     def end(self) -> dict[str, Any] | None:
         return None
+
+
+class CounterMeter(SpecMeter):
+    """Prometheus counters of drafts, drafted and accepted tokens (NAMES, in that order): their
+    deltas over a cell (vLLM's and llama.cpp's shape)."""
+
+    prometheus = True
+    NAMES: tuple[str, ...] = ()
+    MISSING = "no speculative-decoding counters in /metrics (no drafting)"
+
+    def snapshot(self) -> list[float | None]:
+        text = self.read()
+        values = parse_prometheus(text or "")
+        return [counter(values, name) for name in self.NAMES]
+
+    def begin(self) -> None:
+        self.start = self.snapshot()
+
+    def end(self) -> dict[str, Any] | None:
+        finish = self.snapshot()
+        if any(v is None for v in [*self.start, *finish]):
+            self.note = self.note or self.MISSING
+            return None
+        drafts, drafted, accepted = (b - a for a, b in zip(self.start, finish, strict=True))  # type: ignore[operator]
+        if drafted <= 0 or drafts <= 0:
+            self.note = "no draft tokens during the cell"
+            return None
+        return {"acceptance_rate": accepted / drafted, "acceptance_length": 1 + accepted / drafts,
+                "draft_tokens": int(drafted), "accepted_tokens": int(accepted),
+                "drafts": int(drafts), "source": self.source}

@@ -115,7 +115,9 @@ def test_sglang_gauges_are_read_at_the_end() -> None:
 
 def test_every_engine_has_a_meter() -> None:
     meters = {name: get_engine(name).spec_meter for name in REGISTRY}
-    assert meters == {"trtllm": TrtllmMeter, "vllm": VllmMeter, "sglang": SglangMeter}
+    assert {k: meters[k] for k in ("trtllm", "vllm", "sglang")} == {
+        "trtllm": TrtllmMeter, "vllm": VllmMeter, "sglang": SglangMeter}
+    assert set(meters) == set(REGISTRY)
 
 
 def test_node_state_from_nvidia_smi_and_meminfo() -> None:

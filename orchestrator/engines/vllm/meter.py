@@ -4,34 +4,11 @@ exposition): their delta over a cell."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from orchestrator.engines.meters import SpecMeter, counter, parse_prometheus
+from orchestrator.engines.meters import CounterMeter
 
 
-class VllmMeter(SpecMeter):
-    prometheus = True
+class VllmMeter(CounterMeter):
     source = "vLLM /metrics counters vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}"
     NAMES = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
              "vllm:spec_decode_num_accepted_tokens")
-
-    def snapshot(self) -> list[float | None]:
-        text = self.read()
-        values = parse_prometheus(text or "")
-        return [counter(values, name) for name in self.NAMES]
-
-    def begin(self) -> None:
-        self.start = self.snapshot()
-
-    def end(self) -> dict[str, Any] | None:
-        finish = self.snapshot()
-        if any(v is None for v in [*self.start, *finish]):
-            self.note = self.note or "no vllm:spec_decode_* counters in /metrics (no drafting)"
-            return None
-        drafts, drafted, accepted = (b - a for a, b in zip(self.start, finish, strict=True))  # type: ignore[operator]
-        if drafted <= 0 or drafts <= 0:
-            self.note = "no draft tokens during the cell"
-            return None
-        return {"acceptance_rate": accepted / drafted, "acceptance_length": 1 + accepted / drafts,
-                "draft_tokens": int(drafted), "accepted_tokens": int(accepted),
-                "drafts": int(drafts), "source": self.source}
+    MISSING = "no vllm:spec_decode_* counters in /metrics (no drafting)"

@@ -30,17 +30,23 @@ SERVER_WRAPPER = f"echo $$ > {RUN_DIR}/{MAIN}; exec \"$@\" > {RUN_DIR}/server.lo
 POLL_SECONDS = 3.0
 
 
-def serve_argv(recipe: Recipe, host: str) -> list[str]:
+def serve_argv(recipe: Recipe, host: str, rank: int = 0, head_ip: str = "<head fabric IP>") -> list[str]:
+    """`vllm serve` of one node: rank 0 serves the API (host, port); with the mp executor on
+    several nodes every rank gets --nnodes/--node-rank/--master-addr/--master-port and the
+    ranks > 0 run --headless (engines/vllm/images.py picks the executor)."""
     argv = ["vllm", "serve", recipe.model]
     if recipe.revision != "main":
         argv += ["--revision", recipe.revision]
     argv += ["--tensor-parallel-size", str(recipe.tensor_parallel_size)]
     if recipe.pipeline_parallel_size > 1:
         argv += ["--pipeline-parallel-size", str(recipe.pipeline_parallel_size)]
-    argv += ["--distributed-executor-backend", "ray",
-             "--gpu-memory-utilization", f"{recipe.memory.kv_cache_fraction:g}",
-             "--host", host, "--port", str(recipe.port), *recipe.serve_args]
-    return argv
+    argv += ["--distributed-executor-backend", recipe.backend]
+    if recipe.backend == "mp" and recipe.node_count > 1:
+        argv += ["--nnodes", str(recipe.node_count), "--node-rank", str(rank),
+                 "--master-addr", head_ip, "--master-port", str(recipe.master_port)]
+    argv += ["--gpu-memory-utilization", f"{recipe.memory.kv_cache_fraction:g}"]
+    argv += ["--headless"] if rank > 0 else ["--host", host, "--port", str(recipe.port)]
+    return [*argv, *recipe.serve_args]
 
 
 def start_cmd(container: str, argv: list[str]) -> str:
@@ -78,7 +84,9 @@ class ServeSpec:
                  persistent: bool = False) -> None:
         self.recipe, self.inventory, self.host, self.replace = recipe, inventory, host, replace
         self.name, self.guard_gb, self.persistent = name or recipe.name, guard_gb, persistent
-        self.argv = serve_argv(recipe, host)
+        from orchestrator.engines.vllm.ray import node_ip
+
+        self.argv = serve_argv(recipe, host, 0, node_ip(inventory, inventory.head))
         self.digest = config_hash(recipe, self.argv, "")
         self.serving = serving_nodes(recipe, inventory)
 
@@ -99,7 +107,8 @@ class ServeSpec:
             ranks=r.tensor_parallel_size * r.pipeline_parallel_size, persistent=self.persistent,
             guard_min_available_gb=self.guard_gb, container=r.container_name,
             extra={"draft_model": None, "tp_size": r.tensor_parallel_size,
-                   "pp_size": r.pipeline_parallel_size, "main": MAIN, "ours": OURS}).to_dict()
+                   "pp_size": r.pipeline_parallel_size, "executor": r.backend, "main": MAIN,
+                   "ours": OURS}).to_dict()
 
     def guard(self) -> lifecycle.ServerGuard:
         """The launch's first step: a different server of this engine refused, unless --replace."""
@@ -156,7 +165,8 @@ class StartServer(Step):
             return Unchanged(f"{recipe.name} (config {self.spec.digest}) is already starting")
         verb = {"replace": "replace the running server with",
                 "restart": f"restart ({restart_reason(current)})"}.get(decision, "start")
-        return Change(f"{verb} {recipe.model} with vLLM over Ray on {len(self.spec.serving)} "
+        over = "over Ray" if recipe.backend == "ray" else "(its own multi-node, no Ray)"
+        return Change(f"{verb} {recipe.model} with vLLM {over} on {len(self.spec.serving)} "
                       f"node(s) (tp {recipe.tensor_parallel_size}, pp "
                       f"{recipe.pipeline_parallel_size}) at {self.spec.host}:{recipe.port}",
                       diff=join(self.spec.argv) + "\n",
