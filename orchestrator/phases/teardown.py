@@ -361,12 +361,14 @@ class VerifyDown(Step):
 
 
 def verify_cmd(inventory: Inventory, network: bool) -> str:
+    from orchestrator.phases import gateway_down
     from orchestrator.phases.boot_units import UNIT_DIR, UNIT_PREFIX
 
     checks = [
         managed_ps_cmd(inventory, "container: {{.Names}}"),
         f"ls {UNIT_DIR}/{UNIT_PREFIX}*.service 2>/dev/null | sed 's/^/boot unit: /'",
         f"[ ! -e {quote(CONFIG_DIR)} ] || echo 'directory: {CONFIG_DIR}'",
+        gateway_down.verify_line(),
     ]
     if network:  # a file of the user's at our path was left alone on purpose: only ours counts
         probe = f"printf '%s' {quote(json.dumps([NETPLAN_FILE]))} | {ledger_cmd('check')}"
@@ -376,15 +378,17 @@ def verify_cmd(inventory: Inventory, network: bool) -> str:
 
 
 def down_phase(inventory: Inventory, network: bool) -> Phase:
-    from orchestrator.phases import oomguard, persist_down
+    from orchestrator.phases import gateway_down, oomguard, persist_down
     from orchestrator.remote.facts import merge_requests
 
-    steps: list[Step] = [persist_down.RemoveBootUnits(), StopServer(), RemoveContainers()]
+    steps: list[Step] = [persist_down.RemoveBootUnits(), StopServer(), RemoveContainers(),
+                         gateway_down.StopRelays()]
     if network:
         steps.append(RemoveNetwork())
     steps += [oomguard.Remove(), RemoveFiles(network), VerifyDown(network)]
     return Phase("down", steps, lambda inv, node: merge_requests(
-        [down_facts(inv, node), persist_down.facts(inv), oomguard.down_facts(inv)]))
+        [down_facts(inv, node), persist_down.facts(inv), oomguard.down_facts(inv),
+         gateway_down.facts()]))
 
 
 def build_down_plan(inventory: Inventory, network: bool, oom_guard_only: bool = False) -> Plan:
