@@ -62,9 +62,9 @@ def free_gb(lab: Lab, node: str) -> float:
 
 
 def squeeze_under_guard(lab: Lab, node: str) -> None:
-    """Hold all but ~0.5 GB of what the node has available: well under the guard's 2 GB
-    (MemAvailable moves by a few hundred MB on its own)."""
-    size = max(1, int((free_gb(lab, node) - 0.5) * 1024))
+    """Hold all but 1 GB of what the node has available (to the MiB): under the guard's 2 GB
+    with room for MemAvailable's own moves, above what the node's OOM killer allows."""
+    size = max(1, int((free_gb(lab, node) - 1.0) * 1024))
     squeeze = lab.cli("fault", "squeeze-memory", "--node", node, "--size", f"{size}M")
     assert squeeze.returncode == 0, squeeze.stderr
 
