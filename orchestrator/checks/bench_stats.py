@@ -40,8 +40,8 @@ DEFINITIONS = {
                      "depth",
     "acceptance_rate": "accepted draft tokens / drafted tokens over the cell (engine metrics)",
     "acceptance_length": "mean tokens produced per step of a request that drafted: 1 + accepted "
-                         "/ drafts (TensorRT-LLM: (accepted + requests with drafts) / requests "
-                         "with drafts, per iteration, summed over the cell)",
+                         "/ drafts (engines counting per iteration: (accepted + requests with "
+                         "drafts) / requests with drafts, summed over the cell)",
 }
 
 

@@ -139,3 +139,12 @@ def sweep_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "acceptance_rate": spec.get("acceptance_rate"),
                      "acceptance_length": spec.get("acceptance_length")})
     return rows
+
+
+def placed_args(server: dict[str, Any]) -> list[str]:
+    """--name, --nodes and --port of the measured server: the sweep relaunches (and restores)
+    exactly that server, not the recipe's default name, nodes and port."""
+    args = ["--name", str(server["name"])] if server.get("name") else []
+    if server.get("nodes"):
+        args += ["--nodes", ",".join(map(str, server["nodes"]))]
+    return args + (["--port", str(server["port"])] if server.get("port") else [])

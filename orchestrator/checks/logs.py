@@ -134,27 +134,25 @@ def file_log_cmd(files: list[str], follow: bool, since: float | None, tail: int 
 
 def sources_for(inventory: Inventory, node: Node, follow: bool, since: float | None,
                 tail: int | None, server: str | None = None) -> list[LogSource]:
-    if server:  # one server's own containers (SGLang: sparkctl-sglang-<name> on each of its nodes)
+    if server:  # one server's own containers (on each of its nodes)
         return [LogSource(node.name, server, engine_container_log_cmd(
             inventory, server, follow, since, tail, label="server") + " 2>&1")]
     return [
         LogSource(node.name, "container", container_log_cmd(inventory, follow, since, tail) + " 2>&1"),
         LogSource(node.name, "files", file_log_cmd(expected_files(inventory, node), follow, since, tail)
                   + " 2>&1"),
-        LogSource(node.name, "ray", engine_container_log_cmd(inventory, "vllm", follow, since, tail)
-                  + " 2>&1"),
-        # the per-server engines' containers (SGLang, llama.cpp), one source each
-        *(LogSource(node.name, engine, engine_container_log_cmd(inventory, engine, follow, since,
-                                                                tail) + " 2>&1")
-          for engine in placed_engines()),
+        # each engine's own server containers (Engine.log_label: vLLM's Ray nodes, SGLang's ranks)
+        *(LogSource(node.name, label, engine_container_log_cmd(inventory, name, follow, since, tail)
+                    + " 2>&1") for name, label in engine_log_labels()),
     ]
 
 
-def placed_engines() -> list[str]:
-    """The engines whose servers are named and placed (their containers are per server)."""
+def engine_log_labels() -> list[tuple[str, str]]:
+    """(engine, the label its containers' lines get) for engines with server containers."""
     from orchestrator.engines import REGISTRY, get_engine
 
-    return [name for name in sorted(REGISTRY) if getattr(get_engine(name), "placed", False)]
+    return [(name, get_engine(name).log_label) for name in sorted(REGISTRY)
+            if get_engine(name).log_label]
 
 
 class LineTagger:

@@ -166,8 +166,8 @@ def judge_all_gather(inventory: Inventory, rc: int, stdout: str, stderr: str,
     if rc == 127 and (NOT_FOUND in stderr or "executable file not found" in stderr):
         result.status = "skip"
         result.message = (f"{BINARY} (nccl-tests) is not in the image {inventory.container.image}: "
-                          "TensorRT-LLM images do not ship it, so NCCL's own bandwidth was not "
-                          "measured.")
+                          "the engine's release images do not ship it, so NCCL's own bandwidth "
+                          "was not measured.")
         result.fix = BUILD_FIX
         return result
     run = parse_all_gather(stdout)

@@ -17,7 +17,7 @@ import json
 import time
 from typing import Any
 
-from orchestrator.checks.status_server import assess_server, server_list
+from orchestrator.checks.status_server import add_server_problems, assess_server, server_list
 from orchestrator.commands import quote
 from orchestrator.engines.liveness import dead_ranks
 from orchestrator.errors import SparkctlError
@@ -39,8 +39,9 @@ PROBE = script("probe.py")
 def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     """One facts request: what status shows, plus what the container step needs to compute the
     config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
+    from orchestrator.checks.status_server import engine_probes, health_arg
+    from orchestrator.engines.serverctl import node_cmd
     from orchestrator.engines.trtllm import container as container_step
-    from orchestrator.engines.trtllm.serve import node_cmd
     from orchestrator.phases.boot_units import units_cmd
     from orchestrator.phases.ssh_keys import ENTRYPOINT, SSHD_CONFIG
     from orchestrator.remote.facts import merge_requests
@@ -58,7 +59,7 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     if node.name == inventory.head_name:
         # the probe runs on the node, not in the container: it must answer with the container down
         files[SERVER_JSON] = True
-        commands["probe"] = "python3 -c " + quote(PROBE) + " " + quote(SERVER_JSON)
+        commands["probe"] = " ".join(["python3 -c", quote(PROBE), quote(SERVER_JSON), health_arg()])
         # when the server's container last started: a restart after launch takes the server along
         commands["server_container"] = record_container_cmd(
             inventory, "docker inspect -f '{{.Name}} {{.State.StartedAt}}' \"$c\"") + " 2>/dev/null"
@@ -66,10 +67,9 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         commands["server_log"] = (f"cd {quote(RUN_DIR)} 2>/dev/null && for f in server.log "
                                   'rank-0.log; do [ -s "$f" ] && { echo "==> $f <=="; '
                                   f'tail -n {LOG_TAIL_LINES} "$f"; }}; done; true')
-        # the Ray cluster, when the recorded server is vLLM's (its head container knows the nodes)
-        from orchestrator.engines.vllm.ray import RAY_PROBE
-        commands["ray"] = record_container_cmd(
-            inventory, "docker exec \"$c\" python3 -c " + quote(RAY_PROBE), engine="vllm")
+        for name, (key, program) in engine_probes().items():
+            commands[key] = record_container_cmd(
+                inventory, "docker exec \"$c\" python3 -c " + quote(program), engine=name)
     # every server on this node (SGLang runs one per node or placement), probed where it runs
     from orchestrator.engines.servers import servers_cmd
     commands["servers"] = servers_cmd(inventory, node, probe=True)
@@ -129,6 +129,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
             return done.exit_status, done.stdout
 
         attach_metrics([s for s in result["servers"] if s.get("node") in session.transports], run_on)
+    add_server_problems(result)
     from orchestrator.phases.boot_units import persistence
 
     units = {name: node.get("boot_units") or {} for name, node in result["nodes"].items()}
@@ -169,7 +170,8 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
     elif server is None and (nodes[head].get("container") or {}).get("status") == "unknown":
         server_unknown = f"could not look on {head}: {nodes[head]['container'].get('why')}"
     if server is not None and server["problem"]:
-        nodes[head]["problems"].append(server["problem"])
+        from orchestrator.checks.status_server import named_problem
+        nodes[head]["problems"].append(named_problem(server))
         nodes[head]["state"] = "problem"
     if server is not None:
         _check_processes(nodes, facts)

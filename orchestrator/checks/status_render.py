@@ -26,7 +26,7 @@ STATE_STYLE = {"up": "green", "serving": "green", "healthy": "green", "not-set-u
                "network-only": "cyan", "problem": "bold red", "unreachable": "bold red",
                "degraded": "bold red", "starting": "yellow", "down": "bold red",
                "unhealthy": "bold red", "partial": "yellow", "stalled": "bold red",
-               "dead": "bold red"}
+               "dead": "bold red", "guard-stopped": "bold red"}
 
 
 def _styled(value: str) -> str:
@@ -62,18 +62,23 @@ def render_status(status: dict[str, Any]) -> None:
     server = status.get("server")
     if server is None and status.get("server_unknown"):
         out.print(f"server: unknown: {escape(status['server_unknown'])}")
-    elif server is None:
+    elif server is None and not status.get("servers"):
         out.print("server: none launched")
+    elif server is None:
+        out.print(servers_line("servers", status["servers"]), markup=True)
     else:
         out.print(
             f"server: {_styled(server['state'])} {server.get('recipe')} "
-            f"({escape(server.get('engine') or 'trtllm')}: {server.get('model')}"
+            f"({escape(str(server.get('engine')))}: {server.get('model')}"
             + (f", draft {server['draft_model']}" if server.get("draft_model") else "")
             + f"), {server['endpoint']} on {server.get('node')} (`sparkctl tunnel` forwards it), "
             + f"up {human_duration(server.get('uptime_seconds'))}",
             markup=True,
         )
         out.print("  " + escape(persistence_text(server.get("persistence") or {})))
+        others = [s for s in status.get("servers") or [] if not s.get("legacy")]
+        if others:
+            out.print(servers_line("other servers", others), markup=True)
         ray = server.get("ray")
         if ray is not None:
             ips = ", ".join(f"{n.get('host')} {n.get('ip')}" for n in ray.get("nodes") or []
@@ -90,6 +95,16 @@ def render_status(status: dict[str, Any]) -> None:
         out.print(f"[bold red]✗[/] {name}: {escape(problem)}")
     out.print(("[green]OK[/]" if status["ok"] else "[bold red]UNHEALTHY[/]")
                   + f" in {status.get('seconds', 0):.1f}s")
+
+
+def servers_line(title: str, listed: list[dict[str, Any]]) -> str:
+    """`servers: 2: a (sglang on spark-b, healthy), ...` for the status header."""
+    from rich.markup import escape
+
+    return f"{title}: {len(listed)}: " + ", ".join(
+        f"{escape(str(s.get('name')))} ({s.get('engine')} on "
+        f"{','.join(map(str, s.get('nodes') or [s.get('node')]))}, {_styled(str(s.get('state')))})"
+        for s in listed)
 
 
 def _container_cell(container: dict[str, Any]) -> str:

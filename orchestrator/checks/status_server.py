@@ -9,6 +9,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+from orchestrator.engines import DEFAULT_ENGINE, REGISTRY, get_engine
 from orchestrator.engines.liveness import READY_KEY, judge, was_ready
 from orchestrator.inventory import Inventory
 from orchestrator.paths import SERVER_JSON
@@ -37,9 +38,10 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     except json.JSONDecodeError:
         probe = {"error": "the health probe printed no JSON"}
     port = server.get("port")
-    engine = server.get("engine", "trtllm")
+    engine = server.get("engine", DEFAULT_ENGINE)
     out: dict[str, Any] = {
         "engine": engine, "recipe": server.get("recipe"), "model": server.get("model"),
+        "name": server.get("name") or server.get("recipe"),
         "draft_model": server.get("draft_model"), "port": port,
         "endpoint": f"http://127.0.0.1:{port}", "node": inventory.head_name,
         "started": server.get("started"), "uptime_seconds": age(server.get("started"), facts.get("time")),
@@ -47,13 +49,16 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     }
     container_running = (head.get("container") or {}).get("status") == "running"
     health = probe.get("/health")
-    second = "/health_generate" if engine == "trtllm" else "/v1/models"
+    second = engine_of_record(engine).health_paths[1]  # after /health: the engine's own
     pids = (processes or {}).get("pids") or {}
     main = pids.get(str(server.get("main") or "mpirun.pid"))
     ready = was_ready(server, bool((processes or {}).get("ready_log")))
     out["ready_at"] = server.get(READY_KEY)
-    if engine == "vllm" and server.get("executor", "ray") == "ray":  # mp: no Ray to ask
-        out["ray"] = assess_ray(server, commands.get("ray") or {})
+    own = engine_of_record(engine)
+    probe_key = (own.status_probe() or ("", ""))[0] if own.name == engine else ""
+    judged = own.judge_probe(server, commands.get(probe_key) or {}) if probe_key else {}
+    if judged:  # the engine's own probe (vLLM over Ray: every serving node alive in Ray)
+        out[probe_key] = judged
     if not container_running:
         out["state"] = "down"
         out["problem"] = "server recorded but the head container is not running"
@@ -69,12 +74,42 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
                     (second, probe.get(second)) if health == 200 else None, port,
                     main_alive=bool(main.get("alive")) if isinstance(main, dict) else None)
     out["state"], out["problem"] = verdict.state, verdict.problem
-    ray_problem = (out.get("ray") or {}).get("problem")
-    if ray_problem and verdict.restart:
-        out["problem"] += f"; {ray_problem}"
-    elif ray_problem:
-        out["state"], out["problem"] = "unhealthy", ray_problem
+    own_problem = (out.get(probe_key) or {}).get("problem") if probe_key else None
+    if own_problem and verdict.restart:
+        out["problem"] += f"; {own_problem}"
+    elif own_problem:
+        out["state"], out["problem"] = "unhealthy", own_problem
     return out
+
+
+def engine_of_record(engine: str) -> Any:
+    """The engine a record names (an unknown one: the default's probes)."""
+    return get_engine(engine if engine in REGISTRY else DEFAULT_ENGINE)
+
+
+def named_problem(server: dict[str, Any]) -> str:
+    """The recorded server's problem, named (several servers may run)."""
+    name = server.get("name") or server.get("recipe")
+    return f"server {name} ({server.get('engine')}): {server['problem']}"
+
+
+def health_paths() -> dict[str, Any]:
+    """Every engine's health paths (Engine.health_paths) for the node's probe."""
+    return {"paths": {name: list(get_engine(name).health_paths) for name in sorted(REGISTRY)},
+            "default": DEFAULT_ENGINE}
+
+
+def health_arg() -> str:
+    """health_paths() as the node's probe takes it (one quoted JSON argument)."""
+    from orchestrator.commands import quote
+
+    return quote(json.dumps(health_paths(), sort_keys=True))
+
+
+def engine_probes() -> dict[str, tuple[str, str]]:
+    """Each engine's own status probe (Engine.status_probe), by engine name."""
+    found = {name: get_engine(name).status_probe() for name in sorted(REGISTRY)}
+    return {name: probe for name, probe in found.items() if probe}
 
 
 RESTART_MARGIN_SECONDS = 5
@@ -101,27 +136,9 @@ def container_restarted(server: dict[str, Any], answer: dict[str, Any],
             f"started at {datetime.fromtimestamp(server_up).astimezone():%H:%M:%S}")
 
 
-def assess_ray(server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's Ray cluster as its head reports it: every node the server runs on must be alive."""
-    from orchestrator.engines.vllm.ray import parse_probe
-
-    probe: dict[str, Any] = (parse_probe(answer) if answer.get("out") or answer.get("rc")
-                             else {"error": "no answer"})
-    nodes = probe.get("nodes") or []
-    alive = sorted(n.get("ip") for n in nodes if n.get("alive"))
-    want = len(server.get("nodes") or []) or 1
-    out: dict[str, Any] = {"nodes": nodes, "alive": len(alive), "expected": want, "problem": ""}
-    if probe.get("error"):
-        out["error"] = probe["error"]
-        out["problem"] = f"the Ray cluster does not answer: {probe['error']}"
-    elif len(alive) < want:
-        out["problem"] = (f"Ray has {len(alive)} of {want} node(s) alive ({', '.join(alive) or 'none'}): "
-                          "a worker's container or link is down; see `sparkctl logs`")
-    return out
-
-
 SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
-               "container", "started", "memory_gb", "legacy", "processes", "dead_nodes")
+               "container", "started", "memory_gb", "legacy", "processes", "dead_nodes",
+               "memguard")
 
 
 # the recorded server's verdict (assess_server) in the servers list's words
@@ -146,11 +163,63 @@ def server_list(inventory: Inventory, facts: dict[str, dict[str, Any]],
 
 def server_state(server: dict[str, Any]) -> str:
     """healthy, loading (never ready yet), stalled (ready once, no answer now), not answering,
-    dead (its container exited: SGLang ends every rank when one dies) or stopped."""
+    dead (its container exited: SGLang ends every rank when one dies), guard-stopped (the memory
+    guard stopped it) or stopped."""
     from orchestrator.engines.liveness import judge, was_ready
 
+    if isinstance(server.get("memguard"), dict) and not server.get("alive"):
+        return "guard-stopped"
     if not server.get("alive"):
         return "stopped" if server.get("legacy") else "dead"
     verdict = judge(server.get("health"), was_ready(server, bool(server.get("ready_log"))))
     return {"healthy": "healthy", "starting": "loading", "stalled": "stalled"}.get(
         verdict.state, "not answering")
+
+
+BAD_STATES = ("dead", "stalled", "not answering", "guard-stopped")
+
+
+def server_problem(entry: dict[str, Any]) -> str | None:
+    """What status says (and exits 1 for) about one listed server that does not serve."""
+    state = entry.get("state")
+    if entry.get("legacy") or state not in BAD_STATES:
+        return None  # (the recorded single server is assessed in full by assess_server)
+    nodes = entry.get("nodes") or [entry.get("node")]
+    what = (f"server {entry.get('name')} ({entry.get('engine')}, {entry.get('model')} on "
+            f"{', '.join(map(str, nodes))})")
+    relaunch = (f"`sparkctl launch {entry.get('recipe') or '<recipe>'} --name {entry.get('name')} "
+                f"--nodes {','.join(map(str, nodes))}` starts it again")
+    if state == "guard-stopped":
+        guard = entry.get("memguard") or {}
+        return (f"{what} was stopped by the memory guard at {guard.get('available_gb', '?')} GB "
+                f"available (< {guard.get('min_available_gb', '?')} GB on {guard.get('node', '?')} "
+                f"at {guard.get('time', '?')}): free memory there, then {relaunch}")
+    if state == "dead":
+        return (f"{what} is dead: its container is gone or exited; `sparkctl logs --server "
+                f"{entry.get('name')}` shows why; {relaunch}")
+    if state == "stalled":
+        return (f"{what} is stalled: it was ready and /health now answers "
+                f"{entry.get('health') or 'nothing'}; {relaunch} (a relaunch restarts it)")
+    return f"{what} does not answer /health ({entry.get('health') or 'no answer'}); see `sparkctl logs`"
+
+
+def add_server_problems(result: dict[str, Any]) -> None:
+    """Every listed server that does not serve is a problem on its first node: status exits 1
+    naming it (the cluster is degraded), whichever engine serves it."""
+    for entry in result.get("servers") or []:
+        guard, server = entry.get("memguard"), result.get("server")
+        if entry.get("legacy") and isinstance(guard, dict) and isinstance(server, dict):
+            # the single recorded server (assessed in full) stopped by a guard on its node
+            server["state"] = (f"stopped by the memory guard: {guard.get('available_gb')} GB "
+                               f"available < {guard.get('min_available_gb')} GB on {guard.get('node')}")
+            entry["state"] = "guard-stopped"
+        problem = server_problem({**entry, "legacy": False} if entry.get("memguard") else entry)
+        if problem and entry.get("legacy") and isinstance(server, dict):
+            server["problem"] = problem
+        node = result["nodes"].get(str((entry.get("nodes") or [entry.get("node")])[0]))
+        if problem is None or node is None:
+            continue
+        node["problems"].append(problem)
+        node["state"] = "problem"
+        result["ok"] = False
+        result["state"] = "degraded"

@@ -49,6 +49,7 @@ def _server_info(session: Any, inventory: Any, transport: Any, server: dict[str,
     import json
 
     from orchestrator.commands import docker_cmd
+    from orchestrator.engines import DEFAULT_ENGINE
     from orchestrator.phases.container import image_digest
 
     # the image of the container the server runs in (vLLM's and SGLang's are the recipe's, not
@@ -65,7 +66,7 @@ def _server_info(session: Any, inventory: Any, transport: Any, server: dict[str,
         except ValueError:
             facts = None
     keys = ("recipe", "model", "draft_model", "engine", "config_hash", "tp_size", "port", "started")
-    return {**{k: server.get(k) for k in keys}, "engine": server.get("engine") or "trtllm",
+    return {**{k: server.get(k) for k in keys}, "engine": server.get("engine") or DEFAULT_ENGINE,
             "image": image, "image_digest": image_digest(facts, image),
             "head": server.get("node") or inventory.head_name, "server": server.get("name")}
 
@@ -136,14 +137,17 @@ def need_matplotlib() -> None:
         raise click.UsageError("plots need matplotlib: pip install 'dgx-sparkctl[bench]'") from None
 
 
-def _relaunch_cmd(recipe: str, inventory_path: str, timeout: float) -> list[str]:
+def _relaunch_cmd(recipe: str, inventory_path: str, timeout: float,
+                  server: dict[str, Any] | None = None) -> list[str]:
+    from orchestrator.checks.bench_sweep import placed_args
     return [sys.executable, "-m", "orchestrator.cli", "launch", recipe, "--inventory",
-            inventory_path, "--replace", "--yes", "--json", "--timeout", str(timeout)]
+            inventory_path, "--replace", "--yes", "--json", "--timeout", str(timeout),
+            *placed_args(server or {})]  # exactly the measured server
 
 
-def relauncher(inventory_path: str, timeout: float) -> Any:
-    """`sparkctl launch FILE --replace --yes` in its own process group (a Ctrl-C reaches only
-    bench, which then stops the launch's waiting and restores the original recipe)."""
+def relauncher(inventory_path: str, timeout: float, server: dict[str, Any] | None = None) -> Any:
+    """`sparkctl launch FILE --replace --yes` of the measured server in its own process group
+    (a Ctrl-C reaches only bench: it stops the launch's waiting, restores the original)."""
     import json
     import os
     import signal
@@ -152,7 +156,7 @@ def relauncher(inventory_path: str, timeout: float) -> Any:
     from orchestrator.errors import SparkctlError
 
     def relaunch(recipe: Any) -> None:
-        proc = subprocess.Popen(_relaunch_cmd(str(recipe), inventory_path, timeout),
+        proc = subprocess.Popen(_relaunch_cmd(str(recipe), inventory_path, timeout, server),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         try:
@@ -241,7 +245,8 @@ def _bench(opts: dict[str, Any]) -> int:
             with tempfile.TemporaryDirectory(prefix="sparkctl-sweep-") as tmp:
                 key, files = write_variants(data, key, values, Path(tmp),
                                              lambda path: load_recipe(str(path)))
-                result = run_sweep(values, files, relauncher(str(inventory_path), opts["timeout"]),
+                relaunch = relauncher(str(inventory_path), opts["timeout"], bench.server)
+                result = run_sweep(values, files, relaunch,
                                    lambda value: bench.measure(config, forward.local_port),
                                    original, _note)
             result.update(key=key, values=values, original=str(original))

@@ -75,7 +75,12 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     from orchestrator.cli.api_key import check_bind
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan
-    from orchestrator.engines import check_against_inventory, engine_of, load_recipe
+    from orchestrator.engines import (
+        check_against_inventory,
+        default_placement,
+        engine_of,
+        load_recipe,
+    )
     from orchestrator.engines.base import LaunchOptions
     from orchestrator.errors import InputError
 
@@ -83,8 +88,9 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     engine = engine_of(recipe)
     check_bind(host, api_key_file, engine.name, engine.title)  # before anything else happens
     inventory, _ = load_inventory_option(inventory_path)
-    recipe = _placed(recipe, engine, placed, name, port)
+    recipe = _placed(recipe, placed, name, port)
     check_against_inventory(recipe, inventory)
+    recipe = default_placement(recipe, inventory)
     estimate = engine.estimate_memory(recipe)
     _note(f"memory: {estimate.explanation}")
     if estimate.verdict == "does not fit" and not ignore_memory:
@@ -133,22 +139,17 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     return 2 if code == 1 and request.values.get(hub_token.MISSING) else code
 
 
-def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
+def _placed(recipe: Any, placed: tuple[str, ...], name: str | None,
             port: int | None) -> Any:
     """The recipe with `--nodes` (wins over the recipe's `placement`) and `--port` applied."""
     import re
 
-    from orchestrator.engines import REGISTRY, get_engine
     from orchestrator.errors import InputError
 
     if name is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", name):
         raise InputError(f"--name {name!r}: use [a-z0-9._-], starting with a letter or digit")
     nodes = [n.strip() for word in placed for n in word.split(",") if n.strip()]
-    if not getattr(engine, "placed", False) and (nodes or name or recipe.placement):
-        titles = sorted(e.title for e in map(get_engine, REGISTRY) if getattr(e, "placed", False))
-        raise InputError(f"--nodes, --name and `placement` are for {' and '.join(titles)} "
-                         f"recipes; {engine.title} serves from the head and the next nodes, one "
-                         "server at a time")
+    # every engine: the nodes are checked against its rank rules (Engine.placement_problem)
     update: dict[str, Any] = {}
     if nodes:
         update["placement"] = nodes
@@ -185,9 +186,10 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
 @click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
 @click.option("--ignore-memory", is_flag=True, help="Launch even if the memory estimate says no.")
 @click.option("--nodes", "placed", multiple=True, metavar="NODE[,NODE]",
-              help="SGLang, llama.cpp: run on these inventory nodes (rank order; wins over the "
-                   "recipe's placement). Default: the head (and the next nodes).")
-@click.option("--name", metavar="NAME", help="SGLang, llama.cpp: the server's name (default: the recipe's).")
+              help="Run on these inventory nodes (rank order; wins over the recipe's placement), "
+                   "checked against the engine's rank rules (tp x pp). Default: the head (and "
+                   "the next nodes).")
+@click.option("--name", metavar="NAME", help="The server's name (default: the recipe's).")
 @click.option("--port", type=click.IntRange(1024, 65535), default=None,
               help="The server's port instead of the recipe's.")
 @click.option("--persist", is_flag=True,
@@ -199,7 +201,7 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
                    "and send it to the others over the fabric (docker save | docker load, "
                    "verified by image ID and digest). Without it, this happens only for nodes "
                    "that cannot reach the registry (probed before pulling) or whose pull fails. "
-                   "TensorRT-LLM's image comes with `up` (`up --distribute-image`).")
+                   "The `up` container's image comes with `up` (`up --distribute-image`).")
 @click.option("--rolling", is_flag=True,
               help="Replace the running replicas of RECIPE (changed config or image) one at a "
                    "time: out of the gateway, drained, relaunched, ready, back in "

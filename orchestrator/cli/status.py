@@ -126,7 +126,7 @@ def _logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, sinc
 @click.option("--tail", default="100", show_default=True, metavar="N",
               help="Lines from the end of each log to start with ('all' for everything).")
 @click.option("--server", metavar="NAME", shell_complete=complete_server,
-              help="Only this server's containers (SGLang servers).")
+              help="Only this server's own containers.")
 @click.option("--json", "as_json", is_flag=True,
               help='JSON lines on stdout: {"node", "source", "line"} per log line.')
 def logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since: str | None,

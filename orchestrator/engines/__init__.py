@@ -43,6 +43,16 @@ def ready_lines() -> dict[str, str]:
     return {name: get_engine(name).ready_line for name in sorted(REGISTRY)}
 
 
+def one_server_engines() -> frozenset[str]:
+    """The engines that run one server per cluster (`several_servers` False)."""
+    return frozenset(name for name in REGISTRY if not get_engine(name).several_servers)
+
+
+def server_containers(server: str) -> set[str]:
+    """The containers a server of that name may run in, whichever engine (Engine.containers)."""
+    return {c for name in REGISTRY for c in get_engine(name).containers(server)}
+
+
 def recipe_files() -> dict[str, Path]:
     """Built-in recipes by name, from every registered engine's recipes/ folder."""
     found: dict[str, Path] = {}
@@ -117,6 +127,20 @@ def check_against_inventory(recipe: BaseRecipe, inventory: Inventory) -> None:
             f"{inventory.source} has {len(inventory.nodes)}: "
             f"{', '.join(n.name for n in inventory.nodes)}"
         )
+    nodes = serving_nodes(recipe, inventory)
+    problem = engine_of(recipe).placement_problem(recipe, nodes, inventory)
+    if problem:
+        raise InputError(f"recipe {recipe.name} on {', '.join(nodes)}: {problem}")
+
+
+def default_placement(recipe: Any, inventory: Inventory) -> Any:
+    """The recipe without `placement` when it names the default nodes (the head and the next):
+    the same server as one launched without --nodes, so its configuration hash is the same
+    (a relaunch, e.g. bench --sweep's restore, is then a no-op, not a replacement)."""
+    default = [n.name for n in inventory.ordered_nodes()[: recipe.node_count]]
+    if recipe.placement and list(recipe.placement) == default:
+        return recipe.model_copy(update={"placement": None})
+    return recipe
 
 
 def serving_nodes(recipe: BaseRecipe, inventory: Inventory) -> list[str]:

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.engines import DEFAULT_ENGINE
 from orchestrator.errors import SparkctlError
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
+    from orchestrator.engines.meters import SpecMeter
     from orchestrator.inventory import Inventory
 
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
@@ -69,7 +71,7 @@ class FileFilter(StrictModel):
 class BaseRecipe(StrictModel):
     """The fields every engine's recipe has; each engine adds its own and fixes `engine`."""
 
-    engine: str = "trtllm"
+    engine: str = DEFAULT_ENGINE
     """Which engine serves the recipe: trtllm (default), vllm or sglang."""
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
     """Recipe name, as `sparkctl launch NAME` uses it."""
@@ -84,7 +86,8 @@ class BaseRecipe(StrictModel):
     """Port the server listens on, on its first node (127.0.0.1 unless --host)."""
     placement: list[str] | None = Field(default=None, min_length=1, max_length=64)
     """Inventory node names the server runs on, rank order (first = where it answers); default:
-    the head and the next nodes. `launch --nodes` wins over it. SGLang only, for now."""
+    the head and the next nodes. `launch --nodes` wins over it. Every engine checks it against
+    its rank rules before anything runs (Engine.placement_problem)."""
     memory: Memory
     files: FileFilter | None = None
     """Which files of `model` to download and copy (default: all of them)."""
@@ -177,8 +180,43 @@ class Engine(Protocol):
     """The line its server logs once it serves: with it, a server that stopped answering is
     stalled, not still loading (engines/liveness.py; the node scripts get it as an argument)."""
 
+    spec_meter: type[SpecMeter]
+    """How its /metrics gives the speculative-decoding figures of a benchmark cell
+    (engines/meters.py; `sparkctl bench`)."""
+    log_label: str
+    """The label `sparkctl logs` gives the lines of its own server containers (those labelled
+    sparkctl.engine=NAME), or "" when it has none of its own."""
+    health_paths: tuple[str, str]
+    """What `status` probes on the serving node: /health, then the engine's second probe
+    (TensorRT-LLM's /health_generate sends a token through every rank; others: /v1/models)."""
+    several_servers: bool
+    """Whether several servers of this engine may run at once (on different nodes, or on one
+    node when memory and ports allow). False: one server of the engine per cluster (its
+    processes run in one cluster-wide container); a different one is refused or --replace'd."""
+
+    def containers(self, server: str) -> list[str]:
+        """The containers of its server SERVER (its own, not `up`'s): `down --server` drops
+        their restart policy; server "" gives the engine's fixed container names, if any."""
+        ...
+
+    def status_probe(self) -> tuple[str, str] | None:
+        """(key, a Python program) `status` runs in the recorded server's container when the
+        record is this engine's (vLLM: the nodes its Ray cluster knows), or None."""
+        ...
+
+    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        """That program's answer judged for `status` (with "problem" when something is
+        wrong), shown under the probe's key."""
+        ...
+
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         """Phases `up` adds after the shared ones (TensorRT-LLM: its container and MPI)."""
+        ...
+
+    def placement_problem(self, recipe: Any, nodes: list[str], inventory: Inventory) -> str | None:
+        """Why the recipe cannot run on these nodes (rank order), in the engine's own rank
+        rules (tp x pp against the node count, where its first rank must be), or None.
+        Checked before anything runs, for the default nodes and for --nodes / `placement`."""
         ...
 
     def launch_phases(self, recipe: Any, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
@@ -201,6 +239,25 @@ class Engine(Protocol):
     def config_preview(self, recipe: Any) -> dict[str, object]:
         """What `recipes show --json` adds for this engine (its generated configuration)."""
         ...
+
+
+def ranks_problem(ranks: int, rule: str, nodes: list[str]) -> str | None:
+    """The rule every engine has on a Spark (one GPU each): RANKS ranks, one per node."""
+    if ranks == len(nodes):
+        return None
+    return (f"{rule} = {ranks} rank(s), one per Spark (one GPU each), so it needs {ranks} "
+            f"node(s), not {len(nodes)} ({', '.join(nodes)}); name {ranks} node(s) with --nodes "
+            "or pick a recipe whose parallelism fits")
+
+
+def head_first_problem(title: str, how: str, nodes: list[str], inventory: Inventory) -> str | None:
+    """Engines whose first rank runs on the head (`up`'s MPI container, the Ray head): the
+    nodes must be the head and the next nodes in inventory order."""
+    wanted = [n.name for n in inventory.ordered_nodes()[: len(nodes)]]
+    if nodes == wanted:
+        return None
+    return (f"{title} {how}, so its nodes are the head and the next nodes in inventory order: "
+            f"{', '.join(wanted)} (not {', '.join(nodes)})")
 
 
 def verdict_of(left_gb: float, free_gb: float, reserve_gb: float) -> tuple[bool, Verdict]:

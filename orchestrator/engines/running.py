@@ -114,11 +114,11 @@ class OtherEngineGuard(Step):
 def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:
     """How the single recorded server (TensorRT-LLM, vLLM) is stopped on each of its nodes."""
     from orchestrator.commands import docker_cmd
-    from orchestrator.engines.trtllm.serve import node_cmd
+    from orchestrator.engines.serverctl import node_cmd
     from orchestrator.phases.teardown import managed_filter_args
 
     engine = str(running["engine"])
-    if engine == "trtllm":
+    if running.get("container") in (None, inventory.container.name):  # in the `up` container
         return node_cmd(inventory.container.name, action="stop", rotate=True)
     # engines with their own containers: remove those containers
     ids = docker_cmd("ps", "-aq", *managed_filter_args(inventory), "--filter",

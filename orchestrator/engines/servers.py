@@ -261,12 +261,11 @@ def down_phase(inventory: Inventory, name: str) -> Any:
                                persist_down.facts(inv), gateway_down.server_relay_facts(name)])
 
     # its boot unit first (launch --persist), so a reboot cannot bring it back meanwhile
-    from orchestrator.engines import REGISTRY
+    from orchestrator.engines import server_containers
 
-    # per-server engines name their containers sparkctl-<engine>-<server>
-    mine = {f"sparkctl-{engine}-{name}" for engine in REGISTRY} | {"sparkctl-vllm"}
     return Phase("stop-server", [gateway_down.LeaveGateway(name),  # drained before it stops
-                                 persist_down.RemoveBootUnits(name, mine), StopNamed(name)], facts)
+                                 persist_down.RemoveBootUnits(name, server_containers(name)),
+                                 StopNamed(name)], facts)
 
 
 class StopNamed(Step):

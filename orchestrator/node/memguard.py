@@ -9,13 +9,19 @@ descendants: SIGTERM, then SIGKILL after a grace period) while the node still an
 records why in `memguard-stopped.json` (node, figures, time). It ends by itself when the server
 it guards is gone (stopped by sparkctl, or never started).
 
+With "containers" (engines whose server is its containers: SGLang, vLLM's Ray containers) it
+runs on the node itself, not in a container: the server is those containers (docker inspect),
+and stopping it is `docker stop` of them; "run" is then the server's record directory, where
+its pid file and memguard-stopped.json go (status reads it there).
+
 Argument: {"run": RUN_DIR, "node": NAME, "min_available_gb": 4.0, "interval": 0.5,
-           "grace": 5, "start_timeout": 300}
+           "grace": 5, "start_timeout": 300, "containers": [NAME, ...] (optional)}
 """
 import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -73,6 +79,29 @@ def server_pids(run):
     return pids
 
 
+def containers_running(names):
+    """Those of NAMES whose container runs (docker inspect); [] when docker cannot tell."""
+    up = []
+    for name in names:
+        try:
+            proc = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", name],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if proc.returncode == 0 and proc.stdout.decode().strip() == "true":
+            up.append(name)
+    return up
+
+
+def stop_containers(names, grace):
+    """`docker stop` (SIGTERM, SIGKILL after GRACE s): a stopped container stays stopped, even
+    with a restart policy (launch --persist), and keeps its log for `sparkctl logs`."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(["docker", "stop", "-t", str(int(grace)), *names], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=grace + 60)
+    return list(names), containers_running(names)
+
+
 def stop(pids, grace):
     targets = []
     for pid in pids:
@@ -108,10 +137,15 @@ def main(args):
     interval = float(args.get("interval", 0.5))
     with open(os.path.join(run, OWN_PID), "w") as f:
         f.write("%d\n" % os.getpid())
+    containers = args.get("containers") or []
     started = time.time()
     seen = False
+    checked, pids = 0.0, []
     while True:
-        pids = server_pids(run)
+        if not containers:
+            pids = server_pids(run)
+        elif time.time() - checked >= 5:  # docker inspect is costly: memory is read more often
+            pids, checked = containers_running(containers), time.time()
         if pids:
             seen = True
         elif seen or time.time() - started > float(args.get("start_timeout", 300)):
@@ -126,7 +160,8 @@ def main(args):
                 "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "state": "stopping",
             }
             write_record(run, record)  # first: whoever sees the server die learns why at once
-            targets, killed = stop(pids, float(args.get("grace", 5)))
+            grace = float(args.get("grace", 5))
+            targets, killed = stop_containers(containers, grace) if containers else stop(pids, grace)
             write_record(run, dict(record, state="stopped", stopped=targets, killed=killed))
             return 0
         time.sleep(interval)

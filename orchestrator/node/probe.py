@@ -1,5 +1,6 @@
-"""The server's HTTP health as the node sees it (runs on the node as `python3 -c`, with the
-path of server.json as its argument): works with the container down. Standard library only.
+"""The server's HTTP health as the node sees it (runs on the node as `python3 -c`; arguments:
+the path of server.json, and JSON {"paths": {engine: its health paths}, "default": the engine of
+records that name none}): works with the container down. Standard library only.
 """
 import json
 import sys
@@ -16,9 +17,11 @@ host = server.get("host") or "127.0.0.1"
 if host in ("0.0.0.0", "::", "localhost"):
     host = "127.0.0.1"
 out = {}
-# vLLM (and SGLang) have no /health_generate: /v1/models is their second probe
-second = "/health_generate" if server.get("engine", "trtllm") == "trtllm" else "/v1/models"
-for path, timeout in (("/health", 5), (second, 20)):
+engines = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+paths = (engines.get("paths") or {}).get(server.get("engine") or engines.get("default")) or [
+    "/health", "/v1/models"]
+for index, path in enumerate(paths[:2]):
+    timeout = 5 if index == 0 else 20
     try:
         with urllib.request.urlopen("http://{}:{}{}".format(host, server.get("port", 8000), path),
                                     timeout=timeout) as answer:

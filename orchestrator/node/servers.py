@@ -147,11 +147,13 @@ def members():
 found = []
 base = os.path.join(run, "servers")
 for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
-    record = load(os.path.join(base, name, "server.json"))
+    record = load(os.path.join(base, name, "server.json"))  # (a guard's directory alone: skip)
     if record is None:
         continue
     record.setdefault("name", name)
     record["legacy"] = False
+    # the memory guard's stop record (node/memguard.py), if it stopped this server
+    record["memguard"] = load(os.path.join(base, name, "memguard-stopped.json"))
     record["alive"] = bool(running(record.get("container") or ""))
     found.append(record)
 if a.get("legacy_container"):
@@ -161,6 +163,8 @@ if a.get("legacy_container"):
         record.setdefault("container", a["legacy_container"])
         record.setdefault("name", record.get("recipe"))
         record["legacy"] = True
+        # a guard on the node itself (vLLM's) records its stop in the server's directory
+        record["memguard"] = load(os.path.join(base, str(record["name"]), "memguard-stopped.json"))
         record["alive"] = bool(running(record["container"]))
         found.append(record)
 if a.get("probe"):

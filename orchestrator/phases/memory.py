@@ -233,6 +233,41 @@ class StartGuard(Step):
         return f"memory guard started (stops the server below {guard:g} GB available)"
 
 
+def node_guard_cmd(record_dir: str, node: str, guard: float, containers: list[str]) -> str:
+    """The memory guard on the node itself, watching the server's containers (SGLang, vLLM's
+    Ray): started detached (setsid) unless a guard of this server still runs; a stop record of
+    an earlier run is removed first (this launch starts the server again)."""
+    args = json.dumps({"run": record_dir, "node": node, "min_available_gb": guard,
+                       "containers": containers}, sort_keys=True)
+    pid = quote(f"{record_dir}/memguard.pid")
+    start = " ".join(quote(a) for a in ("python3", "-c", script("memguard.py"), "sparkctl-memguard", args))
+    return (f"mkdir -p {quote(record_dir)} && rm -f {quote(record_dir + '/memguard-stopped.json')} "
+            f"&& if ! {{ [ -f {pid} ] && kill -0 \"$(cat {pid})\" 2>/dev/null; }}; then "
+            f"setsid {start} </dev/null >/dev/null 2>&1 & fi")
+
+
+class NodeGuard(Step):
+    """The memory guard on every serving node of a server whose processes are its containers."""
+
+    name = "memory-guard"
+
+    def __init__(self, nodes: list[str], record_dir: str, containers: list[str], guard: float,
+                 not_needed: Callable[[NodeContext], str | None]) -> None:
+        self.nodes, self.record_dir, self.containers = nodes, record_dir, containers
+        self.guard, self.not_needed = guard, not_needed
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        if ctx.node.name not in self.nodes:
+            return Unchanged("not a serving node")
+        reason = self.not_needed(ctx)
+        if reason:
+            return Unchanged(reason)
+        return Change(f"start the memory guard: stops {', '.join(self.containers)} here if "
+                      f"MemAvailable falls below {self.guard:g} GB",
+                      commands=(node_guard_cmd(self.record_dir, ctx.node.name, self.guard,
+                                               self.containers),))
+
+
 def stop_record(status: dict[str, Any]) -> dict[str, Any] | None:
     record = status.get("memguard")
     return record if isinstance(record, dict) else None

@@ -69,6 +69,9 @@ class PersistSpec:
     loaded_gb: float
     """What the recipe holds on each node before its KV cache (weights share, draft, runtime)."""
     deadline: float = 1800.0
+    one_per_cluster: frozenset[str] = frozenset()
+    """The engines that run one server per cluster (Engine.several_servers False): launching
+    one of them replaced any other of them."""
 
 
 def hub_dir(hf_cache: str, repo: str) -> str:
@@ -176,17 +179,14 @@ class EnableUnit(Step):
         return f"{unit} enabled (log at boot: {BOOT_LOG_DIR}/boot-{self.spec.server}.log)"
 
 
-SINGLE_SERVER_ENGINES = ("trtllm", "vllm")
-"""Engines that serve one server per cluster: launching one replaced any other of them."""
-
-
-def stale(server: str, engine: str, persist: bool) -> Callable[[dict[str, str]], list[str]]:
+def stale(server: str, engine: str, persist: bool,
+          one_per_cluster: frozenset[str] = frozenset()) -> Callable[[dict[str, str]], list[str]]:
     """Which boot units a launch makes stale ({server: engine} -> servers): this server's when
     it is launched without --persist; any other server of a one-server engine when this is one
     (that server was replaced: its unit would start it again at boot)."""
     def pick(units: dict[str, str]) -> list[str]:
         return sorted(s for s, e in units.items() if (s == server and not persist) or (
-            s != server and engine in SINGLE_SERVER_ENGINES and e in SINGLE_SERVER_ENGINES))
+            s != server and engine in one_per_cluster and e in one_per_cluster))
     return pick
 
 
@@ -205,17 +205,19 @@ def phase(spec: PersistSpec) -> Phase:
         own["commands"]["unit_enabled"] = enabled_cmd(spec.server)
         return merge_requests([own, persist_down.facts(inv)])
 
-    cleanup = persist_down.RemoveBootUnits(select=stale(spec.server, spec.engine, True),
+    cleanup = persist_down.RemoveBootUnits(select=stale(spec.server, spec.engine, True,
+                                                        spec.one_per_cluster),
                                            name="stale-boot-units")
     return Phase("persist", [cleanup, ManagedFiles("boot-files", render(spec)), EnableUnit(spec)],
                  facts)
 
 
-def not_persistent_phase(server: str, engine: str) -> Phase:
+def not_persistent_phase(server: str, engine: str,
+                         one_per_cluster: frozenset[str] = frozenset()) -> Phase:
     """A launch without --persist: a boot unit this launch made stale goes (see `stale`)."""
     from orchestrator.phases import persist_down
 
-    step = persist_down.RemoveBootUnits(select=stale(server, engine, False),
+    step = persist_down.RemoveBootUnits(select=stale(server, engine, False, one_per_cluster),
                                         name="stale-boot-units")
     return Phase("persist", [step], lambda inv, node: persist_down.facts(inv))
 

@@ -44,13 +44,15 @@ def managed_ps_cmd(inventory: Inventory, fmt: str = r"{{.ID}}\t{{.Names}}\t{{.St
 
 
 def down_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
+    from orchestrator.engines import server_containers
+
     return {
         "files": {NETPLAN_FILE: True, LEDGER: True, CONFIG_DIR: False, STATE_DIR: False,
                   SERVER_JSON: True},
         "netplan": True,
         "links": True,
-        # the `up` container, and vLLM's default server container (server.json names it)
-        "containers": [inventory.container.name, "sparkctl-vllm"],
+        # the `up` container, and the engines' default server containers (server.json names one)
+        "containers": [inventory.container.name, *sorted(server_containers(""))],
         "commands": {
             "managed": managed_ps_cmd(inventory),
             "state_entries": f"ls -A {quote(STATE_DIR)} 2>/dev/null || true",
@@ -120,7 +122,7 @@ class StopServer(Step):
                       payload={"container": name, "ours": record.get("ours")})
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        from orchestrator.engines.trtllm.serve import node_cmd
+        from orchestrator.engines.serverctl import node_cmd
 
         payload = change.payload or {}
         command = node_cmd(payload.get("container") or ctx.inventory.container.name,

@@ -9,15 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator.checks import bench_render
-from orchestrator.checks.bench_metrics import (
-    METERS,
-    SglangMeter,
-    TrtllmMeter,
-    VllmMeter,
-    parse_node_state,
-    parse_prometheus,
-    trtllm_counts,
-)
+from orchestrator.checks.bench_metrics import parse_node_state, parse_prometheus
 from orchestrator.checks.bench_sweep import (
     best_value,
     parse_sweep,
@@ -25,6 +17,10 @@ from orchestrator.checks.bench_sweep import (
     run_sweep,
     write_variants,
 )
+from orchestrator.engines import REGISTRY, get_engine
+from orchestrator.engines.sglang.meter import SglangMeter
+from orchestrator.engines.trtllm.meter import TrtllmMeter, trtllm_counts
+from orchestrator.engines.vllm.meter import VllmMeter
 from orchestrator.errors import InputError
 
 # ------------------------------------------------------------------ engines' metrics
@@ -118,7 +114,10 @@ def test_sglang_gauges_are_read_at_the_end() -> None:
 
 
 def test_every_engine_has_a_meter() -> None:
-    assert set(METERS) == {"trtllm", "vllm", "sglang"}
+    meters = {name: get_engine(name).spec_meter for name in REGISTRY}
+    assert {k: meters[k] for k in ("trtllm", "vllm", "sglang")} == {
+        "trtllm": TrtllmMeter, "vllm": VllmMeter, "sglang": SglangMeter}
+    assert set(meters) == set(REGISTRY)
 
 
 def test_node_state_from_nvidia_smi_and_meminfo() -> None:

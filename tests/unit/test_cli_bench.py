@@ -17,9 +17,10 @@ from click.testing import CliRunner
 from conftest import FakeCluster, make_inventory
 
 from orchestrator.checks import bench_run
-from orchestrator.checks.bench_metrics import NODE_STATE_CMD, VllmMeter
+from orchestrator.checks.bench_metrics import NODE_STATE_CMD
 from orchestrator.cli import bench as bench_cli
 from orchestrator.cli import cli
+from orchestrator.engines.vllm.meter import VllmMeter
 from orchestrator.errors import SparkctlError
 
 INVENTORY = """\
@@ -266,8 +267,8 @@ def test_sweep_relaunches_each_value_measures_and_restores(inv: str, cluster: Fa
     launched: list[str] = []
     seen: dict[str, Any] = {}
 
-    def relauncher(inventory_path: str, timeout: float) -> Any:
-        seen.update(inventory=inventory_path, timeout=timeout)
+    def relauncher(inventory_path: str, timeout: float, server: Any = None) -> Any:
+        seen.update(inventory=inventory_path, timeout=timeout, server=server)
         return lambda recipe: launched.append(str(recipe))
     monkeypatch.setattr(bench_cli, "relauncher", relauncher)
 
@@ -360,6 +361,13 @@ def test_relaunch_runs_launch_replace_in_its_own_session(popen: type[Proc]) -> N
     assert proc.argv == [sys.executable, "-m", "orchestrator.cli", "launch", "/tmp/variant.yml",
                          "--inventory", "/inv.yml", "--replace", "--yes", "--json", "--timeout", "900.0"]
     assert proc.kwargs["start_new_session"] is True and proc.kwargs["text"] is True
+
+
+def test_a_sweep_relaunches_exactly_the_measured_server(popen: type[Proc]) -> None:
+    server = {"name": "mine", "nodes": ["spark-b"], "port": 30001, "recipe": "qwen3.6-27b"}
+    bench_cli.relauncher("/inv.yml", 60, server)("/tmp/variant.yml")
+    (proc,) = popen.made
+    assert proc.argv[-6:] == ["--name", "mine", "--nodes", "spark-b", "--port", "30001"]
 
 
 def test_a_failed_relaunch_says_why(popen: type[Proc], monkeypatch: pytest.MonkeyPatch) -> None:

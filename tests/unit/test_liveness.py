@@ -20,7 +20,7 @@ from test_status import INVENTORY, SERVER, node_facts
 from orchestrator.checks import status
 from orchestrator.checks.status_server import server_state
 from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
-from orchestrator.engines import liveness, load_recipe, verify
+from orchestrator.engines import liveness, load_recipe, serverctl, verify
 from orchestrator.engines.base import LaunchOptions, Ready
 from orchestrator.engines.sglang.serve import Placement, ServeSpec
 from orchestrator.engines.trtllm import serve
@@ -79,7 +79,7 @@ def test_a_ready_server_answering_503_is_stalled_with_its_log_tail() -> None:
     assert "it was ready (2025-06-15T14:02:00+00:00) and now answers /health 503" in server["problem"]
     assert "`sparkctl launch` of the same recipe restarts it" in server["problem"]
     assert "Traceback: boom" in server["log_tail"]
-    assert server["problem"] in result["nodes"]["spark-a"]["problems"]
+    assert f"server qwen3 (trtllm): {server['problem']}" in result["nodes"]["spark-a"]["problems"]
 
 
 def test_the_engines_ready_line_is_enough_to_call_it_stalled() -> None:
@@ -131,7 +131,7 @@ def test_trtllm_restarts_a_stalled_server_of_the_same_recipe() -> None:
     facts = {"spark-a": stalled, "spark-b": {"commands": {"serve": {"rc": 0, "out": "{}"}}}}
     status_now = serve.status_from_facts(stalled)
     assert serve.decide(status_now, launch.digest, False) == "restart"
-    guard = serve.ServerGuard(launch).check(serve_ctx("spark-a", facts))
+    guard = launch.guard().check(serve_ctx("spark-a", facts))
     assert isinstance(guard, Unchanged) and "stalled: ready at 2025-06-15T14:02:00+00:00" in guard.reason
     start = serve.StartServer(launch).check(serve_ctx("spark-a", facts))
     assert isinstance(start, Change)
@@ -221,8 +221,8 @@ def test_each_engine_names_its_ready_line_and_status_passes_them_to_the_node() -
     def payload(command: str) -> dict[str, Any]:
         return dict(json.loads(shlex.split(command)[-1]))
 
-    assert payload(serve.node_cmd("c", action="status"))["ready_lines"] == lines
-    assert "ready_lines" not in payload(serve.node_cmd("c", action="stop"))
+    assert payload(serverctl.node_cmd("c", action="status"))["ready_lines"] == lines
+    assert "ready_lines" not in payload(serverctl.node_cmd("c", action="stop"))
 
 
 def test_serverctl_reads_the_ready_line_of_the_records_engine(tmp_path: Path,

@@ -164,16 +164,17 @@ def test_a_server_whose_rpc_node_lost_its_process_is_dead_with_its_rss_shown() -
     assert unknown[0]["alive"] is True
 
 
-def test_the_engine_is_placed_and_other_engines_refuse_nodes() -> None:
+def test_the_engine_is_placed_and_other_engines_check_their_rank_rules() -> None:
     from orchestrator.cli.launch import _placed
+    from orchestrator.engines import check_against_inventory
 
     engine = get_engine("llamacpp")
-    assert engine.placed and engine.title == "llama.cpp"  # type: ignore[attr-defined]
+    assert engine.several_servers and engine.title == "llama.cpp"
     r = load_recipe("lab-tiny-llama")
-    assert _placed(r, engine, ("spark-b",), "x", 8100).placement == ["spark-b"]
+    assert _placed(r, ("spark-b",), "x", 8100).placement == ["spark-b"]
     vllm = load_recipe("gpt-oss-120b-vllm")
-    with pytest.raises(InputError, match=r"are for SGLang and llama\.cpp recipes"):
-        _placed(vllm, get_engine("vllm"), ("spark-b",), None, None)
+    with pytest.raises(InputError, match=r"the head and the next nodes in inventory order"):
+        check_against_inventory(_placed(vllm, ("spark-b",), None, None), make_inventory())
     lines = get_engine("llamacpp").describe(load_recipe("lab-tiny-llama-rpc"))
     assert "rpc-server -H '<its fabric IP>' -p 50052" in lines[1][1]
 

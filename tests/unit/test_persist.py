@@ -14,10 +14,12 @@ from conftest import make_context, make_inventory
 from nodescript import run_node_script
 
 from orchestrator.core.step import Change, Unchanged
-from orchestrator.engines import get_engine, load_recipe
+from orchestrator.engines import get_engine, load_recipe, one_server_engines
 from orchestrator.engines.base import LaunchOptions
 from orchestrator.phases import boot_units, oomguard, persist, persist_down
 from orchestrator.phases.container import ContainerSpec
+
+ONE = one_server_engines()  # TensorRT-LLM and vLLM: one server per cluster
 
 HOME = {"commands": {"home": {"rc": 0, "out": "/home/nvidia\n"}}}
 
@@ -42,11 +44,11 @@ def test_without_persist_no_boot_unit_only_a_stale_one_removed() -> None:
 
 def test_a_launch_makes_its_own_unit_stale_without_persist_and_a_replaced_servers_unit() -> None:
     units = {"old-trt": "trtllm", "mine": "vllm", "sgl": "sglang"}
-    assert persist.stale("mine", "vllm", persist=True)(units) == ["old-trt"]
-    assert persist.stale("mine", "vllm", persist=False)(units) == ["mine", "old-trt"]
+    assert persist.stale("mine", "vllm", persist=True, one_per_cluster=ONE)(units) == ["old-trt"]
+    assert persist.stale("mine", "vllm", persist=False, one_per_cluster=ONE)(units) == ["mine", "old-trt"]
     # SGLang servers live side by side: only its own unit, and only without --persist
-    assert persist.stale("sgl", "sglang", persist=True)(units) == []
-    assert persist.stale("sgl", "sglang", persist=False)(units) == ["sgl"]
+    assert persist.stale("sgl", "sglang", persist=True, one_per_cluster=ONE)(units) == []
+    assert persist.stale("sgl", "sglang", persist=False, one_per_cluster=ONE)(units) == ["sgl"]
     inv = make_inventory()
     facts = {n.name: {"commands": {"boot_units": {
         "out": "sparkctl-serve-old-trt.service enabled trtllm\n"}}} for n in inv.nodes}
@@ -266,7 +268,8 @@ def test_a_launch_removing_the_last_stale_unit_removes_the_boot_script_too() -> 
 
     def stale_check(lines: str, persistent: bool) -> Any:
         facts = {inv.head_name: {"commands": {"boot_units": {"rc": 0, "out": lines}}}}
-        step = persist_down.RemoveBootUnits(select=persist.stale("mine", "vllm", persist=persistent))
+        step = persist_down.RemoveBootUnits(select=persist.stale(
+            "mine", "vllm", persist=persistent, one_per_cluster=ONE))
         return step.check(make_context(inv, inv.head_name, facts))
 
     only_mine = "sparkctl-serve-mine.service enabled vllm\n"

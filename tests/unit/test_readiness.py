@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.engines import serverctl
 from orchestrator.engines.base import LaunchFailed, Ready
 from orchestrator.engines.trtllm import readiness
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
@@ -103,11 +104,11 @@ def test_ctrl_c_stops_waiting_but_leaves_the_server(cluster: Any) -> None:
 def test_smoke_test_summarises_one_completion(cluster: Any) -> None:
     body = {"choices": [{"message": {"content": " Paris is lovely. "}}], "usage": {"completion_tokens": 8}}
     cluster["spark-a"].on(action("chat"), answer={"code": 200, "body": json.dumps(body), "seconds": 2.0})
-    summary = readiness.smoke_test(cluster["spark-a"], "trtllm-multinode", MODEL, 8355)
+    summary = serverctl.smoke_test(cluster["spark-a"], "trtllm-multinode", MODEL, 8355)
     assert summary == "8 tokens in 2.00s (4.0 tok/s): 'Paris is lovely.'"
 
 
 def test_a_failed_smoke_test_says_why(cluster: Any) -> None:
     cluster["spark-a"].on(action("chat"), answer={"code": 500, "body": "oom"})
     with pytest.raises(SparkctlError, match="smoke-test chat completion failed: HTTP 500: oom"):
-        readiness.smoke_test(cluster["spark-a"], "trtllm-multinode", MODEL, 8355)
+        serverctl.smoke_test(cluster["spark-a"], "trtllm-multinode", MODEL, 8355)

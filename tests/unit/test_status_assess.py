@@ -138,7 +138,8 @@ def test_a_server_recorded_with_the_head_container_stopped_is_down() -> None:
              "spark-b": node_facts("spark-b")}
     result = assess(facts)
     assert result["server"]["state"] == "down"
-    assert "server recorded but the head container is not running" in result["nodes"]["spark-a"]["problems"]
+    assert ("server qwen3 (trtllm): server recorded but the head container is not running"
+            in result["nodes"]["spark-a"]["problems"])
 
 
 @pytest.mark.parametrize(("container_started", "pids", "restarted"), [

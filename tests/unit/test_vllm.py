@@ -171,7 +171,7 @@ def test_another_engine_serving_is_refused_naming_recipe_and_engine() -> None:
 
 def test_replace_across_engines_stops_the_other_engines_server() -> None:
     from orchestrator.engines.running import OtherEngineGuard, guard_phase, running_cmd
-    from orchestrator.engines.trtllm.serve import node_cmd
+    from orchestrator.engines.serverctl import node_cmd
 
     inv = inventory()
     trt_stop = node_cmd(inv.container.name, action="stop", rotate=True)
@@ -179,7 +179,8 @@ def test_replace_across_engines_stops_the_other_engines_server() -> None:
              ("trtllm", load_recipe("minimax-m2.7"), trt_stop))
     for engine, recipe, expected in cases:
         record = {"engine": engine, "recipe": "x", "model": "org/m",
-                  "main": "vllm.pid" if engine == "vllm" else "mpirun.pid"}
+                  "main": "vllm.pid" if engine == "vllm" else "mpirun.pid",
+                  "container": "sparkctl-vllm" if engine == "vllm" else inv.container.name}
         facts = {"commands": {"running": {"rc": 0, "out": json.dumps({"server": record, "alive": True})}}}
 
         phase = guard_phase(recipe, inv, replace=False)

@@ -14,7 +14,7 @@ from conftest import make_context as context
 from conftest import make_inventory as inventory
 
 from orchestrator.core.step import Change, RunOptions, Unchanged
-from orchestrator.engines import config_hash, load_recipe
+from orchestrator.engines import config_hash, lifecycle, load_recipe
 from orchestrator.engines.base import LaunchFailed, LaunchOptions, Ready
 from orchestrator.engines.verify import SmokeTest, WaitReady
 from orchestrator.engines.vllm import ENGINE, ray, serve
@@ -58,13 +58,13 @@ def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(
     guard, _, models, ray_phase, serve_phase, _ = phases
 
     assert [s.name for s in guard.steps][-1] == "running-server"
-    assert isinstance(guard.steps[-1], serve.ServerGuard)
+    assert isinstance(guard.steps[-1], lifecycle.ServerGuard)
     head_facts = guard.facts(inv, inv.node("spark-a"))["commands"]
     assert head_facts["serve"] == serve.status_cmd("sparkctl-vllm", 8000) and "running" in head_facts
 
     assert [n.name for n in models.nodes(inv)] == ["spark-a", "spark-b"]
     assert [type(s).__name__ for s in ray_phase.steps] == [
-        "Image", "ImageShare", "ImageDigest", "RayInImage", "SameNcclDevices", "RayHead",
+        "NodeGuard", "Image", "ImageShare", "ImageDigest", "RayInImage", "SameNcclDevices", "RayHead",
         "RayWorker", "RayCluster"]
     head_req = ray_phase.facts(inv, inv.node("spark-a"))
     worker_req = ray_phase.facts(inv, inv.node("spark-b"))
@@ -77,7 +77,7 @@ def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(
     assert [n.name for n in serve_phase.nodes(inv)] == ["spark-a"]  # the head only
     assert serve_phase.facts(inv, inv.node("spark-b")) == {}
     assert serve_phase.facts(inv, inv.node("spark-a")) == {"commands": {"serve": head_facts["serve"]}}
-    assert ray_phase.steps[0].image_of(None) == recipe.image  # the recipe's image, not up's
+    assert ray_phase.steps[1].image_of(None) == recipe.image  # the recipe's image, not up's
     wait = serve_phase.steps[2]
     assert isinstance(wait, WaitReady) and wait.timeout == 900 and wait.what == "vLLM"
 
@@ -133,17 +133,17 @@ def test_server_guard_refuses_a_different_server_without_replace(recipe: Any) ->
     inv = inventory()
     facts = serve_facts(serving("not-this-one"))
     with pytest.raises(SparkctlError) as refused:
-        serve.ServerGuard(spec(recipe)).check(context(inv, "spark-a", facts))
+        spec(recipe).guard().check(context(inv, "spark-a", facts))
     message = str(refused.value)
     assert "recipe other" in message and "org/other" in message and "minimax-m2.7" in message
     assert "--replace" in message and "2026-11-23T10:00:00" in message
 
-    replaced = serve.ServerGuard(spec(recipe, replace=True)).check(context(inv, "spark-a", facts))
+    replaced = spec(recipe, replace=True).guard().check(context(inv, "spark-a", facts))
     assert isinstance(replaced, Unchanged) and "--replace" in replaced.reason
-    nothing = serve.ServerGuard(spec(recipe)).check(context(inv, "spark-a", serve_facts({})))
+    nothing = spec(recipe).guard().check(context(inv, "spark-a", serve_facts({})))
     assert isinstance(nothing, Unchanged) and nothing.reason == "no vLLM server runs"
     same = spec(recipe)
-    here = serve.ServerGuard(same).check(context(inv, "spark-a", serve_facts(serving(same.digest))))
+    here = same.guard().check(context(inv, "spark-a", serve_facts(serving(same.digest))))
     assert isinstance(here, Unchanged) and here.reason == "minimax-m2.7 already runs here"
 
 

@@ -6,7 +6,7 @@ the fabric from the first node). GGUF models; one container per server and node,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 from orchestrator.engines.llamacpp.layouts import LlamacppLayouts
@@ -23,8 +23,10 @@ class LlamacppEngine:
     title = "llama.cpp"
     ready_line = READY_LINE
     recipe_type = Recipe
-    placed = True
+    several_servers = True
     """Servers are named and placed (`launch --nodes/--name`), several at once."""
+    log_label = "llamacpp"  # `sparkctl logs`: its per-server containers
+    health_paths = ("/health", "/v1/models")
     layouts = LlamacppLayouts()  # `sparkctl advise`: one node, the RPC layer split, replicas
 
     @property
@@ -33,6 +35,18 @@ class LlamacppEngine:
         from orchestrator.engines.llamacpp.metrics import LlamacppMeter
 
         return LlamacppMeter
+
+    def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
+        return None  # any nodes: llama-server on the first, an rpc-server on each other one
+
+    def containers(self, server: str) -> list[str]:
+        return [f"sparkctl-llamacpp-{server}"] if server else []
+
+    def status_probe(self) -> tuple[str, str] | None:
+        return None
+
+    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        return {}
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []

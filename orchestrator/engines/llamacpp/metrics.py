@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.checks.bench_metrics import VllmMeter, counter, parse_prometheus
+from orchestrator.engines.meters import CounterMeter, counter, parse_prometheus
 
 PREDICTED = ("llamacpp:tokens_predicted_total", "llamacpp:tokens_predicted_seconds_total")
 
 
-class LlamacppMeter(VllmMeter):
+class LlamacppMeter(CounterMeter):
     source = ("llama.cpp /metrics counters llamacpp:spec_decode_num_{drafts,draft_tokens,"
               "accepted_tokens}, llamacpp:tokens_predicted{,_seconds}")
     NAMES = ("llamacpp:spec_decode_num_drafts", "llamacpp:spec_decode_num_draft_tokens",

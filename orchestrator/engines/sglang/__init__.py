@@ -6,10 +6,11 @@ with the fabric environment the other engines use. See docs/engines.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 from orchestrator.engines.sglang.layouts import SglangLayouts
+from orchestrator.engines.sglang.meter import SglangMeter
 from orchestrator.engines.sglang.ready import READY_LINE
 from orchestrator.engines.sglang.recipe import Recipe
 
@@ -23,9 +24,27 @@ class SglangEngine:
     title = "SGLang"
     ready_line = READY_LINE  # logged after its warm-up request
     recipe_type = Recipe
-    placed = True
-    """Servers are named and placed (`launch --nodes/--name`), several at once."""
+    spec_meter = SglangMeter  # its speculative-decoding figures in /metrics (bench)
+    log_label = "sglang"  # `sparkctl logs`: its per-server containers
+    health_paths = ("/health", "/v1/models")
     layouts = SglangLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
+    several_servers = True
+
+    def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
+        from orchestrator.engines.base import ranks_problem
+
+        # SGLang asserts tp x pp divisible by --nnodes; sparkctl runs one rank per Spark
+        return ranks_problem(recipe.world_size, f"tp_size {recipe.tp_size} x pp_size "
+                             f"{recipe.pp_size}", nodes)
+
+    def containers(self, server: str) -> list[str]:
+        return [f"sparkctl-sglang-{server}"] if server else []
+
+    def status_probe(self) -> tuple[str, str] | None:
+        return None
+
+    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        return {}
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
@@ -50,11 +69,13 @@ class SglangEngine:
         phases = [serve.check_phase(spec),
                   registry.phase(recipe.image, spec.nodes, inventory.head_name),
                   models.phase(recipe, inventory), serve.serve_phase(spec, steps)]
+        from orchestrator.engines import one_server_engines
         from orchestrator.engines.sglang.persist import persist_phase
         from orchestrator.phases.persist import not_persistent_phase
 
         phases.append(persist_phase(spec, options) if options.persist else
-                      not_persistent_phase(spec.name, "sglang"))
+                      not_persistent_phase(spec.name, "sglang",
+                                           one_server_engines()))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:

@@ -10,6 +10,7 @@ memory, starts a rank docker did not restart, and the first node's waits for /he
 from __future__ import annotations
 
 from orchestrator.core.step import Phase
+from orchestrator.engines import one_server_engines
 from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.sglang.serve import ServeSpec
 from orchestrator.inventory import Node
@@ -32,4 +33,5 @@ def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
     return persist.phase(persist.PersistSpec(
         server=spec.name, engine="sglang", recipe=spec.recipe, inventory=spec.inventory,
         nodes=nodes, part=part, guard_gb=guard_threshold(options.guard_min_available_gb, spec.recipe),
-        loaded_gb=e.weights_gb + e.draft_gb + e.runtime_gb, deadline=options.timeout))
+        loaded_gb=e.weights_gb + e.draft_gb + e.runtime_gb, deadline=options.timeout,
+        one_per_cluster=one_server_engines()))

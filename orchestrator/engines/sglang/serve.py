@@ -15,20 +15,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines import config_hash, servers, serving_nodes
+from orchestrator.engines import config_hash, lifecycle, servers, serving_nodes
 from orchestrator.engines.base import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
-from orchestrator.engines.liveness import judge, was_ready
+from orchestrator.engines.lifecycle import Running, ServerRecord
 from orchestrator.engines.sglang.recipe import Recipe, estimate_memory
 from orchestrator.errors import SparkctlError
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
-from orchestrator.phases.memory import DropCaches
+from orchestrator.phases.memory import DropCaches, NodeGuard, guard_threshold
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -84,13 +83,15 @@ class ServeSpec:
 
     def record(self) -> dict[str, Any]:
         r = self.recipe
-        return {"name": self.name, "engine": "sglang", "recipe": r.name, "model": r.model,
-                "port": r.port, "host": self.host, "tp_size": r.tp_size, "pp_size": r.pp_size,
-                "nodes": self.nodes, "container": self.container, "image": r.image,
-                "dist_port": r.dist_port if len(self.nodes) > 1 else None,
-                "speculative": r.speculative.name if r.speculative else None,
-                "memory_gb": self.estimate.total_gb, "config_hash": self.digest,
-                "started": datetime.now(UTC).isoformat(timespec="seconds")}
+        return ServerRecord(
+            name=self.name, engine="sglang", recipe=r.name, model=r.model, port=r.port,
+            nodes=self.nodes, config_hash=self.digest, host=self.host,
+            ranks=r.tp_size * r.pp_size, persistent=self.options.persist,
+            guard_min_available_gb=guard_threshold(self.options.guard_min_available_gb, r),
+            memory_gb=self.estimate.total_gb, container=self.container,
+            extra={"tp_size": r.tp_size, "pp_size": r.pp_size, "image": r.image,
+                   "dist_port": r.dist_port if len(self.nodes) > 1 else None,
+                   "speculative": r.speculative.name if r.speculative else None}).to_dict()
 
     def env(self, node: Node, roce: list[str]) -> dict[str, str]:
         """The fabric environment, all of it as the other engines get it (phases/container.fabric_env,
@@ -171,12 +172,12 @@ class Placement(Step):
                           payload=other)
         mine = f"{self.spec.estimate.total_gb:.1f} GB per node"
         if decision == "same" and other is not None:
-            verdict = judge(other.get("health"), was_ready(other, bool(other.get("ready_log"))),
-                            port=other.get("port"))
-            if verdict.restart:
-                return Change(f"restart {self.spec.name}: {verdict.state} (was ready "
-                              f"{was_ready(other, bool(other.get('ready_log')))}, /health now "
-                              f"{other.get('health') or 'no answer'})", payload=other)
+            # the shared judgement (engines/lifecycle.py): stalled or dead -> restart
+            current = Running(ServerRecord.from_dict(other), bool(other.get("alive")),
+                              other.get("health"), bool(other.get("ready_log")))
+            if lifecycle.decide(current, self.spec.digest, False) == "restart":
+                return Change(f"restart {self.spec.name}: {lifecycle.restart_reason(current)}",
+                              payload=other)
         if decision == "same":
             return Unchanged(f"{self.spec.name} already runs on {where} (config {self.spec.digest})")
         return Unchanged(f"{self.spec.name} fits on {where} ({mine}; {len(others)} other "
@@ -250,8 +251,17 @@ def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
 
     # a serving node that cannot pull gets the image from one that has it, over the fabric
     container = containers.Container(spec.spec_for, name="sglang")
+
+    def guarded(ctx: NodeContext) -> str | None:
+        running = not isinstance(container.check(ctx), Change)
+        return "the server already runs (with its guard)" if running else None
+
+    # the memory guard on every serving node, before the containers start loading
+    guard = NodeGuard(spec.nodes, servers.record_dir(spec.name), [spec.container],
+                      guard_threshold(spec.options.guard_min_available_gb, spec.recipe), guarded)
     steps: list[Step] = [*image_steps(lambda ctx: spec.recipe.image, lambda ctx: spec.nodes),
-                         DropCaches(cold_start_reason(spec, container)), container, Record(spec), *ready]
+                         DropCaches(cold_start_reason(spec, container)), guard, container,
+                         Record(spec), *ready]
     nodes = [spec.inventory.head_name, *(n for n in spec.nodes if n != spec.inventory.head_name)]
     return ServingPhase("serve", steps, facts, serving=nodes)
 

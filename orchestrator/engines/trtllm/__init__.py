@@ -8,12 +8,13 @@ rank) and /v1/models.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 from orchestrator.engines.trtllm.layouts import TrtllmLayouts
+from orchestrator.engines.trtllm.meter import TrtllmMeter
 from orchestrator.engines.trtllm.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -26,7 +27,27 @@ class TrtllmEngine:
     title = "TensorRT-LLM"
     ready_line = "Application startup complete."  # uvicorn's, under trtllm-serve
     recipe_type = Recipe
+    spec_meter = TrtllmMeter  # its speculative-decoding figures in /metrics (bench)
+    log_label = ""  # `sparkctl logs`: its server logs are the `up` container's and the run files
+    health_paths = ("/health", "/health_generate")  # one token through every rank
     layouts = TrtllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
+    several_servers = False
+
+    def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
+        from orchestrator.engines.base import head_first_problem, ranks_problem
+
+        return (ranks_problem(recipe.tp_size, f"tp_size {recipe.tp_size}", nodes)
+                or head_first_problem(self.title, "runs mpirun in the head's `up` container",
+                                      nodes, inventory))
+
+    def containers(self, server: str) -> list[str]:
+        return []  # its server runs in the `up` container, which stays
+
+    def status_probe(self) -> tuple[str, str] | None:
+        return None
+
+    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        return {}
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         from orchestrator.engines.trtllm import container, mpi
@@ -38,14 +59,15 @@ class TrtllmEngine:
         server, verified ready by a real token through every rank and one chat completion."""
         from orchestrator.engines import running, verify
         from orchestrator.engines.liveness import mark_ready
+        from orchestrator.engines.serverctl import smoke_test
         from orchestrator.engines.trtllm import readiness, serve
         from orchestrator.paths import SERVER_JSON
         from orchestrator.phases import models
 
         spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches,
-                                options.guard_min_available_gb)
+                                options.guard_min_available_gb, options.name, options.persist)
         guard = running.guard_phase(recipe, inventory, options.replace,
-                                    same_engine=[serve.ServerGuard(spec)],
+                                    same_engine=[spec.guard()],
                                     more_facts=serve.guard_facts(spec))
         # readiness as the shared verify steps: /health, /health_generate (a token through
         # every rank), /v1/models, then one real chat completion
@@ -54,16 +76,18 @@ class TrtllmEngine:
                 transports, inventory, recipe.model, recipe.port, timeout, note),
                 options.timeout, "the server",
                 mark=lambda transports: mark_ready(transports[inventory.head_name], SERVER_JSON)),
-            verify.SmokeTest(lambda head: readiness.smoke_test(
+            verify.SmokeTest(lambda head: smoke_test(
                 head, inventory.container.name, recipe.model, recipe.port)),
         ]
         phases = [guard, serve.memory_phase(spec), serve.stop_phase(spec),
                   models.phase(recipe, inventory), serve.phase(spec, ready)]
+        from orchestrator.engines import one_server_engines
         from orchestrator.engines.trtllm.persist import persist_phase
         from orchestrator.phases.persist import not_persistent_phase
 
         phases.append(persist_phase(spec, options) if options.persist else
-                      not_persistent_phase(options.name or recipe.name, "trtllm"))
+                      not_persistent_phase(options.name or recipe.name, "trtllm",
+                                           one_server_engines()))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:

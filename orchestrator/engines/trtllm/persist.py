@@ -11,8 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.core.step import Phase
+from orchestrator.engines import one_server_engines
 from orchestrator.engines.base import LaunchOptions
-from orchestrator.engines.trtllm.serve import LaunchSpec, node_cmd, node_plan, server_record, start_cmd
+from orchestrator.engines.serverctl import node_cmd
+from orchestrator.engines.trtllm.serve import LaunchSpec, node_plan, start_cmd
 from orchestrator.inventory import Node
 from orchestrator.node.boot import BOOT_TIME  # the boot script's start time goes there
 from orchestrator.phases import persist
@@ -32,7 +34,7 @@ def persist_phase(spec: LaunchSpec, options: LaunchOptions) -> Phase:
             address = inventory.mpi_address(node)
             return persist.Part(containers=[container], start=start, ready=[
                 (f"sshd in {container} on {address}:{port}", persist.tcp_cmd(address, port))])
-        record: dict[str, Any] = {**server_record(recipe, spec.host, spec.digest),
+        record: dict[str, Any] = {**spec.record(),
                                   "started": BOOT_TIME}
         peers = [inventory.node(name) for name in nodes[1:]]
         wait = [(f"sshd in {container} on {peer.name} ({inventory.mpi_address(peer)}:{port})",
@@ -46,4 +48,4 @@ def persist_phase(spec: LaunchSpec, options: LaunchOptions) -> Phase:
     return persist.phase(persist.PersistSpec(
         server=options.name or recipe.name, engine="trtllm", recipe=recipe, inventory=inventory,
         nodes=nodes, part=part, guard_gb=guard, loaded_gb=node_plan(recipe).loaded_gb,
-        deadline=options.timeout))
+        deadline=options.timeout, one_per_cluster=one_server_engines()))

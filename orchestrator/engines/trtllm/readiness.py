@@ -8,13 +8,12 @@ every node's log tail is shown and every rank is stopped.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 
 from orchestrator.commands import quote
 from orchestrator.engines.base import LaunchFailed, Ready
-from orchestrator.engines.trtllm.serve import node_call
+from orchestrator.engines.serverctl import node_call
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 from orchestrator.inventory import Inventory
 from orchestrator.paths import RUN_DIR
@@ -126,19 +125,3 @@ def fail_and_clean(transports: dict[str, Transport], inventory: Inventory,
     stopped = ("every rank was stopped" if not problems else "NOT everything stopped: "
                + "; ".join(problems) + " (run `sparkctl down`)")
     raise LaunchFailed(f"{reason}; {stopped} (log tails below)", "\n".join(parts))
-
-
-def smoke_test(head: Transport, container: str, model: str, port: int,
-               prompt: str = "Paris is great because", max_tokens: int = 32) -> str:
-    """One real chat completion on the head; returns a one-line summary."""
-    request = {"model": model, "messages": [{"role": "user", "content": prompt}],
-               "max_tokens": max_tokens}
-    answer = node_call(head, container, timeout=180, action="chat", port=port, request=request)
-    if answer.get("code") != 200:
-        raise SparkctlError(f"{head.node}: the smoke-test chat completion failed: HTTP "
-                            f"{answer.get('code')}: {str(answer.get('body'))[:300]}")
-    body = json.loads(answer["body"])
-    text = body["choices"][0]["message"]["content"] or ""
-    tokens = (body.get("usage") or {}).get("completion_tokens", 0)
-    rate = tokens / max(float(answer.get("seconds") or 0), 1e-3)
-    return f"{tokens} tokens in {answer.get('seconds', 0):.2f}s ({rate:.1f} tok/s): {text.strip()[:80]!r}"

@@ -10,24 +10,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from orchestrator.commands import docker_exec_cmd, join
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines import config_hash, ready_lines, serving_nodes
+from orchestrator.engines import config_hash, lifecycle, serving_nodes
+from orchestrator.engines.lifecycle import Decision, Running, ServerRecord
 from orchestrator.engines.liveness import dead_ranks as ranks_ended
-from orchestrator.engines.liveness import judge, was_ready
+from orchestrator.engines.serverctl import node_call, node_cmd
 from orchestrator.engines.trtllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases.files import FileSpec, ManagedFiles, files_request
 from orchestrator.phases.memory import DropCaches
-from orchestrator.remote.transport import Transport
 from orchestrator.render import render
 
 CONFIG_PATH = "/etc/sparkctl/extra-llm-api-config.yml"
@@ -41,28 +39,6 @@ RANK_WRAPPER = (
 SERVER_WRAPPER = (
     f"echo $$ > {RUN_DIR}/mpirun.pid; exec \"$@\" > {RUN_DIR}/server.log 2>&1"
 )
-
-# Runs inside a container (python3, stdlib). Actions: status (pids, server.json, HTTP probes),
-# stop (what the pid files name, with descendants), started (record server.json once the
-# detached mpirun wrote its pid), chat (one completion, for the smoke test).
-NODE_SCRIPT = script("serverctl.py")
-
-Decision = Literal["noop", "loading", "start", "replace", "restart", "refuse"]
-
-
-def node_cmd(container: str, **args: Any) -> str:
-    if args.get("action") == "status":  # it looks for the engine's ready line in the logs
-        args["ready_lines"] = ready_lines()
-    payload = json.dumps({"run": RUN_DIR, **args}, sort_keys=True)
-    return docker_exec_cmd(container, ["python3", "-c", NODE_SCRIPT, payload])
-
-
-def node_call(transport: Transport, container: str, timeout: float = 120, **args: Any) -> dict[str, Any]:
-    result = transport.run(node_cmd(container, **args), timeout=timeout,
-                           display=f"docker exec {container} python3 -c <sparkctl {args['action']}>")
-    result.check()
-    return dict(json.loads(result.stdout))
-
 
 def render_llm_api_config(recipe: Recipe) -> str:
     options = yaml.safe_dump(recipe.llm_api_config(), sort_keys=False, default_flow_style=False)
@@ -109,43 +85,33 @@ def start_cmd(container: str, argv: list[str]) -> str:
                            env={"HF_HUB_OFFLINE": "1"}, detach=True)
 
 
-def server_record(recipe: Recipe, host: str, digest: str) -> dict[str, Any]:
+MAIN = "mpirun.pid"
+
+
+def server_record(recipe: Recipe, host: str, digest: str, name: str | None = None,
+                  nodes: list[str] | None = None, guard_gb: float | None = None,
+                  persistent: bool = False) -> dict[str, Any]:
     from orchestrator.engines.trtllm.recipe import estimate_memory
 
     draft = recipe.speculative.draft_model if recipe.speculative else None
-    return {
-        "recipe": recipe.name, "engine": recipe.engine, "model": recipe.model,
-        "draft_model": draft, "port": recipe.port, "host": host, "tp_size": recipe.tp_size,
-        "memory_gb_per_node": estimate_memory(recipe).total_gb,
-        "started": datetime.now(UTC).isoformat(timespec="seconds"), "config_hash": digest,
-    }
+    return ServerRecord(
+        name=name or recipe.name, engine=recipe.engine, recipe=recipe.name, model=recipe.model,
+        port=recipe.port, nodes=list(nodes or []), config_hash=digest, host=host, ranks=recipe.tp_size,
+        guard_min_available_gb=guard_gb, persistent=persistent,
+        memory_gb=estimate_memory(recipe).total_gb,
+        extra={"draft_model": draft, "tp_size": recipe.tp_size,
+               "memory_gb_per_node": estimate_memory(recipe).total_gb}).to_dict()
 
 
 def decide(status: dict[str, Any], digest: str, replace: bool,
            dead_ranks: tuple[str, ...] = ()) -> Decision:
-    """What to do given the head's status (server.json, pids, /health), the ranks that died on
-    any node, and the wanted config."""
-    server = status.get("server") or {}
-    running = bool((status.get("pids") or {}).get("mpirun.pid", {}).get("alive"))
-    if not running:
-        return "start"
-    if server.get("config_hash") == digest:
-        # mpirun lives on but a rank is gone, or the server was ready and answers no more
-        # (stalled): it would never become healthy again
-        verdict = judge(status.get("health"), was_ready(server, bool(status.get("ready_log"))),
-                        dead_ranks)
-        if verdict.restart:
-            return "restart"
-        return "noop" if status.get("health") == 200 else "loading"
-    return "replace" if replace else "refuse"
+    """The shared judgement (engines/lifecycle.py) over the head's status and the ranks that
+    ended on any node."""
+    return lifecycle.decide(Running.from_status(status, MAIN), digest, replace, dead_ranks)
 
 
 def restart_reason(status: dict[str, Any], dead: tuple[str, ...]) -> str:
-    """Why the same server is restarted, for the plan and the report."""
-    if dead:
-        return "dead: rank ended (" + ", ".join(dead) + ")"
-    ready = was_ready(status.get("server"), bool(status.get("ready_log")))
-    return f"stalled: ready at {ready}, /health now {status.get('health') or 'no answer'}"
+    return lifecycle.restart_reason(Running.from_status(status, MAIN), dead)
 
 
 def dead_ranks(cluster_facts: dict[str, dict[str, Any]], nodes: list[str]) -> tuple[str, ...]:
@@ -155,18 +121,12 @@ def dead_ranks(cluster_facts: dict[str, dict[str, Any]], nodes: list[str]) -> tu
                               or {} for node in nodes}))
 
 
-def refusal(status: dict[str, Any], recipe: Recipe) -> str:
-    server = status.get("server") or {}
-    return (f"the cluster already serves recipe {server.get('recipe', '?')} "
-            f"({server.get('model', '?')}, started {server.get('started', '?')}); launching "
-            f"{recipe.name} would replace it: pass --replace, or stop it first with `sparkctl down`")
-
-
 class LaunchSpec:
     """Everything the serve steps share, computed once (pure)."""
 
     def __init__(self, recipe: Recipe, inventory: Inventory, host: str, replace: bool,
-                 drop_caches: bool, guard_min_available_gb: float | None = None) -> None:
+                 drop_caches: bool, guard_min_available_gb: float | None = None,
+                 name: str | None = None, persistent: bool = False) -> None:
         from orchestrator.phases.memory import guard_threshold
 
         self.recipe = recipe
@@ -182,14 +142,29 @@ class LaunchSpec:
         self.argv = serve_argv(recipe, host, fabric_variable_names(inventory),
                                bootstrap_interfaces(inventory, self.serving))
         self.digest = config_hash(recipe, self.argv, self.config_text)
+        self.name = name or recipe.name
+        self.persistent = persistent
+
+    def record(self) -> dict[str, Any]:
+        return server_record(self.recipe, self.host, self.digest, self.name, self.serving,
+                             self.guard_min_available_gb, self.persistent)
 
     def decision(self, ctx: NodeContext) -> Decision:
         head = ctx.cluster_facts.get(self.inventory.head_name, {})
         dead = dead_ranks(ctx.cluster_facts, sorted(self.serving))
         decision = decide(status_from_facts(head), self.digest, self.replace, dead)
         if decision == "refuse":
-            raise SparkctlError(refusal(status_from_facts(head), self.recipe))
+            raise SparkctlError(lifecycle.refusal(Running.from_status(status_from_facts(head), MAIN),
+                                                  self.recipe.name))
         return decision
+
+    def guard(self) -> lifecycle.ServerGuard:
+        """The launch's first step: a different server of this engine refused, unless --replace."""
+        return lifecycle.ServerGuard(self.recipe.name, "TensorRT-LLM", self.running, self.decision)
+
+    def running(self, ctx: NodeContext) -> Running:
+        head = ctx.cluster_facts.get(self.inventory.head_name, {})
+        return Running.from_status(status_from_facts(head), MAIN)
 
 
 def status_from_facts(facts: dict[str, Any]) -> dict[str, Any]:
@@ -271,7 +246,7 @@ class StartServer(Step):
         container = ctx.inventory.container.name
         display = f"docker exec -d {container} mpirun ... trtllm-serve {self.spec.recipe.model}"
         ctx.run(change.commands[0], timeout=60, display=display).check()
-        record = server_record(self.spec.recipe, self.spec.host, self.spec.digest)
+        record = self.spec.record()
         answer = node_call(ctx.transport, container, action="started", server=record)  # type: ignore[arg-type]
         if not answer.get("alive"):
             raise SparkctlError(
@@ -279,30 +254,6 @@ class StartServer(Step):
                 + "\n".join(answer.get("log", "").strip().splitlines()[-15:])
             )
         return f"mpirun started (pid {answer.get('pid')} in {container}), config {self.spec.digest}"
-
-
-class ServerGuard(Step):
-    """Before anything is fetched: is a different server running that this launch would
-    replace? Refused (with what runs) unless --replace; judged from the head's facts, so
-    planning makes no remote call of its own."""
-
-    name = "running-server"
-    scope = "head"
-
-    def __init__(self, spec: LaunchSpec) -> None:
-        self.spec = spec
-
-    def check(self, ctx: NodeContext) -> Outcome:
-        decision = self.spec.decision(ctx)  # raises the refusal
-        server = status_from_facts(ctx.facts).get("server") or {}
-        if decision == "replace":
-            return Unchanged(f"{server.get('recipe', '?')} runs; --replace: it is replaced below")
-        if decision == "restart":
-            reason = restart_reason(status_from_facts(ctx.facts), ())
-            return Unchanged(f"{server.get('recipe', '?')} runs but is {reason}; restarted below")
-        if decision in ("noop", "loading"):
-            return Unchanged(f"{server.get('recipe', self.spec.recipe.name)} already runs here")
-        return Unchanged("no other server runs")
 
 
 def guard_facts(spec: LaunchSpec) -> dict[str, Any]:

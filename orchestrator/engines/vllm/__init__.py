@@ -13,10 +13,11 @@ chat completion.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 from orchestrator.engines.vllm.layouts import VllmLayouts
+from orchestrator.engines.vllm.meter import VllmMeter
 from orchestrator.engines.vllm.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -24,12 +25,32 @@ if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
 
 
-def ray_phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) -> Phase:
+def ray_phase(recipe: Recipe, inventory: Inventory, restart: str | None = None,
+              spec: Any = None) -> Phase:
     """The nodes working together: a Ray cluster where the image has Ray, else vLLM's own
-    multi-node (engines/vllm/multinode.py)."""
+    multi-node (engines/vllm/multinode.py); first, with `spec`, the memory guard on every
+    serving node (it judges the server from the head's status)."""
     from orchestrator.engines.vllm import multinode
+    from orchestrator.engines.vllm.serve import status_cmd
 
-    return multinode.phase(recipe, inventory, restart)
+    if spec is None:
+        return multinode.phase(recipe, inventory, restart)
+    head_facts = {"commands": {"serve": status_cmd(recipe.container_name, recipe.port)}}
+    return multinode.phase(recipe, inventory, restart, memory_guard(spec), head_facts)
+
+
+def memory_guard(spec: Any) -> Any:
+    """The memory guard on every serving node, on the node itself: it stops the node's Ray
+    container (and so vllm serve or its worker) when MemAvailable falls below the threshold."""
+    from orchestrator.engines.servers import record_dir
+    from orchestrator.phases.memory import NodeGuard
+
+    def not_needed(ctx: Any) -> str | None:
+        running = spec.decision(ctx) in ("noop", "loading")
+        return "the server already runs (with its guard)" if running else None
+
+    return NodeGuard(spec.serving, record_dir(spec.name), [spec.recipe.container_name],
+                     spec.guard_gb, not_needed)
 
 
 class VllmEngine:
@@ -37,7 +58,35 @@ class VllmEngine:
     title = "vLLM"
     ready_line = "Application startup complete."  # uvicorn's, under vllm serve
     recipe_type = Recipe
+    spec_meter = VllmMeter  # its speculative-decoding figures in /metrics (bench)
+    log_label = "ray"  # `sparkctl logs`: its Ray containers
+    health_paths = ("/health", "/v1/models")  # no /health_generate
     layouts = VllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
+    several_servers = False
+
+    def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
+        from orchestrator.engines.base import head_first_problem, ranks_problem
+
+        rule = (f"tensor_parallel_size {recipe.tensor_parallel_size} x pipeline_parallel_size "
+                f"{recipe.pipeline_parallel_size}")
+        return (ranks_problem(recipe.world_size, rule, nodes)
+                or head_first_problem(self.title, "starts its Ray head and `vllm serve` on the head",
+                                      nodes, inventory))
+
+    def containers(self, server: str) -> list[str]:
+        from orchestrator.engines.vllm.recipe import DEFAULT_CONTAINER
+
+        return [DEFAULT_CONTAINER]  # one server per cluster, in its Ray containers
+
+    def status_probe(self) -> tuple[str, str] | None:
+        from orchestrator.engines.vllm.ray import RAY_PROBE
+
+        return "ray", RAY_PROBE
+
+    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        from orchestrator.engines.vllm.ray import judge_probe
+
+        return judge_probe(server, answer)
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
@@ -47,14 +96,17 @@ class VllmEngine:
         serve`, and verify steps: ready over HTTP, then one real chat completion."""
         from orchestrator.engines import running, verify
         from orchestrator.engines.liveness import mark_ready
-        from orchestrator.engines.trtllm.readiness import smoke_test
+        from orchestrator.engines.serverctl import smoke_test
         from orchestrator.engines.vllm import serve
         from orchestrator.paths import SERVER_JSON
         from orchestrator.phases import models
+        from orchestrator.phases.memory import guard_threshold
 
-        spec = serve.ServeSpec(recipe, inventory, options.host, options.replace)
+        spec = serve.ServeSpec(recipe, inventory, options.host, options.replace, options.name,
+                               guard_threshold(options.guard_min_available_gb, recipe),
+                               options.persist)
         guard = running.guard_phase(recipe, inventory, options.replace,
-                                    same_engine=[serve.ServerGuard(spec)],
+                                    same_engine=[spec.guard()],
                                     more_facts=serve.guard_facts(spec))
         ready = [
             verify.WaitReady(lambda transports, timeout, note: serve.wait_until_ready(
@@ -75,12 +127,14 @@ class VllmEngine:
 
         probe = ray_probe_phase(recipe, inventory)  # an unknown image forced to Ray: look first
         phases = [guard, image_check, *([probe] if probe else []), models.phase(recipe, inventory),
-                  ray_phase(recipe, inventory, restart), serve.phase(spec, ready)]
+                  ray_phase(recipe, inventory, restart, spec), serve.phase(spec, ready)]
+        from orchestrator.engines import one_server_engines
         from orchestrator.engines.vllm.persist import persist_phase
         from orchestrator.phases.persist import not_persistent_phase
 
         phases.append(persist_phase(spec, options) if options.persist else
-                      not_persistent_phase(options.name or recipe.name, "vllm"))
+                      not_persistent_phase(options.name or recipe.name, "vllm",
+                                           one_server_engines()))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:

@@ -119,9 +119,11 @@ class SameNcclDevices(Step):
                          "(vLLM copies the head's NCCL_IB_HCA onto its Ray workers)")
 
 
-def phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) -> Phase:
+def phase(recipe: Recipe, inventory: Inventory, restart: str | None = None,
+          guard: Step | None = None, head_facts: dict[str, Any] | None = None) -> Phase:
     """The image on every serving node and what it holds (Ray or not, recorded per image ID),
-    then the nodes: a Ray cluster, or vLLM's own multi-node containers."""
+    then the nodes: a Ray cluster, or vLLM's own multi-node containers; `guard` (the memory
+    guard) first, reading `head_facts` on the head."""
     from orchestrator.phases.image_share import image_steps
     from orchestrator.phases.models import ServingPhase
     from orchestrator.remote.facts import merge_requests
@@ -130,13 +132,15 @@ def phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) -> P
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         own = image_facts(recipe, inv)
+        if node.name == inv.head_name and head_facts:
+            own = merge_requests([own, head_facts])
         if backend != "ray" or node.name != inv.head_name:
             return own
         probe = {"commands": {"ray": ray.probe_cmd(recipe.container_name) + " 2>/dev/null"}}
         return merge_requests([own, probe])
 
     # a node that cannot pull gets the image from one that has it, over the fabric
-    steps: list[Step] = [*image_steps(lambda ctx: recipe.image),
+    steps: list[Step] = [*([guard] if guard else []), *image_steps(lambda ctx: recipe.image),
                          images.RayInImage(recipe.image, backend)]
     if backend == "ray":
         steps += [SameNcclDevices(recipe), ray.RayHead(recipe, restart),

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from orchestrator.commands import join
 from orchestrator.core.step import Phase
+from orchestrator.engines import one_server_engines
 from orchestrator.engines.base import LaunchOptions
-from orchestrator.engines.trtllm.serve import node_cmd
+from orchestrator.engines.serverctl import node_cmd
 from orchestrator.engines.vllm.ray import node_ip, probe_cmd
 from orchestrator.engines.vllm.serve import MAIN, OURS, ServeSpec, start_cmd
 from orchestrator.inventory import Node
@@ -57,7 +58,7 @@ def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
     return persist.phase(persist.PersistSpec(
         server=options.name or recipe.name, engine="vllm", recipe=recipe, inventory=inventory,
         nodes=nodes, part=part, guard_gb=guard_threshold(options.guard_min_available_gb, recipe),
-        loaded_gb=estimate, deadline=options.timeout))
+        loaded_gb=estimate, deadline=options.timeout, one_per_cluster=one_server_engines()))
 
 
 def recipe_estimate(spec: ServeSpec) -> float:

@@ -299,3 +299,23 @@ class RayCluster(Step):
             + f". Each worker must reach the head at {head_ip}:{self.recipe.ray.port} over the "
             "fabric: check the cable and addresses (`sparkctl netcheck`, `sparkctl status`).\n"
             + "\n".join(parts))
+
+
+def judge_probe(server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """`status`: vLLM's Ray cluster as its head reports it (RAY_PROBE's answer): every node the
+    server runs on must be alive. A server on vLLM's own multi-node (mp) has no Ray: {}."""
+    if server.get("executor", "ray") != "ray":
+        return {}
+    probe: dict[str, Any] = (parse_probe(answer) if answer.get("out") or answer.get("rc")
+                             else {"error": "no answer"})
+    nodes = probe.get("nodes") or []
+    alive = sorted(n.get("ip") for n in nodes if n.get("alive"))
+    want = len(server.get("nodes") or []) or 1
+    out: dict[str, Any] = {"nodes": nodes, "alive": len(alive), "expected": want, "problem": ""}
+    if probe.get("error"):
+        out["error"] = probe["error"]
+        out["problem"] = f"the Ray cluster does not answer: {probe['error']}"
+    elif len(alive) < want:
+        out["problem"] = (f"Ray has {len(alive)} of {want} node(s) alive ({', '.join(alive) or 'none'}): "
+                          "a worker's container or link is down; see `sparkctl logs`")
+    return out

@@ -9,15 +9,14 @@ recipe is a no-op; a different one replaces it only with --replace. Readiness: /
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from orchestrator.commands import docker_exec_cmd, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines import config_hash, serving_nodes
+from orchestrator.engines import config_hash, lifecycle, serving_nodes
 from orchestrator.engines.base import LaunchFailed, Note, Ready
-from orchestrator.engines.liveness import was_ready
-from orchestrator.engines.trtllm.serve import node_call, node_cmd
+from orchestrator.engines.lifecycle import Decision, Running, ServerRecord
+from orchestrator.engines.serverctl import node_call, node_cmd
 from orchestrator.engines.vllm.ray import ray_log_tail
 from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
@@ -70,34 +69,21 @@ def running(status: dict[str, Any]) -> bool:
     return bool((status.get("pids") or {}).get(MAIN, {}).get("alive"))
 
 
-def decide(status: dict[str, Any], digest: str, replace: bool) -> str:
-    if not running(status):
-        return "start"
-    server = status.get("server") or {}
-    if server.get("config_hash") == digest:
-        if status.get("health") == 200:
-            return "noop"
-        # ready once and no answer now (a Ray worker or the fabric link was lost): stalled
-        return "restart" if was_ready(server, bool(status.get("ready_log"))) else "loading"
-    return "replace" if replace else "refuse"
+def decide(status: dict[str, Any], digest: str, replace: bool) -> Decision:
+    """The shared judgement (engines/lifecycle.py) over the head's status."""
+    return lifecycle.decide(Running.from_status(status, MAIN), digest, replace)
 
 
 def restart_reason(status: dict[str, Any]) -> str:
-    ready = was_ready(status.get("server"), bool(status.get("ready_log")))
-    return f"stalled: ready at {ready}, /health now {status.get('health') or 'no answer'}"
-
-
-def refusal(status: dict[str, Any], recipe: Recipe) -> str:
-    server = status.get("server") or {}
-    return (f"the cluster already serves recipe {server.get('recipe', '?')} "
-            f"({server.get('model', '?')}, engine {server.get('engine', 'vllm')}, started "
-            f"{server.get('started', '?')}); launching {recipe.name} would replace it: pass "
-            "--replace, or stop it first with `sparkctl down`")
+    return lifecycle.restart_reason(Running.from_status(status, MAIN))
 
 
 class ServeSpec:
-    def __init__(self, recipe: Recipe, inventory: Inventory, host: str, replace: bool) -> None:
+    def __init__(self, recipe: Recipe, inventory: Inventory, host: str, replace: bool,
+                 name: str | None = None, guard_gb: float | None = None,
+                 persistent: bool = False) -> None:
         self.recipe, self.inventory, self.host, self.replace = recipe, inventory, host, replace
+        self.name, self.guard_gb, self.persistent = name or recipe.name, guard_gb, persistent
         from orchestrator.engines.vllm.ray import node_ip
 
         self.argv = serve_argv(recipe, host, 0, node_ip(inventory, inventory.head))
@@ -115,13 +101,27 @@ class ServeSpec:
 
     def record(self) -> dict[str, Any]:
         r = self.recipe
-        return {"engine": "vllm", "recipe": r.name, "model": r.model, "draft_model": None,
-                "port": r.port, "host": self.host, "tp_size": r.tensor_parallel_size,
-                "pp_size": r.pipeline_parallel_size, "container": r.container_name,
-                "executor": r.backend,
-                "main": MAIN, "ours": OURS, "nodes": self.serving,
-                "started": datetime.now(UTC).isoformat(timespec="seconds"),
-                "config_hash": self.digest}
+        return ServerRecord(
+            name=self.name, engine="vllm", recipe=r.name, model=r.model, port=r.port,
+            nodes=self.serving, config_hash=self.digest, host=self.host,
+            ranks=r.tensor_parallel_size * r.pipeline_parallel_size, persistent=self.persistent,
+            guard_min_available_gb=self.guard_gb, container=r.container_name,
+            extra={"draft_model": None, "tp_size": r.tensor_parallel_size,
+                   "pp_size": r.pipeline_parallel_size, "executor": r.backend, "main": MAIN,
+                   "ours": OURS}).to_dict()
+
+    def guard(self) -> lifecycle.ServerGuard:
+        """The launch's first step: a different server of this engine refused, unless --replace."""
+        return lifecycle.ServerGuard(self.recipe.name, "vLLM", self.running, self.decision)
+
+    def running(self, ctx: NodeContext) -> Running:
+        return Running.from_status(self.head_status(ctx), MAIN)
+
+    def decision(self, ctx: NodeContext) -> Decision:
+        decision = decide(self.head_status(ctx), self.digest, self.replace)
+        if decision == "refuse":
+            raise SparkctlError(lifecycle.refusal(self.running(ctx), self.recipe.name))
+        return decision
 
 
 class StopPrevious(Step):
@@ -133,9 +133,7 @@ class StopPrevious(Step):
 
     def check(self, ctx: NodeContext) -> Outcome:
         current = self.spec.head_status(ctx)
-        decision = decide(current, self.spec.digest, self.spec.replace)
-        if decision == "refuse":
-            raise SparkctlError(refusal(current, self.spec.recipe))
+        decision = self.spec.decision(ctx)
         if decision in ("noop", "loading", "start"):
             return Unchanged("nothing to stop" if decision == "start" else "the same server keeps running")
         why = f": restart, {restart_reason(current)}" if decision == "restart" else ""
@@ -159,7 +157,7 @@ class StartServer(Step):
 
     def check(self, ctx: NodeContext) -> Outcome:
         current = self.spec.head_status(ctx)
-        decision = decide(current, self.spec.digest, self.spec.replace)
+        decision = self.spec.decision(ctx)
         recipe = self.spec.recipe
         if decision == "noop":
             return Unchanged(f"already serving {recipe.name} (config {self.spec.digest}), /health 200")
@@ -185,27 +183,6 @@ class StartServer(Step):
                 f"{ctx.node.name}: vllm serve exited at once; {RUN_DIR}/server.log ends with:\n"
                 + "\n".join(answer.get("log", "").strip().splitlines()[-15:]))
         return f"vllm serve started (pid {answer.get('pid')} in {container}), config {self.spec.digest}"
-
-
-class ServerGuard(Step):
-    """Before anything is fetched: a different vLLM server running is refused unless --replace
-    (judged from the head's facts)."""
-
-    name = "running-server"
-    scope = "head"
-
-    def __init__(self, spec: ServeSpec) -> None:
-        self.spec = spec
-
-    def check(self, ctx: NodeContext) -> Outcome:
-        current = self.spec.head_status(ctx)
-        decision = decide(current, self.spec.digest, self.spec.replace)
-        if decision == "refuse":
-            raise SparkctlError(refusal(current, self.spec.recipe))
-        return Unchanged({"start": "no vLLM server runs", "replace": "--replace: replaced below",
-                          "restart": f"{self.spec.recipe.name} runs but is "
-                                     f"{restart_reason(current)}; restarted below"}
-                         .get(decision, f"{self.spec.recipe.name} already runs here"))
 
 
 def guard_facts(spec: ServeSpec) -> dict[str, Any]:

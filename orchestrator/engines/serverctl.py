@@ -1,0 +1,57 @@
+"""Server control from the controller, for every engine whose server runs as a process inside
+a container (TensorRT-LLM's mpirun in the `up` container, vLLM's `vllm serve` in its Ray head):
+the commands that run orchestrator/node/serverctl.py there, and one real chat completion.
+
+Shared here (not in one engine's folder) so that engines never import each other.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.commands import docker_exec_cmd
+from orchestrator.engines import ready_lines
+from orchestrator.errors import SparkctlError
+from orchestrator.node import script
+from orchestrator.paths import RUN_DIR
+
+if TYPE_CHECKING:
+    from orchestrator.remote.transport import Transport
+
+NODE_SCRIPT = script("serverctl.py")
+"""Runs inside a container (python3, stdlib). Actions: status (pids, the record, HTTP probes),
+stop (what the pid files name, with descendants), started (record the server once the detached
+launcher wrote its pid), chat (one completion, for the smoke test)."""
+
+
+def node_cmd(container: str, **args: Any) -> str:
+    """`docker exec CONTAINER python3 -c <serverctl> JSON` (status also gets every engine's
+    ready line: a server that logged it and answers no more is stalled, not loading)."""
+    if args.get("action") == "status":
+        args["ready_lines"] = ready_lines()
+    payload = json.dumps({"run": RUN_DIR, **args}, sort_keys=True)
+    return docker_exec_cmd(container, ["python3", "-c", NODE_SCRIPT, payload])
+
+
+def node_call(transport: Transport, container: str, timeout: float = 120, **args: Any) -> dict[str, Any]:
+    result = transport.run(node_cmd(container, **args), timeout=timeout,
+                           display=f"docker exec {container} python3 -c <sparkctl {args['action']}>")
+    result.check()
+    return dict(json.loads(result.stdout))
+
+
+def smoke_test(head: Transport, container: str, model: str, port: int,
+               prompt: str = "Paris is great because", max_tokens: int = 32) -> str:
+    """One real chat completion on the serving node; returns a one-line summary."""
+    request = {"model": model, "messages": [{"role": "user", "content": prompt}],
+               "max_tokens": max_tokens}
+    answer = node_call(head, container, timeout=180, action="chat", port=port, request=request)
+    if answer.get("code") != 200:
+        raise SparkctlError(f"{head.node}: the smoke-test chat completion failed: HTTP "
+                            f"{answer.get('code')}: {str(answer.get('body'))[:300]}")
+    body = json.loads(answer["body"])
+    text = body["choices"][0]["message"]["content"] or ""
+    tokens = (body.get("usage") or {}).get("completion_tokens", 0)
+    rate = tokens / max(float(answer.get("seconds") or 0), 1e-3)
+    return f"{tokens} tokens in {answer.get('seconds', 0):.2f}s ({rate:.1f} tok/s): {text.strip()[:80]!r}"

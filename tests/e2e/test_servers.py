@@ -1,0 +1,180 @@
+"""Every server is the same kind of thing, whichever engine serves it (docs/launch.md).
+
+One `up` for the module. TensorRT-LLM placed on the head and SGLang placed on the other node
+serve at once and both answer; a tp2 recipe named on one node is refused before anything runs;
+memory squeezed under the guard's threshold on the SGLang node stops that server within a
+minute while the other keeps answering, and status exits 1 saying why; the same for a vLLM
+server; a server container killed makes status exit 1 naming it; a bench sweep of a placed,
+named server measures and restores exactly that server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import REPO, Lab, e2e_state, healthy_lab
+
+pytestmark = pytest.mark.lab
+
+SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
+SENTINEL = "hf_SENTINELserversToken5120"
+SGLANG = "sparkctl-sglang-qwen3.6-27b"
+
+
+def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("servers"), "HF_TOKEN": SENTINEL}
+    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO)
+
+
+def inv(lab: Lab) -> list[str]:
+    return ["--inventory", str(lab.inventory)]
+
+
+def launch(lab: Lab, *args: str) -> subprocess.CompletedProcess[str]:
+    result = sparkctl("launch", *args, *inv(lab), "--yes", "--timeout", "240")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def status(lab: Lab) -> tuple[int, dict]:
+    result = sparkctl("status", *inv(lab), "--json")
+    return result.returncode, json.loads(result.stdout)
+
+
+def problems(doc: dict) -> str:
+    return "\n".join(p for node in doc["nodes"].values() for p in node["problems"])
+
+
+def answers(lab: Lab, server: str) -> bool:
+    chat = sparkctl("chat", "Hello", *inv(lab), "--server", server, "--max-tokens", "8", "--json")
+    return chat.returncode == 0 and bool(json.loads(chat.stdout)["reply"])
+
+
+def free_gb(lab: Lab, node: str) -> float:
+    meminfo = lab.exec(node, "cat /proc/meminfo").stdout
+    return int(meminfo.split("MemAvailable:")[1].split()[0]) / 1024**2
+
+
+def squeeze_under_guard(lab: Lab, node: str) -> None:
+    """Hold all but 1 GB of what the node has available (to the MiB): under the guard's 2 GB
+    with room for MemAvailable's own moves, above what the node's OOM killer allows."""
+    size = max(1, int((free_gb(lab, node) - 1.0) * 1024))
+    squeeze = lab.cli("fault", "squeeze-memory", "--node", node, "--size", f"{size}M")
+    assert squeeze.returncode == 0, squeeze.stderr
+
+
+def wait_stopped(lab: Lab, node: str, container: str, seconds: float = 60) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        running = lab.exec(node, f"docker inspect -f '{{{{.State.Running}}}}' {container}",
+                           check=False).stdout.strip()
+        if running != "true":
+            return True
+        time.sleep(1)
+    return False
+
+
+@pytest.fixture(scope="module")
+def two(lab_session: list[Lab]) -> Iterator[Lab]:
+    lab = healthy_lab(lab_session)
+    sparkctl("down", *inv(lab), "--yes")  # start from no server at all
+    up = sparkctl("up", *inv(lab), "--yes")
+    assert up.returncode == 0, up.stdout + up.stderr
+    head, other = lab.nodes
+    launch(lab, "gpt-oss-120b", "--nodes", head)
+    launch(lab, "qwen3.6-27b", "--nodes", other)
+    yield lab
+    lab.cli("fault", "restore")
+    sparkctl("down", *inv(lab), "--yes")
+
+
+def test_two_engines_placed_on_their_nodes_serve_at_once(two: Lab) -> None:
+    head, other = two.nodes
+    assert answers(two, "gpt-oss-120b") and answers(two, "qwen3.6-27b")
+    code, doc = status(two)
+    assert code == 0, problems(doc)
+    listed = {s["name"]: s for s in doc["servers"]}
+    assert (listed["gpt-oss-120b"]["engine"], listed["gpt-oss-120b"]["nodes"]) == ("trtllm", [head])
+    assert (listed["qwen3.6-27b"]["engine"], listed["qwen3.6-27b"]["nodes"]) == ("sglang", [other])
+    text = sparkctl("status", *inv(two)).stdout
+    assert "other servers: 1: qwen3.6-27b (sglang on " + other in text
+
+
+def test_a_tp2_recipe_on_one_node_is_refused_before_anything_runs(two: Lab) -> None:
+    _, other = two.nodes
+    result = sparkctl("launch", "qwen3.6-27b-tp2", "--nodes", other, *inv(two), "--dry-run")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"recipe qwen3.6-27b-tp2 on {other}" in result.stderr
+    assert "tp_size 2 x pp_size 1 = 2 rank(s)" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_guard_stops_the_sglang_server_while_the_other_keeps_answering(two: Lab) -> None:
+    _, other = two.nodes
+    try:
+        squeeze_under_guard(two, other)
+        assert wait_stopped(two, other, SGLANG), "the guard did not stop SGLang within a minute"
+        assert answers(two, "gpt-oss-120b")
+        code, doc = status(two)
+        assert code == 1
+        assert "qwen3.6-27b" in problems(doc) and "stopped by the memory guard at" in problems(doc)
+        listed = {s["name"]: s["state"] for s in doc["servers"]}
+        assert listed == {"gpt-oss-120b": "healthy", "qwen3.6-27b": "guard-stopped"}
+    finally:
+        two.cli("fault", "restore")
+    launch(two, "qwen3.6-27b", "--nodes", other)  # it comes back
+    assert answers(two, "qwen3.6-27b") and status(two)[0] == 0
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_a_killed_server_container_makes_status_name_it(two: Lab, engine: str) -> None:
+    head, other = two.nodes
+    node, container, name = ((other, SGLANG, "qwen3.6-27b") if engine == "sglang" else
+                             (head, "trtllm-multinode", "gpt-oss-120b"))
+    two.exec(node, f"docker kill {container}")
+    code, doc = status(two)
+    assert code == 1 and f"server {name} (" in problems(doc), problems(doc)
+    if engine == "trtllm":
+        assert sparkctl("up", *inv(two), "--yes").returncode == 0
+        launch(two, "gpt-oss-120b", "--nodes", head)
+    else:
+        launch(two, "qwen3.6-27b", "--nodes", other)  # a dead server is started again
+    assert status(two)[0] == 0
+
+
+def test_a_bench_sweep_of_a_placed_named_server_measures_and_restores_it(two: Lab) -> None:
+    _, other = two.nodes
+    assert sparkctl("down", "--server", "qwen3.6-27b", *inv(two), "--yes").returncode == 0
+    launch(two, "qwen3.6-27b", "--nodes", other, "--name", "q2", "--port", "30001")
+    result = sparkctl("bench", *inv(two), "--server", "q2", "--sweep", "speculative.num_steps=2,3",
+                      "--tg", "32", "--pp", "16", "--depth", "0", "-c", "1", "--runs", "1",
+                      "--no-warmup", "--json", "--timeout", "180", timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    sweep = json.loads(result.stdout)["sweep"]
+    assert sweep["restored"] and [r["value"] for r in sweep["runs"]] == [2, 3]
+    for run in sweep["runs"]:
+        assert (run["server"]["server"], run["server"]["head"], run["server"]["port"]) == (
+            "q2", other, 30001)
+    code, doc = status(two)
+    after = {s["name"]: s for s in doc["servers"]}
+    assert code == 0 and set(after) == {"gpt-oss-120b", "q2"}
+    assert (after["q2"]["nodes"], after["q2"]["port"]) == ([other], 30001)
+
+
+def test_the_guard_stops_a_vllm_server_while_the_other_keeps_answering(two: Lab) -> None:
+    head, _ = two.nodes
+    launch(two, "gpt-oss-120b-vllm", "--nodes", head, "--replace")
+    try:
+        squeeze_under_guard(two, head)
+        assert wait_stopped(two, head, "sparkctl-vllm"), "the guard did not stop vLLM in a minute"
+        assert answers(two, "q2")
+        code, doc = status(two)
+        assert code == 1 and "server gpt-oss-120b-vllm (vllm" in problems(doc)
+        assert "stopped by the memory guard at" in problems(doc)
+    finally:
+        two.cli("fault", "restore")

@@ -1,0 +1,70 @@
+"""Placement for every engine: --nodes / `placement` checked against the engine's rank rules
+(tp x pp, one rank per Spark; where the first rank must run) before anything runs."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import make_inventory
+
+from orchestrator.engines import REGISTRY, check_against_inventory, get_engine, load_recipe
+from orchestrator.errors import InputError
+
+
+def placed(name: str, nodes: list[str]) -> object:
+    return load_recipe(name).model_copy(update={"placement": nodes})
+
+
+def test_a_tp2_recipe_on_one_node_is_refused_naming_recipe_nodes_and_rule() -> None:
+    with pytest.raises(InputError) as refused:
+        check_against_inventory(placed("qwen3.6-27b-tp2", ["spark-b"]), make_inventory())
+    message = str(refused.value)
+    assert "recipe qwen3.6-27b-tp2 on spark-b" in message
+    assert "tp_size 2 x pp_size 1 = 2 rank(s)" in message and "not 1 (spark-b)" in message
+    assert refused.value.exit_code == 2
+
+
+def test_every_engines_default_nodes_and_a_fitting_placement_pass() -> None:
+    inv = make_inventory()
+    for name in ("gpt-oss-120b", "gpt-oss-120b-vllm", "qwen3.6-27b", "qwen3.6-27b-tp2"):
+        check_against_inventory(load_recipe(name), inv)
+    check_against_inventory(placed("gpt-oss-120b", ["spark-a"]), inv)
+    check_against_inventory(placed("qwen3.6-27b", ["spark-b"]), inv)
+    check_against_inventory(placed("qwen3.6-27b-tp2", ["spark-b", "spark-a"]), inv)
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "gpt-oss-120b-vllm"])
+def test_engines_whose_first_rank_runs_on_the_head_say_so(name: str) -> None:
+    with pytest.raises(InputError, match="the head and the next nodes in inventory order: spark-a"):
+        check_against_inventory(placed(name, ["spark-b"]), make_inventory())
+
+
+def test_every_engine_has_the_placement_members() -> None:
+    for name in REGISTRY:
+        engine = get_engine(name)
+        assert isinstance(engine.several_servers, bool)
+        assert callable(engine.placement_problem)
+
+
+def test_the_node_guard_command_starts_one_detached_guard_watching_the_containers() -> None:
+    import json
+    import shlex
+
+    from orchestrator.phases.memory import node_guard_cmd
+
+    command = node_guard_cmd("/var/lib/sparkctl/run/servers/q", "spark-b", 2.0, ["sparkctl-sglang-q"])
+    assert "rm -f /var/lib/sparkctl/run/servers/q/memguard-stopped.json" in command
+    assert "kill -0" in command and "setsid python3 -c" in command and command.endswith("& fi")
+    args = json.loads(shlex.split(command.split("setsid ", 1)[1].split(" </dev/null")[0])[-1])
+    assert args == {"run": "/var/lib/sparkctl/run/servers/q", "node": "spark-b",
+                    "min_available_gb": 2.0, "containers": ["sparkctl-sglang-q"]}
+
+
+def test_the_default_nodes_named_are_the_same_server_as_none_named() -> None:
+    from orchestrator.engines import config_hash, default_placement
+
+    inv = make_inventory()
+    plain = load_recipe("qwen3-235b")
+    named = default_placement(placed("qwen3-235b", ["spark-a", "spark-b"]), inv)
+    assert config_hash(named, [], "") == config_hash(plain, [], "")
+    elsewhere = default_placement(placed("qwen3.6-27b", ["spark-b"]), inv)
+    assert elsewhere.placement == ["spark-b"]

@@ -1,0 +1,57 @@
+"""status and every listed server: a dead, stalled or guard-stopped server of any engine is a
+problem on its first node (exit 1, named), and the header lists the servers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.checks.status_server import add_server_problems, server_state
+
+GUARD = {"node": "spark-b", "available_gb": 0.8, "min_available_gb": 4.0, "total_gb": 128.0,
+         "time": "2026-11-25T16:00:00Z", "state": "stopped"}
+
+
+def entry(state: str, **over: Any) -> dict[str, Any]:
+    return {"name": "q", "engine": "sglang", "recipe": "qwen3.6-27b", "model": "M",
+            "nodes": ["spark-b"], "node": "spark-b", "port": 30000, "state": state, **over}
+
+
+def result(*servers: dict[str, Any]) -> dict[str, Any]:
+    nodes = {n: {"problems": [], "state": "up"} for n in ("spark-a", "spark-b")}
+    return {"ok": True, "state": "serving", "nodes": nodes, "servers": list(servers)}
+
+
+@pytest.mark.parametrize(("state", "words"), [
+    ("dead", ["server q (sglang", "is dead", "--nodes spark-b"]),
+    ("stalled", ["is stalled", "restarts it"]),
+    ("guard-stopped", ["stopped by the memory guard at 0.8 GB available", "free memory there"]),
+])
+def test_a_server_that_does_not_serve_fails_status_naming_it(state: str, words: list[str]) -> None:
+    found = result(entry("healthy", name="other", nodes=["spark-a"]),
+                   entry(state, memguard=GUARD if state == "guard-stopped" else None))
+    add_server_problems(found)
+    assert found["ok"] is False and found["state"] == "degraded"
+    assert found["nodes"]["spark-a"]["problems"] == []
+    [problem] = found["nodes"]["spark-b"]["problems"]
+    for word in words:
+        assert word in problem
+
+
+def test_healthy_and_loading_servers_and_the_assessed_single_record_add_nothing() -> None:
+    found = result(entry("healthy"), entry("loading"), entry("stopped", legacy=True))
+    add_server_problems(found)
+    assert found["ok"] is True and all(not n["problems"] for n in found["nodes"].values())
+
+
+def test_a_guard_record_of_a_gone_server_is_guard_stopped() -> None:
+    assert server_state({"alive": False, "memguard": GUARD}) == "guard-stopped"
+    assert server_state({"alive": False}) == "dead"
+
+
+def test_the_header_lists_the_servers(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.checks.status_render import servers_line
+
+    line = servers_line("servers", [entry("healthy"), entry("dead", name="b", engine="vllm")])
+    assert line.startswith("servers: 2: q (sglang on spark-b,") and "b (vllm on spark-b," in line
