@@ -12,20 +12,11 @@ from typing import Any
 import click
 
 from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
+from orchestrator.cli.bench_inputs import RUNS, TIMEOUT, check_outputs, int_list
 
 
 def _note(line: str) -> None:
     click.echo(line, err=True)
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: expected comma-separated integers") from None
-    if not values or any(v < 0 for v in values):
-        raise click.BadParameter(f"{text!r}: expected comma-separated integers >= 0")
-    return values
 
 
 def _node_state(session: Any) -> dict[str, Any]:
@@ -144,30 +135,49 @@ def relauncher(inventory_path: str, timeout: float) -> Any:
 
 
 def _finish(doc: dict[str, Any], as_json: bool, save: str | None, plot_path: str | None) -> int:
+    """Print the results first, then --save, then --plot: a later step that fails (a full disk,
+    a plotting error) costs only itself, never the measured figures."""
+    import json
     import time
     from pathlib import Path
 
     from orchestrator.checks import bench_render
     from orchestrator.core.report import print_json
 
-    if save:
-        folder = Path(save).expanduser()
-        folder.mkdir(parents=True, exist_ok=True)
-        import json
-
-        file = folder / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        file.write_text(json.dumps(doc, indent=1))
-        _note(f"[bench] saved {file}")
-    if plot_path:
-        bench_render.plot(doc, plot_path)
-        _note(f"[bench] plot written to {plot_path}")
     if as_json:
         print_json(doc)
     elif "sweep" in doc:
         bench_render.render_sweep(doc["sweep"])
     else:
         bench_render.render(doc)
-    return 130 if doc.get("interrupted") else (0 if doc.get("ok") else 1)
+    failed = kept = False
+    if save:
+        file = Path(save).expanduser() / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(json.dumps(doc, indent=1))
+            _note(f"[bench] saved {file}")
+            kept = True
+        except OSError as exc:
+            failed = True
+            _note(f"[bench] could not save {file}: {exc.strerror or exc}")
+    if plot_path:
+        try:
+            bench_render.plot(doc, plot_path)
+            _note(f"[bench] plot written to {plot_path}")
+        except Exception as exc:  # matplotlib raises anything; the results are out already
+            failed = True
+            _note(f"[bench] could not draw {plot_path}: {exc}")
+    if failed and not as_json and not kept:
+        import tempfile
+
+        # the table alone would lose the figures' JSON: keep it where a file can always be made
+        fd, spare = tempfile.mkstemp(prefix="sparkctl-bench-", suffix=".json")
+        with open(fd, "w") as out:
+            out.write(json.dumps(doc, indent=1))
+        _note(f"[bench] the results are kept in {spare}")
+    code = 130 if doc.get("interrupted") else (0 if doc.get("ok") else 1)
+    return code or (1 if failed else 0)
 
 
 def _bench(opts: dict[str, Any]) -> int:
@@ -180,7 +190,7 @@ def _bench(opts: dict[str, Any]) -> int:
     from orchestrator.remote.tunnel import Forwarder
 
     config = BenchConfig(tg=opts["tg"], pp=opts["pp"], depth=opts["depth"],
-                         concurrency=[c for c in opts["concurrency"] if c > 0] or [1],
+                         concurrency=opts["concurrency"],
                          runs=opts["runs"], warmup=not opts["no_warmup"])
     inventory, inventory_path = load_inventory_option(opts["inventory_path"])
     with open_session(inventory, "bench", quiet=True) as session:
@@ -214,13 +224,14 @@ def _bench(opts: dict[str, Any]) -> int:
 @click.group(context_settings=CONTEXT, invoke_without_command=True)
 @inventory_option
 @click.option("--server", metavar="NAME", help="Which server (its name or recipe; needed when several run).")
-@click.option("--tg", default="128,256", show_default=True, help="Tokens to generate per request.")
-@click.option("--pp", default="2048", show_default=True, help="Prompt tokens per request.")
+@click.option("--tg", default="128,256", show_default=True,
+              help="Tokens to generate per request (1-65,536).")
+@click.option("--pp", default="2048", show_default=True, help="Prompt tokens per request (1-1,048,576).")
 @click.option("--depth", default="0,16384", show_default=True,
-              help="Context tokens before the prompt (a system message).")
+              help="Context tokens before the prompt, a system message (0-1,048,576).")
 @click.option("--concurrency", "-c", default="1,4,8", show_default=True,
-              help="Simultaneous requests.")
-@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Simultaneous requests (1-256).")
+@click.option("--runs", type=RUNS, default=3, show_default=True,
               help="Measured batches per cell (mean and std over them).")
 @click.option("--no-warmup", is_flag=True, help="Skip the discarded warmup batch of each cell.")
 @click.option("--sweep", metavar="KEY=V1,V2,...",
@@ -228,7 +239,7 @@ def _bench(opts: dict[str, Any]) -> int:
                    " benchmark each, restore the original recipe.")
 @click.option("--recipe", metavar="RECIPE",
               help="With --sweep: the recipe to vary and restore (default: the running one's name).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=1800.0, show_default=True,
+@click.option("--timeout", type=TIMEOUT, default=1800.0, show_default=True,
               help="With --sweep: seconds each relaunch may take.")
 @json_option
 @click.option("--save", metavar="DIR", help="Keep the results as DIR/bench-<time>.json.")
@@ -248,12 +259,13 @@ def bench(ctx: click.Context, **opts: Any) -> None:
     if ctx.invoked_subcommand is not None:
         return
     for key in ("tg", "pp", "depth", "concurrency"):
-        opts[key] = _ints(opts[key])
+        opts[key] = int_list(key, opts[key])
     if opts["plot"]:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise click.UsageError("--plot needs matplotlib: pip install 'dgx-sparkctl[bench]'") from None
+    check_outputs(opts["save"], opts["plot"])
     run_command(lambda: _bench(opts))
 
 
