@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
@@ -144,7 +146,15 @@ def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_js
     if network:
         raise InputError("--network and --server do not go together: --server stops one server")
 
-    def build(session: object) -> Plan:
+    def build(session: Any) -> Plan:
+        if not session.unreachable:  # (else it may run on the node that did not answer)
+            from orchestrator.engines.servers import gather
+
+            found = gather(session.transports, inventory, alive_only=False)  # type: ignore[arg-type]
+            known = sorted({str(s.get("name")) for s in found})
+            if server not in known:
+                raise InputError(f"--server {server}: no such server; known: "
+                                 f"{', '.join(known) or 'none (no server runs)'}")
         return Plan("down", [down_phase(inventory, server)])  # type: ignore[arg-type]
 
     request = RunRequest(

@@ -26,7 +26,9 @@ CONTAINER_HF_HOME = "/root/.cache/huggingface"
 SPARK_MEMORY_GB = 128.0
 """A DGX Spark's unified memory, shared by the CPU, the GPU and the page cache."""
 REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
-REVISION_PATTERN = r"^[A-Za-z0-9._/-]{1,100}$"
+REVISION_PATTERN = r"^(refs/pr/[0-9]{1,9}|[A-Za-z0-9][A-Za-z0-9._-]{0,99})$"
+"""A branch, tag or commit; never a path (no `/`, no leading `.`: it names a file under the HF
+cache's refs/), except the hub's pull-request refs `refs/pr/N`."""
 DEFAULT_HOST = "127.0.0.1"
 """Servers bind to localhost on their node; clients come through SSH (chat, tunnel, bench)."""
 

@@ -97,7 +97,7 @@ def pick(servers: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
         if named:
             return named[0]
         listing = ", ".join(sorted(str(s.get("name")) for s in servers)) or "none"
-        raise SparkctlError(f"no server named {name!r} runs (running: {listing})")
+        raise InputError(f"no server named {name!r} runs (running: {listing})")  # --server
     if not servers:
         raise SparkctlError("no model server is running: start one with `sparkctl launch RECIPE`")
     if len(servers) > 1:

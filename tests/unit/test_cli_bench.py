@@ -215,7 +215,7 @@ def test_node_state_reports_unreachable_and_failing_nodes(inv: str, fake_cluster
 def test_server_refuses_another_recipe_and_a_missing_server(inv: str, cluster: FakeCluster,
                                                             measured: Measured) -> None:
     result = sparkctl("bench", "-i", inv, "--server", "qwen3-235b")
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a --server nobody runs is bad input, naming who runs
     assert "no server named 'qwen3-235b' runs (running: minimax-m2.7)" in result.stderr
     cluster["spark-a"].rules[0].answer = {"server": dict(SERVER), "alive": False}
     result = sparkctl("bench", "-i", inv)
