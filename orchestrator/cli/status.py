@@ -96,7 +96,7 @@ def logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since
 
 def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,
           trust_new_hosts: bool, break_lock: bool, server: str | None = None,
-          oom_guard: bool = False) -> int:
+          oom_guard: bool = False, keep_logs: bool = False) -> int:
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.session import Session
     from orchestrator.core.step import Plan
@@ -110,7 +110,7 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
                          "--server or --network")
     if server:
         return _down_server(inventory, server, dry_run, yes, as_json, trust_new_hosts, break_lock,
-                            network)
+                            network, keep_logs)
 
     def build(session: Session) -> Plan:
         notes = session.report.notes
@@ -125,7 +125,7 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
         notes.append("Kept: the Hugging Face model cache on every node (see docs/operate.md to remove it).")
         if not network:
             notes.append("Kept: the fabric network config (`sparkctl down --network` removes it).")
-        return build_down_plan(inventory, network)
+        return build_down_plan(inventory, network, keep_logs=keep_logs)
 
     request = RunRequest(
         command="down", inventory=inventory, build=build, dry_run=dry_run, yes=yes, as_json=as_json,
@@ -136,7 +136,8 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
 
 
 def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_json: bool,
-                 trust_new_hosts: bool, break_lock: bool, network: bool) -> int:
+                 trust_new_hosts: bool, break_lock: bool, network: bool,
+                 keep_logs: bool = False) -> int:
     """Only the server NAME: its containers and record on its nodes; everything else stays."""
     from orchestrator.core.runner import RunRequest, execute
     from orchestrator.core.step import Plan
@@ -155,7 +156,7 @@ def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_js
             if server not in known:
                 raise InputError(f"--server {server}: no such server; known: "
                                  f"{', '.join(known) or 'none (no server runs)'}")
-        return Plan("down", [down_phase(inventory, server)])  # type: ignore[arg-type]
+        return Plan("down", [down_phase(inventory, server, keep_logs)])  # type: ignore[arg-type]
 
     request = RunRequest(
         command="down", inventory=inventory, build=build, dry_run=dry_run,  # type: ignore[arg-type]
@@ -178,8 +179,11 @@ def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_js
               help="Stop only this server (its containers and record); nothing else is removed.")
 @click.option("--oom-guard", is_flag=True,
               help="Remove only what `up --oom-guard` set up (plain down removes it too).")
+@click.option("--keep-logs", is_flag=True,
+              help="Keep launch --persist's boot logs (/var/log/sparkctl/boot-*.log).")
 def down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,
-         trust_new_hosts: bool, break_lock: bool, server: str | None, oom_guard: bool) -> None:
+         trust_new_hosts: bool, break_lock: bool, server: str | None, oom_guard: bool,
+         keep_logs: bool) -> None:
     """Stop the server and the containers, remove sparkctl's files; --network: the fabric config too.
 
     \b
@@ -192,9 +196,10 @@ def down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as
                    re-applied, the inventory's fabric addresses deleted
       oom-guard    earlyoom's config put back; earlyoom removed if sparkctl installed it
       files        /etc/sparkctl (cluster keys, trust files) and /var/lib/sparkctl removed
-      verify       nothing of the above is left
+      boot-logs    /var/log/sparkctl/boot-*.log removed (--keep-logs keeps them)
+      verify       nothing of the above is left; says what was kept
     Never touched: other containers, other netplan files, your ~/.ssh, the Hugging Face cache.
     Safe to run again. An unreachable node is reported (exit 1); run down again later.
     """
     run_command(lambda: _down(inventory_path, network, dry_run, yes, as_json, trust_new_hosts,
-                              break_lock, server, oom_guard))
+                              break_lock, server, oom_guard, keep_logs))

@@ -209,7 +209,7 @@ def stop_server(transports: dict[str, Any], inventory: Inventory, server: dict[s
                                  display=f"stop server {server.get('name')} on {node}").check()
 
 
-def down_phase(inventory: Inventory, name: str) -> Any:
+def down_phase(inventory: Inventory, name: str, keep_logs: bool = False) -> Any:
     """`sparkctl down --server NAME`: that server's containers and record on its nodes only."""
     from orchestrator.core.step import Phase
     from orchestrator.phases import persist_down
@@ -222,7 +222,7 @@ def down_phase(inventory: Inventory, name: str) -> Any:
     # its boot unit first (launch --persist), so a reboot cannot bring it back meanwhile
     return Phase("stop-server", [persist_down.RemoveBootUnits(
         name, {f"sparkctl-sglang-{name}", "sparkctl-vllm"}),
-                                 StopNamed(name)], facts)
+                                 StopNamed(name), persist_down.RemoveBootLogs(name, keep_logs)], facts)
 
 
 class StopNamed(Step):
