@@ -11,6 +11,7 @@ from orchestrator.core.executor import Executor
 from orchestrator.core.progress import Progress
 from orchestrator.core.report import Report
 from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.errors import SparkctlError
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.phases import teardown
 from orchestrator.phases.oomguard import ENABLED
@@ -285,5 +286,5 @@ def test_down_removes_the_boot_logs_unless_asked_to_keep_them(fake_transport: An
     assert said == "nothing else left; kept: the Hugging Face cache, the boot logs (--keep-logs)"
     left = fake_transport("spark-a").on("", 0, "boot log: /var/log/sparkctl/boot-x.log\n")
     lctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, left, RunOptions("down"), {})
-    with pytest.raises(Exception, match="still present after down: boot log: /var/log/sparkctl/boot-x.log"):
+    with pytest.raises(SparkctlError, match=r"after down: boot log: /var/log/sparkctl/boot-x\.log"):
         teardown.VerifyDown(network=False).apply(lctx, Change("verify"))
