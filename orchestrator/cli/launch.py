@@ -101,7 +101,10 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     endpoint = f"http://{host}:{recipe.port}"
     server = name or recipe.name
 
-    plan = Plan("launch", engine.launch_phases(recipe, inventory, options))
+    from orchestrator.phases.ports import with_port_check
+
+    plan = Plan("launch", with_port_check(engine.launch_phases(recipe, inventory, options),
+                                          recipe.listen_ports(serving_nodes(recipe, inventory))))
 
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,

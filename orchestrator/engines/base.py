@@ -20,6 +20,7 @@ from orchestrator.errors import SparkctlError
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
     from orchestrator.inventory import Inventory
+    from orchestrator.phases.ports import ListenPort
 
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 """Where a container sees the node's Hugging Face cache (every engine's container mounts it)."""
@@ -102,6 +103,13 @@ class BaseRecipe(StrictModel):
     def repos(self) -> list[tuple[str, str, str | None]]:
         """(HF id, revision, local dir or None for the HF cache layout) of every model needed."""
         return [(self.model, self.revision, None)]
+
+    def listen_ports(self, nodes: list[str]) -> list[ListenPort]:
+        """The TCP ports the server binds on its `nodes` (rank order), proven free before a
+        launch (phases/ports.py): the HTTP port on the first node; engines add theirs."""
+        from orchestrator.phases.ports import ListenPort
+
+        return [ListenPort(nodes[0], self.port, "HTTP", "launch with another --port")]
 
     def file_patterns(self, repo: str) -> tuple[list[str], list[str]]:
         """(allow, deny) for one of `repos`: the recipe's `files` for the main model, all files

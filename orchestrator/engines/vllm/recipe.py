@@ -8,7 +8,7 @@ the flag, the vLLM version and the nearest valid flag).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -20,6 +20,9 @@ from orchestrator.engines.base import (
     check_env_names,
     verdict_of,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.phases.ports import ListenPort
 
 DEFAULT_IMAGE = "nvcr.io/nvidia/vllm:26.10-py3"
 """NVIDIA's vLLM container, release 26.10: vLLM 0.31.0 (the version the option table was
@@ -72,6 +75,13 @@ class Recipe(BaseRecipe):
     @property
     def node_count(self) -> int:
         return self.nodes or self.world_size
+
+    def listen_ports(self, nodes: list[str]) -> list[ListenPort]:
+        from orchestrator.phases.ports import ListenPort
+
+        # the Ray head (GCS) runs on the first node, next to vllm serve
+        return [*super().listen_ports(nodes),
+                ListenPort(nodes[0], self.ray.port, "Ray GCS", "set ray.port in the recipe")]
 
     @field_validator("env")
     @classmethod
