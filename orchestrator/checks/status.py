@@ -148,6 +148,10 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
     processes = {name: server_processes(node_facts) for name, node_facts in facts.items()}
     server = assess_server(inventory, facts.get(head), nodes[head], dead_ranks(processes),
                            process_answer(facts[head])) if head in facts else None
+    if server is not None:
+        from orchestrator.checks.status_containers import check_server_containers
+
+        check_server_containers(nodes, facts, head, server)  # docker's facts before Ray's view
     server_unknown = None
     if head not in facts:
         server_unknown = f"the head {head} is unreachable"
