@@ -68,7 +68,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             ignore_memory: bool, guard_min_available_gb: float | None = None,
             placed: tuple[str, ...] = (), name: str | None = None, port: int | None = None,
             no_drop_caches: bool = False, persist: bool = False,
-            distribute_image: bool = False) -> int:
+            distribute_image: bool = False, verify_models: bool = False) -> int:
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan
     from orchestrator.engines import check_against_inventory, engine_of, load_recipe
@@ -101,10 +101,10 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     endpoint = f"http://{host}:{recipe.port}"
     server = name or recipe.name
 
-    from orchestrator.phases.ports import with_port_check
+    from orchestrator.phases.ports import with_checks
 
-    plan = Plan("launch", with_port_check(engine.launch_phases(recipe, inventory, options),
-                                          recipe.listen_ports(serving_nodes(recipe, inventory))))
+    plan = Plan("launch", with_checks(engine.launch_phases(recipe, inventory, options), recipe,
+                                      inventory, verify_models))
 
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,
@@ -186,11 +186,16 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
                    "verified by image ID and digest). Without it, this happens only for nodes "
                    "that cannot reach the registry (probed before pulling) or whose pull fails. "
                    "TensorRT-LLM's image comes with `up` (`up --distribute-image`).")
+@click.option("--verify-models", is_flag=True,
+              help="Hash every model file again on every serving node (ignoring the hash cache, "
+                   "which trusts size and mtime) against the head's manifest; a node whose files "
+                   "differ gets them sent again. Reads every byte: minutes for a large model.")
 def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
            timeout: float, replace: bool, host: str, drop_caches: bool,
            hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
            ignore_memory: bool, guard_min_available_gb: float | None, placed: tuple[str, ...],
-           name: str | None, port: int | None, persist: bool, distribute_image: bool) -> None:
+           name: str | None, port: int | None, persist: bool, distribute_image: bool,
+           verify_models: bool) -> None:
     """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
 
     \b
@@ -204,12 +209,14 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
             and one real chat completion
     persist (--persist) a boot unit per serving node that brings the server back after
             a reboot, the same checks first (docs/operate.md)
+    First of all, every port the server binds is proven free on each of its nodes;
+    --verify-models then re-hashes the models everywhere (docs/launch.md).
     Relaunching the same recipe is a no-op. See docs/launch.md and docs/engines.md.
     """
     run_command(lambda: _launch(recipe_name, inventory_path, dry_run, yes, as_json, timeout,
                                 replace, host, drop_caches, hf_token_file, trust_new_hosts,
                                 break_lock, ignore_memory, guard_min_available_gb, placed, name,
-                                port, not drop_caches, persist, distribute_image))
+                                port, not drop_caches, persist, distribute_image, verify_models))
 
 
 def _server_on_head(inventory_path: str | None, command: str) -> Any:

@@ -9,7 +9,7 @@ import click
 from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
 
 
-def _status(inventory_path: str | None, as_json: bool) -> int:
+def _status(inventory_path: str | None, as_json: bool, deep: bool = False) -> int:
     from orchestrator.checks.status import gather_status
     from orchestrator.checks.status_render import render_status
     from orchestrator.core.report import print_json
@@ -17,6 +17,10 @@ def _status(inventory_path: str | None, as_json: bool) -> int:
 
     inventory, _ = load_inventory_option(inventory_path)
     result = gather_status(inventory)
+    if deep:
+        from orchestrator.checks.status_models import verify_served_models
+
+        verify_served_models(inventory, result)
     if as_json:
         print_json(result)
     else:
@@ -39,7 +43,10 @@ def _render_servers(found: list[dict[str, object]]) -> None:
 @click.command(context_settings=CONTEXT)
 @inventory_option
 @json_option
-def status(inventory_path: str | None, as_json: bool) -> None:
+@click.option("--deep", is_flag=True,
+              help="Also hash every model file of the running servers again on their nodes "
+                   "(ignoring the hash cache) against the head's; reads every byte.")
+def status(inventory_path: str | None, as_json: bool, deep: bool) -> None:
     """What runs on each node, and whether it is healthy (read from the nodes, not a cache).
 
     \b
@@ -49,7 +56,7 @@ def status(inventory_path: str | None, as_json: bool) -> None:
     Exit 0: every node answered and nothing is unhealthy (a cluster not set up is fine).
     Exit 1: a node is unreachable, or something is unhealthy (listed under the table).
     """
-    run_command(lambda: _status(inventory_path, as_json))
+    run_command(lambda: _status(inventory_path, as_json, deep))
 
 
 def _tail_value(text: str) -> int | None:
