@@ -101,7 +101,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     endpoint = f"http://{host}:{recipe.port}"
     server = name or recipe.name
 
-    from orchestrator.phases.ports import with_checks
+    from orchestrator.phases.launch_checks import with_checks
 
     plan = Plan("launch", with_checks(engine.launch_phases(recipe, inventory, options), recipe,
                                       inventory, verify_models))

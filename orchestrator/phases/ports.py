@@ -92,15 +92,3 @@ def with_port_check(phases: list[Phase], wanted: list[ListenPort]) -> list[Phase
     """The launch plan with the port check first (before a --replace stops anything)."""
     return [phase(wanted), *phases]
 
-
-def with_checks(phases: list[Phase], recipe: Any, inventory: Inventory,
-                verify_models: bool = False) -> list[Phase]:
-    """A launch's engine phases behind the port check and, with --verify-models, the re-hash of
-    every model file (phases/verify_models.py), both read-only until they find something."""
-    from orchestrator.engines import serving_nodes
-
-    if verify_models:
-        from orchestrator.phases import verify_models as verify
-
-        phases = [verify.phase(recipe, inventory), *phases]
-    return with_port_check(phases, recipe.listen_ports(serving_nodes(recipe, inventory)))

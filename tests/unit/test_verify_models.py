@@ -110,7 +110,7 @@ def test_the_step_names_the_files_that_differ_on_their_node(tmp_path: Path) -> N
 
 def test_the_phase_runs_first_only_when_asked() -> None:
     from orchestrator.core.step import Phase
-    from orchestrator.phases.ports import with_checks
+    from orchestrator.phases.launch_checks import with_checks
 
     inventory = make_inventory()
     recipe = load_recipe("qwen3-235b")
