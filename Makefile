@@ -4,7 +4,8 @@ PYTHON  ?= python3
 BIN     := $(VENV)/bin
 # What the lab and the tests need from Debian (real OpenSSH, real OpenMPI, iproute2, ...).
 APT_PACKAGES := openssh-server openssh-client openmpi-bin iperf3 sudo iproute2 iputils-ping \
-                procps python3 python3-yaml python3-netifaces python3-dbus socat util-linux
+                procps python3 python3-yaml python3-netifaces python3-dbus socat util-linux \
+                tmux
 
 .PHONY: install system-deps demo test unit e2e lint bench clean
 

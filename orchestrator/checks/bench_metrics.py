@@ -22,21 +22,31 @@ from typing import Any
 Fetch = Callable[[], str]
 """GET /metrics through the forward; returns the body (raises OSError on failure)."""
 
-PROM_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)")
-
-
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Metric name -> sum over its label sets (comments and bad lines skipped)."""
+    """Sample name -> sum over its label sets, read by prometheus_client's parser (the
+    reference one: escapes, timestamps, exemplars). A line it refuses costs only that line."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        return _sums(text_string_to_metric_families(text))
+    except ValueError:
+        pass
     out: dict[str, float] = {}
     for line in text.splitlines():
-        match = PROM_LINE.match(line.strip())
-        if not match:
-            continue
-        try:
-            value = float(match.group(3))
-        except ValueError:
-            continue
-        out[match.group(1)] = out.get(match.group(1), 0.0) + value
+        if line.strip() and not line.startswith("#"):
+            try:
+                for name, value in _sums(text_string_to_metric_families(line + "\n")).items():
+                    out[name] = out.get(name, 0.0) + value
+            except ValueError:
+                continue
+    return out
+
+
+def _sums(families: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in families:
+        for sample in family.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
     return out
 
 
@@ -74,6 +84,8 @@ class SpecMeter:
     """begin() at a cell's start, poll() while it runs, end() -> figures or None."""
 
     source = ""
+    prometheus = False
+    """/metrics is Prometheus text that reading leaves alone (status reads it too)."""
 
     def __init__(self, fetch: Fetch) -> None:
         self.fetch = fetch
@@ -122,6 +134,7 @@ class TrtllmMeter(SpecMeter):
 
 
 class VllmMeter(SpecMeter):
+    prometheus = True
     source = "vLLM /metrics counters vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}"
     NAMES = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
              "vllm:spec_decode_num_accepted_tokens")
@@ -149,6 +162,7 @@ class VllmMeter(SpecMeter):
 
 
 class SglangMeter(SpecMeter):
+    prometheus = True
     source = "SGLang /metrics gauges sglang:spec_accept_length, sglang:spec_accept_rate"
 
     def end(self) -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""Showing bench results: the owners' table (rich), a sweep table, two runs compared, a plot."""
+"""Showing bench results: the owners' table (rich), a sweep table, two runs compared (plots:
+bench_plot.py; llama-benchy's markdown and CSV: bench_format.py)."""
 
 from __future__ import annotations
 
@@ -164,47 +165,3 @@ def render_compare(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str])
                   f"config {server.get('config_hash')}, started {doc.get('started')}", markup=False)
     print_table("sparkctl bench compare (B/A)", ["cell", "figure", "A", "B", "B/A"],
                 compare_rows(a, b), right=["A", "B", "B/A"])
-
-
-def plot(doc: dict[str, Any], path: str) -> None:
-    """Throughput vs concurrency (one line per tg, aggregate and per request); for a sweep, a
-    second panel: throughput and acceptance length vs the swept value."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sweep = doc.get("sweep")
-    runs = sweep["runs"] if sweep else [doc]
-    fig, axes = plt.subplots(1, 2 if sweep else 1, figsize=(12 if sweep else 7, 4.5), squeeze=False)
-    ax = axes[0][0]
-    for run in runs:
-        s = run["settings"]
-        for tg in s["tg"]:
-            cells = sorted((c for c in run["cells"] if c["tg"] == tg and c["depth"] == s["depth"][0]
-                            and c["pp"] == s["pp"][0]), key=lambda c: c["concurrency"])
-            xs = [c["concurrency"] for c in cells]
-            tag = f"tg{tg}" + (f" {sweep['key']}={run['value']}" if sweep else "")
-            ax.plot(xs, [figure(c, "tg_throughput") or 0 for c in cells], marker="o", label=tag)
-            if not sweep:
-                ax.plot(xs, [figure(c, "tg_req_throughput") or 0 for c in cells], marker="x",
-                        linestyle="--", label=f"{tag} per request")
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel("generation tokens/s (aggregate)")
-    ax.set_title("throughput vs concurrency")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-    if sweep:
-        rows = sweep_rows(runs)
-        ax2 = axes[0][1]
-        xs = [str(r["value"]) for r in rows]
-        ax2.bar(xs, [r["score"] or 0 for r in rows], color="tab:blue", alpha=0.7)
-        ax2.set_xlabel(sweep["key"])
-        ax2.set_ylabel("tokens/s at the lowest concurrency")
-        twin = ax2.twinx()
-        twin.plot(xs, [r["acceptance_length"] or 0 for r in rows], color="tab:red", marker="o")
-        twin.set_ylabel("acceptance length", color="tab:red")
-        ax2.set_title(f"vs {sweep['key']} (best {sweep['best']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

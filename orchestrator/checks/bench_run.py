@@ -39,6 +39,16 @@ class BenchConfig:
     def requests(self) -> int:
         return sum(c * (self.runs + self.warmup) for *_, c in self.cells())
 
+    PP_RATE = 1500
+    TG_RATE = 20
+    """Typical single-Spark speeds (a ~30B model: ~1,500 prompt t/s at pp2048, ~20 t/s
+    generated per request): the basis of the duration said before a run starts."""
+
+    def estimate_seconds(self) -> float:
+        """Each batch: its requests' prompts prefilled one after another, then tg tokens."""
+        return sum((self.runs + self.warmup) * (c * (p + d) / self.PP_RATE + t / self.TG_RATE)
+                   for d, p, t, c in self.cells())
+
 
 @dataclass
 class Target:

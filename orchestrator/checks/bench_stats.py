@@ -9,7 +9,7 @@ figure of a cell is the mean (and standard deviation) over the runs' values.
 
 from __future__ import annotations
 
-import math
+import statistics
 from typing import Any
 
 from orchestrator.checks.bench_client import RequestResult
@@ -46,13 +46,20 @@ DEFINITIONS = {
 
 
 def metric(values: list[float], scale: float = 1.0) -> dict[str, Any] | None:
-    """mean, population std (numpy's default, as llama-benchy) and the values."""
+    """mean, population std (numpy's default, as llama-benchy), percentiles and the values."""
     if not values:
         return None
     scaled = [v * scale for v in values]
-    mean = sum(scaled) / len(scaled)
-    std = math.sqrt(sum((v - mean) ** 2 for v in scaled) / len(scaled))
-    return {"mean": mean, "std": std, "values": scaled}
+    return {"mean": statistics.fmean(scaled), "std": statistics.pstdev(scaled),
+            **percentiles(scaled), "values": scaled}
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50 / p90 / p99 (inclusive method: within the measured range; one value is all three)."""
+    if len(values) == 1:
+        return {"p50": values[0], "p90": values[0], "p99": values[0]}
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {"p50": cuts[49], "p90": cuts[89], "p99": cuts[98]}
 
 
 def peak_rate(timestamps: list[float], window: float = 1.0) -> float:

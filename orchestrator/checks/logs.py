@@ -14,6 +14,7 @@ nothing is left running on the nodes (checked in tests/e2e/test_status_down.py).
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import signal
@@ -176,8 +177,10 @@ class LineTagger:
 
 
 def stream_logs(inventory: Inventory, transports: dict[str, Transport], sources: list[LogSource],
-                follow: bool, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Print every source's lines as they arrive; returns the exit code."""
+                follow: bool, out: TextIO | None = None, err: TextIO | None = None,
+                as_json: bool = False) -> int:
+    """Print every source's lines as they arrive (with as_json: one {"node", "source", "line"}
+    object per line, JSON lines); returns the exit code."""
     out = out or sys.stdout
     err = err or sys.stderr
     lines: queue.Queue[tuple[str, str, str] | tuple[str, None, str]] = queue.Queue()
@@ -224,7 +227,10 @@ def stream_logs(inventory: Inventory, transports: dict[str, Transport], sources:
                     failed = True
                     err.write(f"{node}: {line}\n")
                 continue
-            out.write(f"{node:<{node_width}} {label:<9} | {line}\n")
+            if as_json:
+                out.write(json.dumps({"node": node, "source": label, "line": line}) + "\n")
+            else:
+                out.write(f"{node:<{node_width}} {label:<9} | {line}\n")
             out.flush()
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -240,7 +246,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run_logs(inventory: Inventory, node_names: list[str], follow: bool, since: str | None,
-             tail: int | None, server: str | None = None) -> int:
+             tail: int | None, server: str | None = None, as_json: bool = False) -> int:
     from orchestrator.core.session import open_session
 
     nodes = [inventory.node(name) for name in node_names] if node_names else inventory.ordered_nodes()
@@ -255,7 +261,7 @@ def run_logs(inventory: Inventory, node_names: list[str], follow: bool, since: s
                    for s in sources_for(inventory, n, follow, since_time, tail, server)]
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
-            result = stream_logs(inventory, session.transports, sources, follow)
+            result = stream_logs(inventory, session.transports, sources, follow, as_json=as_json)
         finally:
             signal.signal(signal.SIGTERM, previous)
     return result if result != EXIT_OK else code

@@ -74,7 +74,8 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     own = {"files": files, "links": True, "ibdev2netdev": True,
            "containers": [inventory.container.name], "images": [inventory.container.image],
            "commands": commands, "timeout": 40}
-    return merge_requests([own, container_step.facts(inventory, node)])
+    from orchestrator.checks.status_memory import facts_request
+    return merge_requests([own, container_step.facts(inventory, node), facts_request()])
 
 
 PROCESS_WORDS = ["mpirun", "trtllm", "orted", "vllm"]
@@ -115,8 +116,15 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
                 errors[name] = value
             else:
                 facts[name] = value
-    result = assess(inventory, facts, errors)
-    result["servers"] = server_list(inventory, facts, result.get("server"))
+        result = assess(inventory, facts, errors)
+        result["servers"] = server_list(inventory, facts, result.get("server"))
+        from orchestrator.checks.status_memory import attach_metrics
+
+        def run_on(node: str, command: str) -> tuple[int, str]:
+            done = session.transports[node].run(command, timeout=15, display="GET /metrics")
+            return done.exit_status, done.stdout
+
+        attach_metrics([s for s in result["servers"] if s.get("node") in session.transports], run_on)
     from orchestrator.phases.boot_units import persistence
 
     units = {name: node.get("boot_units") or {} for name, node in result["nodes"].items()}
@@ -144,6 +152,9 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
             }
     _compare_digests(nodes)
     _compare_setup(nodes)
+    from orchestrator.checks.status_memory import node_memory
+    for name, node_facts in facts.items():
+        nodes[name]["memory"] = node_memory(node_facts)
     head = inventory.head_name
     processes = {name: server_processes(node_facts) for name, node_facts in facts.items()}
     server = assess_server(inventory, facts.get(head), nodes[head], dead_ranks(processes),

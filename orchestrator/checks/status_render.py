@@ -37,6 +37,7 @@ def _styled(value: str) -> str:
 def render_status(status: dict[str, Any]) -> None:
     from rich.markup import escape
 
+    from orchestrator.checks.status_memory import memory_text
     from orchestrator.core.output import console, print_table
 
     out = console()
@@ -44,7 +45,7 @@ def render_status(status: dict[str, Any]) -> None:
     for name, node in status["nodes"].items():
         label = f"{name} ({node['role']})"
         if not node["reachable"]:
-            rows.append([label, _styled("unreachable"), "-", "-"])
+            rows.append([label, _styled("unreachable"), "-", "-", "-"])
             continue
         fabric = []
         for iface, link in node["network"]["interfaces"].items():
@@ -54,9 +55,10 @@ def render_status(status: dict[str, Any]) -> None:
         if not node["network"]["configured"]:
             fabric.append("[dim]not configured by sparkctl[/]")
         rows.append([label, _styled(node["state"]), "\n".join(fabric),
-                     _container_cell(node["container"])])
+                     _container_cell(node["container"]),
+                     escape(memory_text(node.get("memory") or {}))])
     print_table(f"sparkctl status: {status['cluster']} ({_styled(status['state'])})",
-                ("node", "state", "fabric", "container"), rows)
+                ("node", "state", "fabric", "container", "memory"), rows)
     server = status.get("server")
     if server is None and status.get("server_unknown"):
         out.print(f"server: unknown: {escape(status['server_unknown'])}")

@@ -56,7 +56,9 @@ SUMMARIES = {
     "logs": "Server and container logs of every node, interleaved.",
     "down": "Stop the server and containers; with --network also remove the fabric config.",
     "recipes": "List built-in recipes, or show one with its memory estimate.",
+    "advise": "Which layout serves a recipe fastest on N Sparks: predicted, or measured.",
     "doctor": "Diagnose the controller's setup: `doctor ssh` shows how each node is reached.",
+    "init": "Write an inventory for your Sparks: finds the cabled fabric port on every node.",
 }
 
 # Commands other distributions add through the "sparkctl.plugins" entry point group.
@@ -79,8 +81,10 @@ LAZY = {
     "status": "orchestrator.cli.status:status",
     "logs": "orchestrator.cli.status:logs",
     "down": "orchestrator.cli.status:down",
-    "recipes": "orchestrator.cli.launch:recipes",
+    "recipes": "orchestrator.cli.recipes:recipes",
+    "advise": "orchestrator.cli.advise:advise",
     "doctor": "orchestrator.cli.doctor:doctor",
+    "init": "orchestrator.cli.init:init",
 }
 
 

@@ -13,6 +13,7 @@ import click
 
 from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
 from orchestrator.cli.bench_inputs import RUNS, TIMEOUT, check_outputs, int_list
+from orchestrator.cli.completion import complete_server
 
 
 def _note(line: str) -> None:
@@ -98,6 +99,34 @@ class Bench:
         return doc
 
 
+QUICK = {"tg": "32", "pp": "2048", "depth": "0", "concurrency": "1"}
+"""llama-benchy's default: one cell, pp2048 tg32, one request (x 3 runs)."""
+FULL = {"tg": "128,256", "pp": "2048", "depth": "0,16384", "concurrency": "1,4,8"}
+"""The seed blog's table: generation at 1, 4 and 8 requests, prefill at depth 0 and 16K."""
+
+
+def choose_cells(opts: dict[str, Any]) -> dict[str, str]:
+    """Each of tg/pp/depth/concurrency: the option given, else --full's, else the quick one."""
+    base = FULL if opts.pop("full") else QUICK
+    return {key: opts[key] if opts[key] is not None else base[key] for key in QUICK}
+
+
+def expectation(config: Any) -> str:
+    """What is about to run and roughly how long it takes, said before it starts."""
+    seconds = config.estimate_seconds()
+    span = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    return (f"{len(config.cells())} cell(s), {config.requests()} request(s): expect about {span} "
+            f"at a Spark's typical {config.PP_RATE:,} prompt and {config.TG_RATE} generated "
+            "tokens/s per request (Ctrl-C stops it, keeping what was measured)")
+
+
+def need_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise click.UsageError("plots need matplotlib: pip install 'dgx-sparkctl[bench]'") from None
+
+
 def _relaunch_cmd(recipe: str, inventory_path: str, timeout: float) -> list[str]:
     return [sys.executable, "-m", "orchestrator.cli", "launch", recipe, "--inventory",
             inventory_path, "--replace", "--yes", "--json", "--timeout", str(timeout)]
@@ -134,20 +163,25 @@ def relauncher(inventory_path: str, timeout: float) -> Any:
     return relaunch
 
 
-def _finish(doc: dict[str, Any], as_json: bool, save: str | None, plot_path: str | None) -> int:
+def _finish(doc: dict[str, Any], fmt: str, save: str | None, plot_path: str | None) -> int:
     """Print the results first, then --save, then --plot: a later step that fails (a full disk,
     a plotting error) costs only itself, never the measured figures."""
     import json
     import time
     from pathlib import Path
 
-    from orchestrator.checks import bench_render
+    from orchestrator.checks import bench_format, bench_render
     from orchestrator.core.report import print_json
 
-    if as_json:
+    sweep = doc.get("sweep")
+    if fmt == "json":
         print_json(doc)
-    elif "sweep" in doc:
-        bench_render.render_sweep(doc["sweep"])
+    elif fmt == "md":
+        click.echo(bench_format.sweep_markdown(sweep) if sweep else bench_format.markdown(doc), nl=False)
+    elif fmt == "csv":
+        click.echo(bench_format.sweep_csv(sweep) if sweep else bench_format.csv_text(doc), nl=False)
+    elif sweep:
+        bench_render.render_sweep(sweep)
     else:
         bench_render.render(doc)
     failed = kept = False
@@ -162,13 +196,14 @@ def _finish(doc: dict[str, Any], as_json: bool, save: str | None, plot_path: str
             failed = True
             _note(f"[bench] could not save {file}: {exc.strerror or exc}")
     if plot_path:
+        from orchestrator.checks.bench_plot import plot
+
         try:
-            bench_render.plot(doc, plot_path)
-            _note(f"[bench] plot written to {plot_path}")
+            _note(f"[bench] plot written to {', '.join(plot(doc, plot_path))}")
         except Exception as exc:  # matplotlib raises anything; the results are out already
             failed = True
             _note(f"[bench] could not draw {plot_path}: {exc}")
-    if failed and not as_json and not kept:
+    if failed and fmt != "json" and not kept:
         import tempfile
 
         # the table alone would lose the figures' JSON: keep it where a file can always be made
@@ -192,6 +227,8 @@ def _bench(opts: dict[str, Any]) -> int:
     config = BenchConfig(tg=opts["tg"], pp=opts["pp"], depth=opts["depth"],
                          concurrency=opts["concurrency"],
                          runs=opts["runs"], warmup=not opts["no_warmup"])
+    check_outputs(opts["save"], opts["plot"])  # before minutes of measuring, not after
+    _note(f"[bench] {expectation(config)}")
     inventory, inventory_path = load_inventory_option(opts["inventory_path"])
     with open_session(inventory, "bench", quiet=True) as session:
         bench = Bench(session, inventory, opts["server"])
@@ -200,7 +237,7 @@ def _bench(opts: dict[str, Any]) -> int:
                 doc = bench.measure(config, forward.local_port)
                 doc.update(command="bench", ok=not doc["interrupted"] and not any(
                     c["figures"]["error_count"] for c in doc["cells"]))
-                return _finish(doc, opts["as_json"], opts["save"], opts["plot"])
+                return _finish(doc, opts["format"], opts["save"], opts["plot"])
             from orchestrator.checks.bench_sweep import parse_sweep, run_sweep, write_variants
             from orchestrator.engines import load_recipe
 
@@ -218,19 +255,23 @@ def _bench(opts: dict[str, Any]) -> int:
             doc = {"command": "bench", "schema": "sparkctl-bench-sweep/1", "sweep": result,
                    "interrupted": result["interrupted"],
                    "ok": not result["error"] and result["restored"] and not result["interrupted"]}
-            return _finish(doc, opts["as_json"], opts["save"], opts["plot"])
+            return _finish(doc, opts["format"], opts["save"], opts["plot"])
 
 
 @click.group(context_settings=CONTEXT, invoke_without_command=True)
 @inventory_option
-@click.option("--server", metavar="NAME", help="Which server (its name or recipe; needed when several run).")
-@click.option("--tg", default="128,256", show_default=True,
-              help="Tokens to generate per request (1-65,536).")
-@click.option("--pp", default="2048", show_default=True, help="Prompt tokens per request (1-1,048,576).")
-@click.option("--depth", default="0,16384", show_default=True,
-              help="Context tokens before the prompt, a system message (0-1,048,576).")
-@click.option("--concurrency", "-c", default="1,4,8", show_default=True,
-              help="Simultaneous requests (1-256).")
+@click.option("--server", metavar="NAME", help="Which server (its name or recipe; needed when several run).",
+              shell_complete=complete_server)
+@click.option("--tg", metavar="N[,N]",
+              help="Tokens to generate per request, 1-65,536 (quick: 32; --full: 128,256).")
+@click.option("--pp", metavar="N[,N]", help="Prompt tokens per request, 1-1,048,576 (default 2048).")
+@click.option("--depth", metavar="N[,N]",
+              help="Context tokens before the prompt, a system message, 0-1,048,576 (quick: 0; "
+                   "--full: 0,16384).")
+@click.option("--concurrency", "-c", metavar="N[,N]",
+              help="Simultaneous requests, 1-256 (quick: 1; --full: 1,4,8).")
+@click.option("--full", is_flag=True,
+              help="The full table: tg128,256 x c1,4,8, pp2048 at depth 0 and 16384 (many minutes).")
 @click.option("--runs", type=RUNS, default=3, show_default=True,
               help="Measured batches per cell (mean and std over them).")
 @click.option("--no-warmup", is_flag=True, help="Skip the discarded warmup batch of each cell.")
@@ -242,62 +283,113 @@ def _bench(opts: dict[str, Any]) -> int:
 @click.option("--timeout", type=TIMEOUT, default=1800.0, show_default=True,
               help="With --sweep: seconds each relaunch may take.")
 @json_option
+@click.option("--format", "fmt", type=click.Choice(["table", "md", "csv", "json"]), default="table",
+              show_default=True,
+              help="md: llama-benchy's markdown table (mean ± std); csv; json (= --json).")
 @click.option("--save", metavar="DIR", help="Keep the results as DIR/bench-<time>.json.")
-@click.option("--plot", metavar="FILE.png", help="Draw throughput vs concurrency (needs matplotlib).")
+@click.option("--plot", metavar="FILE.png",
+              help="Draw the results: generation per depth, prefill, TTFT (needs matplotlib).")
 @click.pass_context
 def bench(ctx: click.Context, **opts: Any) -> None:
     """Measure the running server like llama-benchy: tg and pp throughput, TTFT, peak,
     speculative acceptance, with every node's GPU state. Through SSH, as `chat`.
 
     \b
-      sparkctl bench                                  # tg128,256 x c1,4,8; pp2048 @ d0,16K
-      sparkctl bench --tg 64 -c 1,2 --depth 0 --runs 1 --json
+      sparkctl bench                          # quick: pp2048 tg32, 1 request, 3 runs
+      sparkctl bench --full --format md       # tg128,256 x c1,4,8; pp2048 @ d0,16K
+      sparkctl bench --pp 512 --tg 32 --depth 0,1024 --format md   # paste-ready table
       sparkctl bench --sweep speculative.max_draft_len=1,2,3,4,8 --plot sweep.png
-      sparkctl bench compare before.json after.json
+      sparkctl bench compare before.json after.json --plot both.png
+      sparkctl bench plot saved.json [other.json...] -o runs.png
     Ctrl-C stops the benchmark (never the server) and exits 130. See docs/bench.md.
     """
     if ctx.invoked_subcommand is not None:
         return
-    for key in ("tg", "pp", "depth", "concurrency"):
-        opts[key] = int_list(key, opts[key])
+    for key, value in choose_cells(opts).items():
+        opts[key] = int_list(key, value)
+    opts["format"] = "json" if opts.pop("as_json") else opts.pop("fmt")
     if opts["plot"]:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise click.UsageError("--plot needs matplotlib: pip install 'dgx-sparkctl[bench]'") from None
-    check_outputs(opts["save"], opts["plot"])
+        need_matplotlib()
     run_command(lambda: _bench(opts))
+
+
+def load_saved(path: str) -> dict[str, Any]:
+    """A saved result (bench --save, --json, --format json): a run or a sweep."""
+    import json
+    from pathlib import Path
+
+    from orchestrator.errors import InputError
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not JSON (a bench result is): {exc}") from None
+    if not isinstance(doc, dict) or ("cells" not in doc and "sweep" not in doc):
+        raise InputError(f"{path}: not a `sparkctl bench` result (no cells)")
+    return doc
 
 
 @bench.command("compare")
 @click.argument("first", type=click.Path(exists=True, dir_okay=False))
 @click.argument("second", type=click.Path(exists=True, dir_okay=False))
 @json_option
-def compare(first: str, second: str, as_json: bool) -> None:
+@click.option("--plot", metavar="FILE.png", help="Also draw both runs on the same panels.")
+def compare(first: str, second: str, as_json: bool, plot: str | None) -> None:
     """Two saved runs (bench --save / --json) side by side, with B/A ratios."""
-    def body() -> int:
-        import json
-        from pathlib import Path
+    if plot:
+        need_matplotlib()
 
+    def body() -> int:
         from orchestrator.checks.bench_render import compare_rows, render_compare
         from orchestrator.core.report import print_json
         from orchestrator.errors import InputError
 
-        docs = []
-        for path in (first, second):
-            try:
-                doc = json.loads(Path(path).read_text())
-            except ValueError as exc:
-                raise InputError(f"{path}: not JSON: {exc}") from None
+        docs = [load_saved(path) for path in (first, second)]
+        for path, doc in zip((first, second), docs, strict=True):
             if "cells" not in doc:
-                raise InputError(f"{path}: not a `sparkctl bench` result (no cells)")
-            docs.append(doc)
+                raise InputError(f"{path}: a sweep; compare two runs (or `bench plot` it)")
+        if plot:
+            from orchestrator.checks.bench_plot import check_plot_path, plot_runs
+
+            check_plot_path(plot)
+            plot_runs([("A", docs[0]), ("B", docs[1])], plot)
+            _note(f"[bench] plot written to {plot}")
         if as_json:
             rows = compare_rows(docs[0], docs[1])
             print_json({"command": "bench compare", "a": first, "b": second, "rows": [
                 dict(zip(("cell", "figure", "a", "b", "ratio"), r, strict=True)) for r in rows]})
         else:
             render_compare(docs[0], docs[1], (first, second))
+        return 0
+
+    run_command(body)
+
+
+@bench.command("plot")
+@click.argument("saved", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--output", "-o", default="bench.png", show_default=True, metavar="FILE.png",
+              help="The picture to write (.png, .svg or .pdf).")
+def plot_saved(saved: tuple[str, ...], output: str) -> None:
+    """Plot saved runs (bench --save / --json): one run, several on the same panels, or a sweep."""
+    need_matplotlib()
+
+    def body() -> int:
+        from pathlib import Path
+
+        from orchestrator.checks.bench_plot import check_plot_path, plot, plot_runs
+
+        check_plot_path(output)
+        docs = [load_saved(path) for path in saved]
+        if len(docs) == 1:
+            written = plot(docs[0], output)
+        elif any("sweep" in doc for doc in docs):
+            from orchestrator.errors import InputError
+
+            raise InputError("bench plot: a sweep is plotted alone (one file)")
+        else:
+            plot_runs([(Path(path).stem, doc) for path, doc in zip(saved, docs, strict=True)], output)
+            written = [output]
+        _note(f"[bench] plot written to {', '.join(written)}")
         return 0
 
     run_command(body)

@@ -25,8 +25,6 @@ MAX_VALUES = 16
 """Values per option: the cells multiply, 16^4 of them would run for days."""
 RUNS = click.IntRange(1, 100)
 TIMEOUT = click.FloatRange(1, 86_400)
-PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "jpg", "jpeg", "tif", "tiff", "webp", "eps", "ps")
-"""What matplotlib's Agg backend writes, by the file's extension."""
 
 
 def int_list(option: str, text: str) -> list[int]:
@@ -65,26 +63,17 @@ def _writable_dir(path: Path) -> str | None:
 
 
 def check_outputs(save: str | None, plot: str | None) -> None:
-    """Refuse (exit 2) a --save DIR or --plot FILE that could not be written, before measuring."""
+    """Refuse (exit 2) a --save DIR or --plot FILE (checks/bench_plot.py) that could not be
+    written, before measuring."""
     if save:
         folder = Path(save).expanduser()
         why = (f"{folder} is not a directory" if folder.exists() and not folder.is_dir()
                else _writable_dir(folder))
         if why:
-            raise click.BadParameter(f"{save}: {why}", param_hint="--save")
+            from orchestrator.errors import InputError
+
+            raise InputError(f"--save {save}: {why}")
     if plot:
-        file = Path(plot).expanduser()
-        suffix = file.suffix.lower().lstrip(".")
-        if suffix and suffix not in PLOT_FORMATS:
-            raise click.BadParameter(f"{plot}: .{suffix} is not an image format matplotlib writes "
-                                     f"({', '.join(PLOT_FORMATS)})", param_hint="--plot")
-        if file.is_dir():
-            problem: str | None = f"{file} is a directory"
-        elif file.exists():
-            problem = None if os.access(file, os.W_OK) else f"{file} is not writable"
-        elif not file.parent.is_dir():
-            problem = f"{file.parent} does not exist"
-        else:
-            problem = _writable_dir(file.parent)
-        if problem:
-            raise click.BadParameter(f"{plot}: {problem}", param_hint="--plot")
+        from orchestrator.checks.bench_plot import check_plot_path
+
+        check_plot_path(plot)

@@ -1,4 +1,5 @@
-"""`sparkctl launch`, `chat`, `tunnel` and `recipes`: thin wrappers over recipe.py and steps/."""
+"""`sparkctl launch`, `chat` and `tunnel`: thin wrappers over recipe.py and steps/ (`recipes`:
+cli/recipes.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 import click
 
 from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
+from orchestrator.cli.completion import complete_recipe, complete_server
+from orchestrator.cli.verbosity import verbosity_option
 
 DEFAULT_TOKEN_FILE = "~/.cache/huggingface/token"
 
@@ -68,15 +71,18 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             ignore_memory: bool, guard_min_available_gb: float | None = None,
             placed: tuple[str, ...] = (), name: str | None = None, port: int | None = None,
             no_drop_caches: bool = False, persist: bool = False,
-            distribute_image: bool = False, verify_models: bool = False) -> int:
+            distribute_image: bool = False, api_key_file: str | None = None,
+            verify_models: bool = False) -> int:
+    from orchestrator.cli.api_key import check_bind
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan
     from orchestrator.engines import check_against_inventory, engine_of, load_recipe
-    from orchestrator.engines.base import DEFAULT_HOST, LaunchOptions
+    from orchestrator.engines.base import LaunchOptions
     from orchestrator.errors import InputError
 
     recipe = load_recipe(recipe_name)
     engine = engine_of(recipe)
+    check_bind(host, api_key_file, engine.name, engine.title)  # before anything else happens
     inventory, _ = load_inventory_option(inventory_path)
     recipe = _placed(recipe, engine, placed, name, port)
     check_against_inventory(recipe, inventory)
@@ -87,9 +93,6 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
                          "--ignore-memory launches it anyway")
     for warning in engine.warnings(recipe):
         _note(f"warning: {warning}")
-    if host != DEFAULT_HOST:
-        _note(f"warning: the server will listen on {host}:{recipe.port}; {engine.title}'s server "
-              "has no API key here, so anyone who reaches that address can use it")
     token = read_hf_token(hf_token_file)
     options = LaunchOptions(host=host, replace=replace, drop_caches=drop_caches, timeout=timeout,
                             guard_min_available_gb=guard_min_available_gb,
@@ -148,7 +151,7 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("recipe_name", metavar="RECIPE")
+@click.argument("recipe_name", metavar="RECIPE", shell_complete=complete_recipe)
 @inventory_option
 @click.option("--dry-run", is_flag=True, help="Show the plan and the memory estimate; change nothing.")
 @diff_option
@@ -158,7 +161,10 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
               help="Seconds to wait for the server to answer before stopping it.")
 @click.option("--replace", is_flag=True, help="Replace a server running a different recipe.")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address the server binds on its node (no API key: keep localhost).")
+              help="Address the server binds on its node; beyond loopback needs --api-key-file.")
+@click.option("--api-key-file", metavar="FILE",
+              help="The server's API key (mode 0600, one line; never on argv): required with a "
+                   "--host other than loopback.")
 @click.option("--drop-caches/--no-drop-caches", default=True, show_default=True,
               help="Drop the page cache on the serving nodes before a cold start (unified "
                    "memory); --drop-caches is the default and kept for compatibility.")
@@ -190,12 +196,13 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
               help="Hash every model file again on every serving node (ignoring the hash cache, "
                    "which trusts size and mtime) against the head's manifest; a node whose files "
                    "differ gets them sent again. Reads every byte: minutes for a large model.")
+@verbosity_option
 def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
            timeout: float, replace: bool, host: str, drop_caches: bool,
            hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
            ignore_memory: bool, guard_min_available_gb: float | None, placed: tuple[str, ...],
            name: str | None, port: int | None, persist: bool, distribute_image: bool,
-           verify_models: bool) -> None:
+           api_key_file: str | None, verify_models: bool) -> None:
     """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
 
     \b
@@ -216,7 +223,8 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
     run_command(lambda: _launch(recipe_name, inventory_path, dry_run, yes, as_json, timeout,
                                 replace, host, drop_caches, hf_token_file, trust_new_hosts,
                                 break_lock, ignore_memory, guard_min_available_gb, placed, name,
-                                port, not drop_caches, persist, distribute_image, verify_models))
+                                port, not drop_caches, persist, distribute_image, api_key_file,
+                                verify_models))
 
 
 def _server_on_head(inventory_path: str | None, command: str) -> Any:
@@ -299,7 +307,8 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
 @inventory_option
 @click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
 @json_option
-@click.option("--server", "name", metavar="NAME", help="Which server (needed when several run).")
+@click.option("--server", "name", metavar="NAME", help="Which server (needed when several run).",
+              shell_complete=complete_server)
 def chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_json: bool,
          name: str | None) -> None:
     """Send one chat completion to the running server, through SSH to the head.
@@ -309,7 +318,8 @@ def chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_jso
     run_command(lambda: _chat(prompt, inventory_path, max_tokens, as_json, name))
 
 
-def _tunnel(inventory_path: str | None, local_port: int | None, name: str | None = None) -> int:
+def _tunnel(inventory_path: str | None, local_port: int | None, name: str | None = None,
+            as_json: bool = False) -> int:
     import threading
 
     from orchestrator.remote.tunnel import Forwarder
@@ -324,6 +334,14 @@ def _tunnel(inventory_path: str | None, local_port: int | None, name: str | None
             click.echo(f"Forwarding {url} -> {node} 127.0.0.1:{port} "
                        f"({server['model']}). OpenAI clients: base_url={url}/v1. Ctrl-C to stop.",
                        err=True)
+            if as_json:  # one line, once the forward listens: scripts read where to connect
+                import json
+
+                click.echo(json.dumps({"command": "tunnel", "ok": True, "url": url,
+                                       "base_url": f"{url}/v1", "local_port": forward.local_port,
+                                       "node": node, "port": port, "model": server["model"],
+                                       "server": server.get("name")}))
+                sys.stdout.flush()
             try:
                 threading.Event().wait()
             except KeyboardInterrupt:
@@ -336,63 +354,13 @@ def _tunnel(inventory_path: str | None, local_port: int | None, name: str | None
 @inventory_option
 @click.option("--local-port", type=click.IntRange(0, 65535), default=None,
               help="Local port (127.0.0.1 only); default: the server's port; 0 picks a free one.")
-@click.option("--server", "name", metavar="NAME", help="Which server (needed when several run).")
-def tunnel(inventory_path: str | None, local_port: int | None, name: str | None) -> None:
-    """Forward a local port to a server on its node until Ctrl-C (for other clients)."""
-    run_command(lambda: _tunnel(inventory_path, local_port, name))
-
-
-@click.group(context_settings=CONTEXT, invoke_without_command=True)
-@click.pass_context
-def recipes(ctx: click.Context) -> None:
-    """List built-in recipes, or show one (name or file) with its memory estimate."""
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(list_recipes)
-
-
-@recipes.command("list")
-def list_recipes() -> None:
-    """The built-in recipes, one a line."""
-    def body() -> int:
-        from orchestrator.engines import builtin_names, engine_of, load_recipe
-
-        for name in builtin_names():
-            recipe = load_recipe(name)
-            engine = engine_of(recipe)
-            spec = getattr(recipe, "speculative", None)
-            drafting = f"{spec.decoding_type} {spec.max_draft_len}" if spec else "no draft"
-            fits = "fits" if engine.estimate_memory(recipe).fits else "DOES NOT FIT"
-            click.echo(f"{name:18} {engine.name:7} {recipe.model:38} nodes {recipe.node_count}  "
-                       f"{drafting:12} port {recipe.port}  {fits}")
-        return 0
-
-    run_command(body)
-
-
-@recipes.command("show")
-@click.argument("name")
+@click.option("--server", "name", metavar="NAME", help="Which server (needed when several run).",
+              shell_complete=complete_server)
 @json_option
-def show_recipe(name: str, as_json: bool) -> None:
-    """A recipe, its engine's generated config, its serve command and its memory estimate."""
-    def body() -> int:
-        import yaml
+def tunnel(inventory_path: str | None, local_port: int | None, name: str | None,
+           as_json: bool) -> None:
+    """Forward a local port to a server on its node until Ctrl-C (for other clients).
 
-        from orchestrator.core.report import print_json
-        from orchestrator.engines import engine_of, load_recipe
-
-        recipe = load_recipe(name)
-        engine = engine_of(recipe)
-        estimate = engine.estimate_memory(recipe)
-        if as_json:
-            print_json({"recipe": recipe.model_dump(mode="json"), "engine": engine.name,
-                        "memory": estimate.model_dump(mode="json"), **engine.config_preview(recipe)})
-            return 0
-        click.echo(f"# {recipe.source}")
-        click.echo(yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
-        for title, text in engine.describe(recipe):
-            click.echo(f"# {title}:")
-            click.echo(text)
-        click.echo(f"\n# memory: {estimate.explanation}")
-        return 0 if estimate.fits else 1
-
-    run_command(body)
+    --json prints one line once the forward listens: {"url", "base_url", "local_port", "node",
+    "port", "model", "server"}."""
+    run_command(lambda: _tunnel(inventory_path, local_port, name, as_json))

@@ -218,9 +218,13 @@ def _netcheck(inventory_path: str | None, as_json: bool, deep: bool, verbose: bo
         results = run_netcheck(session, deep)
     seconds = time.monotonic() - started
     ok = all(r.status != "fail" for r in results)
+    doc = {"command": "netcheck", "ok": ok, "seconds": round(seconds, 3), "deep": deep,
+           "checks": [r.to_json() for r in results]}
+    from orchestrator.advise.fabric import save_last
+
+    save_last(doc, inventory)  # `sparkctl advise` predicts with the measured fabric
     if as_json:
-        print_json({"command": "netcheck", "ok": ok, "seconds": round(seconds, 3), "deep": deep,
-                    "checks": [r.to_json() for r in results]})
+        print_json(doc)
     else:
         render(results, seconds, verbose)
     return 0 if ok else 1

@@ -7,9 +7,12 @@ from typing import Any
 import click
 
 from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
+from orchestrator.cli.completion import complete_server
+from orchestrator.cli.verbosity import verbosity_option
 
 
-def _status(inventory_path: str | None, as_json: bool, deep: bool = False) -> int:
+def _status(inventory_path: str | None, as_json: bool, one_line: bool = False,
+            deep: bool = False) -> int:
     from orchestrator.checks.status import gather_status
     from orchestrator.checks.status_render import render_status
     from orchestrator.core.report import print_json
@@ -21,7 +24,11 @@ def _status(inventory_path: str | None, as_json: bool, deep: bool = False) -> in
         from orchestrator.checks.status_models import verify_served_models
 
         verify_served_models(inventory, result)
-    if as_json:
+    if as_json and one_line:  # status --watch --json: JSON lines
+        import json
+
+        click.echo(json.dumps(result))
+    elif as_json:
         print_json(result)
     else:
         render_status(result)
@@ -30,33 +37,52 @@ def _status(inventory_path: str | None, as_json: bool, deep: bool = False) -> in
 
 
 def _render_servers(found: list[dict[str, object]]) -> None:
+    from orchestrator.checks.status_memory import metrics_text
+    from orchestrator.core.output import console
+
     if not found:
         return
-    click.echo("\nservers:")
+    out = console()
+    out.print("\nservers:", markup=False)
     for s in found:
         listed = s.get("nodes")
         nodes = ",".join(map(str, listed)) if isinstance(listed, list) else s.get("node")
-        click.echo(f"  {s['name']!s:20} {s['engine']!s:7} {nodes!s:16} 127.0.0.1:{s['port']!s:6} "
-                   f"{s['state']!s:13} {s['model']}" + ("  (persistent)" if s.get("persistent") else ""))
+        out.print(f"  {s['name']!s:20} {s['engine']!s:7} {nodes!s:16} 127.0.0.1:{s['port']!s:6} "
+                  f"{s['state']!s:13} {s['model']}" + ("  (persistent)" if s.get("persistent") else ""),
+                  markup=False)
+        figures = metrics_text(s.get("metrics"))  # type: ignore[arg-type]
+        if figures:
+            out.print(f"  {'':20} {figures}", markup=False)
 
 
 @click.command(context_settings=CONTEXT)
 @inventory_option
 @json_option
+@click.option("--watch", "-w", type=click.FloatRange(min=1), is_flag=False, flag_value=5.0,
+              default=None, metavar="[SECONDS]",
+              help="Look again every SECONDS (default 5), redrawn in place on a terminal "
+                   "(with --json: one object per line). Ctrl-C ends it.")
 @click.option("--deep", is_flag=True,
               help="Also hash every model file of the running servers again on their nodes "
                    "(ignoring the hash cache) against the head's; reads every byte.")
-def status(inventory_path: str | None, as_json: bool, deep: bool) -> None:
+def status(inventory_path: str | None, as_json: bool, watch: float | None, deep: bool) -> None:
     """What runs on each node, and whether it is healthy (read from the nodes, not a cache).
 
     \b
     Per node: reachable, fabric links and addresses, the container (image digest, uptime,
-    whether its configuration is current), and the server on the head (recipe, model,
-    health probed on the head's 127.0.0.1, endpoint, uptime).
+    whether its configuration is current), memory (MemAvailable, GPU memory and utilisation
+    where known, the memory guard's threshold), and the servers (recipe, model, health
+    probed on their node's 127.0.0.1, the engine's own /metrics: requests running and
+    waiting, KV cache, speculative acceptance).
     Exit 0: every node answered and nothing is unhealthy (a cluster not set up is fine).
     Exit 1: a node is unreachable, or something is unhealthy (listed under the table).
     """
-    run_command(lambda: _status(inventory_path, as_json, deep))
+    if watch is not None:
+        from orchestrator.cli.status_watch import watch_status
+
+        run_command(lambda: watch_status(lambda: _status(inventory_path, as_json, one_line=True,
+                                                         deep=deep), watch, as_json))
+    run_command(lambda: _status(inventory_path, as_json, deep=deep))
 
 
 def _tail_value(text: str) -> int | None:
@@ -70,13 +96,14 @@ def _tail_value(text: str) -> int | None:
 
 
 def _logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since: str | None,
-          tail: str, server: str | None = None) -> int:
+          tail: str, server: str | None = None, as_json: bool = False) -> int:
     from orchestrator.checks.logs import run_logs
     from orchestrator.core.runner import load_inventory_option
 
     inventory, _ = load_inventory_option(inventory_path)
-    extra = (server,) if server else ()  # one server's containers only
-    return run_logs(inventory, list(nodes), follow, since, _tail_value(tail), *extra)
+    # server: one server's containers only
+    return run_logs(inventory, list(nodes), follow, since, _tail_value(tail), server or None,
+                    as_json=as_json)
 
 
 @click.command(context_settings=CONTEXT)
@@ -87,9 +114,12 @@ def _logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, sinc
 @click.option("--since", metavar="T", help="Only lines since T: 30s, 10m, 2h, 1d, an ISO or Unix time.")
 @click.option("--tail", default="100", show_default=True, metavar="N",
               help="Lines from the end of each log to start with ('all' for everything).")
-@click.option("--server", metavar="NAME", help="Only this server's containers (SGLang servers).")
+@click.option("--server", metavar="NAME", shell_complete=complete_server,
+              help="Only this server's containers (SGLang servers).")
+@click.option("--json", "as_json", is_flag=True,
+              help='JSON lines on stdout: {"node", "source", "line"} per log line.')
 def logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since: str | None,
-         tail: str, server: str | None) -> None:
+         tail: str, server: str | None, as_json: bool) -> None:
     """Container, server and rank logs of every node, interleaved, prefixed with node and source.
 
     \b
@@ -98,7 +128,7 @@ def logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since
     --follow streams from every node at once; Ctrl-C stops it (exit 130) and leaves nothing
     running on the nodes.
     """
-    run_command(lambda: _logs(inventory_path, nodes, follow, since, tail, server))
+    run_command(lambda: _logs(inventory_path, nodes, follow, since, tail, server, as_json))
 
 
 def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,
@@ -182,12 +212,13 @@ def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_js
 @json_option
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
 @click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
-@click.option("--server", metavar="NAME",
+@click.option("--server", metavar="NAME", shell_complete=complete_server,
               help="Stop only this server (its containers and record); nothing else is removed.")
 @click.option("--oom-guard", is_flag=True,
               help="Remove only what `up --oom-guard` set up (plain down removes it too).")
 @click.option("--keep-logs", is_flag=True,
               help="Keep launch --persist's boot logs (/var/log/sparkctl/boot-*.log).")
+@verbosity_option
 def down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,
          trust_new_hosts: bool, break_lock: bool, server: str | None, oom_guard: bool,
          keep_logs: bool) -> None:

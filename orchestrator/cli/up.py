@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
+from orchestrator.cli.verbosity import verbosity_option
 
 
 def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
@@ -47,6 +48,7 @@ def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
                    "over the fabric (docker save | docker load, verified by image ID and "
                    "digest). Without it, this happens only for nodes that cannot reach the "
                    "registry (probed in preflight, before pulling) or whose pull fails.")
+@verbosity_option
 def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
        trust_new_hosts: bool, break_lock: bool, verify: bool, oom_guard: bool,
        distribute_image: bool) -> None:
@@ -75,6 +77,7 @@ def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
 @diff_option
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
 @click.option("--oom-guard", is_flag=True, help="Include what `up --oom-guard` would change.")
+@verbosity_option
 def plan(inventory_path: str | None, as_json: bool, trust_new_hosts: bool, oom_guard: bool) -> None:
     """Show what `up` would change, without changing anything (= up --dry-run).
 

@@ -11,7 +11,8 @@ Every command renders through `console()` and `print_table()` so this rule lives
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -21,14 +22,20 @@ WIDE = 100_000
 """Line width off a terminal: nothing is folded or wrapped."""
 
 
+_CAPTURE: list[Console] = []
+"""While `captured()` runs: the console renderings print into (status --watch redraws it)."""
+
+
 def on_terminal() -> bool:
-    return sys.stdout.isatty()
+    return bool(_CAPTURE) or sys.stdout.isatty()
 
 
 def console() -> Console:
     """The console every human-readable rendering prints through."""
     from rich.console import Console
 
+    if _CAPTURE:
+        return _CAPTURE[-1]
     if on_terminal():
         return Console(highlight=False)
     return Console(highlight=False, color_system=None, soft_wrap=True, width=WIDE,
@@ -70,6 +77,21 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
         out.print("  ".join([*padded, tail]).rstrip(), markup=False)
 
 
+@contextmanager
+def captured(width: int) -> Iterator[Console]:
+    """Renderings inside go to a terminal-like console in memory (colours, tables at `width`);
+    its text is `.file.getvalue()` (ANSI), for a caller that draws it itself (rich Live)."""
+    import io
+
+    from rich.console import Console
+
+    _CAPTURE.append(Console(file=io.StringIO(), force_terminal=True, width=width, highlight=False))
+    try:
+        yield _CAPTURE[-1]
+    finally:
+        _CAPTURE.pop()
+
+
 FULL_DIFF = "sparkctl.full_diff"
 """Key in click's context meta set by the `--diff` option (cli/__init__.py diff_option)."""
 
@@ -80,3 +102,20 @@ def full_diff_requested() -> bool:
 
     context = click.get_current_context(silent=True)
     return bool(context is not None and context.meta.get(FULL_DIFF))
+
+
+VERBOSITY = "sparkctl.verbosity"
+"""Key in click's context meta set by -v / -q (cli/__init__.py verbosity_option)."""
+
+
+def verbosity() -> int:
+    """1 or more with -v (or SPARKCTL_VERBOSE=1), -1 or less with -q, else 0."""
+    import os
+
+    import click
+
+    context = click.get_current_context(silent=True)
+    level = int(context.meta.get(VERBOSITY, 0)) if context is not None else 0
+    if level == 0 and os.environ.get("SPARKCTL_VERBOSE") == "1":
+        return 1
+    return level

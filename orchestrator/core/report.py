@@ -197,8 +197,10 @@ def render_report(report: Report, diffs: DiffMode = "none", verbose: bool = Fals
             if host.error:
                 out.print(f"failed {node} connect: {host.error}", markup=False)
         for node, step in rows:
-            if step.status == "failed":
-                out.print(f"failed {node} {step.phase}/{step.step}: {step.message}", markup=False)
+            # -v: every row, also those the stream left out (the summary's "-v lists them")
+            if step.status == "failed" or verbose:
+                out.print(f"{step.status} {node} {step.phase}/{step.step}: {step.message}",
+                          markup=False)
     if diffs != "none":
         found = diff_text.step_diffs(
             (node, [(f"{s.phase}/{s.step}", s.diff) for s in host.steps])

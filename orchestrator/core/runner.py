@@ -16,7 +16,7 @@ import click
 
 from orchestrator.core.executor import Interrupted
 from orchestrator.core.lock import ClusterLock
-from orchestrator.core.output import full_diff_requested
+from orchestrator.core.output import full_diff_requested, verbosity
 from orchestrator.core.report import DiffMode, Report, print_json, render_report
 from orchestrator.core.session import Session, open_session, run_plan
 from orchestrator.core.step import Plan, RunOptions
@@ -111,7 +111,7 @@ def execute(request: RunRequest) -> int:
     check_named_cluster(request)
     run_log = start_run_log(request.command)
     with open_session(request.inventory, request.command, trust_new_hosts=request.trust_new_hosts,
-                      quiet=False) as session:
+                      quiet=verbosity() < 0) as session:
         if session.unreachable and request.require_all_nodes:
             session.report.notes.append(
                 "Nothing was changed: every node must be reachable for "
@@ -208,7 +208,7 @@ def _finish(request: RunRequest, report: Report, run_log: Path | None,
     if request.as_json:
         print_json(report.to_json())
     else:
-        render_report(report, diffs=diffs, verbose=os.environ.get("SPARKCTL_VERBOSE") == "1")
+        render_report(report, diffs=diffs, verbose=verbosity() > 0)
         if run_log is not None and not report.ok:
             click.echo(f"Run log: {run_log}", err=True)
     return report.exit_code

@@ -89,6 +89,20 @@ def test_bench_json_reports_every_figure_and_matches_the_model(served: Lab) -> N
     assert c2["figures"]["tg_req_throughput"]["mean"] < measured
 
 
+def test_bench_md_is_llama_benchys_table_at_every_depth(served: Lab) -> None:
+    result = sparkctl("bench", "--inventory", str(served.inventory), "--format", "md", "--pp", "512",
+                      "--tg", "32", "--depth", "0,1024", "-c", "1", "--runs", "2", "--no-warmup")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 cell(s), 4 request(s): expect about" in result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "| model | test | t/s | ttfr (ms) | est_ppt (ms) | e2e_ttft (ms) |"
+    rows = {line.split(" | ")[1]: line.split(" | ")[2:] for line in lines[2:] if line.startswith("| ")}
+    assert list(rows) == ["pp512", "tg32", "pp512 @ d1024", "tg32 @ d1024"]
+    for test, values in rows.items():
+        assert " ± " in values[0], (test, values)
+        assert (" ± " in values[1]) == test.startswith("pp"), (test, values)  # latency on pp rows
+
+
 def test_sweep_relaunches_finds_a_best_below_the_largest_and_restores(served: Lab, tmp_path: Path) -> None:
     original = server_json(served)["config_hash"]
     plot = tmp_path / "sweep.png"

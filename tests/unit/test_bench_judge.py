@@ -248,13 +248,15 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from PIL import Image
 
+    from orchestrator.checks import bench_plot
+
     path = tmp_path / "bench.png"
-    bench_render.plot(fake_doc(20.0), str(path))
-    assert path.stat().st_size > 0
-    with Image.open(path) as image:
-        assert image.format == "PNG" and image.size == (700, 450)
+    assert bench_plot.plot(fake_doc(20.0), str(path)) == [str(path)]
+    with Image.open(path) as image:  # one depth: generation, prefill, TTFT side by side
+        assert image.format == "PNG" and image.size == (1560, 420)
     runs = [{**fake_doc(10.0 * v), "value": v} for v in (1, 2, 4)]
     sweep = {"sweep": {"key": "speculative.max_draft_len", "runs": runs, "best": 4}}
-    bench_render.plot(sweep, str(tmp_path / "sweep.png"))
-    with Image.open(tmp_path / "sweep.png") as image:
-        assert image.size == (1200, 450)
+    written = bench_plot.plot(sweep, str(tmp_path / "sweep.png"))
+    assert written == [str(tmp_path / "sweep.png"), str(tmp_path / "sweep-sweep.png")]
+    with Image.open(tmp_path / "sweep-sweep.png") as image:
+        assert image.size == (700, 420)

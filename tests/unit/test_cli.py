@@ -134,8 +134,9 @@ def test_status_prints_json_and_exits_on_health(inv: str, monkeypatch: pytest.Mo
 def test_logs_checks_tail_and_passes_the_options_on(inv: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, ...]] = []
 
-    def run_logs(inventory: Any, nodes: list[str], follow: bool, since: str | None, tail: int | None) -> int:
-        calls.append((nodes, follow, since, tail))
+    def run_logs(inventory: Any, nodes: list[str], follow: bool, since: str | None, tail: int | None,
+                 server: str | None = None, as_json: bool = False) -> int:
+        calls.append((nodes, follow, since, tail, as_json))
         return 0
     monkeypatch.setattr("orchestrator.checks.logs.run_logs", run_logs)
     bad = sparkctl("logs", "-i", inv, "--tail", "ten")
@@ -143,7 +144,9 @@ def test_logs_checks_tail_and_passes_the_options_on(inv: str, monkeypatch: pytes
     followed = sparkctl("logs", "-i", inv, "-n", "spark-b", "-f", "--since", "10m", "--tail", "all")
     assert followed.exit_code == 0
     assert sparkctl("logs", "-i", inv).exit_code == 0
-    assert calls == [(["spark-b"], True, "10m", None), ([], False, None, 100)]
+    assert sparkctl("logs", "-i", inv, "--json").exit_code == 0
+    assert calls == [(["spark-b"], True, "10m", None, False), ([], False, None, 100, False),
+                     ([], False, None, 100, True)]
 
 
 def test_netcheck_json_shape_and_exit_code(inv: str, fake_cluster: Any,
@@ -171,13 +174,13 @@ def test_launch_hands_a_plan_and_a_health_wait_to_the_runner(inv: str, executed:
     token = tmp_path / "token"
     token.write_text("hf_secret_value\n")
     result = sparkctl("launch", "gpt-oss-120b", "-i", inv, "--yes", "--json", "--hf-token-file", str(token),
-                      "--host", "0.0.0.0", "--timeout", "60")
+                      "--timeout", "60")
     assert result.exit_code == 0, result.output
     request = executed["request"]
     assert request.command == "launch" and request.after is not None
     token_value = request.values["hf_token"]
     assert str(token_value) == "***" and token_value.reveal() == "hf_secret_value"
-    assert "memory:" in result.stderr and "anyone who reaches that address" in result.stderr
+    assert "memory:" in result.stderr
     assert request.values["distribute_image"] is False
     missing = sparkctl("launch", "gpt-oss-120b", "-i", inv, "--yes", "--hf-token-file", "/nonexistent")
     assert missing.exit_code == 2 and "HF token file not found: /nonexistent" in missing.stderr

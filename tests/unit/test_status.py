@@ -244,3 +244,14 @@ def test_a_vllm_workers_exited_container_is_known_at_once_not_after_ray_notices(
     again = status.assess(INVENTORY, facts, {})
     assert again["ok"], again["nodes"]
     assert again["server"]["state"] == "healthy" and again["server"]["ray"]["alive"] == 2
+
+
+def test_stream_as_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logs, "Stream", FakeStream)
+    sources = [logs.LogSource("spark-a", "container", "A"), logs.LogSource("spark-b", "files", "B")]
+    out, err = io.StringIO(), io.StringIO()
+    code = logs.stream_logs(INVENTORY, {"spark-a": None, "spark-b": None}, sources,  # type: ignore[dict-item]
+                            follow=False, out=out, err=err, as_json=True)
+    found = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert code == 0 and len(found) == 4
+    assert {"node": "spark-b", "source": "files", "line": "B line 1"} in found

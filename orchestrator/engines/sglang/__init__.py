@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.sglang.layouts import SglangLayouts
 from orchestrator.engines.sglang.ready import READY_LINE
 from orchestrator.engines.sglang.recipe import Recipe
 
@@ -22,6 +23,7 @@ class SglangEngine:
     title = "SGLang"
     ready_line = READY_LINE  # logged after its warm-up request
     recipe_type = Recipe
+    layouts = SglangLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.trtllm.layouts import TrtllmLayouts
 from orchestrator.engines.trtllm.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ class TrtllmEngine:
     title = "TensorRT-LLM"
     ready_line = "Application startup complete."  # uvicorn's, under trtllm-serve
     recipe_type = Recipe
+    layouts = TrtllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         from orchestrator.engines.trtllm import container, mpi

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.vllm.layouts import VllmLayouts
 from orchestrator.engines.vllm.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class VllmEngine:
     title = "vLLM"
     ready_line = "Application startup complete."  # uvicorn's, under vllm serve
     recipe_type = Recipe
+    layouts = VllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []

@@ -41,7 +41,14 @@ class SglangState(EngineState):
             f"sglang:spec_accept_length{{{labels}}} {length}\n"
             "# HELP sglang:spec_accept_rate The average acceptance rate of speculative decoding.\n"
             "# TYPE sglang:spec_accept_rate gauge\n"
-            f"sglang:spec_accept_rate{{{labels}}} {rate}\n")
+            f"sglang:spec_accept_rate{{{labels}}} {rate}\n"
+            # the scheduler's load, as SGLang's metrics_collector names it (status shows it)
+            "# HELP sglang:num_running_reqs The number of running requests.\n"
+            "# TYPE sglang:num_running_reqs gauge\n"
+            f"sglang:num_running_reqs{{{labels}}} {len(self.active)}\n"
+            "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n"
+            "# TYPE sglang:num_queue_reqs gauge\n"
+            f"sglang:num_queue_reqs{{{labels}}} {len(self.pending)}\n")
 
 
 class SglangHandler(Handler):

@@ -1,0 +1,86 @@
+"""What a prediction needs to know about a model that recipes do not say: parameters read per
+token, bytes per parameter, layers, hidden size and the KV cache per token. Typed, one entry per
+Hugging Face id, each with where its numbers come from (the models' config.json and cards).
+
+A model missing here is advised from its recipe alone (every weight read per token, an assumed
+depth) and the confidence says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    active_params_b: float
+    """Parameters read per token, in billions (MoE: the active ones; without the embedding
+    table, of which a token reads one row)."""
+    bytes_per_param: float
+    """NVFP4 4 bits + an FP8 scale per 16 = 0.5625; MXFP4 ~0.53 (BF16 attention lifts a model's
+    mean); GPTQ-Int4 with 128-groups ~0.53; FP8 with block scales ~1.0; BF16 2."""
+    layers: int
+    hidden: int
+    kv_bytes_per_token: float
+    """K and V of one token over every attention layer (layers x kv heads x head dim x 2 x
+    the cache's bytes per value)."""
+    experts: int = 0
+    """Routed experts per MoE layer (0: dense)."""
+    experts_per_token: int = 0
+    expert_share: float = 0.0
+    """Share of the active parameters that are routed experts: with several requests in a step,
+    more distinct experts are read (the rest is read once whatever the batch)."""
+    mtp_gb: float = 0.0
+    """What one step of the model's own MTP / NEXTN draft head reads (one decoder layer and the
+    LM head), in GB."""
+    note: str = ""
+
+
+def kv(layers: int, kv_heads: int, head_dim: int, value_bytes: float) -> float:
+    return layers * kv_heads * head_dim * 2 * value_bytes
+
+
+FACTS: dict[str, ModelFacts] = {
+    # Qwen3-235B-A22B config.json: 94 layers, hidden 4096, 4 KV heads x 128, 128 experts, 8 per
+    # token (experts: 8 x 3 x 4096 x 1536 x 94 = 14.2B of 22B active); NVFP4 0.5625 B/param.
+    "nvidia/Qwen3-235B-A22B-FP4": ModelFacts(22.0, 0.5625, 94, 4096, kv(94, 4, 128, 2),
+                                            128, 8, 0.65, note="NVFP4"),
+    "Qwen/Qwen3-235B-A22B-GPTQ-Int4": ModelFacts(22.0, 0.53, 94, 4096, kv(94, 4, 128, 1),
+                                                 128, 8, 0.65, note="GPTQ-Int4, fp8 KV cache"),
+    # MiniMax-M2 config.json: 62 layers, hidden 3072, 8 KV heads x 128, 256 experts, 8 per token
+    # (8 x 3 x 3072 x 1536 x 62 = 7.0B of 10B active); the recipe's KV cache is fp8.
+    "nvidia/MiniMax-M2.7-NVFP4": ModelFacts(10.0, 0.5625, 62, 3072, kv(62, 8, 128, 1),
+                                           256, 8, 0.70, note="NVFP4, fp8 KV cache"),
+    "olka-fi/MiniMax-M2.7-MXFP4": ModelFacts(10.0, 0.53, 62, 3072, kv(62, 8, 128, 1),
+                                            256, 8, 0.70, note="MXFP4 (the seed blog's)"),
+    # Qwen3.6-27B-FP8: 64 layers (16 full attention, the rest Gated DeltaNet with a fixed state),
+    # hidden 5120, 4 KV heads x 256; 27B minus the 1.3B embedding table (vocab 248k x 5120);
+    # MTP head: one decoder layer (~0.4 GB) and the LM head (1.3 GB).
+    "Qwen/Qwen3.6-27B-FP8": ModelFacts(25.3, 1.0, 64, 5120, kv(16, 4, 256, 2), mtp_gb=1.7,
+                                      note="FP8, 16 of 64 layers keep a KV cache"),
+    # gpt-oss-120b model card: 5.1B active, MXFP4 experts with BF16 attention (~0.6 B/param
+    # overall), 36 layers, hidden 2880, 8 KV heads x 64, 128 experts, 4 per token
+    # (4 x 3 x 2880 x 2880 x 36 = 3.6B of 5.1B).
+    "openai/gpt-oss-120b": ModelFacts(5.1, 0.6, 36, 2880, kv(36, 8, 64, 2), 128, 4, 0.70,
+                                      note="MXFP4 experts"),
+    # Llama 3.3 70B: dense, 80 layers, hidden 8192, 8 KV heads x 128; NVIDIA's FP4 build.
+    "nvidia/Llama-3.3-70B-Instruct-FP4": ModelFacts(69.0, 0.5625, 80, 8192, kv(80, 8, 128, 2),
+                                                   note="NVFP4"),
+    # Qwen3-8B config.json: 36 layers, hidden 4096, 8 KV heads x 128; BF16, 8.2B - 0.6B embedding.
+    "Qwen/Qwen3-8B": ModelFacts(7.6, 2.0, 36, 4096, kv(36, 8, 128, 2), note="BF16"),
+}
+
+
+ASSUMED_LAYERS = 64
+ASSUMED_HIDDEN = 5120
+
+
+def facts_for(model: str, weights_gb: float) -> tuple[ModelFacts, bool]:
+    """The model's facts and whether they are known (False: assumed from the recipe: a dense
+    model whose every weight is read per token)."""
+    known = FACTS.get(model)
+    if known is not None:
+        return known, True
+    return ModelFacts(weights_gb, 1.0, ASSUMED_LAYERS, ASSUMED_HIDDEN,
+                      kv(ASSUMED_LAYERS, 8, 128, 2),
+                      note="not in the facts table: assumed dense, all weights read per token"), False

@@ -1,0 +1,221 @@
+"""`sparkctl advise --measure`: launch each layout that fits in turn, bench the same cells each
+time, and restore what was running before. In-process, through the same seams `launch` and
+`bench` use (the engine's launch phases under the cluster lock, Bench through an SSH forward),
+whatever the engine: a layout's servers come from its LayoutSupport.recipe_for.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+Note = Callable[[str], None]
+
+
+def _launch(inventory: Any, recipe: Any, name: str | None, timeout: float, token: Any,
+            note: Note, persist: bool = False) -> None:
+    """The plan `sparkctl launch RECIPE --replace --yes` runs, under the cluster lock."""
+    from orchestrator.core.lock import ClusterLock
+    from orchestrator.core.session import open_session, run_plan
+    from orchestrator.core.step import Plan, RunOptions
+    from orchestrator.engines import check_against_inventory, engine_of
+    from orchestrator.engines.base import LaunchOptions
+    from orchestrator.errors import SparkctlError
+
+    check_against_inventory(recipe, inventory)
+    engine = engine_of(recipe)
+    options = LaunchOptions(replace=True, timeout=timeout, name=name, persist=persist)
+    plan = Plan("launch", engine.launch_phases(recipe, inventory, options))
+    values = {"hf_token": token, "progress_note": note, "distribute_image": False}
+    with open_session(inventory, "launch", quiet=True) as session:
+        head = inventory.head_name
+        if head not in session.transports or session.unreachable:
+            raise SparkctlError(f"cannot launch {recipe.name}: unreachable: "
+                                f"{', '.join(session.unreachable) or head}")
+        lock = ClusterLock(head, session.transports[head], "advise --measure")
+        try:
+            run_plan(session, plan, RunOptions(command="launch", values=values), lock)
+        finally:
+            lock.release()
+        report = session.report
+        if not report.ok:
+            failed = [f"{node}: {s.step}: {s.message}" for node, h in report.hosts.items()
+                      for s in h.steps if s.status == "failed"]
+            failed += [f"{node}: {h.error}" for node, h in report.hosts.items() if h.error]
+            raise SparkctlError(f"launch of {name or recipe.name} failed: "
+                                + "; ".join(failed)[-600:])
+
+
+def _bench(inventory: Any, server: str, config: Any, note: Note) -> dict[str, Any]:
+    from orchestrator.cli.bench import Bench
+    from orchestrator.core.session import open_session
+    from orchestrator.remote.tunnel import Forwarder
+
+    with open_session(inventory, "bench", quiet=True) as session:
+        bench = Bench(session, inventory, server)
+        with Forwarder(bench.transport, int(bench.server["port"])) as forward:
+            return bench.measure(config, forward.local_port)
+
+
+def _tg(doc: dict[str, Any], concurrency: int) -> float | None:
+    from orchestrator.checks.bench_run import figure
+
+    cells = [c for c in doc.get("cells", []) if c["concurrency"] == concurrency]
+    return figure(cells[0], "tg_throughput") if cells else None
+
+
+def _servers(inventory: Any) -> list[dict[str, Any]]:
+    """The running servers, each marked `persistent` when it has a boot unit (launch
+    --persist), so the restore keeps it persistent."""
+    from orchestrator.core.session import open_session
+    from orchestrator.engines import servers
+    from orchestrator.phases.boot_units import parse_units, persistence, units_cmd
+
+    with open_session(inventory, "advise", quiet=True) as session:
+        found = servers.gather(session.transports, inventory)
+        units = {name: parse_units({"out": t.run(units_cmd(), timeout=30).stdout})
+                 for name, t in session.transports.items()} if found else {}
+    for server in found:
+        server["persistent"] = persistence(units, str(server.get("name")))["persistent"]
+    return found
+
+
+def _stop(inventory: Any, wanted: Callable[[dict[str, Any]], bool], note: Note) -> None:
+    from orchestrator.core.session import open_session
+    from orchestrator.engines import servers
+
+    with open_session(inventory, "advise", quiet=True) as session:
+        for server in servers.gather(session.transports, inventory):
+            if wanted(server):
+                note(f"[advise] stopping {server.get('name')} on {', '.join(server['nodes'])}")
+                servers.stop_server(session.transports, inventory, server)
+
+
+def _measure_one(advice: Any, entry: Any, inventory: Any, nodes: list[str], opts: dict[str, Any],
+                 token: Any, note: Note) -> Any:
+    from orchestrator.advise.advice import Measured
+    from orchestrator.checks.bench_run import BenchConfig
+    from orchestrator.engines.layouts import Layout, support_of
+
+    support = support_of(advice.engine)
+    layout = entry.layout
+    # the concurrency dealt out over the servers as evenly as it goes (4 over 3: 2, 1, 1)
+    c, n = advice.concurrency, layout.servers
+    shares = [c // n + (index < c % n) for index in range(n)]
+    names = []
+    for index in range(layout.servers):
+        if support is None:
+            one, name = advice.recipe, None
+        elif layout.servers > 1:  # a replica: a single-node server of its own name and node
+            one = support.recipe_for(advice.recipe, Layout("single"), [nodes[index]])
+            name = f"{advice.recipe.name}-r{index + 1}"
+        else:
+            one, name = support.recipe_for(advice.recipe, layout, nodes[:layout.nodes]), None
+        note(f"[advise] {layout.label}: launching {name or one.name} on "
+             f"{', '.join(nodes[index:index + 1] if layout.servers > 1 else nodes[:layout.nodes])}")
+        _launch(inventory, one, name, opts["timeout"], token, note)
+        names.append(name or one.name)
+    # replicas are on nodes of their own: each is benched with its share of the requests and
+    # the aggregates add up (one after the other: no node is shared)
+    docs = [(_bench(inventory, name, BenchConfig(
+        tg=[opts["tg"]], pp=[opts["pp"]], depth=[0], concurrency=sorted({1, max(share, 1)}),
+        runs=opts["runs"], warmup=False), note), share) for name, share in zip(names, shares, strict=True)]
+    ones = [v for d, _ in docs if (v := _tg(d, 1)) is not None]
+    parts = [_tg(d, share) if share else 0.0 for d, share in docs]
+    aggregate = sum(v for v in parts if v is not None) if None not in parts else None
+    return Measured(sum(ones) / len(ones) if ones else None, aggregate)
+
+
+def confirm(opts: dict[str, Any], labels: list[str], before: list[dict[str, Any]]) -> None:
+    from orchestrator.errors import InputError
+
+    what = (f"launch {', '.join(labels)} in turn"
+            + (f", stopping {', '.join(str(s.get('name')) for s in before)} meanwhile"
+               if before else ""))
+    if opts["yes"]:
+        return
+    if not sys.stdin.isatty():
+        raise InputError(f"advise --measure would {what}; stdin is not a terminal: pass --yes")
+    if not click.confirm(f"advise --measure will {what}. Go on?", default=False, err=True):
+        raise InputError("cancelled; nothing was changed", 1)
+
+
+def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
+    """Measure every layout that fits; returns the exit code (1 if none could be measured)."""
+    from orchestrator.cli.launch import read_hf_token
+    from orchestrator.core.runner import load_inventory_option
+    from orchestrator.errors import InputError, SparkctlError
+
+    inventory, _ = load_inventory_option(opts["inventory_path"])
+    nodes = [n.name for n in inventory.ordered_nodes()][: advice.nodes]
+    if len(nodes) < advice.nodes:
+        raise InputError(f"--nodes {advice.nodes}: the inventory {inventory.source} has "
+                         f"{len(nodes)} node(s)")
+    feasible = [a for a in advice.layouts if a.fits]
+    # servers on the nodes advise uses are stopped meanwhile and relaunched; others keep running
+    running = _servers(inventory)
+    before = [s for s in running if set(s.get("nodes") or []) & set(nodes)]
+    keep = {str(s.get("name")) for s in running if s not in before}
+    confirm(opts, [a.layout.label for a in feasible], before)
+    from orchestrator.advise.advice import Measured
+
+    token = read_hf_token(None)
+    interrupted = False
+    try:
+        if before:
+            _stop(inventory, lambda s: str(s.get("name")) not in keep, note)
+        for entry in feasible:
+            try:
+                entry.measured = _measure_one(advice, entry, inventory, nodes, opts, token, note)
+            except SparkctlError as exc:
+                entry.measured = Measured(None, None, str(exc))
+                note(f"[advise] {entry.layout.label}: {exc}")
+            except KeyboardInterrupt:  # keep what was measured; still clean up and restore
+                entry.measured, interrupted = Measured(None, None, "interrupted"), True
+                note(f"[advise] interrupted during {entry.layout.label}: stopping it, restoring")
+                break
+            finally:
+                _stop(inventory, lambda s: str(s.get("name")) not in keep, note)
+    finally:
+        restored = _restore(inventory, before, opts["timeout"], token, note)
+    advice.choose(measured=True)
+    ratios = [f"{a.layout.label} {r:.2f}" for a in feasible
+              if (r := a.ratio(advice.goal)) is not None]
+    if ratios:  # how far this cluster is from the model: a measured efficiency, per layout
+        advice.notes.append("measured / predicted: " + ", ".join(ratios) + f" (at {advice.goal})")
+    advice.notes.append(restored)
+    if interrupted:
+        advice.notes.append("interrupted: the layouts after it were not measured")
+        return 130
+    return 0 if advice.pick is not None and "could not" not in restored else 1
+
+
+def _restore(inventory: Any, before: list[dict[str, Any]], timeout: float, token: Any,
+             note: Note) -> str:
+    """Relaunch the servers that ran before, as they ran (recipe, name, nodes, port)."""
+    from orchestrator.engines import load_recipe
+    from orchestrator.engines.layouts import revalidated
+    from orchestrator.errors import SparkctlError
+
+    if not before:
+        return "restored: nothing ran before; every server advise started is stopped"
+    failed = []
+    for server in before:
+        try:
+            recipe = load_recipe(str(server.get("recipe")))
+            # per-server engines record where they ran; the others run from the head
+            placement = None if server.get("legacy") else list(server.get("nodes") or []) or None
+            recipe = revalidated(recipe, port=int(server.get("port") or recipe.port),
+                                 placement=placement)
+            name = server.get("name") if server.get("name") != recipe.name else None
+            note(f"[advise] restoring {server.get('name')} ({recipe.name})")
+            _launch(inventory, recipe, name, timeout, token, note,
+                    persist=bool(server.get("persistent")))
+        except SparkctlError as exc:
+            failed.append(f"{server.get('name')} ({exc})")
+    if failed:
+        return ("could not restore " + "; ".join(failed) + ": relaunch with `sparkctl launch`")
+    return "restored: " + ", ".join(str(s.get("name")) for s in before) + " run again"

@@ -1,0 +1,71 @@
+"""`launch --host` beyond loopback needs an API key (`--api-key-file`).
+
+A server bound to 0.0.0.0 (or any non-loopback address) answers anyone on the LAN; the rule is
+that a server binds to localhost unless a key protects it. The key comes from a file (mode 0600
+or stricter, one line), never from argv, so it is in no process list and no shell history.
+
+Until every engine takes the key from a mounted file (never its argv or `docker inspect`), a
+non-loopback bind is refused even with a key: an accepted key that no server checks would be
+worse than no option at all. `sparkctl tunnel` reaches a loopback server from anywhere SSH does.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from orchestrator.commands import Secret
+from orchestrator.errors import InputError
+
+ENGINES_WITH_KEYS: frozenset[str] = frozenset()
+"""Engines whose launch passes the key to the server through a mounted file (none yet)."""
+MAX_KEY_BYTES = 4096
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
+def read_api_key(path: str) -> Secret:
+    """The key in `path`: a regular file no one else can read, one line of printable ASCII."""
+    from orchestrator.state import register_secret
+    from orchestrator.yamlio import read_user_file
+
+    file = Path(path).expanduser()
+    raw = read_user_file(file, "API key", limit=MAX_KEY_BYTES)
+    mode = file.stat().st_mode
+    if mode & 0o077:
+        raise InputError(f"API key file {file} is readable by group or others (mode "
+                         f"{mode & 0o777:04o}); refusing to use it: chmod 600 {file}")
+    try:
+        value = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise InputError(f"API key file {file} is not UTF-8 text") from None
+    if not value or "\n" in value or any(c.isspace() or not c.isprintable() for c in value):
+        raise InputError(f"API key file {file} must hold one line without spaces "
+                         "(its content is not shown)")
+    secret = Secret(value)
+    register_secret(secret)
+    return secret
+
+
+def check_bind(host: str, api_key_file: str | None, engine: str, title: str) -> Secret | None:
+    """The key for this launch, or InputError (exit 2) when the bind would be unprotected."""
+    key = read_api_key(api_key_file) if api_key_file else None
+    if is_loopback(host):
+        return key
+    if key is None:
+        raise InputError(
+            f"--host {host} serves beyond this node, and an open server answers anyone who "
+            f"reaches {host}: pass --api-key-file FILE (mode 0600, one line), or keep the default "
+            "127.0.0.1 and reach it with `sparkctl tunnel` (SSH) from other machines")
+    if engine not in ENGINES_WITH_KEYS:
+        raise InputError(
+            f"--host {host}: {title}'s launch does not pass an API key to its server yet, so "
+            "the key would protect nothing; keep the default 127.0.0.1 and use `sparkctl tunnel`")
+    return key

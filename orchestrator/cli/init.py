@@ -1,0 +1,190 @@
+"""`sparkctl init HOST HOST...`: find the cabled port on every node and write an inventory.
+
+It connects like every other command (remote/connect.py: host keys verified, ssh_config read),
+runs `ibdev2netdev` and `hostname` on each node, lets checks/cabling.py choose the port, and
+writes a commented inventory that `plan` and `up` accept. `--example` prints the example
+inventory shipped inside the package instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from orchestrator.cli import CONTEXT, run_command
+from orchestrator.cli.verbosity import verbosity_option
+
+if TYPE_CHECKING:
+    from orchestrator.checks.cabling import NodeLinks
+
+EXAMPLE = "two-sparks.yml"
+MANAGEMENT_CMD = ("ip -o addr show to \"$(echo $SSH_CONNECTION | cut -d' ' -f3)\" "
+                  "| awk '{print $2; exit}'")
+
+
+def example_text() -> str:
+    """The example inventory: installed, orchestrator/inventories in the wheel (pyproject's
+    package-dir); from a checkout, ./inventories (as render.py finds templates)."""
+    package = Path(__file__).resolve().parents[1]
+    installed = package / "inventories" / EXAMPLE
+    return (installed if installed.exists() else package.parent / "inventories" / EXAMPLE).read_text()
+
+
+def _probe(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
+           known_hosts: str | None, trust_new_hosts: bool) -> list[NodeLinks]:
+    """Connect to every host and read its hostname and ibdev2netdev (NodeLinks per host)."""
+    from pydantic import ValidationError
+
+    from orchestrator.checks.cabling import NodeLinks, parse_ibdev2netdev
+    from orchestrator.errors import InputError, SparkctlError
+    from orchestrator.inventory import Inventory
+    from orchestrator.inventory_checks import format_validation_error
+    from orchestrator.remote.cluster import Cluster
+    from orchestrator.remote.connect import connect_all
+    from orchestrator.remote.transport import SudoPassword, Transport
+
+    cluster: dict[str, object] = {"name": "init"}
+    for key, value in (("user", user), ("ssh_key", ssh_key), ("known_hosts", known_hosts)):
+        if value:
+            cluster[key] = value
+    data = {"cluster": cluster,
+            "nodes": [{"name": f"host-{i + 1}", "host": host} for i, host in enumerate(hosts)]}
+    try:
+        inventory = Inventory.model_validate({**data, "source": "<init>"})
+    except ValidationError as exc:
+        raise InputError(format_validation_error(exc, data, "sparkctl init")) from None
+    by_name = {node.name: node.host for node in inventory.nodes}
+    transports, errors = connect_all(inventory, inventory.nodes, SudoPassword(prompt=False),
+                                     trust_new_hosts)
+    try:
+        if errors:
+            raise SparkctlError("init: cannot connect: " + "; ".join(
+                f"{by_name[name]}: {message}" for name, message in errors.items()))
+
+        def read(name: str, transport: Transport) -> NodeLinks:
+            click.echo(f"  {by_name[name]}: ibdev2netdev", err=True)
+            links = transport.run("ibdev2netdev", timeout=30).check()
+            hostname = transport.run("hostname", timeout=30).check().stdout.strip()
+            # the interface sshd answered on is the management one (SSH_CONNECTION's 3rd field)
+            where = transport.run(MANAGEMENT_CMD, timeout=30)
+            return NodeLinks(by_name[name], hostname or by_name[name],
+                             parse_ibdev2netdev(links.stdout),
+                             management=where.stdout.strip() if where.ok else "")
+
+        found = Cluster(transports).values(read)
+        return [found[node.name] for node in inventory.nodes]
+    finally:
+        for transport in transports.values():
+            transport.close()
+
+
+def _init(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
+          known_hosts: str | None, trust_new_hosts: bool, output: str, yes: bool,
+          example: bool, name: str) -> int:
+    from orchestrator.checks.cabling import InitSettings, choose_port, inventory_text
+    from orchestrator.errors import InputError
+
+    if example:
+        text = example_text()
+        if output == "-":
+            click.echo(text, nl=False)
+        else:
+            _write(Path(output), text, yes)
+        return 0
+    if not hosts:
+        raise InputError("init: name the nodes' hosts (management addresses or ssh_config "
+                         "aliases): `sparkctl init spark-a spark-b`, or --example")
+    if len(set(hosts)) != len(hosts):
+        raise InputError(f"init: a host is named twice: {' '.join(hosts)}")
+    click.echo(f"sparkctl init: reading the fabric ports of {len(hosts)} node(s)", err=True)
+    nodes = _probe(hosts, user, ssh_key, known_hosts, trust_new_hosts)
+    choice = choose_port(nodes)
+    click.echo(f"Fabric: {choice.reason}.", err=True)
+    text = inventory_text(InitSettings(name, user, ssh_key, known_hosts), nodes, choice)
+    _check(text, output)
+    if output == "-":
+        click.echo(text, nl=False)
+        return 0
+    path = Path(output)
+    click.echo(text, err=True, nl=False)
+    if not _write(path, text, yes):
+        return 1
+    click.echo(f"Next: sparkctl plan --inventory {path}   then   sparkctl up --inventory {path}",
+               err=True)
+    return 0
+
+
+def _absolute(value: str | None) -> str | None:
+    """A relative path made absolute: the inventory resolves paths against its own folder,
+    which need not be the folder init ran in."""
+    if not value or value.startswith("~") or Path(value).is_absolute():
+        return value
+    return str(Path(value).resolve())
+
+
+def _check(text: str, path: str) -> None:
+    """The inventory must load as `plan` loads it, before anything is written."""
+    import yaml
+
+    from orchestrator.inventory_checks import inventory_from_data
+
+    inventory_from_data(yaml.safe_load(text), path)
+
+
+def _write(path: Path, text: str, yes: bool) -> bool:
+    from orchestrator.errors import InputError
+
+    if not yes:
+        if not sys.stdin.isatty():
+            raise InputError(f"init: not on a terminal; add --yes to write {path}")
+        verb = "Overwrite" if path.exists() else "Write"
+        if not click.confirm(f"{verb} {path}?", default=True, err=True):
+            click.echo("Nothing written.", err=True)
+            return False
+    elif path.exists() and path.is_dir():
+        raise InputError(f"init: {path} is a directory; name a file with -o")
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise InputError(f"init: cannot write {path}: {exc.strerror or exc}") from None
+    click.echo(f"Wrote {path}", err=True)
+    return True
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("hosts", nargs=-1, metavar="HOST...")
+@click.option("--user", "-u", metavar="U", help="SSH user on every node (default: ssh_config, else nvidia).")
+@click.option("--ssh-key", metavar="K",
+              help="Private key for the nodes (default: ssh_config, agent, ~/.ssh/id_*).")
+@click.option("--known-hosts", metavar="FILE",
+              help="Pinned host keys file to read and to pin into (default ~/.ssh/known_hosts).")
+@click.option("--trust-new-hosts", is_flag=True,
+              help="Pin unknown SSH host keys on first use (a changed key is always refused).")
+@click.option("--name", default="sparks", show_default=True, metavar="NAME",
+              help="The cluster's name in the inventory.")
+@click.option("--output", "-o", metavar="FILE",
+              help="Where to write the inventory (default sparks.yml; with --example: stdout; "
+                   "- prints it).")
+@click.option("--yes", "-y", is_flag=True, help="Write without asking (needed when not on a terminal).")
+@click.option("--example", is_flag=True,
+              help="Write (or with -o - print) the example two-Spark inventory shipped with sparkctl.")
+@verbosity_option
+def init(hosts: tuple[str, ...], user: str | None, ssh_key: str | None, known_hosts: str | None,
+         trust_new_hosts: bool, name: str, output: str | None, yes: bool, example: bool) -> None:
+    """Write an inventory for these Sparks: finds the cabled QSFP port on every node.
+
+    \b
+    Connects to every HOST (host keys verified, ~/.ssh/config read), runs `ibdev2netdev`,
+    picks the port whose two twin interfaces are Up on all nodes (and says why), proposes one
+    /24 per twin (192.168.200.0/24, 192.168.201.0/24; node i at .12+i) and writes a commented
+    inventory that `plan` and `up` accept. Refuses (exit 2) when a node has no Up port or the
+    nodes are cabled on different ports. See docs/inventory.md.
+      sparkctl init spark-a spark-b -o two-sparks.yml
+      sparkctl init --example -o -        # the example inventory
+    """
+    target = output or ("-" if example else "sparks.yml")
+    run_command(lambda: _init(hosts, user, _absolute(ssh_key), _absolute(known_hosts),
+                              trust_new_hosts, target, yes, example, name))

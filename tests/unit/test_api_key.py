@@ -1,0 +1,57 @@
+"""`launch --host` beyond loopback: refused without --api-key-file (exit 2, before anything
+happens), and refused with one while no engine passes the key to its server; the key file is
+checked like a private key and never shown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_cli import executed, inv, sparkctl  # noqa: F401  (fixtures)
+
+from orchestrator.cli.api_key import check_bind, is_loopback, read_api_key
+from orchestrator.errors import InputError
+
+
+@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("localhost", True),
+                                                ("::1", True), ("127.1.2.3", True),
+                                                ("0.0.0.0", False), ("192.168.1.5", False),
+                                                ("spark-a", False), ("::", False)])
+def test_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def key_file(tmp_path: Path, text: str = "sk-local-123\n", mode: int = 0o600) -> Path:
+    path = tmp_path / "key"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_key_file_rules(tmp_path: Path) -> None:
+    assert read_api_key(str(key_file(tmp_path))).reveal() == "sk-local-123"
+    with pytest.raises(InputError, match="readable by group or others"):
+        read_api_key(str(key_file(tmp_path, mode=0o644)))
+    with pytest.raises(InputError, match="one line without spaces") as bad:
+        read_api_key(str(key_file(tmp_path, "two words")))
+    assert "two" not in str(bad.value)
+    with pytest.raises(InputError, match="not found"):
+        read_api_key(str(tmp_path / "none"))
+
+
+def test_bind_rules(tmp_path: Path) -> None:
+    assert check_bind("127.0.0.1", None, "vllm", "vLLM") is None
+    with pytest.raises(InputError, match="pass --api-key-file"):
+        check_bind("0.0.0.0", None, "vllm", "vLLM")
+    with pytest.raises(InputError, match="does not pass an API key to its server yet"):
+        check_bind("0.0.0.0", str(key_file(tmp_path)), "vllm", "vLLM")
+
+
+def test_launch_beyond_loopback_without_a_key_exits_2_before_anything(
+        inv: str, executed: dict[str, Any]) -> None:  # noqa: F811
+    result = sparkctl("launch", "qwen3-8b", "-i", inv, "--yes", "--host", "0.0.0.0")
+    assert result.exit_code == 2 and "--api-key-file" in result.stderr
+    assert "request" not in executed and "memory:" not in result.stderr
+    shown = sparkctl("launch", "--help")
+    assert "--api-key-file" in shown.stdout

@@ -1,0 +1,59 @@
+"""--json where it was missing: `recipes list` (one object) and `tunnel` (one line once the
+forward listens, for scripts). `logs --json` (JSON lines) is in test_status/test_cli."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from orchestrator.cli import cli
+
+
+def test_recipes_list_json_has_every_builtin() -> None:
+    from orchestrator.engines import builtin_names
+
+    result = CliRunner().invoke(cli, ["recipes", "list", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["command"] == "recipes list" and doc["ok"] is True
+    assert [r["name"] for r in doc["recipes"]] == builtin_names()
+    qwen = next(r for r in doc["recipes"] if r["name"] == "qwen3-8b")
+    assert qwen["engine"] == "sglang" and qwen["drafting"] is None and qwen["fits"] is True
+    assert qwen["port"] == 30000 and qwen["memory_gb"] > 0
+
+
+def test_tunnel_json_says_where_to_connect(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.cli import launch
+
+    @contextmanager
+    def session() -> Any:
+        yield object()
+
+    class Forwarder:
+        def __init__(self, transport: Any, port: int, local: int) -> None:
+            self.local_port = 40123
+
+        def __enter__(self) -> Any:
+            return self
+
+        def __exit__(self, *exc: object) -> None: ...
+
+    class Event:
+        def wait(self) -> None:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "_server_on_head", lambda path, command: (session(), object()))
+    monkeypatch.setattr(launch, "_running_server", lambda s, inv, name: (None, {
+        "port": 8000, "node": "spark-a", "model": "m", "name": "srv"}))
+    monkeypatch.setattr("orchestrator.remote.tunnel.Forwarder", Forwarder)
+    monkeypatch.setattr("threading.Event", Event)
+    result = CliRunner().invoke(cli, ["tunnel", "--json", "--local-port", "0"])
+    assert result.exit_code == 130
+    line = json.loads(result.stdout.splitlines()[0])
+    assert line == {"command": "tunnel", "ok": True, "url": "http://127.0.0.1:40123",
+                    "base_url": "http://127.0.0.1:40123/v1", "local_port": 40123,
+                    "node": "spark-a", "port": 8000, "model": "m", "server": "srv"}
