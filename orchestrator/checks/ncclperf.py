@@ -20,7 +20,7 @@ from typing import Any
 from orchestrator.checks.results import CheckResult, _link
 from orchestrator.commands import docker_exec_cmd, join
 from orchestrator.inventory import Inventory
-from orchestrator.phases.nccl_env import RING_ENV, min_nccl_busbw
+from orchestrator.phases.nccl_env import fabric_variable_names, min_nccl_busbw
 
 BINARY = "all_gather_perf"
 SEARCH_PATHS = ("/workspace/nccl-tests/build", "/opt/nccl-tests/build", "/root/nccl-tests/build")
@@ -39,10 +39,7 @@ BUILD_FIX = (
 
 def forwarded_env(inventory: Inventory) -> list[str]:
     """The NCCL variables every rank must see (the head container's values)."""
-    names = ["NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES"]
-    if inventory.topology == "ring":
-        names += sorted(RING_ENV)
-    return names
+    return fabric_variable_names(inventory)
 
 
 def all_gather_argv(inventory: Inventory) -> list[str]:

@@ -17,6 +17,7 @@ import json
 import time
 from typing import Any
 
+from orchestrator.checks.status_containers import check_server_containers
 from orchestrator.checks.status_server import assess_server, server_list
 from orchestrator.commands import quote
 from orchestrator.engines.liveness import dead_ranks
@@ -24,6 +25,8 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.node import script
 from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
+from orchestrator.phases.gateway import summary as gateway_summary
+from orchestrator.phases.gateway_spec import probe_cmd as gateway_probe_cmd
 from orchestrator.phases.teardown import managed_ps_cmd
 from orchestrator.remote.cluster import parallel
 from orchestrator.timestamps import age
@@ -71,6 +74,7 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     # every server on this node (SGLang runs one per node or placement), probed where it runs
     from orchestrator.engines.servers import servers_cmd
     commands["servers"] = servers_cmd(inventory, node, probe=True)
+    commands["gateway"] = gateway_probe_cmd(liveliness=True)  # `gateway up` (docs/gateway.md)
     own = {"files": files, "links": True, "ibdev2netdev": True,
            "containers": [inventory.container.name], "images": [inventory.container.image],
            "commands": commands, "timeout": 40}
@@ -118,6 +122,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
                 facts[name] = value
         result = assess(inventory, facts, errors)
         result["servers"] = server_list(inventory, facts, result.get("server"))
+        result["gateway"] = gateway_summary(facts)
         from orchestrator.checks.status_memory import attach_metrics
 
         def run_on(node: str, command: str) -> tuple[int, str]:
@@ -159,10 +164,6 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
     processes = {name: server_processes(node_facts) for name, node_facts in facts.items()}
     server = assess_server(inventory, facts.get(head), nodes[head], dead_ranks(processes),
                            process_answer(facts[head])) if head in facts else None
-    if server is not None:
-        from orchestrator.checks.status_containers import check_server_containers
-
-        check_server_containers(nodes, facts, head, server)  # docker's facts before Ray's view
     server_unknown = None
     if head not in facts:
         server_unknown = f"the head {head} is unreachable"
@@ -173,6 +174,7 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
         nodes[head]["state"] = "problem"
     if server is not None:
         _check_processes(nodes, facts)
+        check_server_containers(nodes, facts, head, server)  # docker's facts before Ray's view
         _memory_guard(nodes, facts, server)
         server["persistence"] = persistence(
             {name: parse_units((f.get("commands") or {}).get("boot_units")) for name, f in facts.items()},

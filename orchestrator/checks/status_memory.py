@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from orchestrator.checks.bench_metrics import METERS, parse_prometheus
+from orchestrator.checks.bench_metrics import meter_class, parse_prometheus
 from orchestrator.commands import quote
 from orchestrator.phases.memory import GUARD_DEFAULT_GB, PLAN_FILE
 
@@ -119,7 +119,7 @@ def metrics_cmd(port: int) -> str:
 def reads_prometheus(engine: str | None) -> bool:
     """Whether the engine's /metrics is Prometheus text: an engine whose /metrics drains
     iteration stats on read (bench polls those) is not read by status."""
-    return bool(getattr(METERS.get(str(engine)), "prometheus", False))
+    return bool(getattr(meter_class(str(engine)), "prometheus", False))
 
 
 def server_metrics(answer_rc: int, answer_out: str) -> dict[str, Any]:

@@ -52,7 +52,7 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     main = pids.get(str(server.get("main") or "mpirun.pid"))
     ready = was_ready(server, bool((processes or {}).get("ready_log")))
     out["ready_at"] = server.get(READY_KEY)
-    if engine == "vllm":
+    if engine == "vllm" and server.get("executor", "ray") == "ray":  # mp: no Ray to ask
         out["ray"] = assess_ray(server, commands.get("ray") or {})
     if not container_running:
         out["state"] = "down"
@@ -121,7 +121,7 @@ def assess_ray(server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]
 
 
 SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
-               "container", "started", "memory_gb", "legacy")
+               "container", "started", "memory_gb", "legacy", "processes", "dead_nodes")
 
 
 # the recorded server's verdict (assess_server) in the servers list's words

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
-from orchestrator.cli.bench_inputs import RUNS, TIMEOUT, check_outputs, int_list
+from orchestrator.cli.bench_inputs import RUNS, TIMEOUT, check_outputs, int_list, keep_outputs
 from orchestrator.cli.completion import complete_server
 
 
@@ -166,10 +166,6 @@ def relauncher(inventory_path: str, timeout: float) -> Any:
 def _finish(doc: dict[str, Any], fmt: str, save: str | None, plot_path: str | None) -> int:
     """Print the results first, then --save, then --plot: a later step that fails (a full disk,
     a plotting error) costs only itself, never the measured figures."""
-    import json
-    import time
-    from pathlib import Path
-
     from orchestrator.checks import bench_format, bench_render
     from orchestrator.core.report import print_json
 
@@ -184,33 +180,7 @@ def _finish(doc: dict[str, Any], fmt: str, save: str | None, plot_path: str | No
         bench_render.render_sweep(sweep)
     else:
         bench_render.render(doc)
-    failed = kept = False
-    if save:
-        file = Path(save).expanduser() / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        try:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            file.write_text(json.dumps(doc, indent=1))
-            _note(f"[bench] saved {file}")
-            kept = True
-        except OSError as exc:
-            failed = True
-            _note(f"[bench] could not save {file}: {exc.strerror or exc}")
-    if plot_path:
-        from orchestrator.checks.bench_plot import plot
-
-        try:
-            _note(f"[bench] plot written to {', '.join(plot(doc, plot_path))}")
-        except Exception as exc:  # matplotlib raises anything; the results are out already
-            failed = True
-            _note(f"[bench] could not draw {plot_path}: {exc}")
-    if failed and fmt != "json" and not kept:
-        import tempfile
-
-        # the table alone would lose the figures' JSON: keep it where a file can always be made
-        fd, spare = tempfile.mkstemp(prefix="sparkctl-bench-", suffix=".json")
-        with open(fd, "w") as out:
-            out.write(json.dumps(doc, indent=1))
-        _note(f"[bench] the results are kept in {spare}")
+    failed = keep_outputs(doc, fmt == "json", save, plot_path, _note)
     code = 130 if doc.get("interrupted") else (0 if doc.get("ok") else 1)
     return code or (1 if failed else 0)
 
@@ -287,6 +257,10 @@ def _bench(opts: dict[str, Any]) -> int:
               show_default=True,
               help="md: llama-benchy's markdown table (mean ± std); csv; json (= --json).")
 @click.option("--save", metavar="DIR", help="Keep the results as DIR/bench-<time>.json.")
+@click.option("--gateway", is_flag=True,
+              help="Measure through the gateway against the same replicas directly, in the same "
+                   "run, on the gateway's node: median latency it adds (--runs x 10 requests) "
+                   "and throughput at the highest --concurrency (docs/gateway.md).")
 @click.option("--plot", metavar="FILE.png",
               help="Draw the results: generation per depth, prefill, TTFT (needs matplotlib).")
 @click.pass_context
@@ -307,6 +281,11 @@ def bench(ctx: click.Context, **opts: Any) -> None:
         return
     for key, value in choose_cells(opts).items():
         opts[key] = int_list(key, value)
+    if opts.pop("gateway"):
+        from orchestrator.cli.gateway import bench_gateway
+
+        run_command(lambda: bench_gateway(opts))
+        return
     opts["format"] = "json" if opts.pop("as_json") else opts.pop("fmt")
     if opts["plot"]:
         need_matplotlib()

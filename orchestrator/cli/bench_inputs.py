@@ -10,7 +10,9 @@ must not be found only after the measuring (docs/bench.md, "Inputs").
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -77,3 +79,40 @@ def check_outputs(save: str | None, plot: str | None) -> None:
         from orchestrator.checks.bench_plot import check_plot_path
 
         check_plot_path(plot)
+
+
+def keep_outputs(doc: dict[str, Any], printed_json: bool, save: str | None, plot: str | None,
+                 note: Callable[[str], None]) -> bool:
+    """--save, then --plot, after the results were printed: True when one failed (said on
+    stderr). When neither the printed output nor a saved file holds the JSON, it is kept in a
+    spare file in the temporary directory: a measured result is never lost."""
+    import json
+    import time
+
+    failed = kept = False
+    if save:
+        file = Path(save).expanduser() / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(json.dumps(doc, indent=1))
+            note(f"[bench] saved {file}")
+            kept = True
+        except OSError as exc:
+            failed = True
+            note(f"[bench] could not save {file}: {exc.strerror or exc}")
+    if plot:
+        from orchestrator.checks.bench_plot import plot as draw
+
+        try:
+            note(f"[bench] plot written to {', '.join(draw(doc, plot))}")
+        except Exception as exc:  # matplotlib raises anything; the results are out already
+            failed = True
+            note(f"[bench] could not draw {plot}: {exc}")
+    if failed and not printed_json and not kept:
+        import tempfile
+
+        fd, spare = tempfile.mkstemp(prefix="sparkctl-bench-", suffix=".json")
+        with open(fd, "w") as out:
+            out.write(json.dumps(doc, indent=1))
+        note(f"[bench] the results are kept in {spare}")
+    return failed

@@ -134,14 +134,17 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
     """The recipe with `--nodes` (wins over the recipe's `placement`) and `--port` applied."""
     import re
 
+    from orchestrator.engines import REGISTRY, get_engine
     from orchestrator.errors import InputError
 
     if name is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", name):
         raise InputError(f"--name {name!r}: use [a-z0-9._-], starting with a letter or digit")
     nodes = [n.strip() for word in placed for n in word.split(",") if n.strip()]
-    if engine.name != "sglang" and (nodes or name or recipe.placement):
-        raise InputError(f"--nodes, --name and `placement` are for SGLang recipes; {engine.title} "
-                         "serves from the head and the next nodes, one server at a time")
+    if not getattr(engine, "placed", False) and (nodes or name or recipe.placement):
+        titles = sorted(e.title for e in map(get_engine, REGISTRY) if getattr(e, "placed", False))
+        raise InputError(f"--nodes, --name and `placement` are for {' and '.join(titles)} "
+                         f"recipes; {engine.title} serves from the head and the next nodes, one "
+                         "server at a time")
     update: dict[str, Any] = {}
     if nodes:
         update["placement"] = nodes
@@ -177,9 +180,9 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
 @click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
 @click.option("--ignore-memory", is_flag=True, help="Launch even if the memory estimate says no.")
 @click.option("--nodes", "placed", multiple=True, metavar="NODE[,NODE]",
-              help="SGLang: run on these inventory nodes (rank order; wins over the recipe's "
-                   "placement). Default: the head (and the next nodes).")
-@click.option("--name", metavar="NAME", help="SGLang: the server's name (default: the recipe's).")
+              help="SGLang, llama.cpp: run on these inventory nodes (rank order; wins over the "
+                   "recipe's placement). Default: the head (and the next nodes).")
+@click.option("--name", metavar="NAME", help="SGLang, llama.cpp: the server's name (default: the recipe's).")
 @click.option("--port", type=click.IntRange(1024, 65535), default=None,
               help="The server's port instead of the recipe's.")
 @click.option("--persist", is_flag=True,
@@ -196,23 +199,31 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
               help="Hash every model file again on every serving node (ignoring the hash cache, "
                    "which trusts size and mtime) against the head's manifest; a node whose files "
                    "differ gets them sent again. Reads every byte: minutes for a large model.")
+@click.option("--rolling", is_flag=True,
+              help="Replace the running replicas of RECIPE (changed config or image) one at a "
+                   "time: out of the gateway, drained, relaunched, ready, back in "
+                   "(docs/gateway.md).")
+@click.option("--allow-downtime", is_flag=True,
+              help="With --rolling: also when only one replica runs (it stops serving meanwhile).")
 @verbosity_option
 def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
            timeout: float, replace: bool, host: str, drop_caches: bool,
            hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
            ignore_memory: bool, guard_min_available_gb: float | None, placed: tuple[str, ...],
            name: str | None, port: int | None, persist: bool, distribute_image: bool,
-           api_key_file: str | None, verify_models: bool) -> None:
+           api_key_file: str | None, verify_models: bool, rolling: bool,
+           allow_downtime: bool) -> None:
     """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
 
     \b
     checks  another server (any engine) refused unless --replace; memory on every node
     models  fetched once on the head, fanned out to the serving nodes over the fabric,
             verified chunk by chunk; the HF token exists only meanwhile
-    image   (vLLM, SGLang) every serving node can pull the engine's image or gets it
+    image   (vLLM, SGLang, llama.cpp) every serving node can pull the engine's image or gets it
             from a node that has it, over the fabric (said before anything changes)
     serve   the engine's server (TensorRT-LLM: mpirun ... trtllm-serve; vLLM: Ray, then
-            vllm serve; SGLang: sglang.launch_server per node), then readiness over HTTP
+            vllm serve; SGLang: sglang.launch_server per node; llama.cpp: rpc-server on
+            the other nodes, then llama-server), then readiness over HTTP
             and one real chat completion
     persist (--persist) a boot unit per serving node that brings the server back after
             a reboot, the same checks first (docs/operate.md)
@@ -220,6 +231,11 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
     --verify-models then re-hashes the models everywhere (docs/launch.md).
     Relaunching the same recipe is a no-op. See docs/launch.md and docs/engines.md.
     """
+    if rolling or allow_downtime:
+        from orchestrator.cli.rolling import rolling_launch
+
+        rolling_launch(locals(), _launch)
+        return
     run_command(lambda: _launch(recipe_name, inventory_path, dry_run, yes, as_json, timeout,
                                 replace, host, drop_caches, hf_token_file, trust_new_hosts,
                                 break_lock, ignore_memory, guard_min_available_gb, placed, name,

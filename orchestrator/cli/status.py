@@ -33,7 +33,19 @@ def _status(inventory_path: str | None, as_json: bool, one_line: bool = False,
     else:
         render_status(result)
         _render_servers(result["servers"])
+        _render_gateway(result.get("gateway") or {})
     return 0 if result["ok"] else 1
+
+
+def _render_gateway(gw: dict[str, object]) -> None:
+    """One line per model behind the gateway (`sparkctl gateway status` has the details)."""
+    if not gw.get("running"):
+        return
+    click.echo(f"\ngateway: {gw['host']}:{gw['port']} on {gw['node']}, key "
+               f"{'on' if gw['key'] else 'off'}, {'live' if gw['live'] else 'NOT ANSWERING'}")
+    models = gw.get("models")
+    for model, count in (models.items() if isinstance(models, dict) else []):
+        click.echo(f"  {model}: {count['replicas']} replica(s), {count['in_rotation']} in rotation")
 
 
 def _render_servers(found: list[dict[str, object]]) -> None:
@@ -53,6 +65,15 @@ def _render_servers(found: list[dict[str, object]]) -> None:
         figures = metrics_text(s.get("metrics"))  # type: ignore[arg-type]
         if figures:
             out.print(f"  {'':20} {figures}", markup=False)
+        dead = s.get("dead_nodes")
+        if isinstance(dead, list) and dead:
+            out.print(f"    its process on {', '.join(map(str, dead))} is gone: relaunch it",
+                      markup=False)
+        processes = s.get("processes")
+        if isinstance(processes, list) and processes:
+            out.print("    " + "; ".join(f"{p.get('node')}: {p.get('process') or '?'} "
+                                         f"{p.get('rss_mb')} MB RSS" for p in processes
+                                         if isinstance(p, dict)), markup=False)
 
 
 @click.command(context_settings=CONTEXT)

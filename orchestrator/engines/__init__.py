@@ -26,6 +26,7 @@ REGISTRY = {
     "trtllm": "orchestrator.engines.trtllm",
     "vllm": "orchestrator.engines.vllm",
     "sglang": "orchestrator.engines.sglang",
+    "llamacpp": "orchestrator.engines.llamacpp",
 }
 """engine name -> the package whose ENGINE implements it (imported on first use)."""
 

@@ -24,11 +24,14 @@ _BOOL_FALSE = {0, "0", "false", "False", "FALSE", "no", "off", "f", "n"}
 class Problem:
     key: str  # a flag ("--tp_size") or a dotted llm_args path ("kv_cache_config.dtype")
     message: str
-    engine: str  # "TensorRT-LLM 1.3.0rc12"
+    engine: str  # "TensorRT-LLM 1.3.0rc13"
     suggestion: str | None = None
+    instead: str | None = None  # what replaced a key this version no longer reads
 
     def __str__(self) -> str:
         hint = f" (did you mean {self.suggestion}?)" if self.suggestion else ""
+        if self.instead:
+            hint = f"; it was replaced, use {self.instead}"
         return f"{self.key}: {self.message} in {self.engine}{hint}"
 
 
@@ -40,6 +43,11 @@ class OptionTable:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     root_model: str | None = None
     underscores_equal_dashes: bool = False
+    # argparse's allow_abbrev (on unless a parser turns it off): `--tp 1` is `--tp-size 1` when
+    # no other option starts with --tp; click (trtllm-serve) has no such thing
+    allow_abbrev: bool = False
+    # keys an earlier release read and this one refuses: key -> {"replacement", "hint"}
+    removed: dict[str, dict[str, str]] = field(default_factory=dict)
     _spellings: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -64,7 +72,30 @@ class OptionTable:
             positive = self._spellings.get(self._norm("--" + flag[5:]))
             if positive and self.flags[positive]["kind"] == "bool_optional":
                 return positive, True
+        actions = set(self.abbreviations(flag).values())
+        if len(actions) == 1:
+            return actions.pop()
         return None, False
+
+    def abbreviations(self, flag: str) -> dict[str, tuple[str, bool]]:
+        """The spellings a `--prefix` abbreviates, as argparse matches them, each with its
+        (canonical flag, whether it is the --no- form); empty when abbreviations are off. One
+        option reached through several spellings (--tp -> --tp-size only) is not ambiguous."""
+        if not self.allow_abbrev or not flag.startswith("--"):
+            return {}
+        prefix = self._norm(flag)
+        found: dict[str, tuple[str, bool]] = {}
+        for spelling, canonical in self._spellings.items():
+            if spelling.startswith(prefix):
+                found[spelling] = (canonical, False)
+            negative = "--no-" + spelling[2:]
+            if self.flags[canonical]["kind"] == "bool_optional" and negative.startswith(prefix):
+                found[negative] = (canonical, True)
+        return found
+
+    def canonical(self, flag: str) -> str | None:
+        """The table's own spelling of a flag, an alias or a --no- form; None when unknown."""
+        return self._lookup(flag)[0]
 
     def _problem(self, key: str, message: str, candidates: list[str] | None = None) -> Problem:
         close = difflib.get_close_matches(key, candidates or [], n=1, cutoff=0.6)
@@ -83,7 +114,12 @@ class OptionTable:
             flag, eq, inline = token.partition("=")
             canonical, negated = self._lookup(flag)
             if canonical is None:
-                problems.append(self._problem(flag, "unknown option", spellings))
+                matches = self.abbreviations(flag)
+                if matches:  # several options start so: argparse's "ambiguous option" (exit 2)
+                    problems.append(Problem(flag, f"ambiguous option: could match "
+                                                  f"{', '.join(sorted(matches))}", self.label))
+                else:
+                    problems.append(self._problem(flag, "unknown option", spellings))
                 continue
             spec = self.flags[canonical]
             kind = spec["kind"]
@@ -139,13 +175,18 @@ class OptionTable:
         if not isinstance(mapping, dict):
             return [Problem(prefix or "<root>", f"must be a mapping ({name})", self.label)]
         fields = spec["fields"]
-        by_name = {alias: key for key, f in fields.items() for alias in [key, *f.get("aliases", [])]}
+        by_name = {alias: key for key, f in fields.items()
+                   for alias in ([key] if f.get("name_accepted", True) else []) + f.get("aliases", [])}
         problems: list[Problem] = []
         for key, value in mapping.items():
             path = f"{prefix}{key}"
             real = by_name.get(str(key))
             if real is None:
-                if spec["forbid_extra"]:
+                gone = self.removed.get(str(key)) if name == self.root_model else None
+                if gone and spec["forbid_extra"]:
+                    problems.append(Problem(path, f"is not a field of {name}", self.label,
+                                            gone["replacement"], gone["hint"]))
+                elif spec["forbid_extra"]:
                     close = difflib.get_close_matches(str(key), sorted(by_name), n=1, cutoff=0.6)
                     problems.append(Problem(path, f"is not a field of {name}", self.label,
                                             close[0] if close else None))
@@ -159,11 +200,12 @@ class OptionTable:
             return [] if ok else [Problem(path, "cannot be null", self.label)]
         refs = [r for r in info.get("refs", []) if r in self.models]
         if refs and isinstance(value, dict):
-            target = self._pick_model(refs, value)
+            tag = info.get("discriminator", "decoding_type")
+            target = self._pick_model(refs, value, tag)
             if target is None:
-                wanted = sorted({v for r in refs for v in self._literals(r, "decoding_type")})
-                return [Problem(f"{path}.decoding_type", f"must be one of {', '.join(wanted)}", self.label,
-                                _closest(str(value.get("decoding_type")), wanted))]
+                wanted = sorted({v for r in refs for v in self._literals(r, tag)})
+                return [Problem(f"{path}.{tag}", f"must be one of {', '.join(wanted)}", self.label,
+                                _closest(str(value.get(tag)), wanted))]
             return self.check_llm_args(value, target, prefix=f"{path}.")
         kind = info.get("kind")
         literals = info.get("literals")
@@ -177,18 +219,34 @@ class OptionTable:
             or (kind == "list" and not isinstance(value, list | tuple))
             or (kind == "dict" and not isinstance(value, dict))
         )
-        return [Problem(path, f"{value!r} is not a valid {kind}", self.label)] if bad else []
+        if bad:
+            return [Problem(path, f"{value!r} is not a valid {kind}", self.label)]
+        return _bounds(path, info, value, self.label)
 
     def _literals(self, model: str, field_name: str) -> list[Any]:
         return list(self.models[model]["fields"].get(field_name, {}).get("literals", []))
 
-    def _pick_model(self, refs: list[str], value: dict[str, Any]) -> str | None:
-        """The model a nested mapping validates against; unions pick by their decoding_type tag."""
-        tagged = [r for r in refs if self._literals(r, "decoding_type")]
+    def _pick_model(self, refs: list[str], value: dict[str, Any], tag: str) -> str | None:
+        """The model a nested mapping validates against; a discriminated union picks by its tag
+        (decoding_type for speculative configs, algorithm for sparse attention)."""
+        tagged = [r for r in refs if self._literals(r, tag)]
         if len(refs) == 1 or not tagged:
             return refs[0]
-        tag = value.get("decoding_type")
-        return next((r for r in tagged if tag in self._literals(r, "decoding_type")), None)
+        return next((r for r in tagged if value.get(tag) in self._literals(r, tag)), None)
+
+
+def _bounds(path: str, info: dict[str, Any], value: Any, label: str) -> list[Problem]:
+    """pydantic's ge/gt/le/lt constraints (kv_cache_config.free_gpu_memory_fraction in [0, 1])."""
+    if isinstance(value, bool) or not _is_lax_float(value):
+        return []
+    number = float(value)
+    checks = {"ge": lambda b: number >= b, "gt": lambda b: number > b,
+              "le": lambda b: number <= b, "lt": lambda b: number < b}
+    for bound, ok in checks.items():
+        if bound in info and not ok(info[bound]):
+            word = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[bound]
+            return [Problem(path, f"{value!r} must be {word} {info[bound]:g}", label)]
+    return []
 
 
 def _looks_like_flag(token: str) -> bool:
@@ -203,7 +261,7 @@ def _closest(word: str, candidates: list[str]) -> str | None:
 
 def _is_lax_bool(value: Any) -> bool:
     # pydantic accepts the ints 0/1 but not 1.0 or 2; strings are matched exactly.
-    if isinstance(value, float):
+    if not isinstance(value, int | str):  # floats, lists, mappings (a list is not even hashable)
         return False
     return value in _BOOL_TRUE or value in _BOOL_FALSE
 
@@ -236,4 +294,6 @@ def load_table(engine: str, path: Path | None = None) -> OptionTable:
         engine=prov["engine"], version=prov["version"], flags=data["serve_flags"],
         models=data.get("llm_args", {}), root_model=data.get("root_model"),
         underscores_equal_dashes=data.get("flag_style", {}).get("underscores_equal_dashes", False),
+        allow_abbrev=data.get("flag_style", {}).get("allow_abbrev", False),
+        removed=data.get("removed_keys", {}),
     )

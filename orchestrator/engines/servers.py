@@ -62,15 +62,51 @@ def parse(out: str, node: str, inventory: Inventory) -> list[dict[str, Any]]:
     return servers
 
 
+def members(out: str) -> dict[str, Any] | None:
+    """A node's containers of named servers, by server name (node/servers.py's "members");
+    None when the answer has none (no verdict on that node then)."""
+    try:
+        found = json.loads(out or "{}").get("members")
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def attach_members(servers: list[dict[str, Any]], by_node: dict[str, dict[str, Any]]) -> None:
+    """Each named server's processes on every node it spans (what status shows: RSS, process);
+    one whose container ended on another node (an rpc-server, a rank) is not alive: it cannot
+    serve, whatever its first node's /health says."""
+    for server in servers:
+        if server.get("legacy"):
+            continue
+        processes, gone = [], []
+        for node in server.get("nodes") or [server.get("node")]:
+            if node not in by_node:
+                continue  # not asked (unreachable, or not part of this gathering)
+            member = by_node[node].get(str(server.get("name")))
+            if not isinstance(member, dict) or not member.get("running"):
+                gone.append(node)
+                continue
+            processes.append({"node": node, "process": member.get("process"),
+                              "rss_mb": round(int(member.get("rss_kb") or 0) / 1024, 1)})
+        server["processes"] = processes
+        if gone and server.get("alive"):
+            server["alive"] = False
+            server["dead_nodes"] = gone
+
+
 def from_facts(cluster_facts: dict[str, dict[str, Any]], inventory: Inventory,
                alive_only: bool = True) -> list[dict[str, Any]]:
     """Every (live) server from each node's `servers` command fact."""
-    out = []
+    out, by_node = [], {}
     for node, facts in sorted(cluster_facts.items()):
         answer = (facts.get("commands") or {}).get("servers") or {}
-        out += [s for s in parse(answer.get("out") or "", node, inventory)
-                if s.get("alive") or not alive_only]
-    return out
+        found = members(answer.get("out") or "")
+        if found is not None:
+            by_node[node] = found
+        out += parse(answer.get("out") or "", node, inventory)
+    attach_members(out, by_node)
+    return [s for s in out if s.get("alive") or not alive_only]
 
 
 def gather(transports: dict[str, Transport], inventory: Inventory, probe: bool = False,
@@ -78,15 +114,20 @@ def gather(transports: dict[str, Transport], inventory: Inventory, probe: bool =
     """Every server, asked of every reachable node in parallel (chat, tunnel, bench, status)."""
     from orchestrator.remote.cluster import parallel
 
-    def one(name: str) -> list[dict[str, Any]]:
+    def one(name: str) -> str | None:
         result = transports[name].run(servers_cmd(inventory, inventory.node(name), probe, legacy),
                                       sudo=True, timeout=120, display="the servers on this node")
-        return parse(result.stdout, name, inventory) if result.ok else []
+        return result.stdout if result.ok else None
 
     out: list[dict[str, Any]] = []
-    for outcome in parallel(one, sorted(transports)).values():
-        if outcome.ok:
-            out += outcome.get()
+    by_node: dict[str, dict[str, Any]] = {}
+    for name, outcome in parallel(one, sorted(transports)).items():
+        if outcome.ok and outcome.get() is not None:
+            found = members(outcome.get() or "")
+            if found is not None:
+                by_node[name] = found
+            out += parse(outcome.get() or "", name, inventory)
+    attach_members(out, by_node)
     return [s for s in out if s.get("alive") or not alive_only]
 
 
@@ -220,8 +261,11 @@ def down_phase(inventory: Inventory, name: str, keep_logs: bool = False) -> Any:
                                persist_down.facts(inv)])
 
     # its boot unit first (launch --persist), so a reboot cannot bring it back meanwhile
-    return Phase("stop-server", [persist_down.RemoveBootUnits(
-        name, {f"sparkctl-sglang-{name}", "sparkctl-vllm"}),
+    from orchestrator.engines import REGISTRY
+
+    # per-server engines name their containers sparkctl-<engine>-<server>
+    mine = {f"sparkctl-{engine}-{name}" for engine in REGISTRY} | {"sparkctl-vllm"}
+    return Phase("stop-server", [persist_down.RemoveBootUnits(name, mine),
                                  StopNamed(name), persist_down.RemoveBootLogs(name, keep_logs)], facts)
 
 

@@ -8,7 +8,12 @@ server's first node; its containers are `docker inspect`ed for liveness, and wit
 record RUN_DIR/server.json (TensorRT-LLM, vLLM on the head) is listed too, marked "legacy".
 With "probe", a server that does not answer 200 also gets "ready_log": whether its engine
 logged that it served (stalled, not loading; orchestrator/engines/liveness.py).
-Prints {"servers": [record + {"alive", "health", "legacy"}]}. Standard library only.
+Also every container on this node that belongs to a named server (label sparkctl.server, any
+engine, whichever node holds the record): {server: {"container", "running", "rss_kb" (its
+processes together), "process" (its main process's name)}}, so a server whose other node lost
+its process (an rpc-server, a rank) is seen dead, and status shows what each process uses.
+Prints {"servers": [record + {"alive", "health", "legacy"}], "members": {...}}. Standard
+library only.
 """
 import json
 import os
@@ -83,6 +88,62 @@ def ready_log(record):
         proc.wait()
 
 
+def tree_rss_kb(pid):
+    """VmRSS of a process and all its descendants, in kB (0 when it is gone)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as handle:
+                ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        todo += children.get(current, [])
+        try:
+            with open("/proc/%d/status" % current) as handle:
+                for line in handle:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def members():
+    try:
+        ids = subprocess.run(["docker", "ps", "-aq", "--filter", "label=sparkctl.managed=true",
+                              "--filter", "label=sparkctl.server"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, timeout=60).stdout.decode().split()
+        if not ids:
+            return {}
+        proc = subprocess.run(["docker", "inspect", *ids], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, timeout=60)
+        found = json.loads(proc.stdout.decode() or "[]")
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return {}
+    out = {}
+    for item in found if isinstance(found, list) else []:
+        labels = (item.get("Config") or {}).get("Labels") or {}
+        state = item.get("State") or {}
+        pid = int(state.get("Pid") or 0) if state.get("Running") else 0
+        process = ""
+        if pid:
+            try:
+                with open("/proc/%d/comm" % pid) as handle:
+                    process = handle.read().strip()
+            except OSError:
+                pass
+        out[labels.get("sparkctl.server") or "?"] = {
+            "container": (item.get("Name") or "").lstrip("/"), "running": bool(state.get("Running")),
+            "rss_kb": tree_rss_kb(pid) if pid else 0, "process": process}
+    return out
+
+
 found = []
 base = os.path.join(run, "servers")
 for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
@@ -109,4 +170,4 @@ if a.get("probe"):
             record["alive"] = False  # the `up` container runs on, the server does not answer
         if record["alive"] and record["health"] != 200 and not record.get("ready_at"):
             record["ready_log"] = ready_log(record)
-print(json.dumps({"servers": found}))
+print(json.dumps({"servers": found, "members": members()}))

@@ -38,6 +38,15 @@ def nccl_environment(inventory: Inventory, roce_devices: list[str]) -> dict[str,
     return env
 
 
+def fabric_variable_names(inventory: Inventory) -> list[str]:
+    """The names of every NCCL/UCX variable the containers carry for this inventory (the ring's
+    three included), in a stable order: what mpirun must forward (-x) to remote ranks, whose
+    sessions come through the container's sshd with none of the container's environment."""
+    env = nccl_environment(inventory, [])
+    first = [name for name in ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES") if name in env]
+    return first + sorted(name for name in env if name not in first)
+
+
 def min_nccl_busbw(inventory: Inventory) -> float:
     configured = inventory.fabric.min_nccl_busbw_gbps
     if configured is not None:

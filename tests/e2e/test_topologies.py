@@ -1,4 +1,5 @@
-"""Nothing hard-coded to two: `up` and `netcheck` on a 3-node ring and a 4-node switch lab."""
+"""Nothing hard-coded to two: `up` and `netcheck` on a 3-node ring and a 4-node switch lab; on the
+ring, every engine's containers carry NVIDIA's ring settings and mpirun forwards them."""
 
 from __future__ import annotations
 
@@ -23,6 +24,50 @@ def sparkctl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[st
                           text=True, timeout=timeout, check=False)
 
 
+RING = {"NCCL_IB_MERGE_NICS=0", "NCCL_NET_PLUGIN=none", "NCCL_IB_SUBNET_AWARE_ROUTING=1"}
+
+
+def container_env(node: str, container: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-m", "sparklab.cli", "exec", node, "--", "docker",
+                          "inspect", "-f", "{{json .Config.Env}}", container],
+                         env=ENV, capture_output=True, text=True, timeout=60, check=True).stdout
+    return set(json.loads(out))
+
+
+def ring_engines(inventory: str) -> None:
+    """The ring's three NCCL settings reach vLLM's and SGLang's containers too (on the two nodes
+    each serves from), and TensorRT-LLM's mpirun forwards every fabric variable (-x)."""
+    env = {**ENV, "HF_TOKEN": "hf_topologyLabToken000000000000"}
+
+    def launch(recipe: str) -> str:
+        # one server at a time here; `down` takes the fetching container too: `up` again
+        sparkctl("down", "--inventory", inventory, "--yes")
+        assert sparkctl("up", "--inventory", inventory, "--yes").returncode == 0
+        result = subprocess.run([str(BIN / "sparkctl"), "launch", recipe, "--inventory", inventory,
+                                 "--yes", "--timeout", "240"], env=env,
+                                capture_output=True, text=True, timeout=400, check=False)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+        return result.stdout
+
+    launch("minimax-m2.7-mp")  # vLLM's own multi-node on NVIDIA's current image (no Ray)
+    for node in ("spark-a", "spark-b"):
+        assert container_env(node, "sparkctl-vllm") >= RING, node
+    launch("qwen3.6-27b-tp2")  # SGLang across two nodes
+    for node in ("spark-a", "spark-b"):
+        assert container_env(node, "sparkctl-sglang-qwen3.6-27b-tp2") >= RING, node
+    sparkctl("down", "--inventory", inventory, "--yes")
+    assert sparkctl("up", "--inventory", inventory, "--yes").returncode == 0
+    plan = subprocess.run([str(BIN / "sparkctl"), "launch", "qwen3-235b", "--inventory", inventory,
+                           "--dry-run", "--json"], env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    text = plan.stdout
+    assert "mpirun -np 2" in text, text[-2000:] + plan.stderr
+    for name in ("NCCL_IB_MERGE_NICS", "NCCL_NET_PLUGIN", "NCCL_IB_SUBNET_AWARE_ROUTING",
+                 "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES"):
+        assert f"-x {name}" in text, name
+    sparkctl("down", "--inventory", inventory, "--yes")
+
+
 @pytest.mark.parametrize(("topology", "nodes"), [("ring", 3), ("switch", 4)])
 def test_up_and_netcheck_beyond_two_nodes(topology: str, nodes: int) -> None:
     if os.geteuid() != 0:
@@ -43,8 +88,7 @@ def test_up_and_netcheck_beyond_two_nodes(topology: str, nodes: int) -> None:
                 [sys.executable, "-m", "sparklab.cli", "exec", "spark-a", "--", "docker",
                  "inspect", "-f", "{{json .Config.Env}}", "trtllm-multinode"],
                 env=ENV, capture_output=True, text=True, timeout=60, check=True).stdout
-            assert {"NCCL_IB_MERGE_NICS=0", "NCCL_NET_PLUGIN=none",
-                    "NCCL_IB_SUBNET_AWARE_ROUTING=1"} <= set(json.loads(env)), env
+            assert set(json.loads(env)) >= RING, env
         check = sparkctl("netcheck", "--inventory", inventory, "--json")
         assert check.returncode == 0, check.stdout[-3000:] + check.stderr
         checks = json.loads(check.stdout)["checks"]
@@ -53,5 +97,6 @@ def test_up_and_netcheck_beyond_two_nodes(topology: str, nodes: int) -> None:
             assert len(pinged) == nodes * (nodes - 1)
         else:  # each node reaches its two ring neighbours
             assert len(pinged) == nodes * 2
+            ring_engines(inventory)
     finally:
         sparkctl("lab", "down")

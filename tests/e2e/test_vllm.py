@@ -1,10 +1,14 @@
-"""vLLM over Ray on the simulated lab: `launch minimax-m2.7` across both nodes.
+"""vLLM on the simulated lab: `launch minimax-m2.7` over Ray across both nodes, on an image that
+ships Ray (NGC 26.03), then `minimax-m2.7-mp` on NVIDIA's current image, which has none: vLLM's
+own multi-node.
 
-Ray is the real thing (from PyPI, installed by the lab into its vLLM image); only vLLM is
-simulated. One `up` and a TensorRT-LLM server for the module; the vLLM launch is refused, then
+Ray is the real thing (from PyPI, installed by the lab into the images that ship it); only vLLM
+is simulated. One `up` and a TensorRT-LLM server for the module; the vLLM launch is refused, then
 replaces it with --replace; then chat, status, `ray status` in the head container, a no-op
-relaunch, the refusal of another engine, a cut cable between worker and head, and finally
-`down`, after which no Ray or vLLM process may be left on either node.
+relaunch, the refusal of another engine, a cut cable between worker and head, and `down`, after
+which no Ray or vLLM process may be left on either node. Then: forcing Ray on an image without it
+exits 2 before anything changes, and the mp launch runs with no raylet anywhere and `--nnodes 2`
+on both nodes.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from conftest import REPO, Lab, e2e_state, healthy_lab
@@ -79,6 +84,11 @@ def test_launch_serves_over_ray_on_both_nodes(launched: tuple[Lab, subprocess.Co
     assert f"rank 0 on {head} (192.168.200.12" in log and f"rank 1 on {other} (192.168.200.13" in log
     env = lab.exec(other, f"docker inspect -f '{{{{json .Config.Env}}}}' {CONTAINER}").stdout
     assert "VLLM_HOST_IP=192.168.200.13" in env and "NCCL_SOCKET_IFNAME=enp1s0f1np1" in env
+    # one GPU per node: the placement group is spread (vLLM's default PACK is not asked for)
+    assert 'VLLM_DISTRIBUTED_EXECUTOR_CONFIG={\\"placement_group_options\\"' in env
+    assert "strategy SPREAD" in log
+    # the image ships Ray, probed once and recorded; the step says so
+    assert "Ray" in steps["ray-in-image"]["message"] and "no Ray" not in steps["ray-in-image"]["message"]
     # the token: never in the containers' config, the server's log or its command line
     for node in lab.nodes:
         leaks = lab.exec(node, f"docker inspect {CONTAINER}; cat {RUN}/*.log; ps -eo args | "
@@ -228,3 +238,63 @@ def test_down_leaves_no_ray_or_vllm_process(launched: tuple[Lab, subprocess.Comp
     for node in lab.nodes:
         assert lab.exec(node, RAY_PROCESSES).stdout.strip() == "", node
         assert CONTAINER not in lab.exec(node, "docker ps -a --format '{{.Names}}'").stdout
+
+
+def write_recipe(tmp_path: Any, **fields: Any) -> str:
+    data = {"engine": "vllm", "name": "force-ray", "model": MODEL, "tensor_parallel_size": 2,
+            "memory": {"weights_gb": 131, "kv_cache_fraction": 0.85}, **fields}
+    path = tmp_path / "force-ray.yml"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_forcing_ray_on_an_image_without_it_exits_2_before_any_change(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]], tmp_path: Any) -> None:
+    lab, _ = launched
+    listing = "docker ps -a --format '{{.Names}} {{.ID}} {{.State}}'"
+    before = {n: lab.exec(n, listing).stdout for n in lab.nodes}
+    result = sparkctl("launch", write_recipe(tmp_path, executor="ray"), *inv(lab), "--yes")
+    message = result.stdout + result.stderr
+    assert result.returncode == 2, message
+    assert "executor: ray, but nvcr.io/nvidia/vllm:26.10-py3 ships no Ray" in message
+    assert "executor: mp" in message and "nvcr.io/nvidia/vllm:26.03-py3" in message
+    after = {n: lab.exec(n, listing).stdout for n in lab.nodes}
+    assert after == before
+
+
+def test_nvidias_current_image_runs_vllms_own_multinode_without_ray(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    lab, _ = launched
+    head, other = lab.nodes
+    up = sparkctl("up", *inv(lab), "--yes")  # `down` above took the fetching container too
+    assert up.returncode == 0, up.stdout + up.stderr
+    result = sparkctl("launch", "minimax-m2.7-mp", *inv(lab), "--yes", "--json", "--replace",
+                      "--timeout", "180")
+    assert result.returncode == 0, result.stdout + result.stderr
+    steps = {s["step"]: s for s in json.loads(result.stdout)["hosts"][head]["steps"]}
+    assert "no Ray in nvcr.io/nvidia/vllm:26.10-py3" in steps["ray-in-image"]["message"]
+    # no raylet, GCS or `ray start` anywhere; rank 0 serves on the head, rank 1 is headless
+    for node in lab.nodes:
+        ray_left = lab.exec(node, "ps -eo args | grep -E 'raylet|gcs_server|ray start' | grep -v grep "
+                                  "|| true").stdout.strip()
+        assert ray_left == "", f"{node}: {ray_left}"
+        assert lab.exec(node, f"docker exec {CONTAINER} sh -c 'command -v ray || echo none'").stdout.strip() \
+            == "none"
+    ranks = {n: lab.exec(n, f"docker exec {CONTAINER} ps -eo args").stdout for n in lab.nodes}
+    serving = [line for line in ranks[head].splitlines() if line.startswith("python") or "vllm" in line]
+    assert any("--nnodes 2" in line and "--node-rank 0" in line and "--master-addr 192.168.200.12"
+               in line for line in serving), ranks[head]
+    assert any("--nnodes 2" in line and "--node-rank 1" in line and "--headless" in line
+               for line in ranks[other].splitlines()), ranks[other]
+    chat = sparkctl("chat", "Hello", *inv(lab), "--max-tokens", "4")
+    assert chat.returncode == 0, chat.stderr
+    status = json.loads(sparkctl("status", *inv(lab), "--json").stdout)
+    assert status["server"]["state"] == "healthy" and "ray" not in status["server"], status["server"]
+    again = sparkctl("launch", "minimax-m2.7-mp", *inv(lab), "--yes", "--json")
+    changed = [s for host in json.loads(again.stdout)["hosts"].values() for s in host["steps"]
+               if s["status"] == "changed"]
+    assert again.returncode == 0 and changed == [], again.stdout
+    down = sparkctl("down", *inv(lab), "--yes")
+    assert down.returncode == 0, down.stdout + down.stderr
+    for node in lab.nodes:
+        assert lab.exec(node, RAY_PROCESSES).stdout.strip() == "", node

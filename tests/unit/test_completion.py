@@ -27,4 +27,4 @@ def test_launch_completes_builtin_recipes_and_files(monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize("command", ["chat", "tunnel", "bench", "logs", "down"])
 def test_server_options_complete_names(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert complete(f"sparkctl {command} --server gpt-oss", monkeypatch) == [
-        "plain,gpt-oss-120b", "plain,gpt-oss-120b-vllm"]
+        "plain,gpt-oss-120b", "plain,gpt-oss-120b-gguf", "plain,gpt-oss-120b-vllm"]

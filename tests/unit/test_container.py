@@ -12,7 +12,7 @@ from orchestrator.engines.trtllm import container as c
 from orchestrator.errors import SparkctlError
 from orchestrator.phases import container as shared
 
-IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
+IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"
 REPO = IMAGE.rsplit(":", 1)[0]
 IBDEV = {
     "enp1s0f1np1": {"device": "rocep1s0f1", "state": "Up"},
@@ -119,7 +119,7 @@ def test_config_hash_depends_on_what_the_container_reads(inventory: Any, wanted:
     base = wanted(inventory())[1]
     assert wanted(inventory())[1] == base
     assert wanted(inventory(ssh_port=2234))[1] != base  # sshd_config changes
-    assert wanted(inventory(image="nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"))[1] != base
+    assert wanted(inventory(image="nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"))[1] != base
     assert c.config_hash(["a"], "x", "y") != c.config_hash(["a"], "x2", "y")
 
 

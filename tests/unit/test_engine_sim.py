@@ -158,7 +158,12 @@ def test_playbook_options_are_valid() -> None:
 @pytest.mark.parametrize(("options", "message"), [
     ({"enable_attention_dpp": False}, "Extra inputs are not permitted"),
     ({"kv_cache_config": {"free_gpu_mem": 0.9}}, "kv_cache_config.free_gpu_mem"),
-    ({"kv_cache_config": {"free_gpu_memory_fraction": 1.5}}, "between 0 and 1"),
+    # Field(ge=0, le=1): pydantic's constraint speaks before the field validator
+    ({"kv_cache_config": {"free_gpu_memory_fraction": 1.5}}, "less than or equal to 1"),
+    # removed before 1.3.0rc13: refused like any unknown key (sparkctl's own check names the successor)
+    ({"use_cuda_graph": True}, "use_cuda_graph\n  Extra inputs are not permitted"),
+    ({"kv_cache_dtype": "fp8"}, "Extra inputs are not permitted"),
+    ({"speculative_config": {"decoding_type": "DraftTarget"}}, "Invalid decoding type: DraftTarget"),
     ({"max_num_tokens": "many"}, "valid int"),
     (eagle(max_draft_len=3), "Draft model must be provided for EAGLE"),
     (eagle(max_draft_len=0, speculative_model_dir="/d"), "max_draft_len must be > 0"),

@@ -115,13 +115,18 @@ def run_shell(command: str, where: Path) -> None:
     subprocess.run(["bash", "-c", command.replace(RUN_DIR, str(where))], check=True)
 
 
-def assert_literal(argv: list[str], where: Path) -> None:
-    assert argv[argv.index("--served-model-name") + 1] == TRAP  # one argument, as written
+def flag_of(name: str) -> str:
+    """The flag as the engine spells it (TensorRT-LLM's take underscores)."""
+    return "--served_model_name" if load_recipe(name).engine == "trtllm" else "--served-model-name"
+
+
+def assert_literal(argv: list[str], where: Path, flag: str = "--served-model-name") -> None:
+    assert argv[argv.index(flag) + 1] == TRAP  # one argument, as written
     assert not list(where.glob("PWNED*"))  # and no shell ever ran what it says
 
 
 def serve_args_recipe(tmp_path: Path, name: str) -> Any:
-    return load_recipe(str(recipe_file(tmp_path, name, serve_args=["--served-model-name", TRAP])))
+    return load_recipe(str(recipe_file(tmp_path, name, serve_args=[flag_of(name), TRAP])))
 
 
 @pytest.mark.parametrize("name", ["minimax-m2.7", "qwen3-235b"])
@@ -145,7 +150,7 @@ def test_serve_args_reach_vllm_and_trtllm_as_one_literal_argument(recorder: Path
                         *command[3:]], check=True)
         engine = calls(recorder)[-1]
     assert engine[0] in ("vllm", "trtllm-llmapi-launch")
-    assert_literal(engine, recorder)
+    assert_literal(engine, recorder, flag_of(name))
 
 
 def test_serve_args_reach_sglang_as_one_literal_argument(recorder: Path) -> None:

@@ -25,7 +25,7 @@ from orchestrator.phases import container as c
 from orchestrator.phases import image_share as share
 from orchestrator.remote.pipe import RemoteProcess
 
-IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
+IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"
 REPO = IMAGE.rsplit(":", 1)[0]
 ID = "sha256:" + "9" * 64
 DIGEST = "sha256:" + "1" * 64

@@ -216,7 +216,8 @@ def test_each_engine_names_its_ready_line_and_status_passes_them_to_the_node() -
     lines = ready_lines()
     assert lines == {"trtllm": "Application startup complete.",
                      "vllm": "Application startup complete.",
-                     "sglang": "The server is fired up and ready to roll!"}
+                     "sglang": "The server is fired up and ready to roll!",
+                     "llamacpp": "llama_server: model loaded"}
     def payload(command: str) -> dict[str, Any]:
         return dict(json.loads(shlex.split(command)[-1]))
 

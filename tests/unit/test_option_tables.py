@@ -14,7 +14,7 @@ from orchestrator.engines.optiontable import OptionTable, load_table
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ROOT / "orchestrator" / "engines"
-PINNED = {"vllm": "0.31.0", "sglang": "0.5.12", "trtllm": "1.3.0rc12"}
+PINNED = {"vllm": "0.31.0", "sglang": "0.5.12", "trtllm": "1.3.0rc13"}
 
 
 def _extractor():
@@ -59,6 +59,16 @@ def test_vllm_flags() -> None:
     assert "integer" in bad_int.message
     [missing] = t.check_flags(["--port"])
     assert missing.message == "needs a value"
+    assert t.check_flags(["--tensor-parallel", "2", "--max_model", "4096", "--no-enable-prefix"]) == []
+    assert t.canonical("--no-enable-prefix") == "--enable-prefix-caching"
+    assert "could match --distributed-executor-backend, --distributed-timeout-seconds" in \
+        t.check_flags(["--dist", "ray"])[0].message
+
+
+def test_click_has_no_abbreviations() -> None:
+    if not _present("trtllm"):
+        pytest.skip("no trtllm table")
+    assert load_table("trtllm").check_flags(["--tensor_parallel", "2"])[0].message == "unknown option"
 
 
 # ---------------------------------------------------------------- SGLang
@@ -74,8 +84,14 @@ def test_sglang_flags() -> None:
     assert stored.message == "takes no value"
     [choice] = t.check_flags(["--dtype", "fp64"])
     assert "not one of" in choice.message
-    [unknown] = t.check_flags(["--mem-fraction", "0.8"])
+    [unknown] = t.check_flags(["--mem-fractoin-static", "0.8"])
     assert unknown.suggestion == "--mem-fraction-static"
+    # argparse's unique abbreviations are the option itself; an ambiguous one names its candidates
+    assert t.check_flags(["--tp", "1", "--mem-fraction", "0.8", "--trust-remote"]) == []
+    assert t.canonical("--tp") == "--tensor-parallel-size"
+    [ambiguous] = t.check_flags(["--pp", "2"])
+    assert ambiguous.message == ("ambiguous option: could match --pp-async-batch-depth, "
+                                 "--pp-max-micro-batch-size, --pp-size")
     # underscores are not dashes to SGLang's plain argparse
     assert t.check_flags(["--tp_size", "2"])[0].message == "unknown option"
 
@@ -87,13 +103,16 @@ trtllm = pytest.mark.skipif(not _present("trtllm"), reason="TensorRT-LLM sources
 REJECTED = [
     {"use_cuda_graph": True}, {"enable_trtllm_sampler": True}, {"enable_mixed_sampler": True},
     {"enable_prompt_adapter": True}, {"max_prompt_adapter_token": 8}, {"calib_config": {}},
-    {"kv_cache_dtype": "fp8"}, {"speculative_model": "x"},
+    {"kv_cache_dtype": "fp8"}, {"speculative_model": "x"}, {"allow_advanced_sampling": True},
     {"speculative_config": {"decoding_type": "Eagle3", "pytorch_weights_path": "x"}},
 ]
 ACCEPTED = [
     {"attention_dp_config": {}}, {"nvfp4_gemm_config": {}}, {"env_overrides": {}},
-    {"kv_cache_config": {"use_kv_cache_manager_v2": True}}, {"allow_advanced_sampling": True},
-    {"speculative_config": {"decoding_type": "PARD"}}, {"allow_advanced_sampling": 1},
+    {"kv_cache_config": {"use_kv_cache_manager_v2": True}},
+    # at 1.3.0rc13 allow_advanced_sampling is a speculative-config field (DecodingBaseConfig)
+    {"speculative_config": {"decoding_type": "MTP", "allow_advanced_sampling": True}},
+    {"speculative_config": {"decoding_type": "PARD"}},
+    {"speculative_config": {"decoding_type": "NGram", "max_draft_len": 2, "allow_advanced_sampling": 1}},
     {"kv_cache_config": {"enable_block_reuse": 0}},
 ]
 
@@ -102,7 +121,7 @@ ACCEPTED = [
 @pytest.mark.parametrize("mapping", REJECTED, ids=lambda m: next(iter(m)))
 def test_trtllm_rejects(mapping: dict) -> None:
     problems = load_table("trtllm").check_llm_args(mapping)
-    assert problems and "TensorRT-LLM 1.3.0rc12" in str(problems[0])
+    assert problems and "TensorRT-LLM 1.3.0rc13" in str(problems[0])
 
 
 @trtllm
@@ -115,7 +134,65 @@ def test_trtllm_accepts(mapping: dict) -> None:
 def test_trtllm_serve_flags() -> None:
     t = load_table("trtllm")
     assert t.check_flags(["--tensor_parallel_size", "2", "--free_gpu_memory_fraction", "0.9"]) == []
+    assert t.check_flags(["--tp_size", "2", "--kv_cache_dtype", "fp8", "--trust_remote_code",
+                          "--no-telemetry", "--backend", "pytorch"]) == []
     assert t.check_flags(["--disable_log_stats"])[0].message == "unknown option"
+    assert "not one of" in t.check_flags(["--kv_cache_dtype", "int4"])[0].message
+    assert "integer" in t.check_flags(["--tp_size", "two"])[0].message
+
+
+@trtllm
+@pytest.mark.parametrize(("key", "replacement"), [("use_cuda_graph", "cuda_graph_config"),
+                                                  ("enable_trtllm_sampler", "sampler_type"),
+                                                  ("kv_cache_dtype", "kv_cache_config")])
+def test_trtllm_removed_keys_name_their_replacement(key: str, replacement: str) -> None:
+    [problem] = load_table("trtllm").check_llm_args({key: True})
+    assert problem.key == key and problem.suggestion == replacement
+    assert f"use {replacement}" in str(problem) and "TensorRT-LLM 1.3.0rc13" in str(problem)
+
+
+@trtllm
+def test_trtllm_rc13_contract_details() -> None:
+    t = load_table("trtllm")
+    # Draft_Target is rc13's spelling; the old DraftTarget is refused with the new one suggested
+    [old] = t.check_llm_args({"speculative_config": {"decoding_type": "DraftTarget"}})
+    assert old.suggestion == "Draft_Target"
+    assert t.check_llm_args({"speculative_config": {"decoding_type": "Draft_Target", "max_draft_len": 4,
+                                                    "speculative_model_dir": "/d"}}) == []
+    # ge/le bounds, the sparse-attention union's own tag, enum values
+    assert "<= 1" in str(t.check_llm_args({"kv_cache_config": {"free_gpu_memory_fraction": 1.5}})[0])
+    assert t.check_llm_args({"sparse_attention_config": {"algorithm": "dsa"}}) == []
+    assert t.check_llm_args({"sparse_attention_config": {"algorithm": "x"}})[0].key == \
+        "sparse_attention_config.algorithm"
+    assert t.check_llm_args({"scheduler_config": {"capacity_scheduler_policy": "MAX_UTILIZATION"}}) == []
+    assert t.check_llm_args({"scheduler_config": {"capacity_scheduler_policy": "FAST"}})
+    # a plain alias replaces the field's name (populate_by_name is off)
+    assert t.check_llm_args({"_mpi_session": None}) == []
+    assert t.check_llm_args({"mpi_session": None})
+
+
+def test_transcription_in_the_repo_regenerates_the_table(tmp_path: Path) -> None:
+    """The committed table is exactly what the extractor makes of the committed transcription."""
+    committed = json.loads((ENGINES / "trtllm" / "options.json").read_text())
+    out = tmp_path / "t.json"
+    _extractor().main(["--engine", "trtllm", "--version", "1.3.0rc13", "--transcribed",
+                       str(ROOT / "scripts/engine-sources/tensorrt-llm-1.3.0rc13/options-transcribed.json"),
+                       "--output", str(out), "--date", committed["provenance"]["extracted_at"]])
+    assert json.loads(out.read_text()) == committed
+    prov = committed["provenance"]["transcription"]
+    assert prov["repository"] == "NVIDIA/TensorRT-LLM" and len(prov["commit"]) == 40
+    assert prov["pages"] and prov["method"]
+
+
+def test_transcription_that_contradicts_itself_is_refused(tmp_path: Path) -> None:
+    data = json.loads((ROOT / "scripts/engine-sources/tensorrt-llm-1.3.0rc13/"
+                       "options-transcribed.json").read_text())
+    data["classes"]["AttentionDpConfig"]["accepted_keys_resolved"].append("enable_magic")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="AttentionDpConfig"):
+        _extractor().main(["--engine", "trtllm", "--version", "x", "--transcribed", str(bad),
+                           "--output", str(tmp_path / "o.json")])
 
 
 # ---------------------------------------------------------------- checker on a small table

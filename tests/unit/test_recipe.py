@@ -44,8 +44,10 @@ def inventory(nodes: int) -> Inventory:
 
 
 def test_builtins_are_the_mission_and_nvidias_single_node_recipes() -> None:
-    assert builtin_names() == ["gpt-oss-120b", "gpt-oss-120b-vllm", "llama-3.3-70b", "minimax-m2.7",
-                               "qwen3-235b", "qwen3-8b", "qwen3.6-27b", "qwen3.6-27b-tp2"]
+    assert builtin_names() == ["gpt-oss-120b", "gpt-oss-120b-gguf", "gpt-oss-120b-vllm",
+                               "lab-tiny-llama", "lab-tiny-llama-rpc", "llama-3.3-70b",
+                               "minimax-m2.7", "minimax-m2.7-mp", "qwen3-235b",
+                               "qwen3-235b-gguf-rpc", "qwen3-8b", "qwen3.6-27b", "qwen3.6-27b-tp2"]
     qwen = load_recipe("qwen3-235b")
     assert (qwen.model, qwen.tp_size, qwen.node_count, qwen.port, qwen.max_num_tokens) == (
         "nvidia/Qwen3-235B-A22B-FP4", 2, 2, 8355, 1024)
@@ -61,7 +63,7 @@ def test_builtins_are_the_mission_and_nvidias_single_node_recipes() -> None:
         "nvidia/gpt-oss-120b-Eagle3-long-context", 5, 8000)
     llama = load_recipe("llama-3.3-70b")
     assert llama.speculative and (llama.speculative.decoding_type, llama.speculative.max_draft_len) == (
-        "DraftTarget", 4)
+        "Draft_Target", 4)  # 1.3.0rc13 spelling
     assert llama.speculative.draft_model == "nvidia/Llama-3.1-8B-Instruct-FP4"
 
 

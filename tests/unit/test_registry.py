@@ -28,7 +28,7 @@ from orchestrator.phases import image_share as share
 from orchestrator.phases import preflight, registry
 from orchestrator.phases.registry import Reach, reach, registry_of, supply
 
-IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
+IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"
 NO_HOST = 'Get "https://nvcr.io/v2/": dial tcp: lookup nvcr.io: no such host'
 ID = "sha256:" + "9" * 64
 

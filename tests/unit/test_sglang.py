@@ -50,8 +50,11 @@ def test_multi_node_argv_names_rank_and_the_first_nodes_fabric_address() -> None
 
 
 @pytest.mark.parametrize(("over", "words"), [
-    ({"serve_args": ["--tp", "2"]}, ["--tp", "SGLang 0.5.12", "did you mean --tp-size"]),
+    # a unique abbreviation is the option itself to argparse: --tp is --tp-size, which sparkctl sets
+    ({"serve_args": ["--tp", "2"]}, ["must not set --tensor-parallel-size"]),
     ({"serve_args": ["--tp-size", "2"]}, ["must not set --tensor-parallel-size"]),
+    ({"serve_args": ["--pp", "2"]}, ["--pp: ambiguous option: could match --pp-async-batch-depth, "
+                                     "--pp-max-micro-batch-size, --pp-size", "SGLang 0.5.12"]),
     ({"serve_args": ["--host", "0.0.0.0"]}, ["must not set --host"]),
     ({"tp_size": 2, "nodes": 1}, ["one node per rank"]),
     ({"speculative": {"algorithm": "EAGLE", "eagle_topk": 4}}, ["num_steps", "l.3808"]),
@@ -156,9 +159,18 @@ def test_down_server_stops_it_on_its_nodes_only() -> None:
 def test_the_simulated_launch_server_rejects_what_sglang_rejects(tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(IMAGE / "pylib") + ":" + str(Path(__file__).resolve().parents[2]),
            "SPARKLAB_LAB_DIR": str(tmp_path), "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
-    run = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", "x/y",
-                          "--tp", "2"], capture_output=True, text=True, env=env, timeout=60)
-    assert run.returncode == 2 and "unrecognized arguments: --tp" in run.stderr
+    def launch(*words: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", "x/y",
+                               *words], capture_output=True, text=True, env=env, timeout=60)
+
+    assert launch("--tpp", "2").returncode == 2
+    assert "unrecognized arguments: --tpp" in launch("--tpp", "2").stderr
+    ambiguous = launch("--pp", "2")
+    assert ambiguous.returncode == 2 and "ambiguous option: --pp could match --pp-async-batch-depth, " \
+        "--pp-max-micro-batch-size, --pp-size" in ambiguous.stderr
+    # --tp is --tp-size (the seed blog's own flag): parsing passes, the missing model stops it
+    abbreviated = launch("--tp", "1")
+    assert abbreviated.returncode == 1 and "x/y" in abbreviated.stderr
 
 
 def sim(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:

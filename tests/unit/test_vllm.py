@@ -43,7 +43,7 @@ def test_minimax_recipe_is_two_sparks_over_ray() -> None:
     assert "--distributed-executor-backend" in argv and argv[argv.index("--host") + 1] == "127.0.0.1"
     assert load_table("vllm").check_flags(argv[2:]) == []  # the whole command line is valid
     estimate = engine_of(recipe).estimate_memory(recipe)
-    assert estimate.fits and estimate.weights_gb == 57.5
+    assert estimate.fits and estimate.weights_gb == 65.5  # ~130.6 GB NVFP4 build / 2
     single = load_recipe("gpt-oss-120b-vllm")
     assert single.node_count == 1 and engine_of(single).estimate_memory(single).fits
 
@@ -69,10 +69,14 @@ def test_bad_values_and_reserved_flags_are_refused(tmp_path: Path) -> None:
 
 def test_memory_estimate_counts_utilization_and_the_object_store(tmp_path: Path) -> None:
     recipe = load_recipe(recipe_file(tmp_path, memory={"weights_gb": 100, "kv_cache_fraction": 0.9},
-                                     ray={"object_store_gb": 10}))
+                                     ray={"object_store_gb": 10}, image="nvcr.io/nvidia/vllm:26.03-py3"))
     estimate = engine_of(recipe).estimate_memory(recipe)
     # 0.9 x 128 = 115.2 for vLLM, + 10 object store: 2.8 GB left < half the 8 GB reserve
     assert estimate.verdict == "tight" and estimate.total_gb == 125.2
+    # without Ray (the default image has none: vLLM's own multi-node) there is no object store
+    no_ray = load_recipe(recipe_file(tmp_path, memory={"weights_gb": 100, "kv_cache_fraction": 0.9},
+                                     ray={"object_store_gb": 10}))
+    assert no_ray.backend == "mp" and engine_of(no_ray).estimate_memory(no_ray).total_gb == 115.2
     too_big = load_recipe(recipe_file(tmp_path, memory={"weights_gb": 250, "kv_cache_fraction": 0.8}))
     assert engine_of(too_big).estimate_memory(too_big).verdict == "does not fit"
 

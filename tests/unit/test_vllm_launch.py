@@ -64,11 +64,13 @@ def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(
 
     assert [n.name for n in models.nodes(inv)] == ["spark-a", "spark-b"]
     assert [type(s).__name__ for s in ray_phase.steps] == [
-        "Image", "ImageShare", "ImageDigest", "RayHead", "RayWorker", "RayCluster"]
+        "Image", "ImageShare", "ImageDigest", "RayInImage", "SameNcclDevices", "RayHead",
+        "RayWorker", "RayCluster"]
     head_req = ray_phase.facts(inv, inv.node("spark-a"))
     worker_req = ray_phase.facts(inv, inv.node("spark-b"))
     assert head_req["commands"]["ray"] == ray.probe_cmd("sparkctl-vllm") + " 2>/dev/null"
     assert "ray" not in (worker_req.get("commands") or {}) and worker_req["links"] is True
+    assert "vllm_image_record" in worker_req["commands"]  # what the image holds, per image ID
 
     assert [s.name for s in serve_phase.steps] == ["stop-previous", "server", "ready", "smoke-test"]
     assert [s.kind for s in serve_phase.steps][2:] == ["verify", "verify"]
@@ -397,8 +399,9 @@ def test_ray_environment_is_the_fabric_and_the_store_is_capped(recipe: Any) -> N
                       object_store_gb=1.5, num_cpus=16, port=6400)
     worker = ray.ray_spec(custom, inv, inv.node("spark-b"), roce, "/hf", infiniband=True)
     env = worker.env
-    assert env["VLLM_HOST_IP"] == WORKER_IP and env["MASTER_ADDR"] == HEAD_IP
-    assert env["GLOO_SOCKET_IFNAME"] == env["TP_SOCKET_IFNAME"] == "enp1s0f1np1"
+    assert env["VLLM_HOST_IP"] == WORKER_IP and env["GLOO_SOCKET_IFNAME"] == "enp1s0f1np1"
+    # read by nothing vLLM runs: not set
+    assert not {"MASTER_ADDR", "TP_SOCKET_IFNAME", "RAY_DISABLE_IMPORT_WARNING"} & set(env)
     assert env["RAY_memory_monitor_refresh_ms"] == "0" and env["VLLM_LOGGING_LEVEL"] == "DEBUG"
     assert not {"HF_TOKEN", "OMPI_MCA_btl_tcp_if_include"} & set(env)
     argv = worker.command

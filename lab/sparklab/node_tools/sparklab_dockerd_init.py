@@ -51,6 +51,16 @@ def make_mountpoint(dst: str, like: str) -> None:
         open(dst, "a").close()
 
 
+def hide_tools(names: list[str]) -> None:
+    """/usr/local/bin as the image has it: links to the lab image's tools except those the real
+    image lacks (its `ray`), so `command -v ray` finds nothing and `docker run IMAGE ray` fails."""
+    mount("tmpfs", "/usr/local/bin", "tmpfs", MS_NODEV, "mode=0755")
+    tools = IMAGE_IN_CONTAINER + "/bin"
+    for tool in sorted(os.listdir(tools)):
+        if tool not in names:
+            os.symlink(f"{tools}/{tool}", f"/usr/local/bin/{tool}")
+
+
 def container_init(cid: str) -> None:
     d = cdir(cid)
     config = read_json(d + "/config.json")
@@ -107,6 +117,8 @@ def container_init(cid: str) -> None:
             os.makedirs("/usr/local/" + sub)
         mount(stage, IMAGE_IN_CONTAINER, None, MS_MOVE)
         bind(IMAGE_IN_CONTAINER + "/bin", "/usr/local/bin", readonly=True)
+        if lab.get("image_lacks"):  # the real image has no such tool: not on PATH at all
+            hide_tools(lab["image_lacks"])
         # Outbox first: a bind taken from inside the read-only lab dir would be read-only too.
         if os.path.isdir(OUTBOX_IN_CONTAINER):
             bind(OUTBOX, OUTBOX_IN_CONTAINER)

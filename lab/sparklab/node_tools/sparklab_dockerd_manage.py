@@ -19,6 +19,7 @@ from sparklab_dockerd_state import (
     cdir,
     find,
     image_record,
+    normalize_image,
     pull,
     remove_dir,
     set_state,
@@ -287,4 +288,34 @@ def cmd_kill(args: list[str]) -> int:
 
 
 def cmd_rmi(args: list[str]) -> int:
-    return 0  # images cost nothing in the lab; keeping them mirrors a node that pulled once
+    """`docker rmi [-f] IMAGE...`: untags and deletes the image record, refusing (without -f) an
+    image a container was created from, and always one a running container uses, as dockerd does;
+    an image the node does not have is "No such image" (exit 1)."""
+    opts, refs = split_flags(args, set(), {"-f", "--force", "--no-prune"}, "rmi")
+    if not refs:
+        raise DockerError('"docker rmi" requires at least 1 argument.', 1)
+    force = any(f in ("-f", "--force") for f, _ in opts)
+    code = 0
+    for ref in refs:
+        name = normalize_image(ref)
+        rec = image_record(name)
+        if rec is None:
+            print(f"Error response from daemon: No such image: {ref}", file=sys.stderr)
+            code = 1
+            continue
+        users = [c for c in all_containers() if c.get("Image") == rec["Id"]]
+        running_users = [c for c in users if c["State"].get("Running")]
+        blocking = running_users if force else users
+        if blocking:
+            state = "running container" if blocking[0]["State"].get("Running") else "container"
+            print(f'Error response from daemon: conflict: unable to remove repository reference '
+                  f'"{ref}" (must force) - {state} {blocking[0]["Id"][:12]} is using its referenced '
+                  f'image {rec["Id"][7:19]}', file=sys.stderr)
+            code = 1
+            continue
+        os.remove(f"{IMAGES}/{name.replace('/', '+')}.json")
+        print(f"Untagged: {name}")
+        for digest in rec["RepoDigests"]:
+            print(f"Untagged: {digest}")
+        print(f"Deleted: {rec['Id']}")
+    return code

@@ -15,7 +15,7 @@ from sparklab_dockerd_state import (
     cdir,
     find,
     image_dir,
-    image_path,
+    image_env,
     image_record,
     lock,
     normalize_image,
@@ -155,7 +155,7 @@ def cmd_run(args: list[str]) -> int:
             "Id": cid, "Created": now_iso(), "Path": argv[0], "Args": argv[1:],
             "Name": "/" + name, "Image": image["Id"], "Driver": "overlay2",
             "Config": {"Hostname": os.uname().nodename, "Image": ref,
-                       "Env": [f"PATH={image_path(image_name)}", *env], "Cmd": cmd or None,
+                       "Env": [*image_env(image_name), *env], "Cmd": cmd or None,
                        "Entrypoint": [entrypoint] if entrypoint else None,
                        "WorkingDir": workdir if workdir != "/" else "", "Labels": labels},
             "HostConfig": {"NetworkMode": network, "Binds": [v for f, v in opts
@@ -172,7 +172,8 @@ def cmd_run(args: list[str]) -> int:
             "Mounts": mounts,
             "sparklab": {"argv": argv, "workdir": workdir, "image_dir": image_dir(),
                          "image_name": image_name,
-                         "image_mounts": catalog_entry(image_name).get("mounts") or []},
+                         "image_mounts": catalog_entry(image_name).get("mounts") or [],
+                         "image_lacks": catalog_entry(image_name).get("lacks") or []},
         }
         write_json(d + "/config.json", config)
         write_json(d + "/state.json", {"Status": "created", "Running": False, "Pid": 0,

@@ -95,11 +95,26 @@ def image_dir() -> str:
 
 
 def normalize_image(ref: str) -> str:
+    if "@" in ref:  # by digest: the catalog image that declares it (else unknown, as a registry)
+        return by_digest(ref)
     last = ref.rsplit("/", 1)[-1]
     if "@" not in ref and ":" not in last:
         ref += ":latest"
     if "/" not in ref.split(":")[0]:
         ref = "docker.io/library/" + ref
+    return ref
+
+
+def by_digest(ref: str) -> str:
+    """REPO@sha256:... -> the catalog's REPO:TAG whose declared `digest` it is; unchanged
+    otherwise (the pull then fails as a registry's "manifest unknown" does)."""
+    repo, _, digest = ref.partition("@")
+    repo = repo.rsplit(":", 1)[0] if ":" in repo.rsplit("/", 1)[-1] else repo
+    catalog = read_json(image_dir() + "/catalog.json", {}) or {}
+    for name, entry in (catalog.get("images") or {}).items():
+        if name.rsplit(":", 1)[0] == repo and isinstance(entry, dict) \
+                and entry.get("digest") == digest:
+            return name
     return ref
 
 
@@ -116,6 +131,16 @@ def image_path(name: str) -> str:
     return f"{first}:{DEFAULT_PATH}" if first else DEFAULT_PATH
 
 
+def image_env(name: str) -> list[str]:
+    """The image's own environment (its Config.Env): its PATH, and for the lab's simulated tools
+    which image they run in and what it lacks (SPARKLAB_IMAGE_LACKS=ray: python3 without Ray)."""
+    entry = catalog_entry(name)
+    env = [f"PATH={image_path(name)}", f"SPARKLAB_IMAGE={name}"]
+    if entry.get("lacks"):
+        env.append("SPARKLAB_IMAGE_LACKS=" + ",".join(entry["lacks"]))
+    return env
+
+
 def catalog_digest(name: str) -> str | None:
     import hashlib
 
@@ -123,6 +148,9 @@ def catalog_digest(name: str) -> str | None:
     catalog = read_json(d + "/catalog.json", {}) or {}
     if name not in catalog.get("images", {}):
         return None
+    declared = (catalog["images"][name] or {}).get("digest")
+    if declared:  # an image the lab serves under its real registry digest (pinned references)
+        return str(declared)
     h = hashlib.sha256(name.encode())
     for base, dirs, files in sorted(os.walk(d)):
         dirs[:] = sorted(x for x in dirs if x != "__pycache__")
@@ -145,7 +173,7 @@ def node_digest(name: str) -> str | None:
 def config_blob(name: str, digest: str) -> bytes:
     """The image's config as `docker save` writes it; its sha256 is the image ID."""
     return json.dumps({"architecture": "arm64", "os": "linux",
-                       "config": {"Env": [f"PATH={image_path(name)}"], "Cmd": ["/bin/bash"],
+                       "config": {"Env": image_env(name), "Cmd": ["/bin/bash"],
                                   "Labels": {"org.sparklab.simulated": "true"}},
                        "sparklab": {"image": name, "repo_digest": digest}},
                       sort_keys=True).encode()
@@ -189,7 +217,7 @@ def image_record(name: str) -> dict | None:
     return {"Id": image_id(name, digest), "RepoTags": [name],
             "RepoDigests": [] if rec.get("loaded") else [f"{repo}@{digest}"],
             "Created": rec["pulled"], "Size": 27_000_000_000,
-            "Config": {"Env": [f"PATH={image_path(name)}"], "Cmd": ["/bin/bash"], "Entrypoint": None,
+            "Config": {"Env": image_env(name), "Cmd": ["/bin/bash"], "Entrypoint": None,
                        "Labels": {"org.sparklab.simulated": "true"}}}
 
 

@@ -23,6 +23,8 @@ class SglangEngine:
     title = "SGLang"
     ready_line = READY_LINE  # logged after its warm-up request
     recipe_type = Recipe
+    placed = True
+    """Servers are named and placed (`launch --nodes/--name`), several at once."""
     layouts = SglangLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:

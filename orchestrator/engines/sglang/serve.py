@@ -93,11 +93,10 @@ class ServeSpec:
                 "started": datetime.now(UTC).isoformat(timespec="seconds")}
 
     def env(self, node: Node, roce: list[str]) -> dict[str, str]:
-        """The fabric environment, derived like the other engines' (phases/container.fabric_env)."""
-        fabric = containers.fabric_env(self.inventory, roce)
-        first = self.inventory.fabric.interfaces[0]
-        env = {key: fabric[key] for key in ("UCX_NET_DEVICES", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA")}
-        env.update({"GLOO_SOCKET_IFNAME": first, "TP_SOCKET_IFNAME": first,
+        """The fabric environment, all of it as the other engines get it (phases/container.fabric_env,
+        a ring's three NCCL settings included), plus Gloo's one interface and SGLang's host IP."""
+        env = dict(containers.fabric_env(self.inventory, roce))
+        env.update({"GLOO_SOCKET_IFNAME": self.inventory.fabric.interfaces[0],
                     "SGLANG_HOST_IP": self.inventory.mpi_address(node), "HF_HUB_OFFLINE": "1"})
         env.update(self.recipe.env)
         return env

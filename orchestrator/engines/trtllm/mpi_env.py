@@ -26,16 +26,15 @@ image) and recorded on the node in `/var/lib/sparkctl/images/`, which the facts 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.commands import docker_cmd, quote
+from orchestrator.commands import docker_cmd
 from orchestrator.paths import HOSTFILE, SSH_CONFIG
+from orchestrator.phases import image_records
 
-RECORD_DIR = "/var/lib/sparkctl/images"
+RECORD_DIR = image_records.RECORD_DIR
 FACT_KEY = "mpi_record"
 _VERSION_RE = re.compile(r"\(Open MPI\)\s+(\d+)\.(\d+)(?:\.(\d+))?")
 _TAG_RE = re.compile(r":(\d+)\.(\d+)\.(\d+)(?:rc(\d+))?")
@@ -123,22 +122,18 @@ def ssh_args_var(mpi_major: int) -> str:
 
 # ---------------------------------------------------------------- the record on the node
 def record_path(image: str) -> str:
-    return f"{RECORD_DIR}/{hashlib.sha256(image.encode()).hexdigest()[:16]}.json"
+    return image_records.record_path(image)
 
 
 def record_fact(image: str) -> dict[str, str]:
     """The facts `commands` entry that reads the record (empty output when there is none)."""
-    return {FACT_KEY: f"cat {quote(record_path(image))} 2>/dev/null || true"}
+    return image_records.record_fact(FACT_KEY, record_path(image))
 
 
 def recorded(facts: dict[str, Any], image_id: str | None) -> dict[str, Any] | None:
     """The record from the facts, when it was made for this image ID."""
-    out = (((facts.get("commands") or {}).get(FACT_KEY) or {}).get("out") or "").strip()
-    try:
-        record = json.loads(out) if out else None
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or not isinstance(record.get("major"), int):
+    record = image_records.read_record(facts, FACT_KEY)
+    if record is None or not isinstance(record.get("major"), int):
         return None
     if image_id and record.get("image_id") != image_id:
         return None
@@ -160,9 +155,4 @@ def detect_and_record_cmd(image: str, image_id: str) -> str:
         "'detected':datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}\n"
         "print(json.dumps(r))\n"
     )
-    path = record_path(image)
-    return (f"out=$({probe} 2>&1) || {{ echo \"$out\" | tail -20 >&2; exit 2; }}; "
-            f"rec=$(printf '%s' \"$out\" | python3 -c {quote(script)}) || exit 3; "
-            f"install -d -m 0755 {quote(RECORD_DIR)} && "
-            f"printf '%s\\n' \"$rec\" > {quote(path)}.tmp && mv {quote(path)}.tmp {quote(path)} && "
-            "printf '%s\\n' \"$rec\"")
+    return image_records.detect_and_record_cmd(probe, script, record_path(image))

@@ -27,14 +27,15 @@ from orchestrator.engines.base import (
     verdict_of,
 )
 
-NEEDS_DRAFT = ("Eagle", "Eagle3", "DraftTarget")
+NEEDS_DRAFT = ("Eagle", "Eagle3", "Draft_Target")
 # Options sparkctl sets itself from typed recipe fields: setting them twice would be ambiguous.
 RESERVED_OPTIONS = ("speculative_config", "tensor_parallel_size", "max_num_tokens", "backend")
 
 
 class Speculative(StrictModel):
-    decoding_type: Literal["Eagle", "Eagle3", "DraftTarget", "MTP", "NGram"]
-    """TensorRT-LLM's speculative decoding type (PyTorch backend; `Eagle` is an alias of `Eagle3`)."""
+    decoding_type: Literal["Eagle", "Eagle3", "Draft_Target", "MTP", "NGram"]
+    """TensorRT-LLM's speculative decoding type (PyTorch backend; `Eagle` is an alias of `Eagle3`;
+    1.3.0rc13 spells the draft-model one `Draft_Target`)."""
     max_draft_len: int = Field(ge=1, le=64)
     """Tokens the draft proposes per step (NVIDIA's pages: 3 for Qwen3-235B, 5 for gpt-oss)."""
     draft_model: str | None = Field(default=None, pattern=REPO_PATTERN)
@@ -103,7 +104,20 @@ class Recipe(BaseRecipe):
             if flag.split("=")[0] in ("--host", "--port", "--tp_size", "--extra_llm_api_options",
                                       "--config"):
                 raise ValueError(f"serve_args must not set {flag}: sparkctl sets it")
+        self._check_against_table()
         return self
+
+    def _check_against_table(self) -> None:
+        """Refuse what trtllm-serve itself would refuse minutes into a launch: flags its click
+        parser does not know, YAML keys TorchLlmArgs forbids (naming what replaced a removed one)."""
+        from orchestrator.engines.trtllm.options import check_llm_api_config, check_serve_args
+
+        problems = check_serve_args(self.serve_args)
+        if problems:
+            raise ValueError("serve_args: " + "; ".join(problems))
+        problems = check_llm_api_config(self.llm_api_config())
+        if problems:
+            raise ValueError("llm_api_options: " + "; ".join(problems))
 
     @property
     def node_count(self) -> int:

@@ -9,7 +9,7 @@ started. Readiness is judged over HTTP on the head afterwards (steps/readiness.p
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -31,7 +31,9 @@ from orchestrator.remote.transport import Transport
 from orchestrator.render import render
 
 CONFIG_PATH = "/etc/sparkctl/extra-llm-api-config.yml"
-PASSED_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES", "CPATH", "TRITON_PTXAS_PATH")
+# Forwarded to every rank besides the fabric's variables (phases/nccl_env.fabric_variable_names).
+FABRIC_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES")
+PASSED_ENV = ("CPATH", "TRITON_PTXAS_PATH")
 RANK_WRAPPER = (
     'r="${OMPI_COMM_WORLD_RANK:-0}"; echo $$ > ' + RUN_DIR + '/rank-"$r".pid; '
     'exec "$@" > ' + RUN_DIR + '/rank-"$r".log 2>&1'
@@ -68,9 +70,11 @@ def render_llm_api_config(recipe: Recipe) -> str:
                   options=options.rstrip())
 
 
-def serve_argv(recipe: Recipe, host: str) -> list[str]:
-    """mpirun across the serving nodes; each rank's output in its own node's rank-N.log."""
-    passed = ["HF_HUB_OFFLINE=1", *PASSED_ENV]
+def serve_argv(recipe: Recipe, host: str, fabric: Sequence[str] = FABRIC_ENV) -> list[str]:
+    """mpirun across the serving nodes; each rank's output in its own node's rank-N.log. `fabric`
+    names the container's NCCL/UCX variables (a ring adds three): remote ranks start through the
+    container's sshd with none of the container's environment, so each is forwarded (-x)."""
+    passed = ["HF_HUB_OFFLINE=1", *fabric, *PASSED_ENV]
     if not recipe.memory.parallel_weight_loading:
         passed.append("TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1")
     argv = ["mpirun", "-np", str(recipe.node_count)]
@@ -159,7 +163,9 @@ class LaunchSpec:
         self.replace = replace
         self.drop_caches = drop_caches
         self.config_text = render_llm_api_config(recipe)
-        self.argv = serve_argv(recipe, host)
+        from orchestrator.phases.nccl_env import fabric_variable_names
+
+        self.argv = serve_argv(recipe, host, fabric_variable_names(inventory))
         self.digest = config_hash(recipe, self.argv, self.config_text)
         self.serving = serving_nodes(recipe, inventory)
 

@@ -1,6 +1,9 @@
-"""vLLM over Ray: per serving node a container of the recipe's vLLM image running a Ray node
-(the head's bound to its fabric address, the workers joining it over the fabric), and
-`vllm serve --distributed-executor-backend ray` started in the head's container.
+"""vLLM across Sparks: per serving node a container of the recipe's vLLM image, and `vllm serve`
+started in the head's. Where the image ships Ray (or the recipe says `executor: ray`) the
+containers run a Ray node (the head's bound to its fabric address, the workers joining it over
+the fabric) and vLLM uses `--distributed-executor-backend ray`; else vLLM's own multi-node
+(`mp`: --nnodes/--node-rank/--master-addr/--master-port, the other nodes' containers run their
+`--headless` rank). engines/vllm/images.py decides, engines/vllm/multinode.py builds the phase.
 
 `up` adds nothing (the TensorRT-LLM container stays the cluster's tool for fetching and copying
 models); `launch` fetches the models (shared phase), starts the Ray containers, waits until Ray
@@ -10,7 +13,7 @@ chat completion.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 from orchestrator.engines.vllm.layouts import VllmLayouts
@@ -18,34 +21,15 @@ from orchestrator.engines.vllm.recipe import Recipe
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
-    from orchestrator.inventory import Inventory, Node
+    from orchestrator.inventory import Inventory
 
 
 def ray_phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) -> Phase:
-    from orchestrator.engines import serving_nodes
-    from orchestrator.engines.vllm import ray
-    from orchestrator.phases import container
-    from orchestrator.phases.image_share import image_steps
-    from orchestrator.phases.models import ServingPhase
-    from orchestrator.phases.registry import with_probe
-    from orchestrator.remote.facts import merge_requests
+    """The nodes working together: a Ray cluster where the image has Ray, else vLLM's own
+    multi-node (engines/vllm/multinode.py)."""
+    from orchestrator.engines.vllm import multinode
 
-    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        own = with_probe({**container.spec_facts([recipe.image], [recipe.container_name],
-                                                 inv.cluster.user), "links": True}, recipe.image)
-        if node.name != inv.head_name:
-            return own
-        probe = {"commands": {"ray": ray.probe_cmd(recipe.container_name) + " 2>/dev/null"}}
-        return merge_requests([own, probe])
-
-    def image(ctx: Any) -> str:
-        return recipe.image
-
-    # a node that cannot pull gets the image from one that has it, over the fabric
-    steps = [*image_steps(image), ray.RayHead(recipe, restart),
-             ray.RayWorker(recipe, restart),
-             ray.RayCluster(recipe)]
-    return ServingPhase("ray", steps, facts, serving=serving_nodes(recipe, inventory))
+    return multinode.phase(recipe, inventory, restart)
 
 
 class VllmEngine:
@@ -107,12 +91,19 @@ class VllmEngine:
         from orchestrator.engines.vllm.options import version
         from orchestrator.engines.vllm.serve import serve_argv
 
-        ray = (f"head: ray start --head --node-ip-address <head fabric IP> --port {recipe.ray.port} "
-               f"--num-gpus 1 --object-store-memory {int(recipe.ray.object_store_gb * 1e9)}\n"
-               f"workers: ray start --address <head fabric IP>:{recipe.ray.port} "
-               "--node-ip-address <their fabric IP> --num-gpus 1")
-        return [(f"Ray cluster ({recipe.container_name} on {recipe.node_count} node(s), "
-                 f"{recipe.image})", ray),
+        if recipe.backend == "ray":
+            nodes = (f"head: ray start --head --node-ip-address <head fabric IP> --port "
+                     f"{recipe.ray.port} --num-gpus 1 --object-store-memory "
+                     f"{int(recipe.ray.object_store_gb * 1e9)}\n"
+                     f"workers: ray start --address <head fabric IP>:{recipe.ray.port} "
+                     "--node-ip-address <their fabric IP> --num-gpus 1")
+            what = "Ray cluster"
+        else:
+            nodes = "\n".join(f"rank {r}: " + join(serve_argv(recipe, DEFAULT_HOST, r))
+                               for r in range(1, recipe.node_count)) or "one node: no other rank"
+            what = "vLLM's own multi-node, no Ray (headless ranks)"
+        return [(f"{what} ({recipe.container_name} on {recipe.node_count} node(s), "
+                 f"{recipe.image})", nodes),
                 (f"serve command (in the head's {recipe.container_name}; flags checked against "
                  f"vLLM {version()})", join(serve_argv(recipe, DEFAULT_HOST)))]
 

@@ -1,9 +1,5 @@
-"""The adapter between vLLM recipes and the option table (engines/optiontable.py).
-
-TODO(lead, merge of the `options` branch): optiontable.py and vllm/options.json are copies of that
-branch's files; keep theirs. This adapter only relies on `load_table("vllm").check_flags(argv)`
-returning problems whose str() names the flag, the engine version and the nearest valid flag.
-"""
+"""The adapter between vLLM recipes and the option table (engines/optiontable.py), extracted
+from the pinned vLLM wheel (orchestrator/engines/vllm/options.json)."""
 
 from __future__ import annotations
 
@@ -20,6 +16,12 @@ def table() -> Any:
 
 def version() -> str:
     return str(table().version)
+
+
+def canonical(flag: str) -> str:
+    """vLLM's own spelling of a flag, an alias (-tp), an underscore form or an abbreviation that
+    argparse would accept (--tensor-parallel); unknown flags come back as given."""
+    return str(table().canonical(flag) or flag)
 
 
 def check_serve_args(argv: list[str]) -> list[str]:

@@ -1,9 +1,11 @@
 """vLLM's part of `launch --persist` (the shared mechanism: phases/persist.py).
 
-The Ray containers run with a restart policy: docker brings back the head's `ray start --head`
-and every worker's `ray start --address` (a worker that could not reach the head yet is started
-again by its node's boot unit). The head's unit waits until Ray lists every serving node (head
-last), then runs the same `vllm serve` launch ran, records it, and waits for /health.
+The containers run with a restart policy. With Ray docker brings back the head's `ray start
+--head` and every worker's `ray start --address` (a worker that could not reach the head yet is
+started again by its node's boot unit); the head's unit waits until Ray lists every serving node
+(head last), then runs the same `vllm serve` launch ran, records it, and waits for /health.
+Without Ray (mp) the other nodes' containers are their headless ranks, which wait for rank 0 by
+themselves; the head's unit starts rank 0 at once.
 """
 
 from __future__ import annotations
@@ -33,16 +35,20 @@ def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
     nodes = list(spec.serving)
     estimate = recipe_estimate(spec)
 
+    ray = recipe.backend == "ray"
+
     def part(node: Node) -> persist.Part:
         if node.name != nodes[0]:
+            # mp: the container is the headless rank; it waits for rank 0 by itself
+            role = "Ray worker" if ray else "headless vLLM rank"
             return persist.Part(containers=[container], ready=[
-                (f"Ray worker {container} running", persist.running_cmd(container))])
+                (f"{role} {container} running", persist.running_cmd(container))])
         ips = [node_ip(inventory, inventory.node(name)) for name in nodes]
         every = f"{probe_cmd(container)} 2>/dev/null | {join(['python3', '-c', EVERY_NODE, *ips])}"
         record = {**spec.record(), "started": BOOT_TIME}
         return persist.Part(
             containers=[container],
-            wait=[(f"Ray lists every serving node ({', '.join(ips)})", every)],
+            wait=[(f"Ray lists every serving node ({', '.join(ips)})", every)] if ray else [],
             start=[(f"vllm serve {recipe.model} in {container}", start_cmd(container, spec.argv)),
                    ("the server record", node_cmd(container, action="started", server=record,
                                                   main=MAIN, ours=OURS))],

@@ -28,13 +28,13 @@ from orchestrator.phases.container import INFINIBAND, ContainerSpec
 from orchestrator.timestamps import parse_time
 
 RAY_LOGS = "/tmp/ray/session_latest/logs"
+SPREAD = '{"placement_group_options":{"strategy":"SPREAD"}}'
 READY_LOG_LINE = "Ray runtime started"
 STARTED_LINE = READY_LOG_LINE.replace(" ", "[ ]")  # no literal of the marker in our argv
 
 # Runs in the head container with its python3 (the image's, which has Ray): the nodes Ray knows.
 RAY_PROBE = r"""
 import json, os, sys
-os.environ.setdefault("RAY_DISABLE_IMPORT_WARNING", "1")
 try:
     import ray
     ray.init(address="auto", logging_level="ERROR", log_to_driver=False, configure_logging=False)
@@ -54,21 +54,25 @@ def node_ip(inventory: Inventory, node: Node) -> str:
 
 
 def engine_env(inventory: Inventory, node: Node, roce: list[str], recipe: Recipe) -> dict[str, str]:
-    """The fabric environment, derived like the TensorRT-LLM container's, plus Ray/vLLM's own."""
-    fabric = containers.fabric_env(inventory, roce)
-    first = inventory.fabric.interfaces[0]
-    env = {key: fabric[key] for key in ("UCX_NET_DEVICES", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA")}
+    """The fabric environment, all of it as every engine's container gets it (a ring's three
+    NCCL settings included), plus what vLLM reads: its host IP and Gloo's one interface. Nothing
+    that nothing reads (TP_SOCKET_IFNAME is TensorPipe's, MASTER_ADDR torchrun's: vLLM takes its
+    rendezvous from its own flags)."""
+    env = dict(containers.fabric_env(inventory, roce))
     env.update({
         "VLLM_HOST_IP": node_ip(inventory, node),
-        # Gloo and torch's TCP store take one interface, not a list
-        "GLOO_SOCKET_IFNAME": first,
-        "TP_SOCKET_IFNAME": first,
-        "MASTER_ADDR": node_ip(inventory, inventory.head),
-        # Ray's memory monitor counts GPU-resident weights on unified memory as host memory and
-        # kills healthy workers (NVIDIA's vLLM playbook turns it off the same way)
-        "RAY_memory_monitor_refresh_ms": "0",
-        "RAY_DISABLE_IMPORT_WARNING": "1",
+        # Gloo takes one interface, not a list
+        "GLOO_SOCKET_IFNAME": inventory.fabric.interfaces[0],
     })
+    if recipe.backend == "ray":
+        env.update({
+            # Ray's memory monitor counts GPU-resident weights on unified memory as host memory
+            # and kills healthy workers (NVIDIA's vLLM playbook turns it off the same way)
+            "RAY_memory_monitor_refresh_ms": "0",
+            # one GPU per Spark: vLLM's default PACK placement group would try to put bundles
+            # together; SPREAD puts one on each node (eugr/spark-vllm-docker#227)
+            "VLLM_DISTRIBUTED_EXECUTOR_CONFIG": SPREAD,
+        })
     env.update(recipe.env)
     return env
 

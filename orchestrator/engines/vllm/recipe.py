@@ -36,9 +36,11 @@ IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64}
 RESERVED_FLAGS = {
     "--host": "launch --host", "--port": "port", "--tensor-parallel-size": "tensor_parallel_size",
     "-tp": "tensor_parallel_size", "--pipeline-parallel-size": "pipeline_parallel_size",
-    "-pp": "pipeline_parallel_size", "--distributed-executor-backend": "(always ray)",
+    "-pp": "pipeline_parallel_size", "--distributed-executor-backend": "executor",
     "--gpu-memory-utilization": "memory.kv_cache_fraction", "--revision": "revision",
-    "--model": "model",
+    "--model": "model", "--nnodes": "the node count", "--node-rank": "(set per node)",
+    "--master-addr": "(the head's fabric address)", "--master-port": "master_port",
+    "--headless": "(set on the ranks > 0)",
 }
 
 
@@ -67,6 +69,14 @@ class Recipe(BaseRecipe):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment of the containers (e.g. VLLM_* switches)."""
     ray: RayOptions = Field(default_factory=RayOptions)
+    executor: Literal["auto", "ray", "mp"] = "auto"
+    """How the nodes work together: `ray` (a Ray cluster, vllm serve on the head), `mp` (vLLM's own
+    multi-node: --nnodes/--node-rank/--master-addr/--master-port, --headless on the ranks > 0, no
+    Ray) or `auto`: Ray where the image is known to ship it, else mp (engines/vllm/images.py).
+    Forcing `ray` on an image without Ray is refused."""
+    master_port: int = Field(default=29501, ge=1024, le=65535)
+    """vLLM's --master-port with the mp executor: rank 0 listens there on the head's fabric
+    address and the headless ranks connect to it."""
 
     @property
     def world_size(self) -> int:
@@ -76,12 +86,26 @@ class Recipe(BaseRecipe):
     def node_count(self) -> int:
         return self.nodes or self.world_size
 
+    @property
+    def backend(self) -> str:
+        """The executor this launch uses: "ray" or "mp" (engines/vllm/images.py decides auto)."""
+        from orchestrator.engines.vllm.images import executor_for
+
+        return executor_for(self.executor, self.image)
+
     def listen_ports(self, nodes: list[str]) -> list[ListenPort]:
         from orchestrator.phases.ports import ListenPort
 
-        # the Ray head (GCS) runs on the first node, next to vllm serve
-        return [*super().listen_ports(nodes),
-                ListenPort(nodes[0], self.ray.port, "Ray GCS", "set ray.port in the recipe")]
+        # on the first node, next to vllm serve: the Ray head's GCS, or (mp, several nodes)
+        # rank 0's --master-port the headless ranks connect to
+        if self.backend == "ray":
+            extra = [ListenPort(nodes[0], self.ray.port, "Ray GCS", "set ray.port in the recipe")]
+        elif self.node_count > 1:
+            extra = [ListenPort(nodes[0], self.master_port, "master-port",
+                                "set master_port in the recipe")]
+        else:
+            extra = []
+        return [*super().listen_ports(nodes), *extra]
 
     @field_validator("env")
     @classmethod
@@ -94,13 +118,19 @@ class Recipe(BaseRecipe):
             raise ValueError(
                 f"nodes is {self.nodes} but tensor_parallel_size x pipeline_parallel_size is "
                 f"{self.world_size}: a Spark has one GPU, so vLLM needs one node per rank")
+        from orchestrator.engines.vllm.images import known, no_ray_message
+        from orchestrator.engines.vllm.options import canonical, check_serve_args
+
+        found = known(self.image)
+        if self.executor == "ray" and found is not None and not found.ray:
+            raise ValueError(no_ray_message(self.image, found.source))
+
         for word in self.serve_args:
-            flag = word.split("=", 1)[0].replace("_", "-")
+            # an abbreviation (--tensor-parallel) is the flag itself to vLLM's argparse
+            flag = canonical(word.split("=", 1)[0]) if word.startswith("-") else word
             if flag in RESERVED_FLAGS:
                 raise ValueError(f"serve_args must not set {flag}: sparkctl sets it from "
                                  f"{RESERVED_FLAGS[flag]}")
-        from orchestrator.engines.vllm.options import check_serve_args
-
         problems = check_serve_args(self.serve_args)
         if problems:
             raise ValueError("serve_args: " + "; ".join(problems))
@@ -115,7 +145,7 @@ def estimate_memory(recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> 
     loaded = weights + m.runtime_gb
     vllm_gb = m.kv_cache_fraction * node_memory_gb
     kv = vllm_gb - loaded
-    store = recipe.ray.object_store_gb
+    store = recipe.ray.object_store_gb if recipe.backend == "ray" else 0.0  # no Ray, no store
     free = node_memory_gb - vllm_gb - store
     fits, verdict = verdict_of(node_memory_gb - loaded - store, free, m.system_reserve_gb)
     if kv <= 0:

@@ -31,17 +31,23 @@ SERVER_WRAPPER = f"echo $$ > {RUN_DIR}/{MAIN}; exec \"$@\" > {RUN_DIR}/server.lo
 POLL_SECONDS = 3.0
 
 
-def serve_argv(recipe: Recipe, host: str) -> list[str]:
+def serve_argv(recipe: Recipe, host: str, rank: int = 0, head_ip: str = "<head fabric IP>") -> list[str]:
+    """`vllm serve` of one node: rank 0 serves the API (host, port); with the mp executor on
+    several nodes every rank gets --nnodes/--node-rank/--master-addr/--master-port and the
+    ranks > 0 run --headless (engines/vllm/images.py picks the executor)."""
     argv = ["vllm", "serve", recipe.model]
     if recipe.revision != "main":
         argv += ["--revision", recipe.revision]
     argv += ["--tensor-parallel-size", str(recipe.tensor_parallel_size)]
     if recipe.pipeline_parallel_size > 1:
         argv += ["--pipeline-parallel-size", str(recipe.pipeline_parallel_size)]
-    argv += ["--distributed-executor-backend", "ray",
-             "--gpu-memory-utilization", f"{recipe.memory.kv_cache_fraction:g}",
-             "--host", host, "--port", str(recipe.port), *recipe.serve_args]
-    return argv
+    argv += ["--distributed-executor-backend", recipe.backend]
+    if recipe.backend == "mp" and recipe.node_count > 1:
+        argv += ["--nnodes", str(recipe.node_count), "--node-rank", str(rank),
+                 "--master-addr", head_ip, "--master-port", str(recipe.master_port)]
+    argv += ["--gpu-memory-utilization", f"{recipe.memory.kv_cache_fraction:g}"]
+    argv += ["--headless"] if rank > 0 else ["--host", host, "--port", str(recipe.port)]
+    return [*argv, *recipe.serve_args]
 
 
 def start_cmd(container: str, argv: list[str]) -> str:
@@ -92,7 +98,9 @@ def refusal(status: dict[str, Any], recipe: Recipe) -> str:
 class ServeSpec:
     def __init__(self, recipe: Recipe, inventory: Inventory, host: str, replace: bool) -> None:
         self.recipe, self.inventory, self.host, self.replace = recipe, inventory, host, replace
-        self.argv = serve_argv(recipe, host)
+        from orchestrator.engines.vllm.ray import node_ip
+
+        self.argv = serve_argv(recipe, host, 0, node_ip(inventory, inventory.head))
         self.digest = config_hash(recipe, self.argv, "")
         self.serving = serving_nodes(recipe, inventory)
 
@@ -110,6 +118,7 @@ class ServeSpec:
         return {"engine": "vllm", "recipe": r.name, "model": r.model, "draft_model": None,
                 "port": r.port, "host": self.host, "tp_size": r.tensor_parallel_size,
                 "pp_size": r.pipeline_parallel_size, "container": r.container_name,
+                "executor": r.backend,
                 "main": MAIN, "ours": OURS, "nodes": self.serving,
                 "started": datetime.now(UTC).isoformat(timespec="seconds"),
                 "config_hash": self.digest}
@@ -158,7 +167,8 @@ class StartServer(Step):
             return Unchanged(f"{recipe.name} (config {self.spec.digest}) is already starting")
         verb = {"replace": "replace the running server with",
                 "restart": f"restart ({restart_reason(current)})"}.get(decision, "start")
-        return Change(f"{verb} {recipe.model} with vLLM over Ray on {len(self.spec.serving)} "
+        over = "over Ray" if recipe.backend == "ray" else "(its own multi-node, no Ray)"
+        return Change(f"{verb} {recipe.model} with vLLM {over} on {len(self.spec.serving)} "
                       f"node(s) (tp {recipe.tensor_parallel_size}, pp "
                       f"{recipe.pipeline_parallel_size}) at {self.spec.host}:{recipe.port}",
                       diff=join(self.spec.argv) + "\n",

@@ -16,6 +16,51 @@ SIOCGIFFLAGS, SIOCGIFADDR = 0x8913, 0x8915
 GATED_ORGS = ("nvidia/", "meta-llama/")
 
 
+def option_table(engine: str):  # type: ignore[no-untyped-def]
+    """sparkctl's option table for an engine: the copy `lab up` puts beside the image's code, or
+    the source tree's when the simulator runs from a checkout (unit tests)."""
+    tables = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tables")
+    if os.path.isfile(os.path.join(tables, "optiontable.py")):
+        if tables not in sys.path:
+            sys.path.insert(0, tables)
+        import optiontable  # type: ignore[import-not-found]
+
+        return optiontable.load_table(engine, path=__import__("pathlib").Path(tables, f"{engine}.json"))
+    from orchestrator.engines.optiontable import load_table
+
+    return load_table(engine)
+
+
+def image_version(default: str) -> str:
+    """The engine version of the image this container runs (catalog.json, by SPARKLAB_IMAGE from
+    the image's environment), else `default` (outside a container: unit tests)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        with open(os.path.join(here, "catalog.json")) as f:
+            entry = json.load(f)["images"].get(os.environ.get("SPARKLAB_IMAGE", ""), {})
+    except (OSError, ValueError, KeyError):
+        entry = {}
+    return str(entry.get("version") or default)
+
+
+class UsageError(Exception):
+    """A command line the engine's argparse parser refuses (exit 2)."""
+
+
+def usage_errors(problems: list) -> None:  # type: ignore[type-arg]
+    """argparse's wording for what the option table found: unrecognized arguments (all of them),
+    an ambiguous abbreviation with its candidates, or the first bad value."""
+    if not problems:
+        return
+    unknown = [p.key for p in problems if p.message == "unknown option"]
+    if unknown:
+        raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
+    p = problems[0]
+    if p.message.startswith("ambiguous option: could match "):
+        raise UsageError(f"ambiguous option: {p.key} could match {p.message.split('match ', 1)[1]}")
+    raise UsageError(f"argument {p.key}: {p.message}")
+
+
 def lab_dir() -> str:
     return os.environ.get("SPARKLAB_LAB_DIR", "/var/lib/sparklab")
 

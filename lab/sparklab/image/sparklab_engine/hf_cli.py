@@ -36,6 +36,9 @@ OTHER_FORMATS = {
                             "original/model.safetensors": "weights", "metal/model.bin": "weights"},
 }
 """Files beside the served weights, by repo: "weights" ones are as large as the weights."""
+REAL_HUB = "/usr/lib/sparklab/hub"
+"""Repos with real files (in every node: a lower layer of /usr that `lab up` fills,
+sparklab/llamacpp_install.py): `sparklab/tiny-llama-gguf`, a real GGUF for the real llama.cpp."""
 VERSION = "0.35.3"
 USAGE = f"""usage: hf <command> [<args>]
 
@@ -82,7 +85,27 @@ def stream(seed: bytes, size: int) -> bytes:
     return (block * (size // len(block) + 1))[:size]
 
 
+def real_repo(repo: str) -> str | None:
+    """The folder of a repo whose files are real (served as they are), or None."""
+    folder = os.path.join(os.environ.get("SPARKLAB_REAL_HUB", REAL_HUB), *repo.split("/"))
+    return folder if os.path.isfile(os.path.join(folder, "config.json")) else None
+
+
+def real_files(folder: str) -> dict[str, bytes]:
+    files = {}
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(n for n in names if not n.startswith(".")):
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                files[os.path.relpath(path, folder)] = f.read()
+    return files
+
+
 def snapshot_files(repo: str, revision: str) -> dict[str, bytes]:
+    folder = real_repo(repo)
+    if folder is not None:
+        return real_files(folder)
     arch, shards = KNOWN_REPOS[repo]
     total = int(lab_config()["model_bytes"])
     config = {"_name_or_path": repo, "architectures": [arch], "model_type": arch.lower(),
@@ -107,7 +130,15 @@ def snapshot_files(repo: str, revision: str) -> dict[str, bytes]:
 def commit_for(repo: str, revision: str) -> str:
     if len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
         return revision
-    return hashlib.sha1(f"sparklab:{repo}@{revision}".encode()).hexdigest()
+    folder = real_repo(repo)
+    version = ""
+    if folder is not None:  # a real repo whose files changed is a new commit
+        try:
+            with open(os.path.join(folder, ".sparklab-inputs")) as f:
+                version = ":" + f.read().strip()
+        except OSError:
+            pass
+    return hashlib.sha1(f"sparklab:{repo}@{revision}{version}".encode()).hexdigest()
 
 
 def write_if_changed(path: str, data: bytes) -> int:
@@ -146,7 +177,7 @@ def wanted(name: str, include: list[str], exclude: list[str]) -> bool:
 def download(repo: str, revision: str, local_dir: str | None, token: str | None,
              quiet: bool, include: list[str] | None = None,
              exclude: list[str] | None = None, dry_run: bool = False) -> str:
-    if repo not in KNOWN_REPOS:
+    if repo not in KNOWN_REPOS and real_repo(repo) is None:
         raise HfError(
             "huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error. "
             f"(Request ID: Root=1-sparklab)\n\nRepository Not Found for url: "

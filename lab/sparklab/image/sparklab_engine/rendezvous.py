@@ -56,19 +56,25 @@ class Peer:
 
 
 class Leader:
-    def __init__(self, world_size: int) -> None:
+    """Rank 0. `bind` is where it listens: by default its NCCL interface's address and the lab's
+    rendezvous port (TensorRT-LLM under MPI); vLLM's native multi-node gives --master-addr and
+    --master-port, and binding them fails as torch's TCP store does when the address is not
+    this node's."""
+
+    def __init__(self, world_size: int, bind: tuple[str, int] | None = None) -> None:
         self.world_size = world_size
         self.peers: list[Peer] = []
         self.dead: str | None = None
         self.ifname, self.addr = nccl_interface()
         nccl_log("INFO", f"Bootstrap : Using {self.ifname}:{self.addr}<0>")
         nccl_log("INFO", f"NET/Socket : Using [0]{self.ifname}:{self.addr}<0>")
-        self.server = socket.create_server((self.addr, rendezvous_port()), reuse_port=False)
+        self.bind = bind or (self.addr, rendezvous_port())
+        self.server = socket.create_server(self.bind, reuse_port=False)
 
     def gather(self) -> None:
         deadline = time.monotonic() + rendezvous_timeout()
         trt_log("I", f"Waiting for {self.world_size - 1} worker rank(s) on "
-                     f"{self.addr}:{rendezvous_port()}")
+                     f"{self.bind[0]}:{self.bind[1]}")
         while len(self.peers) < self.world_size - 1:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -165,15 +171,19 @@ def check_refs(refs: list[list[str]]) -> list[str]:
     return errors
 
 
-def connect_to_leader(rank: int) -> socket.socket:
+def connect_to_leader(rank: int, at: tuple[str, int] | None = None) -> socket.socket:
+    """From this rank's NCCL interface to rank 0: the MPI hostfile's first host (TensorRT-LLM)
+    or `at`, vLLM's --master-addr/--master-port."""
     ifname, addr = nccl_interface()
-    leader = leader_address()
-    port = rendezvous_port()
+    leader, port = at or (leader_address(), rendezvous_port())
     deadline = time.monotonic() + rendezvous_timeout()
     last_warn = 0.0
     while True:
         try:
-            sock = socket.create_connection((leader, port), timeout=5, source_address=(addr, 0))
+            # NCCL binds its interface; torch's store client (vLLM's --master-addr) lets the
+            # kernel route, which in a ring picks the link that leads to rank 0
+            source = (addr, 0) if at is None else None
+            sock = socket.create_connection((leader, port), timeout=5, source_address=source)
             sock.settimeout(None)
             hello = {"type": "hello", "rank": rank, "host": hostname(), "ifname": ifname}
             sock.sendall((json.dumps(hello) + "\n").encode())
@@ -203,9 +213,9 @@ def watch_rank_die(rank: int) -> None:
     threading.Thread(target=loop, daemon=True).start()
 
 
-def run_worker(rank: int) -> int:
+def run_worker(rank: int, at: tuple[str, int] | None = None) -> int:
     watch_rank_die(rank)
-    sock = connect_to_leader(rank)
+    sock = connect_to_leader(rank, at)
     trt_log("I", f"Worker rank {rank} on {hostname()} joined the leader")
     stream = sock.makefile("rw")
     for line in stream:

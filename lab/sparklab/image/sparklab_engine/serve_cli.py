@@ -5,82 +5,83 @@ import os
 import signal
 import sys
 
-from .common import SIMULATION_NOTE, ModelMissing, NcclError, fault, lab_config, resolve_model, trt_log
+from .common import (
+    SIMULATION_NOTE,
+    ModelMissing,
+    NcclError,
+    fault,
+    lab_config,
+    option_table,
+    resolve_model,
+    trt_log,
+)
 from .llm_args import ValidationError, draft_model, validate
 
-OPTIONS: dict[str, type | tuple] = {
-    "--tokenizer": str, "--host": str, "--port": int,
-    "--backend": ("pytorch", "tensorrt", "_autodeploy", "trt"),
-    "--log_level": ("internal_error", "error", "warning", "info", "verbose", "debug", "trace"),
-    "--max_beam_width": int, "--max_batch_size": int, "--max_num_tokens": int,
-    "--max_seq_len": int, "--tp_size": int, "--pp_size": int, "--ep_size": int,
-    "--cluster_size": int, "--gpus_per_node": int, "--kv_cache_free_gpu_memory_fraction": float,
-    "--num_postprocess_workers": int, "--extra_llm_api_options": str, "--config": str,
-    "--reasoning_parser": str, "--tool_parser": str, "--metadata_server_config_file": str,
-    "--server_role": str, "--otlp_traces_endpoint": str, "--disagg_cluster_uri": str,
-    "--media_io_kwargs": str, "--chat_template": str, "--moe_expert_parallel_size": int,
-    "--moe_cluster_parallel_size": int, "--revision": str,
-}
-FLAGS = {"--trust_remote_code", "--enable_chunked_prefill",
-         "--fail_fast_on_attention_window_too_large", "--disable_log_stats"}
 USAGE = "Usage: trtllm-serve serve [OPTIONS] MODEL"
-HELP = f"""{USAGE}
+# What the rest of the simulator reads, by canonical flag (aliases like --tp_size resolve to these).
+KEYS = {"--tensor_parallel_size": "tp_size", "--pipeline_parallel_size": "pp_size",
+        "--config": "extra_llm_api_options"}
 
-  Running an OpenAI API compatible server
 
-  MODEL: model name | HF checkpoint path | TensorRT engine path
-
-  {SIMULATION_NOTE}
-
-Options:
-""" + "\n".join(f"  {o}" for o in [*OPTIONS, *sorted(FLAGS)]) + "\n  --help"
+def help_text(table) -> str:  # type: ignore[no-untyped-def]
+    names = [", ".join([flag, *spec.get("aliases", [])]) for flag, spec in sorted(table.flags.items())]
+    return (f"{USAGE}\n\n  Running an OpenAI API compatible server\n\n"
+            f"  MODEL: model name | HF checkpoint path | TensorRT engine path\n\n  {SIMULATION_NOTE}\n\n"
+            f"  Options are TensorRT-LLM {table.version}'s (sparkctl's option table).\n\nOptions:\n"
+            + "\n".join(f"  {n}" for n in names) + "\n  --help")
 
 
 class UsageError(Exception):
     pass
 
 
+def _click_message(problem) -> str:  # type: ignore[no-untyped-def]
+    """click's wording for what the option table found wrong."""
+    if problem.message == "unknown option":
+        hint = f" Did you mean {problem.suggestion}?" if problem.suggestion else ""
+        return f"No such option: {problem.key}{hint}"
+    if problem.message == "needs a value":
+        return f"Option '{problem.key}' requires an argument."
+    if problem.message == "takes no value":
+        return f"Option '{problem.key}' does not take a value."
+    message = problem.message.replace("is not an integer", "is not a valid integer").replace(
+        "is not a number", "is not a valid float")  # click's words for int and float
+    return f"Invalid value for '{problem.key}': {message}."
+
+
 def parse(args: list[str]) -> dict:
+    """trtllm-serve's click parser over TensorRT-LLM's option table: unknown flags, missing
+    values, bad choices and numbers fail exactly as the real command would (exit 2)."""
     if args[:1] == ["serve"]:
         args = args[1:]
+    if "--help" in args:
+        print(help_text(option_table("trtllm")))
+        raise SystemExit(0)
+    table = option_table("trtllm")
+    problems = table.check_flags(args)
+    if problems:
+        raise UsageError(_click_message(problems[0]))
     opts: dict = {"host": "localhost", "port": 8000, "backend": "pytorch", "tp_size": 1,
                   "pp_size": 1, "model": None}
     i = 0
     while i < len(args):
         a = args[i]
-        name, eq, val = a.partition("=")
-        if a == "--help":
-            print(HELP)
-            raise SystemExit(0)
-        if name in OPTIONS:
-            if not eq:
-                i += 1
-                if i >= len(args):
-                    raise UsageError(f"Option '{name}' requires an argument.")
-                val = args[i]
-            kind = OPTIONS[name]
-            if isinstance(kind, tuple):
-                if val not in kind:
-                    raise UsageError(f"Invalid value for '{name}': '{val}' is not one of "
-                                     + ", ".join(f"'{k}'" for k in kind) + ".")
-            elif kind is not str:
-                try:
-                    val = kind(val)
-                except ValueError:
-                    noun = "integer" if kind is int else "float"
-                    raise UsageError(f"Invalid value for '{name}': '{val}' is not a valid "
-                                     f"{noun}.") from None
-            key = "extra_llm_api_options" if name == "--config" else name[2:]
-            opts[key] = val
-        elif a in FLAGS:
-            opts[a[2:]] = True
-        elif a.startswith("-"):
-            raise UsageError(f"No such option: {name}")
-        elif opts["model"] is None:
-            opts["model"] = a
-        else:
-            raise UsageError(f"Got unexpected extra argument ({a})")
         i += 1
+        if not a.startswith("-"):
+            if opts["model"] is not None:
+                raise UsageError(f"Got unexpected extra argument ({a})")
+            opts["model"] = a
+            continue
+        name, eq, val = a.partition("=")
+        canonical = table.canonical(name) or name
+        spec = table.flags.get(canonical, {})
+        key = KEYS.get(canonical, canonical[2:])
+        if spec.get("kind") in ("store_true", "bool_optional"):
+            opts[key] = not name.startswith("--no-")
+            continue
+        if not eq:
+            val, i = args[i], i + 1
+        opts[key] = {"int": int, "float": float}.get(spec.get("kind"), str)(val)
     if opts["model"] is None:
         raise UsageError("Missing argument 'MODEL'.")
     return opts

@@ -11,7 +11,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import perf_model
-from .common import trt_log
+from .common import image_version, trt_log
 from .llm_args import draft_model
 
 WORDS = ("the", "city", "light", "river", "bread", "museum", "evening", "streets", "art",
@@ -194,6 +194,8 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    checks_model = False  # trtllm-serve (the lab's default server) does not compare the name
+
     def send_error_json(self, code: int, message: str) -> None:
         kinds = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
         self.send_json(code, {"object": "error", "message": message,
@@ -224,7 +226,7 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             self.send_json(200, st.drain())
         elif path == "/version":
-            self.send_json(200, {"version": "1.3.0rc12-sparklab"})
+            self.send_json(200, {"version": image_version("1.3.0rc13") + "-sparklab"})
         else:
             self.send_json(404, {"detail": "Not Found"})
 
@@ -243,6 +245,11 @@ class Handler(BaseHTTPRequestHandler):
             max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 64)
         except (ValueError, TypeError) as exc:
             self.send_error_json(400, str(exc))
+            return
+        model = body.get("model")
+        if model and self.checks_model and model != self.state.model:
+            # vLLM's and SGLang's servers look the name up among the served ones and answer 404
+            self.send_error_json(404, f"The model `{model}` does not exist.")
             return
         if "return_token_ids" in body:
             # recent trtllm-serve validates requests strictly and refuses this vLLM extension

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from .common import ModelMissing, hostname, lab_config, resolve_model
+from .common import ModelMissing, UsageError, hostname, lab_config, option_table, resolve_model, usage_errors
 
 VERSION = "0.5.12"
 USAGE = "usage: launch_server.py [-h] --model-path MODEL_PATH [options]"
@@ -37,41 +37,18 @@ NAMES = {"--model-path": "model", "--tensor-parallel-size": "tp", "--pipeline-pa
          "--attention-backend": "attention", "--page-size": "page"}
 
 
-class UsageError(Exception):
-    pass
-
-
-def option_table():  # type: ignore[no-untyped-def]
-    here = os.path.dirname(os.path.abspath(__file__))
-    tables = os.path.join(here, "tables")
-    if os.path.isfile(os.path.join(tables, "optiontable.py")):
-        sys.path.insert(0, tables)
-        import optiontable  # type: ignore[import-not-found]
-
-        return optiontable.load_table("sglang", path=__import__("pathlib").Path(tables, "sglang.json"))
-    from orchestrator.engines.optiontable import load_table  # running from the source tree
-
-    return load_table("sglang")
-
-
 def log(message: str) -> None:
     print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def parse(args: list[str], table) -> dict:  # type: ignore[no-untyped-def]
-    problems = table.check_flags(args)
-    if problems:
-        unknown = [p.key for p in problems if p.message == "unknown option"]
-        if unknown:
-            raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
-        raise UsageError(f"argument {problems[0].key}: {problems[0].message}")
-    alias = {a: name for name, info in table.flags.items() for a in info.get("aliases") or []}
+    usage_errors(table.check_flags(args))
     opts: dict = {"tp": 1, "pp": 1, "host": "127.0.0.1", "port": 30000, "nnodes": 1, "rank": 0,
                   "mamba": "auto"}
     i = 0
     while i < len(args):
         flag, eq, inline = args[i].partition("=")
-        name = alias.get(flag, flag)
+        name = table.canonical(flag) or flag  # aliases and unique abbreviations, as argparse
         kind = (table.flags.get(name) or {}).get("kind")
         if kind == "store_true":
             value, step = True, 1
@@ -206,7 +183,7 @@ def main(argv: list[str]) -> int:
         print(VERSION)
         return 0
     try:
-        opts = parse(argv, option_table())
+        opts = parse(argv, option_table("sglang"))
     except UsageError as exc:
         print(f"{USAGE}\nlaunch_server.py: error: {exc}", file=sys.stderr)
         return 2

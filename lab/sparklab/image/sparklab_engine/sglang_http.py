@@ -52,6 +52,8 @@ class SglangState(EngineState):
 
 
 class SglangHandler(Handler):
+    checks_model = True  # a request naming a model this server does not serve is a 404
+
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
         st = self.state

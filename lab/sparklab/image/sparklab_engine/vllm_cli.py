@@ -18,23 +18,20 @@ import sys
 import threading
 import time
 
-from .common import ModelMissing, fault, hostname, lab_config, resolve_model
+from .common import (
+    ModelMissing,
+    UsageError,
+    fault,
+    hostname,
+    image_version,
+    lab_config,
+    option_table,
+    resolve_model,
+    usage_errors,
+)
 
-VERSION = "0.31.0"
+VERSION = image_version("0.31.0")  # the image's vLLM (catalog.json); the flags stay 0.31.0's table
 USAGE = "usage: vllm serve [model_tag] [options]"
-
-
-def option_table():  # type: ignore[no-untyped-def]
-    here = os.path.dirname(os.path.abspath(__file__))
-    tables = os.path.join(here, "tables")
-    if os.path.isfile(os.path.join(tables, "optiontable.py")):
-        sys.path.insert(0, tables)
-        import optiontable  # type: ignore[import-not-found]
-
-        return optiontable.load_table("vllm", path=__import__("pathlib").Path(tables, "vllm.json"))
-    from orchestrator.engines.optiontable import load_table  # running from the source tree
-
-    return load_table("vllm")
 
 
 def log(level: str, where: str, message: str) -> None:
@@ -43,29 +40,24 @@ def log(level: str, where: str, message: str) -> None:
           flush=True)
 
 
-class UsageError(Exception):
-    pass
-
-
 def parse(args: list[str], table) -> dict:  # type: ignore[no-untyped-def]
-    problems = table.check_flags(args)
-    if problems:
-        unknown = [p.key for p in problems if p.message == "unknown option"]
-        if unknown:
-            raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
-        p = problems[0]
-        raise UsageError(f"argument {p.key}: {p.message}")
+    usage_errors(table.check_flags(args))
     opts: dict = {"model": None, "tp": 1, "pp": 1, "backend": None, "host": None, "port": 8000,
-                  "served": None, "util": 0.92}
+                  "served": None, "util": 0.92, "nnodes": 1, "rank": 0, "master": "127.0.0.1",
+                  "mport": 29501, "headless": False}
     names = {"--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp",
              "-pp": "pp", "--distributed-executor-backend": "backend", "--host": "host",
              "--port": "port", "--served-model-name": "served", "--model": "model",
-             "--gpu-memory-utilization": "util"}
+             "--gpu-memory-utilization": "util", "--nnodes": "nnodes", "--node-rank": "rank",
+             "--master-addr": "master", "--master-port": "mport"}
     i = 0
     while i < len(args):
         token = args[i]
-        flag, eq, inline = token.replace("_", "-").partition("=") if token.startswith("--") \
-            else (token, "", "")
+        flag, eq, inline = token.partition("=") if token.startswith("--") else (token, "", "")
+        flag = table.canonical(flag) or flag  # -tp, --max_model_len, unique abbreviations
+        if flag == "--headless":
+            opts["headless"], i = True, i + 1
+            continue
         if flag in names:
             value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
             opts[names[flag]] = value
@@ -75,7 +67,8 @@ def parse(args: list[str], table) -> dict:  # type: ignore[no-untyped-def]
             opts["model"] = token
         i += 1
     opts["model"] = opts["model"] or "Qwen/Qwen3-0.6B"
-    opts["tp"], opts["pp"], opts["port"] = int(opts["tp"]), int(opts["pp"]), int(opts["port"])
+    for key in ("tp", "pp", "port", "nnodes", "rank", "mport"):
+        opts[key] = int(opts[key])
     opts["util"] = float(opts["util"])
     if not 0 < opts["util"] <= 1:
         raise UsageError(f"argument --gpu-memory-utilization: {opts['util']} must be in (0, 1]")
@@ -96,7 +89,7 @@ def main(argv: list[str]) -> int:
               "(sparklab simulates `vllm serve` only)", file=sys.stderr)
         return 2
     try:
-        opts = parse(argv[1:], option_table())
+        opts = parse(argv[1:], option_table("vllm"))
     except UsageError as exc:
         print(f"{USAGE}\nvllm serve: error: {exc}", file=sys.stderr)
         return 2
@@ -111,7 +104,13 @@ def main(argv: list[str]) -> int:
         if backend not in ("ray", "mp", "uni"):
             raise ValueError(f"sparklab simulates the ray, mp and uni executors, not {backend}")
         resolve_model(opts["model"])
-        if backend == "ray":
+        if backend == "mp" and opts["nnodes"] > 1:
+            executor = multinode(opts, world)
+            if executor is None:  # a headless rank: no API server, its share of the model
+                from .vllm_mp import run_headless
+
+                return run_headless(opts["rank"], opts["master"], opts["mport"])
+        elif backend == "ray":
             from .vllm_ray import RayExecutor
 
             executor = RayExecutor(opts["model"], world)
@@ -158,6 +157,29 @@ def main(argv: list[str]) -> int:
         if executor:
             executor.shutdown()
     return 0
+
+
+def multinode(opts: dict, world: int):  # type: ignore[no-untyped-def]
+    """vLLM's native multi-node: rank 0 gets the executor that drives the others (over the
+    fabric, from --master-addr:--master-port); the other ranks must run --headless."""
+    nnodes, rank = opts["nnodes"], opts["rank"]
+    if world % nnodes or world // nnodes > 1:
+        raise ValueError(f"World size ({world}) is larger than the number of available GPUs (1) "
+                         f"in this node (sparklab: --nnodes {nnodes} gives each node "
+                         f"{world / nnodes:g} rank(s); a Spark has one GPU)")
+    if not 0 <= rank < nnodes:
+        raise ValueError(f"--node-rank {rank} must be in [0, {nnodes})")
+    log("INFO", "multiproc_executor.py", f"multi-node: node rank {rank} of {nnodes}, master "
+        f"{opts['master']}:{opts['mport']}{' (headless)' if opts['headless'] else ''}")
+    if opts["headless"] and rank > 0:
+        return None
+    if rank > 0:
+        raise ValueError(f"node rank {rank} serves no API: start the ranks > 0 with --headless")
+    from .vllm_mp import MpExecutor
+
+    executor = MpExecutor(opts["model"], nnodes, opts["master"], opts["mport"])
+    executor.start()
+    return executor
 
 
 def _ray_running() -> bool:

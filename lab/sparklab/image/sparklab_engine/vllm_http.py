@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import time
 
+from .common import image_version
 from .server import EngineState, Handler, Server, start_http
 
-VERSION = "0.31.0"
+VERSION = image_version("0.31.0")  # the image's vLLM (catalog.json)
 
 
 class VllmState(EngineState):
@@ -24,6 +25,8 @@ class VllmState(EngineState):
 
 
 class VllmHandler(Handler):
+    checks_model = True  # a request naming a model this server does not serve is a 404
+
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
         st = self.state

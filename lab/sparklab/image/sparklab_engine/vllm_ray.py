@@ -1,6 +1,7 @@
 """The simulated vLLM's Ray executor: real Ray placement group, one real actor per rank."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -51,6 +52,15 @@ class RankWorker:
         return self.rank
 
 
+def placement_strategy() -> str:
+    raw = os.environ.get("VLLM_DISTRIBUTED_EXECUTOR_CONFIG") or "{}"
+    try:
+        options = json.loads(raw).get("placement_group_options") or {}
+    except (ValueError, AttributeError):
+        raise ValueError(f"VLLM_DISTRIBUTED_EXECUTOR_CONFIG is not a JSON object: {raw!r}") from None
+    return str(options.get("strategy") or "PACK")
+
+
 class RayExecutor:
     def __init__(self, model: str, world: int) -> None:
         self.model, self.world = model, world
@@ -72,7 +82,11 @@ class RayExecutor:
                 "The number of required GPUs exceeds the total number of available GPUs in the "
                 f"placement group. (tensor_parallel_size x pipeline_parallel_size = {self.world}, "
                 f"GPUs in the Ray cluster: {gpus}; is every node's `ray start` in the cluster?)")
-        self.pg = placement_group([{"GPU": 1}] * self.world, strategy="PACK")
+        # vLLM's default is PACK; VLLM_DISTRIBUTED_EXECUTOR_CONFIG's placement_group_options
+        # can ask for SPREAD (one bundle per one-GPU node), which sparkctl sets
+        strategy = placement_strategy()
+        log("INFO", f"placement group: {self.world} x {{'GPU': 1}}, strategy {strategy}")
+        self.pg = placement_group([{"GPU": 1}] * self.world, strategy=strategy)
         if not self.pg.wait(PG_TIMEOUT):
             raise ValueError(f"Cannot provide a placement group of {self.world} GPU bundles "
                              f"within {PG_TIMEOUT:g} seconds")

@@ -1,0 +1,144 @@
+"""`launch RECIPE --rolling`: replace the replicas of RECIPE one at a time, dropping nothing.
+
+Each replica in turn: out of the gateway (its relay stops taking connections, so LiteLLM
+retries new requests on another replica), its requests in flight drain, it is relaunched with
+the recipe as it is now (a changed config or image: `launch --replace` on its own nodes, under
+its own name and port, with launch's readiness wait and smoke test), then back into the
+gateway, then the next. With one replica it would mean downtime: refused unless
+--allow-downtime.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+DRAIN_TIMEOUT = 120.0
+"""Seconds to wait for a replica's requests in flight before relaunching it anyway."""
+
+
+def _note(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def replicas_of(found: list[dict[str, Any]], recipe: str) -> list[dict[str, Any]]:
+    """The servers started from RECIPE (by recipe name), each once, in name order."""
+    seen: dict[str, dict[str, Any]] = {}
+    for server in found:
+        if server.get("recipe") == recipe and not server.get("legacy"):
+            seen.setdefault(str(server.get("name")), server)
+    return [seen[name] for name in sorted(seen)]
+
+
+def check_replicas(replicas: list[dict[str, Any]], recipe: str, allow_downtime: bool) -> None:
+    from orchestrator.errors import InputError
+
+    if not replicas:
+        raise InputError(f"no server of recipe {recipe} runs: --rolling replaces running "
+                         f"replicas; start them with `sparkctl launch {recipe} --nodes NODE "
+                         "--name NAME`")
+    if len(replicas) < 2 and not allow_downtime:
+        only = replicas[0]
+        raise InputError(f"only one replica of {recipe} runs ({only.get('name')} on "
+                         f"{', '.join(only.get('nodes') or [])}): a rolling relaunch would "
+                         "stop serving meanwhile; start a second replica (`sparkctl launch "
+                         f"{recipe} --nodes NODE --name NAME`) or pass --allow-downtime")
+
+
+def others_serve(session: Any, inventory: Any, recipe: str, name: str) -> bool:
+    """Whether a replica of RECIPE other than NAME answers /health now (only a dead NAME may
+    go without one: it serves nothing anyway)."""
+    from orchestrator.engines import servers
+
+    found = replicas_of(servers.gather(session.transports, inventory, probe=True,
+                                       alive_only=False), recipe)
+    this = next((s for s in found if s.get("name") == name), {})
+    return this.get("health") != 200 or any(
+        s.get("health") == 200 for s in found if s.get("name") != name)
+
+
+def rolling(recipe_name: str, inventory_path: str | None, allow_downtime: bool,
+            relaunch: Callable[[dict[str, Any]], int], note: Callable[[str], None] = _note) -> int:
+    """Relaunch every replica of RECIPE in turn; `relaunch(server)` is launch's body for it."""
+    from orchestrator.core.runner import load_inventory_option
+    from orchestrator.core.session import open_session
+    from orchestrator.engines import load_recipe, servers
+    from orchestrator.errors import SparkctlError
+    from orchestrator.phases import gateway
+    from orchestrator.phases.gateway_spec import COOLDOWN_SECONDS
+
+    recipe = load_recipe(recipe_name)
+    inventory, _ = load_inventory_option(inventory_path)
+    with open_session(inventory, "launch --rolling", quiet=True) as session:
+        found = servers.gather(session.transports, inventory, probe=True, alive_only=False)
+        # the ones not serving first: relaunching them costs no capacity, and each healthy
+        # one then leaves only while another serves
+        replicas = sorted(replicas_of(found, recipe.name), key=lambda s: s.get("health") == 200)
+        check_replicas(replicas, recipe.name, allow_downtime)
+        probes = gateway.probe_all(session.transports, liveliness=False)
+        note(f"rolling: {len(replicas)} replica(s) of {recipe.name}: "
+             + ", ".join(f"{s['name']} on {s['node']}" for s in replicas))
+        started = time.monotonic()
+        for index, server in enumerate(replicas, 1):
+            name, node = str(server["name"]), str(server["node"])
+            transport = session.transports.get(node)
+            if transport is None:
+                raise SparkctlError(f"cannot reach {node}, where replica {name} runs")
+            on_node = probes.get(node)
+            routed = on_node is not None and name in on_node.relays
+            if not allow_downtime and not others_serve(session, inventory, recipe.name, name):
+                raise SparkctlError(
+                    f"rolling: no other replica of {recipe.name} answers now, so taking {name} "
+                    "out would stop serving: relaunch the others first, or pass --allow-downtime")
+            if routed:
+                note(f"rolling [{index}/{len(replicas)}] {name}: out of the gateway, draining")
+                gateway.drain(transport, name, DRAIN_TIMEOUT, note)
+            note(f"rolling [{index}/{len(replicas)}] {name}: relaunching on {node}")
+            code = relaunch(server)
+            if code != 0:
+                raise SparkctlError(
+                    f"rolling: relaunching {name} on {node} failed (exit {code}; see above); "
+                    f"{'it stays out of the gateway; ' if routed else ''}the replicas not yet "
+                    "replaced keep serving")
+            if routed:
+                gateway.set_in_rotation(transport, name, True)
+                # LiteLLM cooled it down when its door closed: wait that out so the next
+                # replica leaves only once this one takes requests again
+                time.sleep(COOLDOWN_SECONDS + 1)
+                note(f"rolling [{index}/{len(replicas)}] {name}: back in the gateway")
+        note(f"rolling: {len(replicas)} replica(s) of {recipe.name} replaced in "
+             f"{time.monotonic() - started:.0f} s")
+    return 0
+
+
+def rolling_launch(opts: dict[str, Any], _launch: Callable[..., int]) -> None:
+    """`launch --rolling` from launch's options: each replica relaunched by launch's own body
+    (`_launch`, passed in: this module is launch's helper and must not import it back), on its
+    nodes, under its name and port, replacing it (--yes: the rolling run was asked for)."""
+    from orchestrator.cli import run_command
+    from orchestrator.errors import InputError
+
+    def body() -> int:
+        if not opts["rolling"]:
+            raise InputError("--allow-downtime goes with --rolling")
+        if opts["placed"] or opts["name"] or opts["port"] or opts["dry_run"]:
+            raise InputError("--rolling relaunches the running replicas where they are, under "
+                             "their names and ports: leave out --nodes, --name, --port and "
+                             "--dry-run")
+
+        def relaunch(server: dict[str, Any]) -> int:
+            return _launch(
+                opts["recipe_name"], opts["inventory_path"], False, True, False, opts["timeout"],
+                True, opts["host"], opts["drop_caches"], opts["hf_token_file"],
+                opts["trust_new_hosts"], opts["break_lock"], opts["ignore_memory"],
+                opts["guard_min_available_gb"], tuple(server.get("nodes") or [server["node"]]),
+                str(server["name"]), int(server["port"]), not opts["drop_caches"],
+                opts["persist"], opts["distribute_image"], opts.get("api_key_file"))
+
+        return rolling(opts["recipe_name"], opts["inventory_path"], opts["allow_downtime"],
+                       relaunch)
+
+    run_command(body)

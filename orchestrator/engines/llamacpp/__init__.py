@@ -1,0 +1,104 @@
+"""llama.cpp: `llama-server` on a server's first node and, for more nodes, `rpc-server` on each of
+the others (llama.cpp's RPC backend: the layers are split over the nodes, the weights sent over
+the fabric from the first node). GGUF models; one container per server and node,
+`sparkctl-llamacpp-<name>`; several servers at once, placed like SGLang's. See docs/engines.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.llamacpp.layouts import LlamacppLayouts
+from orchestrator.engines.llamacpp.ready import READY_LINE
+from orchestrator.engines.llamacpp.recipe import Recipe
+
+if TYPE_CHECKING:
+    from orchestrator.core.step import Phase
+    from orchestrator.inventory import Inventory
+
+
+class LlamacppEngine:
+    name = "llamacpp"
+    title = "llama.cpp"
+    ready_line = READY_LINE
+    recipe_type = Recipe
+    placed = True
+    """Servers are named and placed (`launch --nodes/--name`), several at once."""
+    layouts = LlamacppLayouts()  # `sparkctl advise`: one node, the RPC layer split, replicas
+
+    @property
+    def spec_meter(self) -> type:
+        """How `bench` reads llama-server's /metrics (llamacpp:* counters)."""
+        from orchestrator.engines.llamacpp.metrics import LlamacppMeter
+
+        return LlamacppMeter
+
+    def up_phases(self, inventory: Inventory) -> list[Phase]:
+        return []
+
+    def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
+        """Judge this server against every node's servers (from facts), the GGUF on the first
+        node, the rpc-servers (reachable from the first node), llama-server, its record,
+        readiness and one real chat completion."""
+        from orchestrator.engines import verify
+        from orchestrator.engines.liveness import mark_ready
+        from orchestrator.engines.llamacpp import ready, serve
+        from orchestrator.engines.servers import record_dir
+        from orchestrator.engines.sglang.ready import Smoke
+        from orchestrator.engines.sglang.serve import check_phase
+        from orchestrator.phases import models, registry
+        from orchestrator.phases.persist import not_persistent_phase
+
+        spec = serve.ServeSpec(recipe, inventory, options)
+        steps = [verify.WaitReady(lambda transports, timeout, note: ready.wait_until_ready(
+                     transports, spec, timeout, note), options.timeout, f"llama.cpp ({spec.name})",
+                     mark=lambda transports: mark_ready(
+                         transports[spec.first], f"{record_dir(spec.name)}/server.json")),
+                 Smoke(spec)]  # type: ignore[arg-type]
+        # only llama-server reads the GGUF: the rpc-servers get their layers from it over RPC
+        first_only = recipe.model_copy(update={"placement": [spec.first], "nodes": 1})
+        phases = [check_phase(spec),  # type: ignore[arg-type]
+                  registry.phase(recipe.image, spec.nodes, inventory.head_name),
+                  models.phase(first_only, inventory), serve.rpc_phase(spec),
+                  serve.serve_phase(spec, steps)]
+        if options.persist:
+            from orchestrator.engines.llamacpp.persist import persist_phase
+
+            phases.append(persist_phase(spec, options))
+        else:
+            phases.append(not_persistent_phase(spec.name, self.name))
+        return phases
+
+    def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
+        from orchestrator.engines.llamacpp.recipe import estimate_memory
+
+        return estimate_memory(recipe, node_memory_gb)
+
+    def describe(self, recipe: Recipe) -> list[tuple[str, str]]:
+        from orchestrator.commands import join
+        from orchestrator.engines.llamacpp.options import version
+        from orchestrator.engines.llamacpp.serve import preview, rpc_argv
+
+        where = ", ".join(recipe.placement) if recipe.placement else "the head"
+        out = [(f"llama-server (container sparkctl-llamacpp-{recipe.name} of {recipe.image} on "
+                f"{where}; flags checked against llama.cpp {version()})", join(preview(recipe)))]
+        if recipe.node_count > 1:
+            out.append((f"rpc-server on each of the other {recipe.node_count - 1} node(s)",
+                        join(["rpc-server", *rpc_argv(recipe, "<its fabric IP>")])))
+        return out
+
+    def warnings(self, recipe: Recipe) -> list[str]:
+        if recipe.node_count > 1:
+            return ["llama.cpp's RPC backend splits layers, it does not run them in parallel: two "
+                    "nodes hold a model one cannot, at about one node's speed or less"]
+        return []
+
+    def config_preview(self, recipe: Recipe) -> dict[str, object]:
+        from orchestrator.engines.llamacpp.serve import preview
+
+        return {"serve_argv": preview(recipe), "image": recipe.image,
+                "container": f"sparkctl-llamacpp-{recipe.name}"}
+
+
+ENGINE = LlamacppEngine()

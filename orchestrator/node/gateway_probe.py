@@ -1,0 +1,70 @@
+"""What the gateway has on this node (runs as `python3 -c`; one JSON argument: {"dir": the
+gateway's run folder, "host": address, "port": port, "liveliness": bool}).
+
+Prints {"state": the gateway record or null, "port_free": whether HOST:PORT can be bound now,
+"relays": {server: relay state + "alive"}, "live": LiteLLM's /health/liveliness answered 200}.
+Standard library only.
+"""
+import errno
+import glob
+import json
+import os
+import socket
+import sys
+import urllib.request
+
+a = json.loads(sys.argv[1])
+
+
+def load(path):
+    try:
+        with open(path) as handle:
+            value = json.load(handle)
+        return value if isinstance(value, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid):
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def port_free(host, port):
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, int(port)))
+        return True
+    except OSError as exc:
+        return exc.errno != errno.EADDRINUSE
+    finally:
+        sock.close()
+
+
+def live(host, port):
+    host = "127.0.0.1" if host in (None, "", "0.0.0.0") else host
+    try:
+        with urllib.request.urlopen("http://%s:%d/health/liveliness" % (host, int(port)),
+                                    timeout=3) as answer:
+            return answer.status == 200
+    except Exception:
+        return False
+
+
+relays = {}
+for path in sorted(glob.glob(os.path.join(a["dir"], "relay-*.json"))):
+    name = os.path.basename(path)[len("relay-"):-len(".json")]
+    state = load(path) or {}
+    state["alive"] = alive(state.get("pid"))
+    relays[name] = state
+state = load(os.path.join(a["dir"], "gateway.json"))
+mine = state or {}
+port = a.get("port") or mine.get("port")
+out = {"state": state, "relays": relays,
+       "port_free": port_free(a.get("host") or "127.0.0.1", a["port"]) if a.get("port") else None,
+       "live": bool(a.get("liveliness") and port and live(a.get("host") or mine.get("host"), port))}
+print(json.dumps(out, sort_keys=True))

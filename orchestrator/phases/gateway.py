@@ -1,0 +1,242 @@
+"""The gateway's operations over the nodes: up (idempotent), status, down, and taking one
+replica out and back in (a rolling relaunch). The plan-free imperative form, as `chat` and
+`tunnel` are: every change is a few commands on a few nodes, judged first from one probe per
+node so bad input (a port taken) is refused before anything changes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.commands import install_file_cmd, join, quote
+from orchestrator.errors import InputError, SparkctlError
+from orchestrator.phases import gateway_spec as gs
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory
+    from orchestrator.remote.transport import Transport
+
+Note = Callable[[str], None]
+LIVE_TIMEOUT = 180.0
+"""Seconds for LiteLLM to answer /health/liveliness after its container starts (a few on a
+Spark; its import of the provider SDKs dominates)."""
+
+
+@dataclass
+class Probe:
+    node: str
+    state: dict[str, Any] | None
+    relays: dict[str, dict[str, Any]]
+    port_free: bool | None
+    live: bool
+
+
+def probe(transport: Transport, host: str | None = None, port: int | None = None,
+          liveliness: bool = False) -> Probe:
+    result = transport.run(gs.probe_cmd(host, port, liveliness), sudo=True, timeout=60,
+                           display="gateway probe")
+    try:
+        data = json.loads(result.stdout) if result.ok else {}
+    except ValueError:
+        data = {}
+    return Probe(transport.node, data.get("state"), data.get("relays") or {},
+                 data.get("port_free"), bool(data.get("live")))
+
+
+def probe_all(transports: dict[str, Transport], liveliness: bool = True) -> dict[str, Probe]:
+    from orchestrator.remote.cluster import parallel
+
+    outcomes = parallel(lambda n: probe(transports[n], liveliness=liveliness), sorted(transports))
+    return {n: o.get() for n, o in outcomes.items() if o.ok}
+
+
+def find_gateway(probes: dict[str, Probe]) -> Probe | None:
+    return next((p for p in probes.values() if p.state), None)
+
+
+def live_servers(transports: dict[str, Transport], inventory: Inventory) -> list[dict[str, Any]]:
+    from orchestrator.engines import servers
+
+    return servers.gather(transports, inventory, probe=True)
+
+
+def desired(inventory: Inventory, node: str, host: str, port: int, key: Any,
+            found: list[dict[str, Any]]) -> gs.GatewaySpec:
+    def address_of(name: str) -> str:
+        return inventory.mpi_address(inventory.node(name))
+
+    replicas = gs.replicas_from(found, address_of)
+    if not replicas:
+        raise SparkctlError("no model server runs: start one with `sparkctl launch RECIPE` "
+                            "(several of one recipe with --nodes/--name are replicas), then "
+                            "`sparkctl gateway up`")
+    return gs.GatewaySpec(node, host, port, replicas, key)
+
+
+def up(transports: dict[str, Transport], inventory: Inventory, spec: gs.GatewaySpec,
+       note: Note) -> str:
+    """Make the gateway be `spec`: "unchanged", "started" or "restarted"."""
+    if spec.node not in transports:
+        raise SparkctlError(f"cannot reach {spec.node}, where the gateway runs")
+    probes = probe_all(transports, liveliness=True)
+    here = probe(transports[spec.node], spec.host, spec.port, liveliness=True)
+    other = next((p for p in probes.values() if p.state and p.node != spec.node), None)
+    if other is not None:
+        raise InputError(f"a gateway already runs on {other.node}: `sparkctl gateway down` first")
+    ours = here.state or {}
+    same_address = ours.get("host") == spec.host and ours.get("port") == spec.port
+    if not here.port_free and not same_address:
+        raise InputError(f"port {spec.port} on {spec.node} ({spec.host}) is taken by another "
+                         "program: choose another with --port")
+    relays_ok = all(probes.get(r.node) and (probes[r.node].relays.get(r.server) or {}).get("alive")
+                    for r in spec.replicas)
+    if ours.get("fingerprint") == spec.fingerprint() and here.live and relays_ok:
+        return "unchanged"
+    _sync_relays(transports, spec, probes, note)
+    if ours.get("fingerprint") == spec.fingerprint() and here.live:
+        return "relays"
+    head = transports[spec.node]
+    head.run(install_file_cmd(gs.CONFIG_FILE, 0o600), stdin=spec.config_text(), sudo=True,
+             timeout=60, display=f"write {gs.CONFIG_FILE} (0600; holds the key)").check()
+    head.run(f"chmod 700 {quote(gs.GATEWAY_CONFIG_DIR)}", sudo=True, timeout=30).check()
+    head.run(gs.remove_container_cmd(), sudo=True, timeout=120,
+             display=f"remove container {gs.CONTAINER}").check()
+    note(f"gateway: starting LiteLLM {gs.LITELLM_VERSION} ({gs.IMAGE}) on {spec.node} "
+         f"{spec.host}:{spec.port}")
+    head.run(gs.run_cmd(spec, inventory.cluster.name), sudo=True, timeout=1800,
+             display=f"docker run {gs.CONTAINER}").check()
+    _wait_live(head, spec, note)
+    record = json.dumps(spec.record(), indent=1, sort_keys=True) + "\n"
+    head.run(install_file_cmd(f"{gs.GATEWAY_RUN}/gateway.json", 0o644), stdin=record,
+             sudo=True, timeout=60, display="write gateway.json").check()
+    return "restarted" if ours else "started"
+
+
+def _sync_relays(transports: dict[str, Transport], spec: gs.GatewaySpec,
+                 probes: dict[str, Probe], note: Note) -> None:
+    wanted = {r.server for r in spec.replicas}
+    for node, p in probes.items():
+        for server in sorted(set(p.relays) - wanted):
+            transports[node].run(gs.relay_signal_cmd(server, "TERM"), sudo=True, timeout=30)
+    for r in spec.replicas:
+        if r.node not in transports:
+            raise SparkctlError(f"cannot reach {r.node}, where replica {r.server} runs")
+        out = transports[r.node].run(gs.relay_start_cmd(r), sudo=True, timeout=30,
+                                     display=f"relay for {r.server} on {r.node}").check()
+        if "started" in out.stdout:
+            note(f"gateway: {r.server} on {r.node} reachable at {r.address}:{r.port} (relay)")
+
+
+def _wait_live(head: Transport, spec: gs.GatewaySpec, note: Note) -> None:
+    deadline = time.monotonic() + LIVE_TIMEOUT
+    while time.monotonic() < deadline:
+        p = probe(head, spec.host, spec.port, liveliness=True)
+        if p.live:
+            return
+        state = head.run(join(["docker", "inspect", "-f", "{{.State.Running}}", gs.CONTAINER]),
+                         sudo=True, timeout=60)
+        if state.ok and state.stdout.strip() == "false":
+            break
+        time.sleep(1.0)
+    logs = head.run(f"docker logs --tail 30 {gs.CONTAINER} 2>&1", sudo=True, timeout=60).stdout
+    head.run(gs.remove_container_cmd(), sudo=True, timeout=120)
+    raise SparkctlError(f"the gateway on {spec.node} did not answer on {spec.host}:{spec.port} "
+                        f"within {LIVE_TIMEOUT:.0f} s; its log ends:\n{logs.strip()[-2000:]}")
+
+
+def _probe_with_gateway(transports: dict[str, Transport]) -> tuple[dict[str, Probe], Probe | None]:
+    probes = probe_all(transports, liveliness=True)
+    return probes, find_gateway(probes)
+
+
+def status(transports: dict[str, Transport], inventory: Inventory) -> dict[str, Any]:
+    """The gateway's record, whether it answers, and each replica's health and rotation."""
+    probes, gw = _probe_with_gateway(transports)
+    if gw is None:
+        return {"running": False, "relays": {n: p.relays for n, p in probes.items() if p.relays}}
+    state = dict(gw.state or {})
+    health = {(s.get("name"), s.get("node")): s.get("health")
+              for s in live_servers(transports, inventory)}
+    replicas = []
+    for r in state.get("replicas") or []:
+        on_node = probes.get(r["node"])
+        relay = (on_node.relays if on_node else {}).get(r["server"]) or {}
+        code = health.get((r["server"], r["node"]))
+        replicas.append({**r, "health": "healthy" if code == 200 else (
+            "down" if not code else f"HTTP {code}"),
+            "in_gateway": bool(relay.get("alive") and relay.get("accepting")),
+            "in_flight": relay.get("busy", 0)})
+    host = state.get("host")
+    shown = inventory.node(gw.node).host if host == "0.0.0.0" else host
+    return {"running": True, "live": gw.live, "node": gw.node,
+            "address": f"http://{shown}:{state.get('port')}/v1", "key": bool(state.get("key")),
+            "image": state.get("image"), "litellm": state.get("litellm"), "replicas": replicas}
+
+
+def down(transports: dict[str, Transport]) -> list[str]:
+    """Remove the gateway container, its config (the key) and record, and every relay."""
+    probes = probe_all(transports, liveliness=False)
+    done = []
+    for node, p in sorted(probes.items()):
+        commands = [gs.relay_signal_cmd(server, "TERM") for server in sorted(p.relays)]
+        if p.state:
+            commands += [gs.remove_container_cmd(),
+                         join(["rm", "-rf", "--", gs.GATEWAY_CONFIG_DIR,
+                               f"{gs.GATEWAY_RUN}/gateway.json"])]
+            done.append(f"gateway on {node} removed")
+        if p.relays:
+            done.append(f"{len(p.relays)} relay(s) on {node} stopped")
+        for command in commands:
+            transports[node].run(command, sudo=True, timeout=120).check()
+    return done
+
+
+def set_in_rotation(transport: Transport, server: str, inside: bool) -> None:
+    transport.run(gs.relay_signal_cmd(server, "USR2" if inside else "USR1"), sudo=True,
+                  timeout=30, display=f"{'back into' if inside else 'out of'} the gateway: "
+                  f"{server}").check()
+
+
+def drain(transport: Transport, server: str, timeout: float, note: Note) -> bool:
+    """Take SERVER out of the gateway and wait until none of its requests is in flight."""
+    set_in_rotation(transport, server, False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        relay = probe(transport).relays.get(server) or {}
+        if not relay.get("alive"):
+            return True
+        if not relay.get("accepting") and not relay.get("busy"):
+            return True
+        time.sleep(0.3)
+    note(f"rolling: {server}: requests still in flight after {timeout:.0f} s; relaunching "
+         "anyway (the gateway retries what fails on another replica)")
+    return False
+
+
+def summary(cluster_facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """For `sparkctl status` (pure): the gateway from every node's probe fact ("gateway"), with
+    each model's replicas and how many are in the rotation (their relay's door open)."""
+    probes: dict[str, dict[str, Any]] = {}
+    for node, facts in cluster_facts.items():
+        answer = ((facts.get("commands") or {}).get("gateway") or {}).get("out") or ""
+        try:
+            probes[node] = json.loads(answer)
+        except ValueError:
+            continue
+    found = next(((n, p) for n, p in sorted(probes.items()) if p.get("state")), None)
+    if found is None:
+        return {"running": False}
+    node, probe_doc = found
+    state = probe_doc["state"]
+    models: dict[str, dict[str, int]] = {}
+    for r in state.get("replicas") or []:
+        relay = (probes.get(r["node"], {}).get("relays") or {}).get(r["server"]) or {}
+        entry = models.setdefault(r["model"], {"replicas": 0, "in_rotation": 0})
+        entry["replicas"] += 1
+        entry["in_rotation"] += int(bool(relay.get("alive") and relay.get("accepting")))
+    return {"running": True, "node": node, "host": state.get("host"), "port": state.get("port"),
+            "key": bool(state.get("key")), "live": bool(probe_doc.get("live")), "models": models}

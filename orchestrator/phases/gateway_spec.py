@@ -1,0 +1,193 @@
+"""The gateway as data: which LiteLLM, its routing table, its container, the relays (pure).
+
+One OpenAI-compatible address for the cluster is LiteLLM's proxy (the router Spark users
+already run), in a container on one node (the head by default), pinned by digest. Its
+`model_list` comes from the servers sparkctl runs: every served model name maps to each live
+server serving it (replicas are deployments of one model name). Engines keep binding their
+node's loopback; the gateway reaches each one at its node's fabric address through a relay
+(orchestrator/node/relay.py), which is also how a rolling relaunch takes a replica out.
+
+The master key lives only in the config file (0600, in a 0700 folder mounted read-only):
+never on argv, in the container's environment (`docker inspect` shows it), or in a log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.commands import Secret, docker_cmd, join, quote
+from orchestrator.paths import CONFIG_DIR, RUN_DIR
+
+LITELLM_VERSION = "1.80.11"
+IMAGE_TAG = f"ghcr.io/berriai/litellm:v{LITELLM_VERSION}-stable.1"
+IMAGE_DIGEST = "sha256:311eba8a74364c1303ddbaf1752395bd9b43b83290cb9a506e36ecd020466ab7"
+"""The linux/arm64 manifest of IMAGE_TAG (a DGX Spark is arm64), as GitHub's package page for
+berriai/litellm lists it (github.com/berriai/litellm/pkgs/container/litellm). The lab serves
+the same reference (lab/sparklab/image/catalog.json) with the real proxy from PyPI inside."""
+IMAGE = f"ghcr.io/berriai/litellm@{IMAGE_DIGEST}"
+CONTAINER = "sparkctl-gateway"
+DEFAULT_PORT = 4000
+GATEWAY_RUN = f"{RUN_DIR}/gateway"
+"""gateway.json (the gateway's record, no secret) and relay-<server>.{json,pid,log}."""
+GATEWAY_CONFIG_DIR = f"{CONFIG_DIR}/gateway"
+CONFIG_FILE = f"{GATEWAY_CONFIG_DIR}/config.yaml"
+COOLDOWN_SECONDS = 5
+"""How long LiteLLM keeps a replica out after a failed call: retried on another one meanwhile,
+then tried again (put back when it answers)."""
+ENVIRONMENT = {
+    # no outbound calls: the model price map is the one inside the package, no telemetry
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "LITELLM_TELEMETRY": "False",
+    "LITELLM_LOG": "INFO",
+}
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One live server behind the gateway."""
+
+    server: str
+    model: str
+    node: str
+    address: str   # the node's fabric address, as the gateway's node reaches it
+    port: int      # the engine's port on 127.0.0.1 of its node; the relay's on `address`
+    recipe: str = ""
+
+    @property
+    def api_base(self) -> str:
+        return f"http://{self.address}:{self.port}/v1"
+
+
+@dataclass(frozen=True)
+class GatewaySpec:
+    node: str
+    host: str
+    port: int
+    replicas: tuple[Replica, ...]
+    key: Secret | None = field(default=None, compare=False)
+    image: str = IMAGE
+
+    def models(self) -> dict[str, list[Replica]]:
+        out: dict[str, list[Replica]] = {}
+        for replica in self.replicas:
+            out.setdefault(replica.model, []).append(replica)
+        return out
+
+    def config(self) -> dict[str, Any]:
+        """LiteLLM's config (JSON is YAML): one deployment per replica, least-busy routing,
+        retries on another replica, a short cooldown for one that fails."""
+        deployments = [{
+            "model_name": r.model,
+            "litellm_params": {"model": f"openai/{r.model}", "api_base": r.api_base,
+                               "api_key": "none", "timeout": 600, "stream_timeout": 600},
+            "model_info": {"id": r.server},
+        } for r in self.replicas]
+        general: dict[str, Any] = {}
+        if self.key is not None:
+            general["master_key"] = self.key.reveal()
+        return {
+            "model_list": deployments,
+            "router_settings": {"routing_strategy": "least-busy", "num_retries": 3,
+                                "retry_after": 0, "allowed_fails": 0,
+                                "cooldown_time": COOLDOWN_SECONDS},
+            "litellm_settings": {"telemetry": False, "drop_params": True,
+                                 "request_timeout": 600},
+            "general_settings": general,
+        }
+
+    def config_text(self) -> str:
+        return json.dumps(self.config(), indent=1, sort_keys=True) + "\n"
+
+    def fingerprint(self) -> str:
+        """Changes when anything the running gateway was started with changes (the key too:
+        only its hash is stored)."""
+        text = self.config_text() + json.dumps([self.host, self.port, self.image, self.node])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def record(self) -> dict[str, Any]:
+        """gateway.json: what `status` shows; no secret."""
+        return {"node": self.node, "host": self.host, "port": self.port, "image": self.image,
+                "key": self.key is not None, "fingerprint": self.fingerprint(),
+                "litellm": LITELLM_VERSION,
+                "replicas": [{"server": r.server, "model": r.model, "node": r.node,
+                              "address": r.address, "port": r.port, "recipe": r.recipe}
+                             for r in self.replicas]}
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def run_cmd(spec: GatewaySpec, cluster: str) -> str:
+    """The container: host network (it binds HOST:PORT itself), the config folder read-only,
+    LiteLLM's CLI as entrypoint (the image's own entrypoint script takes the same arguments)."""
+    env = [f"--env={k}={v}" for k, v in sorted(ENVIRONMENT.items())]
+    return docker_cmd(
+        "run", "-d", "--name", CONTAINER, "--network", "host", "--restart", "unless-stopped",
+        "--label", "sparkctl.managed=true", "--label", f"sparkctl.cluster={cluster}",
+        "--label", "sparkctl.gateway=true", *env,
+        "-v", f"{GATEWAY_CONFIG_DIR}:{GATEWAY_CONFIG_DIR}:ro", "--entrypoint", "litellm",
+        spec.image, "--config", CONFIG_FILE, "--host", spec.host, "--port", spec.port,
+        "--num_workers", 1)
+
+
+def remove_container_cmd() -> str:
+    return docker_cmd("rm", "-f", CONTAINER) + " >/dev/null 2>&1 || true"
+
+
+def relay_paths(server: str) -> dict[str, str]:
+    base = f"{GATEWAY_RUN}/relay-{server}"
+    return {"state": f"{base}.json", "pidfile": f"{base}.pid", "log": f"{base}.log"}
+
+
+def relay_start_cmd(replica: Replica) -> str:
+    """Start the replica's relay, detached, unless one for it already runs."""
+    from orchestrator.node import script
+
+    paths = relay_paths(replica.server)
+    args = json.dumps({"listen": replica.address, "port": replica.port,
+                       "target": replica.port, "state": paths["state"],
+                       "pidfile": paths["pidfile"]}, sort_keys=True)
+    start = join(["setsid", "python3", "-c", script("relay.py"), args])
+    pid = quote(paths["pidfile"])
+    return (f"mkdir -p {quote(GATEWAY_RUN)} && if [ -f {pid} ] && kill -0 $(cat {pid}) "
+            f"2>/dev/null; then echo running; else rm -f {quote(paths['state'])}; "
+            f"{start} >{quote(paths['log'])} 2>&1 </dev/null & echo started; fi")
+
+
+def relay_signal_cmd(server: str, signal: str) -> str:
+    """USR1: out of the gateway (drain), USR2: back in, TERM: stop."""
+    paths = relay_paths(server)
+    pid = quote(paths["pidfile"])
+    cmd = f"[ ! -f {pid} ] || kill -{signal} $(cat {pid}) 2>/dev/null || true"
+    if signal == "TERM":  # gone first, so it cannot write its state file after the rm
+        cmd += (f"; for i in $(seq 30); do [ -f {pid} ] && kill -0 $(cat {pid}) 2>/dev/null "
+                "|| break; sleep 0.1; done; rm -f " + " ".join(quote(p) for p in paths.values()))
+    return cmd
+
+
+def probe_cmd(host: str | None = None, port: int | None = None, liveliness: bool = False) -> str:
+    from orchestrator.node import script
+
+    args = {"dir": GATEWAY_RUN, "host": host, "port": port, "liveliness": liveliness}
+    return "python3 -c " + quote(script("gateway_probe.py")) + " " + quote(
+        json.dumps(args, sort_keys=True))
+
+
+def replicas_from(servers: list[dict[str, Any]], address_of: Any) -> tuple[Replica, ...]:
+    """Live servers as replicas, sorted; `address_of(node)` gives the fabric address."""
+    out = []
+    for s in servers:
+        if not s.get("alive") or not s.get("model") or not s.get("port"):
+            continue
+        node = str(s.get("node") or (s.get("nodes") or [""])[0])
+        out.append(Replica(str(s.get("name") or s.get("recipe")), str(s["model"]), node,
+                           address_of(node), int(s["port"]), str(s.get("recipe") or "")))
+    return tuple(sorted(out, key=lambda r: (r.model, r.server)))

@@ -1,0 +1,294 @@
+"""llama.cpp: the recipe model, the command builders, the option table, readiness's reading of
+llama.cpp's errors, the RPC reachability step, and the status of a server whose other node lost
+its process (engines/servers.attach_members)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FakeTransport, make_context, make_inventory
+
+from orchestrator.core.step import Change
+from orchestrator.engines import get_engine, load_recipe, servers
+from orchestrator.engines.base import LaunchOptions
+from orchestrator.engines.llamacpp import options
+from orchestrator.engines.llamacpp.ready import errors
+from orchestrator.engines.llamacpp.recipe import Recipe, estimate_memory
+from orchestrator.engines.llamacpp.serve import (
+    RpcReachable,
+    ServeSpec,
+    server_argv,
+    shell_line,
+    snapshot_path,
+)
+from orchestrator.errors import InputError, SparkctlError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def recipe(**over: Any) -> Recipe:
+    data = {"name": "t", "engine": "llamacpp", "model": "org/m-GGUF", "gguf": "m-Q4_K_M.gguf",
+            "memory": {"weights_gb": 10}, **over}
+    return Recipe.model_validate(data)
+
+
+def test_the_two_node_recipe_lists_the_rpc_server_at_its_fabric_address() -> None:
+    spec = ServeSpec(load_recipe("qwen3-235b-gguf-rpc"), make_inventory(), LaunchOptions())
+    assert spec.nodes == ["spark-a", "spark-b"]
+    assert spec.rpc_endpoints() == ["192.168.200.13:50052"]
+    argv = server_argv(spec.recipe, "127.0.0.1", spec.rpc_endpoints())
+    text = " ".join(argv)
+    for part in ("-ngl 999", "-c 32768", "-np 1", "--rpc 192.168.200.13:50052",
+                 "--host 127.0.0.1 --port 8080 --metrics", "--alias Qwen/Qwen3-235B-A22B-GGUF"):
+        assert part in text
+    node = spec.inventory.node("spark-b")
+    rpc = spec.rpc_spec(node)
+    assert rpc.command == ["-H", "192.168.200.13", "-p", "50052"]
+    assert "--entrypoint" in rpc.flags and "rpc-server" in rpc.flags
+    assert rpc.labels["sparkctl.server"] == "qwen3-235b-gguf-rpc" and rpc.labels["sparkctl.rank"] == "1"
+
+
+def test_the_model_path_follows_the_downloaded_branch_or_the_pinned_commit() -> None:
+    assert snapshot_path("a/b", "main", "x.gguf") == (
+        "/root/.cache/huggingface/hub/models--a--b/snapshots/"
+        "$(cat /root/.cache/huggingface/hub/models--a--b/refs/main)/x.gguf")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    assert snapshot_path("a/b", commit, "x.gguf").endswith(f"/snapshots/{commit}/x.gguf")
+    line = shell_line(["llama-server", "-m", snapshot_path("a/b", "main", "x y.gguf"), "--alias",
+                       "a/b; rm -rf /"])
+    assert line.startswith("exec llama-server -m \"/root/") and "$(cat " in line
+    assert "'a/b; rm -rf /'" in line and "'/x y.gguf'" in line  # quoted, never a second command
+
+
+def test_the_rpc_server_restarting_restarts_llama_server() -> None:
+    inv = make_inventory()
+    spec = ServeSpec(load_recipe("lab-tiny-llama-rpc"), inv, LaunchOptions())
+    node = inv.node("spark-a")
+    before = spec.server_spec(node, "/home/nvidia/.cache/huggingface", ["abc"]).digest()
+    after = spec.server_spec(node, "/home/nvidia/.cache/huggingface", ["def"]).digest()
+    assert before != after
+
+
+@pytest.mark.parametrize(("over", "words"), [
+    ({"serve_args": ["--ngl", "99"]}, ["--ngl", "llama.cpp b11434", "unknown option"]),
+    ({"serve_args": ["-ngl", "99"]}, ["must not set --gpu-layers"]),
+    ({"serve_args": ["--host", "0.0.0.0"]}, ["must not set --host"]),
+    ({"serve_args": ["-b", "many"]}, ["'many' is not an integer"]),
+    ({"rpc_args": ["-H", "0.0.0.0"]}, ["rpc_args must not set --host"]),
+    ({"rpc_args": ["--bogus"]}, ["rpc-server of llama.cpp", "--bogus"]),
+    ({"gguf": "model.safetensors"}, ["gguf"]),
+    ({"nodes": 2, "gpu_layers": 0}, ["RPC nodes would hold nothing"]),
+])
+def test_what_llama_server_refuses_is_refused(over: dict[str, Any], words: list[str]) -> None:
+    with pytest.raises(ValueError) as info:
+        recipe(**over)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_the_option_table_is_llama_cpps_own() -> None:
+    table = json.loads((ROOT / "orchestrator/engines/llamacpp/options.json").read_text())
+    prov = table["provenance"]
+    assert prov["version"] == "b11434" and prov["script"] == "scripts/extract-llamacpp-options"
+    assert set(prov["files"]) == {"common/arg.cpp", "tools/rpc/rpc-server.cpp"}
+    flags = table["serve_flags"]
+    assert "-ngl" in flags["--gpu-layers"]["aliases"] and flags["--metrics"]["kind"] == "store_true"
+    assert "--model-draft" in flags["--spec-draft-model"]["aliases"]
+    assert flags["--parallel"]["kind"] == "int" and "-np" in flags["--parallel"]["aliases"]
+    assert table["rpc_flags"]["--host"]["aliases"] == ["-H"]
+    assert options.canonical("-md") == "--spec-draft-model" and options.canonical("-p", rpc=True) == "--port"
+    assert options.check_serve_args(["--jinja", "-fa", "on", "--spec-draft-n-max", "8"]) == []
+
+
+def test_the_memory_estimate_splits_weights_and_kv_over_the_nodes() -> None:
+    two = estimate_memory(load_recipe("qwen3-235b-gguf-rpc"))
+    assert two.weights_gb == 71.5 and two.kv_cache_gb == 3.25 and two.fits
+    one = estimate_memory(load_recipe("qwen3-235b-gguf-rpc").model_copy(update={"nodes": 1}))
+    assert not one.fits and one.verdict == "does not fit"
+    assert estimate_memory(load_recipe("gpt-oss-120b-gguf")).fits
+
+
+def test_a_draft_model_is_fetched_and_passed() -> None:
+    r = recipe(draft={"model": "org/small-GGUF", "gguf": "small-Q8_0.gguf"})
+    assert ("org/small-GGUF", "main", None) in r.repos
+    assert r.file_patterns("org/small-GGUF") == (["small-Q8_0.gguf", "*.json"], [])
+    assert "--model-draft" in server_argv(r, "127.0.0.1", [])
+    split = recipe(gguf="Q4/m-Q4-00001-of-00003.gguf")
+    assert split.file_patterns("org/m-GGUF") == (["Q4/m-Q4-*-of-00003.gguf", "*.json"], [])
+
+
+def test_readiness_reads_llama_cpps_own_errors() -> None:
+    log = ("0.00.021.133 E gguf_init_from_reader: failed to read key-value pairs\n"
+           "0.00.021.150 E llama_model_load: error loading model: failed to load model from /m.gguf\n"
+           "0.00.021.160 I srv    operator(): cleaning up before exit...\n"
+           "0.00.021.272 E srv         start: couldn't bind HTTP server socket, port: 8080\n")
+    # the lines naming the file and the port first, then the rest in log order
+    assert errors(log) == ["llama_model_load: error loading model: failed to load model from /m.gguf",
+                           "srv start: couldn't bind HTTP server socket, port: 8080",
+                           "gguf_init_from_reader: failed to read key-value pairs"]
+
+
+def test_an_unreachable_rpc_server_is_named_and_the_server_removed() -> None:
+    inv = make_inventory()
+    spec = ServeSpec(load_recipe("lab-tiny-llama-rpc"), inv, LaunchOptions())
+    answer = json.dumps({"192.168.200.13:50052": "[Errno 101] Network is unreachable"})
+    transports = {"spark-a": FakeTransport("spark-a").on("create_connection", stdout=answer),
+                  "spark-b": FakeTransport("spark-b")}
+    cluster: dict[str, dict[str, Any]] = {"spark-a": {}, "spark-b": {}}
+    ctx = make_context(inv, "spark-a", cluster, transports=transports)
+    with pytest.raises(SparkctlError, match=r"spark-a cannot reach spark-b: rpc-server at "
+                                            r"192\.168\.200\.13:50052 \(\[Errno 101\]"):
+        RpcReachable(spec).apply(ctx, Change("x"))
+    assert any("label=sparkctl.server=lab-tiny-llama-rpc" in c for c in transports["spark-b"].commands)
+
+
+def test_a_server_whose_rpc_node_lost_its_process_is_dead_with_its_rss_shown() -> None:
+    record = {"name": "s", "engine": "llamacpp", "nodes": ["spark-a", "spark-b"], "alive": True,
+              "legacy": False}
+    alive = {"s": {"running": True, "rss_kb": 2048, "process": "llama-server"}}
+    gone = {"s": {"running": False, "rss_kb": 0, "process": ""}}
+    found = [dict(record)]
+    servers.attach_members(found, {"spark-a": alive, "spark-b": gone})
+    assert found[0]["alive"] is False and found[0]["dead_nodes"] == ["spark-b"]
+    assert found[0]["processes"] == [{"node": "spark-a", "process": "llama-server", "rss_mb": 2.0}]
+    fine = [dict(record)]
+    rpc = {"s": {**alive["s"], "process": "rpc-server"}}
+    servers.attach_members(fine, {"spark-a": alive, "spark-b": rpc})
+    assert fine[0]["alive"] is True and [p["process"] for p in fine[0]["processes"]] == [
+        "llama-server", "rpc-server"]
+    unknown = [dict(record)]
+    servers.attach_members(unknown, {"spark-a": alive})  # spark-b not asked: no verdict on it
+    assert unknown[0]["alive"] is True
+
+
+def test_the_engine_is_placed_and_other_engines_refuse_nodes() -> None:
+    from orchestrator.cli.launch import _placed
+
+    engine = get_engine("llamacpp")
+    assert engine.placed and engine.title == "llama.cpp"  # type: ignore[attr-defined]
+    r = load_recipe("lab-tiny-llama")
+    assert _placed(r, engine, ("spark-b",), "x", 8100).placement == ["spark-b"]
+    vllm = load_recipe("gpt-oss-120b-vllm")
+    with pytest.raises(InputError, match=r"are for SGLang and llama\.cpp recipes"):
+        _placed(vllm, get_engine("vllm"), ("spark-b",), None, None)
+    lines = get_engine("llamacpp").describe(load_recipe("lab-tiny-llama-rpc"))
+    assert "rpc-server -H '<its fabric IP>' -p 50052" in lines[1][1]
+
+
+def test_bench_reads_llama_servers_own_counters() -> None:
+    from orchestrator.checks.bench_metrics import meter_for
+
+    def exposition(drafts: int, drafted: int, accepted: int, tokens: int, seconds: float) -> str:
+        return (f"llamacpp:spec_decode_num_drafts_total {drafts}\n"
+                f"llamacpp:spec_decode_num_draft_tokens_total {drafted}\n"
+                f"llamacpp:spec_decode_num_accepted_tokens_total {accepted}\n"
+                f"llamacpp:tokens_predicted_total {tokens}\n"
+                f"llamacpp:tokens_predicted_seconds_total {seconds}\n")
+
+    answers = iter([exposition(0, 0, 0, 10, 0.5), exposition(0, 0, 0, 110, 1.5)])
+    meter = meter_for("llamacpp", lambda: next(answers))
+    meter.begin()
+    assert meter.end() is None and "100 tokens generated in 1.00s" in str(meter.note)
+    answers = iter([exposition(0, 0, 0, 0, 0), exposition(10, 40, 30, 80, 2.0)])
+    meter = meter_for("llamacpp", lambda: next(answers))
+    meter.begin()
+    figures = meter.end()
+    assert figures is not None and figures["acceptance_rate"] == 0.75
+    assert figures["acceptance_length"] == 4.0 and figures["engine_generation_tps"] == 40.0
+
+
+def test_the_lab_hub_serves_a_real_repo_with_its_own_files(tmp_path: Path) -> None:
+    """`hf download` of a folder under the lab's real hub: its files as they are, in the HF
+    cache layout, and a new build of the files is a new commit."""
+    import os
+    import subprocess
+    import sys
+
+    hub = tmp_path / "realhub"
+    repo = hub / "sparklab" / "tiny"
+    (repo / "sub").mkdir(parents=True)
+    (repo / "config.json").write_text('{"model_type": "llama"}')
+    (repo / "tiny.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 10)
+    (repo / "sub" / "tokenizer.json").write_text("{}")
+    (repo / ".sparklab-inputs").write_text("one\n")
+    (tmp_path / "lab" / "config").mkdir(parents=True)
+    (tmp_path / "lab" / "config" / "lab.json").write_text('{"model_bytes": 1000, "node": "a"}')
+    env = {"PATH": "/usr/bin:/bin", "SPARKLAB_LAB_DIR": str(tmp_path / "lab"),
+           "HF_HOME": str(tmp_path / "hf"), "SPARKLAB_REAL_HUB": str(hub)}
+    tool = ROOT / "lab" / "sparklab" / "image" / "bin" / "hf"
+
+    def download() -> Path:
+        done = subprocess.run([sys.executable, str(tool), "download", "sparklab/tiny"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return Path(done.stdout.strip())
+
+    snap = download()
+    assert (snap / "tiny.gguf").read_bytes() == (repo / "tiny.gguf").read_bytes()
+    assert (snap / "sub" / "tokenizer.json").exists() and not (snap / ".sparklab-inputs").exists()
+    (repo / ".sparklab-inputs").write_text("two\n")
+    assert download().name != snap.name
+    assert os.path.islink(snap / "tiny.gguf")
+
+
+def rpc_server_spec() -> ServeSpec:
+    return ServeSpec(load_recipe("lab-tiny-llama-rpc"), make_inventory(), LaunchOptions())
+
+
+def test_readiness_waits_for_health_and_the_model() -> None:
+    from orchestrator.engines.llamacpp.ready import wait_until_ready
+
+    spec = rpc_server_spec()
+    probe = json.dumps({"health": 200, "models": ["sparklab/tiny-llama-gguf"]})
+    transports = {"spark-a": FakeTransport("spark-a").on("/health", stdout=f"running=true\n{probe}\n"),
+                  "spark-b": FakeTransport("spark-b").on("State.Running", stdout="true\n")}
+    notes: list[str] = []
+    ready = wait_until_ready(transports, spec, 60, notes.append)  # type: ignore[arg-type]
+    assert ready.models == ["sparklab/tiny-llama-gguf"] and "ready: /health 200" in notes[-1]
+
+
+def test_an_exit_while_loading_names_llama_cpps_error_and_stops_the_server() -> None:
+    from orchestrator.engines.base import LaunchFailed
+    from orchestrator.engines.llamacpp.ready import wait_until_ready
+
+    spec = rpc_server_spec()
+    log = "0.00.021.150 E llama_model_load: error loading model: failed to load model from /x.gguf\n"
+    head = (FakeTransport("spark-a").on("docker logs --tail", stdout=log)
+            .on("/health", stdout="running=gone\n{}\n"))
+    transports = {"spark-a": head, "spark-b": FakeTransport("spark-b")}
+    with pytest.raises(LaunchFailed) as raised:
+        wait_until_ready(transports, spec, 60, lambda line: None)  # type: ignore[arg-type]
+    assert "llama-server exited on spark-a while loading" in raised.value.reason
+    assert "failed to load model from /x.gguf" in raised.value.reason
+    assert any("label=sparkctl.server=lab-tiny-llama-rpc" in c for c in transports["spark-b"].commands)
+    # an rpc-server whose container ended while the head loads stops it too
+    head = FakeTransport("spark-a").on("/health", stdout='running=true\n{"health": 503}\n')
+    transports = {"spark-a": head, "spark-b": FakeTransport("spark-b").on("State.Running", stdout="gone")}
+    with pytest.raises(LaunchFailed, match="rpc-server exited on spark-b"):
+        wait_until_ready(transports, spec, 60, lambda line: None)  # type: ignore[arg-type]
+
+
+def test_persist_and_the_plan_of_a_two_node_launch() -> None:
+    from orchestrator.engines.llamacpp.persist import persist_phase
+
+    spec = rpc_server_spec()
+    assert persist_phase(spec, LaunchOptions(persist=True)).name == "persist"
+    engine = get_engine("llamacpp")
+    phases = engine.launch_phases(spec.recipe, spec.inventory, LaunchOptions(persist=True))
+    assert [p.name for p in phases] == ["server-check", "image-check", "models", "rpc", "serve",
+                                        "persist"]
+    assert engine.estimate_memory(spec.recipe).fits
+    assert engine.config_preview(spec.recipe)["container"] == "sparkctl-llamacpp-lab-tiny-llama-rpc"
+    assert engine.warnings(spec.recipe) and not engine.warnings(load_recipe("lab-tiny-llama"))
+
+
+def test_status_reads_llama_servers_prometheus_metrics() -> None:
+    from orchestrator.checks.status_memory import reads_prometheus, summarize_metrics
+
+    assert reads_prometheus("llamacpp")
+    figures = summarize_metrics("llamacpp:requests_processing 1\nllamacpp:requests_deferred 2\n"
+                                "llamacpp:kv_cache_usage_ratio 0.25\n")
+    assert figures == {"requests_running": 1, "requests_waiting": 2, "kv_cache_usage": 0.25}
