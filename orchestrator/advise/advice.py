@@ -178,7 +178,9 @@ def advise(recipe: Any, engine: Any, nodes: int, goal: Goal = "latency", concurr
     for layout in layouts:
         one = support.recipe_for(recipe, layout, None) if support else recipe
         estimate = engine.estimate_memory(one)
-        prediction = predict(facts, layout, hardware, efficiency, concurrency, drafting, context)
+        slots = support.slots(one) if support and hasattr(support, "slots") else None
+        prediction = predict(facts, layout, hardware, efficiency, concurrency, drafting, context,
+                             slots)
         advice.layouts.append(LayoutAdvice(layout, one, estimate.fits, estimate.verdict,
                                            round(estimate.weights_gb + estimate.draft_gb, 2),
                                            estimate.explanation, prediction))

@@ -49,11 +49,13 @@ def _values(doc: dict[str, Any], check: str, unit: str) -> list[float]:
             and c.get("status") in ("pass", "warn") and isinstance(c.get("value"), (int, float))]
 
 
-def hardware(netcheck: str | None = None, bandwidth_gbs: float | None = None) -> Hardware:
-    sources = [f"memory bandwidth {bandwidth_gbs:g} GB/s (given)" if bandwidth_gbs else
-               f"memory bandwidth {SPARK_BANDWIDTH_GBS:g} GB/s (Spark spec sheet)"]
+def hardware(netcheck: str | None = None, bandwidth_gbs: float | None = None,
+             bandwidth_from: str | None = None) -> Hardware:
+    """`bandwidth_from`: how a measured `bandwidth_gbs` was measured (default: given)."""
+    sources = [bandwidth_from or f"memory bandwidth {bandwidth_gbs:g} GB/s (given)" if bandwidth_gbs
+               else f"memory bandwidth {SPARK_BANDWIDTH_GBS:g} GB/s (Spark spec sheet)"]
     latency_us, fabric_gbs = FABRIC_LATENCY_US, FABRIC_GBS
-    latency_from = bandwidth_from = "published"
+    latency_from = fabric_from = "published"
     if netcheck == "none":
         netcheck = None
     elif netcheck is None:
@@ -78,11 +80,11 @@ def hardware(netcheck: str | None = None, bandwidth_gbs: float | None = None) ->
         busbw = _values(doc, "nccl-busbw", "GB/s")
         iperf = _values(doc, "throughput", "Gb/s")
         if busbw:
-            fabric_gbs, bandwidth_from = min(busbw), f"netcheck {name} (NCCL)"
+            fabric_gbs, fabric_from = min(busbw), f"netcheck {name} (NCCL)"
         elif iperf:
-            fabric_gbs, bandwidth_from = min(iperf) / 8, f"netcheck {name} (iperf3)"
+            fabric_gbs, fabric_from = min(iperf) / 8, f"netcheck {name} (iperf3)"
     sources.append(f"fabric {latency_us:g} us per collective ({latency_from}), "
-                   f"{fabric_gbs:g} GB/s ({bandwidth_from})")
+                   f"{fabric_gbs:g} GB/s ({fabric_from})")
     return Hardware(bandwidth_gbs=bandwidth_gbs or SPARK_BANDWIDTH_GBS,
                     fabric_latency_us=round(latency_us, 1), fabric_gbs=round(fabric_gbs, 2),
                     sources=tuple(sources))

@@ -68,6 +68,11 @@ FACTS: dict[str, ModelFacts] = {
                                                    note="NVFP4"),
     # Qwen3-8B config.json: 36 layers, hidden 4096, 8 KV heads x 128; BF16, 8.2B - 0.6B embedding.
     "Qwen/Qwen3-8B": ModelFacts(7.6, 2.0, 36, 4096, kv(36, 8, 128, 2), note="BF16"),
+    # The lab's real GGUF (lab/sparklab/gguf_model.py): a llama of 8 layers, 256 wide, 4 heads
+    # (2 KV) of 64, FFN 768, f16: 8 x 786k = 6.3M in the layers; its output matrix is tied to the
+    # 128,256 x 256 embedding, which the LM head reads whole every token (32.8M): 39.1M.
+    "sparklab/tiny-llama-gguf": ModelFacts(0.0391, 2.0, 8, 256, kv(8, 2, 64, 2),
+                                          note="f16, the lab's tiny llama; LM head tied to the embedding"),
 }
 
 

@@ -140,16 +140,20 @@ class Prediction:
 
 
 def predict(facts: ModelFacts, layout: Layout, hw: Hardware, efficiency: float,
-            concurrency: int, drafting: Drafting | None = None, context: int = 2048) -> Prediction:
+            concurrency: int, drafting: Drafting | None = None, context: int = 2048,
+            slots: int | None = None) -> Prediction:
     """Decode t/s of one request alone, and the aggregate at `concurrency` requests spread
-    evenly over the layout's servers (replicas each take their share)."""
+    evenly over the layout's servers (replicas each take their share). A server with `slots`
+    decodes at most that many at once; the rest wait their turn (llama.cpp's -np)."""
     one = step(facts, layout, hw, efficiency, 1, drafting, context)
     share = concurrency / layout.servers
-    many = step(facts, layout, hw, efficiency, share, drafting, context)
+    batch = min(share, slots) if slots else share
+    many = step(facts, layout, hw, efficiency, batch, drafting, context)
     aggregate = many.aggregate * layout.servers
     lines = ["one request:", *one.lines, f"{concurrency} requests"
-             + (f" ({share:g} on each of {layout.servers} servers):" if layout.servers > 1 else ":"),
-             *many.lines]
+             + (f" ({share:g} on each of {layout.servers} servers)" if layout.servers > 1 else "")
+             + (f", {batch:g} at a time ({slots} slot(s) per server)" if batch < share else "")
+             + ":", *many.lines]
     if layout.servers > 1:
         lines.append(f"  x {layout.servers} servers = {aggregate:.1f} t/s aggregate")
     return Prediction(one.per_request, aggregate, concurrency, lines)

@@ -11,7 +11,8 @@ def _tg(value: float | None) -> str:
 
 
 def _row(a: LayoutAdvice, measured: bool) -> str:
-    fit = f"{a.verdict} ({a.per_node_gb:.0f} GB weights/node)"
+    gb = f"{a.per_node_gb:.0f}" if a.per_node_gb >= 1 else f"{a.per_node_gb:.2g}"  # a lab model
+    fit = f"{a.verdict} ({gb} GB weights/node)"
     row = (f"{a.layout.label:13} {a.layout.nodes:>5} {fit:36} {a.predicted.tg_c1:>8.1f} "
            f"{a.predicted.tg_aggregate:>9.1f}")
     if measured:

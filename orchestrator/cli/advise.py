@@ -24,8 +24,9 @@ def _advise(opts: dict[str, Any]) -> int:
     recipe = load_recipe(opts["recipe_name"])
     engine = engine_of(recipe)
     nodes = opts["nodes"] or max(recipe.node_count, 2)
+    bandwidth, measured_from = _bandwidth(opts["memory_bandwidth"], opts["inventory_path"])
     advice = advise(recipe, engine, nodes, opts["goal"], opts["concurrency"],
-                    hardware(opts["netcheck"], opts["memory_bandwidth"]), opts["acceptance"],
+                    hardware(opts["netcheck"], bandwidth, measured_from), opts["acceptance"],
                     opts["context"])
     if opts["layouts"]:
         _only(advice, opts["layouts"])
@@ -39,6 +40,26 @@ def _advise(opts: dict[str, Any]) -> int:
     else:
         click.echo("\n".join(lines(advice, opts["explain"])))
     return code
+
+
+def _bandwidth(given: str | None, inventory_path: str | None) -> tuple[float | None, str | None]:
+    """--memory-bandwidth: GB/s as given, `measure` (timed on the first node), or the Spark's."""
+    from orchestrator.errors import InputError
+
+    if given is None:
+        return None, None
+    if given == "measure":
+        from orchestrator.cli.advise_bandwidth import measure_bandwidth
+
+        return measure_bandwidth(inventory_path)
+    try:
+        value = float(given)
+    except ValueError:
+        value = 0.0
+    if not value >= 1:
+        raise InputError(f"--memory-bandwidth {given}: give GB/s (a number, at least 1) or "
+                         "`measure` (timed on the cluster's first node)")
+    return value, None
 
 
 def _only(advice: Any, kinds: str) -> None:
@@ -83,8 +104,10 @@ def _published() -> int:
                    "and bandwidth instead of the Spark's published figures. Default: the last "
                    "`sparkctl netcheck` run from here, when it measured any; `none`: the "
                    "published figures.")
-@click.option("--memory-bandwidth", type=click.FloatRange(min=1), default=None, metavar="GB/S",
-              help="Memory bandwidth per node (default: 273, the Spark's).")
+@click.option("--memory-bandwidth", default=None, metavar="GB/S|measure",
+              help="Memory bandwidth per node (default: 273, the Spark's GPU). `measure`: time "
+                   "one core copying memory on the inventory's first node (what a CPU engine, "
+                   "such as the lab's llama.cpp, decodes at).")
 @click.option("--layouts", metavar="KIND[,KIND]",
               help="Only these layouts (single, tp, pp, replicas), e.g. to --measure fewer.")
 @click.option("--explain", is_flag=True, help="Show the arithmetic of every prediction.")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,24 @@ MAX_KEY_BYTES = 4096
 
 def _note(line: str) -> None:
     click.echo(line, err=True)
+
+
+@contextlib.contextmanager
+def _locked(session: Any, inventory: Any, command: str, break_lock: bool) -> Iterator[None]:
+    """The cluster lock, as up/launch/down take it: a gateway change must not interleave with
+    a launch or down that changes the servers its routing table comes from."""
+    from orchestrator.core.lock import ClusterLock
+    from orchestrator.errors import SparkctlError
+
+    head = inventory.head_name
+    if head not in session.transports:
+        raise SparkctlError(f"cannot reach the head {head} (it holds the cluster lock)")
+    lock = ClusterLock(head, session.transports[head], command, break_lock)
+    lock.ensure()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def read_key_file(path: str) -> Any:
@@ -67,7 +87,7 @@ def _check_host(host: str, key: Any) -> None:
 
 
 def _up(inventory_path: str | None, host: str, port: int, key_file: str | None,
-        node: str | None, as_json: bool) -> int:
+        node: str | None, as_json: bool, break_lock: bool = False) -> int:
     from orchestrator.cli.launch import _server_on_head
     from orchestrator.core.report import print_json
     from orchestrator.errors import InputError
@@ -80,7 +100,7 @@ def _up(inventory_path: str | None, host: str, port: int, key_file: str | None,
     if where not in {n.name for n in inventory.nodes}:
         raise InputError(f"--nodes {where}: not an inventory node "
                          f"({', '.join(n.name for n in inventory.nodes)})")
-    with manager as session:
+    with manager as session, _locked(session, inventory, "gateway up", break_lock):
         found = gateway.live_servers(session.transports, inventory)
         spec = gateway.desired(inventory, where, host, port, key, found)
         outcome = gateway.up(session.transports, inventory, spec, _note)
@@ -132,13 +152,13 @@ def _status(inventory_path: str | None, as_json: bool) -> int:
     return 0
 
 
-def _down(inventory_path: str | None, as_json: bool) -> int:
+def _down(inventory_path: str | None, as_json: bool, break_lock: bool = False) -> int:
     from orchestrator.cli.launch import _server_on_head
     from orchestrator.core.report import print_json
     from orchestrator.phases import gateway
 
-    manager, _ = _server_on_head(inventory_path, "gateway down")
-    with manager as session:
+    manager, inventory = _server_on_head(inventory_path, "gateway down")
+    with manager as session, _locked(session, inventory, "gateway down", break_lock):
         done = gateway.down(session.transports)
     if as_json:
         print_json({"command": "gateway down", "ok": True, "removed": done})
@@ -146,6 +166,10 @@ def _down(inventory_path: str | None, as_json: bool) -> int:
         for line in done or ["no gateway was running"]:
             click.echo(line)
     return 0
+
+
+BREAK_LOCK = click.option("--break-lock", is_flag=True,
+                          help="Take the cluster lock from a run that is gone.")
 
 
 @click.group(context_settings=CONTEXT)
@@ -157,7 +181,9 @@ def gateway() -> None:
             least-busy, retried on another replica, a failing one out for 5 s
     status  address, key on/off, models, replicas, their health and rotation
     down    remove the gateway, its config (the key) and its relays
-    See docs/gateway.md.
+    `launch` and `down --server` update a running gateway's table (a new replica
+    restarts LiteLLM gracefully; one leaving is drained first). up/down take the
+    cluster lock. See docs/gateway.md.
     """
 
 
@@ -170,11 +196,12 @@ def gateway() -> None:
               help="The master key (sk-..., one line; the file mode 0600). Clients send it as "
                    "`Authorization: Bearer KEY`. Never on argv, in logs or in docker inspect.")
 @click.option("--nodes", "node", metavar="NODE", help="The node the gateway runs on (default: the head).")
+@BREAK_LOCK
 @json_option
 def up(inventory_path: str | None, host: str, port: int, api_key_file: str | None,
-       node: str | None, as_json: bool) -> None:
+       node: str | None, break_lock: bool, as_json: bool) -> None:
     """Start (or update) the gateway; a second run with nothing changed does nothing."""
-    run_command(lambda: _up(inventory_path, host, port, api_key_file, node, as_json))
+    run_command(lambda: _up(inventory_path, host, port, api_key_file, node, as_json, break_lock))
 
 
 @gateway.command("status", context_settings=CONTEXT)
@@ -187,10 +214,11 @@ def status(inventory_path: str | None, as_json: bool) -> None:
 
 @gateway.command("down", context_settings=CONTEXT)
 @inventory_option
+@BREAK_LOCK
 @json_option
-def down(inventory_path: str | None, as_json: bool) -> None:
+def down(inventory_path: str | None, break_lock: bool, as_json: bool) -> None:
     """Remove the gateway and its relays (the servers keep running)."""
-    run_command(lambda: _down(inventory_path, as_json))
+    run_command(lambda: _down(inventory_path, as_json, break_lock))
 
 
 def bench_gateway(opts: dict[str, Any]) -> int:

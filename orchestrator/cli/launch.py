@@ -104,10 +104,13 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     endpoint = f"http://{host}:{recipe.port}"
     server = name or recipe.name
 
+    from orchestrator.phases import hub_token
     from orchestrator.phases.launch_checks import with_checks
 
-    plan = Plan("launch", with_checks(engine.launch_phases(recipe, inventory, options), recipe,
-                                      inventory, verify_models))
+    # the token first: a missing or refused one stops the launch before any download or change
+    plan = Plan("launch", with_checks([hub_token.phase(recipe, inventory),
+                                       *engine.launch_phases(recipe, inventory, options)],
+                                      recipe, inventory, verify_models))
 
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,
@@ -119,6 +122,9 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             report.notes.append(f"Serving {recipe.model} at {endpoint} on {head} (server {server}). "
                                 f"Try `sparkctl chat --server {server} \"Hello\"`, or `sparkctl "
                                 f"tunnel --server {server}` for other clients.")
+            from orchestrator.phases.gateway_follow import after_change
+
+            after_change(session, inventory, _note)  # a gateway that runs routes to it too
 
     request = RunRequest(
         command="launch", inventory=inventory, build=build, dry_run=dry_run, yes=yes,
@@ -126,7 +132,8 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
         values={"hf_token": token, "progress_note": _note, "distribute_image": distribute_image},
         after=after,
     )
-    return execute(request)
+    code = execute(request)
+    return 2 if code == 1 and request.values.get(hub_token.MISSING) else code
 
 
 def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
@@ -175,7 +182,8 @@ def _placed(recipe: Any, engine: Any, placed: tuple[str, ...], name: str | None,
               help="The memory guard stops the server when a node's MemAvailable falls below "
                    "this (default: the recipe's memory.guard_min_available_gb, else 2).")
 @click.option("--hf-token-file", metavar="FILE",
-              help=f"HF token file when $HF_TOKEN is unset (default {DEFAULT_TOKEN_FILE}).")
+              help=f"HF token file when $HF_TOKEN is unset (default {DEFAULT_TOKEN_FILE}); "
+                   "checked with the hub before anything downloads.")
 @click.option("--trust-new-hosts", is_flag=True, help="Pin unknown SSH host keys on first use.")
 @click.option("--break-lock", is_flag=True, help="Take the cluster lock from a run that is gone.")
 @click.option("--ignore-memory", is_flag=True, help="Launch even if the memory estimate says no.")

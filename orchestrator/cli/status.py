@@ -193,6 +193,12 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
     return execute(request)
 
 
+def follow_gateway(session: object, inventory: object) -> None:
+    from orchestrator.phases.gateway_follow import after_change
+
+    after_change(session, inventory, lambda line: click.echo(line, err=True))  # type: ignore[arg-type]
+
+
 def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_json: bool,
                  trust_new_hosts: bool, break_lock: bool, network: bool,
                  keep_logs: bool = False) -> int:
@@ -219,7 +225,8 @@ def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_js
     request = RunRequest(
         command="down", inventory=inventory, build=build, dry_run=dry_run,  # type: ignore[arg-type]
         yes=yes, as_json=as_json, trust_new_hosts=trust_new_hosts, break_lock=break_lock,
-        require_all_nodes=False, lock_optional=True, values={"server": server})
+        require_all_nodes=False, lock_optional=True, values={"server": server},
+        after=lambda session, _report: None if dry_run else follow_gateway(session, inventory))
     return execute(request)
 
 

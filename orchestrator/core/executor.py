@@ -20,7 +20,7 @@ from orchestrator.remote.facts import gather_facts, merge_requests
 
 if TYPE_CHECKING:
     from orchestrator.core.lock import ClusterLock
-from orchestrator.core.progress import Progress
+from orchestrator.core.progress import Heartbeat, Progress
 from orchestrator.core.report import Report, StepResult
 from orchestrator.core.step import (
     Change,
@@ -183,15 +183,23 @@ class Executor:
         return step.scope == "node" or node.name == self.inventory.head_name
 
     def _gather(self, phase: Phase, nodes: list[Node]) -> dict[str, dict[str, Any]]:
+        pending = {node.name for node in nodes}
+
         def one(node: Node) -> tuple[str, dict[str, Any] | str]:
             try:
                 request = phase.facts(self.inventory, node)
                 return node.name, gather_facts(self.transports[node.name], request)
             except SparkctlError as exc:
                 return node.name, str(exc)
+            finally:
+                pending.discard(node.name)
 
         facts: dict[str, dict[str, Any]] = {}
-        for name, value in self.pool.map(one, nodes):
+        # a first look at a model hashes every file (minutes for 100 GB): never a silent wait
+        with Heartbeat(self.progress.note, f"facts ({phase.name})",
+                       detail=lambda: "from " + ", ".join(sorted(pending))):
+            answers = list(self.pool.map(one, nodes))
+        for name, value in answers:
             if isinstance(value, str):
                 self._fail(name, StepResult(phase.name, "facts", "failed", 0.0, value))
             else:

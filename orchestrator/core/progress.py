@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from orchestrator.core.report import StepResult, worth_showing
 
 SYMBOL = {"ok": "·", "changed": "✓", "planned": "~", "failed": "✗", "skipped": "-"}
+LOG = logging.getLogger("sparkctl.progress")
 PROOF = "✓"
 """A verify step that proved something (mpirun reached every node, the network confirmed)."""
 
@@ -44,3 +47,52 @@ class Progress:
 
     def note(self, message: str) -> None:
         self._print(message)
+
+
+HEARTBEAT_SECONDS = 12.0
+"""The longest silence a long wait keeps: a line at least this often (what, elapsed, bytes)."""
+
+
+def elapsed_text(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+class Heartbeat:
+    """A long wait that says something at least every `every` seconds, even while the command
+    it waits for prints nothing (a registry slow to answer, an engine loading weights).
+
+    Lines go through `note` (the progress stream) and into the run log; `say` is the note for
+    the wait's own lines: each one resets the silence, so a chatty wait gets no extra lines.
+    `detail` adds what is known so far (layers, bytes) to the heartbeat line."""
+
+    def __init__(self, note: Callable[[str], None], what: str, every: float | None = None,
+                 detail: Callable[[], str] | None = None) -> None:
+        self.note, self.what, self.detail = note, what, detail
+        self.every = HEARTBEAT_SECONDS if every is None else every
+        self.started = self.last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True, name="heartbeat")
+
+    def say(self, line: str) -> None:
+        self.last = time.monotonic()
+        LOG.info("%s", line.strip())
+        self.note(line)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def _beat(self) -> None:
+        while not self._stop.wait(1.0):
+            if time.monotonic() - self.last >= self.every:
+                extra = self.detail() if self.detail else ""
+                self.say(f"          … {self.what}: waiting, {elapsed_text(self.elapsed())}"
+                         + (f"; {extra}" if extra else ""))
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

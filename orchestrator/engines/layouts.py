@@ -54,6 +54,9 @@ def standard_layouts(nodes: int, kinds: tuple[Kind, ...]) -> list[Layout]:
 
 
 class LayoutSupport(Protocol):
+    """May also have `slots(recipe) -> int`: the requests one server decodes at once (an
+    engine with a fixed number of slots; the others batch whatever arrives)."""
+
     efficiency: float
     """Share of the memory bandwidth (and compute) a decode step of this engine reaches."""
     published: tuple[Published, ...]

@@ -253,20 +253,21 @@ def stop_server(transports: dict[str, Any], inventory: Inventory, server: dict[s
 def down_phase(inventory: Inventory, name: str, keep_logs: bool = False) -> Any:
     """`sparkctl down --server NAME`: that server's containers and record on its nodes only."""
     from orchestrator.core.step import Phase
-    from orchestrator.phases import persist_down
+    from orchestrator.phases import gateway_down, persist_down
     from orchestrator.remote.facts import merge_requests
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         return merge_requests([{"commands": {"servers": servers_cmd(inv, node)}},
-                               persist_down.facts(inv)])
+                               persist_down.facts(inv), gateway_down.server_relay_facts(name)])
 
     # its boot unit first (launch --persist), so a reboot cannot bring it back meanwhile
     from orchestrator.engines import REGISTRY
 
     # per-server engines name their containers sparkctl-<engine>-<server>
     mine = {f"sparkctl-{engine}-{name}" for engine in REGISTRY} | {"sparkctl-vllm"}
-    return Phase("stop-server", [persist_down.RemoveBootUnits(name, mine),
-                                 StopNamed(name), persist_down.RemoveBootLogs(name, keep_logs)], facts)
+    return Phase("stop-server", [gateway_down.LeaveGateway(name),  # drained before it stops
+                                 persist_down.RemoveBootUnits(name, mine), StopNamed(name),
+                                 persist_down.RemoveBootLogs(name, keep_logs)], facts)
 
 
 class StopNamed(Step):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Step
 from orchestrator.engines.base import LaunchFailed, Note, Ready
 from orchestrator.errors import SparkctlError
@@ -38,7 +39,10 @@ class WaitReady(Step):
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         note: Note = ctx.options.values.get("progress_note") or (lambda line: None)
         try:
-            ready = self.wait(ctx.transports, self.timeout, note)
+            # an engine's own wait may say nothing while it loads weights: a line at least
+            # every heartbeat, its own lines in between
+            with Heartbeat(note, f"{self.what} on {ctx.node.name} to answer") as beat:
+                ready = self.wait(ctx.transports, self.timeout, beat.say)
         except LaunchFailed as exc:
             # the head alone runs this step, so nothing else touches `shared` meanwhile
             ctx.shared.setdefault("notes", []).append(exc.details)

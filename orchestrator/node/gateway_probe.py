@@ -33,6 +33,15 @@ def alive(pid):
         return False
 
 
+def is_relay(pid):
+    """The pid is a relay's (after a reboot the recorded number may be another process's)."""
+    try:
+        with open("/proc/%d/cmdline" % int(pid), "rb") as handle:
+            return b"/run/gateway/relay-" in handle.read()
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def port_free(host, port):
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -59,7 +68,7 @@ relays = {}
 for path in sorted(glob.glob(os.path.join(a["dir"], "relay-*.json"))):
     name = os.path.basename(path)[len("relay-"):-len(".json")]
     state = load(path) or {}
-    state["alive"] = alive(state.get("pid"))
+    state["alive"] = alive(state.get("pid")) and is_relay(state.get("pid"))
     relays[name] = state
 state = load(os.path.join(a["dir"], "gateway.json"))
 mine = state or {}

@@ -24,6 +24,7 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.nccl_env import nccl_environment
+from orchestrator.phases.pull_progress import run_pull
 from orchestrator.phases.registry import receive, repo_digest, want
 
 INFINIBAND = "/dev/infiniband"
@@ -248,17 +249,17 @@ class Image(Step):
         if payload.get("distribute"):
             want(ctx, ctx.node.name, str(payload["distribute"]))
             return f"{image}: sent by {payload.get('source')} over the fabric (next step)"
-        command = f"{docker_cmd('pull', image)} >&2 && {docker_cmd('image', 'inspect', image)}"
-        result = ctx.run(command, sudo=True, timeout=PULL_TIMEOUT)
-        if not result.ok:
-            error = result.stderr.strip()[-400:]
+        status, output = run_pull(ctx, image, PULL_TIMEOUT)
+        result = ctx.run(docker_cmd("image", "inspect", image), sudo=True) if status == 0 else None
+        if result is None or not result.ok:
+            error = (output if result is None else result.stderr).strip()[-400:]
             if self.share:  # another node may have it: image-share sends it, or says why not
                 want(ctx, ctx.node.name, "its pull failed")
                 return (f"`docker pull {image}` failed, the image will come from another node "
                         f"over the fabric: {error.splitlines()[-1] if error else ''}")
             raise SparkctlError(
                 f"{ctx.node.name}: container/image: `docker pull {image}` exited "
-                f"{result.exit_status}: {error}\n"
+                f"{status if result is None else result.exit_status}: {error}\n"
                 "Hint: a 'Root CA' / x509 error usually means the node's clock is wrong."
             )
         try:

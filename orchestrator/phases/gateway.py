@@ -8,43 +8,22 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import install_file_cmd, join, quote
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.phases import gateway_spec as gs
+from orchestrator.phases.gateway_relays import Note, Probe, drain, probe, set_in_rotation
+
+__all__ = ["Note", "Probe", "drain", "probe", "set_in_rotation"]  # where rolling and status look
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
     from orchestrator.remote.transport import Transport
 
-Note = Callable[[str], None]
 LIVE_TIMEOUT = 180.0
 """Seconds for LiteLLM to answer /health/liveliness after its container starts (a few on a
 Spark; its import of the provider SDKs dominates)."""
-
-
-@dataclass
-class Probe:
-    node: str
-    state: dict[str, Any] | None
-    relays: dict[str, dict[str, Any]]
-    port_free: bool | None
-    live: bool
-
-
-def probe(transport: Transport, host: str | None = None, port: int | None = None,
-          liveliness: bool = False) -> Probe:
-    result = transport.run(gs.probe_cmd(host, port, liveliness), sudo=True, timeout=60,
-                           display="gateway probe")
-    try:
-        data = json.loads(result.stdout) if result.ok else {}
-    except ValueError:
-        data = {}
-    return Probe(transport.node, data.get("state"), data.get("relays") or {},
-                 data.get("port_free"), bool(data.get("live")))
 
 
 def probe_all(transports: dict[str, Transport], liveliness: bool = True) -> dict[str, Probe]:
@@ -193,28 +172,6 @@ def down(transports: dict[str, Transport]) -> list[str]:
         for command in commands:
             transports[node].run(command, sudo=True, timeout=120).check()
     return done
-
-
-def set_in_rotation(transport: Transport, server: str, inside: bool) -> None:
-    transport.run(gs.relay_signal_cmd(server, "USR2" if inside else "USR1"), sudo=True,
-                  timeout=30, display=f"{'back into' if inside else 'out of'} the gateway: "
-                  f"{server}").check()
-
-
-def drain(transport: Transport, server: str, timeout: float, note: Note) -> bool:
-    """Take SERVER out of the gateway and wait until none of its requests is in flight."""
-    set_in_rotation(transport, server, False)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        relay = probe(transport).relays.get(server) or {}
-        if not relay.get("alive"):
-            return True
-        if not relay.get("accepting") and not relay.get("busy"):
-            return True
-        time.sleep(0.3)
-    note(f"rolling: {server}: requests still in flight after {timeout:.0f} s; relaunching "
-         "anyway (the gateway retries what fails on another replica)")
-    return False
 
 
 def summary(cluster_facts: dict[str, dict[str, Any]]) -> dict[str, Any]:

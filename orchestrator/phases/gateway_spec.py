@@ -157,8 +157,10 @@ def relay_start_cmd(replica: Replica) -> str:
                        "pidfile": paths["pidfile"]}, sort_keys=True)
     start = join(["setsid", "python3", "-c", script("relay.py"), args])
     pid = quote(paths["pidfile"])
-    return (f"mkdir -p {quote(GATEWAY_RUN)} && if [ -f {pid} ] && kill -0 $(cat {pid}) "
-            f"2>/dev/null; then echo running; else rm -f {quote(paths['state'])}; "
+    # a live pid that is a relay's (after a reboot the pid file's number may be another's)
+    return (f"mkdir -p {quote(GATEWAY_RUN)} && if [ -f {pid} ] && grep -qsa -- "
+            f"{quote(RELAY_PATTERN)} /proc/$(cat {pid})/cmdline; then echo running; "
+            f"else rm -f {quote(paths['state'])}; "
             f"{start} >{quote(paths['log'])} 2>&1 </dev/null & echo started; fi")
 
 
@@ -191,3 +193,25 @@ def replicas_from(servers: list[dict[str, Any]], address_of: Any) -> tuple[Repli
         out.append(Replica(str(s.get("name") or s.get("recipe")), str(s["model"]), node,
                            address_of(node), int(s["port"]), str(s.get("recipe") or "")))
     return tuple(sorted(out, key=lambda r: (r.model, r.server)))
+
+
+RELAY_PATTERN = "/run/gateway/relay[-]"
+"""Matches a relay's command line (its state path) in /proc/PID/cmdline; the bracket keeps the
+pattern from matching the grep (or sh -c) that carries it. Found by process, not pid file, so
+a relay whose files are gone (an older `down`) is found too."""
+
+
+def relay_pids_cmd() -> str:
+    """The pids of every relay on the node, one a line (nothing when none runs)."""
+    return (f"grep -lsa -- {quote(RELAY_PATTERN)} /proc/[0-9]*/cmdline 2>/dev/null "
+            "| cut -d/ -f3; true")
+
+
+def stop_relays_cmd() -> str:
+    """TERM every relay, wait for them to end (KILL after 3 s), remove their files."""
+    pids = f"$({relay_pids_cmd()})"
+    return (f"p={pids}; [ -z \"$p\" ] || kill -TERM $p 2>/dev/null; for i in $(seq 30); do "
+            f"p={pids}; [ -z \"$p\" ] && break; sleep 0.1; done; "
+            f"[ -z \"$p\" ] || kill -KILL $p 2>/dev/null; "
+            # relay[-]*, not the plain name: this very command must not match RELAY_PATTERN
+            f"rm -f {quote(GATEWAY_RUN)}/relay[-]*; true")

@@ -19,6 +19,7 @@ import secrets
 from typing import Any
 
 from orchestrator.commands import join
+from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.node import script
@@ -164,7 +165,10 @@ class ImageShare(Step):
             ip = ctx.inventory.mpi_address(ctx.inventory.node(node))
             return copy_image(ctx.transports[source], ctx.transports[node], ip, image)
 
-        outcomes = parallel(one, list(wanted))
+        note = ctx.options.values.get("progress_note") or (lambda line: None)
+        # docker save | docker load reports nothing until it is done: say it still runs
+        with Heartbeat(note, f"copy of {image} from {source} to {', '.join(wanted)}"):
+            outcomes = parallel(one, list(wanted))
         lines, extra, errors = [], {}, []
         for node, outcome in outcomes.items():
             try:

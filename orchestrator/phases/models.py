@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.commands import Secret, docker_exec_cmd, join, quote
+from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import serving_nodes
-from orchestrator.engines.base import CONTAINER_HF_HOME
+from orchestrator.engines.base import CONTAINER_HF_HOME, Note
 from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
@@ -196,7 +197,6 @@ class Download(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         token: Secret | None = ctx.options.values.get("hf_token")
-        container = ctx.inventory.container.name
         progress = ctx.options.values.get("progress_note") or (lambda line: None)
         fetched = []
         try:
@@ -211,20 +211,7 @@ class Download(Step):
             for repo, revision, local in self.recipe.repos:
                 if repo not in change.payload:
                     continue
-                progress(f"        ↓ {ctx.node.name}: hf download {repo} ({revision})")
-                last = [0.0]
-
-                def on_line(line: str, repo: str = repo, last: list[float] = last) -> None:
-                    if time.monotonic() - last[0] > 5 or "100%" in line:
-                        last[0] = time.monotonic()
-                        progress(f"          {repo}: {line[-110:]}")
-
-                display = f"docker exec {container} hf download {repo}"
-                allow, deny = self.recipe.file_patterns(repo)
-                status, tail = stream_run(ctx.transport,  # type: ignore[arg-type]
-                                          download_cmd(container, repo, revision, local,
-                                                       bool(token), allow, deny),
-                                          on_line, DOWNLOAD_TIMEOUT, display)
+                status, tail = self._download(ctx, progress, repo, revision, local, bool(token))
                 if status != 0:
                     hint = "" if token else (
                         " (no HF token was given: set HF_TOKEN or pass --hf-token-file for gated "
@@ -236,6 +223,26 @@ class Download(Step):
             ctx.run(token_remove_cmd(), sudo=True, timeout=60)
         ctx.shared["downloaded"] = fetched
         return f"downloaded {', '.join(fetched)}" if fetched else "removed a leftover HF token file"
+
+    def _download(self, ctx: NodeContext, progress: Note, repo: str, revision: str,
+                  local: str | None, with_token: bool) -> tuple[int, str]:
+        """`hf download`, its progress lines throttled; a line at least every heartbeat."""
+        container = ctx.inventory.container.name
+        with Heartbeat(progress, f"{ctx.node.name}: hf download {repo}") as beat:
+            beat.say(f"        ↓ {ctx.node.name}: hf download {repo} ({revision})")
+            last = [0.0]
+
+            def on_line(line: str) -> None:
+                if time.monotonic() - last[0] > 5 or "100%" in line:
+                    last[0] = time.monotonic()
+                    beat.say(f"          {repo}: {line[-110:]}")
+
+            allow, deny = self.recipe.file_patterns(repo)
+            return stream_run(ctx.transport,  # type: ignore[arg-type]
+                              download_cmd(container, repo, revision, local, with_token, allow,
+                                           deny),
+                              on_line, DOWNLOAD_TIMEOUT,
+                              f"docker exec {container} hf download {repo}")
 
 
 class Distribute(Step):
@@ -264,12 +271,15 @@ class Distribute(Step):
         container = ctx.inventory.container.name
         note = ctx.options.values.get("progress_note") or (lambda line: None)
         peers: list[str] = change.payload
-        head = read_manifests(ctx.transport, container, self.recipe, chunks=True)  # type: ignore[arg-type]
+        # the chunk hashes of a model not hashed before take minutes: said while they run
+        with Heartbeat(note, f"{ctx.node.name}: hashing the model's chunks for the copy"):
+            head = read_manifests(ctx.transport, container, self.recipe, chunks=True)  # type: ignore[arg-type]
         for repo, _, _ in self.recipe.repos:
             if not head[repo]["present"]:
                 raise SparkctlError(f"{ctx.node.name}: {repo} is not complete on the head "
                                     f"({head[repo].get('error') or 'no config.json'})")
-        bar = fanout.FanoutProgress(note)
+        beat = Heartbeat(note, f"{ctx.node.name}: copy of the model to {', '.join(peers)}")
+        bar = fanout.FanoutProgress(beat.say)
 
         def copy_to(peer: str) -> fanout.PeerCopy:
             ip = ctx.inventory.mpi_address(ctx.inventory.node(peer))
@@ -280,7 +290,8 @@ class Distribute(Step):
         # every peer at once: each gets its own streams over its own link (or switch port)
         started = time.monotonic()
         try:
-            outcomes = parallel(copy_to, peers, limit=8)
+            with beat:
+                outcomes = parallel(copy_to, peers, limit=8)
         finally:
             bar.stop()
         seconds = time.monotonic() - started

@@ -55,6 +55,13 @@ def logs_left_cmd() -> str:
     return f"ls -1 {BOOT_LOGS} 2>/dev/null | sed 's/^/boot log: /'"
 
 
+def kept_text(network: bool, keep_logs: bool) -> str:
+    """down's verify line: exactly what it kept, and why."""
+    kept = ["the Hugging Face cache", *([] if network else ["the fabric network (--network)"]),
+            *(["the boot logs (--keep-logs)"] if keep_logs else [])]
+    return "nothing else left; kept: " + ", ".join(kept)
+
+
 class RemoveBootLogs(Step):
     """What the boot units wrote, `/var/log/sparkctl/boot-<server>.log` (all, or one server's):
     removed unless the user asked to keep them (`down --keep-logs`); the directory goes once

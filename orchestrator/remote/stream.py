@@ -82,8 +82,9 @@ class Stream:
 
 
 def stream_run(transport: Transport, command: str, on_line: Callable[[str], None],
-               timeout: float, display: str) -> tuple[int, str]:
-    """Run a long command and hand its output lines (progress bars too) over as they come."""
+               timeout: float, display: str, stdin: bytes = b"") -> tuple[int, str]:
+    """Run a long command and hand its output lines (progress bars too) over as they come;
+    `stdin` (e.g. sudo's password) is written first, never put on the command line."""
     ssh = ssh_connection(transport)
     if ssh is None:  # local transport: no streaming, same result
         result = transport.run(command, timeout=timeout, display=display)
@@ -93,6 +94,8 @@ def stream_run(transport: Transport, command: str, on_line: Callable[[str], None
     channel = ssh.open_session()
     channel.set_combine_stderr(True)
     channel.exec_command(command)
+    if stdin:
+        channel.sendall(stdin)
     channel.shutdown_write()
     deadline, buffer, tail = time.monotonic() + timeout, "", ""
     while not channel.exit_status_ready() or channel.recv_ready():

@@ -21,11 +21,14 @@ from typing import Any
 
 import pytest
 from conftest import REPO, Lab, e2e_state, healthy_lab
+from sparklab.inventory import CONTAINER_IMAGE
+
+from orchestrator.engines import load_recipe
 
 pytestmark = pytest.mark.lab
 
 SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
-IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
+IMAGE = CONTAINER_IMAGE  # the image the lab's inventory names: the one up pulls and shares
 RECORD = "/var/lib/sparklab/images/" + IMAGE.replace("/", "+") + ".json"
 
 
@@ -176,7 +179,7 @@ def test_an_sglang_server_on_a_blocked_node_gets_its_image_from_one_that_has_it(
         up(lab, "--server", "qwen3-8b", command="down")
 
 
-VLLM_IMAGE = "nvcr.io/nvidia/vllm:26.10-py3"
+VLLM_IMAGE = load_recipe("minimax-m2.7").image  # the launch's own image (one that ships Ray)
 VLLM_RECORD = "/var/lib/sparklab/images/" + VLLM_IMAGE.replace("/", "+") + ".json"
 
 

@@ -140,11 +140,16 @@ def test_image_pulled_only_when_missing_and_digests_must_match(inventory: Any, c
 def test_pull_feeds_the_digest_check(inventory: Any, context: Any, fake_transport: Any) -> None:
     inv = inventory()
     pulled = json.dumps([{"Id": "sha256:x", "RepoDigests": [f"{REPO}@sha256:7"]}])
-    transport = fake_transport("spark-a", [(0, pulled, "")])
+    said = "0123456789ab: Pull complete\nDigest: sha256:7\nStatus: Downloaded newer image"
+    transport = fake_transport("spark-a", [(0, said, ""), (0, pulled, "")])
     ctx = context(inv, "spark-a", {"spark-a": node_facts(pulled=False)},
                   transports={"spark-a": transport})
+    lines: list[str] = []
+    ctx.options.values["progress_note"] = lines.append
     shared.Image().apply(ctx, Change("pull"))
-    assert transport.calls[0]["command"].startswith(f"docker pull {IMAGE}")
+    assert f"docker pull {IMAGE}" in transport.calls[0]["command"]
+    assert transport.calls[1]["command"].startswith(f"docker image inspect {IMAGE}")
+    assert any("0123456789ab pull complete; 1/1 layers done" in line for line in lines)
     assert shared.image_digest(ctx.shared["image_facts"]["spark-a"], IMAGE) == "sha256:7"
 
 

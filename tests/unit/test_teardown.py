@@ -58,6 +58,7 @@ def up_facts(node: str = "spark-a", netplan_content: str | None = None) -> dict[
         "containers": {"trtllm-multinode": OURS},
         "commands": {
             "managed": cmd("abc123\ttrtllm-multinode\trunning\n"),
+            "gateway_relays": cmd("4242\n"),  # a gateway relay (issue 29)
             "state_entries": cmd("lock\nrun\nnetplan-backup.yaml\n"),
             "pid_files": cmd("mpirun.pid\nrank-0.pid\n"),
             # launch --persist and up --oom-guard were run too
@@ -113,8 +114,8 @@ def test_a_clean_node_needs_nothing_so_down_twice_is_fine() -> None:
 
 def test_without_network_the_plan_has_no_network_step() -> None:
     names = [s.name for s in teardown.down_phase(INVENTORY, network=False).steps]
-    assert names == ["boot-units", "stop-server", "containers", "oom-guard", "files", "boot-logs",
-                     "verify"]
+    assert names == ["boot-units", "stop-server", "containers", "gateway-relays", "oom-guard",
+                     "files", "boot-logs", "verify"]
     assert teardown.build_down_plan(INVENTORY, False).phases[0].name == "down"
 
 
@@ -204,8 +205,9 @@ def test_an_unreachable_node_does_not_stop_the_others_cleaning(node: Any) -> Non
     executor.run(teardown.build_down_plan(INVENTORY, network=True))
     statuses = {s.step: s.status for s in report.hosts["spark-a"].steps}
     assert statuses == {"boot-units": "changed", "stop-server": "changed", "containers": "changed",
-                        "network": "changed", "oom-guard": "changed", "files": "changed",
-                        "boot-logs": "changed", "verify": "ok"}, report.to_json()
+                        "gateway-relays": "changed", "network": "changed", "oom-guard": "changed",
+                        "files": "changed", "boot-logs": "changed",
+                        "verify": "ok"}, report.to_json()
     assert not report.ok and report.exit_code == 1
     assert not any(name == "spark-b" for name, _ in journal)
     removals = [line for _, line in journal if "docker rm -f abc123" in line]
@@ -221,7 +223,7 @@ def test_dry_run_changes_nothing(node: Any) -> None:
     Executor(INVENTORY, transports, RunOptions("down", dry_run=True), report, Progress(quiet=True)).run(
         teardown.build_down_plan(INVENTORY, network=True))
     assert all(line.startswith("python3 - ") for _, line in journal), journal
-    assert report.count("planned") == 14
+    assert report.count("planned") == 16  # 8 changes on each of the 2 nodes
 
 
 def test_verify_reports_leftovers(fake_transport: Any) -> None:

@@ -1,6 +1,7 @@
 """Container and image state of the lab runtime: paths, JSON records, lookups, locking."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -233,12 +234,55 @@ def pull(ref: str, out: object) -> dict:
     repo, tag = name.rsplit(":", 1)
     print(f"{tag}: Pulling from {repo.split('/', 1)[1]}", file=out)
     fresh = image_record(name) is None
+    if fresh:
+        pull_layers(digest, out)
     write_json(f"{IMAGES}/{name.replace('/', '+')}.json", {"name": name, "digest": digest,
                                                            "pulled": now_iso()})
     print(f"Digest: {digest}", file=out)
     status = "Downloaded newer image for" if fresh else "Image is up to date for"
     print(f"Status: {status} {name}", file=out)
     return image_record(name) or {}
+
+
+LAYER_BYTES = (31_500_000, 4_210_000_000, 18_700_000_000, 4_090_000_000)
+"""The lab image's layers (27 GB together, the Size `docker image inspect` reports)."""
+
+
+def human(size: float) -> str:
+    """go-units HumanSize, as docker prints sizes (decimal, 3 significant digits)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.3g}{unit}"
+        size /= 1000
+    return f"{size}B"
+
+
+def pull_layers(digest: str, out: object) -> None:
+    """Docker's per-layer lines; `pull_seconds` in the node's lab.json spreads them over that
+    long (a test of progress), and on a terminal the `Downloading` lines carry the bytes
+    (off one, docker prints no bytes either)."""
+    lab = read_json(CONFIG + "/lab.json", {}) or {}
+    seconds = float(lab.get("pull_seconds") or 0)
+    tty = hasattr(out, "isatty") and out.isatty()  # type: ignore[attr-defined]
+    ids = [hashlib.sha256(f"{digest}/{i}".encode()).hexdigest()[:12] for i in range(len(LAYER_BYTES))]
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)  # type: ignore[call-overload]
+
+    for layer in ids:
+        say(f"{layer}: Pulling fs layer")
+    steps = 10
+    for layer, total in zip(ids, LAYER_BYTES, strict=True):
+        for step in range(1, steps + 1):
+            time.sleep(seconds / len(ids) / steps)
+            if tty:
+                bar = "=" * (5 * step - 1) + (">" if step < steps else "=")
+                say(f"{layer}: Downloading [{bar:<50}]  {human(total * step / steps)}/{human(total)}")
+        say(f"{layer}: Verifying Checksum")
+        say(f"{layer}: Download complete")
+    for layer in ids:
+        say(f"{layer}: Extracting")
+        say(f"{layer}: Pull complete")
 
 
 def cdir(cid: str) -> str:

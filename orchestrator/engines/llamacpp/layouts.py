@@ -19,6 +19,10 @@ class LlamacppLayouts:
     def layouts(self, recipe: Recipe, nodes: int) -> list[Layout]:
         return standard_layouts(nodes, ("single", "pp", "replicas"))
 
+    def slots(self, recipe: Recipe) -> int:
+        """llama-server decodes at most -np requests at once; more wait for a free slot."""
+        return recipe.parallel
+
     def recipe_for(self, recipe: Recipe, layout: Layout, placement: list[str] | None) -> Recipe:
         return revalidated(recipe, nodes=layout.pp if layout.kind == "pp" else 1,
                            placement=placement)

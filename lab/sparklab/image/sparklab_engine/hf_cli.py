@@ -45,7 +45,8 @@ USAGE = f"""usage: hf <command> [<args>]
 Hugging Face Hub CLI ({SIMULATION_NOTE})
 
 positional arguments:
-  {{download,version}}
+  {{auth,download,version}}
+    auth       Manage authentication (lab: `auth whoami` only)
     download   Download files from the Hub (lab: writes a small fake snapshot)
     version    Print information about the hf version.
 """
@@ -263,6 +264,29 @@ def record_download(repo: str, fetched: int) -> None:
         f.write(json.dumps(line) + "\n")
 
 
+LAB_USER = "sparklab-user"
+
+
+def whoami() -> int:
+    """`hf auth whoami` against the lab's hub (this simulation: a token is valid when it looks
+    like one, hf_...; the lab never asks huggingface.co). What the real CLI does: the token
+    from HF_TOKEN or the token file, GET /api/whoami-v2, 401 for a token the hub refuses."""
+    if offline():
+        print("Error: Cannot reach the Hub: offline mode is enabled (HF_HUB_OFFLINE=1).",
+              file=sys.stderr)
+        return 1
+    token = find_token(None)
+    if not token:
+        print("Not logged in")
+        return 1
+    if not token.startswith("hf_"):
+        print("Error: Invalid user token. (401 Client Error: Unauthorized for url: "
+              "https://huggingface.co/api/whoami-v2)", file=sys.stderr)
+        return 1
+    print(f"user: {LAB_USER}")
+    return 0
+
+
 def parse_download(args: list[str]) -> dict:
     opts: dict = {"revision": "main", "local_dir": None, "token": None, "quiet": False,
                   "repo": None, "cache_dir": None, "include": [], "exclude": []}
@@ -314,6 +338,8 @@ def main(args: list[str]) -> int:
     if args[0] == "version":
         print(f"huggingface_hub version: {VERSION} (sparklab simulation)")
         return 0
+    if args[:2] == ["auth", "whoami"]:
+        return whoami()
     if args[0] != "download":
         print(f"{USAGE}\nhf: error: argument {{download,version}}: invalid choice: '{args[0]}'",
               file=sys.stderr)

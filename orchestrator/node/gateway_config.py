@@ -1,0 +1,27 @@
+"""Swap the model list in the gateway's LiteLLM config in place (runs as `python3 -c` on the
+gateway's node; stdin: {"path": config file, "model_list": [...], "extra": [host, port, image,
+node]}).
+
+The config holds the master key, which never leaves the node: sparkctl sends only the new
+model list, this keeps every other setting (the key too) and rewrites the file (0600,
+atomically). Prints {"fingerprint": ...}: the same hash `gateway up` computes for this config,
+so a later `gateway up` with the same address and key finds it unchanged. Standard library only.
+"""
+import hashlib
+import json
+import os
+import sys
+
+a = json.load(sys.stdin)
+with open(a["path"]) as handle:
+    config = json.load(handle)
+config["model_list"] = a["model_list"]
+text = json.dumps(config, indent=1, sort_keys=True) + "\n"
+temporary = a["path"] + ".new"
+fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+with os.fdopen(fd, "w") as handle:
+    handle.write(text)
+os.chmod(temporary, 0o600)
+os.replace(temporary, a["path"])
+print(json.dumps({"fingerprint": hashlib.sha256(
+    (text + json.dumps(a["extra"])).encode()).hexdigest()}))

@@ -1,0 +1,80 @@
+"""What `sparkctl down` (the whole cluster) does about the gateway.
+
+The gateway's container goes with the other labelled containers and its config (the key) with
+/etc/sparkctl; its relays are plain processes (orchestrator/node/relay.py, detached with
+setsid), so without this step they outlived `down`: found by their command line and stopped
+here, and the verify step names any relay still running.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.commands import quote
+from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
+from orchestrator.phases import gateway_spec as gs
+
+DRAIN_TIMEOUT = 120.0
+"""Seconds `down --server` waits for a replica's requests through the gateway to finish."""
+
+
+def facts() -> dict[str, Any]:
+    return {"commands": {"gateway_relays": gs.relay_pids_cmd()}}
+
+
+def relay_pids(ctx: NodeContext) -> list[str]:
+    answer = (ctx.facts.get("commands") or {}).get("gateway_relays") or {}
+    return [p for p in (answer.get("out") or "").split() if p.isdigit()]
+
+
+class StopRelays(Step):
+    """Stop every gateway relay on the node (all of them: `down` removes the gateway)."""
+
+    name = "gateway-relays"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        pids = relay_pids(ctx)
+        if not pids:
+            return Unchanged("no gateway relay")
+        return Change(f"stop {len(pids)} gateway relay(s) (pid {', '.join(pids)})",
+                      commands=(gs.stop_relays_cmd(),))
+
+
+def verify_line() -> str:
+    """For `down`'s verify step: one line per relay still running."""
+    return f"{{ {gs.relay_pids_cmd()}; }} | sed 's/^/gateway relay: pid /'"
+
+
+def server_relay_facts(server: str) -> dict[str, Any]:
+    pid = gs.relay_paths(server)["pidfile"]
+    return {"commands": {f"gateway_relay_{server}":
+                         f"[ -f {quote(pid)} ] && kill -0 $(cat {quote(pid)}) 2>/dev/null "
+                         "&& echo alive; true"}}
+
+
+class LeaveGateway(Step):
+    """`down --server NAME`, before its engine stops: close its relay's door (LiteLLM retries
+    new requests on another replica), wait for its requests in flight, stop the relay."""
+
+    name = "gateway-leave"
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        answer = (ctx.facts.get("commands") or {}).get(f"gateway_relay_{self.server}") or {}
+        if "alive" not in (answer.get("out") or ""):
+            return Unchanged(f"{self.server} is not behind the gateway here")
+        return Change(f"take {self.server} out of the gateway and let its requests finish "
+                      f"(up to {DRAIN_TIMEOUT:.0f} s)")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        from orchestrator.phases.gateway_relays import drain
+
+        if ctx.transport is None:  # only a dry run has none, and it applies nothing
+            return None
+        drained = drain(ctx.transport, self.server, DRAIN_TIMEOUT, lambda _line: None)
+        ctx.run(gs.relay_signal_cmd(self.server, "TERM"), sudo=True, timeout=30,
+                display=f"stop the relay of {self.server}").check()
+        return "drained" if drained else (f"requests still in flight after {DRAIN_TIMEOUT:.0f} s "
+                                          "(LiteLLM retries them on another replica)")

@@ -1,0 +1,62 @@
+"""The gateway's probe of one node and the doors of its relays: take a replica out of the
+gateway and drain it, put it back. A leaf (the gateway spec only), so `down --server`
+(phases/gateway_down.py) drains a replica without importing the gateway's server discovery.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.phases import gateway_spec as gs
+
+if TYPE_CHECKING:
+    from orchestrator.remote.transport import Transport
+
+Note = Callable[[str], None]
+
+
+@dataclass
+class Probe:
+    node: str
+    state: dict[str, Any] | None
+    relays: dict[str, dict[str, Any]]
+    port_free: bool | None
+    live: bool
+
+
+def probe(transport: Transport, host: str | None = None, port: int | None = None,
+          liveliness: bool = False) -> Probe:
+    result = transport.run(gs.probe_cmd(host, port, liveliness), sudo=True, timeout=60,
+                           display="gateway probe")
+    try:
+        data = json.loads(result.stdout) if result.ok else {}
+    except ValueError:
+        data = {}
+    return Probe(transport.node, data.get("state"), data.get("relays") or {},
+                 data.get("port_free"), bool(data.get("live")))
+
+
+def set_in_rotation(transport: Transport, server: str, inside: bool) -> None:
+    transport.run(gs.relay_signal_cmd(server, "USR2" if inside else "USR1"), sudo=True,
+                  timeout=30, display=f"{'back into' if inside else 'out of'} the gateway: "
+                  f"{server}").check()
+
+
+def drain(transport: Transport, server: str, timeout: float, note: Note) -> bool:
+    """Take SERVER out of the gateway and wait until none of its requests is in flight."""
+    set_in_rotation(transport, server, False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        relay = probe(transport).relays.get(server) or {}
+        if not relay.get("alive"):
+            return True
+        if not relay.get("accepting") and not relay.get("busy"):
+            return True
+        time.sleep(0.3)
+    note(f"rolling: {server}: requests still in flight after {timeout:.0f} s; relaunching "
+         "anyway (the gateway retries what fails on another replica)")
+    return False
