@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import SparkctlError
+from orchestrator.errors import EXIT_BAD_INPUT, SparkctlError
 from orchestrator.remote.cluster import executor_pool
 from orchestrator.remote.facts import gather_facts, merge_requests
 
@@ -220,6 +220,8 @@ class Executor:
             result = self._check_and_apply(phase, step, ctx)
         except SparkctlError as exc:
             result = StepResult(phase.name, step.name, "failed", message=str(exc))
+            if exc.exit_code == EXIT_BAD_INPUT:  # e.g. Ray forced on an image without it
+                self.report.refused = True
         except Exception as exc:  # a bug must still leave a full report behind
             log.error("internal error in %s/%s on %s:\n%s", phase.name, step.name, node.name,
                       traceback.format_exc())

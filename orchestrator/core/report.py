@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
-from orchestrator.errors import EXIT_FAILED, EXIT_OK
+from orchestrator.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 
 Status = Literal["ok", "changed", "failed", "skipped", "planned"]
 
@@ -56,6 +56,8 @@ class Report:
     extra: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     """Lines for the user after the table (what changed on a failure, what to do next)."""
+    refused: bool = False
+    """A step refused the input (its SparkctlError carried exit 2): the run exits 2, not 1."""
 
     def host(self, name: str) -> HostReport:
         return self.hosts.setdefault(name, HostReport())
@@ -80,7 +82,9 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_OK if self.ok else EXIT_FAILED
+        if self.ok:
+            return EXIT_OK
+        return EXIT_BAD_INPUT if self.refused else EXIT_FAILED
 
     def to_json(self) -> dict[str, Any]:
         hosts = {}

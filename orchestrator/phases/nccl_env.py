@@ -109,3 +109,28 @@ def ring_nccl_warning(inventory: Inventory, facts: dict) -> str | None:
         return None
     return (f"WARNING: ring: {inventory.container.image} ships NCCL {'.'.join(map(str, version))}, "
             f"which is not ring-capable (< 2.30): NCCL cannot route a three-node ring. {fix}")
+
+
+def bootstrap_interfaces(inventory: Inventory, ranks: list[str]) -> list[str] | None:
+    """Per rank (node names in rank order), the one interface NCCL's socket bootstrap must use in
+    a ring; None elsewhere (every fabric interface reaches every peer there).
+
+    NCCL's bootstrap listens on a single interface per rank, the first of NCCL_SOCKET_IFNAME's
+    matches, and rank 0 connects back to each rank's listening address. In a ring every link is
+    its own subnet, so the full list makes a rank listen on its link to another neighbour, which
+    rank 0 cannot reach: each rank must use its interface on the link it shares with rank 0
+    (rank 0: with rank 1). Ranks that are not rank 0's neighbours cannot be bootstrapped over the
+    fabric at all; they keep the first interface and NCCL fails, as it would on real Sparks."""
+    import ipaddress
+
+    if inventory.topology != "ring" or len(ranks) < 2:
+        return None
+    chosen = []
+    for index, name in enumerate(ranks):
+        node, peer = inventory.node(name), inventory.node(ranks[1 if index == 0 else 0])
+        peer_ips = [ipaddress.IPv4Interface(c).ip for c in (peer.addresses or {}).values()]
+        shared = [i for i in inventory.fabric.interfaces
+                  if any(ip in ipaddress.IPv4Interface((node.addresses or {})[i]).network
+                         for ip in peer_ips)]
+        chosen.append((shared or inventory.fabric.interfaces)[0])
+    return chosen

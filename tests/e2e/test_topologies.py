@@ -65,6 +65,10 @@ def ring_engines(inventory: str) -> None:
     for name in ("NCCL_IB_MERGE_NICS", "NCCL_NET_PLUGIN", "NCCL_IB_SUBNET_AWARE_ROUTING",
                  "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "UCX_NET_DEVICES"):
         assert f"-x {name}" in text, name
+    # each rank bootstraps NCCL on its own link to rank 0 (spark-a's port 1, spark-b's port 0)
+    assert "0) export NCCL_SOCKET_IFNAME==enp1s0f1np1;; 1) export NCCL_SOCKET_IFNAME==enp1s0f0np0;;" \
+        in text.replace("\\", ""), text[-2000:]
+    launch("qwen3-235b")  # TensorRT-LLM's two ranks meet over the ring (it hung before)
     sparkctl("down", "--inventory", inventory, "--yes")
 
 

@@ -262,6 +262,39 @@ def test_forcing_ray_on_an_image_without_it_exits_2_before_any_change(
     assert after == before
 
 
+UNKNOWN_IMAGE = "vllm/vllm-openai:v0.30.0"  # not in sparkctl's list; no Ray in it
+
+
+def test_forcing_ray_on_an_unknown_image_pulls_it_only_then_refuses_in_the_plan(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]], tmp_path: Any) -> None:
+    """Not on the nodes: the pull is the only change (the models are not fetched, no container
+    is made) and the message says so; present now: refused while planning, nothing changed."""
+    lab, _ = launched
+    sparkctl("down", *inv(lab), "--yes")  # no server to refuse first (the guard phase)
+    up = sparkctl("up", *inv(lab), "--yes")  # `down` took the fetching container too
+    assert up.returncode == 0, up.stdout + up.stderr
+    listing = "docker ps -a --format '{{.Names}} {{.ID}} {{.State}}'"
+    before = {n: lab.exec(n, listing).stdout for n in lab.nodes}
+    recipe = write_recipe(tmp_path, executor="ray", image=UNKNOWN_IMAGE)
+    first = sparkctl("launch", recipe, *inv(lab), "--yes", "--json")
+    assert first.returncode == 2, first.stdout + first.stderr
+    report = json.loads(first.stdout)
+    message = first.stdout + first.stderr
+    assert f"{UNKNOWN_IMAGE} ships no Ray (probed" in message
+    assert "that pull is the only change made; no container was created" in message
+    changed = {s["step"] for host in report["hosts"].values() for s in host["steps"]
+               if s["status"] == "changed"}
+    assert "image" in changed and changed <= {"image", "image-share", "image-digest"}, changed
+    assert {n: lab.exec(n, listing).stdout for n in lab.nodes} == before
+    again = sparkctl("launch", recipe, *inv(lab), "--yes", "--json")
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert "Nothing was changed" in again.stdout + again.stderr
+    assert not [s for host in json.loads(again.stdout)["hosts"].values() for s in host["steps"]
+                if s["status"] == "changed"]
+    for node in lab.nodes:
+        lab.exec(node, f"docker rmi {UNKNOWN_IMAGE}")
+
+
 def test_nvidias_current_image_runs_vllms_own_multinode_without_ray(
         launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
     lab, _ = launched

@@ -310,3 +310,19 @@ def test_missing_nccl_interface_fails_like_nccl(lab: dict[str, str]) -> None:
     assert res.returncode == 1
     assert "NCCL WARN Bootstrap : no socket interface found" in res.stderr
     assert "RuntimeError: NCCL error" in res.stderr
+
+
+def test_rank_0_that_cannot_reach_a_ranks_bootstrap_address_fails_like_nccl(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL's root connects back to each rank's bootstrap listener: a rank listening on a link
+    rank 0 has no route to (a ring's other neighbour) fails the bootstrap, naming it."""
+    from sparklab_engine import rendezvous
+    from sparklab_engine.common import NcclError
+
+    monkeypatch.setattr(rendezvous, "CONNECT_BACK_SECONDS", 0.5)
+    peer = rendezvous.Peer.__new__(rendezvous.Peer)
+    peer.rank, peer.host, peer.ifname = 1, "spark-b", "enp1s0f1np1"
+    port = free_port()  # nothing listens there: refused, as an unrouted address times out
+    with pytest.raises(NcclError, match=r"rank 0 could not reach rank 1 \(spark-b\) at its "
+                                         rf"bootstrap address 127.0.0.1:{port} on enp1s0f1np1"):
+        rendezvous.connect_back(peer, ("127.0.0.1", port))

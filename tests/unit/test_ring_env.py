@@ -5,6 +5,8 @@ container's sshd, without the container's environment)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from conftest import make_inventory
 
@@ -61,13 +63,9 @@ def test_mpirun_forwards_every_fabric_variable(topology: str) -> None:
     assert (set(RING_ENV) <= set(forwarded)) is (topology == "ring")
 
 
-def test_vllm_headless_ranks_reach_the_head_on_the_link_they_share() -> None:
-    """In a ring each neighbour has its own link to the head: its --master-addr is the head's
-    address on that link (torch's store listens on every address of the head)."""
-    from orchestrator.engines.vllm.multinode import head_address_for
-
-    # the lab's three-node ring: each link its own subnet (200: a-b, 204: a-c, 202: b-c)
-    inv = make_inventory({
+def lab_ring() -> object:
+    """The lab's three-node ring: each link its own subnet (200: a-b, 204: a-c, 202: b-c)."""
+    return make_inventory({
         "cluster": {"name": "ring", "ssh_key": "/k"},
         "fabric": {"interfaces": ["enp1s0f1np1", "enp1s0f0np0"], "topology": "ring"},
         "nodes": [
@@ -78,8 +76,42 @@ def test_vllm_headless_ranks_reach_the_head_on_the_link_they_share() -> None:
             {"name": "spark-c", "host": "c", "addresses": {
                 "enp1s0f0np0": "192.168.202.14/24", "enp1s0f1np1": "192.168.204.14/24"}},
         ]})
+
+
+def test_vllm_headless_ranks_reach_the_head_on_the_link_they_share() -> None:
+    """In a ring each neighbour has its own link to the head: its --master-addr is the head's
+    address on that link (torch's store listens on every address of the head)."""
+    from orchestrator.engines.vllm.multinode import head_address_for
+
+    inv: Any = lab_ring()
     assert head_address_for(inv, inv.node("spark-b")) == "192.168.200.12"
     assert head_address_for(inv, inv.node("spark-c")) == "192.168.204.12"
     assert head_address_for(inv, inv.head) == "192.168.200.12"
     direct = make_inventory()
     assert head_address_for(direct, direct.nodes[1]) == head_address_for(direct, direct.head)
+
+
+def test_trtllm_ranks_bootstrap_on_the_link_they_share_with_rank_0() -> None:
+    """NCCL's bootstrap listens on one interface per rank and rank 0 connects back to it: in a
+    ring each rank's NCCL_SOCKET_IFNAME is its own interface on the link to rank 0 (rank 0's: to
+    rank 1), set per rank since -x forwards the head's value everywhere."""
+    import subprocess
+
+    from orchestrator.phases.nccl_env import bootstrap_interfaces
+
+    inv: Any = lab_ring()
+    assert bootstrap_interfaces(inv, ["spark-a", "spark-b"]) == ["enp1s0f1np1", "enp1s0f0np0"]
+    assert bootstrap_interfaces(inv, ["spark-a", "spark-c"]) == ["enp1s0f0np0", "enp1s0f1np1"]
+    assert bootstrap_interfaces(inv, ["spark-b", "spark-c"]) == ["enp1s0f1np1", "enp1s0f0np0"]
+    assert bootstrap_interfaces(make_inventory(), ["spark-a", "spark-b"]) is None
+    recipe = load_recipe("qwen3-235b")
+    argv = LaunchSpec(recipe, inv, "127.0.0.1", False, False).argv
+    wrapper = argv[argv.index("bash") + 2]
+    choose = wrapper.split(" esac; ")[0] + ' esac; echo "$NCCL_SOCKET_IFNAME"'
+    for rank, want in ((0, "=enp1s0f1np1"), (1, "=enp1s0f0np0")):
+        out = subprocess.run(["bash", "-c", choose], capture_output=True, text=True, check=True,
+                             env={"OMPI_COMM_WORLD_RANK": str(rank),
+                                  "NCCL_SOCKET_IFNAME": "enp1s0f1np1,enp1s0f0np0"}).stdout
+        assert out.strip() == want, rank
+    direct = LaunchSpec(recipe, make_inventory(), "127.0.0.1", False, False).argv
+    assert "case" not in direct[direct.index("bash") + 2]

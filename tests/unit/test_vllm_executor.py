@@ -112,19 +112,17 @@ def probe_facts(image: str, record: dict[str, Any] | None) -> dict[str, Any]:
 def test_the_image_is_probed_once_per_image_id_and_ray_refused_where_it_is_missing() -> None:
     image = "example.org/own/vllm:1"
     inv = inventory()
-    step = images.RayInImage(image, "ray")
-    # not recorded yet: one probe in a throw-away container, then the record
-    fresh = step.check(context(inv, "spark-a", {"spark-a": probe_facts(image, None)}))
+    # not recorded yet, vLLM's own multi-node: one probe after the pull, then the record
+    fresh = images.RayInImage(image, "mp").check(
+        context(inv, "spark-a", {"spark-a": probe_facts(image, None)}))
     assert isinstance(fresh, Change) and "command -v ray" in fresh.summary
     answer = json.dumps({"image": image, "image_id": IMAGE_ID, "ray": None})
     transport = FakeTransport("spark-a", [(0, answer + "\n", "")])
     ctx = context(inv, "spark-a", {"spark-a": probe_facts(image, None)},
                   transports={"spark-a": transport})
-    with pytest.raises(SparkctlError, match=r"ships no Ray \(probed") as raised:
-        step.apply(ctx, fresh)
-    assert raised.value.exit_code == 2
+    assert "no Ray in example.org/own/vllm:1" in str(images.RayInImage(image, "mp").apply(ctx, fresh))
     assert images.record_path(image) in transport.commands[0]
-    # recorded for this image ID: no probe again; mp takes it as it is
+    # recorded for this image ID: no probe again
     recorded = {"image": image, "image_id": IMAGE_ID, "ray": "2.54.0"}
     ok = images.RayInImage(image, "ray").check(
         context(inv, "spark-a", {"spark-a": probe_facts(image, recorded)}))
@@ -134,3 +132,70 @@ def test_the_image_is_probed_once_per_image_id_and_ray_refused_where_it_is_missi
     again = images.RayInImage(image, "mp").check(
         context(inv, "spark-a", {"spark-a": probe_facts(image, stale)}))
     assert isinstance(again, Change)
+
+
+def test_ray_forced_on_an_image_already_on_the_node_is_refused_in_the_plan() -> None:
+    """The image is on the node but not recorded: Ray's check probes it while planning and
+    refuses there, before any change, saying nothing changed."""
+    image = "example.org/own/vllm:1"
+    answer = json.dumps({"image": image, "image_id": IMAGE_ID, "ray": None})
+    transport = FakeTransport("spark-a", [(0, answer + "\n", "")])
+    ctx = context(inventory(), "spark-a", {"spark-a": probe_facts(image, None)},
+                  transports={"spark-a": transport})
+    with pytest.raises(SparkctlError, match=r"ships no Ray \(probed.*Nothing was changed") as raised:
+        images.RayInImage(image, "ray").check(ctx)
+    assert raised.value.exit_code == 2
+    assert "docker run --rm --network none" in transport.commands[0]
+
+
+def test_ray_forced_on_an_image_pulled_for_it_says_the_pull_is_the_only_change() -> None:
+    image = "example.org/own/vllm:1"
+    facts = probe_facts(image, None)
+    facts["images"] = {image: {"error": "No such image"}}  # gathered before this run's pull
+    answer = json.dumps({"image": image, "image_id": IMAGE_ID, "ray": None})
+    transport = FakeTransport("spark-a", [(0, answer + "\n", "")])
+    ctx = context(inventory(), "spark-a", {"spark-a": facts},
+                  shared={"image_facts": {"spark-a": {"Id": IMAGE_ID}}},
+                  transports={"spark-a": transport})
+    with pytest.raises(SparkctlError, match=r"pulled example.org/own/vllm:1 on spark-a to look "
+                                            r"inside it: that pull is the only change made; no "
+                                            r"container was created"):
+        images.RayInImage(image, "ray").check(ctx)
+
+
+@pytest.mark.parametrize(("image", "executor", "probed"), [
+    ("example.org/own/vllm:1", "ray", True),
+    ("example.org/own/vllm:1", "mp", False),
+    ("nvcr.io/nvidia/vllm:26.03-py3", "ray", False),  # known to ship Ray
+])
+def test_an_unknown_image_forced_to_ray_is_looked_into_before_the_models(
+        tmp_path: Path, image: str, executor: str, probed: bool) -> None:
+    from orchestrator.engines import get_engine
+    from orchestrator.engines.base import LaunchOptions
+
+    recipe = load_recipe(recipe_file(tmp_path, image=image, executor=executor))
+    names = [p.name for p in get_engine("vllm").launch_phases(recipe, inventory(), LaunchOptions())]
+    assert ("ray-check" in names) is probed
+    if probed:
+        assert names.index("ray-check") < names.index("models")
+
+
+def test_a_step_refusing_the_input_makes_the_run_exit_2() -> None:
+    """RayInImage's refusal carries exit 2 through the executor's report (other failures: 1)."""
+    from orchestrator.core.executor import Executor
+    from orchestrator.core.progress import Progress
+    from orchestrator.core.report import Report
+    from orchestrator.core.step import Phase, Plan, RunOptions
+
+    image = "example.org/own/vllm:1"
+    inv = inventory()
+    answer = json.dumps({"image": image, "image_id": IMAGE_ID, "ray": None})
+    transport = FakeTransport("spark-a", facts=probe_facts(image, None)).on("docker run", 0,
+                                                                          answer + "\n")
+    phase = Phase("ray-check", [images.RayInImage(image, "ray")], lambda i, n: {}, head_only=True)
+    report = Report("launch")
+    Executor(inv, {"spark-a": transport}, RunOptions(), report,  # type: ignore[dict-item]
+             Progress(quiet=True)).run(Plan("launch", [phase]))
+    assert not report.ok and report.exit_code == 2
+    assert "Nothing was changed" in report.hosts["spark-a"].steps[-1].message
+    assert Report("up").exit_code == 0

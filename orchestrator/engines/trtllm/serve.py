@@ -70,17 +70,30 @@ def render_llm_api_config(recipe: Recipe) -> str:
                   options=options.rstrip())
 
 
-def serve_argv(recipe: Recipe, host: str, fabric: Sequence[str] = FABRIC_ENV) -> list[str]:
+def rank_wrapper(bootstrap: Sequence[str] | None) -> str:
+    """RANK_WRAPPER, in a ring preceded by each rank's own NCCL_SOCKET_IFNAME (exact name, `=`):
+    -x forwards the head's value to every rank, but a ring's bootstrap interface differs per node
+    (phases/nccl_env.bootstrap_interfaces)."""
+    if not bootstrap:
+        return RANK_WRAPPER
+    cases = " ".join(f"{rank}) export NCCL_SOCKET_IFNAME=={name};;"
+                     for rank, name in enumerate(bootstrap))
+    return f'case "${{OMPI_COMM_WORLD_RANK:-0}}" in {cases} esac; ' + RANK_WRAPPER
+
+
+def serve_argv(recipe: Recipe, host: str, fabric: Sequence[str] = FABRIC_ENV,
+               bootstrap: Sequence[str] | None = None) -> list[str]:
     """mpirun across the serving nodes; each rank's output in its own node's rank-N.log. `fabric`
     names the container's NCCL/UCX variables (a ring adds three): remote ranks start through the
-    container's sshd with none of the container's environment, so each is forwarded (-x)."""
+    container's sshd with none of the container's environment, so each is forwarded (-x).
+    `bootstrap`: per rank, a ring's NCCL bootstrap interface."""
     passed = ["HF_HUB_OFFLINE=1", *fabric, *PASSED_ENV]
     if not recipe.memory.parallel_weight_loading:
         passed.append("TRT_LLM_DISABLE_LOAD_WEIGHTS_IN_PARALLEL=1")
     argv = ["mpirun", "-np", str(recipe.node_count)]
     for name in passed:
         argv += ["-x", name]
-    argv += ["bash", "-c", RANK_WRAPPER, "sparkctl-rank",
+    argv += ["bash", "-c", rank_wrapper(bootstrap), "sparkctl-rank",
              "trtllm-llmapi-launch", "trtllm-serve", recipe.model,
              "--backend", recipe.backend, "--tp_size", str(recipe.tp_size)]
     if recipe.max_num_tokens:
@@ -163,11 +176,12 @@ class LaunchSpec:
         self.replace = replace
         self.drop_caches = drop_caches
         self.config_text = render_llm_api_config(recipe)
-        from orchestrator.phases.nccl_env import fabric_variable_names
+        from orchestrator.phases.nccl_env import bootstrap_interfaces, fabric_variable_names
 
-        self.argv = serve_argv(recipe, host, fabric_variable_names(inventory))
-        self.digest = config_hash(recipe, self.argv, self.config_text)
         self.serving = serving_nodes(recipe, inventory)
+        self.argv = serve_argv(recipe, host, fabric_variable_names(inventory),
+                               bootstrap_interfaces(inventory, self.serving))
+        self.digest = config_hash(recipe, self.argv, self.config_text)
 
     def decision(self, ctx: NodeContext) -> Decision:
         head = ctx.cluster_facts.get(self.inventory.head_name, {})

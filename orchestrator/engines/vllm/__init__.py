@@ -71,7 +71,10 @@ class VllmEngine:
 
         image_check = registry.phase(recipe.image, serving_nodes(recipe, inventory),
                                      inventory.head_name)
-        phases = [guard, image_check, models.phase(recipe, inventory),
+        from orchestrator.engines.vllm.multinode import ray_probe_phase
+
+        probe = ray_probe_phase(recipe, inventory)  # an unknown image forced to Ray: look first
+        phases = [guard, image_check, *([probe] if probe else []), models.phase(recipe, inventory),
                   ray_phase(recipe, inventory, restart), serve.phase(spec, ready)]
         from orchestrator.engines.vllm.persist import persist_phase
         from orchestrator.phases.persist import not_persistent_phase

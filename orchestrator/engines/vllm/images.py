@@ -122,15 +122,22 @@ class RayInImage(Step):
         ray = record.get("ray")
         if self.executor == "ray" and not ray:
             raise SparkctlError(f"{ctx.node.name}: " + no_ray_message(
-                self.image, "probed: no `ray` on its PATH"), EXIT_BAD_INPUT)
+                self.image, "probed: no `ray` on its PATH") + _what_changed(ctx, self.image),
+                EXIT_BAD_INPUT)
         found = f"Ray {ray}" if ray else "no Ray"
         return f"{found} in {self.image}: vLLM's {'Ray' if self.executor == 'ray' else 'own (mp)'} " \
                "multi-node"
 
     def check(self, ctx: NodeContext) -> Outcome:
-        record = recorded(ctx.facts, _image_id(ctx, self.image))
+        image_id = _image_id(ctx, self.image)
+        record = recorded(ctx.facts, image_id)
         if record:
             return Unchanged(self._judge(ctx, record) + " (recorded)")
+        if self.executor == "ray" and image_id:
+            # Ray forced (or chosen) and the image on the node: look inside it now, in the plan,
+            # so that an image without Ray is refused before anything else changes; the probe's
+            # throw-away container (--rm, no network) and its record change nothing that runs
+            return Unchanged(self._probe(ctx, image_id) + " (probed in the plan)")
         return Change(f"detect whether {self.image} ships Ray: docker run --rm {self.image} "
                       "command -v ray")
 
@@ -139,6 +146,9 @@ class RayInImage(Step):
         if not image_id:
             raise SparkctlError(f"{ctx.node.name}: {self.image} has no image ID on the node "
                                 "(pull failed?)")
+        return self._probe(ctx, image_id)
+
+    def _probe(self, ctx: NodeContext, image_id: str) -> str:
         result = ctx.run(detect_and_record_cmd(self.image, image_id), sudo=True, timeout=180,
                          display=f"docker run --rm {self.image} command -v ray")
         try:
@@ -149,3 +159,14 @@ class RayInImage(Step):
             raise SparkctlError(f"{ctx.node.name}: probing {self.image} for Ray failed (exit "
                                 f"{result.exit_status}):\n{result.stderr.strip()[-800:]}")
         return self._judge(ctx, record)
+
+
+def _what_changed(ctx: NodeContext, image: str) -> str:
+    """What a refusal leaves behind: the image pulled in this run (needed to look inside it),
+    or nothing at all; never a container created or replaced."""
+    before = (ctx.facts.get("images") or {}).get(image)
+    had = isinstance(before, dict) and "error" not in before and before.get("Id")
+    if ctx.node.name in (ctx.shared.get("image_facts") or {}) and not had:
+        return (f". sparkctl pulled {image} on {ctx.node.name} to look inside it: that pull is "
+                "the only change made; no container was created, stopped or replaced")
+    return ". Nothing was changed"

@@ -124,15 +124,12 @@ def phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) -> P
     then the nodes: a Ray cluster, or vLLM's own multi-node containers."""
     from orchestrator.phases.image_share import image_steps
     from orchestrator.phases.models import ServingPhase
-    from orchestrator.phases.registry import with_probe
     from orchestrator.remote.facts import merge_requests
 
     backend = recipe.backend
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        own = with_probe({**containers.spec_facts([recipe.image], [recipe.container_name],
-                                                  inv.cluster.user), "links": True}, recipe.image)
-        own = merge_requests([own, {"commands": images.record_fact(recipe.image)}])
+        own = image_facts(recipe, inv)
         if backend != "ray" or node.name != inv.head_name:
             return own
         probe = {"commands": {"ray": ray.probe_cmd(recipe.container_name) + " 2>/dev/null"}}
@@ -149,3 +146,29 @@ def phase(recipe: Recipe, inventory: Inventory, restart: str | None = None) -> P
         steps += [containers.Container(mp_spec_for(recipe, restart), name="vllm-node")]
         name = "nodes"
     return ServingPhase(name, steps, facts, serving=serving_nodes(recipe, inventory))
+
+
+def image_facts(recipe: Recipe, inventory: Inventory) -> dict[str, Any]:
+    """The image (present? its ID; can the node pull it?), the container, the fabric links and
+    the image's Ray record."""
+    from orchestrator.phases.registry import with_probe
+    from orchestrator.remote.facts import merge_requests
+
+    own = with_probe({**containers.spec_facts([recipe.image], [recipe.container_name],
+                                              inventory.cluster.user), "links": True}, recipe.image)
+    return merge_requests([own, {"commands": images.record_fact(recipe.image)}])
+
+
+def ray_probe_phase(recipe: Recipe, inventory: Inventory) -> Phase | None:
+    """Ray on an image sparkctl does not know: look inside it before anything else changes (right
+    after the image check, before the models are fetched). An image already on the node is
+    probed in the plan; one that is not is pulled first, the only change before a refusal."""
+    from orchestrator.phases.image_share import image_steps
+    from orchestrator.phases.models import ServingPhase
+
+    if recipe.backend != "ray" or images.known(recipe.image):
+        return None
+    steps: list[Step] = [*image_steps(lambda ctx: recipe.image),
+                         images.RayInImage(recipe.image, "ray")]
+    return ServingPhase("ray-check", steps, lambda inv, node: image_facts(recipe, inv),
+                        serving=serving_nodes(recipe, inventory))

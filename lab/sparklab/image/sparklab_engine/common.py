@@ -133,7 +133,10 @@ def nccl_interface() -> tuple[str, str]:
     if spec and not spec.startswith("^"):
         exact = spec.startswith("=")
         wanted = [w for w in spec.lstrip("=").split(",") if w]
-        candidates = [n for w in wanted for n in names if (n == w if exact else n.startswith(w))]
+        # NCCL walks the system's interfaces in their order and keeps those the list matches
+        # (the list's own order does not count)
+        candidates = [n for n in names
+                      if any(n == w if exact else n.startswith(w) for w in wanted)]
     else:
         excluded = [w for w in spec.lstrip("^").split(",") if w]
         candidates = [n for n in names if not any(n.startswith(x) for x in excluded)

@@ -6,6 +6,7 @@ address to the host named on the first line of the MPI hostfile.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -38,6 +39,7 @@ class Peer:
         self.file = sock.makefile("rw")
         self.rank = int(hello["rank"])
         self.host = str(hello.get("host", "?"))
+        self.ifname = str(hello.get("ifname", "?"))
         self.addr = sock.getpeername()[0]
         self.lock = threading.Lock()
 
@@ -97,6 +99,8 @@ class Leader:
                 sock.close()
                 continue
             peer = Peer(sock, hello)
+            if hello.get("listen"):
+                connect_back(peer, tuple(hello["listen"]))
             self.peers.append(peer)
             nccl_log("INFO", f"Connected rank {peer.rank} ({peer.host}) via "
                              f"{hello.get('ifname')}:{peer.addr}<0>")
@@ -171,21 +175,60 @@ def check_refs(refs: list[list[str]]) -> list[str]:
     return errors
 
 
+CONNECT_BACK_SECONDS = 20.0
+
+
+def connect_back(peer: Peer, listen: tuple) -> None:
+    """NCCL's root connects to each rank's own bootstrap listener (the rank's NCCL_SOCKET_IFNAME
+    address) to hand it its ring neighbour: a rank listening on a link rank 0 has no route to
+    fails the bootstrap, as in a ring whose ranks bootstrap on a link to another neighbour."""
+    host, port = str(listen[0]), int(listen[1])
+    deadline = time.monotonic() + CONNECT_BACK_SECONDS
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=5).close()
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                nccl_log("WARN", f"Connect to {host}<{port}> failed : {exc.strerror or exc}")
+                raise NcclError(f"NCCL error: remote process exited or there was a network "
+                                f"error (sparklab: rank 0 could not reach rank {peer.rank} "
+                                f"({peer.host}) at its bootstrap address {host}:{port} on "
+                                f"{peer.ifname}: {exc.strerror or exc})") from exc
+            time.sleep(0.5)
+
+
+def listen_for_root(addr: str) -> socket.socket:
+    """This rank's bootstrap listener on its NCCL interface; rank 0 connects to it once."""
+    server = socket.create_server((addr, 0))
+
+    def accept() -> None:
+        server.settimeout(rendezvous_timeout())
+        with contextlib.suppress(OSError):  # rank 0 never came: the rank fails on its own
+            server.accept()[0].close()
+        server.close()
+    threading.Thread(target=accept, daemon=True).start()
+    return server
+
+
 def connect_to_leader(rank: int, at: tuple[str, int] | None = None) -> socket.socket:
-    """From this rank's NCCL interface to rank 0: the MPI hostfile's first host (TensorRT-LLM)
-    or `at`, vLLM's --master-addr/--master-port."""
+    """To rank 0: the MPI hostfile's first host (TensorRT-LLM; the lab's stand-in for NCCL's
+    unique id, broadcast over MPI) or `at`, vLLM's --master-addr/--master-port. The kernel picks
+    the route and source address (NCCL's and torch's clients bind none): in a ring, the link to
+    rank 0. Under TensorRT-LLM the rank also listens on its NCCL interface, which rank 0 must
+    reach back (connect_back)."""
     ifname, addr = nccl_interface()
     leader, port = at or (leader_address(), rendezvous_port())
+    listener = listen_for_root(addr) if at is None else None
     deadline = time.monotonic() + rendezvous_timeout()
     last_warn = 0.0
     while True:
         try:
-            # NCCL binds its interface; torch's store client (vLLM's --master-addr) lets the
-            # kernel route, which in a ring picks the link that leads to rank 0
-            source = (addr, 0) if at is None else None
-            sock = socket.create_connection((leader, port), timeout=5, source_address=source)
+            sock = socket.create_connection((leader, port), timeout=5)
             sock.settimeout(None)
             hello = {"type": "hello", "rank": rank, "host": hostname(), "ifname": ifname}
+            if listener is not None:
+                hello["listen"] = [addr, listener.getsockname()[1]]
             sock.sendall((json.dumps(hello) + "\n").encode())
             return sock
         except OSError as exc:
