@@ -216,7 +216,7 @@ def judge(wanted: Wanted, running: list[dict[str, Any]], replace: bool,
         if total > SPARK_MEMORY_GB:
             parts = " + ".join(f"{gb:.1f} GB ({n})" if gb is not None else f"? GB ({n})"
                                for n, gb in used)
-            raise SparkctlError(
+            raise InputError(  # a refusal, as the memory step's: exit 2 (docs/recipes.md)
                 f"{node}: {parts} already running + {wanted.memory_gb:.1f} GB ({wanted.name}) = "
                 f"{total:.1f} GB > {SPARK_MEMORY_GB:g} GB of unified memory: place it on another "
                 f"node (--nodes), lower memory.kv_cache_fraction, stop "
