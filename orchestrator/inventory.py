@@ -8,6 +8,8 @@ what would be valid.
 from __future__ import annotations
 
 import ipaddress
+import re
+import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -25,6 +27,47 @@ DEFAULT_SUBNET_BASE = "192.168.200.0"
 FIRST_HOST_NUMBER = 12  # NVIDIA's pages number the first Spark .12
 
 IfName = Annotated[str, Field(pattern=IFNAME_PATTERN)]
+
+
+def numeric_host_problem(host: str) -> str | None:
+    """Why `host` must not be dialled, for a host written as numbers (10.213.8.011, 0x0a.1.2.3,
+    10.1): the C resolver reads a leading 0 as octal and 0x as hex and fills short forms in,
+    so 10.213.8.011 would silently reach 10.213.8.9. Only canonical dotted quads pass."""
+    labels = host.split(".")
+    if not all(re.fullmatch(r"[0-9]+|0[xX][0-9a-fA-F]*", label) for label in labels):
+        return None  # a name (or IPv6): the resolver reads it as written
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        try:
+            dialled = f" (this one would be dialled as {socket.inet_ntoa(socket.inet_aton(host))})"
+        except OSError:
+            dialled = ""
+        return (f"{host!r} is not an IPv4 address as written: the resolver reads a leading 0 as "
+                f"octal and 0x as hex{dialled}; write four decimal numbers without leading zeros")
+    return None
+
+
+def _jump_hosts(spec: str) -> list[str]:
+    """The host part of each [user@]host[:port] of a ProxyJump list."""
+    out = []
+    for hop in spec.split(","):
+        host = hop.rsplit("@", 1)[-1]
+        out.append(host if host.startswith("[") else host.split(":", 1)[0])
+    return out
+
+
+def _check_host(value: str) -> str:
+    problem = numeric_host_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _check_jump(value: str | None) -> str | None:
+    for host in _jump_hosts(value) if value else []:
+        _check_host(host)
+    return value
 
 
 class _Model(BaseModel):
@@ -47,6 +90,7 @@ class Cluster(_Model):
     ("" reads none)."""
     proxy_jump: str | None = Field(default=None, pattern=JUMP_PATTERN)
     """Jump host(s) in front of every node: [user@]host[:port][,...], or "none"."""
+    _jump = field_validator("proxy_jump")(_check_jump)
     sudo_password_file: str | None = Field(default=None, pattern=PATH_PATTERN)
     """A file (mode 0600) holding the sudo password of every node; nodes[] may override."""
     ssh_port: int = Field(default=22, ge=1, le=65535)
@@ -112,6 +156,8 @@ class Node(_Model):
     proxy_jump: str | None = Field(default=None, pattern=JUMP_PATTERN)
     """Jump host(s) for this node only (overrides cluster.proxy_jump); "none" for a direct
     connection."""
+    _host = field_validator("host")(_check_host)
+    _jump = field_validator("proxy_jump")(_check_jump)
     sudo_password_file: str | None = Field(default=None, pattern=PATH_PATTERN)
     """A file (mode 0600) holding this node's sudo password."""
 

@@ -44,7 +44,7 @@ def format_validation_error(exc: ValidationError, data: Any, source: str) -> str
     lines = []
     for error in exc.errors():
         path = _key_path(error["loc"], data)
-        message = error["msg"]
+        message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             message = "unknown key (check the spelling; docs/inventory.md lists every key)"
         elif error["type"] == "missing":

@@ -104,8 +104,11 @@ def diagnose_node(inventory: Inventory, node: Node) -> dict[str, Any]:
         elif "no terminal" in str(exc):
             fix = "`ssh-add` the key named above, or run from a terminal to type its passphrase"
         else:
+            from orchestrator.remote.sshkeys import copy_id_hint
+
+            key = route.target.key_files[0].path if route.target.key_files else None
             fix = (f"add your public key to ~{route.target.user}/.ssh/authorized_keys "
-                   f"(`ssh-copy-id {node.host}`)")
+                   f"(`{copy_id_hint(route.target, key)}`)")
         steps.append(_step("auth", "fail", str(exc), fix))
         return out
     except (ReachError, _Retryable, TransportError) as exc:

@@ -17,6 +17,7 @@ import json
 import time
 from typing import Any
 
+from orchestrator.checks.status_containers import check_server_containers
 from orchestrator.checks.status_server import add_server_problems, assess_server, server_list
 from orchestrator.commands import quote
 from orchestrator.engines.liveness import dead_ranks
@@ -175,6 +176,7 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
         nodes[head]["state"] = "problem"
     if server is not None:
         _check_processes(nodes, facts)
+        check_server_containers(nodes, facts, head, server)  # docker's facts before Ray's view
         _memory_guard(nodes, facts, server)
         server["persistence"] = persistence(
             {name: parse_units((f.get("commands") or {}).get("boot_units")) for name, f in facts.items()},

@@ -85,7 +85,9 @@ def render_status(status: dict[str, Any]) -> None:
                             if n.get("alive"))
             out.print(f"  ray: {ray['alive']}/{ray['expected']} node(s) alive"
                           + (f" ({escape(ips)})" if ips else "")
-                          + (f"; {escape(ray['error'])}" if ray.get("error") else ""))
+                          + (f"; {escape(ray['error'])}" if ray.get("error") else "")
+                          + (f"; its container is not running on {', '.join(ray['containers_not_running'])}"
+                             if ray.get("containers_not_running") else ""))
         if server["state"] != "healthy" and server.get("log_tail"):
             out.print("  last lines of its log (`sparkctl logs` for more):")
             for line in server["log_tail"]:

@@ -12,21 +12,12 @@ from typing import Any
 import click
 
 from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
+from orchestrator.cli.bench_inputs import RUNS, TIMEOUT, check_outputs, int_list, keep_outputs
 from orchestrator.cli.completion import complete_server
 
 
 def _note(line: str) -> None:
     click.echo(line, err=True)
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: expected comma-separated integers") from None
-    if not values or any(v < 0 for v in values):
-        raise click.BadParameter(f"{text!r}: expected comma-separated integers >= 0")
-    return values
 
 
 def _node_state(session: Any) -> dict[str, Any]:
@@ -177,24 +168,11 @@ def relauncher(inventory_path: str, timeout: float, server: dict[str, Any] | Non
 
 
 def _finish(doc: dict[str, Any], fmt: str, save: str | None, plot_path: str | None) -> int:
-    import time
-    from pathlib import Path
-
+    """Print the results first, then --save, then --plot: a later step that fails (a full disk,
+    a plotting error) costs only itself, never the measured figures."""
     from orchestrator.checks import bench_format, bench_render
     from orchestrator.core.report import print_json
 
-    if save:
-        folder = Path(save).expanduser()
-        folder.mkdir(parents=True, exist_ok=True)
-        import json
-
-        file = folder / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        file.write_text(json.dumps(doc, indent=1))
-        _note(f"[bench] saved {file}")
-    if plot_path:
-        from orchestrator.checks.bench_plot import plot
-
-        _note(f"[bench] plot written to {', '.join(plot(doc, plot_path))}")
     sweep = doc.get("sweep")
     if fmt == "json":
         print_json(doc)
@@ -206,7 +184,9 @@ def _finish(doc: dict[str, Any], fmt: str, save: str | None, plot_path: str | No
         bench_render.render_sweep(sweep)
     else:
         bench_render.render(doc)
-    return 130 if doc.get("interrupted") else (0 if doc.get("ok") else 1)
+    failed = keep_outputs(doc, fmt == "json", save, plot_path, _note)
+    code = 130 if doc.get("interrupted") else (0 if doc.get("ok") else 1)
+    return code or (1 if failed else 0)
 
 
 def _bench(opts: dict[str, Any]) -> int:
@@ -219,12 +199,9 @@ def _bench(opts: dict[str, Any]) -> int:
     from orchestrator.remote.tunnel import Forwarder
 
     config = BenchConfig(tg=opts["tg"], pp=opts["pp"], depth=opts["depth"],
-                         concurrency=[c for c in opts["concurrency"] if c > 0] or [1],
+                         concurrency=opts["concurrency"],
                          runs=opts["runs"], warmup=not opts["no_warmup"])
-    if opts["plot"]:  # before minutes of measuring, not after
-        from orchestrator.checks.bench_plot import check_plot_path
-
-        check_plot_path(opts["plot"])
+    check_outputs(opts["save"], opts["plot"])  # before minutes of measuring, not after
     _note(f"[bench] {expectation(config)}")
     inventory, inventory_path = load_inventory_option(opts["inventory_path"])
     with open_session(inventory, "bench", quiet=True) as session:
@@ -260,15 +237,17 @@ def _bench(opts: dict[str, Any]) -> int:
 @inventory_option
 @click.option("--server", metavar="NAME", help="Which server (its name or recipe; needed when several run).",
               shell_complete=complete_server)
-@click.option("--tg", metavar="N[,N]", help="Tokens to generate per request (quick: 32; --full: 128,256).")
-@click.option("--pp", metavar="N[,N]", help="Prompt tokens per request (default 2048).")
+@click.option("--tg", metavar="N[,N]",
+              help="Tokens to generate per request, 1-65,536 (quick: 32; --full: 128,256).")
+@click.option("--pp", metavar="N[,N]", help="Prompt tokens per request, 1-1,048,576 (default 2048).")
 @click.option("--depth", metavar="N[,N]",
-              help="Context tokens before the prompt, a system message (quick: 0; --full: 0,16384).")
+              help="Context tokens before the prompt, a system message, 0-1,048,576 (quick: 0; "
+                   "--full: 0,16384).")
 @click.option("--concurrency", "-c", metavar="N[,N]",
-              help="Simultaneous requests (quick: 1; --full: 1,4,8).")
+              help="Simultaneous requests, 1-256 (quick: 1; --full: 1,4,8).")
 @click.option("--full", is_flag=True,
               help="The full table: tg128,256 x c1,4,8, pp2048 at depth 0 and 16384 (many minutes).")
-@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--runs", type=RUNS, default=3, show_default=True,
               help="Measured batches per cell (mean and std over them).")
 @click.option("--no-warmup", is_flag=True, help="Skip the discarded warmup batch of each cell.")
 @click.option("--sweep", metavar="KEY=V1,V2,...",
@@ -276,7 +255,7 @@ def _bench(opts: dict[str, Any]) -> int:
                    " benchmark each, restore the original recipe.")
 @click.option("--recipe", metavar="RECIPE",
               help="With --sweep: the recipe to vary and restore (default: the running one's name).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=1800.0, show_default=True,
+@click.option("--timeout", type=TIMEOUT, default=1800.0, show_default=True,
               help="With --sweep: seconds each relaunch may take.")
 @json_option
 @click.option("--format", "fmt", type=click.Choice(["table", "md", "csv", "json"]), default="table",
@@ -306,7 +285,7 @@ def bench(ctx: click.Context, **opts: Any) -> None:
     if ctx.invoked_subcommand is not None:
         return
     for key, value in choose_cells(opts).items():
-        opts[key] = _ints(value)
+        opts[key] = int_list(key, value)
     if opts.pop("gateway"):
         from orchestrator.cli.gateway import bench_gateway
 

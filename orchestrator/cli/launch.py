@@ -71,7 +71,8 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             ignore_memory: bool, guard_min_available_gb: float | None = None,
             placed: tuple[str, ...] = (), name: str | None = None, port: int | None = None,
             no_drop_caches: bool = False, persist: bool = False,
-            distribute_image: bool = False, api_key_file: str | None = None) -> int:
+            distribute_image: bool = False, api_key_file: str | None = None,
+            verify_models: bool = False) -> int:
     from orchestrator.cli.api_key import check_bind
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan
@@ -110,10 +111,12 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     server = name or recipe.name
 
     from orchestrator.phases import hub_token
+    from orchestrator.phases.launch_checks import with_checks
 
     # the token first: a missing or refused one stops the launch before any download or change
-    plan = Plan("launch", [hub_token.phase(recipe, inventory),
-                           *engine.launch_phases(recipe, inventory, options)])
+    plan = Plan("launch", with_checks([hub_token.phase(recipe, inventory),
+                                       *engine.launch_phases(recipe, inventory, options)],
+                                      recipe, inventory, verify_models))
 
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,
@@ -202,6 +205,10 @@ def _placed(recipe: Any, placed: tuple[str, ...], name: str | None,
                    "verified by image ID and digest). Without it, this happens only for nodes "
                    "that cannot reach the registry (probed before pulling) or whose pull fails. "
                    "The `up` container's image comes with `up` (`up --distribute-image`).")
+@click.option("--verify-models", is_flag=True,
+              help="Hash every model file again on every serving node (ignoring the hash cache, "
+                   "which trusts size and mtime) against the head's manifest; a node whose files "
+                   "differ gets them sent again. Reads every byte: minutes for a large model.")
 @click.option("--rolling", is_flag=True,
               help="Replace the running replicas of RECIPE (changed config or image) one at a "
                    "time: out of the gateway, drained, relaunched, ready, back in "
@@ -214,7 +221,8 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
            hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
            ignore_memory: bool, guard_min_available_gb: float | None, placed: tuple[str, ...],
            name: str | None, port: int | None, persist: bool, distribute_image: bool,
-           api_key_file: str | None, rolling: bool, allow_downtime: bool) -> None:
+           api_key_file: str | None, verify_models: bool, rolling: bool,
+           allow_downtime: bool) -> None:
     """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
 
     \b
@@ -229,6 +237,8 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
             and one real chat completion
     persist (--persist) a boot unit per serving node that brings the server back after
             a reboot, the same checks first (docs/operate.md)
+    First of all, every port the server binds is proven free on each of its nodes;
+    --verify-models then re-hashes the models everywhere (docs/launch.md).
     Relaunching the same recipe is a no-op. See docs/launch.md and docs/engines.md.
     """
     if rolling or allow_downtime:
@@ -239,7 +249,8 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
     run_command(lambda: _launch(recipe_name, inventory_path, dry_run, yes, as_json, timeout,
                                 replace, host, drop_caches, hf_token_file, trust_new_hosts,
                                 break_lock, ignore_memory, guard_min_available_gb, placed, name,
-                                port, not drop_caches, persist, distribute_image, api_key_file))
+                                port, not drop_caches, persist, distribute_image, api_key_file,
+                                verify_models))
 
 
 def _server_on_head(inventory_path: str | None, command: str) -> Any:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
@@ -9,7 +11,8 @@ from orchestrator.cli.completion import complete_server
 from orchestrator.cli.verbosity import verbosity_option
 
 
-def _status(inventory_path: str | None, as_json: bool, one_line: bool = False) -> int:
+def _status(inventory_path: str | None, as_json: bool, one_line: bool = False,
+            deep: bool = False) -> int:
     from orchestrator.checks.status import gather_status
     from orchestrator.checks.status_render import render_status
     from orchestrator.core.report import print_json
@@ -17,6 +20,10 @@ def _status(inventory_path: str | None, as_json: bool, one_line: bool = False) -
 
     inventory, _ = load_inventory_option(inventory_path)
     result = gather_status(inventory)
+    if deep:
+        from orchestrator.checks.status_models import verify_served_models
+
+        verify_served_models(inventory, result)
     if as_json and one_line:  # status --watch --json: JSON lines
         import json
 
@@ -76,7 +83,10 @@ def _render_servers(found: list[dict[str, object]]) -> None:
               default=None, metavar="[SECONDS]",
               help="Look again every SECONDS (default 5), redrawn in place on a terminal "
                    "(with --json: one object per line). Ctrl-C ends it.")
-def status(inventory_path: str | None, as_json: bool, watch: float | None) -> None:
+@click.option("--deep", is_flag=True,
+              help="Also hash every model file of the running servers again on their nodes "
+                   "(ignoring the hash cache) against the head's; reads every byte.")
+def status(inventory_path: str | None, as_json: bool, watch: float | None, deep: bool) -> None:
     """What runs on each node, and whether it is healthy (read from the nodes, not a cache).
 
     \b
@@ -91,9 +101,9 @@ def status(inventory_path: str | None, as_json: bool, watch: float | None) -> No
     if watch is not None:
         from orchestrator.cli.status_watch import watch_status
 
-        run_command(lambda: watch_status(lambda: _status(inventory_path, as_json, one_line=True),
-                                         watch, as_json))
-    run_command(lambda: _status(inventory_path, as_json))
+        run_command(lambda: watch_status(lambda: _status(inventory_path, as_json, one_line=True,
+                                                         deep=deep), watch, as_json))
+    run_command(lambda: _status(inventory_path, as_json, deep=deep))
 
 
 def _tail_value(text: str) -> int | None:
@@ -144,7 +154,7 @@ def logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since
 
 def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,
           trust_new_hosts: bool, break_lock: bool, server: str | None = None,
-          oom_guard: bool = False) -> int:
+          oom_guard: bool = False, keep_logs: bool = False) -> int:
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.session import Session
     from orchestrator.core.step import Plan
@@ -158,7 +168,7 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
                          "--server or --network")
     if server:
         return _down_server(inventory, server, dry_run, yes, as_json, trust_new_hosts, break_lock,
-                            network)
+                            network, keep_logs)
 
     def build(session: Session) -> Plan:
         notes = session.report.notes
@@ -173,7 +183,7 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
         notes.append("Kept: the Hugging Face model cache on every node (see docs/operate.md to remove it).")
         if not network:
             notes.append("Kept: the fabric network config (`sparkctl down --network` removes it).")
-        return build_down_plan(inventory, network)
+        return build_down_plan(inventory, network, keep_logs=keep_logs)
 
     request = RunRequest(
         command="down", inventory=inventory, build=build, dry_run=dry_run, yes=yes, as_json=as_json,
@@ -190,7 +200,8 @@ def follow_gateway(session: object, inventory: object) -> None:
 
 
 def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_json: bool,
-                 trust_new_hosts: bool, break_lock: bool, network: bool) -> int:
+                 trust_new_hosts: bool, break_lock: bool, network: bool,
+                 keep_logs: bool = False) -> int:
     """Only the server NAME: its containers and record on its nodes; everything else stays."""
     from orchestrator.core.runner import RunRequest, execute
     from orchestrator.core.step import Plan
@@ -200,8 +211,16 @@ def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_js
     if network:
         raise InputError("--network and --server do not go together: --server stops one server")
 
-    def build(session: object) -> Plan:
-        return Plan("down", [down_phase(inventory, server)])  # type: ignore[arg-type]
+    def build(session: Any) -> Plan:
+        if not session.unreachable:  # (else it may run on the node that did not answer)
+            from orchestrator.engines.servers import gather
+
+            found = gather(session.transports, inventory, alive_only=False)  # type: ignore[arg-type]
+            known = sorted({str(s.get("name")) for s in found})
+            if server not in known:
+                raise InputError(f"--server {server}: no such server; known: "
+                                 f"{', '.join(known) or 'none (no server runs)'}")
+        return Plan("down", [down_phase(inventory, server, keep_logs)])  # type: ignore[arg-type]
 
     request = RunRequest(
         command="down", inventory=inventory, build=build, dry_run=dry_run,  # type: ignore[arg-type]
@@ -225,9 +244,12 @@ def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_js
               help="Stop only this server (its containers and record); nothing else is removed.")
 @click.option("--oom-guard", is_flag=True,
               help="Remove only what `up --oom-guard` set up (plain down removes it too).")
+@click.option("--keep-logs", is_flag=True,
+              help="Keep launch --persist's boot logs (/var/log/sparkctl/boot-*.log).")
 @verbosity_option
 def down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as_json: bool,
-         trust_new_hosts: bool, break_lock: bool, server: str | None, oom_guard: bool) -> None:
+         trust_new_hosts: bool, break_lock: bool, server: str | None, oom_guard: bool,
+         keep_logs: bool) -> None:
     """Stop the server and the containers, remove sparkctl's files; --network: the fabric config too.
 
     \b
@@ -240,9 +262,10 @@ def down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, as
                    re-applied, the inventory's fabric addresses deleted
       oom-guard    earlyoom's config put back; earlyoom removed if sparkctl installed it
       files        /etc/sparkctl (cluster keys, trust files) and /var/lib/sparkctl removed
-      verify       nothing of the above is left
+      boot-logs    /var/log/sparkctl/boot-*.log removed (--keep-logs keeps them)
+      verify       nothing of the above is left; says what was kept
     Never touched: other containers, other netplan files, your ~/.ssh, the Hugging Face cache.
     Safe to run again. An unreachable node is reported (exit 1); run down again later.
     """
     run_command(lambda: _down(inventory_path, network, dry_run, yes, as_json, trust_new_hosts,
-                              break_lock, server, oom_guard))
+                              break_lock, server, oom_guard, keep_logs))

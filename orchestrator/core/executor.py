@@ -25,6 +25,7 @@ from orchestrator.core.report import Report, StepResult
 from orchestrator.core.step import (
     Change,
     NodeContext,
+    NotDone,
     NotVerified,
     Phase,
     Plan,
@@ -255,8 +256,10 @@ class Executor:
         for command in outcome.commands:
             log.info("%s %s/%s runs: %s", ctx.node.name, phase.name, step.name, command)
         message = step.apply(ctx, outcome)
-        return StepResult(phase.name, step.name, "changed", message=message or outcome.summary,
-                          diff=outcome.diff, commands=outcome.commands)
+        return StepResult(phase.name, step.name,
+                          "skipped" if isinstance(message, NotDone) else "changed",
+                          message=message or outcome.summary, diff=outcome.diff,
+                          commands=outcome.commands)
 
     def _fail(self, node: str, result: StepResult) -> None:
         self.failed.add(node)

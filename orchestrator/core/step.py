@@ -44,6 +44,12 @@ class Unchanged:
 Outcome = Change | Unchanged
 
 
+class NotDone(str):
+    """What a change step's apply returns when it could not do its work and the run may go on
+    without it (a page cache that cannot be dropped): reported as skipped, never with the
+    success tick of a change."""
+
+
 class NotVerified(str):
     """What a verify step's apply returns when it had nothing to prove in this run ("not re-run:
     nothing changed"): reported as ok but, unlike a proof, not shown without -v."""

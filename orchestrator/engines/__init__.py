@@ -100,6 +100,10 @@ def explain(path: Path, exc: Any) -> str:
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "literal_error":
             message = f"{message} (got {error.get('input')!r})"
+        elif error["type"] == "string_pattern_mismatch" and str(error["loc"][-1]).endswith("revision"):
+            message = (f"{error.get('input')!r} is not a revision: a branch, tag or commit "
+                       "of letters, digits, '.', '_', '-' starting with a letter or digit (never a path), "
+                       "or refs/pr/N")
         lines.append(f"  {where}: {message}")
     return "\n".join(lines)
 

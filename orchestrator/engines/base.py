@@ -22,13 +22,16 @@ if TYPE_CHECKING:
     from orchestrator.core.step import Phase
     from orchestrator.engines.meters import SpecMeter
     from orchestrator.inventory import Inventory
+    from orchestrator.phases.ports import ListenPort
 
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 """Where a container sees the node's Hugging Face cache (every engine's container mounts it)."""
 SPARK_MEMORY_GB = 128.0
 """A DGX Spark's unified memory, shared by the CPU, the GPU and the page cache."""
 REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
-REVISION_PATTERN = r"^[A-Za-z0-9._/-]{1,100}$"
+REVISION_PATTERN = r"^(refs/pr/[0-9]{1,9}|[A-Za-z0-9][A-Za-z0-9._-]{0,99})$"
+"""A branch, tag or commit; never a path (no `/`, no leading `.`: it names a file under the HF
+cache's refs/), except the hub's pull-request refs `refs/pr/N`."""
 DEFAULT_HOST = "127.0.0.1"
 """Servers bind to localhost on their node; clients come through SSH (chat, tunnel, bench)."""
 
@@ -103,6 +106,13 @@ class BaseRecipe(StrictModel):
     def repos(self) -> list[tuple[str, str, str | None]]:
         """(HF id, revision, local dir or None for the HF cache layout) of every model needed."""
         return [(self.model, self.revision, None)]
+
+    def listen_ports(self, nodes: list[str]) -> list[ListenPort]:
+        """The TCP ports the server binds on its `nodes` (rank order), proven free before a
+        launch (phases/ports.py): the HTTP port on the first node; engines add theirs."""
+        from orchestrator.phases.ports import ListenPort
+
+        return [ListenPort(nodes[0], self.port, "HTTP", "launch with another --port")]
 
     def file_patterns(self, repo: str) -> tuple[list[str], list[str]]:
         """(allow, deny) for one of `repos`: the recipe's `files` for the main model, all files

@@ -138,7 +138,7 @@ def pick(servers: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
         if named:
             return named[0]
         listing = ", ".join(sorted(str(s.get("name")) for s in servers)) or "none"
-        raise SparkctlError(f"no server named {name!r} runs (running: {listing})")
+        raise InputError(f"no server named {name!r} runs (running: {listing})")  # --server
     if not servers:
         raise SparkctlError("no model server is running: start one with `sparkctl launch RECIPE`")
     if len(servers) > 1:
@@ -216,7 +216,7 @@ def judge(wanted: Wanted, running: list[dict[str, Any]], replace: bool,
         if total > SPARK_MEMORY_GB:
             parts = " + ".join(f"{gb:.1f} GB ({n})" if gb is not None else f"? GB ({n})"
                                for n, gb in used)
-            raise SparkctlError(
+            raise InputError(  # a refusal, as the memory step's: exit 2 (docs/recipes.md)
                 f"{node}: {parts} already running + {wanted.memory_gb:.1f} GB ({wanted.name}) = "
                 f"{total:.1f} GB > {SPARK_MEMORY_GB:g} GB of unified memory: place it on another "
                 f"node (--nodes), lower memory.kv_cache_fraction, stop "
@@ -250,7 +250,7 @@ def stop_server(transports: dict[str, Any], inventory: Inventory, server: dict[s
                                  display=f"stop server {server.get('name')} on {node}").check()
 
 
-def down_phase(inventory: Inventory, name: str) -> Any:
+def down_phase(inventory: Inventory, name: str, keep_logs: bool = False) -> Any:
     """`sparkctl down --server NAME`: that server's containers and record on its nodes only."""
     from orchestrator.core.step import Phase
     from orchestrator.phases import gateway_down, persist_down
@@ -265,7 +265,8 @@ def down_phase(inventory: Inventory, name: str) -> Any:
 
     return Phase("stop-server", [gateway_down.LeaveGateway(name),  # drained before it stops
                                  persist_down.RemoveBootUnits(name, server_containers(name)),
-                                 StopNamed(name)], facts)
+                                 StopNamed(name), persist_down.RemoveBootLogs(name, keep_logs)],
+                 facts)
 
 
 class StopNamed(Step):

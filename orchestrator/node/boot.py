@@ -8,8 +8,10 @@ written by orchestrator/phases/persist.py): already serving? -> fabric up with i
 containers running (`docker start` when docker's restart policy did not) -> models present ->
 memory (MemAvailable >= what the recipe loads here + the guard's margin) -> wait for the peers
 (the head only: head last) -> the start commands -> this node's part answers. Every line goes
-to stdout (the journal) and to the plan's log file. Exit 0 when the part is up, 1 when a check
-fails or the deadline passes (the line before says which, with the figures).
+to stdout (the journal) and to the plan's log file, and the last one says what was achieved
+(only the first node can see the server answer). With "watch" in the plan it then stays
+(watch()): a node that reboots alone must not leave the server stalled. Without it: exit 0
+when the part is up, 1 when a check fails or the deadline passes (the line before says which).
 """
 
 import json
@@ -20,6 +22,8 @@ import time
 import urllib.request
 
 BOOT_TIME = "@SPARKCTL_BOOT_TIME@"  # in a start command: the time the server starts
+WATCH_SECONDS = 10
+MISSES = 3  # checks without an answer before the first node restarts its part
 PLAN = {}  # type: dict
 LOG = None
 
@@ -32,9 +36,13 @@ def say(text):
         LOG.flush()
 
 
+class Failed(Exception):
+    """A check failed or a deadline passed (the line before says which)."""
+
+
 def fail(text):
     say("FAILED: " + text)
-    sys.exit(1)
+    raise Failed(text)
 
 
 def sh(cmd, timeout=120):
@@ -110,19 +118,8 @@ def ready(plan):
     return all(conditions) and (port is None or health(port) == 200)
 
 
-def main(path):
-    global PLAN, LOG
-    with open(path) as f:
-        PLAN = json.load(f)
-    plan = PLAN
-    os.makedirs(os.path.dirname(plan["log"]), mode=0o755, exist_ok=True)
-    LOG = open(plan["log"], "a")  # noqa: SIM115 - for the whole run
-    deadline = time.monotonic() + plan["deadline_seconds"]
-    say("boot of server %s (%s) on %s, %s of %s" % (
-        plan["server"], plan["engine"], plan["node"], plan["role"], ", ".join(plan["nodes"])))
-    if plan.get("health_port") and health(plan["health_port"]) == 200:
-        say("already serving on 127.0.0.1:%d; nothing to do" % plan["health_port"])
-        return 0
+def bring_up(plan, deadline):
+    """This node's part of the server, checked and started as `launch` did."""
     for link in plan["fabric"]:
         until(deadline, "fabric %s up with %s" % (link["interface"], link["address"]),
               lambda link=link: link_has(link["interface"], link["address"]))
@@ -161,9 +158,89 @@ def main(path):
         return ready(plan)
 
     until(deadline, "server %s answering here" % plan["server"], part_up, every=2.0)
-    say("up: server %s%s" % (plan["server"], " answers on 127.0.0.1:%d" % plan["health_port"]
-                             if plan.get("health_port") else " (this node's part)"))
-    return 0
+    say(achieved(plan))
+
+
+def achieved(plan):
+    """What is up, in exact words: only the first node can see the server answer."""
+    if plan.get("health_port"):
+        return "up: server %s answers on 127.0.0.1:%d" % (plan["server"], plan["health_port"])
+    held = [c["what"] for c in plan["ready"]] or ["containers running: " + ", ".join(plan["containers"])]
+    return ("up: this node's part of server %s (%s); whether the server answers is for %s to "
+            "say (its boot log, `sparkctl status`)" % (plan["server"], "; ".join(held),
+                                                        plan["nodes"][0]))
+
+
+def stopped_by_guard(plan):
+    path = plan.get("guard_record")
+    return bool(path) and os.path.exists(path)
+
+
+def watch(plan, every=WATCH_SECONDS):
+    """Stay, because a node can reboot alone: a peer that comes back finds the first node's
+    server stalled (a Ray worker or a rank gone for good), and nothing else restarts it. The
+    first node restarts its part after MISSES checks without an answer (unless the memory guard
+    stopped the server); every node starts its containers again if one stopped."""
+    say("watching: %s every %ds" % ("the server's answer" if plan.get("health_port")
+                                     else "this node's containers", every))
+    misses, pause = 0, 0
+    while True:
+        time.sleep(every)
+        if not plan.get("health_port"):
+            if not all(container_running(n) for n in plan["containers"]):
+                say("a container of this node's part stopped: starting it again")
+                ensure_containers(plan["containers"])
+            continue
+        if ready(plan):
+            if misses >= MISSES:
+                say("server %s answers again" % plan["server"])
+            misses, pause = 0, 0
+            continue
+        misses += 1
+        if misses < MISSES or (misses - MISSES) < pause:
+            continue
+        if stopped_by_guard(plan):
+            say("server %s stopped by the memory guard (%s): not restarted; stopped watching"
+                % (plan["server"], plan["guard_record"]))
+            return 0
+        say("server %s has not answered for %d checks (%ds): restarting this node's part"
+            % (plan["server"], misses, misses * every))
+        try:
+            for item in plan.get("restart") or []:
+                rc, out = sh(item["cmd"], timeout=120)
+                say("%s: %s" % (item["what"], "ok" if rc == 0 else "exit %d: %s" % (rc, out[-300:])))
+            bring_up(plan, time.monotonic() + plan["deadline_seconds"])
+            misses, pause = 0, 0
+        except Failed:
+            pause = min(max(2 * pause, 6), 60)  # checks before the next try: 1 min, 2, ... 10
+            misses = MISSES
+
+
+def main(path):
+    global PLAN, LOG
+    with open(path) as f:
+        PLAN = json.load(f)
+    plan = PLAN
+    os.makedirs(os.path.dirname(plan["log"]), mode=0o755, exist_ok=True)
+    LOG = open(plan["log"], "a")  # noqa: SIM115 - for the whole run
+    deadline = time.monotonic() + plan["deadline_seconds"]
+    say("boot of server %s (%s) on %s, %s of %s" % (
+        plan["server"], plan["engine"], plan["node"], plan["role"], ", ".join(plan["nodes"])))
+    code = 0
+    marker = plan.get("launch_marker")
+    if marker and os.path.exists(marker):  # in /run: gone after a reboot
+        os.remove(marker)
+        say("started by `sparkctl launch`, which started the server: nothing to bring up")
+    elif plan.get("health_port") and health(plan["health_port"]) == 200:
+        say("already serving on 127.0.0.1:%d; nothing to do" % plan["health_port"])
+    else:
+        try:
+            bring_up(plan, deadline)
+        except Failed:
+            code = 1
+    if plan.get("watch"):
+        return watch(plan)
+    return code
 
 
 if __name__ == "__main__":

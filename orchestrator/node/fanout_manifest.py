@@ -58,8 +58,10 @@ class HashCache:
             return entry
         return None
 
-    def compute(self, rel, path, chunk=CHUNK):
-        entry = self.get(rel, path, chunk)
+    def compute(self, rel, path, chunk=CHUNK, rehash=False):
+        """The file's hashes: cached while size/mtime/inode hold, unless `rehash` (a blob changed
+        in place with its mtime kept looks unchanged to the cache: launch --verify-models)."""
+        entry = None if rehash else self.get(rel, path, chunk)
         if entry is None:
             sha, chunks = hash_file(path, chunk)
             entry = {"key": self.key(path), "sha256": sha, "chunks": chunks, "chunk": chunk}
@@ -118,12 +120,16 @@ def manifest(args):
             cache = HashCache(cache_path(entry["root"], entry["folder"]))
             for rel in list(entry["blobs"]):
                 path = os.path.join(entry["root"], rel)
-                got = cache.compute(rel, path, chunk)
+                got = cache.compute(rel, path, chunk, rehash=bool(args.get("rehash")))
                 entry["chunk"] = chunk
                 entry["blobs"][rel] = {"size": os.path.getsize(path), "sha256": got["sha256"]}
                 if want_chunks:
                     entry["blobs"][rel]["chunks"] = got["chunks"]
-            cache.save()
+                name = os.path.basename(rel)  # the hub names an LFS blob by its sha256
+                if "/blobs/" in rel and len(name) == 64 and name != got["sha256"]:
+                    entry.setdefault("misnamed", []).append(rel)
+            if args.get("save", True):
+                cache.save()
             entry["free"] = free_bytes(entry["root"])
         except OSError as exc:
             entry["error"] = str(exc)

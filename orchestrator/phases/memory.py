@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from orchestrator.commands import docker_exec_cmd, quote, sh_cmd
-from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
+from orchestrator.core.step import Change, NodeContext, NotDone, Outcome, Step, Unchanged
 from orchestrator.errors import InputError
 from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
@@ -306,5 +306,6 @@ class DropCaches(Step):
         result = ctx.run(change.commands[0], sudo=True, timeout=120)  # (a failure is a warning)
         if result.ok:
             return "dropped the page cache"
-        return ("could NOT drop the page cache (" + (result.stderr.strip().splitlines() or ["?"])[-1]
-                + "; /proc/sys is read-only here, e.g. in the lab); continuing without it")
+        return NotDone("skipped: could NOT drop the page cache ("
+                       + (result.stderr.strip().splitlines() or ["?"])[-1]
+                       + "; /proc/sys is read-only here, e.g. in the lab); continuing without it")

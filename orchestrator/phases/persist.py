@@ -31,6 +31,7 @@ from typing import Any
 from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.inventory import Inventory, Node
+from orchestrator.paths import RUN_DIR
 from orchestrator.phases.boot_units import (
     BOOT_LOG_DIR,
     BOOT_SCRIPT,
@@ -54,6 +55,9 @@ class Part:
     """(what, shell condition): this node's part is up (checked last, and first: already up?)."""
     health_port: int | None = None
     """The node answers here (127.0.0.1): /health 200 means served (the server's first node)."""
+    restart: list[tuple[str, str]] | None = None
+    """(what, shell command) that stops a stalled server here before `start` runs again (the
+    first node's watcher, node/boot.py); None: `docker restart` of the containers."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,20 @@ def boot_plan(spec: PersistSpec, node: Node, hf_cache: str) -> dict[str, Any]:
         "ready": [{"what": w, "cmd": c} for w, c in part.ready],
         "health_port": part.health_port, "deadline_seconds": int(spec.deadline),
         "log": f"{BOOT_LOG_DIR}/boot-{spec.server}.log",
+        # the unit stays to watch: one node rebooting alone must not leave the server stalled
+        "watch": True, "guard_record": f"{RUN_DIR}/memguard-stopped.json",
+        "launch_marker": launch_marker(spec.server),
+        "restart": [{"what": w, "cmd": c} for w, c in (
+            part.restart if part.restart is not None else
+            [(f"docker restart {', '.join(part.containers)}",
+              join(["docker", "restart", *part.containers]))])],
     }
+
+
+def launch_marker(server: str) -> str:
+    """Made by launch when it starts the unit itself (the server runs: only watch); in /run, so
+    a reboot removes it and the unit then brings the server up."""
+    return f"/run/sparkctl/launched-{server}"
 
 
 def unit_text(server: str, engine: str, nodes: list[str]) -> str:
@@ -149,7 +166,10 @@ def render(spec: PersistSpec) -> Callable[[NodeContext], list[FileSpec]]:
 
 
 def enabled_cmd(server: str) -> str:
-    return f"systemctl is-enabled {quote(unit_name(server))} 2>/dev/null || true"
+    """`enabled active` once launch --persist ran (its watcher runs), else what systemd says."""
+    unit = quote(unit_name(server))
+    return (f"echo $(systemctl is-enabled {unit} 2>/dev/null || true) "
+            f"$(systemctl is-active {unit} 2>/dev/null || true)")
 
 
 class EnableUnit(Step):
@@ -165,8 +185,9 @@ class EnableUnit(Step):
             return Unchanged("not a serving node")
         unit = unit_name(self.spec.server)
         state = (((ctx.facts.get("commands") or {}).get("unit_enabled") or {}).get("out") or "")
-        if state.strip() == "enabled":
-            return Unchanged(f"{unit} enabled")
+        rewritten = f"{ctx.node.name}: persist/boot-files" in ctx.shared.get("changed_steps", [])
+        if state.split() == ["enabled", "active"] and not rewritten:
+            return Unchanged(f"{unit} enabled and watching")
         return Change(f"enable {unit}: at boot it checks the fabric, containers, models and "
                       f"memory, then starts {self.spec.server} here "
                       + ("(after its peers)" if ctx.node.name == self.spec.nodes[0] and
@@ -174,9 +195,15 @@ class EnableUnit(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         unit = unit_name(self.spec.server)
-        ctx.run(f"systemctl daemon-reload && {join(['systemctl', 'enable', unit])}", sudo=True,
-                timeout=60, display=f"systemctl enable {unit}").check()
-        return f"{unit} enabled (log at boot: {BOOT_LOG_DIR}/boot-{self.spec.server}.log)"
+        # started now too: its watcher must run before any reboot (a peer may reboot first);
+        # restarted, so a rewritten plan is the one it watches with
+        marker = launch_marker(self.spec.server)
+        ctx.run(f"systemctl daemon-reload && {join(['systemctl', 'enable', unit])} && "
+                f"mkdir -p {quote(marker.rsplit('/', 1)[0])} && touch {quote(marker)} && "
+                f"{join(['systemctl', 'restart', unit])}", sudo=True, timeout=60,
+                display=f"systemctl enable {unit}; systemctl restart {unit}").check()
+        return (f"{unit} enabled and started (it watches the server; log: "
+                f"{BOOT_LOG_DIR}/boot-{self.spec.server}.log)")
 
 
 def stale(server: str, engine: str, persist: bool,

@@ -6,6 +6,7 @@ its unit file and boot plan are removed through the ledger (a file someone chang
 sparkctl wrote it is left alone and named), and the boot script too once no unit is left. The
 containers' restart policy (`unless-stopped`) goes with the containers `down` removes next; the
 report names each container and its policy, so it says exactly what stops coming back.
+The boot logs (`/var/log/sparkctl/boot-<server>.log`) go too, unless `down --keep-logs`.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.commands import join
+from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.inventory import Inventory
 from orchestrator.phases.boot_units import (
+    BOOT_LOG_DIR,
     BOOT_SCRIPT,
     parse_units,
     plan_path,
@@ -35,9 +37,52 @@ def restart_policies_cmd(inventory: Inventory) -> str:
     return f"ids=$({ids} 2>/dev/null); [ -z \"$ids\" ] || {inspect} $ids 2>/dev/null; true"
 
 
+BOOT_LOGS = f"{BOOT_LOG_DIR}/boot-*.log"
+
+
+def boot_log(server: str) -> str:
+    return f"{BOOT_LOG_DIR}/boot-{server}.log"
+
+
 def facts(inventory: Inventory) -> dict[str, Any]:
     return {"commands": {"boot_units": units_cmd(),
-                         "restart_policies": restart_policies_cmd(inventory)}}
+                         "restart_policies": restart_policies_cmd(inventory),
+                         "boot_logs": f"ls -1 {BOOT_LOGS} 2>/dev/null; true"}}
+
+
+def logs_left_cmd() -> str:
+    """For down's verify step: a line per boot log still there."""
+    return f"ls -1 {BOOT_LOGS} 2>/dev/null | sed 's/^/boot log: /'"
+
+
+def kept_text(network: bool, keep_logs: bool) -> str:
+    """down's verify line: exactly what it kept, and why."""
+    kept = ["the Hugging Face cache", *([] if network else ["the fabric network (--network)"]),
+            *(["the boot logs (--keep-logs)"] if keep_logs else [])]
+    return "nothing else left; kept: " + ", ".join(kept)
+
+
+class RemoveBootLogs(Step):
+    """What the boot units wrote, `/var/log/sparkctl/boot-<server>.log` (all, or one server's):
+    removed unless the user asked to keep them (`down --keep-logs`); the directory goes once
+    empty. A file of the user's in that directory is never touched."""
+
+    name = "boot-logs"
+
+    def __init__(self, server: str | None = None, keep: bool = False) -> None:
+        self.server, self.keep = server, keep
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        answer = (ctx.facts.get("commands") or {}).get("boot_logs") or {}
+        logs = [line.strip() for line in (answer.get("out") or "").splitlines()
+                if line.strip() and (self.server is None or line.strip() == boot_log(self.server))]
+        if not logs:
+            return Unchanged("no boot log")
+        if self.keep:
+            return Unchanged(f"left alone (--keep-logs): {', '.join(logs)}")
+        return Change(f"remove {', '.join(logs)}", commands=(
+            f"rm -f -- {' '.join(quote(p) for p in logs)} && "
+            f"{{ rmdir {quote(BOOT_LOG_DIR)} 2>/dev/null || true; }}",))
 
 
 def restart_policies(ctx: NodeContext, containers: set[str] | None = None) -> list[str]:

@@ -24,7 +24,10 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Plan, St
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import CONFIG_DIR, LEDGER, NETPLAN_FILE, RUN_DIR, SERVER_JSON, STATE_DIR
+from orchestrator.phases import oomguard
+from orchestrator.phases.boot_units import UNIT_DIR, UNIT_PREFIX
 from orchestrator.phases.files import ledger_answer, ledger_cmd, ledger_entries, ownership, undo_files_cmd
+from orchestrator.phases.persist_down import kept_text, logs_left_cmd
 
 LOCK_NAME = "lock"
 """The cluster lock lives in STATE_DIR on the head and is held while down runs: kept."""
@@ -344,31 +347,30 @@ class VerifyDown(Step):
     name = "verify"
     kind = "verify"
 
-    def __init__(self, network: bool) -> None:
-        self.network = network
+    def __init__(self, network: bool, keep_logs: bool = False) -> None:
+        self.network, self.keep_logs = network, keep_logs
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        result = ctx.run(verify_cmd(ctx.inventory, self.network), sudo=True, timeout=60,
-                         display="check nothing is left")
+        result = ctx.run(verify_cmd(ctx.inventory, self.network, self.keep_logs), sudo=True,
+                         timeout=60, display="check nothing is left")
         left = [line for line in result.stdout.splitlines() if line.strip()]
         if result.exit_status not in (0, 1) or left:
             detail = "; ".join(left) or result.stderr.strip()[-300:]
             raise SparkctlError(f"{ctx.node.name}: still present after down: {detail}")
-        return "nothing left" + ("" if self.network else " (fabric network kept: --network removes it)")
+        return kept_text(self.network, self.keep_logs)
 
     def check(self, ctx: NodeContext) -> Outcome:  # verify steps are never checked
         return Unchanged("verify")
 
 
-def verify_cmd(inventory: Inventory, network: bool) -> str:
+def verify_cmd(inventory: Inventory, network: bool, keep_logs: bool = False) -> str:
     from orchestrator.phases import gateway_down
-    from orchestrator.phases.boot_units import UNIT_DIR, UNIT_PREFIX
 
     checks = [
         managed_ps_cmd(inventory, "container: {{.Names}}"),
         f"ls {UNIT_DIR}/{UNIT_PREFIX}*.service 2>/dev/null | sed 's/^/boot unit: /'",
         f"[ ! -e {quote(CONFIG_DIR)} ] || echo 'directory: {CONFIG_DIR}'",
-        gateway_down.verify_line(),
+        *([] if keep_logs else [logs_left_cmd()]), gateway_down.verify_line(),
     ]
     if network:  # a file of the user's at our path was left alone on purpose: only ours counts
         probe = f"printf '%s' {quote(json.dumps([NETPLAN_FILE]))} | {ledger_cmd('check')}"
@@ -377,24 +379,24 @@ def verify_cmd(inventory: Inventory, network: bool) -> str:
     return "; ".join(checks) + "; true"
 
 
-def down_phase(inventory: Inventory, network: bool) -> Phase:
-    from orchestrator.phases import gateway_down, oomguard, persist_down
+def down_phase(inventory: Inventory, network: bool, keep_logs: bool = False) -> Phase:
+    from orchestrator.phases import gateway_down, persist_down
     from orchestrator.remote.facts import merge_requests
 
     steps: list[Step] = [persist_down.RemoveBootUnits(), StopServer(), RemoveContainers(),
                          gateway_down.StopRelays()]
     if network:
         steps.append(RemoveNetwork())
-    steps += [oomguard.Remove(), RemoveFiles(network), VerifyDown(network)]
+    steps += [oomguard.Remove(), RemoveFiles(network), persist_down.RemoveBootLogs(keep=keep_logs),
+              VerifyDown(network, keep_logs)]
     return Phase("down", steps, lambda inv, node: merge_requests(
         [down_facts(inv, node), persist_down.facts(inv), oomguard.down_facts(inv),
          gateway_down.facts()]))
 
 
-def build_down_plan(inventory: Inventory, network: bool, oom_guard_only: bool = False) -> Plan:
+def build_down_plan(inventory: Inventory, network: bool, oom_guard_only: bool = False,
+                    keep_logs: bool = False) -> Plan:
     if oom_guard_only:  # `down --oom-guard`: only what `up --oom-guard` did
-        from orchestrator.phases import oomguard
-
         return Plan("down", [Phase("down", [oomguard.Remove()],
                                    lambda inv, node: oomguard.down_facts(inv))])
-    return Plan("down", [down_phase(inventory, network)])
+    return Plan("down", [down_phase(inventory, network, keep_logs)])

@@ -71,7 +71,8 @@ def _policy(route: Route, hop: Hop, trust_new_hosts: bool, pin_lock: threading.L
             keyscan = (f"ssh-keyscan -t {kind} "
                        f"{'-p ' + str(hop.port) + ' ' if hop.port != 22 else ''}{hop.hostname}")
             raise HostKeyError(
-                f"{route.node}: {hop.describe()}'s host key is not in known_hosts ({read}); "
+                f"{route.node}: {_role(route, hop)}{hop.describe()}'s host key is not in "
+                f"known_hosts ({read}); "
                 f"refusing to connect to an unverified host (it offered {key.get_name()} "
                 f"{_fingerprint(key)}). Run once with --trust-new-hosts to pin it in "
                 f"{route.pinned}, or add it yourself: `{keyscan} >> {route.pinned}` after "
@@ -108,6 +109,12 @@ def _load_host_keys(client: Any, route: Route, hop: Hop) -> None:
 # ---------------------------------------------------------------- connecting
 
 
+def _role(route: Route, hop: Hop) -> str:
+    """"the jump host " for a hop in front of the node: a failure there is not the node's, and
+    its address alone would read as the node's."""
+    return "the jump host " if hop is not route.target else ""
+
+
 def _connect_hop(route: Route, hop: Hop, sock: Any, trust_new_hosts: bool,
                  pin_lock: threading.Lock, keys: KeyStore, via: str) -> Any:
     import paramiko
@@ -130,7 +137,7 @@ def _connect_hop(route: Route, hop: Hop, sock: Any, trust_new_hosts: bool,
     except paramiko.BadHostKeyException as exc:
         client.close()
         raise HostKeyError(
-            f"{route.node}: HOST KEY CHANGED for {hop.describe()}{via}: expected "
+            f"{route.node}: HOST KEY CHANGED for {_role(route, hop)}{hop.describe()}{via}: expected "
             f"{_fingerprint(exc.expected_key)}, got {_fingerprint(exc.key)}. This can be an "
             f"attack; if the host was reinstalled, remove its old line from known_hosts "
             f"({', '.join(str(f) for f in route.known_hosts_files(hop) if f.exists())}) and "
@@ -144,11 +151,13 @@ def _connect_hop(route: Route, hop: Hop, sock: Any, trust_new_hosts: bool,
         raise
     except paramiko.SSHException as exc:
         client.close()
-        raise _Retryable(f"{route.node}: SSH to {hop.address}{via} failed: {exc}") from None
+        raise _Retryable(f"{route.node}: SSH to {_role(route, hop)}{hop.address}{via} failed: "
+                         f"{exc}") from None
     except (OSError, EOFError) as exc:
         client.close()
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        raise _Retryable(f"{route.node}: cannot reach {hop.address}{via}: {reason}") from None
+        raise _Retryable(f"{route.node}: cannot reach {_role(route, hop)}{hop.address}{via}: "
+                         f"{reason}") from None
     finally:
         if agent is not None:
             agent.close()

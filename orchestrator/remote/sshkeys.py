@@ -206,11 +206,21 @@ def strategy(hop: Hop, keys: KeyStore, agent_keys: list[Any]) -> Any:
     return Strategy(ssh_config=paramiko.SSHConfig())
 
 
+def copy_id_hint(hop: Hop, key: Path | None) -> str:
+    """The ssh-copy-id line that installs `key` for the hop's user (OpenSSH's own tool)."""
+    port = f"-p {hop.port} " if hop.port != 22 else ""
+    named = f"-i {key}.pub " if key else ""
+    return f"ssh-copy-id {named}{port}{hop.user}@{hop.hostname}"
+
+
 def auth_message(route: Route, hop: Hop, failure: Any, agent_present: bool,
                   agent_count: int) -> str:
-    where = f"{route.node}: {hop.describe()}"
+    role = "the jump host " if hop is not route.target else ""
+    where = f"{route.node}: {role}{hop.describe()}"
     results = list(getattr(failure, "result", []) or [])
+    # a key that could not be unlocked was never offered: the server did not refuse it
     locked = [str(r.result) for r in results if isinstance(r.result, KeyLocked)]
+    refused = [repr(r.source) for r in results if not isinstance(r.result, KeyLocked)]
     if not results:
         agent = ("ssh-agent holds no keys (`ssh-add -l`)" if agent_present
                  else "no ssh-agent ($SSH_AUTH_SOCK is unset or dead)")
@@ -218,8 +228,13 @@ def auth_message(route: Route, hop: Hop, failure: Any, agent_present: bool,
                 f"in {route.config_file or 'ssh_config'}, no default key (~/.ssh/id_ed25519, "
                 f"id_ecdsa, id_rsa) exists and {agent}. Name a key (cluster.ssh_key or "
                 "IdentityFile), or `ssh-add` one")
-    tried = ", ".join(repr(r.source) for r in results)
-    message = f"{where}: authentication failed: the server refused {tried}"
+    if not refused:
+        return f"{where}: no key could be offered: " + "; ".join(locked)
+    message = f"{where}: authentication failed: the server refused {', '.join(refused)}"
     if locked:
-        message += "; " + "; ".join(locked)
-    return message + f". Check that the public key is in ~{hop.user}/.ssh/authorized_keys there"
+        message += "; not offered: " + "; ".join(locked)
+    files = [r.source.key.path for r in results if not isinstance(r.result, KeyLocked)
+             and hasattr(r.source, "key")]
+    key = files[0] if files else (hop.key_files[0].path if hop.key_files else None)
+    return (message + f". Check that the public key is in ~{hop.user}/.ssh/authorized_keys there "
+            f"(`{copy_id_hint(hop, key)}`)")

@@ -113,9 +113,15 @@ def test_down_removes_the_persistence_and_a_reboot_brings_nothing_back(plab: Lab
                 for s in h["steps"] if s["step"] == "boot-units"]
     assert len(messages) == 2 and all(f"disable and remove {UNIT}" in m for m in messages)
     assert all("trtllm-multinode (unless-stopped)" in m for m in messages), messages
+    # the boot logs the reboot wrote are gone too, and verify says exactly what was kept
+    verify = [s["message"] for h in json.loads(down.stdout)["hosts"].values()
+              for s in h["steps"] if s["step"] == "verify"]
+    assert verify == ["nothing else left; kept: the Hugging Face cache, the fabric network "
+                      "(--network)"] * 2, verify
     for node in plab.nodes:
         assert plab.exec(node, f"systemctl is-enabled {UNIT}", check=False).returncode != 0
         assert plab.exec(node, f"ls /etc/systemd/system/{UNIT}", check=False).returncode != 0
+        assert plab.exec(node, "ls /var/log/sparkctl/", check=False).returncode != 0, node
     reboot(plab)
     for node in plab.nodes:
         boot = last_boot(plab, node)

@@ -173,7 +173,7 @@ def test_a_wrong_host_key_on_the_jump_host_is_refused(setup: Setup, tmp_path: Pa
     assert result.returncode == 1, result.stdout + result.stderr
     for node in ("spark-a", "spark-b"):
         error = json.loads(result.stdout)["hosts"][node]["error"]
-        assert f"HOST KEY CHANGED for nvidia@{JUMP}:22" in error and "SHA256:" in error, error
+        assert f"HOST KEY CHANGED for the jump host nvidia@{JUMP}:22" in error and "SHA256:" in error, error
     assert not Path(setup.data["cluster"]["known_hosts"]).exists()  # type: ignore[index]
 
 

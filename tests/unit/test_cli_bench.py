@@ -117,11 +117,24 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> Measured:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--tg", "64,abc"], "'64,abc': expected comma-separated integers"),
-    (["--depth", "0,-5"], "expected comma-separated integers >= 0"),
-    (["-c", ","], "expected comma-separated integers >= 0"),
-    (["--runs", "0"], "0 is not in the range x>=1"),
-    (["--timeout", "0.5"], "0.5 is not in the range x>=1"),
+    (["--tg", "64,abc"], "'64,abc': expected comma-separated integers from 1 to 65,536"),
+    (["--depth", "0,-5"], "-5 is out of range: expected comma-separated integers from 0 to 1,048,576"),
+    (["-c", ","], "expected comma-separated integers from 1 to 256"),
+    # one thread per request: 100000 once buried the controller; 0 silently became 1
+    (["-c", "100000"], "Invalid value for -c/--concurrency: 100000 is out of range: expected "
+                       "comma-separated integers from 1 to 256"),
+    (["-c", "0"], "0 is out of range: expected comma-separated integers from 1 to 256"),
+    (["-c", "0,1,2"], "0 is out of range"),
+    (["--tg", "0"], "Invalid value for --tg: 0 is out of range"),
+    (["--pp", "0"], "Invalid value for --pp: 0 is out of range"),
+    (["--pp", "2000000"], "from 1 to 1,048,576"),
+    (["--tg", ",".join(str(n) for n in range(1, 18))], "17 values; at most 16"),
+    (["--runs", "0"], "0 is not in the range 1<=x<=100"),
+    (["--runs", "1000"], "1000 is not in the range 1<=x<=100"),
+    (["--timeout", "0.5"], "0.5 is not in the range 1<=x<=86400"),
+    # output paths are checked before minutes of measuring
+    (["--save", "/etc/hostname"], "--save /etc/hostname: /etc/hostname is not a directory"),
+    (["--save", "/etc/hostname/runs"], "/etc/hostname is not a directory"),
 ])
 def test_bad_input_exits_2_with_a_message(inv: str, args: list[str], message: str,
                                           measured: Measured) -> None:
@@ -132,13 +145,13 @@ def test_bad_input_exits_2_with_a_message(inv: str, args: list[str], message: st
 
 def test_json_document_has_the_cells_the_server_and_every_nodes_state(
         inv: str, cluster: FakeCluster, measured: Measured) -> None:
-    result = sparkctl("bench", "-i", inv, "--tg", "64", "-c", "0,1,2", "--depth", "0", "--pp", "512",
+    result = sparkctl("bench", "-i", inv, "--tg", "64", "-c", "1,2", "--depth", "0", "--pp", "512",
                       "--runs", "2", "--no-warmup", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["command"] == "bench" and doc["ok"] is True and doc["schema"] == "sparkctl-bench/1"
     assert [(c["pp"], c["tg"], c["depth"], c["concurrency"]) for c in doc["cells"]] == [
-        (512, 64, 0, 1), (512, 64, 0, 2)]  # concurrency 0 is dropped
+        (512, 64, 0, 1), (512, 64, 0, 2)]
     assert doc["settings"] == {"tg": [64], "pp": [512], "depth": [0], "concurrency": [1, 2],
                                "runs": 2, "warmup": False}
     assert doc["server"] == {
@@ -198,7 +211,7 @@ def test_node_state_reports_unreachable_and_failing_nodes(inv: str, fake_cluster
 def test_server_refuses_another_recipe_and_a_missing_server(inv: str, cluster: FakeCluster,
                                                             measured: Measured) -> None:
     result = sparkctl("bench", "-i", inv, "--server", "qwen3-235b")
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a --server nobody runs is bad input, naming who runs
     assert "no server named 'qwen3-235b' runs (running: minimax-m2.7)" in result.stderr
     cluster["spark-a"].rules[0].answer = {"server": dict(SERVER), "alive": False}
     result = sparkctl("bench", "-i", inv)
@@ -310,6 +323,37 @@ def test_a_bad_sweep_is_bad_input_before_anything_is_relaunched(inv: str, cluste
     assert result.exit_code == 2 and "--sweep no_such_key: the recipe has no such key" in result.stderr
     result = sparkctl("bench", "-i", inv, "--sweep", "ray.port=1,2")  # below Ray's lowest port
     assert result.exit_code == 2 and "port" in result.stderr
+
+
+def test_a_failing_output_step_never_loses_the_results(inv: str, cluster: FakeCluster,
+                                                     measured: Measured, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The results come out first; a --save or --plot that fails afterwards (a disk filled
+    during the run, a plotting error) is said, exits 1, and the figures stay."""
+    from orchestrator.checks import bench_plot
+
+    def broken_plot(doc: Any, path: str) -> list[str]:
+        raise RuntimeError("no space left on device")
+    monkeypatch.setattr(bench_plot, "plot", broken_plot)
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", object())  # the option's check
+    args = ["bench", "-i", inv, "--tg", "8", "-c", "1", "--depth", "0"]
+    result = sparkctl(*args, "--json", "--plot", str(tmp_path / "p.png"))
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["ok"] is True  # the whole document, before the plot failed
+    assert "[bench] could not draw" in result.stderr and "no space left on device" in result.stderr
+    # the table only: the JSON is kept in a spare file, and the user is told where
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    result = sparkctl(*args, "--plot", str(tmp_path / "p.png"))
+    assert result.exit_code == 1 and "tg8 (t/s)" in result.stdout
+    (spare,) = tmp_path.glob("sparkctl-bench-*.json")
+    assert f"[bench] the results are kept in {spare}" in result.stderr
+    assert json.loads(spare.read_text())["cells"]
+    # --save into a folder that became a file after the check: printed, then said
+    monkeypatch.setattr(bench_cli, "check_outputs", lambda save, plot: None)
+    (tmp_path / "runs").write_text("")
+    result = sparkctl(*args, "--json", "--save", str(tmp_path / "runs"))
+    assert result.exit_code == 1 and json.loads(result.stdout)["cells"]
+    assert "[bench] could not save" in result.stderr
 
 
 def test_plot_without_matplotlib_is_bad_input(inv: str, monkeypatch: pytest.MonkeyPatch,

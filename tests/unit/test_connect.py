@@ -196,9 +196,12 @@ def test_a_refused_client_key_is_not_retried(tmp_path: Path) -> None:
     try:
         inv, _ = setup(tmp_path, s.port, known=SERVER_KEY)
         refused = r"authentication failed: the server refused key file .*id_rsa"
-        with pytest.raises(TransportError, match=refused):
+        with pytest.raises(TransportError, match=refused) as raised:
             open_ssh(inv)
         assert s.connections == 1
+        # the hint names the key and the user, as the user would have to type it
+        key = tmp_path / "id_rsa"
+        assert f"(`ssh-copy-id -i {key}.pub -p {s.port} nvidia@127.0.0.1`)" in str(raised.value)
     finally:
         s.close()
 
@@ -534,6 +537,9 @@ def test_a_passphrase_key_without_a_terminal_names_the_file_and_ssh_add(
         open_ssh(inv)
     assert "protected by a passphrase and no terminal" in str(raised.value)
     assert f"ssh-add {private_home / '.ssh' / 'id_ed25519'}" in str(raised.value)
+    # the key was never offered: the server refused nothing, and no authorized_keys advice
+    assert "no key could be offered" in str(raised.value)
+    assert "refused" not in str(raised.value) and "authorized_keys" not in str(raised.value)
 
 
 @pytest.fixture
@@ -573,9 +579,25 @@ def test_a_jump_host_carries_the_connection(tmp_path: Path, server: SSHServer, j
 def test_a_wrong_host_key_on_the_jump_host_is_refused(tmp_path: Path, server: SSHServer,
                                                       jump: JumpServer) -> None:
     inv = jump_inventory(tmp_path, jump, server, SERVER_KEY)  # pinned: not the jump's real key
-    with pytest.raises(HostKeyError, match=rf"HOST KEY CHANGED for alice@127.0.0.1:{jump.port}"):
+    with pytest.raises(HostKeyError,
+                       match=rf"HOST KEY CHANGED for the jump host alice@127.0.0.1:{jump.port}"):
         open_ssh(inv, trust=True)
     assert server.connections == 0, "nothing went past the jump host"
+
+
+def test_a_jump_host_that_does_not_answer_is_named_the_jump_host(
+        tmp_path: Path, server: SSHServer) -> None:
+    """Behind a jump host, a failure there must say so: its address alone reads as the node's."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    gone = JumpServer.__new__(JumpServer)
+    gone.port = closed.getsockname()[1]
+    closed.close()  # nothing listens on the jump's port
+    inv = jump_inventory(tmp_path, gone, server, OTHER_KEY)
+    with pytest.raises(TransportError) as raised:
+        open_ssh(inv)
+    assert f"spark-a: cannot reach the jump host 127.0.0.1:{gone.port}" in str(raised.value)
+    assert server.connections == 0
 
 
 def test_an_unknown_node_key_behind_a_jump_is_refused(tmp_path: Path, server: SSHServer,
@@ -658,8 +680,9 @@ def test_doctor_names_the_fix_for_each_refused_login(tmp_path: Path, server: SSH
     finally:
         refusing.close()
     assert steps == [("tcp", "ok"), ("host key", "ok"), ("auth", "fail")]
-    assert report["steps"][2]["fix"] == ("add your public key to ~nvidia/.ssh/authorized_keys "
-                                         "(`ssh-copy-id spark-a`)")
+    assert report["steps"][2]["fix"] == (
+        "add your public key to ~nvidia/.ssh/authorized_keys (`ssh-copy-id -i "
+        f"{private_home / '.ssh' / 'id_ed25519'}.pub -p {refusing.port} nvidia@127.0.0.1`)")
 
 
 def test_doctor_through_a_proxy_command_skips_tcp_and_judges_sudo(

@@ -253,3 +253,25 @@ def test_a_change_without_commands_needs_an_apply(run: Any) -> None:
     report, _ = run(plan, {"spark-a": {}})
     (step,) = report.hosts["spark-a"].steps
     assert step.status == "failed" and "lists no commands and has no apply()" in step.message
+
+
+def test_a_drop_caches_that_failed_is_skipped_never_ticked(fake_transport: Any) -> None:
+    """/proc/sys read-only (the lab, some containers): the run goes on, but the step is shown
+    skipped with why, never with the success tick of a change (issue 27)."""
+    import io
+
+    from orchestrator.phases.memory import DROP_CACHES, DropCaches
+
+    transports = {"spark-a": fake_transport("spark-a", facts={}).on(
+        r"drop_caches", 1, "", "sh: 1: cannot create /proc/sys/vm/drop_caches: Read-only file system")}
+    report = Report("launch")
+    report.host("spark-a")
+    stream = io.StringIO()
+    Executor(INVENTORY, transports, RunOptions(), report, Progress(stream=stream)).run(
+        Plan("launch", [Phase("serve", [DropCaches(lambda ctx: None)], facts_request)]))
+    (step,) = report.hosts["spark-a"].steps
+    assert step.status == "skipped" and step.commands == (DROP_CACHES,)
+    assert step.message.startswith("skipped: could NOT drop the page cache (sh: 1: cannot create")
+    line = next(ln for ln in stream.getvalue().splitlines() if "drop-caches" in ln)
+    assert "✓" not in line and "- spark-a drop-caches: skipped: could NOT drop" in line
+    assert report.ok  # a warning, not a failure

@@ -137,7 +137,11 @@ def test_persist_files_go_through_the_ledger_and_the_unit_is_enabled() -> None:
     step = persist.EnableUnit(spec)
     assert isinstance(step.check(ctx), Change)
     facts[inv.head_name]["commands"]["unit_enabled"] = {"rc": 0, "out": "enabled\n"}
-    assert isinstance(step.check(ctx), Unchanged)
+    assert isinstance(step.check(ctx), Change)  # enabled but not running: its watcher is not
+    facts[inv.head_name]["commands"]["unit_enabled"] = {"rc": 0, "out": "enabled active\n"}
+    assert step.check(ctx) == Unchanged("sparkctl-serve-qwen3-235b.service enabled and watching")
+    ctx.shared["changed_steps"] = [f"{inv.head_name}: persist/boot-files"]  # a new plan: restart
+    assert isinstance(step.check(ctx), Change)
 
 
 def test_status_reads_the_units_and_says_where_the_server_is_persistent() -> None:
@@ -278,3 +282,50 @@ def test_a_launch_removing_the_last_stale_unit_removes_the_boot_script_too() -> 
     both = only_mine + "sparkctl-serve-other.service enabled sglang\n"
     change = stale_check(both, persistent=False)
     assert isinstance(change, Change) and boot_units.BOOT_SCRIPT not in change.payload["files"]
+
+
+def test_the_first_node_watches_and_restarts_a_server_a_lone_reboot_left_stalled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 27: a worker rebooted alone came back, and the head's server stayed stalled (a Ray
+    worker died); nothing restarted it. The head's unit stays and does, after 3 silent checks;
+    a server the memory guard stopped is left stopped."""
+    guard = tmp_path / "memguard-stopped.json"
+    restarted = tmp_path / "restarted"
+    plan_path = boot_plan_file(
+        tmp_path, health_port=1, ready=[], watch=True, guard_record=str(guard),
+        restart=[{"what": "stop the stalled server", "cmd": f"touch {restarted} {guard}"}])
+    plan = json.loads(plan_path.read_text())
+    (tmp_path / "x").mkdir()  # a first, plain run: the script's functions, to drive watch()
+    ns = run_node_script("boot.py", [str(boot_plan_file(tmp_path / "x"))], monkeypatch).namespace
+    answers = iter([503, 0, 503, 200, 503, 503, 503])  # stalled, restarted and up, stalled again
+    ns["health"] = lambda port: next(answers)
+    ns["PLAN"] = plan
+    assert ns["watch"](plan, every=0) == 0
+    out = capsys.readouterr().out
+    lines = [line.split(" ", 2)[2] for line in out.splitlines()]
+    assert lines[0] == "watching: the server's answer every 0s"
+    assert lines[1] == "server s1 has not answered for 3 checks (0s): restarting this node's part"
+    assert lines[2] == "stop the stalled server: ok" and restarted.exists()
+    assert "started: server" in lines and "up: server s1 answers on 127.0.0.1:1" in lines
+    assert lines[-1] == (f"server s1 stopped by the memory guard ({guard}): not restarted; "
+                         "stopped watching")
+
+
+def test_a_peers_boot_log_says_only_what_it_achieved(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = boot_plan_file(tmp_path, role="peer", node="b")
+    ran = run_node_script("boot.py", [str(plan)], monkeypatch)
+    assert ran.code == 0, ran.stdout
+    assert ran.stdout.splitlines()[-1].split(" ", 2)[2] == (
+        "up: this node's part of server s1 (marker); whether the server answers is for a to say "
+        "(its boot log, `sparkctl status`)")
+
+
+def test_a_unit_launch_started_only_watches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = tmp_path / "launched-s1"
+    marker.write_text("")
+    ran = run_node_script("boot.py", [str(boot_plan_file(tmp_path, launch_marker=str(marker)))],
+                          monkeypatch)
+    assert ran.code == 0 and not marker.exists()
+    assert "started by `sparkctl launch`, which started the server: nothing to bring up" in ran.stdout
+    assert "started: server" not in ran.stdout

@@ -106,6 +106,7 @@ def test_memory_next_to_a_running_server_is_refused_with_the_numbers() -> None:
     with pytest.raises(SparkctlError) as caught:
         servers.judge(wanted(port=30010), [running("big", ["spark-b"])], False, False)
     assert "109.0 GB (big) already running + 42.4 GB (new) = 151.4 GB > 128 GB" in str(caught.value)
+    assert caught.value.exit_code == 2  # a refusal, like the memory step's (issue 27)
     assert servers.judge(wanted(port=30010), [running("big", ["spark-b"])], False, True)[0] == "start"
 
 

@@ -211,6 +211,41 @@ def test_stream_merges_every_source_with_prefixes(monkeypatch: pytest.MonkeyPatc
     assert "spark-b: no container" in err.getvalue()
 
 
+def test_a_vllm_workers_exited_container_is_known_at_once_not_after_ray_notices(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 27: for ~25 s after a Ray worker's container died, status repeated Ray ("ray: 2/2
+    node(s) alive", the worker "up"); docker's exit is a fact of the same round trip."""
+    vllm = {**SERVER, "engine": "vllm", "main": "vllm.pid", "container": "sparkctl-vllm",
+            "nodes": ["spark-a", "spark-b"], "port": 8000}
+    ray = {"nodes": [{"host": "spark-a", "ip": "192.168.200.12", "alive": True},
+                     {"host": "spark-b", "ip": "192.168.200.13", "alive": True}]}  # Ray's stale view
+    facts = {"spark-a": node_facts("spark-a", server=vllm, probe={"/health": 200, "/v1/models": 200},
+                                   pids={"vllm.pid": {"pid": 9, "alive": True}}),
+             "spark-b": node_facts("spark-b")}
+    facts["spark-a"]["commands"]["ray"] = {"rc": 0, "out": json.dumps(ray)}
+    facts["spark-a"]["commands"]["managed"] = {"rc": 0, "out": "trtllm-multinode\trunning\n"
+                                                             "sparkctl-vllm\trunning\n"}
+    facts["spark-b"]["commands"]["managed"] = {"rc": 0, "out": "trtllm-multinode\trunning\n"
+                                                             "sparkctl-vllm\texited\n"}
+    result = status.assess(INVENTORY, facts, {})
+    assert not result["ok"]
+    worker = result["nodes"]["spark-b"]
+    assert worker["state"] == "problem"
+    assert worker["problems"][0].startswith("the server's container sparkctl-vllm is exited here")
+    server = result["server"]
+    assert server["state"] == "unhealthy"
+    assert "the server's container sparkctl-vllm is not running on spark-b (exited)" in server["problem"]
+    assert (server["ray"]["alive"], server["ray"]["expected"]) == (1, 2)
+    status_render.render_status(result)
+    out = capsys.readouterr().out
+    assert "ray: 1/2 node(s) alive" in out and "its container is not running on spark-b" in out
+    # both containers running: Ray's count stands and nothing is said
+    facts["spark-b"]["commands"]["managed"]["out"] = "sparkctl-vllm\trunning\n"
+    again = status.assess(INVENTORY, facts, {})
+    assert again["ok"], again["nodes"]
+    assert again["server"]["state"] == "healthy" and again["server"]["ray"]["alive"] == 2
+
+
 def test_stream_as_json_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(logs, "Stream", FakeStream)
     sources = [logs.LogSource("spark-a", "container", "A"), logs.LogSource("spark-b", "files", "B")]

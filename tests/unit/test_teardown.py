@@ -11,6 +11,7 @@ from orchestrator.core.executor import Executor
 from orchestrator.core.progress import Progress
 from orchestrator.core.report import Report
 from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.errors import SparkctlError
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.phases import teardown
 from orchestrator.phases.oomguard import ENABLED
@@ -63,6 +64,7 @@ def up_facts(node: str = "spark-a", netplan_content: str | None = None) -> dict[
             # launch --persist and up --oom-guard were run too
             "boot_units": cmd("sparkctl-serve-qwen3-235b.service enabled\n"),
             "restart_policies": cmd("/trtllm-multinode unless-stopped\n"),
+            "boot_logs": cmd("/var/log/sparkctl/boot-qwen3-235b.log\n"),
         },
     }
 
@@ -113,7 +115,7 @@ def test_a_clean_node_needs_nothing_so_down_twice_is_fine() -> None:
 def test_without_network_the_plan_has_no_network_step() -> None:
     names = [s.name for s in teardown.down_phase(INVENTORY, network=False).steps]
     assert names == ["boot-units", "stop-server", "containers", "gateway-relays", "oom-guard",
-                     "files", "verify"]
+                     "files", "boot-logs", "verify"]
     assert teardown.build_down_plan(INVENTORY, False).phases[0].name == "down"
 
 
@@ -204,7 +206,7 @@ def test_an_unreachable_node_does_not_stop_the_others_cleaning(node: Any) -> Non
     statuses = {s.step: s.status for s in report.hosts["spark-a"].steps}
     assert statuses == {"boot-units": "changed", "stop-server": "changed", "containers": "changed",
                         "gateway-relays": "changed", "network": "changed", "oom-guard": "changed",
-                        "files": "changed",
+                        "files": "changed", "boot-logs": "changed",
                         "verify": "ok"}, report.to_json()
     assert not report.ok and report.exit_code == 1
     assert not any(name == "spark-b" for name, _ in journal)
@@ -221,7 +223,7 @@ def test_dry_run_changes_nothing(node: Any) -> None:
     Executor(INVENTORY, transports, RunOptions("down", dry_run=True), report, Progress(quiet=True)).run(
         teardown.build_down_plan(INVENTORY, network=True))
     assert all(line.startswith("python3 - ") for _, line in journal), journal
-    assert report.count("planned") == 14  # 7 changes on each of the 2 nodes
+    assert report.count("planned") == 16  # 8 changes on each of the 2 nodes
 
 
 def test_verify_reports_leftovers(fake_transport: Any) -> None:
@@ -258,3 +260,33 @@ def test_without_network_the_ledger_stays_for_a_later_down_network() -> None:
     assert "ledger.json" not in outcome.summary and "ledger.json" in outcome.payload
     outcome = teardown.RemoveFiles(network=True).check(ctx_for(facts))
     assert "ledger.json" in outcome.summary
+
+
+def test_down_removes_the_boot_logs_unless_asked_to_keep_them(fake_transport: Any) -> None:
+    """Issue 27: down left /var/log/sparkctl/boot-<server>.log while verify said "nothing left"."""
+    from orchestrator.phases.persist_down import RemoveBootLogs
+
+    ctx = ctx_for(up_facts())
+    removed = RemoveBootLogs().check(ctx)
+    assert isinstance(removed, Change)
+    assert removed.commands == ("rm -f -- /var/log/sparkctl/boot-qwen3-235b.log && "
+                                "{ rmdir /var/log/sparkctl 2>/dev/null || true; }",)
+    kept = RemoveBootLogs(keep=True).check(ctx)
+    assert isinstance(kept, Unchanged)
+    assert kept.reason == "left alone (--keep-logs): /var/log/sparkctl/boot-qwen3-235b.log"
+    # down --server NAME: only that server's log
+    assert isinstance(RemoveBootLogs("other").check(ctx), Unchanged)
+    assert isinstance(RemoveBootLogs("qwen3-235b").check(ctx), Change)
+    # the verify step looks for them (unless kept) and says exactly what it kept
+    assert "boot log: " in teardown.verify_cmd(INVENTORY, False)
+    assert "boot log: " not in teardown.verify_cmd(INVENTORY, False, keep_logs=True)
+    clean = fake_transport("spark-a").on("", 0, "")
+    vctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, clean, RunOptions("down"), {})
+    said = teardown.VerifyDown(network=False).apply(vctx, Change("verify"))
+    assert said == "nothing else left; kept: the Hugging Face cache, the fabric network (--network)"
+    said = teardown.VerifyDown(network=True, keep_logs=True).apply(vctx, Change("verify"))
+    assert said == "nothing else left; kept: the Hugging Face cache, the boot logs (--keep-logs)"
+    left = fake_transport("spark-a").on("", 0, "boot log: /var/log/sparkctl/boot-x.log\n")
+    lctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, left, RunOptions("down"), {})
+    with pytest.raises(SparkctlError, match=r"after down: boot log: /var/log/sparkctl/boot-x\.log"):
+        teardown.VerifyDown(network=False).apply(lctx, Change("verify"))

@@ -10,7 +10,7 @@ cites the line of sglang/srt/server_args.py it mirrors). Nothing else is invente
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -22,6 +22,9 @@ from orchestrator.engines.base import (
     check_env_names,
     verdict_of,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.phases.ports import ListenPort
 
 DEFAULT_IMAGE = "scitrera/dgx-spark-sglang:0.5.12"
 """A community SGLang build for DGX Spark (aarch64, CUDA 13, sm_121) at the version the option
@@ -88,6 +91,13 @@ class Recipe(BaseRecipe):
     @property
     def node_count(self) -> int:
         return self.nodes or (len(self.placement) if self.placement else self.world_size)
+
+    def listen_ports(self, nodes: list[str]) -> list[ListenPort]:
+        from orchestrator.phases.ports import ListenPort
+
+        # rank 0 listens for the others' torch.distributed rendezvous (--dist-init-addr)
+        extra = [ListenPort(nodes[0], self.dist_port, "dist-init", "set dist_port in the recipe")]
+        return [*super().listen_ports(nodes), *(extra if self.node_count > 1 else [])]
 
     @field_validator("env")
     @classmethod

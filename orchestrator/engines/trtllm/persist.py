@@ -42,8 +42,10 @@ def persist_phase(spec: LaunchSpec, options: LaunchOptions) -> Phase:
         start += [(f"mpirun ... trtllm-serve {recipe.model} in {container}",
                    start_cmd(container, spec.argv)),
                   ("the server record", node_cmd(container, action="started", server=record))]
+        # a rank's node that rebooted alone: mpirun (and the memory guard) go, then start again
+        stop = [("stop the stalled mpirun", node_cmd(container, action="stop", rotate=True))]
         return persist.Part(containers=[container], wait=wait, start=start,
-                            health_port=recipe.port)
+                            health_port=recipe.port, restart=stop)
 
     return persist.phase(persist.PersistSpec(
         server=options.name or recipe.name, engine="trtllm", recipe=recipe, inventory=inventory,

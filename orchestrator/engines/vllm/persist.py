@@ -53,6 +53,9 @@ def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
             start=[(f"vllm serve {recipe.model} in {container}", start_cmd(container, spec.argv)),
                    ("the server record", node_cmd(container, action="started", server=record,
                                                   main=MAIN, ours=OURS))],
+            # a worker that rebooted alone rejoins Ray; the stalled vllm serve must go first
+            restart=[("stop the stalled vllm serve", node_cmd(container, action="stop",
+                                                               rotate=True, ours=OURS))],
             health_port=recipe.port)
 
     return persist.phase(persist.PersistSpec(

@@ -8,7 +8,7 @@ the flag, the vLLM version and the nearest valid flag).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -20,6 +20,9 @@ from orchestrator.engines.base import (
     check_env_names,
     verdict_of,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.phases.ports import ListenPort
 
 DEFAULT_IMAGE = "nvcr.io/nvidia/vllm:26.10-py3"
 """NVIDIA's vLLM container, release 26.10: vLLM 0.31.0 (the version the option table was
@@ -89,6 +92,20 @@ class Recipe(BaseRecipe):
         from orchestrator.engines.vllm.images import executor_for
 
         return executor_for(self.executor, self.image)
+
+    def listen_ports(self, nodes: list[str]) -> list[ListenPort]:
+        from orchestrator.phases.ports import ListenPort
+
+        # on the first node, next to vllm serve: the Ray head's GCS, or (mp, several nodes)
+        # rank 0's --master-port the headless ranks connect to
+        if self.backend == "ray":
+            extra = [ListenPort(nodes[0], self.ray.port, "Ray GCS", "set ray.port in the recipe")]
+        elif self.node_count > 1:
+            extra = [ListenPort(nodes[0], self.master_port, "master-port",
+                                "set master_port in the recipe")]
+        else:
+            extra = []
+        return [*super().listen_ports(nodes), *extra]
 
     @field_validator("env")
     @classmethod

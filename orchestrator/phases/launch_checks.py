@@ -1,0 +1,24 @@
+"""The read-only checks every launch puts before its engine's phases: the port check
+(phases/ports.py) and, with --verify-models, the re-hash of every model file
+(phases/verify_models.py). Apart from both so neither imports the other's dependencies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.core.step import Phase
+from orchestrator.inventory import Inventory
+from orchestrator.phases.ports import with_port_check
+
+
+def with_checks(phases: list[Phase], recipe: Any, inventory: Inventory,
+                verify_models: bool = False) -> list[Phase]:
+    """A launch's engine phases behind the port check and, with --verify-models, the re-hash of
+    every model file (phases/verify_models.py), both read-only until they find something."""
+    from orchestrator.engines import serving_nodes
+
+    if verify_models:
+        from orchestrator.phases import verify_models as verify
+
+        phases = [verify.phase(recipe, inventory), *phases]
+    return with_port_check(phases, recipe.listen_ports(serving_nodes(recipe, inventory)))

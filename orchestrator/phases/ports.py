@@ -1,0 +1,94 @@
+"""Phase "port-check", first of every launch: the TCP ports the server will bind are free on
+each of its nodes, for every engine and every port it declares (HTTP, Ray's GCS, SGLang's
+dist-init: the recipe's `listen_ports`).
+
+Why first and on every serving node: a taken port used to surface only when the engine tried
+to bind it, after the model had loaded (13 s in the lab, minutes on a Spark), and on the step
+of the node that waited for it rather than the node where it was taken, with the cause only in
+a log tail. Read-only, so a refusal here leaves the cluster exactly as it was.
+
+A listener inside one of this cluster's sparkctl containers is not in the way: it is a server
+the launch's own steps judge (kept, restarted, replaced or refused; node/ports.py says whose).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from orchestrator.commands import quote
+from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
+from orchestrator.errors import SparkctlError
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node
+
+
+class ListenPort(NamedTuple):
+    """One TCP port a server binds on one node, what it is for, and how to choose another."""
+
+    node: str
+    port: int
+    what: str
+    fix: str
+
+
+def ports_cmd(inventory: Inventory, ports: list[int]) -> str:
+    from orchestrator.node import script
+
+    args = {"ports": sorted(set(ports)), "cluster": inventory.cluster.name}
+    return f"python3 -c {quote(script('ports.py'))} {quote(json.dumps(args, sort_keys=True))}"
+
+
+def holder(entry: dict[str, Any]) -> str:
+    process = f"{entry.get('process') or '?'} (pid {entry.get('pid') or '?'})"
+    if entry.get("container"):
+        process += f" in container {entry['container']}"
+    return f"{process} on {entry.get('address') or '*'}"
+
+
+class PortsFree(Step):
+    """Fails on the node where a wanted port is taken, naming the port, its use, the process
+    that holds it and the way to pick another."""
+
+    name = "ports"
+
+    def __init__(self, wanted: list[ListenPort]) -> None:
+        self.wanted = wanted
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        mine = [p for p in self.wanted if p.node == ctx.node.name]
+        if not mine:
+            return Unchanged("the server binds no port here")
+        answer = (ctx.facts.get("commands") or {}).get("ports") or {}
+        try:
+            found = json.loads(answer.get("out") or "")
+        except ValueError:
+            found = {"error": (answer.get("err") or "no answer").strip()[-200:]}
+        if "error" in found:
+            return Unchanged(f"ports unknown ({found['error']}); the engine will say if one is taken")
+        taken = []
+        for want in mine:
+            others = [e for e in found["ports"].get(str(want.port), []) if not e.get("ours")]
+            if others:
+                taken.append(f"port {want.port} ({want.what}) is taken by "
+                             f"{', '.join(holder(e) for e in others)}: stop it, or {want.fix}")
+        if taken:
+            raise SparkctlError(f"{ctx.node.name}: " + "; ".join(taken)
+                                + ". Nothing was started or downloaded.")
+        return Unchanged("free: " + ", ".join(f"{p.port} ({p.what})" for p in mine))
+
+
+def phase(wanted: list[ListenPort]) -> Phase:
+    """On every node; the nodes the server does not bind on answer without a command."""
+    def facts(inventory: Inventory, node: Node) -> dict[str, Any]:
+        ports = [p.port for p in wanted if p.node == node.name]
+        return {"commands": {"ports": ports_cmd(inventory, ports)}} if ports else {}
+
+    return Phase("port-check", [PortsFree(wanted)], facts)
+
+
+def with_port_check(phases: list[Phase], wanted: list[ListenPort]) -> list[Phase]:
+    """The launch plan with the port check first (before a --replace stops anything)."""
+    return [phase(wanted), *phases]
+
