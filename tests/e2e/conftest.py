@@ -3,9 +3,11 @@
 `lab`: a 2-node b2b lab (SPARKLAB_ID from the environment, default 0), brought up once per
 session and torn down at the end; if a test module took it down, the next use brings it back.
 
-Under pytest-xdist (`make test` runs the e2e tests in two workers, whole modules each) every
-worker gets its own set of lab ids, so two workers never share a lab: worker N uses the main
-lab N, the alternate lab N+4, the sudo/topology lab N+2, the jump-host lab N+6 and the trust lab N+8.
+Under pytest-xdist (`make test` runs the e2e tests in three workers, whole modules each) every
+worker gets its own set of lab ids, so two workers never share a lab: with W workers, worker N
+uses the main lab N, the sudo/topology lab N+W, the alternate lab N+2W, the jump-host lab N+3W and
+the trust lab N+4W (plus SPARKLAB_E2E_BASE). The longest modules are handed out first
+(`LONGEST_FIRST`), so the run does not end waiting on one worker.
 """
 
 from __future__ import annotations
@@ -28,14 +30,17 @@ def _worker_lab_ids() -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not worker.startswith("gw"):
         return
-    n = int(worker[2:])
-    if n > 1:
-        raise RuntimeError("the e2e tests have lab ids for two xdist workers (-n 2) at most")
-    # SPARKLAB_E2E_BASE=10, 20 or 30 runs another full e2e run beside the first (-n 1: 11, 21, 31 too)
-    n += int(os.environ.get("SPARKLAB_E2E_BASE", "0"))
-    os.environ.update(SPARKLAB_ID=str(n), SPARKLAB_ALT_ID=str(n + 4),
-                      SPARKLAB_SUDO_ID=str(n + 2), SPARKLAB_TOPOLOGY_ID=str(n + 2),
-                      SPARKLAB_TRUST_ID=str(n + 8), SPARKLAB_JUMP_ID=str(n + 6))
+    n, workers = int(worker[2:]), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    # SPARKLAB_E2E_BASE runs another full e2e run beside the first (0-14 for make test's three
+    # workers; 15 or 25 beside it)
+    main, sudo, alt, jump, trust = (int(os.environ.get("SPARKLAB_E2E_BASE", "0")) + n + workers * k
+                                    for k in range(5))
+    if trust > 39:
+        raise RuntimeError(f"the e2e tests need lab ids up to {trust}; the lab has 0-39: fewer "
+                           "workers or a lower SPARKLAB_E2E_BASE")
+    os.environ.update(SPARKLAB_ID=str(main), SPARKLAB_ALT_ID=str(alt), SPARKLAB_SUDO_ID=str(sudo),
+                      SPARKLAB_TOPOLOGY_ID=str(sudo), SPARKLAB_TRUST_ID=str(trust),
+                      SPARKLAB_JUMP_ID=str(jump))
 
 
 _worker_lab_ids()
@@ -152,3 +157,16 @@ def run_sparkctl(state: str, *args: str, timeout: float = 600) -> subprocess.Com
     env.pop("HF_TOKEN", None)
     return subprocess.run([str(REPO / ".venv" / "bin" / "sparkctl"), *args], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+# Modules that take minutes (reboots, several launches): handed out first under --dist loadfile,
+# which gives workers whole modules in collection order.
+LONGEST_FIRST = ("test_hostile.py", "test_servers.py", "test_advise.py", "test_gateway.py",
+                 "test_topologies.py", "test_vllm.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+    items.sort(key=rank)  # stable: the order inside a module is kept
