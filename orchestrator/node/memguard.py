@@ -80,16 +80,20 @@ def server_pids(run):
 
 
 def containers_running(names):
-    """Those of NAMES whose container runs (docker inspect); [] when docker cannot tell."""
+    """Those of NAMES whose container runs (docker inspect), or None when docker cannot tell (a
+    slow or busy daemon): only a container docker says is stopped or gone counts as ended, so
+    one failed look never ends the guard while the server still runs."""
     up = []
     for name in names:
         try:
             proc = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", name],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
-            continue
+            return None
         if proc.returncode == 0 and proc.stdout.decode().strip() == "true":
             up.append(name)
+        elif proc.returncode != 0 and b"no such" not in proc.stderr.lower():
+            return None
     return up
 
 
@@ -144,8 +148,10 @@ def main(args):
     while True:
         if not containers:
             pids = server_pids(run)
-        elif time.time() - checked >= 5:  # docker inspect is costly: memory is read more often
-            pids, checked = containers_running(containers), time.time()
+        elif time.time() - checked >= float(args.get("inspect_every", 5)):
+            # docker inspect is costly: memory is read more often
+            found, checked = containers_running(containers), time.time()
+            pids = pids if found is None else found
         if pids:
             seen = True
         elif seen or time.time() - started > float(args.get("start_timeout", 300)):

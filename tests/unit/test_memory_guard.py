@@ -75,6 +75,35 @@ def test_the_guard_leaves_when_its_server_is_gone(tmp_path: Path) -> None:
     assert os.path.exists(tmp_path / "memguard.pid")
 
 
+def test_a_busy_docker_does_not_end_the_guard_of_a_running_container(tmp_path: Path) -> None:
+    """Only a container docker says is stopped or gone ends the guard: a failed look (a busy
+    daemon under load) used to read as 'server gone', and the guard left a running server."""
+    calls = tmp_path / "calls"
+    answers = ["true", "ERR Cannot connect to the Docker daemon", "true", "GONE"]
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    fake.write_text(f"""#!{sys.executable}
+import sys
+answers = {answers!r}
+n = len(open({str(calls)!r}).read()) if __import__("os").path.exists({str(calls)!r}) else 0
+open({str(calls)!r}, "a").write("x")
+answer = answers[min(n, len(answers) - 1)]
+if answer == "GONE":
+    sys.stderr.write("Error: No such object: sparkctl-x\\n"); sys.exit(1)
+if answer.startswith("ERR"):
+    sys.stderr.write(answer[4:] + "\\n"); sys.exit(1)
+print(answer)
+""")
+    fake.chmod(0o755)
+    args = {"run": str(tmp_path), "node": "spark-b", "min_available_gb": 0, "interval": 0.05,
+            "inspect_every": 0.05, "containers": ["sparkctl-x"]}
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run([sys.executable, "-c", script("memguard.py"), "sparkctl-memguard",
+                    json.dumps(args)], timeout=30, check=True, env=env)
+    assert len(calls.read_text()) == len(answers)  # it looked again after the failure, to the end
+    assert not (tmp_path / "memguard-stopped.json").exists()
+
+
 def test_lab_meminfo_is_fixed_width_and_scaled() -> None:
     from sparklab.node_supervisor import meminfo_text
 
