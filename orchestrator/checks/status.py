@@ -1,14 +1,13 @@
 """`sparkctl status`: what runs on each node and whether it is healthy, read from the nodes.
 
-Everything comes from the nodes themselves in one facts round trip per node (links, our
-netplan file, container labels, image digests, the server record and a health probe the head
-runs against its own 127.0.0.1), never from a cache on the controller, so status answers the
-same from any machine holding the inventory.
+Everything comes from the nodes themselves in one facts round trip per node (links, our netplan
+file, container labels, image digests, the server record and a health probe the head runs against
+its own 127.0.0.1), never from a cache on the controller, so status answers the same from any
+machine holding the inventory.
 
-Exit code: 0 when every node answered and nothing is unhealthy (a cluster that is simply not
-set up, or torn down, is healthy); 1 when a node is unreachable or anything is unhealthy
-(stale or stopped container, fabric link down or address missing, server starting, down or
-failing its health checks).
+Exit code: 0 when every node answered and nothing is unhealthy (a cluster that is simply not set
+up, or torn down, is healthy); 1 when a node is unreachable or anything is unhealthy (stale or
+stopped container, fabric link down or address missing, server starting, down or failing).
 """
 
 from __future__ import annotations
@@ -165,10 +164,8 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
     processes = {name: server_processes(node_facts) for name, node_facts in facts.items()}
     server = assess_server(inventory, facts.get(head), nodes[head], dead_ranks(processes),
                            process_answer(facts[head])) if head in facts else None
-    server_unknown = None
-    if head not in facts:
-        server_unknown = f"the head {head} is unreachable"
-    elif server is None and (nodes[head].get("container") or {}).get("status") == "unknown":
+    server_unknown = None if head in facts else f"the head {head} is unreachable"
+    if head in facts and server is None and (nodes[head].get("container") or {}).get("status") == "unknown":
         server_unknown = f"could not look on {head}: {nodes[head]['container'].get('why')}"
     if server is not None and server["problem"]:
         from orchestrator.checks.status_server import named_problem

@@ -3,14 +3,14 @@
 One phase, steps in lock-step on every reachable node: stop the server processes (every rank),
 remove the containers labelled as ours, (with --network) remove our netplan file and the fabric
 addresses the inventory gave, then remove /etc/sparkctl and /var/lib/sparkctl, and verify. One
-phase, because the executor stops after the first phase when a node is unreachable, and down
-must still clean every node it can reach.
+phase: the executor stops after the first phase when a node is unreachable, and down must still
+clean every node it can reach.
 
 The server is stopped by launch's own stop script (its pid files, with descendants), so only
-processes sparkctl started are signalled. Never touched: containers without our labels (even
-one with our name), netplan files other than ours (and ours only if it carries the managed
-header), addresses on interfaces the inventory does not list as fabric, the user's ~/.ssh, and
-the Hugging Face cache (models are hundreds of GB; docs/operate.md says how to remove them).
+processes sparkctl started are signalled. Never touched: containers without our labels (even one
+with our name), netplan files other than ours (and ours only with the managed header), addresses
+on interfaces the inventory does not list as fabric, the user's ~/.ssh, and the Hugging Face
+cache (models are hundreds of GB; docs/operate.md says how to remove them).
 """
 
 from __future__ import annotations
@@ -52,8 +52,7 @@ def down_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     return {
         "files": {NETPLAN_FILE: True, LEDGER: True, CONFIG_DIR: False, STATE_DIR: False,
                   SERVER_JSON: True},
-        "netplan": True,
-        "links": True,
+        "netplan": True, "links": True,
         # the `up` container, and the engines' default server containers (server.json names one)
         "containers": [inventory.container.name, *sorted(server_containers(""))],
         "commands": {
@@ -370,8 +369,7 @@ def verify_cmd(inventory: Inventory, network: bool, keep_logs: bool = False) -> 
         managed_ps_cmd(inventory, "container: {{.Names}}"),
         f"ls {UNIT_DIR}/{UNIT_PREFIX}*.service 2>/dev/null | sed 's/^/boot unit: /'",
         f"[ ! -e {quote(CONFIG_DIR)} ] || echo 'directory: {CONFIG_DIR}'",
-        *([] if keep_logs else [logs_left_cmd()]), gateway_down.verify_line(),
-    ]
+        *([] if keep_logs else [logs_left_cmd()]), gateway_down.verify_line()]
     if network:  # a file of the user's at our path was left alone on purpose: only ours counts
         probe = f"printf '%s' {quote(json.dumps([NETPLAN_FILE]))} | {ledger_cmd('check')}"
         checks.append(f"[ ! -e {quote(NETPLAN_FILE)} ] || {{ {probe} | grep -q '\"ours\"' && "

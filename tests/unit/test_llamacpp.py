@@ -286,6 +286,20 @@ def test_persist_and_the_plan_of_a_two_node_launch() -> None:
     assert engine.warnings(spec.recipe) and not engine.warnings(load_recipe("lab-tiny-llama"))
 
 
+def test_the_memory_guard_watches_every_llama_node_before_its_container_loads() -> None:
+    from orchestrator.phases.memory import NodeGuard
+
+    spec = rpc_server_spec()
+    phases = {p.name: p for p in get_engine("llamacpp").launch_phases(
+        spec.recipe, spec.inventory, LaunchOptions())}
+    for phase, nodes, loads in (("rpc", spec.nodes[1:], "rpc-server"),
+                                ("serve", [spec.first], "llama-server")):
+        names = [step.name for step in phases[phase].steps]
+        assert names[names.index("memory-guard") + 1] == loads  # guarded before it loads
+        guard = next(step for step in phases[phase].steps if isinstance(step, NodeGuard))
+        assert (guard.nodes, guard.containers) == (nodes, [spec.container])
+
+
 def test_status_reads_llama_servers_prometheus_metrics() -> None:
     from orchestrator.checks.status_memory import reads_prometheus, summarize_metrics
 

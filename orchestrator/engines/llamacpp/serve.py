@@ -265,7 +265,8 @@ def rpc_phase(spec: ServeSpec) -> Phase:
 
     container = containers.Container(rpc_spec_for(spec), name="rpc-server")
     steps: list[Step] = [*image_steps(lambda ctx: spec.recipe.image, lambda ctx: spec.nodes),
-                         DropCaches(ColdStart(spec, container, spec.nodes[1:])), container,
+                         DropCaches(ColdStart(spec, container, spec.nodes[1:])),
+                         node_guard(spec, spec.nodes[1:], container), container,
                          RpcReachable(spec)]
     return ServingPhase("rpc", steps, facts_for(spec), serving=ordered(spec))
 
@@ -276,9 +277,22 @@ def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
     from orchestrator.phases.models import ServingPhase
 
     container = ServerContainer(spec)
-    steps: list[Step] = [DropCaches(ColdStart(spec, container, [spec.first])), container,
+    steps: list[Step] = [DropCaches(ColdStart(spec, container, [spec.first])),
+                         node_guard(spec, [spec.first], container), container,
                          Record(spec), *ready]  # type: ignore[arg-type]
     return ServingPhase("serve", steps, facts_for(spec), serving=ordered(spec))
+
+
+def node_guard(spec: ServeSpec, nodes: list[str], container: Step) -> Step:
+    """The memory guard on each of NODES before its llama.cpp container loads layers: on a node
+    that falls under the threshold it docker-stops the container and records why (status)."""
+    from orchestrator.phases.memory import NodeGuard, guard_threshold
+
+    def running(ctx: NodeContext) -> str | None:
+        return None if isinstance(container.check(ctx), Change) else "already running (with its guard)"
+
+    return NodeGuard(nodes, servers.record_dir(spec.name), [spec.container],
+                     guard_threshold(spec.options.guard_min_available_gb, spec.recipe), running)
 
 
 def ordered(spec: ServeSpec) -> list[str]:
