@@ -31,6 +31,19 @@ class ListenPort(NamedTuple):
     port: int
     what: str
     fix: str
+    address: str = "*"
+    """The address it binds: "*" for every address; a server bound to 127.0.0.1 shares its port
+    number with a listener on another address (the gateway's relay on the fabric address)."""
+
+
+WILDCARDS = {"*", "0.0.0.0", "[::]", "::", ""}
+
+
+def clash(want: ListenPort, listening_on: str) -> bool:
+    """Whether a listener on LISTENING_ON keeps WANT from binding (the kernel's rule: the same
+    address, or either side on every address)."""
+    mine = "127.0.0.1" if want.address == "localhost" else want.address
+    return mine in WILDCARDS or listening_on in WILDCARDS or listening_on == mine
 
 
 def ports_cmd(inventory: Inventory, ports: list[int]) -> str:
@@ -69,7 +82,8 @@ class PortsFree(Step):
             return Unchanged(f"ports unknown ({found['error']}); the engine will say if one is taken")
         taken = []
         for want in mine:
-            others = [e for e in found["ports"].get(str(want.port), []) if not e.get("ours")]
+            others = [e for e in found["ports"].get(str(want.port), [])
+                      if not e.get("ours") and clash(want, str(e.get("address") or "*"))]
             if others:
                 taken.append(f"port {want.port} ({want.what}) is taken by "
                              f"{', '.join(holder(e) for e in others)}: stop it, or {want.fix}")

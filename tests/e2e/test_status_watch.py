@@ -28,8 +28,9 @@ def test_status_json_has_every_nodes_available_memory(lab: Lab) -> None:
     for node in lab.nodes:
         memory = doc["nodes"][node]["memory"]
         meminfo = lab.exec(node, "grep MemAvailable /proc/meminfo").stdout.split()[1]
-        # the node's own figure, within what a few seconds of other work can move it
-        assert abs(memory["available_gb"] - int(meminfo) / 1024**2) < 2.0, memory
+        # the node's own figure, within what a few seconds of other work can move it: 5 % of
+        # the node (the lab shows its cgroup 64 times larger, so 6.4 GB here are 100 MB of it)
+        assert abs(memory["available_gb"] - int(meminfo) / 1024**2) < 0.05 * memory["total_gb"], memory
         assert memory["total_gb"] >= memory["available_gb"] > 0
         assert memory["guard_min_available_gb"] > 0
         assert "gpu_memory_used_gb" not in memory  # a GB10 says [N/A]: left out, not 0

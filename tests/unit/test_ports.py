@@ -76,6 +76,32 @@ def test_our_own_containers_listeners_are_the_launchs_business() -> None:
         PortsFree(WANTED).check(ctx("spark-b", foreign))
 
 
+def test_a_listener_on_another_address_leaves_a_loopback_server_its_port() -> None:
+    """The gateway's relay listens on the node's fabric address with its server's port number:
+    a server bound to 127.0.0.1 can still bind that port (the kernel's rule), one bound to
+    0.0.0.0 cannot, and a listener on every address blocks both."""
+    relay = answer({"ports": {"30000": [{"pid": 5, "process": "python3", "address": "192.168.200.13",
+                                         "ours": False, "container": None}]}})
+    on_loopback = [WANTED[0]._replace(address="127.0.0.1")]
+    assert PortsFree(on_loopback).check(ctx("spark-b", relay)) == Unchanged("free: 30000 (HTTP)")
+    with pytest.raises(SparkctlError, match=r"on 192\.168\.200\.13"):
+        PortsFree([WANTED[0]._replace(address="0.0.0.0")]).check(ctx("spark-b", relay))
+    everywhere = answer({"ports": {"30000": [{"pid": 6, "process": "nginx", "address": "[::]",
+                                              "ours": False, "container": None}]}})
+    with pytest.raises(SparkctlError, match="nginx"):
+        PortsFree(on_loopback).check(ctx("spark-b", everywhere))
+    assert ports.clash(WANTED[0]._replace(address="localhost"), "127.0.0.1")
+
+
+def test_the_launch_checks_bind_only_the_http_port_to_the_launch_host() -> None:
+    from orchestrator.phases.launch_checks import with_checks
+
+    recipe = load_recipe("qwen3.6-27b")
+    check = with_checks([], recipe, INVENTORY, host="127.0.0.1")[0].steps[0]
+    assert isinstance(check, PortsFree)
+    assert {p.what: p.address for p in check.wanted} == {"HTTP": "127.0.0.1"}
+
+
 def test_a_node_that_cannot_say_is_not_refused_but_marked_unknown() -> None:
     said = PortsFree(WANTED).check(ctx("spark-b", answer({"error": "cannot list (ss)"})))
     assert isinstance(said, Unchanged) and said.reason.startswith("ports unknown (cannot list (ss))")
