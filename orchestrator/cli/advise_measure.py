@@ -61,7 +61,7 @@ def _bench(inventory: Any, server: str, config: Any, note: Note) -> dict[str, An
 
 
 def _tg(doc: dict[str, Any], concurrency: int) -> float | None:
-    from orchestrator.checks.bench_run import figure
+    from orchestrator.bench.run import figure
 
     cells = [c for c in doc.get("cells", []) if c["concurrency"] == concurrency]
     return figure(cells[0], "tg_throughput") if cells else None
@@ -97,7 +97,7 @@ def _stop(inventory: Any, wanted: Callable[[dict[str, Any]], bool], note: Note) 
 def _measure_one(advice: Any, entry: Any, inventory: Any, nodes: list[str], opts: dict[str, Any],
                  token: Any, note: Note) -> Any:
     from orchestrator.advise.advice import Measured
-    from orchestrator.checks.bench_run import BenchConfig
+    from orchestrator.bench.run import BenchConfig
     from orchestrator.engines.layouts import Layout, support_of
 
     support = support_of(advice.engine)

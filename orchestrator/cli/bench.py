@@ -1,6 +1,6 @@
 """`sparkctl bench`: how fast the running server is, measured like llama-benchy, through SSH.
 
-Thin: options, the session and the forward (like `chat`), then orchestrator/checks/bench_*.py
+Thin: options, the session and the forward (like `chat`), then orchestrator/bench/
 measure, judge and render. See docs/bench.md.
 """
 
@@ -21,7 +21,7 @@ def _note(line: str) -> None:
 
 
 def _node_state(session: Any) -> dict[str, Any]:
-    from orchestrator.checks.bench_metrics import NODE_STATE_CMD, parse_node_state
+    from orchestrator.bench.metrics import NODE_STATE_CMD, parse_node_state
     from orchestrator.remote.cluster import parallel
 
     def one(name: str) -> dict[str, Any]:
@@ -78,9 +78,9 @@ class Bench:
         self.server = server
 
     def measure(self, config: Any, forward_port: int) -> dict[str, Any]:
-        from orchestrator.checks.bench_client import Endpoint
-        from orchestrator.checks.bench_metrics import meter_for
-        from orchestrator.checks.bench_run import Target, run_bench
+        from orchestrator.bench.client import Endpoint
+        from orchestrator.bench.metrics import meter_for
+        from orchestrator.bench.run import Target, run_bench
         from orchestrator.cli.launch import _running_server
 
         _, self.server = _running_server(self.session, self.inventory, self.expected)  # fresh
@@ -130,7 +130,7 @@ def need_matplotlib() -> None:
 
 def _relaunch_cmd(recipe: str, inventory_path: str, timeout: float,
                   server: dict[str, Any] | None = None) -> list[str]:
-    from orchestrator.checks.bench_sweep import placed_args
+    from orchestrator.bench.sweep import placed_args
     return [sys.executable, "-m", "orchestrator.cli", "launch", recipe, "--inventory",
             inventory_path, "--replace", "--yes", "--json", "--timeout", str(timeout),
             *placed_args(server or {})]  # exactly the measured server
@@ -170,7 +170,8 @@ def relauncher(inventory_path: str, timeout: float, server: dict[str, Any] | Non
 def _finish(doc: dict[str, Any], fmt: str, save: str | None, plot_path: str | None) -> int:
     """Print the results first, then --save, then --plot: a later step that fails (a full disk,
     a plotting error) costs only itself, never the measured figures."""
-    from orchestrator.checks import bench_format, bench_render
+    from orchestrator.bench import format as bench_format
+    from orchestrator.bench import render as bench_render
     from orchestrator.core.report import print_json
 
     sweep = doc.get("sweep")
@@ -193,7 +194,7 @@ def _bench(opts: dict[str, Any]) -> int:
     import tempfile
     from pathlib import Path
 
-    from orchestrator.checks.bench_run import BenchConfig
+    from orchestrator.bench.run import BenchConfig
     from orchestrator.core.runner import load_inventory_option
     from orchestrator.core.session import open_session
     from orchestrator.remote.tunnel import Forwarder
@@ -212,7 +213,7 @@ def _bench(opts: dict[str, Any]) -> int:
                 doc.update(command="bench", ok=not doc["interrupted"] and not any(
                     c["figures"]["error_count"] for c in doc["cells"]))
                 return _finish(doc, opts["format"], opts["save"], opts["plot"])
-            from orchestrator.checks.bench_sweep import parse_sweep, run_sweep, write_variants
+            from orchestrator.bench.sweep import parse_sweep, run_sweep, write_variants
             from orchestrator.engines import load_recipe
 
             key, values = parse_sweep(opts["sweep"])
@@ -324,7 +325,7 @@ def compare(first: str, second: str, as_json: bool, plot: str | None) -> None:
         need_matplotlib()
 
     def body() -> int:
-        from orchestrator.checks.bench_render import compare_rows, render_compare
+        from orchestrator.bench.render import compare_rows, render_compare
         from orchestrator.core.report import print_json
         from orchestrator.errors import InputError
 
@@ -333,7 +334,7 @@ def compare(first: str, second: str, as_json: bool, plot: str | None) -> None:
             if "cells" not in doc:
                 raise InputError(f"{path}: a sweep; compare two runs (or `bench plot` it)")
         if plot:
-            from orchestrator.checks.bench_plot import check_plot_path, plot_runs
+            from orchestrator.bench.plot import check_plot_path, plot_runs
 
             check_plot_path(plot)
             plot_runs([("A", docs[0]), ("B", docs[1])], plot)
@@ -360,7 +361,7 @@ def plot_saved(saved: tuple[str, ...], output: str) -> None:
     def body() -> int:
         from pathlib import Path
 
-        from orchestrator.checks.bench_plot import check_plot_path, plot, plot_runs
+        from orchestrator.bench.plot import check_plot_path, plot, plot_runs
 
         check_plot_path(output)
         docs = [load_saved(path) for path in saved]

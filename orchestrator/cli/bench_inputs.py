@@ -65,7 +65,7 @@ def _writable_dir(path: Path) -> str | None:
 
 
 def check_outputs(save: str | None, plot: str | None) -> None:
-    """Refuse (exit 2) a --save DIR or --plot FILE (checks/bench_plot.py) that could not be
+    """Refuse (exit 2) a --save DIR or --plot FILE (bench/plot.py) that could not be
     written, before measuring."""
     if save:
         folder = Path(save).expanduser()
@@ -76,7 +76,7 @@ def check_outputs(save: str | None, plot: str | None) -> None:
 
             raise InputError(f"--save {save}: {why}")
     if plot:
-        from orchestrator.checks.bench_plot import check_plot_path
+        from orchestrator.bench.plot import check_plot_path
 
         check_plot_path(plot)
 
@@ -101,7 +101,7 @@ def keep_outputs(doc: dict[str, Any], printed_json: bool, save: str | None, plot
             failed = True
             note(f"[bench] could not save {file}: {exc.strerror or exc}")
     if plot:
-        from orchestrator.checks.bench_plot import plot as draw
+        from orchestrator.bench.plot import plot as draw
 
         try:
             note(f"[bench] plot written to {', '.join(draw(doc, plot))}")

@@ -1,4 +1,4 @@
-"""`sparkctl doctor ssh`: how sparkctl reaches each node and what to fix (checks/ssh_doctor.py)."""
+"""`sparkctl doctor ssh`: how sparkctl reaches each node and what to fix (netcheck/ssh_doctor.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ def doctor() -> None:
 
 
 def _ssh(inventory_path: str | None, nodes: tuple[str, ...], as_json: bool) -> int:
-    from orchestrator.checks.ssh_doctor import diagnose, render
     from orchestrator.core.report import print_json
     from orchestrator.core.runner import load_inventory_option
+    from orchestrator.netcheck.ssh_doctor import diagnose, render
 
     inventory, _ = load_inventory_option(inventory_path)
     chosen = [inventory.node(n) for n in nodes] if nodes else inventory.nodes

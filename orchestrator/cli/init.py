@@ -1,7 +1,7 @@
 """`sparkctl init HOST HOST...`: find the cabled port on every node and write an inventory.
 
 It connects like every other command (remote/connect.py: host keys verified, ssh_config read),
-runs `ibdev2netdev` and `hostname` on each node, lets checks/cabling.py choose the port, and
+runs `ibdev2netdev` and `hostname` on each node, lets netcheck/cabling.py choose the port, and
 writes a commented inventory that `plan` and `up` accept. `--example` prints the example
 inventory shipped inside the package instead.
 """
@@ -18,7 +18,7 @@ from orchestrator.cli import CONTEXT, run_command
 from orchestrator.cli.verbosity import verbosity_option
 
 if TYPE_CHECKING:
-    from orchestrator.checks.cabling import NodeLinks
+    from orchestrator.netcheck.cabling import NodeLinks
 
 EXAMPLE = "two-sparks.yml"
 MANAGEMENT_CMD = ("ip -o addr show to \"$(echo $SSH_CONNECTION | cut -d' ' -f3)\" "
@@ -38,10 +38,10 @@ def _probe(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
     """Connect to every host and read its hostname and ibdev2netdev (NodeLinks per host)."""
     from pydantic import ValidationError
 
-    from orchestrator.checks.cabling import NodeLinks, parse_ibdev2netdev
     from orchestrator.errors import InputError, SparkctlError
     from orchestrator.inventory import Inventory
     from orchestrator.inventory_checks import format_validation_error
+    from orchestrator.netcheck.cabling import NodeLinks, parse_ibdev2netdev
     from orchestrator.remote.cluster import Cluster
     from orchestrator.remote.connect import connect_all
     from orchestrator.remote.transport import SudoPassword, Transport
@@ -84,8 +84,8 @@ def _probe(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
 def _init(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
           known_hosts: str | None, trust_new_hosts: bool, output: str, yes: bool,
           example: bool, name: str) -> int:
-    from orchestrator.checks.cabling import InitSettings, choose_port, inventory_text
     from orchestrator.errors import InputError
+    from orchestrator.netcheck.cabling import InitSettings, choose_port, inventory_text
 
     if example:
         text = example_text()

@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from orchestrator.checks.netcheck import CheckResult
 from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
+from orchestrator.netcheck.checks import CheckResult
 from orchestrator.remote.cluster import parallel
 
 PROBE_ROUND_TIMEOUT = 150.0
@@ -21,15 +21,15 @@ PROBE_ROUND_TIMEOUT = 150.0
 
 def run_netcheck(session: Any, deep: bool) -> list[CheckResult]:
     """Every check's result, for every node the session reached (and a fail for the others)."""
-    from orchestrator.checks.netcheck import facts_request, run_node_checks
-    from orchestrator.checks.netcheck_container import CLUSTER_CHECKS
-    from orchestrator.checks.netprobe import (
+    from orchestrator.errors import SparkctlError
+    from orchestrator.netcheck.checks import facts_request, run_node_checks
+    from orchestrator.netcheck.container import CLUSTER_CHECKS
+    from orchestrator.netcheck.probes import (
         apply_dependencies,
         build_probes,
         judge_probes,
         probe_request,
     )
-    from orchestrator.errors import SparkctlError
     from orchestrator.remote.facts import gather_facts
 
     inventory = session.inventory
@@ -74,9 +74,9 @@ def run_netcheck(session: Any, deep: bool) -> list[CheckResult]:
 
 def measure_nccl(session: Any, facts_by_node: dict[str, dict[str, Any]]) -> list[CheckResult]:
     """nccl-tests' all_gather_perf from the head's container, one rank per node."""
-    from orchestrator.checks.ncclperf import DEADLINE, all_gather_cmd, judge_all_gather
-    from orchestrator.checks.netcheck_container import container_running
     from orchestrator.errors import SparkctlError
+    from orchestrator.netcheck.container import container_running
+    from orchestrator.netcheck.nccl import DEADLINE, all_gather_cmd, judge_all_gather
 
     inventory = session.inventory
     head = inventory.head_name
@@ -95,14 +95,14 @@ def measure_nccl(session: Any, facts_by_node: dict[str, dict[str, Any]]) -> list
 
 
 def measure_throughput(session: Any) -> list[CheckResult]:
-    from orchestrator.checks.netprobe import (
+    from orchestrator.errors import SparkctlError
+    from orchestrator.netcheck.probes import (
         IPERF_PORT_BASE,
         iperf_client_cmd,
         iperf_server_cmd,
         judge_throughput,
         throughput_links,
     )
-    from orchestrator.errors import SparkctlError
 
     inventory = session.inventory
     out = []
@@ -169,8 +169,8 @@ def render(results: list[CheckResult], seconds: float, verbose: bool) -> None:
     it; no table, nothing twice."""
     from rich.markup import escape
 
-    from orchestrator.checks.netcheck import summary
     from orchestrator.core.output import console, on_terminal
+    from orchestrator.netcheck.checks import summary
 
     out = console()
     rows = shown_rows(results, verbose)

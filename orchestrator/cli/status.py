@@ -13,15 +13,15 @@ from orchestrator.cli.verbosity import verbosity_option
 
 def _status(inventory_path: str | None, as_json: bool, one_line: bool = False,
             deep: bool = False) -> int:
-    from orchestrator.checks.status import gather_status
-    from orchestrator.checks.status_render import render_status
     from orchestrator.core.report import print_json
     from orchestrator.core.runner import load_inventory_option
+    from orchestrator.status.assess import gather_status
+    from orchestrator.status.render import render_status
 
     inventory, _ = load_inventory_option(inventory_path)
     result = gather_status(inventory)
     if deep:
-        from orchestrator.checks.status_models import verify_served_models
+        from orchestrator.status.models import verify_served_models
 
         verify_served_models(inventory, result)
     if as_json and one_line:  # status --watch --json: JSON lines
@@ -49,8 +49,8 @@ def _render_gateway(gw: dict[str, object]) -> None:
 
 
 def _render_servers(found: list[dict[str, object]]) -> None:
-    from orchestrator.checks.status_memory import metrics_text
     from orchestrator.core.output import console
+    from orchestrator.status.memory import metrics_text
 
     if not found:
         return
@@ -118,8 +118,8 @@ def _tail_value(text: str) -> int | None:
 
 def _logs(inventory_path: str | None, nodes: tuple[str, ...], follow: bool, since: str | None,
           tail: str, server: str | None = None, as_json: bool = False) -> int:
-    from orchestrator.checks.logs import run_logs
     from orchestrator.core.runner import load_inventory_option
+    from orchestrator.status.logs import run_logs
 
     inventory, _ = load_inventory_option(inventory_path)
     # server: one server's containers only

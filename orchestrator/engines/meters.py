@@ -100,3 +100,14 @@ class CounterMeter(SpecMeter):
         return {"acceptance_rate": accepted / drafted, "acceptance_length": 1 + accepted / drafts,
                 "draft_tokens": int(drafted), "accepted_tokens": int(accepted),
                 "drafts": int(drafts), "source": self.source}
+
+
+def meter_class(engine: str) -> type[SpecMeter]:
+    """The engine's meter (Engine.spec_meter); an unknown engine's reads nothing."""
+    from orchestrator.engines import REGISTRY, get_engine
+
+    return get_engine(engine).spec_meter if engine in REGISTRY else SpecMeter
+
+
+def meter_for(engine: str, fetch: Fetch) -> SpecMeter:
+    return meter_class(engine)(fetch)

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.checks import bench_format, bench_plot
-from orchestrator.checks.bench_metrics import parse_prometheus
-from orchestrator.checks.bench_run import BenchConfig
-from orchestrator.checks.bench_stats import metric
+from orchestrator.bench import format as bench_format
+from orchestrator.bench import plot as bench_plot
+from orchestrator.bench.metrics import parse_prometheus
+from orchestrator.bench.run import BenchConfig
+from orchestrator.bench.stats import metric
 from orchestrator.cli import cli
 from orchestrator.cli.bench import choose_cells, expectation
 from orchestrator.errors import InputError

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.checks import bench_render
-from orchestrator.checks.bench_metrics import parse_node_state, parse_prometheus
-from orchestrator.checks.bench_sweep import (
+from orchestrator.bench import render as bench_render
+from orchestrator.bench.metrics import parse_node_state, parse_prometheus
+from orchestrator.bench.sweep import (
     best_value,
     parse_sweep,
     resolve_key,
@@ -247,7 +247,7 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from PIL import Image
 
-    from orchestrator.checks import bench_plot
+    from orchestrator.bench import plot as bench_plot
 
     path = tmp_path / "bench.png"
     assert bench_plot.plot(fake_doc(20.0), str(path)) == [str(path)]

@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from orchestrator.checks.bench_client import Endpoint, RequestResult, run_batch
-from orchestrator.checks.bench_run import BenchConfig, Target, run_bench
-from orchestrator.checks.bench_stats import cell_figures, decode_tokens, peak_rate
+from orchestrator.bench.client import Endpoint, RequestResult, run_batch
+from orchestrator.bench.run import BenchConfig, Target, run_bench
+from orchestrator.bench.stats import cell_figures, decode_tokens, peak_rate
 from orchestrator.engines.trtllm.meter import TrtllmMeter
 
 PREFILL_S = 0.20  # the fake server's time to first token

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.checks.netcheck import CheckResult
 from orchestrator.cli import cli
 from orchestrator.core.runner import RunRequest
+from orchestrator.netcheck.checks import CheckResult
 
 INVENTORY = """\
 cluster: {name: two-sparks, ssh_key: /k}
@@ -122,12 +122,12 @@ def test_down_tolerates_unreachable_nodes_and_says_what_it_kept(inv: str, execut
 
 def test_status_prints_json_and_exits_on_health(inv: str, monkeypatch: pytest.MonkeyPatch) -> None:
     answer = {"ok": False, "nodes": {}, "problems": ["spark-b: unreachable"], "servers": []}
-    monkeypatch.setattr("orchestrator.checks.status.gather_status", lambda inventory: answer)
+    monkeypatch.setattr("orchestrator.status.assess.gather_status", lambda inventory: answer)
     result = sparkctl("status", "-i", inv, "--json")
     assert result.exit_code == 1 and json.loads(result.stdout) == answer
     answer["ok"] = True
     shown: list[Any] = []
-    monkeypatch.setattr("orchestrator.checks.status_render.render_status", shown.append)
+    monkeypatch.setattr("orchestrator.status.render.render_status", shown.append)
     assert sparkctl("status", "-i", inv).exit_code == 0 and shown == [answer]
 
 
@@ -138,7 +138,7 @@ def test_logs_checks_tail_and_passes_the_options_on(inv: str, monkeypatch: pytes
                  server: str | None = None, as_json: bool = False) -> int:
         calls.append((nodes, follow, since, tail, as_json))
         return 0
-    monkeypatch.setattr("orchestrator.checks.logs.run_logs", run_logs)
+    monkeypatch.setattr("orchestrator.status.logs.run_logs", run_logs)
     bad = sparkctl("logs", "-i", inv, "--tail", "ten")
     assert bad.exit_code == 2 and "--tail 'ten': give a number of lines or 'all'" in bad.stderr
     followed = sparkctl("logs", "-i", inv, "-n", "spark-b", "-f", "--since", "10m", "--tail", "all")

@@ -1,5 +1,5 @@
 """`sparkctl bench` through click's CliRunner: the session is a FakeCluster whose head runs a
-vLLM server, and the measuring layer (checks/bench_run.run_bench, the relaunch of a sweep) is
+vLLM server, and the measuring layer (bench/run.run_bench, the relaunch of a sweep) is
 faked; what is real is the command's own work: options, the target it builds, the node state
 it samples, the server's identity, the JSON document, --save, the table, --sweep, compare."""
 
@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import FakeCluster, make_inventory
 
-from orchestrator.checks import bench_run
-from orchestrator.checks.bench_metrics import NODE_STATE_CMD
+from orchestrator.bench import run as bench_run
+from orchestrator.bench.metrics import NODE_STATE_CMD
 from orchestrator.cli import bench as bench_cli
 from orchestrator.cli import cli
 from orchestrator.engines.vllm.meter import VllmMeter
@@ -330,7 +330,7 @@ def test_a_failing_output_step_never_loses_the_results(inv: str, cluster: FakeCl
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The results come out first; a --save or --plot that fails afterwards (a disk filled
     during the run, a plotting error) is said, exits 1, and the figures stay."""
-    from orchestrator.checks import bench_plot
+    from orchestrator.bench import plot as bench_plot
 
     def broken_plot(doc: Any, path: str) -> list[str]:
         raise RuntimeError("no space left on device")

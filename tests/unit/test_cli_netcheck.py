@@ -12,10 +12,10 @@ import pytest
 from conftest import FakeCluster
 from test_netcheck import PING_OK, healthy_facts, healthy_probe, inventory
 
-from orchestrator.checks.netcheck import CheckResult
-from orchestrator.checks.netprobe import IPERF_PORT_BASE, throughput_links
 from orchestrator.cli import netcheck as cli_netcheck
 from orchestrator.inventory import Inventory
+from orchestrator.netcheck.checks import CheckResult
+from orchestrator.netcheck.probes import IPERF_PORT_BASE, throughput_links
 
 
 def answering(inv: Inventory, name: str, probe: Callable[[str], Any] = healthy_probe) -> Callable[..., Any]:

@@ -627,7 +627,7 @@ def test_a_proxy_command_is_the_socket(tmp_path: Path, server: SSHServer, privat
 
 
 def test_doctor_explains_each_step(tmp_path: Path, server: SSHServer, agent: Path) -> None:
-    from orchestrator.checks.ssh_doctor import diagnose
+    from orchestrator.netcheck.ssh_doctor import diagnose
 
     inv = config_inventory(tmp_path, f"Host spark-a\n  HostName 127.0.0.1\n  Port {server.port}\n", "")
     report = diagnose(inv, inv.nodes)["nodes"]["spark-a"]
@@ -654,7 +654,7 @@ KNOWN = "[127.0.0.1]:{port} ssh-rsa " + SERVER_KEY.get_base64() + "\n"
 
 
 def doctor_steps(inv: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    from orchestrator.checks.ssh_doctor import diagnose
+    from orchestrator.netcheck.ssh_doctor import diagnose
 
     report = diagnose(inv, inv.nodes)["nodes"]["spark-a"]
     return report, [(s["step"], s["status"]) for s in report["steps"]]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from test_status import INVENTORY, SERVER, node_facts
 
-from orchestrator.checks import status
 from orchestrator.core.disks import describe_os_error, space_problems
 from orchestrator.core.lock import ClusterLock
 from orchestrator.errors import CommandError, LockError, SparkctlError
+from orchestrator.status import assess as status
 
 FULL = {"/var/lib/sparkctl": {"free_bytes": 0, "checked": "/var/lib/sparkctl", "readonly": False},
         "/etc/sparkctl": {"free_bytes": 10**9, "checked": "/etc/sparkctl", "readonly": False}}
@@ -119,7 +119,7 @@ def test_tunnel_exits_130_on_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_netcheck_names_a_full_disk() -> None:
-    from orchestrator.checks.netcheck import check_disk
+    from orchestrator.netcheck.checks import check_disk
 
     results = check_disk(INVENTORY, INVENTORY.node("spark-a"), {"space": FULL})
     assert [(r.check, r.status) for r in results] == [("disk", "fail")]

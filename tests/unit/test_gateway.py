@@ -238,7 +238,7 @@ def test_status_summarises_the_gateway_from_the_probe_facts() -> None:
                    "models": {"Qwen/Qwen3-8B": {"replicas": 2, "in_rotation": 1}}}
     assert gateway.summary({"spark-a": {"commands": {"gateway": {"out": "garbage"}}}}) == {
         "running": False}
-    from orchestrator.checks.status import status_facts
+    from orchestrator.status.assess import status_facts
 
     inventory = make_inventory()
     assert "gateway_probe" in json.dumps(status_facts(inventory, inventory.head)) or \

@@ -9,7 +9,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from orchestrator.checks.cabling import (
+from orchestrator.cli import cli
+from orchestrator.errors import InputError
+from orchestrator.inventory_checks import inventory_from_data, load_inventory
+from orchestrator.netcheck.cabling import (
     InitSettings,
     NodeLinks,
     choose_port,
@@ -17,9 +20,6 @@ from orchestrator.checks.cabling import (
     node_names,
     parse_ibdev2netdev,
 )
-from orchestrator.cli import cli
-from orchestrator.errors import InputError
-from orchestrator.inventory_checks import inventory_from_data, load_inventory
 
 SPARK = """rocep1s0f0 port 1 ==> enp1s0f0np0 ({p0})
 rocep1s0f1 port 1 ==> enp1s0f1np1 ({p1})

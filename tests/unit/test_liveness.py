@@ -17,14 +17,14 @@ from test_serve import spec as serve_spec
 from test_serve import status_facts
 from test_status import INVENTORY, SERVER, node_facts
 
-from orchestrator.checks import status
-from orchestrator.checks.status_server import server_state
 from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
 from orchestrator.engines import liveness, load_recipe, serverctl, verify
 from orchestrator.engines.base import LaunchOptions, Ready
 from orchestrator.engines.sglang.serve import Placement, ServeSpec
 from orchestrator.engines.trtllm import serve
 from orchestrator.engines.vllm import serve as vllm_serve
+from orchestrator.status import assess as status
+from orchestrator.status.server import server_state
 
 READY = {**SERVER, "ready_at": "2025-06-15T14:02:00+00:00"}
 

@@ -180,7 +180,7 @@ def test_the_engine_is_placed_and_other_engines_check_their_rank_rules() -> None
 
 
 def test_bench_reads_llama_servers_own_counters() -> None:
-    from orchestrator.checks.bench_metrics import meter_for
+    from orchestrator.bench.metrics import meter_for
 
     def exposition(drafts: int, drafted: int, accepted: int, tokens: int, seconds: float) -> str:
         return (f"llamacpp:spec_decode_num_drafts_total {drafts}\n"
@@ -301,7 +301,7 @@ def test_the_memory_guard_watches_every_llama_node_before_its_container_loads() 
 
 
 def test_status_reads_llama_servers_prometheus_metrics() -> None:
-    from orchestrator.checks.status_memory import reads_prometheus, summarize_metrics
+    from orchestrator.status.memory import reads_prometheus, summarize_metrics
 
     assert reads_prometheus("llamacpp")
     figures = summarize_metrics("llamacpp:requests_processing 1\nllamacpp:requests_deferred 2\n"

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator.checks.netcheck import Link
-from orchestrator.checks.netprobe import judge_mtu_ping
 from orchestrator.core.plan import build_up_plan
 from orchestrator.core.step import Change, NodeContext, RunOptions
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory_checks import inventory_from_data
+from orchestrator.netcheck.checks import Link
+from orchestrator.netcheck.probes import judge_mtu_ping
 from orchestrator.phases import mtu_path
 from orchestrator.remote.transport import Result
 

@@ -10,7 +10,7 @@ sys.path.insert(0, str(IMAGE))
 
 from sparklab_engine import nccl_tests as sim  # noqa: E402
 
-from orchestrator.checks.ncclperf import parse_all_gather  # noqa: E402
+from orchestrator.netcheck.nccl import parse_all_gather  # noqa: E402
 
 BOTH = ["rocep1s0f1", "roceP2p1s0f1"]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from test_netcheck import healthy_facts, inventory
 
-from orchestrator.checks.ncclperf import (
+from orchestrator.netcheck.nccl import (
     NOT_FOUND,
     all_gather_cmd,
     forwarded_env,

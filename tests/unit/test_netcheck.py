@@ -8,14 +8,16 @@ from typing import Any
 
 import pytest
 
-from orchestrator.checks.netcheck import (
+from orchestrator.inventory import Inventory
+from orchestrator.inventory_checks import inventory_from_data
+from orchestrator.netcheck.checks import (
     CheckResult,
     fabric_links,
     facts_request,
     run_node_checks,
 )
-from orchestrator.checks.netcheck_container import check_image_digests, expected_env
-from orchestrator.checks.netprobe import (
+from orchestrator.netcheck.container import check_image_digests, expected_env
+from orchestrator.netcheck.probes import (
     build_probes,
     judge_latency,
     judge_mpirun,
@@ -26,8 +28,6 @@ from orchestrator.checks.netprobe import (
     parse_ping,
     throughput_links,
 )
-from orchestrator.inventory import Inventory
-from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.paths import NETPLAN_FILE
 
 IFS = ["enp1s0f1np1", "enP2p1s0f1np1"]
@@ -404,14 +404,14 @@ def test_judge_probes_reports_a_probe_that_did_not_run() -> None:
 
 
 def test_iperf3_output_with_bare_nan_still_parses() -> None:
-    from orchestrator.checks.netprobe import _first_json
+    from orchestrator.netcheck.probes import _first_json
 
     text = 'warm-up\n{"end": {"sum_received": {"bits_per_second": 9.5e9}, "cpu": -nan, "x": [nan, inf]}}'
     assert _first_json(text)["end"]["sum_received"]["bits_per_second"] == 9.5e9
 
 
 def test_iperf3_rate_is_found_even_when_its_json_is_broken() -> None:
-    from orchestrator.checks.netprobe import _received_bits_per_second
+    from orchestrator.netcheck.probes import _received_bits_per_second
 
     broken = '{"start": {"x": bad}, "end": {"sum_received": {"bytes": 5,\n"bits_per_second":\t8.5e9}}}'
     assert _received_bits_per_second(broken) == 8.5e9
@@ -420,8 +420,8 @@ def test_iperf3_rate_is_found_even_when_its_json_is_broken() -> None:
 def test_checks_depending_on_a_failed_check_are_skipped_with_the_reason() -> None:
     """Issue #20: a node's sshd stopped (connect failed) made mpirun report a bogus hostname
     mismatch; a taken port got "fix the ping failures first" with no ping failed."""
-    from orchestrator.checks.netcheck import CheckResult
-    from orchestrator.checks.netprobe import apply_dependencies
+    from orchestrator.netcheck.checks import CheckResult
+    from orchestrator.netcheck.probes import apply_dependencies
 
     results = [
         CheckResult("connect", "spark-b", "fail", "cannot reach spark-b over SSH: refused"),
@@ -454,8 +454,8 @@ def test_the_iperf3_server_command_returns_once_it_listens() -> None:
     import socket
     import subprocess
 
-    from orchestrator.checks.netcheck import Link
-    from orchestrator.checks.netprobe import iperf_client_cmd, iperf_server_cmd, judge_throughput
+    from orchestrator.netcheck.checks import Link
+    from orchestrator.netcheck.probes import iperf_client_cmd, iperf_server_cmd, judge_throughput
 
     if not (shutil.which("iperf3") and shutil.which("ss")):
         pytest.skip("iperf3 and ss are installed by make install (scripts/install-system-deps)")

@@ -221,7 +221,7 @@ def probe(server: dict[str, Any] | None, tmp_path: Path, monkeypatch: pytest.Mon
     record = tmp_path / f"server-{len(list(tmp_path.iterdir()))}.json"
     if server is not None:
         record.write_text(json.dumps(server))
-    from orchestrator.checks.status_server import health_paths
+    from orchestrator.status.server import health_paths
 
     ran = run_node_script("probe.py", [str(record), json.dumps(health_paths())], monkeypatch)
     assert ran.code in (None, 0)

@@ -14,13 +14,14 @@ from test_runner import node_facts, request
 from test_status import INVENTORY as STATUS_INVENTORY
 from test_status import node_facts as status_facts
 
-from orchestrator.checks import status, status_render
-from orchestrator.checks.netcheck import CheckResult
 from orchestrator.cli import netcheck as cli_netcheck
 from orchestrator.core import diffs, output, runner
 from orchestrator.core.report import Report, StepResult, render_report
 from orchestrator.core.step import Change, NodeContext, NotVerified, Outcome, Phase, Plan, Step
+from orchestrator.netcheck.checks import CheckResult
 from orchestrator.render import unified_diff
+from orchestrator.status import assess as status
+from orchestrator.status import render as status_render
 
 BOX = ("│", "┃", "━", "─", "┏", "└")
 LONG = ("spark-b enp1s0f1np1 negotiated 100000 Mb/s, below the 200000 Mb/s a Spark's ConnectX-7 "

@@ -145,7 +145,7 @@ def test_persist_files_go_through_the_ledger_and_the_unit_is_enabled() -> None:
 
 
 def test_status_reads_the_units_and_says_where_the_server_is_persistent() -> None:
-    from orchestrator.checks.status_render import persistence_text
+    from orchestrator.status.render import persistence_text
 
     answer = {"out": "sparkctl-serve-s1.service enabled\nsparkctl-serve-s2.service disabled\n"}
     units = {"a": boot_units.parse_units(answer), "b": {"s1": True}, "c": {}}

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator.checks import logs, status, status_render
 from orchestrator.errors import InputError
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.paths import NETPLAN_FILE, SERVER_JSON
+from orchestrator.status import assess as status
+from orchestrator.status import logs
+from orchestrator.status import render as status_render
 
 INVENTORY = inventory_from_data(
     {

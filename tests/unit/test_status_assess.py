@@ -1,4 +1,4 @@
-"""More of checks/status.py: gathering over the fake cluster, and the assessment's less common
+"""More of status/assess.py: gathering over the fake cluster, and the assessment's less common
 verdicts (missing interfaces, wrong MTU, inspect errors, old images, mixed images, half-set-up
 fabric, unreadable records, cluster states, timestamps)."""
 
@@ -13,8 +13,8 @@ import pytest
 from conftest import FakeCluster
 from test_status import INVENTORY, NOW, SERVER, node_facts
 
-from orchestrator.checks import status
 from orchestrator.paths import SERVER_JSON
+from orchestrator.status import assess as status
 
 BOTH = ("spark-a", "spark-b")
 

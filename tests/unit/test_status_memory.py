@@ -8,15 +8,16 @@ from typing import Any
 
 import pytest
 
-from orchestrator.checks import status, status_memory
-from orchestrator.checks.status_memory import (
+from orchestrator.phases.memory import PLAN_FILE
+from orchestrator.status import assess as status
+from orchestrator.status import memory as status_memory
+from orchestrator.status.memory import (
     attach_metrics,
     memory_text,
     metrics_text,
     node_memory,
     summarize_metrics,
 )
-from orchestrator.phases.memory import PLAN_FILE
 
 MEMINFO = "MemTotal:       125419520 kB\nMemAvailable:   119537664 kB\n--gpu\n"
 GB10 = "[N/A], [N/A], 35\n"
@@ -175,7 +176,7 @@ def test_status_watch_json_is_one_object_per_line(tmp_path: Any, monkeypatch: py
     inventory = tmp_path / "inv.yml"
     inventory.write_text(INV_TEXT)
     looks = iter(range(10))
-    monkeypatch.setattr("orchestrator.checks.status.gather_status",
+    monkeypatch.setattr("orchestrator.status.assess.gather_status",
                         lambda inv: {"ok": True, "nodes": {}, "servers": [], "look": next(looks)})
     calls: list[float] = []
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.checks.status_server import add_server_problems, server_state
+from orchestrator.status.server import add_server_problems, server_state
 
 GUARD = {"node": "spark-b", "available_gb": 0.8, "min_available_gb": 4.0, "total_gb": 128.0,
          "time": "2026-11-25T16:00:00Z", "state": "stopped"}
@@ -51,7 +51,7 @@ def test_a_guard_record_of_a_gone_server_is_guard_stopped() -> None:
 
 
 def test_the_header_lists_the_servers(capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.checks.status_render import servers_line
+    from orchestrator.status.render import servers_line
 
     line = servers_line("servers", [entry("healthy"), entry("dead", name="b", engine="vllm")])
     assert line.startswith("servers: 2: q (sglang on spark-b,") and "b (vllm on spark-b," in line

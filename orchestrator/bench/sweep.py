@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.checks.bench_run import figure, spec_summary
+from orchestrator.bench.run import figure, spec_summary
 from orchestrator.errors import InputError
 
 

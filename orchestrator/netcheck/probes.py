@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.checks.netcheck import CheckResult, Link, fabric_links
 from orchestrator.inventory import Inventory, Node
+from orchestrator.netcheck.checks import CheckResult, Link, fabric_links
 from orchestrator.paths import SSH_CONFIG
 
 MPIRUN_DEADLINE = 60
@@ -310,7 +310,7 @@ def judge_throughput(inventory: Inventory, link: Link, rc: int, output: str,
 
 def judge_probes(inventory: Inventory, node: Node, probes: list[Probe],
                  answers: dict[str, Any], facts_by_node: dict[str, dict[str, Any]]) -> list[CheckResult]:
-    from orchestrator.checks.netcheck_container import container_running
+    from orchestrator.netcheck.container import container_running
 
     out: list[CheckResult] = []
     running = container_running(inventory, facts_by_node.get(node.name) or {})

@@ -4,7 +4,7 @@ llama-benchy's layout: `| model | test | t/s | ttfr (ms) | est_ppt (ms) | e2e_tt
 one prefill row (`pp2048`, `pp2048 @ d4096`) and one generation row (`tg32`, `tg32 @ d4096`)
 per depth, every value `mean ± std` over the runs; the latency columns are empty on tg rows. A
 concurrency above 1 is added to the test name (`tg32 @ d4096 c4`): llama-benchy's own rows are
-single-request. Pure functions over a result document (checks/bench_run.py's schema).
+single-request. Pure functions over a result document (bench/run.py's schema).
 """
 
 from __future__ import annotations

@@ -16,8 +16,6 @@ import json
 import time
 from typing import Any
 
-from orchestrator.checks.status_containers import check_server_containers
-from orchestrator.checks.status_server import add_server_problems, assess_server, server_list
 from orchestrator.commands import quote
 from orchestrator.engines.liveness import dead_ranks
 from orchestrator.errors import SparkctlError
@@ -28,6 +26,8 @@ from orchestrator.phases.gateway import summary as gateway_summary
 from orchestrator.phases.gateway_spec import probe_cmd as gateway_probe_cmd
 from orchestrator.phases.teardown import managed_ps_cmd
 from orchestrator.remote.cluster import parallel
+from orchestrator.status.containers import check_server_containers
+from orchestrator.status.server import add_server_problems, assess_server, server_list
 from orchestrator.timestamps import age
 
 LOG_TAIL_LINES = 8
@@ -39,12 +39,12 @@ PROBE = script("probe.py")
 def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     """One facts request: what status shows, plus what the container step needs to compute the
     config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
-    from orchestrator.checks.status_server import engine_probes, health_arg
     from orchestrator.engines.serverctl import node_cmd
     from orchestrator.engines.trtllm import container as container_step
     from orchestrator.phases.boot_units import units_cmd
     from orchestrator.phases.ssh_keys import ENTRYPOINT, SSHD_CONFIG
     from orchestrator.remote.facts import merge_requests
+    from orchestrator.status.server import engine_probes, health_arg
 
     commands = {
         "managed": managed_ps_cmd(inventory, r"{{.Names}}\t{{.State}}"),
@@ -77,7 +77,7 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     own = {"files": files, "links": True, "ibdev2netdev": True,
            "containers": [inventory.container.name], "images": [inventory.container.image],
            "commands": commands, "timeout": 40}
-    from orchestrator.checks.status_memory import facts_request
+    from orchestrator.status.memory import facts_request
     return merge_requests([own, container_step.facts(inventory, node), facts_request()])
 
 
@@ -122,7 +122,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
         result = assess(inventory, facts, errors)
         result["servers"] = server_list(inventory, facts, result.get("server"))
         result["gateway"] = gateway_summary(facts)
-        from orchestrator.checks.status_memory import attach_metrics
+        from orchestrator.status.memory import attach_metrics
 
         def run_on(node: str, command: str) -> tuple[int, str]:
             done = session.transports[node].run(command, timeout=15, display="GET /metrics")
@@ -157,7 +157,7 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
             }
     _compare_digests(nodes)
     _compare_setup(nodes)
-    from orchestrator.checks.status_memory import node_memory
+    from orchestrator.status.memory import node_memory
     for name, node_facts in facts.items():
         nodes[name]["memory"] = node_memory(node_facts)
     head = inventory.head_name
@@ -168,7 +168,7 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
     if head in facts and server is None and (nodes[head].get("container") or {}).get("status") == "unknown":
         server_unknown = f"could not look on {head}: {nodes[head]['container'].get('why')}"
     if server is not None and server["problem"]:
-        from orchestrator.checks.status_server import named_problem
+        from orchestrator.status.server import named_problem
         nodes[head]["problems"].append(named_problem(server))
         nodes[head]["state"] = "problem"
     if server is not None:

@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.checks.results import CheckResult, _link
 from orchestrator.commands import docker_exec_cmd, join
 from orchestrator.inventory import Inventory
+from orchestrator.netcheck.results import CheckResult, _link
 from orchestrator.phases.nccl_env import fabric_variable_names, min_nccl_busbw
 
 BINARY = "all_gather_perf"
@@ -123,7 +123,7 @@ def _mib(size: int) -> str:
 
 def likely_causes(inventory: Inventory, facts_by_node: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
     """(cause, fix) for what the facts show can slow NCCL down, most likely first."""
-    from orchestrator.checks.netcheck_container import _container, _named_interfaces, container_env
+    from orchestrator.netcheck.container import _container, _named_interfaces, container_env
 
     causes: list[tuple[str, str]] = []
     fabric = list(inventory.fabric.interfaces)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from orchestrator.checks.bench_sweep import sweep_rows
+from orchestrator.bench.sweep import sweep_rows
 from orchestrator.errors import InputError
 
 Run = tuple[str, dict[str, Any]]

@@ -14,8 +14,8 @@ import json
 import re
 from typing import Any
 
-from orchestrator.checks.bench_metrics import meter_class, parse_prometheus
 from orchestrator.commands import quote
+from orchestrator.engines.meters import meter_class, parse_prometheus
 from orchestrator.phases.memory import GUARD_DEFAULT_GB, PLAN_FILE
 
 GIB_PER_KB = 1024**2

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.checks.bench_run import figure, find, peak, spec_summary
-from orchestrator.checks.bench_sweep import sweep_rows
+from orchestrator.bench.run import figure, find, peak, spec_summary
+from orchestrator.bench.sweep import sweep_rows
 
 
 def num(value: float | None, digits: int = 1) -> str:

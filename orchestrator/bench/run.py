@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.checks.bench_client import Endpoint, RequestResult, prompt_words, run_batch
-from orchestrator.checks.bench_metrics import SpecMeter
-from orchestrator.checks.bench_stats import DEFINITIONS, cell_figures
+from orchestrator.bench.client import Endpoint, RequestResult, prompt_words, run_batch
+from orchestrator.bench.metrics import SpecMeter
+from orchestrator.bench.stats import DEFINITIONS, cell_figures
 from orchestrator.errors import SparkctlError
 
 SCHEMA = "sparkctl-bench/1"

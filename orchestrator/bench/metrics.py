@@ -10,20 +10,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from orchestrator.engines.meters import Fetch, SpecMeter, counter, parse_prometheus
+from orchestrator.engines.meters import Fetch, SpecMeter, counter, meter_class, meter_for, parse_prometheus
 
 __all__ = ["Fetch", "SpecMeter", "counter", "meter_class", "meter_for", "parse_prometheus"]
-
-
-def meter_class(engine: str) -> type[SpecMeter]:
-    """The engine's meter (Engine.spec_meter); an unknown engine's reads nothing."""
-    from orchestrator.engines import REGISTRY, get_engine
-
-    return get_engine(engine).spec_meter if engine in REGISTRY else SpecMeter
-
-
-def meter_for(engine: str, fetch: Fetch) -> SpecMeter:
-    return meter_class(engine)(fetch)
 
 
 # ---------------------------------------------------------------- the nodes' state

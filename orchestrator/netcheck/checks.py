@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.checks.results import CheckResult, _link
 from orchestrator.commands import join
 from orchestrator.engines.trtllm.mpi_env import record_fact
 from orchestrator.inventory import Inventory, Node
+from orchestrator.netcheck.results import CheckResult, _link
 from orchestrator.paths import HOSTFILE, NETPLAN_FILE, SSH_CONFIG
 
 EXPECTED_SPEED_MBPS = 200000  # a ConnectX-7 QSFP port on a DGX Spark
@@ -267,7 +267,7 @@ NODE_CHECKS: list[NodeCheck] = [
 
 
 def run_node_checks(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
-    from orchestrator.checks.netcheck_container import CONTAINER_CHECKS
+    from orchestrator.netcheck.container import CONTAINER_CHECKS
 
     out: list[CheckResult] = []
     for check in [*NODE_CHECKS, *CONTAINER_CHECKS]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from orchestrator.checks.bench_client import RequestResult
+from orchestrator.bench.client import RequestResult
 
 DEFINITIONS = {
     "tg_throughput": "generation tokens/s. c1: mean over requests of (tokens after the first) / "

@@ -37,8 +37,8 @@ def _styled(value: str) -> str:
 def render_status(status: dict[str, Any]) -> None:
     from rich.markup import escape
 
-    from orchestrator.checks.status_memory import memory_text
     from orchestrator.core.output import console, print_table
+    from orchestrator.status.memory import memory_text
 
     out = console()
     rows = []

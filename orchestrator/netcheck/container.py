@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.checks.results import CheckResult, Status, _link
 from orchestrator.engines.trtllm.mpi_env import (
     guess_major_from_tag,
     hostfile_var,
@@ -18,6 +17,7 @@ from orchestrator.engines.trtllm.mpi_env import (
     ssh_args_var,
 )
 from orchestrator.inventory import Inventory, Node
+from orchestrator.netcheck.results import CheckResult, Status, _link
 from orchestrator.paths import HOSTFILE
 
 
