@@ -197,14 +197,18 @@ def replicas_from(servers: list[dict[str, Any]], address_of: Any) -> tuple[Repli
 
 RELAY_PATTERN = "/run/gateway/relay[-]"
 """Matches a relay's command line (its state path) in /proc/PID/cmdline; the bracket keeps the
-pattern from matching the grep (or sh -c) that carries it. Found by process, not pid file, so
-a relay whose files are gone (an older `down`) is found too."""
+pattern from matching the grep (or sh -c) that carries it."""
 
 
-def relay_pids_cmd() -> str:
-    """The pids of every relay on the node, one a line (nothing when none runs)."""
-    return (f"grep -lsa -- {quote(RELAY_PATTERN)} /proc/[0-9]*/cmdline 2>/dev/null "
-            "| cut -d/ -f3; true")
+def relay_pids_cmd(run_dir: str = GATEWAY_RUN) -> str:
+    """The pids of the relays sparkctl started on the node, one a line (nothing when none runs):
+    read from their pid files, each kept only while its process is still a relay (after a
+    reboot the number may be another process's). Never a search of every process: on a host
+    that runs several nodes (the lab) or other people's work, that would find what is not
+    this node's."""
+    return (f"for f in {quote(run_dir)}/relay-*.pid; do [ -f \"$f\" ] || continue; "
+            "p=$(cat \"$f\"); case $p in ''|*[!0-9]*) continue;; esac; "
+            f"grep -qsa -- {quote(RELAY_PATTERN)} /proc/$p/cmdline && echo $p; done; true")
 
 
 def stop_relays_cmd() -> str:
