@@ -107,6 +107,17 @@ class BaseRecipe(StrictModel):
         """(HF id, revision, local dir or None for the HF cache layout) of every model needed."""
         return [(self.model, self.revision, None)]
 
+    @property
+    def drafting(self) -> str | None:
+        """How the server drafts tokens for speculative decoding, as `recipes list` says it
+        (e.g. "Eagle 5"), or None without speculative decoding; engines that draft override it."""
+        return None
+
+    @property
+    def draft_tokens(self) -> int | None:
+        """Tokens drafted per decoding step (what `advise` models), or None without drafting."""
+        return None
+
     def listen_ports(self, nodes: list[str]) -> list[ListenPort]:
         """The TCP ports the server binds on its `nodes` (rank order), proven free before a
         launch (phases/ports.py): the HTTP port on the first node; engines add theirs."""

@@ -24,6 +24,26 @@ def test_recipes_list_json_has_every_builtin() -> None:
     qwen = next(r for r in doc["recipes"] if r["name"] == "qwen3-8b")
     assert qwen["engine"] == "sglang" and qwen["drafting"] is None and qwen["fits"] is True
     assert qwen["port"] == 30000 and qwen["memory_gb"] > 0
+    drafting = {r["name"]: r["drafting"] for r in doc["recipes"]}
+    assert (drafting["qwen3-235b"], drafting["qwen3.6-27b"]) == ("Eagle 3", "NEXTN 5")
+
+
+def test_recipes_list_names_a_llama_draft_and_keeps_its_columns_aligned() -> None:
+    from orchestrator.cli.recipes import recipe_table
+    from orchestrator.engines import load_recipe
+    from orchestrator.engines.llamacpp.recipe import Draft
+
+    recipe = load_recipe("lab-tiny-llama").model_copy(
+        update={"draft": Draft(model="sparklab/tiny-draft", gguf="d.gguf")})
+    assert recipe.drafting == "draft tiny-draft"
+    rows = [{"name": "a-much-longer-recipe-name", "engine": "llamacpp", "model": "m/x",
+             "nodes": 2, "drafting": recipe.drafting, "port": 8080, "fits": True},
+            {"name": "b", "engine": "vllm", "model": "org/a-longer-model", "nodes": 1,
+             "drafting": None, "port": 8000, "fits": False}]
+    lines = recipe_table(rows).splitlines()
+    assert lines[0].index("m/x") == lines[1].index("org/a-longer-model")
+    assert lines[0].index("nodes") == lines[1].index("nodes")
+    assert "draft tiny-draft" in lines[0] and "no draft" in lines[1] and "DOES NOT FIT" in lines[1]
 
 
 def test_tunnel_json_says_where_to_connect(monkeypatch: pytest.MonkeyPatch) -> None:
