@@ -263,3 +263,25 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
             logger.removeHandler(handler)
             handler.close()
     logger.setLevel(level)
+
+
+LAB_NODE_TOOLS = Path(__file__).resolve().parents[2] / "lab" / "sparklab" / "node_tools"
+
+
+@pytest.fixture
+def docker_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., list[Any]]:
+    """The lab's docker shim in-process, its state under tmp_path: docker_shim("manage") gives
+    [sparklab_dockerd_state, sparklab_dockerd_manage] (the state module first, always)."""
+    import importlib
+
+    def load(*parts: str) -> list[Any]:
+        monkeypatch.syspath_prepend(str(LAB_NODE_TOOLS))
+        monkeypatch.setenv("SPARKLAB_IMAGE_DIR", str(LAB_NODE_TOOLS.parent / "image"))
+        modules = [importlib.import_module(f"sparklab_dockerd_{p}") for p in ("state", *parts)]
+        for module in modules:
+            monkeypatch.setattr(module, "IMAGES", str(tmp_path / "images"))
+        monkeypatch.setattr(modules[0], "CONFIG", str(tmp_path / "config"))
+        monkeypatch.setattr(modules[0], "ROOT", str(tmp_path))
+        return modules
+
+    return load

@@ -249,18 +249,9 @@ def test_a_docker_hub_image_behind_a_daemon_mirror_is_not_judged_by_the_client(
 
 # ---------------------------------------------------------------- the lab's docker shim
 
-TOOLS = Path(__file__).resolve().parents[2] / "lab" / "sparklab" / "node_tools"
-
-
 def test_the_lab_shim_manifest_inspect_fails_under_block_registry_like_a_pull(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.syspath_prepend(str(TOOLS))
-    import sparklab_dockerd_image as image
-    import sparklab_dockerd_state as state
-
-    monkeypatch.setenv("SPARKLAB_IMAGE_DIR", str(TOOLS.parent / "image"))
-    monkeypatch.setattr(state, "CONFIG", str(tmp_path / "config"))
-    monkeypatch.setattr(state, "ROOT", str(tmp_path))
+        tmp_path: Path, docker_shim: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    state, image = docker_shim("image")
     assert image.cmd_manifest(["inspect", IMAGE]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["manifests"][0]["digest"] == state.node_digest(IMAGE)
