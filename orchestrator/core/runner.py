@@ -12,11 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import click
-
 from orchestrator.core.executor import Interrupted
 from orchestrator.core.lock import ClusterLock
-from orchestrator.core.output import full_diff_requested, verbosity
+from orchestrator.core.output import ask_yes_no, full_diff_requested, verbosity
 from orchestrator.core.report import DiffMode, Report, print_json, render_report
 from orchestrator.core.session import Session, open_session, run_plan
 from orchestrator.core.step import Plan, RunOptions
@@ -75,7 +73,7 @@ def check_named_cluster(request: RunRequest) -> None:
             f"`sparkctl {request.command} --yes` was not told which cluster to act on: without "
             f"--inventory it would act on {which}. Name it: pass --inventory FILE or set "
             "SPARKCTL_INVENTORY=FILE", EXIT_BAD_INPUT)
-    click.echo(f"sparkctl {request.command}: acting on {which}", err=True)
+    print(f"sparkctl {request.command}: acting on {which}", file=sys.stderr)
 
 
 @dataclass
@@ -189,10 +187,10 @@ def _confirm_interactively(request: RunRequest, session: Session, plan: Plan,
     if not preview.ok:
         raise InputError("the plan itself failed (see above); nothing was changed", 1)
     if preview.count("planned") == 0:
-        click.echo("Nothing to change.", err=True)
-    elif not click.confirm(f"Apply these changes to cluster {request.inventory.cluster.name} "
-                           f"(head {request.inventory.head_name}, inventory "
-                           f"{request.inventory.source})?", default=False, err=True):
+        print("Nothing to change.", file=sys.stderr)
+    elif not ask_yes_no(f"Apply these changes to cluster {request.inventory.cluster.name} "
+                        f"(head {request.inventory.head_name}, inventory "
+                        f"{request.inventory.source})?"):
         raise InputError("cancelled; nothing was changed", 1)
     # the preview ran on its own report; only steps are dropped: a node that could not be
     # reached stays failed (issue #12: a prompt-confirmed `down` showed it ok and exited 0)
@@ -210,5 +208,5 @@ def _finish(request: RunRequest, report: Report, run_log: Path | None,
     else:
         render_report(report, diffs=diffs, verbose=verbosity() > 0)
         if run_log is not None and not report.ok:
-            click.echo(f"Run log: {run_log}", err=True)
+            print(f"Run log: {run_log}", file=sys.stderr)
     return report.exit_code
