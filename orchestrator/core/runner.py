@@ -10,7 +10,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from orchestrator.core.executor import Interrupted
 from orchestrator.core.lock import ClusterLock
@@ -91,7 +90,8 @@ class RunRequest:
     lock_optional: bool = False
     """Run without the lock when the head (where it lives) is unreachable, and say so (down)."""
     require_all_nodes: bool = True
-    values: dict[str, Any] = field(default_factory=dict)
+    options: RunOptions = field(default_factory=RunOptions)
+    """What the command tells its steps (the runner sets `command` and `dry_run`)."""
     after: Callable[[Session, Report], None] | None = None
     """Runs after a successful execution (e.g. launch's health wait), with the lock held."""
     full_diff: bool = field(default_factory=full_diff_requested)
@@ -123,7 +123,8 @@ def execute(request: RunRequest) -> int:
         except SparkctlError as exc:
             diagnose_disks(session, exc)
             raise
-        options = RunOptions(command=request.command, dry_run=True, values=request.values)
+        options = request.options
+        options.command, options.dry_run = request.command, True
         if request.dry_run:
             run_plan(session, plan, options)
             return _finish(request, session.finish(), run_log, diffs=request.diffs)

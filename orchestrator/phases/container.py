@@ -266,7 +266,7 @@ class Image(Step):
             pulled = json.loads(result.stdout)[0]
         except (ValueError, IndexError):
             pulled = None
-        ctx.shared.setdefault("image_facts", {})[ctx.node.name] = pulled
+        ctx.shared.image_facts[ctx.node.name] = pulled
         return None
 
 
@@ -285,7 +285,7 @@ class ImageDigest(Step):
         digests: dict[str, str | None] = {}
         ids: dict[str, str | None] = {}
         for name, node_facts in sorted(ctx.cluster_facts.items()):
-            fact = (ctx.shared.get("image_facts") or {}).get(name) or \
+            fact = ctx.shared.image_facts.get(name) or \
                 (node_facts.get("images") or {}).get(image)
             digests[name] = image_digest(fact, image)
             ids[name] = fact.get("Id") if isinstance(fact, dict) and "error" not in fact else None

@@ -23,13 +23,10 @@ from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.node import script
-from orchestrator.phases.registry import WANTED, ImageOf, Targets, repo_digest, supply_for
+from orchestrator.phases.registry import ImageOf, Targets, repo_digest, supply_for
 from orchestrator.remote.cluster import parallel
 from orchestrator.remote.pipe import RemoteProcess
 from orchestrator.remote.transport import Transport
-
-FACTS = "image_facts"
-
 
 IMAGECOPY_SCRIPT = script("stdin_watch.py") + "\n" + script("imagecopy.py")
 
@@ -57,7 +54,7 @@ def image_steps(image_of: ImageOf, targets: Targets | None = None) -> list[Step]
 
 def image_fact(ctx: NodeContext, node: str, image: str) -> dict[str, Any] | None:
     """The node's `docker image inspect` record: pulled in this run, or from the facts."""
-    fact = (ctx.shared.get(FACTS) or {}).get(node) or \
+    fact = ctx.shared.image_facts.get(node) or \
         ((ctx.cluster_facts.get(node) or {}).get("images") or {}).get(image)
     return fact if isinstance(fact, dict) and "error" not in fact and fact.get("Id") else None
 
@@ -135,7 +132,7 @@ class ImageShare(Step):
         if not image:
             return Unchanged("no image")
         planned = supply_for(ctx, image, self.targets)  # (a dry run sees it before any pull)
-        wanted = {**planned.receivers, **(ctx.shared.get(WANTED) or {})}
+        wanted = {**planned.receivers, **ctx.shared.image_wanted}
         wanted = {n: why for n, why in sorted(wanted.items()) if image_fact(ctx, n, image) is None}
         if not wanted:
             return Unchanged("no node needs the image from another")
@@ -165,7 +162,7 @@ class ImageShare(Step):
             ip = ctx.inventory.mpi_address(ctx.inventory.node(node))
             return copy_image(ctx.transports[source], ctx.transports[node], ip, image)
 
-        note = ctx.options.values.get("progress_note") or (lambda line: None)
+        note = ctx.options.note
         # docker save | docker load reports nothing until it is done: say it still runs
         with Heartbeat(note, f"copy of {image} from {source} to {', '.join(wanted)}"):
             outcomes = parallel(one, list(wanted))
@@ -177,13 +174,13 @@ class ImageShare(Step):
             except SparkctlError as exc:
                 errors.append(str(exc))
                 continue
-            ctx.shared.setdefault(FACTS, {})[node] = {
+            ctx.shared.image_facts[node] = {
                 "Id": got["id"], "RepoDigests": got.get("digests") or []}
             extra[node] = {"from": source, "why": wanted[node], "image_id": got["id"],
                            "digest": shown, "bytes": got.get("bytes", 0)}
             lines.append(f"{node} <- {source} ({wanted[node]}, {gb(got.get('bytes', 0))}), "
                          f"{shown} verified")
-        ctx.shared.setdefault("report_extra", {}).setdefault("image_distribution", {}).update(extra)
+        ctx.shared.report_extra.setdefault("image_distribution", {}).update(extra)
         if errors:
             raise SparkctlError("; ".join(errors))
         return f"{image} sent over the fabric: " + "; ".join(lines)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.commands import Secret, docker_exec_cmd, join, quote
+from orchestrator.commands import docker_exec_cmd, join, quote
 from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import serving_nodes
@@ -178,7 +178,7 @@ class Download(Step):
         """What the downloads will fetch (`hf download --dry-run`, exact) against every serving
         node's free space; an hf without --dry-run only skips the check (said so)."""
         container = ctx.inventory.container.name
-        note = ctx.options.values.get("progress_note") or (lambda line: None)
+        note = ctx.options.note
         need = 0
         for repo, revision, local in self.recipe.repos:
             if repo not in missing:
@@ -196,8 +196,8 @@ class Download(Step):
         check_space(ctx, serving_nodes(self.recipe, ctx.inventory), need)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        token: Secret | None = ctx.options.values.get("hf_token")
-        progress = ctx.options.values.get("progress_note") or (lambda line: None)
+        token = ctx.options.hf_token
+        progress = ctx.options.note
         fetched = []
         try:
             if change.payload and token:
@@ -221,7 +221,7 @@ class Download(Step):
                 fetched.append(repo)
         finally:
             ctx.run(token_remove_cmd(), sudo=True, timeout=60)
-        ctx.shared["downloaded"] = fetched
+        ctx.shared.downloaded = fetched
         return f"downloaded {', '.join(fetched)}" if fetched else "removed a leftover HF token file"
 
     def _download(self, ctx: NodeContext, progress: Note, repo: str, revision: str,
@@ -269,7 +269,7 @@ class Distribute(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         container = ctx.inventory.container.name
-        note = ctx.options.values.get("progress_note") or (lambda line: None)
+        note = ctx.options.note
         peers: list[str] = change.payload
         # the chunk hashes of a model not hashed before take minutes: said while they run
         with Heartbeat(note, f"{ctx.node.name}: hashing the model's chunks for the copy"):
@@ -298,7 +298,7 @@ class Distribute(Step):
         totals = {peer: outcome.get() for peer, outcome in outcomes.items() if outcome.ok}
         errors = [str(outcome.error) for outcome in outcomes.values() if not outcome.ok]
         # the same figures as numbers, for scripts (`--json`: "fanout", per peer)
-        ctx.shared.setdefault("report_extra", {})["fanout"] = {
+        ctx.shared.report_extra["fanout"] = {
             peer: copy.figures() for peer, copy in totals.items()}
         if errors:
             raise SparkctlError("; ".join(errors))

@@ -42,9 +42,6 @@ from orchestrator.remote.facts import File, FileInfo, merge_requests, request_of
 from orchestrator.remote.transport import SSHTransport, Transport
 from orchestrator.render import render, sha256, unified_diff
 
-SHARED_KEY = "network.to_confirm"
-"""ctx.shared[SHARED_KEY]: names of nodes whose apply must be confirmed in this run."""
-
 
 def phase(inventory: Inventory) -> Phase:
     return Phase("network", [NetplanFile(), NetplanApply(), ConfirmFabric()], facts=network_request)
@@ -169,7 +166,7 @@ def guard_pending(ctx: NodeContext) -> bool:
 
 
 def _mark_for_confirmation(ctx: NodeContext) -> None:
-    ctx.shared.setdefault(SHARED_KEY, set()).add(ctx.node.name)
+    ctx.shared.netplan_to_confirm.add(ctx.node.name)
 
 
 class NetplanApply(Step):
@@ -226,7 +223,7 @@ class ConfirmFabric(Step):
     kind = "verify"
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        if ctx.node.name not in ctx.shared.get(SHARED_KEY, set()):
+        if ctx.node.name not in ctx.shared.netplan_to_confirm:
             return NotVerified("nothing applied in this run; nothing to confirm")
         checks = netguard.peer_checks(ctx.inventory, ctx.node)
         sha = sha256(render_netplan(ctx.inventory, ctx.node))

@@ -185,7 +185,7 @@ class EnableUnit(Step):
             return Unchanged("not a serving node")
         unit = unit_name(self.spec.server)
         state = (((ctx.facts.get("commands") or {}).get("unit_enabled") or {}).get("out") or "")
-        rewritten = f"{ctx.node.name}: persist/boot-files" in ctx.shared.get("changed_steps", [])
+        rewritten = f"{ctx.node.name}: persist/boot-files" in ctx.shared.changed_steps
         if state.split() == ["enabled", "active"] and not rewritten:
             return Unchanged(f"{unit} enabled and watching")
         return Change(f"enable {unit}: at boot it checks the fabric, containers, models and "

@@ -22,8 +22,6 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.remote.facts import Command, Request, merge_requests
 
-WANTED = "image_share"
-"""ctx.shared key: {node: why it needs the image from another node} (phases/image_share.py)."""
 PROBE_SECONDS = 10
 NETWORK_WORDS = ("no such host", "dial tcp", "i/o timeout", "connection refused", "unreachable",
                  "tls handshake", "x509", "proxyconnect", "no route to host", "no answer")
@@ -173,11 +171,11 @@ def supply_for(ctx: NodeContext, image: str, targets: Targets | None = None) -> 
     nodes = (targets(ctx) if targets else None) or sorted(ctx.cluster_facts)
     reaches = {n: reach(f, image) for n, f in ctx.cluster_facts.items()}
     return supply(image, reaches, nodes, ctx.inventory.head_name,
-                  bool(ctx.options.values.get("distribute_image")))
+                  ctx.options.distribute_image)
 
 
 def want(ctx: NodeContext, node: str, reason: str) -> None:
-    ctx.shared.setdefault(WANTED, {})[node] = reason
+    ctx.shared.image_wanted[node] = reason
 
 
 def receive(ctx: NodeContext, image: str, targets: Targets | None = None) -> Change | None:
@@ -213,15 +211,14 @@ class RegistryCheck(Step):
         notes = found.notes()
         if not notes:
             return Unchanged(f"{image}: present or pullable on every node that needs it")
-        say = ctx.options.values.get("progress_note")
         # an interactive run checks twice (the plan it shows, then the run): say it once
-        said = ctx.options.values.setdefault("notes_said", set())
+        said = ctx.options.notes_said
         for note in notes:
-            if say and note not in said:
-                say(f"note: {note}")
+            if note not in said:
+                ctx.options.note(f"note: {note}")
                 said.add(note)
-            if note not in ctx.shared.setdefault("notes", []):
-                ctx.shared["notes"].append(note)
+            if note not in ctx.shared.notes:
+                ctx.shared.notes.append(note)
         return Unchanged("; ".join(notes))
 
     def apply(self, ctx: NodeContext, change: Any) -> str | None:  # never called

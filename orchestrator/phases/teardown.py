@@ -202,7 +202,7 @@ class RemoveNetwork(Step):
             notes.append("no sparkctl netplan file")
         for note in notes:  # what was not done belongs in the report's notes (stdout, piped)
             if note.startswith("left alone"):
-                ctx.shared.setdefault("notes", []).append(f"{ctx.node.name}: {note}")
+                ctx.shared.notes.append(f"{ctx.node.name}: {note}")
         remove_file = owner == "ours"
         before = (ledger_entries(ctx).get(NETPLAN_FILE) or {}).get("before") or {}
         restore = remove_file and before.get("kind") == "file"

@@ -140,7 +140,7 @@ def test_persist_files_go_through_the_ledger_and_the_unit_is_enabled() -> None:
     assert isinstance(step.check(ctx), Change)  # enabled but not running: its watcher is not
     facts[inv.head_name]["commands"]["unit_enabled"] = {"rc": 0, "out": "enabled active\n"}
     assert step.check(ctx) == Unchanged("sparkctl-serve-qwen3-235b.service enabled and watching")
-    ctx.shared["changed_steps"] = [f"{inv.head_name}: persist/boot-files"]  # a new plan: restart
+    ctx.shared.changed_steps = [f"{inv.head_name}: persist/boot-files"]  # a new plan: restart
     assert isinstance(step.check(ctx), Change)
 
 
