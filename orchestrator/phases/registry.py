@@ -13,7 +13,7 @@ judgement as a step: in `up`'s preflight, and in launch's `image-check` phase (v
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.remote.facts import Command, Request, merge_requests
+from orchestrator.remote.node_facts import DockerImage
 
 PROBE_SECONDS = 10
 NETWORK_WORDS = ("no such host", "dial tcp", "i/o timeout", "connection refused", "unreachable",
@@ -36,10 +37,11 @@ def registry_of(image: str) -> str:
     return "docker.io"
 
 
-def repo_digest(fact: dict[str, Any], image: str) -> str | None:
-    """The registry digest `docker image inspect` lists for the image's repository, if any."""
+def repo_digest(repo_digests: Iterable[str], image: str) -> str | None:
+    """The registry digest `docker image inspect` lists (RepoDigests) for the image's
+    repository, if any."""
     repo = image.split("@")[0].rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
-    for entry in fact.get("RepoDigests") or []:
+    for entry in repo_digests:
         if entry.split("@")[0] == repo:
             return str(entry.split("@", 1)[1])
     return None
@@ -86,8 +88,8 @@ class Reach:
 
 def reach(facts: dict[str, Any], image: str) -> Reach:
     """One node's answer: the image's inspect first (present), then the probe."""
-    fact = (facts.get("images") or {}).get(image)
-    if isinstance(fact, dict) and fact.get("Id") and "error" not in fact:
+    present = DockerImage(image).read(facts, strict=False)
+    if present is not None and present.id:
         return Reach("present")
     result = probe_fact(image).read(facts)
     if result is None:
