@@ -223,8 +223,8 @@ class RemoveNetwork(Step):
             target = f"{NETPLAN_FILE} (as before `up`)" if restore else "/dev/null"
             diff = (f"--- {NETPLAN_FILE} (on node)\n+++ {target}\n@@ -1,{len(lines)} +0,0 @@\n"
                     + "".join(f"-{line}\n" for line in lines))
-        return Change("; ".join(parts + notes), diff=diff,
-                      payload=NetworkUndo(remove_file, restore, addresses))
+        undo = NetworkUndo(remove_file, restore, addresses)
+        return Change("; ".join(parts + notes), diff=diff, payload=undo, commands=(remove_network_cmd(undo),))
 
     def _addresses_to_flush(self, ctx: NodeContext, notes: list[str],
                             kept_file: bool) -> list[tuple[str, str]]:
@@ -249,8 +249,7 @@ class RemoveNetwork(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         undo: NetworkUndo = change.payload
-        result = ctx.run(remove_network_cmd(undo), sudo=True, timeout=120,
-                         display="remove sparkctl fabric config")
+        result = ctx.run(change.commands[0], sudo=True, timeout=120, display="remove sparkctl fabric config")
         note = None
         if undo.remove_file:
             answer = ledger_answer(result, ctx.node.name, "network")
@@ -312,11 +311,10 @@ class RemoveFiles(Step):
         if not targets:
             return Unchanged("no sparkctl files")
         return Change("remove " + ", ".join(targets) + " (Hugging Face cache kept)",
-                      payload=sorted(self.keep(ctx)))
+                      commands=(remove_files_cmd(sorted(self.keep(ctx))),))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        result = ctx.run(remove_files_cmd(change.payload or [LOCK_NAME]), sudo=True,
-                         display="remove /etc/sparkctl, /var/lib/sparkctl")
+        result = ctx.run(change.commands[0], sudo=True, display="remove /etc/sparkctl, /var/lib/sparkctl")
         answer = ledger_answer(result, ctx.node.name, "files")
         result.check()
         left = [str(e.get("reason")) for e in answer.get("left") or []]
