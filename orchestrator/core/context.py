@@ -70,8 +70,6 @@ class RunState:
     """node -> its host's public key, generated in this run (phases/ssh_keys.py)."""
     cluster_public_key: str | None = None
     """The cluster key pair's public half, generated in this run (phases/ssh_keys.py)."""
-    downloaded: list[str] = field(default_factory=list)
-    """Models the models phase downloaded in this run."""
     netplan_to_confirm: set[str] = field(default_factory=set)
     """Nodes whose netplan apply must be confirmed by the network guard in this run."""
     engine: dict[str, Any] = field(default_factory=dict)

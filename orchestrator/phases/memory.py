@@ -34,7 +34,6 @@ from orchestrator.paths import RUN_DIR
 
 MEMINFO = "/proc/meminfo"
 PLAN_FILE = f"{RUN_DIR}/memory.json"
-RECORD_FILE = f"{RUN_DIR}/memguard-stopped.json"
 GUARD_DEFAULT_GB = 2.0
 
 

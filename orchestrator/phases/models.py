@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.commands import docker_exec_cmd, join, quote
+from orchestrator.commands import docker_exec_cmd
 from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import serving_nodes
@@ -24,7 +24,7 @@ from orchestrator.engines.base import CONTAINER_HF_HOME, Note
 from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.paths import SSH_CONFIG, TOKEN_PATH
+from orchestrator.paths import TOKEN_PATH
 from orchestrator.phases import fanout
 from orchestrator.phases.files import check_written
 from orchestrator.remote.cluster import parallel
@@ -33,7 +33,6 @@ from orchestrator.remote.transport import Transport
 
 HUB_DIR = f"{CONTAINER_HF_HOME}/hub"
 DOWNLOAD_TIMEOUT = 24 * 3600.0
-COPY_TIMEOUT = 12 * 3600.0
 
 
 
@@ -67,23 +66,6 @@ def download_cmd(container: str, repo: str, revision: str, local_dir: str | None
         argv.append("--dry-run")
     env = {"HF_TOKEN_PATH": TOKEN_PATH} if with_token else {}
     return docker_exec_cmd(container, argv, env=env)
-
-
-BULK_CIPHER = "aes128-gcm@openssh.com"
-
-
-def copy_cmd(container: str, root: str, paths: list[str], peer_ip: str, replace: bool) -> str:
-    """Stream files from the head container to a peer's container over the fabric (tar | ssh)."""
-    remote = f"mkdir -p {quote(root)} && tar -C {quote(root)} -xf -"
-    if replace:
-        remote = f"rm -rf {join(f'{root}/{p}' for p in paths)} && {remote}"
-    # AES-GCM: the fastest cipher where the CPU has AES instructions (a Spark's Grace cores do);
-    # no compression: safetensors do not compress, and it would cost CPU on both ends
-    pipeline = (
-        f"set -o pipefail; tar -C {quote(root)} -cf - {join(paths)} | "
-        f"ssh -F {SSH_CONFIG} -c {BULK_CIPHER} -o Compression=no {quote(peer_ip)} {quote(remote)}"
-    )
-    return docker_exec_cmd(container, ["bash", "-c", pipeline])
 
 
 def token_write_cmd() -> str:
@@ -221,7 +203,6 @@ class Download(Step):
                 fetched.append(repo)
         finally:
             ctx.run(token_remove_cmd(), sudo=True, timeout=60)
-        ctx.shared.downloaded = fetched
         return f"downloaded {', '.join(fetched)}" if fetched else "removed a leftover HF token file"
 
     def _download(self, ctx: NodeContext, progress: Note, repo: str, revision: str,

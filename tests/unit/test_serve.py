@@ -172,19 +172,6 @@ def test_download_reads_the_token_from_a_file_never_from_argv() -> None:
     assert models.token_remove_cmd().endswith(" undo")
 
 
-def test_copy_goes_over_the_fabric_through_the_cluster_ssh_config() -> None:
-    command = models.copy_cmd("c", "/root/.cache/huggingface/hub", ["models--a--b/snapshots/x"],
-                              "192.168.200.13", replace=False)
-    words = shlex.split(command)
-    assert words[:4] == ["docker", "exec", "c", "bash"]
-    pipeline = words[-1]
-    assert "tar -C /root/.cache/huggingface/hub -cf - models--a--b/snapshots/x" in pipeline
-    assert ("ssh -F /etc/sparkctl/ssh_config -c aes128-gcm@openssh.com -o Compression=no "
-            "192.168.200.13") in pipeline
-    assert "pipefail" in pipeline and "rm -rf" not in pipeline
-    assert "rm -rf" in models.copy_cmd("c", "/d", ["x"], "192.168.200.13", replace=True)
-
-
 def test_llm_api_config_file_is_managed_and_names_the_draft() -> None:
     text = serve.render_llm_api_config(RECIPE)
     assert text.startswith("# Managed by sparkctl")
