@@ -68,8 +68,10 @@ class NodeContext:
     """Every node's facts of this phase, by node name (for cluster-wide steps)."""
     transport: Transport | None
     options: RunOptions
+    """What the command tells its steps (core/context.py)."""
     shared: RunState
-    """Values steps hand to later steps in the same run (e.g. generated public keys)."""
+    """Values steps hand to later steps in the same run (e.g. generated public keys), as the
+    named fields of a RunState (core/context.py)."""
     transports: dict[str, Transport] = field(default_factory=dict)
     """Every reachable node's transport, for the few cluster-wide steps that write elsewhere."""
 
