@@ -35,6 +35,7 @@ class ContainerInfo:
     image: str
     """The image name it was created from (Config.Image)."""
     labels: dict[str, str]
+    id: str = ""
     env: tuple[str, ...] = ()
     binds: tuple[str, ...] = ()
     running: bool = False
@@ -48,6 +49,7 @@ class ContainerInfo:
         return cls(name=str(raw.get("Name") or "container").lstrip("/"),
                    image_id=str(raw.get("Image") or ""), image=str(config.get("Image")),
                    labels={str(k): str(v) for k, v in (config.get("Labels") or {}).items()},
+                   id=str(raw.get("Id") or ""),
                    env=tuple(config.get("Env") or ()),
                    binds=tuple((raw.get("HostConfig") or {}).get("Binds") or ()),
                    running=bool(state.get("Running")), status=str(state.get("Status", "stopped")),

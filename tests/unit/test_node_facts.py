@@ -19,7 +19,7 @@ from orchestrator.remote.node_facts import (
     RocePort,
 )
 
-INSPECT = {"Name": "/trtllm-multinode", "Image": "sha256:abc",
+INSPECT = {"Name": "/trtllm-multinode", "Id": "c0ffee", "Image": "sha256:abc",
            "Config": {"Image": "nvcr.io/x:1", "Env": ["A=1"],
                       "Labels": {"sparkctl.managed": "true", "sparkctl.cluster": "two-sparks"}},
            "HostConfig": {"Binds": ["/a:/b"]},
@@ -39,7 +39,7 @@ def test_a_container_reads_as_its_named_parts() -> None:
     assert info == ContainerInfo(
         name="trtllm-multinode", image_id="sha256:abc", image="nvcr.io/x:1",
         labels={"sparkctl.managed": "true", "sparkctl.cluster": "two-sparks"}, env=("A=1",),
-        binds=("/a:/b",), running=False, status="exited", exit_code=137,
+        id="c0ffee", binds=("/a:/b",), running=False, status="exited", exit_code=137,
         started_at="2026-11-25T10:00:00Z")
     assert info.managed_by("two-sparks") and not info.managed_by("other")
     assert DockerContainer("gone").read(answer) is None and DockerContainer("never").read({}) is None
