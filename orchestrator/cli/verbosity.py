@@ -11,8 +11,6 @@ from typing import Any
 
 import click
 
-from orchestrator.core import output
-
 
 def verbosity_option(func: Callable[..., Any]) -> Callable[..., Any]:
     """-v / -q: every row of the report (the summary's "(-v lists them)") or no progress lines;
@@ -20,6 +18,8 @@ def verbosity_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
     def remember(ctx: click.Context, param: click.Parameter, value: int) -> None:
         if value:
+            from orchestrator.core import output  # (on use: `--help` imports only click)
+
             output.SETTINGS.verbosity += value if param.name == "verbose" else -value
             ctx.call_on_close(output.reset_settings)
 
