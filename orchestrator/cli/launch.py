@@ -75,7 +75,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             verify_models: bool = False) -> int:
     from orchestrator.cli.api_key import check_bind
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
-    from orchestrator.core.step import Plan
+    from orchestrator.core.step import Plan, RunOptions
     from orchestrator.engines import (
         check_against_inventory,
         default_placement,
@@ -135,11 +135,11 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     request = RunRequest(
         command="launch", inventory=inventory, build=build, dry_run=dry_run, yes=yes,
         as_json=as_json, trust_new_hosts=trust_new_hosts, break_lock=break_lock,
-        values={"hf_token": token, "progress_note": _note, "distribute_image": distribute_image},
+        options=RunOptions(hf_token=token, progress_note=_note, distribute_image=distribute_image),
         after=after,
     )
     code = execute(request)
-    return 2 if code == 1 and request.values.get(hub_token.MISSING) else code
+    return 2 if code == 1 and request.options.token_missing else code
 
 
 def _placed(recipe: Any, placed: tuple[str, ...], name: str | None,

@@ -30,7 +30,6 @@ berriai/litellm lists it (github.com/berriai/litellm/pkgs/container/litellm). Th
 the same reference (lab/sparklab/image/catalog.json) with the real proxy from PyPI inside."""
 IMAGE = f"ghcr.io/berriai/litellm@{IMAGE_DIGEST}"
 CONTAINER = "sparkctl-gateway"
-DEFAULT_PORT = 4000
 GATEWAY_RUN = f"{RUN_DIR}/gateway"
 """gateway.json (the gateway's record, no secret) and relay-<server>.{json,pid,log}."""
 GATEWAY_CONFIG_DIR = f"{CONFIG_DIR}/gateway"

@@ -297,13 +297,13 @@ def assess_container(inventory: Inventory, node: Node, facts: dict[str, Any],
 def desired_config_hash(inventory: Inventory, node: Node, facts: dict[str, Any]) -> str | None:
     """The hash `up` would label the container with now; None when it cannot be computed here."""
     try:
-        from orchestrator.core.step import NodeContext, RunOptions
+        from orchestrator.core.step import NodeContext, RunOptions, RunState
         from orchestrator.engines.trtllm.container import node_trtllm_spec
         from orchestrator.phases.container import Container
     except ImportError:
         return None
     ctx = NodeContext(inventory=inventory, node=node, facts=facts, cluster_facts={}, transport=None,
-                      options=RunOptions(command="status"), shared={})
+                      options=RunOptions(command="status"), shared=RunState())
     try:
         return Container(node_trtllm_spec).wanted(ctx)[1]
     except Exception:  # facts the container step cannot use (no ibdev2netdev...): unknown, not a crash

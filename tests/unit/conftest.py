@@ -28,7 +28,7 @@ import pytest
 from orchestrator.core.progress import Progress
 from orchestrator.core.report import Report
 from orchestrator.core.session import Session
-from orchestrator.core.step import NodeContext, RunOptions
+from orchestrator.core.step import NodeContext, RunOptions, RunState
 from orchestrator.inventory import Inventory
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.remote.transport import Result
@@ -155,14 +155,19 @@ def make_inventory(data: dict[str, Any] | None = None, source: str = "two-sparks
 
 
 def make_context(inv: Inventory, node: str, cluster_facts: dict[str, dict[str, Any]],
-                 shared: dict[str, Any] | None = None,
+                 shared: RunState | dict[str, Any] | None = None,
                  transports: dict[str, FakeTransport] | None = None,
                  options: RunOptions | None = None) -> NodeContext:
+    """A step's context; `shared` as a dict sets values under their keys (an engine's own)."""
     transports = transports or {}
+    if not isinstance(shared, RunState):
+        given, shared = shared or {}, RunState()
+        for key, value in given.items():
+            shared[key] = value
     return NodeContext(
         inventory=inv, node=inv.node(node), facts=cluster_facts[node], cluster_facts=cluster_facts,
         transport=transports.get(node), options=options or RunOptions(),  # type: ignore[arg-type]
-        shared={} if shared is None else shared, transports=transports,  # type: ignore[arg-type]
+        shared=shared, transports=transports,  # type: ignore[arg-type]
     )
 
 

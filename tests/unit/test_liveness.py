@@ -17,7 +17,7 @@ from test_serve import spec as serve_spec
 from test_serve import status_facts
 from test_status import INVENTORY, SERVER, node_facts
 
-from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import liveness, load_recipe, serverctl, verify
 from orchestrator.engines.base import LaunchOptions, Ready
 from orchestrator.engines.sglang.serve import Placement, ServeSpec
@@ -191,7 +191,7 @@ def test_wait_ready_records_ready_and_says_when_it_could_not() -> None:
                             mark=lambda transports: marked.append(transports) or None)
     inv = make_inventory()
     context = NodeContext(inventory=inv, node=inv.node("spark-a"), facts={}, cluster_facts={},
-                          transport=None, options=RunOptions(), shared={}, transports={})
+                          transport=None, options=RunOptions(), shared=RunState(), transports={})
     assert step.apply(context, Change("wait")) == "answering: m (1.0s)" and marked == [{}]
     step.mark = lambda transports: "could not record ready_at in /x: denied"
     assert step.apply(context, Change("wait")).endswith("; could not record ready_at in /x: denied")

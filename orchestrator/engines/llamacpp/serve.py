@@ -27,6 +27,7 @@ from orchestrator.engines.llamacpp.recipe import Recipe, estimate_memory
 from orchestrator.errors import SparkctlError
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import ContainerSpec
+from orchestrator.remote.node_facts import DockerContainer
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -144,8 +145,8 @@ class ServeSpec:
         """The running rpc-server containers' IDs, from the phase's (fresh) facts."""
         ids = []
         for node in self.nodes[1:]:
-            found = ((ctx.cluster_facts.get(node) or {}).get("containers") or {}).get(self.container)
-            ids.append(str((found or {}).get("Id") or "none") if isinstance(found, dict) else "none")
+            found = DockerContainer(self.container).read(ctx.cluster_facts.get(node) or {}, strict=False)
+            ids.append(found.id or "none" if found else "none")
         return ids
 
 
