@@ -85,7 +85,11 @@ class Bench:
 
         _, self.server = _running_server(self.session, self.inventory, self.expected)  # fresh
         info = _server_info(self.session, self.inventory, self.transport, self.server)
-        endpoint = Endpoint(forward_port, self.server["model"])
+        from orchestrator.engines.apikey import bearer, read_node_key
+
+        # a server with an API key: the key from its node's file (over SSH, never argv)
+        endpoint = Endpoint(forward_port, self.server["model"],
+                            headers=bearer(read_node_key(self.transport, self.server)))
 
         def fetch() -> str:
             status, body = endpoint.get("/metrics")
@@ -207,7 +211,10 @@ def _bench(opts: dict[str, Any]) -> int:
     inventory, inventory_path = load_inventory_option(opts["inventory_path"])
     with open_session(inventory, "bench", quiet=True) as session:
         bench = Bench(session, inventory, opts["server"])
-        with Forwarder(bench.transport, int(bench.server["port"])) as forward:
+        from orchestrator.engines.apikey import probe_host
+
+        with Forwarder(bench.transport, int(bench.server["port"]),
+                       remote_host=probe_host(str(bench.server.get("host") or ""))) as forward:
             if not opts["sweep"]:
                 doc = bench.measure(config, forward.local_port)
                 doc.update(command="bench", ok=not doc["interrupted"] and not any(

@@ -32,6 +32,7 @@ class TrtllmEngine:
     health_paths = ("/health", "/health_generate")  # one token through every rank
     layouts = TrtllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
     several_servers = False
+    api_key = None
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
         from orchestrator.engines.base import head_first_problem, ranks_problem

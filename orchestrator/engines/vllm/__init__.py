@@ -63,6 +63,7 @@ class VllmEngine:
     health_paths = ("/health", "/v1/models")  # no /health_generate
     layouts = VllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
     several_servers = False
+    api_key = None
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
         from orchestrator.engines.base import head_first_problem, ranks_problem
