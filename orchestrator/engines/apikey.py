@@ -145,3 +145,10 @@ def key_note(server: dict[str, Any], node: str) -> str:
     return (f"The server needs its API key: send `Authorization: Bearer <key>` (OpenAI clients: "
             "api_key=<key>), the key being the one line of the --api-key-file it was launched "
             f"with (on {node}: {server.get(RECORD_FIELD)}, root only).")
+
+
+def env_from_file(variable: str, key_file: str) -> str:
+    """A shell prefix that exports VARIABLE from the node's key file inside the container (the
+    run dir is mounted there) right before the wrapper execs the engine: the key is in the
+    engine's environment only, never in a command line or the container's configuration."""
+    return f'{variable}="$(cat {quote(key_file)})"; export {variable}; '
