@@ -206,8 +206,8 @@ def phase(spec: ServeSpec, ready_steps: list[Step] | None = None) -> Phase:
 
     from orchestrator.phases.models import ServingPhase
 
-    key = apikey.key_files_step(spec.name, [spec.inventory.head_name], spec.key)
-    return ServingPhase("serve", [StopPrevious(spec), key, StartServer(spec), *(ready_steps or [])],
+    key = [apikey.key_files_step(spec.name, [spec.inventory.head_name], spec.key)] if spec.key else []
+    return ServingPhase("serve", [StopPrevious(spec), *key, StartServer(spec), *(ready_steps or [])],
                         facts, serving=[spec.inventory.head_name])
 
 
