@@ -26,6 +26,7 @@ pytestmark = pytest.mark.lab
 SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 STATE = e2e_state("api_keys")
 OUTPUTS: list[str] = []  # every sparkctl output of the module, for the sentinel test
+SEEN: dict[str, str] = {}  # docker inspect and every argv on the nodes while the later servers ran
 # (recipe, server name, node index, port)
 SERVERS = [("lab-tiny-llama", "keyed-llama", 0, 8080),
            ("qwen3-8b", "keyed-sglang", 1, 30000)]
@@ -137,6 +138,43 @@ def test_the_key_is_nowhere_but_its_files(served: Served) -> None:
                         check=False).stdout
         assert secret not in argv and ("--api-key-file" in argv or "--config" in argv)
         assert "--api-key " not in argv  # the engine's argv flag is never used
+
+
+ONE_SERVER = [("qwen3-235b", 8355, "/health", "TensorRT-LLM behind the relay"),
+              ("minimax-m2.7", 8000, "/metrics", "vLLM's VLLM_API_KEY")]
+
+
+@pytest.mark.parametrize(("recipe", "port", "open_path", "how"), ONE_SERVER)
+def test_the_one_server_engines_take_the_key_too(served: Served, recipe: str, port: int,
+                                                 open_path: str, how: str) -> None:
+    """TensorRT-LLM (no key of its own: sparkctl's relay in front) and vLLM (its variable, set
+    by the start wrapper), each replacing what runs, on the head's fabric address."""
+    lab, secret, _, key = served
+    head = lab.nodes[0]
+    inventory = load_inventory(lab.inventory)
+    address = inventory.mpi_address(inventory.node(head))
+    launch = sparkctl("launch", recipe, *inv(lab), "--host", address, "--api-key-file", str(key),
+                      "--replace", "--yes", "--json", "--timeout", "300")
+    assert launch.returncode == 0, launch.stdout + launch.stderr
+    base = f"http://{address}:{port}"
+    assert get(lab, head, base + "/v1/models") == 401, how
+    assert get(lab, head, base + "/v1/models", "sk-wrong-key-0000") == 401
+    assert get(lab, head, base + "/v1/models", secret) == 200
+    assert get(lab, head, base + open_path) == 200
+    chat = sparkctl("chat", "Hello", *inv(lab), "--json")
+    assert chat.returncode == 0, chat.stdout + chat.stderr
+    status = json.loads(sparkctl("status", *inv(lab), "--json").stdout)
+    assert [s["state"] for s in status["servers"]] == ["healthy"], status["servers"]
+    SEEN.update({node: lab.exec(node, "docker inspect $(docker ps -aq); cat /proc/[0-9]*/cmdline "
+                                "2>/dev/null | tr '\\0' ' '", check=False).stdout
+                 for node in lab.nodes})
+
+
+def test_no_output_log_or_report_holds_the_key(served: Served) -> None:
+    """Last: every sparkctl output and --json report of the module, the controller's logs, and
+    what the nodes showed while the one-server engines ran."""
+    secret = served[1]
+    assert SEEN and not [node for node, text in SEEN.items() if secret in text]
     logs = subprocess.run(["grep", "-rl", secret, STATE], capture_output=True, text=True)
     assert logs.stdout == "", logs.stdout
-    assert not [out for out in OUTPUTS if secret in out]
+    assert OUTPUTS and not [out for out in OUTPUTS if secret in out]

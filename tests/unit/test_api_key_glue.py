@@ -165,3 +165,91 @@ def test_the_lab_sglang_reads_api_key_from_its_config_file(tmp_path: Path) -> No
     with pytest.raises(UsageError, match="YAML"):
         sglang_cli.parse(["--model-path", "m", "--config", str(tmp_path / "k.txt")],
                          option_table("sglang"))
+
+
+def test_trtllm_serve_binds_loopback_behind_the_relay_that_holds_host_and_port() -> None:
+    from orchestrator.engines.trtllm import keyrelay
+    from orchestrator.engines.trtllm.serve import LaunchSpec, start_cmd
+
+    inventory = make_inventory()
+    recipe = load_recipe("qwen3-235b")
+    plain = LaunchSpec(recipe, inventory, "10.0.0.5", False, True, name="srv")
+    spec = LaunchSpec(recipe, inventory, "10.0.0.5", False, True, name="srv", key=KEY)
+    words = " ".join(spec.argv)
+    inner = keyrelay.inner_port(recipe.port)
+    assert f"--port {inner} --host 127.0.0.1" in words and "10.0.0.5" not in words
+    assert f"--port {recipe.port} --host 10.0.0.5" in " ".join(plain.argv) and not plain.relay
+    command = start_cmd("c", spec.argv, spec.relay)
+    assert SENTINEL not in command and apikey.node_key_file("srv") in command
+    assert f'"listen": "10.0.0.5", "open": ["/health"]' in command and "setsid python3" in command
+    assert spec.record()["api_key_file"] == apikey.node_key_file("srv") and spec.digest != plain.digest
+    assert keyrelay.inner_port(60000) == 50000 and get_engine("trtllm").api_key.relay
+
+
+def test_the_key_relay_checks_each_request_and_passes_the_rest_untouched(tmp_path: Path) -> None:
+    import http.client
+    import http.server
+    import socket
+    import threading
+    import time
+
+    from orchestrator.node import script
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.answer(b"")
+
+        def do_POST(self) -> None:
+            self.answer(self.rfile.read(int(self.headers["Content-Length"])))
+
+        def answer(self, body: bytes) -> None:
+            data = json.dumps({"path": self.path, "body": body.decode()}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None: ...
+
+    engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    key = tmp_path / "key"
+    key.write_text(SENTINEL + "\n")
+    args = {"listen": "127.0.0.1", "port": port, "target": engine.server_address[1],
+            "key_file": str(key), "open": ["/health", "/metrics*"],
+            "pidfile": str(tmp_path / "relay.pid"), "role": "test"}
+    relay = subprocess.Popen([sys.executable, "-c", script("keyrelay.py"), json.dumps(args)])
+    try:
+        while not (tmp_path / "relay.pid").exists():
+            assert relay.poll() is None
+            time.sleep(0.05)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+        def ask(method: str, path: str, auth: str | None, body: str | None = None) -> int:
+            headers = {"Authorization": f"Bearer {auth}"} if auth else {}
+            conn.request(method, path, body=body, headers=headers)
+            answer = conn.getresponse()
+            data = answer.read()
+            if answer.status == 200:
+                assert json.loads(data) == {"path": path, "body": body or ""}
+            return answer.status
+
+        # one kept-alive connection: each request is checked, bodies pass whole
+        assert ask("GET", "/health", None) == 200 and ask("GET", "/metrics/x", None) == 200
+        assert ask("POST", "/v1/chat/completions", SENTINEL, '{"m": 1}') == 200
+        assert ask("GET", "/v1/models", SENTINEL) == 200
+        assert ask("GET", "/v1/models", "sk-wrong") == 401
+        conn.close()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        assert ask("POST", "/v1/chat/completions", None, '{"m": 2}') == 401
+        conn.close()
+    finally:
+        relay.terminate()
+        relay.wait(timeout=30)
+        engine.shutdown()
+    assert relay.returncode == 0
