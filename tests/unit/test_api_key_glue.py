@@ -181,7 +181,7 @@ def test_trtllm_serve_binds_loopback_behind_the_relay_that_holds_host_and_port()
     assert f"--port {recipe.port} --host 10.0.0.5" in " ".join(plain.argv) and not plain.relay
     command = start_cmd("c", spec.argv, spec.relay)
     assert SENTINEL not in command and apikey.node_key_file("srv") in command
-    assert f'"listen": "10.0.0.5", "open": ["/health"]' in command and "setsid python3" in command
+    assert '"listen": "10.0.0.5", "open": ["/health"]' in command and "setsid python3" in command
     assert spec.record()["api_key_file"] == apikey.node_key_file("srv") and spec.digest != plain.digest
     assert keyrelay.inner_port(60000) == 50000 and get_engine("trtllm").api_key.relay
 
