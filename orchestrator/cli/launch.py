@@ -173,8 +173,8 @@ def _placed(recipe: Any, placed: tuple[str, ...], name: str | None,
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address the server binds on its node; beyond loopback needs --api-key-file.")
 @click.option("--api-key-file", metavar="FILE",
-              help="The server's API key (mode 0600, one line; never on argv): required with a "
-                   "--host other than loopback.")
+              help="The server's API key (mode 0600, one line; to the nodes on stdin, never on "
+                   "argv or in docker inspect): required with a --host beyond loopback.")
 @click.option("--drop-caches/--no-drop-caches", default=True, show_default=True,
               help="Drop the page cache on the serving nodes before a cold start (unified "
                    "memory); --drop-caches is the default and kept for compatibility.")
@@ -396,5 +396,5 @@ def tunnel(inventory_path: str | None, local_port: int | None, name: str | None,
     """Forward a local port to a server on its node until Ctrl-C (for other clients).
 
     --json prints one line once the forward listens: {"url", "base_url", "local_port", "node",
-    "port", "model", "server"}."""
+    "port", "model", "server", "api_key" (whether the server needs its key)}."""
     run_command(lambda: _tunnel(inventory_path, local_port, name, as_json))
