@@ -70,9 +70,8 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
             ignore_memory: bool, guard_min_available_gb: float | None = None,
             placed: tuple[str, ...] = (), name: str | None = None, port: int | None = None,
-            no_drop_caches: bool = False, persist: bool = False,
-            distribute_image: bool = False, api_key_file: str | None = None,
-            verify_models: bool = False) -> int:
+            no_drop_caches: bool = False, persist: bool = False, distribute_image: bool = False,
+            api_key_file: str | None = None, verify_models: bool = False) -> int:
     from orchestrator.cli.api_key import check_bind
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan
@@ -83,6 +82,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
         load_recipe,
         serving_nodes,
     )
+    from orchestrator.engines.apikey import relayed_port  # (an engine behind the key relay)
     from orchestrator.engines.base import LaunchOptions
     from orchestrator.errors import InputError
 
@@ -102,8 +102,8 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
         _note(f"warning: {warning}")
     token = read_hf_token(hf_token_file)
     options = LaunchOptions(host=host, replace=replace, drop_caches=drop_caches, timeout=timeout,
-                            guard_min_available_gb=guard_min_available_gb,
-                            name=name, skip_drop_caches=no_drop_caches, ignore_memory=ignore_memory,
+                            guard_min_available_gb=guard_min_available_gb, name=name,
+                            skip_drop_caches=no_drop_caches, ignore_memory=ignore_memory,
                             persist=persist or recipe.persist, api_key=api_key)
     head = serving_nodes(recipe, inventory)[0]
     endpoint = f"http://{host}:{recipe.port}"
@@ -111,11 +111,11 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
 
     from orchestrator.phases import hub_token
     from orchestrator.phases.launch_checks import with_checks
-
     # the token first: a missing or refused one stops the launch before any download or change
     plan = Plan("launch", with_checks([hub_token.phase(recipe, inventory),
                                        *engine.launch_phases(recipe, inventory, options)],
-                                      recipe, inventory, verify_models, host))
+                                      recipe, inventory, verify_models, host,
+                                      relayed_port(engine.api_key, api_key, recipe.port)))
 
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,

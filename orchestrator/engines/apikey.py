@@ -59,6 +59,17 @@ class KeyWay:
                    for p in self.open_paths)
 
 
+def relay_inner_port(port: int) -> int:
+    """Where an engine behind sparkctl's key-checking relay listens on 127.0.0.1 (the relay
+    holds the server's own port): 10000 above, or below near the top of the range."""
+    return port + 10000 if port + 10000 <= 65535 else port - 10000
+
+
+def relayed_port(way: KeyWay | None, key: Secret | None, port: int) -> int | None:
+    """The inner port a launch binds besides its own (proven free first), or None."""
+    return relay_inner_port(port) if key is not None and way is not None and way.relay else None
+
+
 def node_key_file(server: str) -> str:
     """The key on a serving node: next to the server's record, root only."""
     return f"{record_dir(server)}/api_key"

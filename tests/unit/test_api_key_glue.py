@@ -253,3 +253,18 @@ def test_the_key_relay_checks_each_request_and_passes_the_rest_untouched(tmp_pat
         relay.wait(timeout=30)
         engine.shutdown()
     assert relay.returncode == 0
+
+
+def test_the_port_behind_the_relay_is_proven_free_first() -> None:
+    from orchestrator.phases.launch_checks import with_checks
+
+    inventory = make_inventory()
+    recipe = load_recipe("qwen3-235b")
+    way = get_engine("trtllm").api_key
+    assert apikey.relayed_port(way, None, 8355) is None  # no key: no relay
+    assert apikey.relayed_port(get_engine("llamacpp").api_key, KEY, 8080) is None  # its own
+    inner = apikey.relayed_port(way, KEY, recipe.port)
+    assert inner == 18355
+    (check,) = with_checks([], recipe, inventory, False, "10.0.0.5", inner)
+    wanted = {(p.port, p.address) for p in check.steps[0].wanted}  # type: ignore[attr-defined]
+    assert (8355, "10.0.0.5") in wanted and (18355, "127.0.0.1") in wanted

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from orchestrator.commands import quote
-from orchestrator.engines.apikey import KeyWay
+from orchestrator.engines.apikey import KeyWay, relay_inner_port
 from orchestrator.paths import RUN_DIR
 
 WAY = KeyWay("none of its own (trtllm-serve takes no key): sparkctl's key-checking relay binds "
@@ -22,8 +22,8 @@ PIDFILE = f"{RUN_DIR}/keyrelay.pid"
 
 
 def inner_port(port: int) -> int:
-    """The engine's own port behind the relay (10000 above, or below near the top)."""
-    return port + 10000 if port + 10000 <= 65535 else port - 10000
+    """The engine's own port behind the relay (launch proves it free first)."""
+    return relay_inner_port(port)
 
 
 def behind_relay(argv: list[str], port: int) -> list[str]:
