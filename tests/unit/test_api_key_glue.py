@@ -268,3 +268,15 @@ def test_the_port_behind_the_relay_is_proven_free_first() -> None:
     (check,) = with_checks([], recipe, inventory, False, "10.0.0.5", inner)
     wanted = {(p.port, p.address) for p in check.steps[0].wanted}  # type: ignore[attr-defined]
     assert (8355, "10.0.0.5") in wanted and (18355, "127.0.0.1") in wanted
+
+
+def test_down_of_a_one_server_engine_takes_its_key_file_along() -> None:
+    from orchestrator.engines.servers import stop_commands
+
+    inventory = make_inventory()
+    server = {"name": "qwen3-235b", "engine": "trtllm", "legacy": True, "nodes": ["spark-a"],
+              "api_key_file": apikey.node_key_file("qwen3-235b")}
+    (command,) = stop_commands(server, inventory).values()
+    assert command.endswith("rm -rf -- /var/lib/sparkctl/run/servers/qwen3-235b")
+    (plain,) = stop_commands({**server, "api_key_file": None}, inventory).values()
+    assert "rm -rf" not in plain
