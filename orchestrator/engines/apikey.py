@@ -28,6 +28,8 @@ from orchestrator.engines.servers import record_dir
 from orchestrator.errors import SparkctlError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from orchestrator.core.step import NodeContext, Step
     from orchestrator.remote.transport import Transport
 
@@ -149,6 +151,18 @@ def probe_host(host: str) -> str:
     """Where a probe on the serving node reaches a server bound to HOST (a wildcard bind
     answers on loopback; a fabric address only on itself)."""
     return "127.0.0.1" if host in ("0.0.0.0", "::", "localhost", "") else host
+
+
+def key_copy(transport: Transport, server: dict[str, Any], folder: Path) -> str | None:
+    """For a relaunch of a server with an API key (`bench --sweep`): its key, read from the
+    node, in a 0600 file of FOLDER (the caller's private temporary folder, removed with it)."""
+    key = read_node_key(transport, server)
+    if key is None:
+        return None
+    path = folder / "api.key"
+    path.touch(mode=0o600)
+    path.write_text(key.reveal() + "\n")
+    return str(path)
 
 
 def key_note(server: dict[str, Any], node: str) -> str:
