@@ -5,12 +5,13 @@ The key never travels on a command line and never sits in a container's configur
 inspect` shows Cmd, Env, Mounts and Labels to anyone in the docker group). It goes:
   controller file (checked: cli/api_key.py) -> stdin of the node's ledger script (phases/files.py)
   -> RUN_DIR/servers/<server>/api_key on every serving node (0600 root)
-  -> mounted read-only at CONTAINER_KEY in the server's container
+  -> mounted read-only at CONTAINER_KEY in the server's own container (vLLM and TensorRT-LLM,
+     which start in a long-lived container, read it through the run dir that container mounts)
   -> the engine, in its own way at its pinned version (each engine's `api_key` member, a
-     `KeyWay`: llama-server reads the file itself, vLLM gets VLLM_API_KEY from a small entry
-     wrapper that reads the file and execs, SGLang gets a YAML `--config` the wrapper writes
-     inside the container, TensorRT-LLM's trtllm-serve has no key at all, so sparkctl's
-     key-checking relay stands in front of it).
+     `KeyWay`: llama-server reads the file itself, vLLM gets VLLM_API_KEY from the wrapper that
+     reads the file and execs `vllm serve`, SGLang gets a YAML `--config` its entry wrapper
+     writes, TensorRT-LLM's trtllm-serve has no key at all, so sparkctl's key-checking relay
+     stands in front of it).
 The server's record says only that a key is set and where the node's file is (`api_key_file`);
 node-side probes read that file as root, `chat`/`bench` read it over SSH (stdout of `sudo cat`,
 registered as a secret so no log line shows it).
