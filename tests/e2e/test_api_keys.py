@@ -30,12 +30,15 @@ SEEN: dict[str, str] = {}  # docker inspect and every argv on the nodes while th
 # (recipe, server name, node index, port)
 SERVERS = [("lab-tiny-llama", "keyed-llama", 0, 8080),
            ("qwen3-8b", "keyed-sglang", 1, 30000)]
-# a GET from the serving node itself, over its fabric address: prints the HTTP status
+# a GET (or POST of a JSON body) from a node, the key on stdin: prints the HTTP status
 GET = ("import sys, urllib.error, urllib.request\n"
-       "h = {'Authorization': 'Bearer ' + sys.argv[2]} if len(sys.argv) > 2 else {}\n"
+       "key = sys.stdin.read().strip()  # on stdin: the test puts no key on a command line\n"
+       "h = {'Authorization': 'Bearer ' + key} if key else {}\n"
+       "data = sys.argv[2].encode() if len(sys.argv) > 2 else None\n"
+       "h['Content-Type'] = 'application/json'\n"
        "try:\n"
-       "    print(urllib.request.urlopen(urllib.request.Request(sys.argv[1], headers=h), "
-       "timeout=30).status)\n"
+       "    print(urllib.request.urlopen(urllib.request.Request(sys.argv[1], data, h), "
+       "timeout=120).status)\n"
        "except urllib.error.HTTPError as e:\n"
        "    print(e.code)\n"
        "except OSError:\n"
@@ -82,9 +85,9 @@ def served(lab_session: list[Lab], tmp_path_factory: pytest.TempPathFactory) -> 
     sparkctl("down", *inv(lab), "--yes")
 
 
-def get(lab: Lab, node: str, url: str, key: str | None = None) -> int:
-    command = ["python3", "-c", GET, url, *([key] if key else [])]
-    return int(lab.exec(node, command).stdout.strip())
+def get(lab: Lab, node: str, url: str, key: str | None = None, body: str | None = None) -> int:
+    command = ["python3", "-c", GET, url, *([body] if body else [])]
+    return int(lab.exec(node, command, input_text=key or "").stdout.strip())
 
 
 def test_launch_beyond_loopback_needs_a_key(served: Served) -> None:
@@ -138,6 +141,30 @@ def test_the_key_is_nowhere_but_its_files(served: Served) -> None:
                         check=False).stdout
         assert secret not in argv and ("--api-key-file" in argv or "--config" in argv)
         assert "--api-key " not in argv  # the engine's argv flag is never used
+
+
+def test_the_gateway_sends_a_replicas_key_to_it(served: Served) -> None:
+    """A replica on its node's loopback with its own key: LiteLLM gets that key from the
+    gateway's 0600 config and its requests pass; the fabric-bound servers are no replicas."""
+    lab, secret, _, key = served
+    node = lab.nodes[1]
+    launch = sparkctl("launch", "qwen3-8b", *inv(lab), "--nodes", node, "--name", "keyed-loop",
+                      "--port", "30001", "--api-key-file", str(key), "--yes", "--timeout", "240")
+    assert launch.returncode == 0, launch.stdout + launch.stderr
+    assert get(lab, node, "http://127.0.0.1:30001/v1/models") == 401
+    up = sparkctl("gateway", "up", *inv(lab), "--host", "0.0.0.0", "--api-key-file", str(key),
+                  "--json", timeout=400)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        doc = json.loads(up.stdout)
+        assert [r["server"] for r in doc["replicas"]] == ["keyed-loop"], doc["replicas"]
+        body = json.dumps({"model": "Qwen/Qwen3-8B", "max_tokens": 8,
+                           "messages": [{"role": "user", "content": "Hello"}]})
+        gateway = "http://127.0.0.1:4000/v1/chat/completions"
+        assert get(lab, lab.nodes[0], gateway, secret, body) == 200
+    finally:
+        sparkctl("gateway", "down", *inv(lab))
+        sparkctl("down", *inv(lab), "--server", "keyed-loop", "--yes")
 
 
 ONE_SERVER = [("qwen3-235b", 8355, "/health", "TensorRT-LLM behind the relay"),
