@@ -19,7 +19,9 @@ from orchestrator.engines import DEFAULT_ENGINE
 from orchestrator.errors import SparkctlError
 
 if TYPE_CHECKING:
+    from orchestrator.commands import Secret
     from orchestrator.core.step import Phase
+    from orchestrator.engines.apikey import KeyWay
     from orchestrator.engines.meters import SpecMeter
     from orchestrator.inventory import Inventory
     from orchestrator.phases.ports import ListenPort
@@ -168,6 +170,9 @@ class LaunchOptions:
     persist: bool = False
     """--persist (or the recipe's `persist: true`): the server comes back after a node reboot
     (docker restart policy plus a boot unit per serving node, phases/persist.py)."""
+    api_key: Secret | None = None
+    """--api-key-file's key (checked, cli/api_key.py): each engine hands it to its server in its
+    own way (engines/apikey.py, the engine's `api_key` member); never on argv or in Env."""
 
 
 class LaunchFailed(SparkctlError):
@@ -211,6 +216,10 @@ class Engine(Protocol):
     """What `status` probes on the serving node: /health, then the engine's second probe
     (TensorRT-LLM's /health_generate sends a token through every rank; others: /v1/models)."""
     several_servers: bool
+    api_key: KeyWay | None
+    """How its server takes an API key (`launch --api-key-file`, engines/apikey.py): the
+    engine's own mechanism, or sparkctl's key-checking relay in front; and what it leaves
+    open without the key (the health probes' paths). None: launch refuses a key (exit 2)."""
     """Whether several servers of this engine may run at once (on different nodes, or on one
     node when memory and ports allow). False: one server of the engine per cluster (its
     processes run in one cluster-wide container); a different one is refused or --replace'd."""

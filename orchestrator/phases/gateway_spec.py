@@ -55,6 +55,9 @@ class Replica:
     address: str   # the node's fabric address, as the gateway's node reaches it
     port: int      # the engine's port on 127.0.0.1 of its node; the relay's on `address`
     recipe: str = ""
+    key: Secret | None = field(default=None, compare=False)
+    """The server's API key (`launch --api-key-file`), read from its node's file: LiteLLM sends
+    it to this replica (it is in the 0600 config file only)."""
 
     @property
     def api_base(self) -> str:
@@ -82,7 +85,8 @@ class GatewaySpec:
         deployments = [{
             "model_name": r.model,
             "litellm_params": {"model": f"openai/{r.model}", "api_base": r.api_base,
-                               "api_key": "none", "timeout": 600, "stream_timeout": 600},
+                               "api_key": r.key.reveal() if r.key else "none",
+                               "timeout": 600, "stream_timeout": 600},
             "model_info": {"id": r.server},
         } for r in self.replicas]
         general: dict[str, Any] = {}
@@ -182,15 +186,21 @@ def probe_cmd(host: str | None = None, port: int | None = None, liveliness: bool
         json.dumps(args, sort_keys=True))
 
 
-def replicas_from(servers: list[dict[str, Any]], address_of: Any) -> tuple[Replica, ...]:
-    """Live servers as replicas, sorted; `address_of(node)` gives the fabric address."""
+def replicas_from(servers: list[dict[str, Any]], address_of: Any,
+                  key_of: Any = None) -> tuple[Replica, ...]:
+    """Live servers as replicas, sorted; `address_of(node)` gives the fabric address and
+    `key_of(server)` the API key of a server that has one. A server bound beyond its node's
+    loopback (`launch --host`) is no replica: its relay would need the address it holds."""
     out = []
     for s in servers:
         if not s.get("alive") or not s.get("model") or not s.get("port"):
             continue
+        if not is_loopback(str(s.get("host") or "127.0.0.1")):
+            continue
         node = str(s.get("node") or (s.get("nodes") or [""])[0])
+        key = key_of(s) if key_of is not None and s.get("api_key_file") else None
         out.append(Replica(str(s.get("name") or s.get("recipe")), str(s["model"]), node,
-                           address_of(node), int(s["port"]), str(s.get("recipe") or "")))
+                           address_of(node), int(s["port"]), str(s.get("recipe") or ""), key))
     return tuple(sorted(out, key=lambda r: (r.model, r.server)))
 
 

@@ -124,8 +124,9 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
         result["gateway"] = gateway_summary(facts)
         from orchestrator.status.memory import attach_metrics
 
-        def run_on(node: str, command: str) -> tuple[int, str]:
-            done = session.transports[node].run(command, timeout=15, display="GET /metrics")
+        def run_on(node: str, command: str, sudo: bool = False) -> tuple[int, str]:
+            done = session.transports[node].run(command, sudo=sudo, timeout=15,
+                                                display="GET /metrics")
             return done.exit_status, done.stdout
 
         attach_metrics([s for s in result["servers"] if s.get("node") in session.transports], run_on)

@@ -53,9 +53,12 @@ def test_tunnel_json_says_where_to_connect(monkeypatch: pytest.MonkeyPatch) -> N
     def session() -> Any:
         yield object()
 
+    remote: list[str] = []
+
     class Forwarder:
-        def __init__(self, transport: Any, port: int, local: int) -> None:
+        def __init__(self, transport: Any, port: int, local: int, remote_host: str) -> None:
             self.local_port = 40123
+            remote.append(remote_host)
 
         def __enter__(self) -> Any:
             return self
@@ -68,7 +71,8 @@ def test_tunnel_json_says_where_to_connect(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(launch, "_server_on_head", lambda path, command: (session(), object()))
     monkeypatch.setattr(launch, "_running_server", lambda s, inv, name: (None, {
-        "port": 8000, "node": "spark-a", "model": "m", "name": "srv"}))
+        "port": 8000, "node": "spark-a", "model": "m", "name": "srv", "host": "10.0.0.5",
+        "api_key_file": "/var/lib/sparkctl/run/servers/srv/api_key"}))
     monkeypatch.setattr("orchestrator.remote.tunnel.Forwarder", Forwarder)
     monkeypatch.setattr("threading.Event", Event)
     result = CliRunner().invoke(cli, ["tunnel", "--json", "--local-port", "0"])
@@ -76,4 +80,8 @@ def test_tunnel_json_says_where_to_connect(monkeypatch: pytest.MonkeyPatch) -> N
     line = json.loads(result.stdout.splitlines()[0])
     assert line == {"command": "tunnel", "ok": True, "url": "http://127.0.0.1:40123",
                     "base_url": "http://127.0.0.1:40123/v1", "local_port": 40123,
-                    "node": "spark-a", "port": 8000, "model": "m", "server": "srv"}
+                    "node": "spark-a", "port": 8000, "model": "m", "server": "srv",
+                    "api_key": True}
+    # the forward reaches the server where it binds; the key is said to be needed, never shown
+    assert remote == ["10.0.0.5"]
+    assert "Authorization: Bearer <key>" in result.stderr and "/servers/srv/api_key" in result.stderr

@@ -255,7 +255,7 @@ def test_servers_script_reads_the_ready_line_of_a_record_that_does_not_answer(
             "ready_lines": ready_lines()}
     ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
         "def running(container):": "def running(container):\n    return True\n\ndef _unused(container):",
-        "def health(port):": "def health(port):\n    return 503\n\ndef _unused2(port):"})
+        "def health(record):": "def health(record):\n    return 503\n\ndef _unused2(record):"})
     found = ran.json["servers"][0]
     assert found["health"] == 503 and found["ready_log"] is True
     assert server_state(found) == "stalled"
@@ -274,7 +274,7 @@ def test_servers_script_reads_an_sglang_containers_log_for_sglangs_own_line(
     def listed() -> dict[str, Any]:
         ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
             "def running(container):": "def running(container):\n    return True\n\ndef _unused(container):",
-            "def health(port):": "def health(port):\n    return 503\n\ndef _unused2(port):",
+            "def health(record):": "def health(record):\n    return 503\n\ndef _unused2(record):",
             '["docker", "logs", record.get("container") or ""]': '["cat", record["container"]]'})
         return dict(ran.json["servers"][0])
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.trtllm import keyrelay
 from orchestrator.engines.trtllm.layouts import TrtllmLayouts
 from orchestrator.engines.trtllm.meter import TrtllmMeter
 from orchestrator.engines.trtllm.recipe import Recipe
@@ -32,6 +33,7 @@ class TrtllmEngine:
     health_paths = ("/health", "/health_generate")  # one token through every rank
     layouts = TrtllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
     several_servers = False
+    api_key = keyrelay.WAY  # trtllm-serve takes no key: sparkctl's relay checks it
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
         from orchestrator.engines.base import head_first_problem, ranks_problem
@@ -65,7 +67,8 @@ class TrtllmEngine:
         from orchestrator.phases import models
 
         spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches,
-                                options.guard_min_available_gb, options.name, options.persist)
+                                options.guard_min_available_gb, options.name, options.persist,
+                                options.api_key)
         guard = running.guard_phase(recipe, inventory, options.replace,
                                     same_engine=[spec.guard()],
                                     more_facts=serve.guard_facts(spec))
