@@ -121,8 +121,8 @@ class SameNcclDevices(Step):
                     f"{name}: its RoCE devices ({','.join(theirs)}) are not named as the Ray head's "
                     f"({','.join(head)}, {self.spec.first}): vLLM copies the head's NCCL_* "
                     f"settings onto every Ray worker, so NCCL on {name} would look for "
-                    f"{','.join(head)}. Use `executor: mp` in the recipe (each rank keeps its own NCCL_IB_HCA), or serve from nodes "
-                    "whose devices are named alike", EXIT_BAD_INPUT)
+                    f"{','.join(head)}. Use `executor: mp` in the recipe (each rank keeps its own "
+                    "NCCL_IB_HCA), or serve from nodes whose devices are named alike", EXIT_BAD_INPUT)
         return Unchanged(f"every node's RoCE devices are {','.join(head)}, as the Ray head's "
                          "(vLLM copies the head's NCCL_IB_HCA onto its Ray workers)")
 
