@@ -121,8 +121,9 @@ def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:
     if running.get("container") in (None, inventory.container.name):  # in the `up` container
         return node_cmd(inventory.container.name, action="stop", rotate=True)
     # engines with their own containers: remove those containers
+    # the record's own containers only: the engine's named servers run in others
     ids = docker_cmd("ps", "-aq", *managed_filter_args(inventory), "--filter",
-                     f"label=sparkctl.engine={engine}")
+                     f"label=sparkctl.engine={engine}", "--filter", f"name=^/{running['container']}$")
     pid_file = quote(f"{RUN_DIR}/{running.get('main') or 'server.pid'}")
     return (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids "
             f">/dev/null; rm -f {pid_file}")

@@ -54,6 +54,34 @@ def health(port):
         return 0
 
 
+def main_alive(record):
+    """A server whose main process was started in its container by `docker exec` (its record's
+    "pid_file", the pid in the container's PID namespace): that process lives. The container
+    may run on without it (a Ray node), so the container alone does not say the server lives."""
+    try:
+        with open(record["pid_file"]) as handle:
+            pid = int(handle.read().strip())
+        proc = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", record.get("container") or ""],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        init = int(proc.stdout.decode().strip() or 0)
+        namespace = os.readlink("/proc/%d/ns/pid" % init)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/status" % entry) as handle:
+                fields = dict(line.split(":", 1) for line in handle if ":" in line)
+            if (fields.get("NSpid", "").split() or ["0"])[-1] == str(pid) and \
+                    fields.get("State", "").split()[:1] not in (["Z"], ["X"]) and \
+                    os.readlink("/proc/%s/ns/pid" % entry) == namespace:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def first_match(lines, text):
     """Read until the first line with TEXT (the ready line comes early in a log)."""
     return any(text in line for line in lines)
@@ -155,6 +183,8 @@ for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
     # the memory guard's stop record (node/memguard.py), if it stopped this server
     record["memguard"] = load(os.path.join(base, name, "memguard-stopped.json"))
     record["alive"] = bool(running(record.get("container") or ""))
+    if record["alive"] and record.get("pid_file"):
+        record["alive"] = main_alive(record)
     found.append(record)
 if a.get("legacy_container"):
     record = load(os.path.join(run, "server.json"))
