@@ -149,7 +149,7 @@ def test_trtllm_names_the_dead_rank_when_it_restarts() -> None:
 def test_vllm_restarts_a_stalled_server_of_the_same_name() -> None:
     from orchestrator.engines.vllm import check
     from orchestrator.engines.vllm import serve as vllm_serve
-    
+
     inv = make_inventory()
     spec = vllm_serve.ServeSpec(load_recipe("gpt-oss-120b-vllm"), inv, LaunchOptions())
     record = {**spec.record(), "alive": True, "health": 503}

@@ -104,7 +104,7 @@ def test_the_verify_steps_of_the_plan_reach_the_first_node(
     assert summary.startswith("4 tokens in 0.50s") and "Paris is lovely." in summary
     (call,) = [c for c in cluster["spark-b"].calls if '"action": "chat"' in c.command]
     assert "docker exec sparkctl-vllm-b" in call.command and '"port": 8000' in call.command
-    status = [c for c in cluster["spark-b"].calls if '"action": "status"' in c.command][0]
+    status = next(c for c in cluster["spark-b"].calls if '"action": "status"' in c.command)
     assert f'"run": "{RUN_DIR}/servers/b/serve"' in status.command
     assert not cluster["spark-a"].calls
 
