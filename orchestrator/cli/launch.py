@@ -116,7 +116,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     # the token first: a missing or refused one stops the launch before any download or change
     plan = Plan("launch", with_checks([hub_token.phase(recipe, inventory),
                                        *engine.launch_phases(recipe, inventory, options)],
-                                      recipe, inventory, verify_models, host))
+                                      recipe, inventory, verify_models, host, server))
 
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,

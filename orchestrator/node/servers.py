@@ -57,7 +57,9 @@ def health(port):
 def main_alive(record):
     """A server whose main process was started in its container by `docker exec` (its record's
     "pid_file", the pid in the container's PID namespace): that process lives. The container
-    may run on without it (a Ray node), so the container alone does not say the server lives."""
+    may run on without it (a Ray node), so the container alone does not say the server lives.
+    A restarted container has a new namespace whose numbers start again: the process must also
+    be the server's (its command line holds one of the record's "ours" words)."""
     try:
         with open(record["pid_file"]) as handle:
             pid = int(handle.read().strip())
@@ -76,7 +78,9 @@ def main_alive(record):
             if (fields.get("NSpid", "").split() or ["0"])[-1] == str(pid) and \
                     fields.get("State", "").split()[:1] not in (["Z"], ["X"]) and \
                     os.readlink("/proc/%s/ns/pid" % entry) == namespace:
-                return True
+                with open("/proc/%s/cmdline" % entry, "rb") as handle:
+                    command = handle.read().replace(b"\0", b" ").decode(errors="replace")
+                return any(word in command for word in record.get("ours") or [""])
         except (OSError, ValueError):
             continue
     return False

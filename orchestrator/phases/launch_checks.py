@@ -12,7 +12,8 @@ from orchestrator.phases.ports import with_port_check
 
 
 def with_checks(phases: list[Phase], recipe: Any, inventory: Inventory,
-                verify_models: bool = False, host: str = "*") -> list[Phase]:
+                verify_models: bool = False, host: str = "*", server: str | None = None
+                ) -> list[Phase]:
     """A launch's engine phases behind the port check and, with --verify-models, the re-hash of
     every model file (phases/verify_models.py), both read-only until they find something."""
     from orchestrator.engines import serving_nodes
@@ -24,4 +25,4 @@ def with_checks(phases: list[Phase], recipe: Any, inventory: Inventory,
     # the HTTP port is bound on --host only (127.0.0.1 by default); the others on every address
     wanted = [p._replace(address=host) if p.what == "HTTP" else p
               for p in recipe.listen_ports(serving_nodes(recipe, inventory))]
-    return with_port_check(phases, wanted)
+    return with_port_check(phases, wanted, server)

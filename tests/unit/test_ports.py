@@ -140,7 +140,7 @@ def node_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (bin_dir / "docker").write_text(
         "#!/bin/sh\n"
         f"echo \"$@\" >> {tmp_path}/docker.log\n"
-        "case \"$1\" in ps) echo c0ffee ;; inspect) echo '/sparkctl-vllm 4000' ;; esac\n")
+        "case \"$1\" in ps) echo c0ffee ;; inspect) echo '/sparkctl-vllm-q 4000 q' ;; esac\n")
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
@@ -165,11 +165,24 @@ def test_the_node_script_says_who_holds_each_wanted_port(node_tools: Path,
                                    f'return {spaces!r}.get(pid, "pid:[1]")'})
     assert ran.json == {"ports": {
         "8000": [{"pid": 4001, "process": "python3", "address": "127.0.0.1", "ours": True,
-                  "container": "sparkctl-vllm"}],
+                  "container": "sparkctl-vllm-q", "server": "q"}],
         "6379": [{"pid": 4002, "process": "gcs_server", "address": "0.0.0.0", "ours": True,
-                  "container": "sparkctl-vllm"}],
+                  "container": "sparkctl-vllm-q", "server": "q"}],
         "20000": [{"pid": 5000, "process": "python3", "address": "[::]", "ours": False,
-                   "container": None}]}}
+                   "container": None, "server": None}]}}
+    # another named server's listener is in the way of a launch of another name, not of its own
+    found = ran.json["ports"]
+    for launching, refused in (("q", False), ("other", True), (None, False)):
+        step = PortsFree([ListenPort("spark-b", 6379, "Ray GCS", "launch with another --port")],
+                         launching)
+        answer = {"rc": 0, "out": json.dumps({"ports": found})}
+        if refused:
+            with pytest.raises(SparkctlError, match=r"port 6379 \(Ray GCS\) is taken by gcs_server "
+                                                    r"\(pid 4002\) in container sparkctl-vllm-q of "
+                                                    r"server q \(`sparkctl down --server q`\)"):
+                step.check(ctx("spark-b", answer))
+        else:
+            assert isinstance(step.check(ctx("spark-b", answer)), Unchanged)
     assert "label=sparkctl.cluster=two-sparks" in (node_tools / "docker.log").read_text()
 
 

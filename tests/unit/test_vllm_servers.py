@@ -175,7 +175,7 @@ def test_a_named_server_whose_vllm_serve_ended_is_dead_though_its_ray_container_
     (record_dir / "serve").mkdir(parents=True)
     pid_file = record_dir / "serve" / "vllm.pid"
     record = {"name": "q", "engine": "vllm", "port": 1, "container": str(os.getpid()),
-              "pid_file": str(pid_file), "nodes": ["spark-a"]}
+              "pid_file": str(pid_file), "nodes": ["spark-a"], "ours": ["python"]}
     (record_dir / "server.json").write_text(json.dumps(record))
     args = {"run": str(tmp_path), "probe": False, "ready_lines": {}}
 
@@ -190,6 +190,10 @@ def test_a_named_server_whose_vllm_serve_ended_is_dead_though_its_ray_container_
 
     pid_file.write_text(f"{os.getpid()}\n")  # (in one PID namespace: the same number)
     assert alive()
+    # the same number, another process (a restarted container numbers from 1 again): not it
+    record["ours"] = ["vllm serve"]
+    (record_dir / "server.json").write_text(json.dumps(record))
+    assert not alive()
     pid_file.write_text("999999999\n")
     assert not alive()
     pid_file.unlink()
