@@ -30,12 +30,12 @@ def test_every_engine_declares_every_port_it_binds() -> None:
     vllm = load_recipe("minimax-m2.7")  # Ray: its head on the first node, an agent on each
     assert [(p.node, p.port, p.what) for p in vllm.listen_ports(nodes)] == [
         ("spark-a", vllm.port, "HTTP"), ("spark-a", 6379, "Ray GCS"),
-        ("spark-a", 24000, "Ray client server"), ("spark-a", 25000, "Ray dashboard agent"),
+        ("spark-a", 25000, "Ray dashboard agent"),
         ("spark-b", 25000, "Ray dashboard agent")]
     # another API port moves every port of the server (engines/vllm/ports.py)
     moved = vllm.model_copy(update={"port": 8001})
     assert [p.port for p in moved.listen_ports(["spark-b", "spark-a"])] == [
-        8001, 6380, 24001, 25001, 25001]
+        8001, 6380, 25001, 25001]
     assert moved.listen_ports(["spark-b", "spark-a"])[1].node == "spark-b"
     mp = load_recipe("minimax-m2.7-mp")
     assert [(p.node, p.port, p.what) for p in mp.listen_ports(nodes)][1:] == [

@@ -110,8 +110,8 @@ def test_ray_containers_bind_to_the_fabric_never_the_management_network() -> Non
     head, none = by_node["spark-a"]
     none2, worker = by_node["spark-b"]
     assert none is None and none2 is None
-    assert head.command[:9] == ["ray", "start", "--head", "--node-ip-address", "192.168.200.12",
-                                "--port", "6379", "--ray-client-server-port", "24000"]
+    assert head.command[:8] == ["ray", "start", "--head", "--node-ip-address", "192.168.200.12",
+                                "--port", "6379", "--include-dashboard=false"]
     assert worker.command[:6] == ["ray", "start", "--address", "192.168.200.12:6379",
                                   "--node-ip-address", "192.168.200.13"]
     for spec, ip in ((head, "192.168.200.12"), (worker, "192.168.200.13")):

@@ -113,7 +113,7 @@ def test_describe_preview_and_the_rest_of_the_engine(recipe: Any) -> None:
     assert ENGINE.up_phases(inventory()) == [] and ENGINE.warnings(recipe) == []
     (ray_title, ray_text), (serve_title, serve_text) = ENGINE.describe(recipe)
     assert f"{CONTAINER} on 2 node(s): the head first" in ray_title and recipe.image in ray_title
-    assert "--port 6379 --ray-client-server-port 24000 --dashboard-agent-listen-port 25000" in ray_text
+    assert "--port 6379 --dashboard-agent-listen-port 25000" in ray_text
     assert "--object-store-memory 2000000000" in ray_text
     assert "vLLM 0.31.0" in serve_title and serve_text.startswith("vllm serve nvidia/MiniMax-M2.7-NVFP4")
     preview = ENGINE.config_preview(recipe)
@@ -185,7 +185,7 @@ def test_start_server_starts_detached_and_records_the_server(recipe: Any) -> Non
     assert record["nodes"] == ["spark-a", "spark-b"] and record["ours"] == ["vllm"]
     assert (record["tp_size"], record["pp_size"], record["port"]) == (2, 1, 8000)
     assert record["container"] == CONTAINER and record["pid_file"] == f"{SERVE_DIR}/vllm.pid"
-    assert record["listen_ports"] == [8000, 6379, 24000, 25000] and record["persistent"] is True
+    assert record["listen_ports"] == [8000, 6379, 25000] and record["persistent"] is True
 
 
 def test_start_server_that_exits_at_once_shows_the_log_end(recipe: Any) -> None:

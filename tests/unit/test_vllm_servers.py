@@ -58,8 +58,8 @@ def test_each_server_has_its_containers_nodes_and_ports() -> None:
         "b", "sparkctl-vllm-b", ["spark-b"], "spark-b")
     assert placed.directory == f"{RUN_DIR}/servers/b/serve"
     # the API port moves the others: two servers on one node never share a Ray port
-    assert default.ports == ServerPorts(8000, 6379, 24000, 25000, 29501)
-    assert placed.ports == ServerPorts(8001, 6380, 24001, 25001, 29502)
+    assert default.ports == ServerPorts(8000, 6379, 25000, 29501)
+    assert placed.ports == ServerPorts(8001, 6380, 25001, 29502)
     assert ServerPorts.of(load_recipe("gpt-oss-120b-vllm").model_copy(update={"port": 65535})
                           ).ray == 6379 + 535
     wrapped = load_recipe("gpt-oss-120b-vllm")

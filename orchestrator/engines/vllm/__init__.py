@@ -128,8 +128,7 @@ class VllmEngine:
         ports = ServerPorts.of(recipe)
         if recipe.backend == "ray":
             nodes = (f"first node: ray start --head --node-ip-address {FIRST_IP} --port "
-                     f"{ports.ray} --ray-client-server-port {ports.ray_client} "
-                     f"--dashboard-agent-listen-port {ports.ray_agent} --num-gpus 1 "
+                     f"{ports.ray} --dashboard-agent-listen-port {ports.ray_agent} --num-gpus 1 "
                      f"--object-store-memory {int(recipe.ray.object_store_gb * 1e9)}\n"
                      f"the others: ray start --address {FIRST_IP}:{ports.ray} --node-ip-address "
                      "<their fabric IP> --num-gpus 1")

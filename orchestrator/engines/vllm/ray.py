@@ -88,7 +88,7 @@ def ray_args(spec: ServeSpec, node: Node) -> list[str]:
     store = str(int(recipe.ray.object_store_gb * 1e9))
     if spec.is_first(node):
         args = ["ray", "start", "--head", "--node-ip-address", ip, "--port", str(ports.ray),
-                "--ray-client-server-port", str(ports.ray_client), "--include-dashboard=false"]
+                "--include-dashboard=false"]
     else:
         head = spec.node_ip(spec.first)
         args = ["ray", "start", "--address", f"{head}:{ports.ray}", "--node-ip-address", ip]

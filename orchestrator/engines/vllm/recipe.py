@@ -101,14 +101,13 @@ class Recipe(BaseRecipe):
         from orchestrator.engines.vllm.ports import ServerPorts
         from orchestrator.phases.ports import ListenPort
 
-        # on the first node, next to vllm serve: the Ray head's GCS and client server (the
-        # agent on every node), or (mp, several nodes) rank 0's --master-port; each the recipe's
+        # on the first node, next to vllm serve: the Ray head's GCS (the dashboard agent on
+        # every node), or (mp, several nodes) rank 0's --master-port; each the recipe's
         # base plus the server's offset (engines/vllm/ports.py)
         ports = ServerPorts.of(self)
         fix = "launch with another --port (it moves every port of the server)"
         if self.backend == "ray":
             extra = [ListenPort(nodes[0], ports.ray, "Ray GCS", fix),
-                     ListenPort(nodes[0], ports.ray_client, "Ray client server", fix),
                      *(ListenPort(n, ports.ray_agent, "Ray dashboard agent", fix) for n in nodes)]
         elif self.node_count > 1:
             extra = [ListenPort(nodes[0], ports.master, "master-port", fix)]
