@@ -226,14 +226,15 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
     """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
 
     \b
-    checks  another server (any engine) refused unless --replace; memory on every node
+    checks  the server judged against every node's servers: its name (another configuration
+            needs --replace), its ports and its memory
     models  fetched once on the head, fanned out to the serving nodes over the fabric,
             verified chunk by chunk; the HF token exists only meanwhile
     image   (vLLM, SGLang, llama.cpp) every serving node can pull the engine's image or gets it
             from a node that has it, over the fabric (said before anything changes)
-    serve   the engine's server (TensorRT-LLM: mpirun ... trtllm-serve; vLLM: Ray, then
-            vllm serve; SGLang: sglang.launch_server per node; llama.cpp: rpc-server on
-            the other nodes, then llama-server), then readiness over HTTP
+    serve   the engine's server (TensorRT-LLM: mpirun ... trtllm-serve; vLLM: the server's
+            own Ray cluster, then vllm serve; SGLang: sglang.launch_server per node; llama.cpp:
+            rpc-server on the other nodes, then llama-server), then readiness over HTTP
             and one real chat completion
     persist (--persist) a boot unit per serving node that brings the server back after
             a reboot, the same checks first (docs/operate.md)
