@@ -121,7 +121,9 @@ def test_a_legacy_server_of_the_same_recipe_is_replaced_by_the_named_one_saying_
         "stopped the earlier single vLLM server gpt-oss-120b-vllm")
     (call,) = transports["spark-a"].calls  # on its node only
     assert "name=^/sparkctl-vllm$" in call.command and "label=sparkctl.engine=vllm" in call.command
-    assert f"rm -f {RUN_DIR}/vllm.pid" in call.command and not transports["spark-b"].calls
+    # its pid file and its record go with it: status no longer judges a server that was stopped
+    assert f"rm -f {RUN_DIR}/vllm.pid {SERVER_JSON}" in call.command
+    assert not transports["spark-b"].calls
     # a dead one is cleaned up the same way (its containers and pid file)
     assert isinstance(judged(s, facts([{**legacy, "alive": False}])), Change)
 
