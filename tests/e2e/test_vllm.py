@@ -161,7 +161,9 @@ def test_another_vllm_server_on_the_same_nodes_is_refused_naming_the_first(
     taken = sparkctl("launch", "gpt-oss-120b-vllm", *inv(lab), "--yes")
     message = taken.stdout + taken.stderr
     assert taken.returncode != 0 and "Traceback" not in message
-    assert f"port 8000 on {head} is taken by server {NAME} (vllm" in message
+    # the port check, first: the listener is in another named server's container
+    assert f"{head}: port 8000 (HTTP) is taken by " in message
+    assert f"in container {CONTAINER} of server {NAME} (`sparkctl down --server {NAME}`)" in message
     full = sparkctl("launch", "gpt-oss-120b-vllm", "--port", "8001", *inv(lab), "--yes")
     message = full.stdout + full.stderr
     assert full.returncode == 2, message
