@@ -98,10 +98,12 @@ def ready_log(record):
     line = (a.get("ready_lines") or {}).get(record.get("engine") or "trtllm")
     if not line:
         return False
-    if record["legacy"]:
+    if record["legacy"] or record.get("pid_file"):
+        # a process started in its container (vLLM's vllm serve): its log is beside its pid file
+        where = os.path.dirname(record["pid_file"]) if record.get("pid_file") else run
         for name in ("server.log", "rank-0.log"):
             try:
-                with open(os.path.join(run, name), errors="replace") as handle:
+                with open(os.path.join(where, name), errors="replace") as handle:
                     if first_match(handle, line):
                         return True
             except OSError:

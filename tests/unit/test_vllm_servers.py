@@ -209,3 +209,34 @@ def test_logs_of_a_server_include_the_files_beside_its_record() -> None:
     containers, files = sources_for(inv, inv.node("spark-a"), False, None, 20, server="q")
     assert "label=sparkctl.server=q" in containers.command
     assert f"{RUN_DIR}/servers/q/*/*.log" in files.command and "tail -v -n 20" in files.command
+
+
+def test_a_named_vllm_server_that_logged_its_ready_line_and_answers_no_more_is_stalled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ready_at in its record (its boot unit started it after a reboot): the ready line in
+    vllm serve's own log, beside its pid file, tells stalled from loading."""
+    from orchestrator.engines import ready_lines
+    from orchestrator.status.server import server_state
+
+    serve_dir = tmp_path / "servers" / "q" / "serve"
+    serve_dir.mkdir(parents=True)
+    record = {"name": "q", "engine": "vllm", "port": 1, "container": "c",
+              "pid_file": str(serve_dir / "vllm.pid"), "nodes": ["spark-a"]}
+    (serve_dir.parent / "server.json").write_text(json.dumps(record))
+    args = {"run": str(tmp_path), "probe": True, "ready_lines": ready_lines()}
+
+    def listed() -> dict[str, Any]:
+        ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
+            "def running(container):": "def running(container):\n    return True\n\n"
+                                       "def _unused(container):",
+            "def main_alive(record):": "def main_alive(record):\n    return True\n\n"
+                                       "def _unused4(record):",
+            "def health(port):": "def health(port):\n    return 503\n\ndef _unused2(port):",
+            "def members():": "def members():\n    return {}\n\ndef _unused3():"})
+        return dict(ran.json["servers"][0])
+
+    (serve_dir / "server.log").write_text("Loading weights\n")
+    assert listed()["ready_log"] is False and server_state(listed()) == "loading"
+    (serve_dir / "server.log").write_text("Loading weights\nINFO:     Application startup complete.\n")
+    assert listed()["ready_log"] is True and server_state(listed()) == "stalled"
+
