@@ -148,6 +148,33 @@ def tree_rss_kb(pid):
     return total
 
 
+def namespace_usage(pid):
+    """(VmRSS in kB of every process in PID's namespace, the name of the largest) when PID is a
+    container's first process: processes `docker exec` started there (vLLM's vllm serve) are
+    not its descendants, yet they are the server. None outside a container's namespace."""
+    try:
+        space = os.readlink("/proc/%d/ns/pid" % pid)
+        if space == os.readlink("/proc/self/ns/pid"):
+            return None
+    except OSError:
+        return None
+    total, largest = 0, (0, "")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink("/proc/%s/ns/pid" % entry) != space:
+                continue
+            with open("/proc/%s/status" % entry) as handle:
+                fields = dict(line.split(":", 1) for line in handle if ":" in line)
+            rss = int((fields.get("VmRSS") or "0 kB").split()[0])
+        except (OSError, ValueError):
+            continue
+        total += rss
+        largest = max(largest, (rss, fields.get("Name", "").strip()))
+    return total, largest[1]
+
+
 def members():
     try:
         ids = subprocess.run(["docker", "ps", "-aq", "--filter", "label=sparkctl.managed=true",
@@ -172,9 +199,11 @@ def members():
                     process = handle.read().strip()
             except OSError:
                 pass
+        usage = namespace_usage(pid) if pid else None
         out[labels.get("sparkctl.server") or "?"] = {
             "container": (item.get("Name") or "").lstrip("/"), "running": bool(state.get("Running")),
-            "rss_kb": tree_rss_kb(pid) if pid else 0, "process": process}
+            "rss_kb": usage[0] if usage else (tree_rss_kb(pid) if pid else 0),
+            "process": (usage[1] if usage else "") or process}
     return out
 
 

@@ -240,3 +240,19 @@ def test_a_named_vllm_server_that_logged_its_ready_line_and_answers_no_more_is_s
     (serve_dir / "server.log").write_text("Loading weights\nINFO:     Application startup complete.\n")
     assert listed()["ready_log"] is True and server_state(listed()) == "stalled"
 
+
+
+def test_a_containers_memory_counts_every_process_of_its_namespace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm serve is `docker exec`'d: not a descendant of the container's first process (an mp
+    head's `sleep infinity`), so status counts every process in the container's PID namespace
+    and names the largest."""
+    args = {"run": "/nonexistent", "probe": False, "ready_lines": {}}
+    ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch)
+    usage = ran.namespace["namespace_usage"]
+    assert usage(os.getpid()) is None  # this test's own namespace: not a container's
+    inside = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
+        'os.readlink("/proc/self/ns/pid")': '"pid:[a container]"'})
+    total, largest = inside.namespace["namespace_usage"](os.getpid())
+    assert total > 0 and largest  # every process here, the largest by name
+    assert usage(999999999) is None  # gone
