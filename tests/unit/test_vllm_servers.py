@@ -115,11 +115,13 @@ def test_a_legacy_server_of_the_same_recipe_is_replaced_by_the_named_one_saying_
         f"(container sparkctl-vllm on spark-a, record {SERVER_JSON}): stop it and start it as a "
         f"named server (sparkctl-vllm-gpt-oss-120b-vllm on spark-a, record {RUN_DIR}/servers/"
         "gpt-oss-120b-vllm/server.json)")
-    transports = {n: FakeTransport(n, [(0, "", "")]) for n in ("spark-a", "spark-b")}
+    transports = {n: FakeTransport(n, [(0, "", "")] * 2) for n in ("spark-a", "spark-b")}
     ctx = context(inventory(), "spark-a", facts([legacy]), transports=transports)
     assert check.Placement(s).apply(ctx, change) == (
         "stopped the earlier single vLLM server gpt-oss-120b-vllm")
-    (call,) = transports["spark-a"].calls  # on its node only
+    call, guard = transports["spark-a"].calls  # on its node only
+    # the earlier guard's pid file goes: the new server's guard must start
+    assert guard.command == f"rm -f {RUN_DIR}/servers/gpt-oss-120b-vllm/memguard.pid"
     assert "name=^/sparkctl-vllm$" in call.command and "label=sparkctl.engine=vllm" in call.command
     # its pid file and its record go with it: status no longer judges a server that was stopped
     assert f"rm -f {RUN_DIR}/vllm.pid {SERVER_JSON}" in call.command

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import lifecycle, servers
 from orchestrator.engines.lifecycle import Running, ServerRecord
@@ -74,8 +75,16 @@ class Placement(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         servers.stop_server(ctx.transports, ctx.inventory, change.payload)
-        what = "the earlier single vLLM server " if change.payload.get("legacy") else ""
-        return f"stopped {what}{change.payload.get('name')}"
+        if not change.payload.get("legacy"):
+            return f"stopped {change.payload.get('name')}"
+        # its memory guard watched the old containers from this server's directory and ends
+        # with them; its pid file must not make the new server's guard think one already runs
+        guard_pid = quote(f"{servers.record_dir(self.spec.name)}/memguard.pid")
+        for node in change.payload.get("nodes") or [ctx.inventory.head_name]:
+            if node in ctx.transports:
+                ctx.transports[node].run(f"rm -f {guard_pid}", sudo=True, timeout=60,
+                                         display="forget the earlier guard's pid file").check()
+        return f"stopped the earlier single vLLM server {change.payload.get('name')}"
 
 
 def check_phase(spec: ServeSpec) -> Phase:
