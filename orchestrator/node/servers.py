@@ -8,6 +8,8 @@ server's first node; its containers are `docker inspect`ed for liveness, and wit
 record RUN_DIR/server.json (TensorRT-LLM, vLLM on the head) is listed too, marked "legacy".
 With "probe", a server that does not answer 200 also gets "ready_log": whether its engine
 logged that it served (stalled, not loading; orchestrator/engines/liveness.py).
+A record with a "pid_file" (a process started in its container by `docker exec`: vLLM's vllm
+serve in its Ray container) is alive only while that process is (node-side main_alive).
 Also every container on this node that belongs to a named server (label sparkctl.server, any
 engine, whichever node holds the record): {server: {"container", "running", "rss_kb" (its
 processes together), "process" (its main process's name)}}, so a server whose other node lost
