@@ -131,7 +131,8 @@ class VllmEngine:
                      f"{ports.ray} --dashboard-agent-listen-port {ports.ray_agent} --num-gpus 1 "
                      f"--object-store-memory {int(recipe.ray.object_store_gb * 1e9)}\n"
                      f"the others: ray start --address {FIRST_IP}:{ports.ray} --node-ip-address "
-                     "<their fabric IP> --num-gpus 1")
+                     f"<their fabric IP> --dashboard-agent-listen-port {ports.ray_agent} "
+                     "--num-gpus 1")
             what = "its own Ray cluster"
         else:
             nodes = "\n".join(f"rank {r}: " + join(serve_argv(recipe, DEFAULT_HOST, r))
