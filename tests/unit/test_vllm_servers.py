@@ -100,8 +100,15 @@ def test_the_same_name_runs_the_same_configuration_or_is_refused_or_replaced() -
         judged(s, facts([other]))
     replaced = judged(spec(replace=True), facts([other]))
     assert isinstance(replaced, Change) and replaced.summary.endswith("--replace")
-    dead = judged(s, facts([{**same, "alive": False}]))  # its container ended: started again
-    assert isinstance(dead, Unchanged) and "fits on spark-a" in dead.reason
+    # dead (a container or vllm serve ended): all of it stopped, then started whole
+    dead = judged(s, facts([{**same, "alive": False}]))
+    assert isinstance(dead, Change)
+    assert dead.summary == "restart gpt-oss-120b-vllm: dead (vllm serve or its container ended)"
+    worker = judged(s, facts([{**same, "alive": False, "dead_nodes": ["spark-b"]}]))
+    assert worker.summary.endswith("dead (its container ended on spark-b)")  # type: ignore[union-attr]
+    # another configuration that died: nothing to keep, started as any new one
+    gone = judged(s, facts([{**same, "alive": False, "config_hash": "x"}]))
+    assert isinstance(gone, Unchanged) and "fits on spark-a" in gone.reason
 
 
 # ------------------------------------------------------------------ the single-server layout

@@ -59,6 +59,14 @@ class Placement(Step):
                 f"{', '.join(legacy.get('nodes') or [])}, record {SERVER_JSON}): stop it and start "
                 f"it as a named server ({spec.container} on {where}, record "
                 f"{servers.record_dir(spec.name)}/server.json)", payload=legacy)
+        dead = next((s for s in everything if s.get("name") == spec.name and not s.get("alive")
+                     and not s.get("legacy") and s.get("config_hash") == spec.digest), None)
+        if decision == "start" and dead is not None:
+            # a rank's container or vllm serve ended: the rest of it (a Ray head whose worker
+            # died, a vllm serve left holding the port) goes first, so it starts whole
+            why = (f"its container ended on {', '.join(dead['dead_nodes'])}" if dead.get("dead_nodes")
+                   else "vllm serve or its container ended")
+            return Change(f"restart {spec.name}: dead ({why})", payload=dead)
         if decision == "replace" and other is not None:
             return Change(f"stop server {spec.name} (another configuration): --replace",
                           payload=other)
