@@ -105,9 +105,8 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
                             guard_min_available_gb=guard_min_available_gb, name=name,
                             skip_drop_caches=no_drop_caches, ignore_memory=ignore_memory,
                             persist=persist or recipe.persist, api_key=api_key)
-    head = serving_nodes(recipe, inventory)[0]
+    head, server = serving_nodes(recipe, inventory)[0], name or recipe.name
     endpoint = f"http://{host}:{recipe.port}"
-    server = name or recipe.name
 
     from orchestrator.phases import hub_token
     from orchestrator.phases.launch_checks import with_checks
@@ -115,7 +114,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     plan = Plan("launch", with_checks([hub_token.phase(recipe, inventory),
                                        *engine.launch_phases(recipe, inventory, options)],
                                       recipe, inventory, verify_models, host,
-                                      relayed_port(engine.api_key, api_key, recipe.port)))
+                                      relayed_port(engine.api_key, api_key, recipe.port), server))
 
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,
@@ -225,14 +224,15 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
     """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
 
     \b
-    checks  another server (any engine) refused unless --replace; memory on every node
+    checks  the server judged against every node's servers: its name (another configuration
+            needs --replace), its ports and its memory
     models  fetched once on the head, fanned out to the serving nodes over the fabric,
             verified chunk by chunk; the HF token exists only meanwhile
     image   (vLLM, SGLang, llama.cpp) every serving node can pull the engine's image or gets it
             from a node that has it, over the fabric (said before anything changes)
-    serve   the engine's server (TensorRT-LLM: mpirun ... trtllm-serve; vLLM: Ray, then
-            vllm serve; SGLang: sglang.launch_server per node; llama.cpp: rpc-server on
-            the other nodes, then llama-server), then readiness over HTTP
+    serve   the engine's server (TensorRT-LLM: mpirun ... trtllm-serve; vLLM: the server's
+            own Ray cluster, then vllm serve; SGLang: sglang.launch_server per node; llama.cpp:
+            rpc-server on the other nodes, then llama-server), then readiness over HTTP
             and one real chat completion
     persist (--persist) a boot unit per serving node that brings the server back after
             a reboot, the same checks first (docs/operate.md)

@@ -118,11 +118,14 @@ def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:
     from orchestrator.phases.teardown import managed_filter_args
 
     engine = str(running["engine"])
+    # the record goes with the server: `status` must not judge a server that was stopped
+    record = quote(SERVER_JSON)
     if running.get("container") in (None, inventory.container.name):  # in the `up` container
-        return node_cmd(inventory.container.name, action="stop", rotate=True)
+        return f"{node_cmd(inventory.container.name, action='stop', rotate=True)} && rm -f {record}"
     # engines with their own containers: remove those containers
+    # the record's own containers only: the engine's named servers run in others
     ids = docker_cmd("ps", "-aq", *managed_filter_args(inventory), "--filter",
-                     f"label=sparkctl.engine={engine}")
+                     f"label=sparkctl.engine={engine}", "--filter", f"name=^/{running['container']}$")
     pid_file = quote(f"{RUN_DIR}/{running.get('main') or 'server.pid'}")
     return (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids "
-            f">/dev/null; rm -f {pid_file}")
+            f">/dev/null; rm -f {pid_file} {record}")

@@ -42,11 +42,15 @@ def node_call(transport: Transport, container: str, timeout: float = 120, **args
 
 
 def smoke_test(head: Transport, container: str, model: str, port: int,
-               prompt: str = "Paris is great because", max_tokens: int = 32) -> str:
-    """One real chat completion on the serving node; returns a one-line summary."""
+               prompt: str = "Paris is great because", max_tokens: int = 32,
+               run: str | None = None) -> str:
+    """One real chat completion on the serving node; returns a one-line summary. RUN: the
+    server's own directory (its record says where it binds and its key), default RUN_DIR."""
     request = {"model": model, "messages": [{"role": "user", "content": prompt}],
                "max_tokens": max_tokens}
-    answer = node_call(head, container, timeout=180, action="chat", port=port, request=request)
+    where = {"run": run} if run else {}
+    answer = node_call(head, container, timeout=180, action="chat", port=port, request=request,
+                       **where)
     if answer.get("code") != 200:
         raise SparkctlError(f"{head.node}: the smoke-test chat completion failed: HTTP "
                             f"{answer.get('code')}: {str(answer.get('body'))[:300]}")

@@ -179,7 +179,19 @@ def ports_of(server: dict[str, Any]) -> set[int]:
     ports = {int(server["port"])} if server.get("port") else set()
     if server.get("dist_port") and len(server.get("nodes") or []) > 1:
         ports.add(int(server["dist_port"]))
+    # every other port the server binds, where its record lists them (vLLM's Ray ports)
+    ports.update(int(p) for p in server.get("listen_ports") or [] if isinstance(p, int))
     return ports
+
+
+def record_cmd(name: str, record: dict[str, Any]) -> str:
+    """The node command that writes a server's record, RUN_DIR/servers/<name>/server.json
+    (atomically: status and a relaunch never read half of it)."""
+    path = f"{record_dir(name)}/server.json"
+    text = json.dumps(record, indent=1, sort_keys=True)
+    return (f"install -d -m 0755 {quote(record_dir(name))} && "
+            f"printf '%s\\n' {quote(text)} > {quote(path + '.tmp')} && "
+            f"mv -f {quote(path + '.tmp')} {quote(path)}")
 
 
 def judge(wanted: Wanted, running: list[dict[str, Any]], replace: bool,

@@ -45,20 +45,22 @@ def pid_namespace(pid):
 
 
 def managed_namespaces():
-    """{PID namespace: container name} of this cluster's running sparkctl containers."""
+    """{PID namespace: (container name, its server's name or "")} of this cluster's running
+    sparkctl containers (a named server's containers carry the label sparkctl.server)."""
     ids = subprocess.run(["docker", "ps", "-q", "--filter", "label=sparkctl.managed=true",
                           "--filter", "label=sparkctl.cluster=" + a["cluster"]],
                          capture_output=True, text=True).stdout.split()
     if not ids:
         return {}
-    out = subprocess.run(["docker", "inspect", "-f", "{{.Name}} {{.State.Pid}}", *ids],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(["docker", "inspect", "-f",
+                          '{{.Name}} {{.State.Pid}} {{index .Config.Labels "sparkctl.server"}}',
+                          *ids], capture_output=True, text=True).stdout
     spaces = {}
     for line in out.splitlines():
-        name, _, pid = line.strip().lstrip("/").partition(" ")
+        name, pid, server = [*line.strip().lstrip("/").split(" "), "", ""][:3]
         space = pid_namespace(int(pid)) if pid.isdigit() and int(pid) > 0 else None
         if space and space != pid_namespace(os.getpid()):  # (a --pid host container: unknown)
-            spaces[space] = name
+            spaces[space] = (name, server)
     return spaces
 
 
@@ -72,10 +74,10 @@ def main():
     ports = {}
     for port, address, users in found:
         for process, pid in users or [("?", 0)]:
-            container = spaces.get(pid_namespace(pid)) if pid else None
+            container, server = spaces.get(pid_namespace(pid), (None, None)) if pid else (None, None)
             ports.setdefault(str(port), []).append({
                 "pid": pid, "process": process, "address": address,
-                "ours": container is not None, "container": container})
+                "ours": container is not None, "container": container, "server": server or None})
     print(json.dumps({"ports": ports}))
 
 

@@ -8,6 +8,8 @@ server's first node; its containers are `docker inspect`ed for liveness, and wit
 record RUN_DIR/server.json (TensorRT-LLM, vLLM on the head) is listed too, marked "legacy".
 With "probe", a server that does not answer 200 also gets "ready_log": whether its engine
 logged that it served (stalled, not loading; orchestrator/engines/liveness.py).
+A record with a "pid_file" (a process started in its container by `docker exec`: vLLM's vllm
+serve in its Ray container) is alive only while that process is (node-side main_alive).
 Also every container on this node that belongs to a named server (label sparkctl.server, any
 engine, whichever node holds the record): {server: {"container", "running", "rss_kb" (its
 processes together), "process" (its main process's name)}}, so a server whose other node lost
@@ -59,6 +61,38 @@ def health(record):
         return 0
 
 
+def main_alive(record):
+    """A server whose main process was started in its container by `docker exec` (its record's
+    "pid_file", the pid in the container's PID namespace): that process lives. The container
+    may run on without it (a Ray node), so the container alone does not say the server lives.
+    A restarted container has a new namespace whose numbers start again: the process must also
+    be the server's (its command line holds one of the record's "ours" words)."""
+    try:
+        with open(record["pid_file"]) as handle:
+            pid = int(handle.read().strip())
+        proc = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", record.get("container") or ""],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        init = int(proc.stdout.decode().strip() or 0)
+        namespace = os.readlink("/proc/%d/ns/pid" % init)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/status" % entry) as handle:
+                fields = dict(line.split(":", 1) for line in handle if ":" in line)
+            if (fields.get("NSpid", "").split() or ["0"])[-1] == str(pid) and \
+                    fields.get("State", "").split()[:1] not in (["Z"], ["X"]) and \
+                    os.readlink("/proc/%s/ns/pid" % entry) == namespace:
+                with open("/proc/%s/cmdline" % entry, "rb") as handle:
+                    command = handle.read().replace(b"\0", b" ").decode(errors="replace")
+                return any(word in command for word in record.get("ours") or [""])
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def first_match(lines, text):
     """Read until the first line with TEXT (the ready line comes early in a log)."""
     return any(text in line for line in lines)
@@ -71,10 +105,12 @@ def ready_log(record):
     line = (a.get("ready_lines") or {}).get(record.get("engine") or "trtllm")
     if not line:
         return False
-    if record["legacy"]:
+    if record["legacy"] or record.get("pid_file"):
+        # a process started in its container (vLLM's vllm serve): its log is beside its pid file
+        where = os.path.dirname(record["pid_file"]) if record.get("pid_file") else run
         for name in ("server.log", "rank-0.log"):
             try:
-                with open(os.path.join(run, name), errors="replace") as handle:
+                with open(os.path.join(where, name), errors="replace") as handle:
                     if first_match(handle, line):
                         return True
             except OSError:
@@ -119,6 +155,33 @@ def tree_rss_kb(pid):
     return total
 
 
+def namespace_usage(pid):
+    """(VmRSS in kB of every process in PID's namespace, the name of the largest) when PID is a
+    container's first process: processes `docker exec` started there (vLLM's vllm serve) are
+    not its descendants, yet they are the server. None outside a container's namespace."""
+    try:
+        space = os.readlink("/proc/%d/ns/pid" % pid)
+        if space == os.readlink("/proc/self/ns/pid"):
+            return None
+    except OSError:
+        return None
+    total, largest = 0, (0, "")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink("/proc/%s/ns/pid" % entry) != space:
+                continue
+            with open("/proc/%s/status" % entry) as handle:
+                fields = dict(line.split(":", 1) for line in handle if ":" in line)
+            rss = int((fields.get("VmRSS") or "0 kB").split()[0])
+        except (OSError, ValueError):
+            continue
+        total += rss
+        largest = max(largest, (rss, fields.get("Name", "").strip()))
+    return total, largest[1]
+
+
 def members():
     try:
         ids = subprocess.run(["docker", "ps", "-aq", "--filter", "label=sparkctl.managed=true",
@@ -143,9 +206,11 @@ def members():
                     process = handle.read().strip()
             except OSError:
                 pass
+        usage = namespace_usage(pid) if pid else None
         out[labels.get("sparkctl.server") or "?"] = {
             "container": (item.get("Name") or "").lstrip("/"), "running": bool(state.get("Running")),
-            "rss_kb": tree_rss_kb(pid) if pid else 0, "process": process}
+            "rss_kb": usage[0] if usage else (tree_rss_kb(pid) if pid else 0),
+            "process": (usage[1] if usage else "") or process}
     return out
 
 
@@ -160,6 +225,8 @@ for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
     # the memory guard's stop record (node/memguard.py), if it stopped this server
     record["memguard"] = load(os.path.join(base, name, "memguard-stopped.json"))
     record["alive"] = bool(running(record.get("container") or ""))
+    if record["alive"] and record.get("pid_file"):
+        record["alive"] = main_alive(record)
     found.append(record)
 if a.get("legacy_container"):
     record = load(os.path.join(run, "server.json"))

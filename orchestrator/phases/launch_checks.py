@@ -13,7 +13,7 @@ from orchestrator.phases.ports import with_port_check
 
 def with_checks(phases: list[Phase], recipe: Any, inventory: Inventory,
                 verify_models: bool = False, host: str = "*",
-                inner_port: int | None = None) -> list[Phase]:
+                inner_port: int | None = None, server: str | None = None) -> list[Phase]:
     """A launch's engine phases behind the port check and, with --verify-models, the re-hash of
     every model file (phases/verify_models.py), both read-only until they find something.
     INNER_PORT: where an engine behind sparkctl's key-checking relay binds 127.0.0.1."""
@@ -32,4 +32,4 @@ def with_checks(phases: list[Phase], recipe: Any, inventory: Inventory,
 
         wanted.append(ListenPort(nodes[0], inner_port, "the engine behind the API key relay",
                                  "launch with another --port", "127.0.0.1"))
-    return with_port_check(phases, wanted)
+    return with_port_check(phases, wanted, server)

@@ -9,6 +9,8 @@ a log tail. Read-only, so a refusal here leaves the cluster exactly as it was.
 
 A listener inside one of this cluster's sparkctl containers is not in the way: it is a server
 the launch's own steps judge (kept, restarted, replaced or refused; node/ports.py says whose).
+Except one in a container of another named server (label sparkctl.server, any engine): the
+launch never stops a server of another name, so that one is in the way, named with its fix.
 """
 
 from __future__ import annotations
@@ -57,7 +59,15 @@ def holder(entry: dict[str, Any]) -> str:
     process = f"{entry.get('process') or '?'} (pid {entry.get('pid') or '?'})"
     if entry.get("container"):
         process += f" in container {entry['container']}"
+    if entry.get("server"):
+        process += f" of server {entry['server']} (`sparkctl down --server {entry['server']}`)"
     return f"{process} on {entry.get('address') or '*'}"
+
+
+def in_the_way(entry: dict[str, Any], server: str | None) -> bool:
+    """Not sparkctl's, or (launching server SERVER) another named server's."""
+    theirs = entry.get("server")
+    return not entry.get("ours") or bool(server and theirs and theirs != server)
 
 
 class PortsFree(Step):
@@ -66,8 +76,8 @@ class PortsFree(Step):
 
     name = "ports"
 
-    def __init__(self, wanted: list[ListenPort]) -> None:
-        self.wanted = wanted
+    def __init__(self, wanted: list[ListenPort], server: str | None = None) -> None:
+        self.wanted, self.server = wanted, server
 
     def check(self, ctx: NodeContext) -> Outcome:
         mine = [p for p in self.wanted if p.node == ctx.node.name]
@@ -83,7 +93,7 @@ class PortsFree(Step):
         taken = []
         for want in mine:
             others = [e for e in found["ports"].get(str(want.port), [])
-                      if not e.get("ours") and clash(want, str(e.get("address") or "*"))]
+                      if in_the_way(e, self.server) and clash(want, str(e.get("address") or "*"))]
             if others:
                 taken.append(f"port {want.port} ({want.what}) is taken by "
                              f"{', '.join(holder(e) for e in others)}: stop it, or {want.fix}")
@@ -93,16 +103,18 @@ class PortsFree(Step):
         return Unchanged("free: " + ", ".join(f"{p.port} ({p.what})" for p in mine))
 
 
-def phase(wanted: list[ListenPort]) -> Phase:
+def phase(wanted: list[ListenPort], server: str | None = None) -> Phase:
     """On every node; the nodes the server does not bind on answer without a command."""
     def facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         ports = [p.port for p in wanted if p.node == node.name]
         return {"commands": {"ports": ports_cmd(inventory, ports)}} if ports else {}
 
-    return Phase("port-check", [PortsFree(wanted)], facts)
+    return Phase("port-check", [PortsFree(wanted, server)], facts)
 
 
-def with_port_check(phases: list[Phase], wanted: list[ListenPort]) -> list[Phase]:
-    """The launch plan with the port check first (before a --replace stops anything)."""
-    return [phase(wanted), *phases]
+def with_port_check(phases: list[Phase], wanted: list[ListenPort],
+                    server: str | None = None) -> list[Phase]:
+    """The launch plan with the port check first (before a --replace stops anything); SERVER:
+    the name of the server it launches."""
+    return [phase(wanted, server), *phases]
 

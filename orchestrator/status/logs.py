@@ -132,11 +132,23 @@ def file_log_cmd(files: list[str], follow: bool, since: float | None, tail: int 
     return pick + f"tail -v -n {lines}{' -F' if follow else ''} -- $files"
 
 
+def server_files_cmd(server: str, follow: bool, tail: int | None) -> str:
+    """tail -v over the *.log files a server keeps beside its record (vLLM's server.log of the
+    process it started in its container), on the nodes that have them."""
+    from orchestrator.engines.servers import record_dir
+
+    where = quote(record_dir(server))
+    lines = "+1" if tail is None else str(tail)
+    return (f"files=$(ls -d -- {where}/*.log {where}/*/*.log 2>/dev/null); "
+            f"[ -n \"$files\" ] || exit 0; tail -v -n {lines}{' -F' if follow else ''} -- $files")
+
+
 def sources_for(inventory: Inventory, node: Node, follow: bool, since: float | None,
                 tail: int | None, server: str | None = None) -> list[LogSource]:
-    if server:  # one server's own containers (on each of its nodes)
+    if server:  # one server's own containers (on each of its nodes), and its log files
         return [LogSource(node.name, server, engine_container_log_cmd(
-            inventory, server, follow, since, tail, label="server") + " 2>&1")]
+            inventory, server, follow, since, tail, label="server") + " 2>&1"),
+                LogSource(node.name, "files", server_files_cmd(server, follow, tail) + " 2>&1")]
     return [
         LogSource(node.name, "container", container_log_cmd(inventory, follow, since, tail) + " 2>&1"),
         LogSource(node.name, "files", file_log_cmd(expected_files(inventory, node), follow, since, tail)

@@ -96,17 +96,15 @@ def test_status_knows_a_dead_ray_worker_at_once(hlab: Lab) -> None:
     inv = ["--inventory", str(hlab.inventory)]
     launch = sparkctl("launch", "minimax-m2.7", *inv, "--yes", "--json", "--replace")
     assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
-    worker = hlab.nodes[1]
-    hlab.exec(worker, "docker kill sparkctl-vllm")
+    head, worker = hlab.nodes
+    hlab.exec(worker, "docker kill sparkctl-vllm-minimax-m2.7")
     status = sparkctl("status", *inv, "--json")
     assert status.returncode == 1, status.stdout + status.stderr
     report = json.loads(status.stdout)
-    assert report["nodes"][worker]["state"] == "problem"
-    assert any("the server's container sparkctl-vllm is exited here" in p
-               for p in report["nodes"][worker]["problems"]), report["nodes"][worker]
-    ray = report["server"]["ray"]
-    assert ray["alive"] < ray["expected"] and ray["containers_not_running"] == [worker]
-    assert report["server"]["state"] != "healthy"
+    (server,) = [s for s in report["servers"] if s["name"] == "minimax-m2.7"]
+    assert server["state"] == "dead" and server["dead_nodes"] == [worker], server
+    assert any(p.startswith("server minimax-m2.7 (vllm") and "is dead" in p
+               for p in report["nodes"][head]["problems"]), report["nodes"][head]
     again = sparkctl("launch", "minimax-m2.7", *inv, "--yes", "--json")  # (leaves it serving)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
 

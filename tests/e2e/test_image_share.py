@@ -194,7 +194,8 @@ def test_a_vllm_worker_on_a_blocked_node_gets_its_image_from_the_head(image_lab:
         report = up(lab, "--timeout", "240", command="launch minimax-m2.7",
                     hf_token="hf_SENTINELimageShareToken")
         # the peer's Ray worker runs the image it was sent, and Ray counts both nodes
-        shared = assert_sent_by_the_head(lab, report, VLLM_IMAGE, "nvcr.io", "sparkctl-vllm")
+        shared = assert_sent_by_the_head(lab, report, VLLM_IMAGE, "nvcr.io",
+                                         "sparkctl-vllm-minimax-m2.7")
         assert shared["phase"] == "ray"
         assert "hf_SENTINELimageShareToken" not in json.dumps(report)
         assert "2 node(s) alive" in step(report, head, "ray-cluster")["message"]

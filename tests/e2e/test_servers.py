@@ -3,9 +3,10 @@
 One `up` for the module. TensorRT-LLM placed on the head and SGLang placed on the other node
 serve at once and both answer; a tp2 recipe named on one node is refused before anything runs;
 memory squeezed under the guard's threshold on the SGLang node stops that server within a
-minute while the other keeps answering, and status exits 1 saying why; the same for a vLLM
-server; a server container killed makes status exit 1 naming it; a bench sweep of a placed,
-named server measures and restores exactly that server.
+minute while the other keeps answering, and status exits 1 saying why; a server container
+killed makes status exit 1 naming it; a bench sweep of a placed, named server measures and
+restores exactly that server; two vLLM servers, one per node, serve at once, and the guard stops
+the one on a squeezed node while the other answers.
 """
 
 from __future__ import annotations
@@ -166,13 +167,33 @@ def test_a_bench_sweep_of_a_placed_named_server_measures_and_restores_it(two: La
     assert (after["q2"]["nodes"], after["q2"]["port"]) == ([other], 30001)
 
 
+VLLM = "sparkctl-vllm-gpt-oss-120b-vllm"
+
+
+def test_two_vllm_servers_one_per_node_serve_at_once(two: Lab) -> None:
+    """Each vLLM server is its own: containers, ports and record on its own node."""
+    head, other = two.nodes
+    for name in ("gpt-oss-120b", "q2"):  # the node's memory for the vLLM servers
+        assert sparkctl("down", "--server", name, *inv(two), "--yes").returncode == 0
+    launch(two, "gpt-oss-120b-vllm", "--nodes", head)
+    launch(two, "gpt-oss-120b-vllm", "--nodes", other, "--name", "vllm-b")
+    assert answers(two, "gpt-oss-120b-vllm") and answers(two, "vllm-b")
+    code, doc = status(two)
+    assert code == 0, problems(doc)
+    listed = {s["name"]: s for s in doc["servers"]}
+    assert (listed["gpt-oss-120b-vllm"]["nodes"], listed["vllm-b"]["nodes"]) == ([head], [other])
+    assert {s["engine"] for s in listed.values()} == {"vllm"}
+    assert listed["vllm-b"]["container"] == "sparkctl-vllm-vllm-b"
+    record = json.loads(two.exec(other, "cat /var/lib/sparkctl/run/servers/vllm-b/server.json").stdout)
+    assert (record["engine"], record["nodes"], record["port"]) == ("vllm", [other], 8000)
+
+
 def test_the_guard_stops_a_vllm_server_while_the_other_keeps_answering(two: Lab) -> None:
     head, _ = two.nodes
-    launch(two, "gpt-oss-120b-vllm", "--nodes", head, "--replace")
     try:
         squeeze_under_guard(two, head)
-        assert wait_stopped(two, head, "sparkctl-vllm"), "the guard did not stop vLLM in a minute"
-        assert answers(two, "q2")
+        assert wait_stopped(two, head, VLLM), "the guard did not stop vLLM in a minute"
+        assert answers(two, "vllm-b")
         code, doc = status(two)
         assert code == 1 and "server gpt-oss-120b-vllm (vllm" in problems(doc)
         assert "stopped by the memory guard at" in problems(doc)

@@ -51,7 +51,7 @@ def ring_engines(inventory: str) -> None:
 
     launch("minimax-m2.7-mp")  # vLLM's own multi-node on NVIDIA's current image (no Ray)
     for node in ("spark-a", "spark-b"):
-        assert container_env(node, "sparkctl-vllm") >= RING, node
+        assert container_env(node, "sparkctl-vllm-minimax-m2.7-mp") >= RING, node
     launch("qwen3.6-27b-tp2")  # SGLang across two nodes
     for node in ("spark-a", "spark-b"):
         assert container_env(node, "sparkctl-sglang-qwen3.6-27b-tp2") >= RING, node

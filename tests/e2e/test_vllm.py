@@ -3,12 +3,14 @@ ships Ray (NGC 26.03), then `minimax-m2.7-mp` on NVIDIA's current image, which h
 own multi-node.
 
 Ray is the real thing (from PyPI, installed by the lab into the images that ship it); only vLLM
-is simulated. One `up` and a TensorRT-LLM server for the module; the vLLM launch is refused, then
-replaces it with --replace; then chat, status, `ray status` in the head container, a no-op
-relaunch, the refusal of another engine, a cut cable between worker and head, and `down`, after
-which no Ray or vLLM process may be left on either node. Then: forcing Ray on an image without it
-exits 2 before anything changes, and the mp launch runs with no raylet anywhere and `--nnodes 2`
-on both nodes.
+is simulated. One `up` and a TensorRT-LLM server for the module; the vLLM launch is refused (both
+need the memory of both nodes), then starts once that server is stopped (`down --server`); then
+chat, status, `ray status` in the server's first container, a no-op relaunch, another vLLM server
+refused on the same nodes (port, memory), a cut cable between worker and head, and `down`, after
+which no Ray or vLLM process may be left on either node. The server is named and has its own
+containers (`sparkctl-vllm-<name>`) and record (RUN_DIR/servers/<name>/server.json). Then:
+forcing Ray on an image without it exits 2 before anything changes, and the mp launch runs with
+no raylet anywhere and `--nnodes 2` on both nodes.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ SENTINEL = "hf_SENTINELvllmToken4411"
 SENTINEL_PATTERN = SENTINEL[:10] + "[" + SENTINEL[10] + "]" + SENTINEL[11:]
 MODEL = "nvidia/MiniMax-M2.7-NVFP4"
 RUN = "/var/lib/sparkctl/run"
-CONTAINER = "sparkctl-vllm"
+NAME = "minimax-m2.7"
+CONTAINER = f"sparkctl-vllm-{NAME}"
+RECORD = f"{RUN}/servers/{NAME}"
 RAY_PROCESSES = ("ps -eo pid,args | grep -E 'raylet|gcs_server|ray start|vllm serve|ray::' "
                  "| grep -v grep || true")
 
@@ -47,7 +51,7 @@ REFUSED: list[subprocess.CompletedProcess[str]] = []
 
 @pytest.fixture(scope="module")
 def launched(lab_session: list[Lab]) -> Iterator[tuple[Lab, subprocess.CompletedProcess[str]]]:
-    """up; TensorRT-LLM serving qwen3-235b; vLLM refused without --replace; then with it."""
+    """up; TensorRT-LLM serving qwen3-235b; vLLM refused while it serves; then started."""
     lab = healthy_lab(lab_session)
     inventory = str(lab.inventory)
     # start from no server at all: an earlier module on this lab may have left one serving
@@ -56,9 +60,12 @@ def launched(lab_session: list[Lab]) -> Iterator[tuple[Lab, subprocess.Completed
     assert up.returncode == 0, up.stdout + up.stderr
     trt = sparkctl("launch", "qwen3-235b", "--inventory", inventory, "--yes", "--timeout", "120")
     assert trt.returncode == 0, trt.stdout + trt.stderr
-    REFUSED.append(sparkctl("launch", "minimax-m2.7", "--inventory", inventory, "--yes"))
+    REFUSED.append(sparkctl("launch", "minimax-m2.7", "--inventory", inventory, "--yes",
+                            "--replace"))  # (--replace reaches a server of the same name only)
+    stop = sparkctl("down", "--server", "qwen3-235b", "--inventory", inventory, "--yes")
+    assert stop.returncode == 0, stop.stdout + stop.stderr
     result = sparkctl("launch", "minimax-m2.7", "--inventory", inventory, "--yes", "--json",
-                      "--replace", "--timeout", "180")
+                      "--timeout", "180")
     yield lab, result
     lab.cli("fault", "restore")
     sparkctl("down", "--inventory", inventory, "--yes")
@@ -77,9 +84,10 @@ def test_launch_serves_over_ray_on_both_nodes(launched: tuple[Lab, subprocess.Co
     steps = {s["step"]: s for s in report["hosts"][head]["steps"]}
     assert steps["ready"]["status"] == "ok" and steps["smoke-test"]["status"] == "ok"
     assert "2 node(s) alive" in steps["ray-cluster"]["message"]
-    server = json.loads(lab.exec(head, f"cat {RUN}/server.json").stdout)
+    server = json.loads(lab.exec(head, f"cat {RECORD}/server.json").stdout)
     assert (server["engine"], server["container"], server["tp_size"]) == ("vllm", CONTAINER, 2)
-    log = lab.exec(head, f"cat {RUN}/server.log").stdout
+    assert server["nodes"] == [head, other] and server["listen_ports"] == [8000, 6379, 25000]
+    log = lab.exec(head, f"cat {RECORD}/serve/server.log").stdout
     # rank 0 on the head, rank 1 on the other node, both on the fabric
     assert f"rank 0 on {head} (192.168.200.12" in log and f"rank 1 on {other} (192.168.200.13" in log
     env = lab.exec(other, f"docker inspect -f '{{{{json .Config.Env}}}}' {CONTAINER}").stdout
@@ -91,19 +99,20 @@ def test_launch_serves_over_ray_on_both_nodes(launched: tuple[Lab, subprocess.Co
     assert "Ray" in steps["ray-in-image"]["message"] and "no Ray" not in steps["ray-in-image"]["message"]
     # the token: never in the containers' config, the server's log or its command line
     for node in lab.nodes:
-        leaks = lab.exec(node, f"docker inspect {CONTAINER}; cat {RUN}/*.log; ps -eo args | "
+        leaks = lab.exec(node, f"docker inspect {CONTAINER}; cat {RECORD}/serve/*.log; ps -eo args | "
                          f"grep -c {SENTINEL_PATTERN} || true").stdout
         assert SENTINEL not in leaks
 
 
-def test_vllm_refused_while_tensorrt_llm_serves_then_replaces_it(
+def test_vllm_refused_while_tensorrt_llm_holds_the_memory_then_started(
         launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
     lab, _ = launched
     refused = REFUSED[0]
     message = refused.stdout + refused.stderr
-    assert refused.returncode != 0
-    assert "qwen3-235b" in message and "TensorRT-LLM" in message and "--replace" in message
-    for node in lab.nodes:  # --replace stopped every TensorRT-LLM rank
+    assert refused.returncode == 2, message  # a refusal: nothing changed
+    assert "GB (qwen3-235b) already running" in message
+    assert "`sparkctl down --server qwen3-235b`" in message and "--ignore-memory" in message
+    for node in lab.nodes:  # `down --server` stopped every TensorRT-LLM rank
         left = lab.exec(node, "docker exec trtllm-multinode ps -eo args").stdout
         assert "trtllm-serve" not in left and "mpirun" not in left, f"{node}: {left}"
 
@@ -119,11 +128,12 @@ def test_status_shows_engine_and_ray_nodes(launched: tuple[Lab, subprocess.Compl
     lab, _ = launched
     result = sparkctl("status", *inv(lab), "--json")
     status = json.loads(result.stdout)
-    assert result.returncode == 0 and status["state"] == "serving", result.stdout
-    server = status["server"]
-    assert server["engine"] == "vllm" and server["state"] == "healthy"
-    assert server["ray"]["alive"] == 2 and server["ray"]["expected"] == 2
-    assert {n["host"] for n in server["ray"]["nodes"] if n["alive"]} == set(lab.nodes)
+    assert result.returncode == 0, result.stdout
+    (server,) = status["servers"]
+    assert (server["name"], server["engine"], server["state"]) == (NAME, "vllm", "healthy")
+    assert server["nodes"] == list(lab.nodes) and server["container"] == CONTAINER
+    # a Ray node's container on each node of the server
+    assert sorted(p["node"] for p in server["processes"]) == sorted(lab.nodes)
 
 
 def test_ray_status_in_the_head_container_lists_both_nodes(
@@ -144,13 +154,20 @@ def test_second_launch_is_a_noop(launched: tuple[Lab, subprocess.CompletedProces
     assert changed == []
 
 
-def test_other_engine_is_refused_without_replace(
+def test_another_vllm_server_on_the_same_nodes_is_refused_naming_the_first(
         launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
     lab, _ = launched
-    result = sparkctl("launch", "qwen3-235b", *inv(lab), "--yes")
-    assert result.returncode != 0
-    message = result.stdout + result.stderr
-    assert "minimax-m2.7" in message and "vLLM" in message and "--replace" in message
+    head = lab.nodes[0]
+    taken = sparkctl("launch", "gpt-oss-120b-vllm", *inv(lab), "--yes")
+    message = taken.stdout + taken.stderr
+    assert taken.returncode != 0 and "Traceback" not in message
+    # the port check, first: the listener is in another named server's container
+    assert f"{head}: port 8000 (HTTP) is taken by " in message
+    assert f"in container {CONTAINER} of server {NAME} (`sparkctl down --server {NAME}`)" in message
+    full = sparkctl("launch", "gpt-oss-120b-vllm", "--port", "8001", *inv(lab), "--yes")
+    message = full.stdout + full.stderr
+    assert full.returncode == 2, message
+    assert f"GB ({NAME}) already running" in message and f"`sparkctl down --server {NAME}`" in message
 
 
 def test_cut_cable_worker_cannot_reach_head_named_with_fix(
@@ -180,11 +197,14 @@ def test_head_restarted_after_launch_is_named_and_a_relaunch_recovers(
     head = lab.nodes[0]
     time.sleep(6)  # (the restart must come clearly after the server's start, to the second)
     lab.exec(head, f"docker restart {CONTAINER}", check=True)
-    status = json.loads(sparkctl("status", *inv(lab), "--json").stdout)
-    server = status["server"]
-    assert server["state"] == "down", server
-    assert server["problem"].startswith(f"the head's container {CONTAINER} restarted at ")
-    assert "run `sparkctl launch minimax-m2.7` again" in server["problem"]
+    result = sparkctl("status", *inv(lab), "--json")
+    status = json.loads(result.stdout)
+    (server,) = status["servers"]
+    # the container runs again, vllm serve in it does not: dead, named, with the relaunch
+    assert result.returncode == 1 and server["state"] == "dead", server
+    problems = [p for node in status["nodes"].values() for p in node["problems"]]
+    assert any(p.startswith(f"server {NAME} (vllm") and f"`sparkctl launch {NAME} --name {NAME}"
+               in p for p in problems), problems
     again = sparkctl("launch", "minimax-m2.7", *inv(lab), "--yes", "--json")
     assert again.returncode == 0, again.stdout + again.stderr
     steps = {s["step"]: s for s in json.loads(again.stdout)["hosts"][head]["steps"]}
@@ -218,11 +238,11 @@ def test_ctrl_c_during_the_wait_leaves_nothing_half_started(
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         status = json.loads(sparkctl("status", *inv(lab), "--json").stdout)
-        if status["server"] and status["server"]["state"] == "healthy":
+        if status["servers"] and status["servers"][0]["state"] == "healthy":
             break
         time.sleep(2)
-    assert status["server"]["state"] == "healthy", status["server"]
-    assert status["server"]["ray"]["alive"] == 2
+    assert status["servers"][0]["state"] == "healthy", status["servers"]
+    assert len(status["servers"][0]["processes"]) == 2
     servers = lab.exec(head, f"docker exec {CONTAINER} ps -eo args").stdout
     assert servers.count(f" serve {MODEL}") == 1, servers  # one server, not a second one
     result = sparkctl("launch", "minimax-m2.7", *inv(lab), "--yes", "--json")
@@ -237,7 +257,7 @@ def test_down_leaves_no_ray_or_vllm_process(launched: tuple[Lab, subprocess.Comp
     assert result.returncode == 0, result.stdout + result.stderr
     for node in lab.nodes:
         assert lab.exec(node, RAY_PROCESSES).stdout.strip() == "", node
-        assert CONTAINER not in lab.exec(node, "docker ps -a --format '{{.Names}}'").stdout
+        assert "sparkctl-vllm" not in lab.exec(node, "docker ps -a --format '{{.Names}}'").stdout
 
 
 def write_recipe(tmp_path: Any, **fields: Any) -> str:
@@ -270,7 +290,7 @@ def test_forcing_ray_on_an_unknown_image_pulls_it_only_then_refuses_in_the_plan(
     """Not on the nodes: the pull is the only change (the models are not fetched, no container
     is made) and the message says so; present now: refused while planning, nothing changed."""
     lab, _ = launched
-    sparkctl("down", *inv(lab), "--yes")  # no server to refuse first (the guard phase)
+    sparkctl("down", *inv(lab), "--yes")  # no server to refuse first (the check phase)
     up = sparkctl("up", *inv(lab), "--yes")  # `down` took the fetching container too
     assert up.returncode == 0, up.stdout + up.stderr
     listing = "docker ps -a --format '{{.Names}} {{.ID}} {{.State}}'"
@@ -295,6 +315,9 @@ def test_forcing_ray_on_an_unknown_image_pulls_it_only_then_refuses_in_the_plan(
         lab.exec(node, f"docker rmi {UNKNOWN_IMAGE}")
 
 
+MP = "sparkctl-vllm-minimax-m2.7-mp"
+
+
 def test_nvidias_current_image_runs_vllms_own_multinode_without_ray(
         launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
     lab, _ = launched
@@ -311,9 +334,9 @@ def test_nvidias_current_image_runs_vllms_own_multinode_without_ray(
         ray_left = lab.exec(node, "ps -eo args | grep -E 'raylet|gcs_server|ray start' | grep -v grep "
                                   "|| true").stdout.strip()
         assert ray_left == "", f"{node}: {ray_left}"
-        assert lab.exec(node, f"docker exec {CONTAINER} sh -c 'command -v ray || echo none'").stdout.strip() \
+        assert lab.exec(node, f"docker exec {MP} sh -c 'command -v ray || echo none'").stdout.strip() \
             == "none"
-    ranks = {n: lab.exec(n, f"docker exec {CONTAINER} ps -eo args").stdout for n in lab.nodes}
+    ranks = {n: lab.exec(n, f"docker exec {MP} ps -eo args").stdout for n in lab.nodes}
     serving = [line for line in ranks[head].splitlines() if line.startswith("python") or "vllm" in line]
     assert any("--nnodes 2" in line and "--node-rank 0" in line and "--master-addr 192.168.200.12"
                in line for line in serving), ranks[head]
@@ -322,7 +345,7 @@ def test_nvidias_current_image_runs_vllms_own_multinode_without_ray(
     chat = sparkctl("chat", "Hello", *inv(lab), "--max-tokens", "4")
     assert chat.returncode == 0, chat.stderr
     status = json.loads(sparkctl("status", *inv(lab), "--json").stdout)
-    assert status["server"]["state"] == "healthy" and "ray" not in status["server"], status["server"]
+    assert [(s["name"], s["state"]) for s in status["servers"]] == [("minimax-m2.7-mp", "healthy")]
     again = sparkctl("launch", "minimax-m2.7-mp", *inv(lab), "--yes", "--json")
     changed = [s for host in json.loads(again.stdout)["hosts"].values() for s in host["steps"]
                if s["status"] == "changed"]

@@ -110,9 +110,9 @@ def test_vllm_gets_its_variable_from_the_wrapper_never_its_argv() -> None:
     from orchestrator.engines.vllm.serve import ServeSpec, start_cmd
 
     inventory = make_inventory()
-    spec = ServeSpec(load_recipe("gpt-oss-120b-vllm"), inventory, "10.0.0.5", False, "srv",
-                     key=KEY)
-    command = start_cmd("c", spec.argv, spec.key_file)
+    spec = ServeSpec(load_recipe("gpt-oss-120b-vllm"), inventory,
+                     LaunchOptions(host="10.0.0.5", name="srv", api_key=KEY))
+    command = start_cmd("c", spec.directory, spec.argv, spec.key_file)
     assert f'VLLM_API_KEY="$(cat {apikey.node_key_file("srv")})"; export VLLM_API_KEY' in command
     assert SENTINEL not in command and "--api-key" not in command
     assert spec.record()["api_key_file"] == apikey.node_key_file("srv")

@@ -22,7 +22,6 @@ from orchestrator.engines import liveness, load_recipe, serverctl, verify
 from orchestrator.engines.base import LaunchOptions, Ready
 from orchestrator.engines.sglang.serve import Placement, ServeSpec
 from orchestrator.engines.trtllm import serve
-from orchestrator.engines.vllm import serve as vllm_serve
 from orchestrator.status import assess as status
 from orchestrator.status.server import server_state
 
@@ -147,14 +146,22 @@ def test_trtllm_names_the_dead_rank_when_it_restarts() -> None:
     assert serve.restart_reason({}, ("spark-b: rank-1",)) == "dead: rank ended (spark-b: rank-1)"
 
 
-def test_vllm_restarts_a_stalled_server_of_the_same_recipe() -> None:
-    record = {"config_hash": "h", "ready_at": "t"}
-    alive = {"pids": {vllm_serve.MAIN: {"alive": True}}, "server": record, "health": 503}
-    assert vllm_serve.decide(alive, "h", False) == "restart"
-    assert vllm_serve.decide({**alive, "server": {"config_hash": "h"}}, "h", False) == "loading"
-    assert vllm_serve.decide({**alive, "server": {"config_hash": "h"}, "ready_log": True}, "h",
-                             False) == "restart"
-    assert vllm_serve.restart_reason(alive) == "stalled: ready at t, /health now 503"
+def test_vllm_restarts_a_stalled_server_of_the_same_name() -> None:
+    from orchestrator.engines.vllm import check
+    from orchestrator.engines.vllm import serve as vllm_serve
+
+    inv = make_inventory()
+    spec = vllm_serve.ServeSpec(load_recipe("gpt-oss-120b-vllm"), inv, LaunchOptions())
+    record = {**spec.record(), "alive": True, "health": 503}
+    loading = check.Placement(spec).check(make_context(inv, "spark-a", sglang_facts(record)))
+    assert isinstance(loading, Unchanged) and "already runs" in loading.reason
+    stalled = check.Placement(spec).check(make_context(inv, "spark-a", sglang_facts(
+        {**record, "ready_at": "t"})))
+    assert isinstance(stalled, Change)
+    assert stalled.summary == f"restart {spec.name}: stalled: ready at t, /health now 503"
+    logged = check.Placement(spec).check(make_context(inv, "spark-a", sglang_facts(
+        {**record, "ready_log": True})))
+    assert isinstance(logged, Change) and logged.payload["name"] == spec.name
 
 
 def sglang_facts(record: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -172,9 +172,10 @@ def test_the_engine_is_placed_and_other_engines_check_their_rank_rules() -> None
     assert engine.several_servers and engine.title == "llama.cpp"
     r = load_recipe("lab-tiny-llama")
     assert _placed(r, ("spark-b",), "x", 8100).placement == ["spark-b"]
-    vllm = load_recipe("gpt-oss-120b-vllm")
-    with pytest.raises(InputError, match=r"the head and the next nodes in inventory order"):
+    vllm = load_recipe("minimax-m2.7")  # tp 2: two nodes, whichever of the inventory's
+    with pytest.raises(InputError, match=r"minimax-m2.7 needs 2 node\(s\) but is placed on 1"):
         check_against_inventory(_placed(vllm, ("spark-b",), None, None), make_inventory())
+    check_against_inventory(_placed(vllm, ("spark-b,spark-a",), None, None), make_inventory())
     lines = get_engine("llamacpp").describe(load_recipe("lab-tiny-llama-rpc"))
     assert "rpc-server -H '<its fabric IP>' -p 50052" in lines[1][1]
 

@@ -20,7 +20,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.phases import boot_units, oomguard, persist, persist_down
 from orchestrator.phases.container import ContainerSpec
 
-ONE = one_server_engines()  # TensorRT-LLM and vLLM: one server per cluster
+ONE = one_server_engines()  # TensorRT-LLM: one server per cluster
 
 HOME = {"commands": {"home": {"rc": 0, "out": "/home/nvidia\n"}}}
 
@@ -44,17 +44,19 @@ def test_without_persist_no_boot_unit_only_a_stale_one_removed() -> None:
 
 
 def test_a_launch_makes_its_own_unit_stale_without_persist_and_a_replaced_servers_unit() -> None:
-    units = {"old-trt": "trtllm", "mine": "vllm", "sgl": "sglang"}
-    assert persist.stale("mine", "vllm", persist=True, one_per_cluster=ONE)(units) == ["old-trt"]
-    assert persist.stale("mine", "vllm", persist=False, one_per_cluster=ONE)(units) == ["mine", "old-trt"]
-    # SGLang servers live side by side: only its own unit, and only without --persist
-    assert persist.stale("sgl", "sglang", persist=True, one_per_cluster=ONE)(units) == []
-    assert persist.stale("sgl", "sglang", persist=False, one_per_cluster=ONE)(units) == ["sgl"]
+    units = {"old-trt": "trtllm", "mine": "trtllm", "vl": "vllm", "sgl": "sglang"}
+    assert persist.stale("mine", "trtllm", persist=True, one_per_cluster=ONE)(units) == ["old-trt"]
+    assert persist.stale("mine", "trtllm", persist=False, one_per_cluster=ONE)(units) == [
+        "mine", "old-trt"]
+    # vLLM and SGLang servers live side by side: only its own unit, and only without --persist
+    for server, engine in (("vl", "vllm"), ("sgl", "sglang")):
+        assert persist.stale(server, engine, persist=True, one_per_cluster=ONE)(units) == []
+        assert persist.stale(server, engine, persist=False, one_per_cluster=ONE)(units) == [server]
     inv = make_inventory()
     facts = {n.name: {"commands": {"boot_units": {
         "out": "sparkctl-serve-old-trt.service enabled trtllm\n"}}} for n in inv.nodes}
-    step = persist.phase(persist_spec("minimax-m2.7").__class__(**{
-        **persist_spec("minimax-m2.7").__dict__})).steps[0]
+    step = persist.phase(persist_spec("qwen3-235b").__class__(**{
+        **persist_spec("qwen3-235b").__dict__})).steps[0]
     change = step.check(make_context(inv, inv.head_name, facts))
     assert isinstance(change, Change)
     assert change.summary.startswith("disable and remove sparkctl-serve-old-trt.service")
@@ -101,11 +103,12 @@ def test_trtllm_head_waits_for_its_peers_then_starts_guard_mpirun_and_record() -
 
 def test_vllm_and_sglang_containers_get_the_restart_policy_only_with_persist() -> None:
     from orchestrator.engines.sglang.serve import ServeSpec
+    from orchestrator.engines.vllm import serve as vllm_serve
     from orchestrator.engines.vllm.ray import ray_spec
 
     inv = make_inventory()
-    vllm = load_recipe("minimax-m2.7")
-    assert "--restart" in ray_spec(vllm, inv, inv.head, ["rocep1s0f1"], "/h", False,
+    vllm = vllm_serve.ServeSpec(load_recipe("minimax-m2.7"), inv, LaunchOptions())
+    assert "--restart" in ray_spec(vllm, inv.head, ["rocep1s0f1"], "/h", False,
                                    "unless-stopped").run_args()
     sgl = load_recipe("qwen3.6-27b-tp2")
     for persist_flag, want in ((True, True), (False, False)):

@@ -32,10 +32,22 @@ def test_every_engines_default_nodes_and_a_fitting_placement_pass() -> None:
     check_against_inventory(placed("qwen3.6-27b-tp2", ["spark-b", "spark-a"]), inv)
 
 
-@pytest.mark.parametrize("name", ["gpt-oss-120b", "gpt-oss-120b-vllm"])
+@pytest.mark.parametrize("name", ["gpt-oss-120b"])
 def test_engines_whose_first_rank_runs_on_the_head_say_so(name: str) -> None:
     with pytest.raises(InputError, match="the head and the next nodes in inventory order: spark-a"):
         check_against_inventory(placed(name, ["spark-b"]), make_inventory())
+
+
+def test_vllm_runs_on_any_nodes_its_first_node_the_ray_head_and_checks_tp_x_pp() -> None:
+    inv = make_inventory()
+    check_against_inventory(placed("gpt-oss-120b-vllm", ["spark-b"]), inv)
+    check_against_inventory(placed("minimax-m2.7", ["spark-b", "spark-a"]), inv)
+    with pytest.raises(InputError, match=r"minimax-m2.7 needs 2 node\(s\) but is placed on 1"):
+        check_against_inventory(placed("minimax-m2.7", ["spark-b"]), inv)
+    # the engine's own rule, as launch states it for the chosen nodes
+    problem = get_engine("vllm").placement_problem(load_recipe("minimax-m2.7"), ["spark-b"], inv)
+    assert problem is not None and problem.startswith(
+        "tensor_parallel_size 2 x pipeline_parallel_size 1 = 2 rank(s), one per Spark")
 
 
 def test_every_engine_has_the_placement_members() -> None:

@@ -27,9 +27,19 @@ def test_every_engine_declares_every_port_it_binds() -> None:
     trtllm = load_recipe("qwen3-235b")
     assert trtllm.listen_ports(nodes) == [ListenPort("spark-a", trtllm.port, "HTTP",
                                                      "launch with another --port")]
-    vllm = load_recipe("minimax-m2.7")
+    vllm = load_recipe("minimax-m2.7")  # Ray: its head on the first node, an agent on each
     assert [(p.node, p.port, p.what) for p in vllm.listen_ports(nodes)] == [
-        ("spark-a", vllm.port, "HTTP"), ("spark-a", 6379, "Ray GCS")]
+        ("spark-a", vllm.port, "HTTP"), ("spark-a", 6379, "Ray GCS"),
+        ("spark-a", 25000, "Ray dashboard agent"),
+        ("spark-b", 25000, "Ray dashboard agent")]
+    # another API port moves every port of the server (engines/vllm/ports.py)
+    moved = vllm.model_copy(update={"port": 8001})
+    assert [p.port for p in moved.listen_ports(["spark-b", "spark-a"])] == [
+        8001, 6380, 25001, 25001]
+    assert moved.listen_ports(["spark-b", "spark-a"])[1].node == "spark-b"
+    mp = load_recipe("minimax-m2.7-mp")
+    assert [(p.node, p.port, p.what) for p in mp.listen_ports(nodes)][1:] == [
+        ("spark-a", 29501, "master-port")]
     one = load_recipe("qwen3-8b")
     assert [p.what for p in one.listen_ports(["spark-b"])] == ["HTTP"]  # one node: no rendezvous
     two = load_recipe("qwen3.6-27b-tp2")
@@ -130,7 +140,7 @@ def node_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (bin_dir / "docker").write_text(
         "#!/bin/sh\n"
         f"echo \"$@\" >> {tmp_path}/docker.log\n"
-        "case \"$1\" in ps) echo c0ffee ;; inspect) echo '/sparkctl-vllm 4000' ;; esac\n")
+        "case \"$1\" in ps) echo c0ffee ;; inspect) echo '/sparkctl-vllm-q 4000 q' ;; esac\n")
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
@@ -155,11 +165,24 @@ def test_the_node_script_says_who_holds_each_wanted_port(node_tools: Path,
                                    f'return {spaces!r}.get(pid, "pid:[1]")'})
     assert ran.json == {"ports": {
         "8000": [{"pid": 4001, "process": "python3", "address": "127.0.0.1", "ours": True,
-                  "container": "sparkctl-vllm"}],
+                  "container": "sparkctl-vllm-q", "server": "q"}],
         "6379": [{"pid": 4002, "process": "gcs_server", "address": "0.0.0.0", "ours": True,
-                  "container": "sparkctl-vllm"}],
+                  "container": "sparkctl-vllm-q", "server": "q"}],
         "20000": [{"pid": 5000, "process": "python3", "address": "[::]", "ours": False,
-                   "container": None}]}}
+                   "container": None, "server": None}]}}
+    # another named server's listener is in the way of a launch of another name, not of its own
+    found = ran.json["ports"]
+    for launching, refused in (("q", False), ("other", True), (None, False)):
+        step = PortsFree([ListenPort("spark-b", 6379, "Ray GCS", "launch with another --port")],
+                         launching)
+        answer = {"rc": 0, "out": json.dumps({"ports": found})}
+        if refused:
+            with pytest.raises(SparkctlError, match=r"port 6379 \(Ray GCS\) is taken by gcs_server "
+                                                    r"\(pid 4002\) in container sparkctl-vllm-q of "
+                                                    r"server q \(`sparkctl down --server q`\)"):
+                step.check(ctx("spark-b", answer))
+        else:
+            assert isinstance(step.check(ctx("spark-b", answer)), Unchanged)
     assert "label=sparkctl.cluster=two-sparks" in (node_tools / "docker.log").read_text()
 
 

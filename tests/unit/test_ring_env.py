@@ -36,10 +36,15 @@ def test_fabric_variable_names_follow_the_topology() -> None:
 def test_vllm_containers_carry_the_ring_settings() -> None:
     inv = ring()
     recipe = load_recipe("minimax-m2.7")
+    from orchestrator.engines.vllm.serve import ServeSpec as VllmSpec
+
+    spec = VllmSpec(recipe, inv, LaunchOptions())  # type: ignore[arg-type]
     for node in inv.nodes:  # type: ignore[attr-defined]
-        env = ray.ray_spec(recipe, inv, node, ROCE, "/hf", infiniband=True).env  # type: ignore[arg-type]
+        env = ray.ray_spec(spec, node, ROCE, "/hf", infiniband=True).env
         assert {k: env[k] for k in RING_ENV} == RING_ENV
-    direct = ray.ray_spec(recipe, make_inventory(), make_inventory().head, ROCE, "/hf", True).env
+    plain = make_inventory()
+    direct = ray.ray_spec(VllmSpec(recipe, plain, LaunchOptions()), plain.head, ROCE, "/hf",
+                          True).env
     assert not set(RING_ENV) & set(direct)
 
 

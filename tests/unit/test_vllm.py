@@ -14,6 +14,7 @@ from conftest import make_inventory as inventory
 
 from orchestrator.core.step import Change, Unchanged
 from orchestrator.engines import engine_of, load_recipe
+from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.optiontable import load_table
 from orchestrator.engines.vllm import ray, serve
 from orchestrator.errors import InputError, SparkctlError
@@ -87,13 +88,19 @@ def node_facts(name: str) -> dict[str, Any]:
             "commands": {"home": {"rc": 0, "out": "/home/nvidia\n", "err": ""}}}
 
 
-def specs(recipe: Any) -> dict[str, Any]:
+def server(recipe: Any, **options: Any) -> serve.ServeSpec:
+    """The server a launch of RECIPE makes (engines/vllm/serve.py), on the test inventory."""
+    return serve.ServeSpec(recipe, inventory(), LaunchOptions(**options))
+
+
+def specs(recipe: Any, **options: Any) -> dict[str, Any]:
     inv = inventory()
     facts = {"spark-a": node_facts("spark-a"), "spark-b": node_facts("spark-b")}
     out = {}
+    spec = server(recipe, **options)
     for node in ("spark-a", "spark-b"):
         ctx = context(inv, node, facts)
-        out[node] = (ray.spec_for(recipe, "head")(ctx), ray.spec_for(recipe, "worker")(ctx))
+        out[node] = (ray.spec_for(spec, "head")(ctx), ray.spec_for(spec, "worker")(ctx))
     return out
 
 
@@ -103,8 +110,8 @@ def test_ray_containers_bind_to_the_fabric_never_the_management_network() -> Non
     head, none = by_node["spark-a"]
     none2, worker = by_node["spark-b"]
     assert none is None and none2 is None
-    assert head.command[:7] == ["ray", "start", "--head", "--node-ip-address", "192.168.200.12",
-                                "--port", "6379"]
+    assert head.command[:8] == ["ray", "start", "--head", "--node-ip-address", "192.168.200.12",
+                                "--port", "6379", "--include-dashboard=false"]
     assert worker.command[:6] == ["ray", "start", "--address", "192.168.200.12:6379",
                                   "--node-ip-address", "192.168.200.13"]
     for spec, ip in ((head, "192.168.200.12"), (worker, "192.168.200.13")):
@@ -115,7 +122,9 @@ def test_ray_containers_bind_to_the_fabric_never_the_management_network() -> Non
         assert spec.env["GLOO_SOCKET_IFNAME"] == "enp1s0f1np1"
         assert spec.env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
         assert ("/home/nvidia/.cache/huggingface", "/root/.cache/huggingface", False) in spec.mounts
-        assert spec.labels["sparkctl.engine"] == "vllm" and spec.name == "sparkctl-vllm"
+        assert spec.labels["sparkctl.engine"] == "vllm" and spec.name == "sparkctl-vllm-minimax-m2.7"
+        assert spec.labels["sparkctl.server"] == "minimax-m2.7"
+        assert spec.command[spec.command.index("--dashboard-agent-listen-port") + 1] == "25000"
         assert "--network" in spec.run_args() and not any("TOKEN" in a for a in spec.run_args())
     # a new head means a new Ray cluster: the worker's hash follows the head's
     assert worker.hashed["head"] == head.digest()
@@ -127,7 +136,7 @@ def test_worker_start_failure_names_the_head_address_and_a_fix() -> None:
     facts = {"spark-a": node_facts("spark-a"), "spark-b": node_facts("spark-b")}
     ctx = context(inv, "spark-b", facts,
                   transports={"spark-b": FakeTransport("spark-b", [(4, "", "did not join; log")])})
-    step = c.Container(ray.spec_for(recipe, "worker"), name="ray-worker")
+    step = c.Container(ray.spec_for(server(recipe), "worker"), name="ray-worker")
     change = step.check(ctx)
     assert isinstance(change, Change)
     expected = r"(?s)spark-b: container/ray-worker.*192\.168\.200\.12:6379.*netcheck"
@@ -144,18 +153,13 @@ def test_ray_cluster_step_waits_only_for_missing_nodes() -> None:
     def facts(probe: dict[str, Any]) -> dict[str, Any]:
         return {"spark-a": {"commands": {"ray": {"rc": 0, "out": "noise\n" + json.dumps(probe)}}}}
 
-    assert isinstance(ray.RayCluster(recipe).check(context(inv, "spark-a", facts(both))), Unchanged)
-    assert isinstance(ray.RayCluster(recipe).check(context(inv, "spark-a", facts(one))), Change)
-    assert [n.name for n in ray.missing_nodes(recipe, inv, one)] == ["spark-b"]
-
-
-def test_serve_decisions() -> None:
-    alive = {"pids": {"vllm.pid": {"alive": True}}, "server": {"config_hash": "h"}, "health": 200}
-    assert serve.decide({}, "h", False) == "start"
-    assert serve.decide(alive, "h", False) == "noop"
-    assert serve.decide(dict(alive, health=0), "h", False) == "loading"
-    assert serve.decide(alive, "other", False) == "refuse"
-    assert serve.decide(alive, "other", True) == "replace"
+    spec = server(recipe)
+    assert isinstance(ray.RayCluster(spec).check(context(inv, "spark-a", facts(both))), Unchanged)
+    assert isinstance(ray.RayCluster(spec).check(context(inv, "spark-a", facts(one))), Change)
+    assert [n.name for n in ray.missing_nodes(spec, one)] == ["spark-b"]
+    # the Ray head is the server's first node: the other node does not wait
+    assert isinstance(ray.RayCluster(spec).check(context(inv, "spark-b", {**facts(one), "spark-b": {}})),
+                      Unchanged)
 
 
 def test_another_engine_serving_is_refused_naming_recipe_and_engine() -> None:
@@ -202,6 +206,8 @@ def test_replace_across_engines_stops_the_other_engines_server() -> None:
         for transport in transports.values():  # on every node
             (call,) = transport.calls
             assert expected in call["command"] and call["sudo"]
+            if engine == "vllm":  # the single-server layout's container only, not named servers'
+                assert "name=^/sparkctl-vllm$" in call["command"]
 
         # the server's process is gone: nothing to stop
         dead = {"commands": {"running": {"rc": 0, "out": json.dumps({"server": record, "alive": False})}}}
@@ -214,7 +220,7 @@ def test_a_fabric_link_down_is_refused_before_ray_starts() -> None:
     facts = {"spark-a": node_facts("spark-a"), "spark-b": node_facts("spark-b")}
     facts["spark-b"]["links"] = {"enp1s0f1np1": {"operstate": "DOWN", "up": True, "carrier": False,
                                                  "addresses": []}}
-    step = c.Container(ray.spec_for(recipe, "worker"), name="ray-worker")
+    step = c.Container(ray.spec_for(server(recipe), "worker"), name="ray-worker")
     with pytest.raises(SparkctlError, match=r"spark-b: its Ray worker would use 192\.168\.200\.13 "
                                             r"on enp1s0f1np1, but enp1s0f1np1 has no link"):
         step.check(context(inv, "spark-b", facts))

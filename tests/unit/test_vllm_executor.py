@@ -50,7 +50,9 @@ def test_forcing_ray_on_an_image_without_it_is_refused_naming_the_image_and_the_
 def test_mp_serve_commands_carry_the_rendezvous_and_headless_on_the_other_ranks() -> None:
     recipe = load_recipe("minimax-m2.7-mp")
     inv = inventory()
-    spec = serve.ServeSpec(recipe, inv, "127.0.0.1", False)
+    from orchestrator.engines.base import LaunchOptions
+
+    spec = serve.ServeSpec(recipe, inv, LaunchOptions())
     argv = spec.argv
     for flag, value in (("--distributed-executor-backend", "mp"), ("--nnodes", "2"),
                         ("--node-rank", "0"), ("--master-addr", HEAD_IP), ("--master-port", "29501"),
@@ -58,8 +60,8 @@ def test_mp_serve_commands_carry_the_rendezvous_and_headless_on_the_other_ranks(
         assert argv[argv.index(flag) + 1] == value
     assert "--headless" not in argv
     facts = {"spark-a": node_facts("spark-a"), "spark-b": node_facts("spark-b")}
-    head = multinode.mp_spec_for(recipe)(context(inv, "spark-a", facts))
-    worker = multinode.mp_spec_for(recipe)(context(inv, "spark-b", facts))
+    head = multinode.mp_spec_for(spec)(context(inv, "spark-a", facts))
+    worker = multinode.mp_spec_for(spec)(context(inv, "spark-b", facts))
     assert head is not None and worker is not None
     assert head.command == ["sleep", "infinity"]  # rank 0 is started in it by the serve phase
     rank1 = worker.command[worker.command.index("sparkctl-rank") + 1:]
@@ -71,7 +73,17 @@ def test_mp_serve_commands_carry_the_rendezvous_and_headless_on_the_other_ranks(
     for env in (head.env, worker.env):
         assert not [k for k in env if k.startswith("RAY_") or k == "VLLM_DISTRIBUTED_EXECUTOR_CONFIG"]
     assert worker.labels["sparkctl.role"] == "vllm-headless"
-    from orchestrator.engines.base import LaunchOptions
+    assert (worker.name, worker.labels["sparkctl.server"], worker.labels["sparkctl.rank"]) == (
+        "sparkctl-vllm-minimax-m2.7-mp", "minimax-m2.7-mp", "1")
+    # placed the other way round: spark-b is rank 0 (the master), spark-a its headless rank
+    flipped = serve.ServeSpec(recipe.model_copy(update={"placement": ["spark-b", "spark-a"],
+                                                        "port": 8002}), inv, LaunchOptions())
+    assert flipped.argv[flipped.argv.index("--master-addr") + 1] == WORKER_IP
+    assert flipped.argv[flipped.argv.index("--master-port") + 1] == "29503"
+    rank1 = multinode.mp_spec_for(flipped)(context(inv, "spark-a", facts))
+    assert rank1 is not None and rank1.command[rank1.command.index("--master-addr") + 1] == WORKER_IP
+    assert multinode.mp_spec_for(flipped)(context(inv, "spark-b", facts)).command == [  # type: ignore[union-attr]
+        "sleep", "infinity"]
     from orchestrator.engines.vllm import ENGINE
 
     names = [p.name for p in ENGINE.launch_phases(recipe, inv, LaunchOptions())]
@@ -89,7 +101,9 @@ def test_worker_nccl_device_names_must_match_the_heads_before_a_ray_launch() -> 
     recipe = load_recipe("minimax-m2.7")
     inv = inventory()
     facts = {"spark-a": node_facts("spark-a"), "spark-b": node_facts("spark-b")}
-    step = multinode.SameNcclDevices(recipe)
+    from orchestrator.engines.base import LaunchOptions
+
+    step = multinode.SameNcclDevices(serve.ServeSpec(recipe, inv, LaunchOptions()))
     assert isinstance(step.check(context(inv, "spark-a", facts)), Unchanged)
     other = {k: {**v, "device": v["device"].replace("roce", "mlx5_")} for k, v in IBDEV.items()}
     facts["spark-b"]["ibdev2netdev"] = {"rc": 0, "devices": other}

@@ -1,6 +1,7 @@
-"""vLLM's launch: the plan's shape, the server guard and steps judged from faked facts, the
-steps' commands against FakeTransport, readiness (ready, exited, deadline, Ctrl-C) with the log
-tails it collects, the Ray cluster wait, and the engine-neutral verify steps (engines/verify.py)."""
+"""vLLM's launch: the plan's shape, the steps judged from faked facts, the steps' commands
+against FakeTransport, readiness (ready, exited, deadline, Ctrl-C) with the log tails it
+collects, the Ray cluster wait, and the engine-neutral verify steps (engines/verify.py). The
+server model (names, placement, ports, the migration): test_vllm_servers.py."""
 
 from __future__ import annotations
 
@@ -14,14 +15,16 @@ from conftest import make_context as context
 from conftest import make_inventory as inventory
 
 from orchestrator.core.step import Change, RunOptions, RunState, Unchanged
-from orchestrator.engines import config_hash, lifecycle, load_recipe
+from orchestrator.engines import config_hash, load_recipe
 from orchestrator.engines.base import LaunchFailed, LaunchOptions, Ready
 from orchestrator.engines.verify import SmokeTest, WaitReady
-from orchestrator.engines.vllm import ENGINE, ray, serve
+from orchestrator.engines.vllm import ENGINE, ray, ready, serve
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 from orchestrator.paths import RUN_DIR
 
 HEAD_IP, WORKER_IP = "192.168.200.12", "192.168.200.13"
+CONTAINER = "sparkctl-vllm-minimax-m2.7"
+SERVE_DIR = f"{RUN_DIR}/servers/minimax-m2.7/serve"
 
 
 @pytest.fixture
@@ -33,84 +36,92 @@ def with_ray(recipe: Any, **fields: Any) -> Any:
     return recipe.model_copy(update={"ray": recipe.ray.model_copy(update=fields)})
 
 
-def spec(recipe: Any, replace: bool = False) -> serve.ServeSpec:
-    return serve.ServeSpec(recipe, inventory(), "127.0.0.1", replace)
+def spec(recipe: Any, **options: Any) -> serve.ServeSpec:
+    return serve.ServeSpec(recipe, inventory(), LaunchOptions(**options))
 
 
-def serve_facts(status: dict[str, Any] | None, rc: int = 0, err: str = "") -> dict[str, Any]:
-    """The head's facts as the serve status command answers them (serverctl's status)."""
-    return {"spark-a": {"commands": {"serve": {"rc": rc, "out": json.dumps(status or {}),
-                                               "err": err}}}}
-
-
-def serving(config: str, health: int | None = 200, recipe_name: str = "other") -> dict[str, Any]:
-    return {"pids": {"vllm.pid": {"pid": 7, "alive": True}}, "health": health,
-            "server": {"recipe": recipe_name, "model": "org/other", "engine": "vllm",
-                       "config_hash": config, "started": "2026-11-23T10:00:00+00:00"}}
+def servers_facts(*records: dict[str, Any]) -> dict[str, Any]:
+    """Every node's `servers` fact (node/servers.py's answer), the records on spark-a."""
+    def answer(found: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"commands": {"servers": {"rc": 0, "out": json.dumps({"servers": found})}}}
+    return {"spark-a": answer(list(records)), "spark-b": answer([])}
 
 
 # ------------------------------------------------------------------ the plan
-def test_launch_phases_refuse_first_then_models_ray_and_serve_with_verify_steps(recipe: Any) -> None:
+def test_launch_phases_judge_first_then_models_ray_and_serve_with_verify_steps(recipe: Any) -> None:
     inv = inventory()
     phases = ENGINE.launch_phases(recipe, inv, LaunchOptions(timeout=900))
     assert [p.name for p in phases] == ["server-check", "image-check", "models", "ray", "serve",
                                        "persist"]
-    guard, _, models, ray_phase, serve_phase, _ = phases
+    check, _, models, ray_phase, serve_phase, _ = phases
 
-    assert [s.name for s in guard.steps][-1] == "running-server"
-    assert isinstance(guard.steps[-1], lifecycle.ServerGuard)
-    head_facts = guard.facts(inv, inv.node("spark-a"))["commands"]
-    assert head_facts["serve"] == serve.status_cmd("sparkctl-vllm", 8000) and "running" in head_facts
+    assert [s.name for s in check.steps] == ["placement"]
+    servers_cmd = check.facts(inv, inv.node("spark-a"))["commands"]["servers"]
+    assert '"probe": true' in servers_cmd  # every node, probed: stalled or dead is restarted
 
     assert [n.name for n in models.nodes(inv)] == ["spark-a", "spark-b"]
     assert [type(s).__name__ for s in ray_phase.steps] == [
         "NodeGuard", "Image", "ImageShare", "ImageDigest", "RayInImage", "SameNcclDevices", "RayHead",
         "RayWorker", "RayCluster"]
+    guard = ray_phase.steps[0]
+    assert guard.containers == [CONTAINER] and guard.record_dir.endswith("/servers/minimax-m2.7")
     head_req = ray_phase.facts(inv, inv.node("spark-a"))
     worker_req = ray_phase.facts(inv, inv.node("spark-b"))
-    assert head_req["commands"]["ray"] == ray.probe_cmd("sparkctl-vllm") + " 2>/dev/null"
+    assert head_req["commands"]["ray"] == ray.probe_cmd(CONTAINER) + " 2>/dev/null"
+    assert head_req["commands"]["servers"] == servers_cmd  # the same command: one fact
     assert "ray" not in (worker_req.get("commands") or {}) and worker_req["links"] is True
     assert "vllm_image_record" in worker_req["commands"]  # what the image holds, per image ID
+    assert head_req["containers"] == [CONTAINER]
 
-    assert [s.name for s in serve_phase.steps] == ["stop-previous", "server", "ready", "smoke-test"]
-    assert [s.kind for s in serve_phase.steps][2:] == ["verify", "verify"]
-    assert [n.name for n in serve_phase.nodes(inv)] == ["spark-a"]  # the head only
+    assert [s.name for s in serve_phase.steps] == ["server", "ready", "smoke-test"]
+    assert [s.kind for s in serve_phase.steps][1:] == ["verify", "verify"]
+    assert [n.name for n in serve_phase.nodes(inv)] == ["spark-a", "spark-b"]
     assert serve_phase.facts(inv, inv.node("spark-b")) == {}
-    assert serve_phase.facts(inv, inv.node("spark-a")) == {"commands": {"serve": head_facts["serve"]}}
-    assert ray_phase.steps[1].image_of(None) == recipe.image  # the recipe's image, not up's
-    wait = serve_phase.steps[2]
-    assert isinstance(wait, WaitReady) and wait.timeout == 900 and wait.what == "vLLM"
+    assert serve_phase.facts(inv, inv.node("spark-a"))["commands"]["servers"] == servers_cmd
+    first = context(inv, "spark-a", {"spark-a": {}})
+    assert ray_phase.steps[1].image_of(first) == recipe.image  # the recipe's image, not up's
+    wait = serve_phase.steps[1]
+    assert isinstance(wait, WaitReady) and wait.timeout == 900 and wait.what == "vLLM (minimax-m2.7)"
 
 
-def test_the_verify_steps_of_the_plan_reach_the_head(recipe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_verify_steps_of_the_plan_reach_the_first_node(
+        recipe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     inv = inventory()
-    *_, serve_phase, _ = ENGINE.launch_phases(recipe, inv, LaunchOptions())
-    wait, smoke = serve_phase.steps[2:]
+    placed = recipe.model_copy(update={"tensor_parallel_size": 1, "placement": ["spark-b"]})
+    *_, serve_phase, _ = ENGINE.launch_phases(placed, inv, LaunchOptions(name="b"))
+    wait, smoke = serve_phase.steps[1:]
     cluster = FakeCluster(inv)
-    ready = {"pids": {"vllm.pid": {"alive": True}}, "health": 200, "models": [recipe.model]}
-    cluster["spark-a"].on(r'"action": "status"', answer=ready)
+    answer = {"pids": {"vllm.pid": {"alive": True}}, "health": 200, "models": [recipe.model]}
+    cluster["spark-b"].on(r'"action": "status"', answer=answer)
+    cluster["spark-b"].on(r"ready_at", stdout="")
     chat = {"code": 200, "seconds": 0.5, "body": json.dumps(
         {"choices": [{"message": {"content": " Paris is lovely."}}], "usage": {"completion_tokens": 4}})}
-    cluster["spark-a"].on(r'"action": "chat"', answer=chat)
+    cluster["spark-b"].on(r'"action": "chat"', answer=chat)
 
-    ctx = cluster.context("spark-a")
+    ctx = cluster.context("spark-a")  # the verify steps run on the head, asking the first node
     assert wait.apply(ctx, Change("wait")).startswith(f"answering: {recipe.model} (")
     summary = smoke.apply(ctx, Change("ask"))
     assert summary.startswith("4 tokens in 0.50s") and "Paris is lovely." in summary
-    (call,) = [c for c in cluster["spark-a"].calls if '"action": "chat"' in c.command]
-    assert "docker exec sparkctl-vllm" in call.command and '"port": 8000' in call.command
+    (call,) = [c for c in cluster["spark-b"].calls if '"action": "chat"' in c.command]
+    assert "docker exec sparkctl-vllm-b" in call.command and '"port": 8000' in call.command
+    status = next(c for c in cluster["spark-b"].calls if '"action": "status"' in c.command)
+    assert f'"run": "{RUN_DIR}/servers/b/serve"' in status.command
+    assert not cluster["spark-a"].calls
 
 
 def test_describe_preview_and_the_rest_of_the_engine(recipe: Any) -> None:
     assert ENGINE.up_phases(inventory()) == [] and ENGINE.warnings(recipe) == []
     (ray_title, ray_text), (serve_title, serve_text) = ENGINE.describe(recipe)
-    assert "sparkctl-vllm on 2 node(s)" in ray_title and recipe.image in ray_title
-    assert "--port 6379" in ray_text and "--object-store-memory 2000000000" in ray_text
+    assert f"{CONTAINER} on 2 node(s): the head first" in ray_title and recipe.image in ray_title
+    assert "--port 6379 --dashboard-agent-listen-port 25000" in ray_text
+    assert "--object-store-memory 2000000000" in ray_text
     assert "vLLM 0.31.0" in serve_title and serve_text.startswith("vllm serve nvidia/MiniMax-M2.7-NVFP4")
     preview = ENGINE.config_preview(recipe)
     assert preview["serve_argv"] == serve.serve_argv(recipe, "127.0.0.1")
-    assert preview["container"] == "sparkctl-vllm" and preview["image"] == recipe.image
+    assert preview["container"] == CONTAINER and preview["image"] == recipe.image
     assert ENGINE.estimate_memory(recipe).fits
+    assert ENGINE.several_servers and ENGINE.containers("q") == ["sparkctl-vllm-q"]
+    assert ENGINE.containers("") == ["sparkctl-vllm"]  # the single-server layout's, for `down`
 
 
 def test_serve_argv_names_revision_and_pipeline_only_when_set(recipe: Any) -> None:
@@ -123,122 +134,81 @@ def test_serve_argv_names_revision_and_pipeline_only_when_set(recipe: Any) -> No
     argv = serve.serve_argv(other, "127.0.0.1")
     assert argv[argv.index("--revision") + 1] == "v2"
     assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
-    start = serve.start_cmd("sparkctl-vllm", argv)
+    start = serve.start_cmd(CONTAINER, SERVE_DIR, argv)
     assert start.startswith("docker exec -d") and "HF_HUB_OFFLINE=1" in start
-    assert f"{RUN_DIR}/vllm.pid" in start and f"{RUN_DIR}/server.log" in start
+    assert f"{SERVE_DIR}/vllm.pid" in start and f"{SERVE_DIR}/server.log" in start
 
 
-# ------------------------------------------------------------------ guard and steps from facts
-def test_server_guard_refuses_a_different_server_without_replace(recipe: Any) -> None:
-    inv = inventory()
-    facts = serve_facts(serving("not-this-one"))
-    with pytest.raises(SparkctlError) as refused:
-        spec(recipe).guard().check(context(inv, "spark-a", facts))
-    message = str(refused.value)
-    assert "recipe other" in message and "org/other" in message and "minimax-m2.7" in message
-    assert "--replace" in message and "2026-11-23T10:00:00" in message
-
-    replaced = spec(recipe, replace=True).guard().check(context(inv, "spark-a", facts))
-    assert isinstance(replaced, Unchanged) and "--replace" in replaced.reason
-    nothing = spec(recipe).guard().check(context(inv, "spark-a", serve_facts({})))
-    assert isinstance(nothing, Unchanged) and nothing.reason == "no vLLM server runs"
-    same = spec(recipe)
-    here = same.guard().check(context(inv, "spark-a", serve_facts(serving(same.digest))))
-    assert isinstance(here, Unchanged) and here.reason == "minimax-m2.7 already runs here"
-
-
-def test_a_status_that_could_not_be_read_counts_as_no_server(recipe: Any) -> None:
-    s = spec(recipe)
-    ctx = context(inventory(), "spark-a", serve_facts(None, rc=1, err="x" * 400 + "no container"))
-    assert s.head_status(ctx) == {"error": ("x" * 400 + "no container")[-300:]}
-    assert isinstance(serve.StartServer(s).check(ctx), Change)
-
-
-def test_stop_previous_judges_from_facts_and_stops_in_the_container(recipe: Any) -> None:
-    inv = inventory()
-    s = spec(recipe, replace=True)
-    assert serve.StopPrevious(s).check(context(inv, "spark-a", serve_facts({}))) == \
-        Unchanged("nothing to stop")
-    same = serve.StopPrevious(s).check(context(inv, "spark-a", serve_facts(serving(s.digest))))
-    assert isinstance(same, Unchanged) and same.reason == "the same server keeps running"
-    with pytest.raises(SparkctlError, match="would replace it"):
-        serve.StopPrevious(spec(recipe)).check(context(inv, "spark-a", serve_facts(serving("x"))))
-
-    facts = serve_facts(serving("x", recipe_name="gpt-oss-120b-vllm"))
-    change = serve.StopPrevious(s).check(context(inv, "spark-a", facts))
-    assert isinstance(change, Change) and change.summary == "stop vllm serve (gpt-oss-120b-vllm)"
-    head = FakeTransport("spark-a", [{"stopped": ["vllm.pid"], "left": []}])
-    ctx = context(inv, "spark-a", facts, transports={"spark-a": head})
-    assert serve.StopPrevious(s).apply(ctx, change) == "stopped vllm.pid"
-    (call,) = head.calls
-    assert call.command.startswith("docker exec sparkctl-vllm python3 -c")
-    assert '"action": "stop"' in call.command and '"rotate": true' in call.command
-
-    stubborn = FakeTransport("spark-a", [{"stopped": [], "left": [4242]}])
-    ctx = context(inv, "spark-a", facts, transports={"spark-a": stubborn})
-    with pytest.raises(SparkctlError, match=r"spark-a: processes \[4242\] survived SIGKILL"):
-        serve.StopPrevious(s).apply(ctx, change)
-
-
+# ------------------------------------------------------------------ the start step from facts
 def test_start_server_check_names_what_it_would_do(recipe: Any) -> None:
     inv = inventory()
     s = spec(recipe)
-    noop = serve.StartServer(s).check(context(inv, "spark-a", serve_facts(serving(s.digest))))
+    same = {**s.record(), "alive": True, "health": None}
+    noop = serve.StartServer(s).check(context(inv, "spark-a", servers_facts(same)))
     assert isinstance(noop, Unchanged) and "already serving minimax-m2.7" in noop.reason
-    loading = serve.StartServer(s).check(context(inv, "spark-a", serve_facts(serving(s.digest, None))))
-    assert isinstance(loading, Unchanged) and "is already starting" in loading.reason
-    start = serve.StartServer(s).check(context(inv, "spark-a", serve_facts({})))
+    start = serve.StartServer(s).check(context(inv, "spark-a", servers_facts()))
     assert isinstance(start, Change)
-    assert start.summary == ("start nvidia/MiniMax-M2.7-NVFP4 with vLLM over Ray on 2 node(s) "
-                             "(tp 2, pp 1) at 127.0.0.1:8000")
+    assert start.summary == ("start nvidia/MiniMax-M2.7-NVFP4 as minimax-m2.7 with vLLM over Ray on "
+                             "spark-a, spark-b (tp 2, pp 1) at 127.0.0.1:8000")
     assert start.diff is not None and start.diff.startswith("vllm serve nvidia/MiniMax-M2.7-NVFP4")
-    replace = serve.StartServer(spec(recipe, replace=True)).check(
-        context(inv, "spark-a", serve_facts(serving("x"))))
-    assert isinstance(replace, Change) and replace.summary.startswith("replace the running server with")
+    # another configuration recorded (the check phase stopped it): start
+    other = {**same, "config_hash": "x"}
+    assert isinstance(serve.StartServer(s).check(context(inv, "spark-a", servers_facts(other))), Change)
+    # a dead one (its container ended, or vllm serve in it): start
+    dead = {**same, "alive": False}
+    assert isinstance(serve.StartServer(s).check(context(inv, "spark-a", servers_facts(dead))), Change)
+    # not its first node: nothing to do there
+    assert isinstance(serve.StartServer(s).check(context(inv, "spark-b", servers_facts())), Unchanged)
 
 
 def test_start_server_starts_detached_and_records_the_server(recipe: Any) -> None:
     inv = inventory()
-    s = spec(recipe)
-    head = FakeTransport("spark-a", [(0, "", ""), {"alive": True, "pid": 4321}])
-    ctx = context(inv, "spark-a", serve_facts({}), transports={"spark-a": head})
+    s = spec(recipe, persist=True)
+    head = FakeTransport("spark-a", [(0, "", ""), {"alive": True, "pid": 4321}, (0, "", "")])
+    ctx = context(inv, "spark-a", servers_facts(), transports={"spark-a": head})
     planned = serve.StartServer(s).check(ctx)
-    assert isinstance(planned, Change) and planned.commands == (serve.start_cmd("sparkctl-vllm", s.argv),)
+    assert isinstance(planned, Change)
+    assert planned.commands == (serve.start_cmd(CONTAINER, SERVE_DIR, s.argv),)
     assert serve.StartServer(s).apply(ctx, planned) == (
-        f"vllm serve started (pid 4321 in sparkctl-vllm), config {s.digest}")
-    start, started = head.calls
-    assert start.command == serve.start_cmd("sparkctl-vllm", s.argv)
-    assert start.display == "docker exec -d sparkctl-vllm vllm serve nvidia/MiniMax-M2.7-NVFP4"
+        f"vllm serve started (pid 4321 in {CONTAINER}), config {s.digest}; record "
+        f"{RUN_DIR}/servers/minimax-m2.7/server.json")
+    start, started, record_call = head.calls
+    assert start.command == serve.start_cmd(CONTAINER, SERVE_DIR, s.argv)
+    assert start.display == f"docker exec -d {CONTAINER} vllm serve nvidia/MiniMax-M2.7-NVFP4"
     payload = json.loads(shlex.split(started.command)[-1])
     assert payload["action"] == "started" and payload["main"] == "vllm.pid"
-    record = payload["server"]
+    assert payload["run"] == SERVE_DIR
+    assert record_call.sudo and f"{RUN_DIR}/servers/minimax-m2.7/server.json" in record_call.command
+    record = json.loads(shlex.split(record_call.command.split("printf '%s\\n' ", 1)[1])[0])
     assert record["engine"] == "vllm" and record["config_hash"] == s.digest == config_hash(
-        recipe, s.argv, "")
+        recipe, s.argv, "minimax-m2.7")
     assert record["nodes"] == ["spark-a", "spark-b"] and record["ours"] == ["vllm"]
     assert (record["tp_size"], record["pp_size"], record["port"]) == (2, 1, 8000)
+    assert record["container"] == CONTAINER and record["pid_file"] == f"{SERVE_DIR}/vllm.pid"
+    assert record["listen_ports"] == [8000, 6379, 25000] and record["persistent"] is True
 
 
 def test_start_server_that_exits_at_once_shows_the_log_end(recipe: Any) -> None:
     log = "\n".join(f"line {i}" for i in range(30)) + "\nValueError: no GPU\n"
     head = FakeTransport("spark-a", [(0, "", ""), {"alive": False, "pid": 9, "log": log}])
-    ctx = context(inventory(), "spark-a", serve_facts({}), transports={"spark-a": head})
+    ctx = context(inventory(), "spark-a", servers_facts(), transports={"spark-a": head})
     with pytest.raises(SparkctlError) as err:
         step = serve.StartServer(spec(recipe))
         step.apply(ctx, step.check(ctx))  # type: ignore[arg-type]
     message = str(err.value)
-    assert message.startswith(f"spark-a: vllm serve exited at once; {RUN_DIR}/server.log ends with:")
+    assert message.startswith(f"spark-a: vllm serve exited at once; {SERVE_DIR}/server.log ends with:")
     assert message.endswith("ValueError: no GPU") and "line 16" in message and "line 15" not in message
 
-    failed = FakeTransport("spark-a", [(125, "", "Error: No such container: sparkctl-vllm")])
-    ctx = context(inventory(), "spark-a", serve_facts({}), transports={"spark-a": failed})
-    with pytest.raises(SparkctlError, match="container sparkctl-vllm is not running on spark-a"):
+    failed = FakeTransport("spark-a", [(125, "", f"Error: No such container: {CONTAINER}")])
+    ctx = context(inventory(), "spark-a", servers_facts(), transports={"spark-a": failed})
+    with pytest.raises(SparkctlError, match=f"container {CONTAINER} is not running on spark-a"):
         step = serve.StartServer(spec(recipe))
         step.apply(ctx, step.check(ctx))  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------ readiness
 class Clock:
-    """Stands in for serve.time / ray.time: sleeping advances it."""
+    """Stands in for ready.time / ray.time: sleeping advances it."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -259,88 +229,96 @@ def head_cluster(statuses: list[Any]) -> FakeCluster:
     for status in statuses:
         head.on(r'"action": "status"', answer=status, times=1)
     head.on(r"tail -n 30 .*server\.log", stdout="Loading safetensors\nCUDA out of memory\n")
-    head.on(r'"action": "stop"', answer={"stopped": ["vllm.pid"], "left": []})
     for name in ("spark-a", "spark-b"):
-        cluster[name].on(r"docker logs --tail 8 sparkctl-vllm", stdout=f"raylet on {name}\n")
+        cluster[name].on(r"docker logs --tail 8 sparkctl-vllm-minimax-m2.7",
+                         stdout=f"raylet on {name}\n")
+        cluster[name].on(r"label=sparkctl.server=minimax-m2.7", stdout="")
     return cluster
 
 
 def test_wait_until_ready_polls_until_health_and_the_model(recipe: Any,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
-    monkeypatch.setattr(serve, "time", clock)
+    monkeypatch.setattr(ready, "time", clock)
     loading = {"pids": {"vllm.pid": {"alive": True}}, "health": None}
     up_wrong_model = {"pids": {"vllm.pid": {"alive": True}}, "health": 200, "models": ["x", None]}
-    ready = {"pids": {"vllm.pid": {"alive": True}}, "health": 200, "models": [recipe.model]}
-    cluster = head_cluster([loading, loading, up_wrong_model, ready])
+    answering = {"pids": {"vllm.pid": {"alive": True}}, "health": 200, "models": [recipe.model]}
+    cluster = head_cluster([loading, loading, up_wrong_model, answering])
     notes: list[str] = []
 
-    result = serve.wait_until_ready(cluster.transports, recipe, cluster.inventory, 600, notes.append)
+    result = ready.wait_until_ready(cluster.transports, spec(recipe), 600, notes.append)
 
     assert result == Ready(9.0, [recipe.model]) and clock.slept == [3.0, 3.0, 3.0]
-    assert notes[0].endswith("loading (/health no answer); deadline in 600s")
+    assert notes[0].endswith("minimax-m2.7 on spark-a: loading (/health no answer); deadline in 600s")
     assert "loading (/health 200)" in notes[1] and len(notes) == 3  # repeated stages said once
     assert notes[-1] == "[   9.0s] ready: /health and /v1/models answer"
     status_call = cluster["spark-a"].calls[0]
     assert '"deep": true' in status_call.command and '"generate": false' in status_call.command
+    assert f'"run": "{SERVE_DIR}"' in status_call.command
 
 
 def test_a_server_that_exits_while_loading_fails_with_every_nodes_log(
         recipe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "time", Clock())
+    monkeypatch.setattr(ready, "time", Clock())
     cluster = head_cluster([{"pids": {"vllm.pid": {"alive": False}}}])
     notes: list[str] = []
     with pytest.raises(LaunchFailed) as failed:
-        serve.wait_until_ready(cluster.transports, recipe, cluster.inventory, 600, notes.append)
+        ready.wait_until_ready(cluster.transports, spec(recipe), 600, notes.append)
     reason, details = failed.value.reason, failed.value.details
-    assert reason == ("vllm serve exited while loading (after 0s); vllm serve stopped "
-                      "(log tails below)")
-    assert f"--- spark-a: last lines of {RUN_DIR}/server.log\nLoading safetensors\nCUDA out of memory" \
+    assert reason == ("vllm serve of minimax-m2.7 exited while loading (after 0s); minimax-m2.7 "
+                      "stopped (log tails below)")
+    assert f"--- spark-a: last lines of {SERVE_DIR}/server.log\nLoading safetensors\nCUDA out of memory" \
         in details
-    assert "--- spark-a: Ray (sparkctl-vllm)\nraylet on spark-a" in details
-    assert "--- spark-b: Ray (sparkctl-vllm)\nraylet on spark-b" in details
-    assert notes == ["vllm serve exited while loading (after 0s); stopping vllm serve"]
-    assert any('"action": "stop"' in c for c in cluster["spark-a"].commands)
+    assert f"--- spark-a: Ray ({CONTAINER})\nraylet on spark-a" in details
+    assert f"--- spark-b: Ray ({CONTAINER})\nraylet on spark-b" in details
+    assert notes == ["vllm serve of minimax-m2.7 exited while loading (after 0s); stopping minimax-m2.7"]
+    for name in ("spark-a", "spark-b"):  # the server's containers and record, on each node
+        (stop,) = [c for c in cluster[name].commands if "label=sparkctl.server=minimax-m2.7" in c]
+        assert f"rm -rf -- {RUN_DIR}/servers/minimax-m2.7" in stop
 
 
 def test_not_ready_by_the_deadline_stops_the_server_and_says_what_is_left(
         recipe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "time", Clock())
+    monkeypatch.setattr(ready, "time", Clock())
     loading = {"pids": {"vllm.pid": {"alive": True}}, "health": 503}
     cluster = head_cluster([loading] * 5)
-    cluster["spark-a"].rules = [r for r in cluster["spark-a"].rules if "stop" not in r.pattern.pattern]
-    cluster["spark-a"].on(r'"action": "stop"', answer={"stopped": [], "left": [77]})
+    cluster["spark-a"].rules = [r for r in cluster["spark-a"].rules if "sparkctl.server" not in
+                                r.pattern.pattern]
+    cluster["spark-a"].on(r"label=sparkctl.server", 1, "", "Error: docker is busy")
     del cluster.transports["spark-b"]  # unreachable: its Ray log is simply not there
     with pytest.raises(LaunchFailed) as failed:
-        serve.wait_until_ready(cluster.transports, recipe, cluster.inventory, 5, lambda line: None)
-    assert failed.value.reason == ("vllm serve was not ready within 5s (--timeout); vllm serve "
-                                   "stopped NOT stopped: [77] (log tails below)")
+        ready.wait_until_ready(cluster.transports, spec(recipe), 5, lambda line: None)
+    assert failed.value.reason.startswith(
+        "vllm serve of minimax-m2.7 was not ready within 5s (--timeout); minimax-m2.7 stopped "
+        "(could not stop it: ")
     assert "spark-b" not in failed.value.details
 
 
 def test_a_stop_that_fails_is_reported_with_the_reason(recipe: Any) -> None:
     cluster = head_cluster([])
     head = cluster["spark-a"]
-    head.rules = [r for r in head.rules if "stop" not in r.pattern.pattern]
-    head.on(r'"action": "stop"', 1, "", "Error: container is not running")
+    head.rules = [r for r in head.rules if "sparkctl.server" not in r.pattern.pattern]
+    head.on(r"label=sparkctl.server", 1, "", "Error: container is not running")
     cluster["spark-b"].on("docker logs", answer=SparkctlError("spark-b: connection lost"))
     cluster["spark-b"].rules.reverse()  # the failing rule first
     with pytest.raises(LaunchFailed) as failed:
-        serve.fail_and_clean(cluster.transports, recipe, cluster.inventory, lambda line: None, "why")
-    assert failed.value.reason.startswith("why; vllm serve stopped could not stop it: ")
+        ready.fail_and_clean(cluster.transports, spec(recipe), lambda line: None, "why")
+    assert failed.value.reason.startswith("why; minimax-m2.7 stopped (could not stop it: ")
     assert "container is not running" in failed.value.reason
     assert "(could not read its Ray log: spark-b: connection lost)" in failed.value.details
 
 
 def test_ctrl_c_while_waiting_leaves_the_server_loading_and_exits_130(
         recipe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serve, "time", Clock())
+    monkeypatch.setattr(ready, "time", Clock())
     cluster = head_cluster([KeyboardInterrupt])
     with pytest.raises(SparkctlError) as stopped:
-        serve.wait_until_ready(cluster.transports, recipe, cluster.inventory, 600, lambda line: None)
+        ready.wait_until_ready(cluster.transports, spec(recipe), 600, lambda line: None)
     assert stopped.value.exit_code == EXIT_INTERRUPTED
-    assert str(stopped.value).startswith("stopped waiting; vLLM keeps loading on spark-a.")
-    assert not any('"action": "stop"' in c for c in cluster["spark-a"].commands)
+    assert str(stopped.value).startswith("stopped waiting; vLLM (minimax-m2.7) keeps loading on "
+                                         "spark-a.")
+    assert "`sparkctl down --server minimax-m2.7`" in str(stopped.value)
+    assert not any("sparkctl.server" in c for c in cluster["spark-a"].commands)
 
 
 # ------------------------------------------------------------------ engines/verify.py
@@ -397,7 +375,8 @@ def test_ray_environment_is_the_fabric_and_the_store_is_capped(recipe: Any) -> N
     roce = ["rocep1s0f1", "roceP2p1s0f1"]
     custom = with_ray(recipe.model_copy(update={"env": {"VLLM_LOGGING_LEVEL": "DEBUG"}}),
                       object_store_gb=1.5, num_cpus=16, port=6400)
-    worker = ray.ray_spec(custom, inv, inv.node("spark-b"), roce, "/hf", infiniband=True)
+    server = spec(custom)
+    worker = ray.ray_spec(server, inv.node("spark-b"), roce, "/hf", infiniband=True)
     env = worker.env
     assert env["VLLM_HOST_IP"] == WORKER_IP and env["GLOO_SOCKET_IFNAME"] == "enp1s0f1np1"
     # read by nothing vLLM runs: not set
@@ -411,10 +390,10 @@ def test_ray_environment_is_the_fabric_and_the_store_is_capped(recipe: Any) -> N
     assert worker.flags[-2:] == ["--device", "/dev/infiniband:/dev/infiniband"]
     assert worker.labels["sparkctl.role"] == "ray-worker"
     assert "did not join the head at 192.168.200.12:6400" in worker.ready_what
-    head = ray.ray_spec(custom, inv, inv.node("spark-a"), roce, "/hf", infiniband=False)
+    head = ray.ray_spec(server, inv.node("spark-a"), roce, "/hf", infiniband=False)
     assert "--device" not in head.flags and head.hashed == {}
     assert head.labels["sparkctl.role"] == "ray-head" and "--include-dashboard=false" in head.command
-    assert ray.ray_spec(recipe, inv, inv.node("spark-a"), roce, "/hf", False).command.count(
+    assert ray.ray_spec(spec(recipe), inv.node("spark-a"), roce, "/hf", False).command.count(
         "--num-cpus") == 0
 
 
@@ -422,7 +401,7 @@ def test_fabric_link_check_tolerates_missing_facts_and_names_each_problem(recipe
     inv = inventory()
 
     def check(links: Any, node: str = "spark-a") -> None:
-        ray.check_fabric_link(context(inv, node, {node: {"links": links}}))
+        ray.check_fabric_link(context(inv, node, {node: {"links": links}}), "spark-a")
 
     check(None)  # not gathered: ray start will tell
     check({"error": "no ip"})
@@ -440,7 +419,7 @@ def test_fabric_link_check_tolerates_missing_facts_and_names_each_problem(recipe
     with pytest.raises(SparkctlError, match=r"spark-b: its Ray worker would use 192\.168\.200\.13 on "
                                             r"enp1s0f1np1, but enp1s0f1np1 does not exist"):
         ray.check_fabric_link(context(inventory(data), "spark-b", {"spark-b": {"links": {
-            "enP2p1s0f1np1": {"up": True, "addresses": ["192.168.201.13/24"]}}}}))
+            "enP2p1s0f1np1": {"up": True, "addresses": ["192.168.201.13/24"]}}}}), "spark-a")
 
 
 def test_parse_probe(recipe: Any) -> None:
@@ -466,14 +445,14 @@ def test_ray_cluster_waits_until_every_serving_node_is_alive(recipe: Any,
                                   ray_answer(HEAD_IP, WORKER_IP)]
     notes: list[str] = []
     ctx = cluster.context("spark-a", options=RunOptions(progress_note=notes.append))
-    step = ray.RayCluster(recipe)
+    step = ray.RayCluster(spec(recipe))
     change = step.check(ctx)
     assert isinstance(change, Change) and change.summary == "wait until Ray reports 2 node(s) (deadline 120s)"
     assert step.apply(ctx, change) == f"Ray: 2 node(s) alive ({HEAD_IP}, {WORKER_IP})"
     assert clock.slept == [2, 2]
     assert notes == ["        [  0.0s] Ray: ConnectionError: GCS not up"]  # one line per 10 s
     for call in cluster["spark-a"].calls:
-        assert call.sudo and call.command == ray.probe_cmd("sparkctl-vllm")
+        assert call.sudo and call.command == ray.probe_cmd(CONTAINER)
 
 
 def test_ray_cluster_names_the_missing_node_with_its_ray_log(recipe: Any,
@@ -482,16 +461,16 @@ def test_ray_cluster_names_the_missing_node_with_its_ray_log(recipe: Any,
     monkeypatch.setattr(ray, "time", clock)
     cluster = FakeCluster(inventory())
     cluster["spark-a"].on("ray.init", answer=ray_answer(HEAD_IP))
-    cluster["spark-b"].on("docker logs --tail 15 sparkctl-vllm", stdout="raylet: cannot reach GCS\n")
+    cluster["spark-b"].on(f"docker logs --tail 15 {CONTAINER}", stdout="raylet: cannot reach GCS\n")
     notes: list[str] = []
     ctx = cluster.context("spark-a", options=RunOptions(progress_note=notes.append))
     quick = with_ray(recipe, join_timeout=25)
     with pytest.raises(SparkctlError) as err:
-        ray.RayCluster(quick).apply(ctx, Change("wait"))
+        ray.RayCluster(spec(quick)).apply(ctx, Change("wait"))
     message = str(err.value)
     assert message.startswith("spark-a: Ray shows 1 of 2 node(s) after 25s; missing: spark-b "
                               f"({WORKER_IP}). Each worker must reach the head at {HEAD_IP}:6379")
-    assert "--- spark-b: sparkctl-vllm (docker logs and raylet logs)\nraylet: cannot reach GCS" in message
+    assert f"--- spark-b: {CONTAINER} (docker logs and raylet logs)\nraylet: cannot reach GCS" in message
     assert notes[0] == f"        [  0.0s] Ray: 1 alive, waiting for spark-b ({WORKER_IP})"
     assert len(notes) == 3  # at 0, 12 and 24 s: not every 2 s
 
@@ -500,7 +479,7 @@ def test_ray_cluster_names_the_missing_node_with_its_ray_log(recipe: Any,
     cluster["spark-a"].rules = []
     cluster["spark-a"].on("ray.init", 1, "", "ray: command not found")
     with pytest.raises(SparkctlError) as err:
-        ray.RayCluster(quick).apply(cluster.context("spark-a"), Change("wait"))
+        ray.RayCluster(spec(quick)).apply(cluster.context("spark-a"), Change("wait"))
     assert "(ray: command not found)" in str(err.value) and "(node unreachable)" in str(err.value)
 
 
@@ -520,7 +499,8 @@ def test_a_worker_is_replaced_when_the_head_it_joined_restarted(recipe: Any, fak
     from orchestrator.phases.container import HASH_LABEL
 
     inv = inventory()
-    name = recipe.container_name
+    name = CONTAINER
+    server = spec(recipe)
     t0, t1, t2 = "2026-11-23T20:00:00.1Z", "2026-11-23T20:05:00.123456789Z", "2026-11-23T20:09:00Z"
 
     def facts(head_started: str, worker_started: str | None) -> dict[str, Any]:
@@ -530,14 +510,14 @@ def test_a_worker_is_replaced_when_the_head_it_joined_restarted(recipe: Any, fak
         head = {**home, "containers": {name: {"State": {"Running": True, "StartedAt": head_started}}}}
         worker: dict[str, Any] = {**home, "containers": {name: None}}
         if worker_started is not None:
-            wanted = ray.RayWorker(recipe).spec_for(context(inv, "spark-b", {"spark-b": home}))
+            wanted = ray.RayWorker(server).spec_for(context(inv, "spark-b", {"spark-b": home}))
             assert wanted is not None
             worker["containers"][name] = {
                 "Config": {"Labels": {**wanted.labels, HASH_LABEL: wanted.digest()}},
                 "State": {"Running": True, "StartedAt": worker_started}}
         return {"spark-a": head, "spark-b": worker}
 
-    step = ray.RayWorker(recipe)
+    step = ray.RayWorker(server)
     first = step.check(context(inv, "spark-b", facts(t0, None)))
     assert isinstance(first, Change) and first.summary == f"run container {name}"
     assert isinstance(step.check(context(inv, "spark-b", facts(t0, t1))), Unchanged)  # joined after
@@ -551,6 +531,6 @@ def test_a_worker_is_replaced_when_the_head_it_joined_restarted(recipe: Any, fak
     head_ctx = context(inv, "spark-a", facts(t0, None), shared={},
                        transports={"spark-a": fake_transport("spark-a").on(
                            r"inspect -f", 0, "2026-11-23T20:41:28.5Z\n", "")})
-    head_step = ray.RayHead(recipe)
+    head_step = ray.RayHead(server)
     head_step.apply(head_ctx, Change("run container", payload={"args": ["run"], "remove_old": False}))
     assert head_ctx.shared[ray.HEAD_STARTED] == "2026-11-23T20:41:28.5Z"

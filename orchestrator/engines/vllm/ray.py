@@ -1,11 +1,14 @@
-"""The Ray cluster vLLM runs on: one container per serving node, all over the fabric.
+"""The Ray cluster a vLLM server runs on: its own, one container per node of the server, all
+over the fabric.
 
-The head's container runs `ray start --head --node-ip-address <its fabric IP>`, every other
-serving node's `ray start --address <head fabric IP>:<port> --node-ip-address <its fabric IP>`,
-each as the container's main process (`--block`), so the container lives exactly as long as its
-Ray node. Never the management network: Ray, NCCL, Gloo and vLLM all get the fabric addresses and
-interfaces from the inventory (VLLM_HOST_IP, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, ...). Before
-`vllm serve` starts, the head waits (with a deadline) until Ray reports every serving node; a
+The first node's container (`sparkctl-vllm-<server>`) runs `ray start --head --node-ip-address
+<its fabric IP>`, every other node's `ray start --address <first node's fabric IP>:<port>
+--node-ip-address <its fabric IP>`, each as the container's main process (`--block`), so the
+container lives exactly as long as its Ray node. The ports are the server's own
+(engines/vllm/ports.py), so two servers' Ray clusters can share a node. Never the management
+network: Ray, NCCL, Gloo and vLLM all get the fabric addresses and interfaces from the
+inventory (VLLM_HOST_IP, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, ...). Before `vllm serve`
+starts, the first node waits (with a deadline) until Ray reports every node of the server; a
 node that does not show up is named, with the end of its Ray log.
 """
 
@@ -13,11 +16,10 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import docker_cmd, docker_exec_cmd, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
-from orchestrator.engines import serving_nodes
 from orchestrator.engines.base import CONTAINER_HF_HOME
 from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
@@ -26,6 +28,9 @@ from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
 from orchestrator.timestamps import parse_time
+
+if TYPE_CHECKING:
+    from orchestrator.engines.vllm.serve import ServeSpec
 
 RAY_LOGS = "/tmp/ray/session_latest/logs"
 SPREAD = '{"placement_group_options":{"strategy":"SPREAD"}}'
@@ -77,48 +82,53 @@ def engine_env(inventory: Inventory, node: Node, roce: list[str], recipe: Recipe
     return env
 
 
-def ray_args(recipe: Recipe, inventory: Inventory, node: Node) -> list[str]:
-    ip = node_ip(inventory, node)
+def ray_args(spec: ServeSpec, node: Node) -> list[str]:
+    recipe, ports = spec.recipe, spec.ports
+    ip = spec.node_ip(node.name)
     store = str(int(recipe.ray.object_store_gb * 1e9))
-    if node.name == inventory.head_name:
-        args = ["ray", "start", "--head", "--node-ip-address", ip, "--port", str(recipe.ray.port),
+    if spec.is_first(node):
+        args = ["ray", "start", "--head", "--node-ip-address", ip, "--port", str(ports.ray),
                 "--include-dashboard=false"]
     else:
-        head = node_ip(inventory, inventory.head)
-        args = ["ray", "start", "--address", f"{head}:{recipe.ray.port}", "--node-ip-address", ip]
+        head = spec.node_ip(spec.first)
+        args = ["ray", "start", "--address", f"{head}:{ports.ray}", "--node-ip-address", ip]
+    # the server's own ports: another server's Ray node may run on this node too
+    args += ["--dashboard-agent-listen-port", str(ports.ray_agent)]
     args += ["--num-gpus", "1", "--object-store-memory", store, "--disable-usage-stats"]
     if recipe.ray.num_cpus:
         args += ["--num-cpus", str(recipe.ray.num_cpus)]
     return [*args, "--block"]
 
 
-def ray_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], hf_cache: str,
-             infiniband: bool, restart: str | None = None) -> ContainerSpec:
-    """A node's Ray container; `restart` is docker's restart policy (launch --persist)."""
-    head = node.name == inventory.head_name
+def ray_spec(spec: ServeSpec, node: Node, roce: list[str], hf_cache: str, infiniband: bool,
+             restart: str | None = None) -> ContainerSpec:
+    """A node's Ray container of the server; `restart` is docker's restart policy (--persist)."""
+    recipe, inventory = spec.recipe, spec.inventory
+    head = spec.is_first(node)
     flags = ["--ipc", "host", "--gpus", "all", "--ulimit", "memlock=-1",
              "--ulimit", "stack=67108864"]
     if infiniband:
         flags += ["--device", f"{INFINIBAND}:{INFINIBAND}"]
-    head_ip, port = node_ip(inventory, inventory.head), recipe.ray.port
+    head_ip, port = spec.node_ip(spec.first), spec.ports.ray
     hashed: dict[str, str] = {}
     if not head:
         # a new head is a new Ray cluster: the workers must start again to join it
-        head_spec = ray_spec(recipe, inventory, inventory.head, roce, hf_cache, infiniband,
+        head_spec = ray_spec(spec, inventory.node(spec.first), roce, hf_cache, infiniband,
                              restart)
         hashed["head"] = head_spec.digest()
-    name = recipe.container_name
+    name = spec.container
     return ContainerSpec(
-        name=name, image=recipe.image, command=ray_args(recipe, inventory, node),
+        name=name, image=recipe.image, command=ray_args(spec, node),
         env=engine_env(inventory, node, roce, recipe),
         mounts=[(RUN_DIR, RUN_DIR, False), (hf_cache, CONTAINER_HF_HOME, False)],
-        labels=containers.managed_labels(inventory, node, engine="vllm", recipe=recipe.name,
+        labels=containers.managed_labels(inventory, node, engine="vllm", server=spec.name,
+                                         recipe=recipe.name,
                                          role="ray-head" if head else "ray-worker"),
         flags=flags, hashed=hashed, restart=restart,
         ready=f"{docker_cmd('logs', name)} 2>&1 | grep -q {quote(STARTED_LINE)}",
         ready_what=(f"the Ray head in {name} did not start on {head_ip}:{port}" if head else
                     f"the Ray worker on {node.name} did not join the head at {head_ip}:{port}"),
-        hint=(f"Hint: the Ray head binds {head_ip}, the head's fabric address: is its link up "
+        hint=(f"Hint: the Ray head binds {head_ip}, {spec.first}'s fabric address: is its link up "
               "(`sparkctl status`)?" if head else
               f"Hint: {node.name} must reach the Ray head at {head_ip}:{port} over the fabric: "
               "is the cable in and are both addresses configured? `sparkctl netcheck` tests the "
@@ -127,7 +137,7 @@ def ray_spec(recipe: Recipe, inventory: Inventory, node: Node, roce: list[str], 
     )
 
 
-def check_fabric_link(ctx: NodeContext) -> None:
+def check_fabric_link(ctx: NodeContext, first: str) -> None:
     """Ray binds the node's fabric address: refuse at once (naming the fix) when its link is
     down or the address is gone, instead of letting `ray start` time out."""
     from orchestrator.phases.network import fabric_link_problem
@@ -136,32 +146,30 @@ def check_fabric_link(ctx: NodeContext) -> None:
     if found is None:
         return
     ip, iface, problem = found
-    role = "the Ray head" if ctx.is_head else "its Ray worker"
+    role = "the Ray head" if ctx.node.name == first else "its Ray worker"
     raise SparkctlError(
         f"{ctx.node.name}: {role} would use {ip} on {iface}, but {problem}. Ray, NCCL and "
         "vLLM only use the fabric: check the cable (`sparkctl status`, `sparkctl netcheck`); "
         "`sparkctl up` restores the addresses")
 
 
-def spec_for(recipe: Recipe, role: str, restart: str | None = None) -> containers.SpecFor:
+def spec_for(spec: ServeSpec, role: str, restart: str | None = None) -> containers.SpecFor:
     def pick(ctx: NodeContext) -> ContainerSpec | None:
-        head = ctx.node.name == ctx.inventory.head_name
-        if (role == "head") != head:
+        if ctx.node.name not in spec.nodes or (role == "head") != spec.is_first(ctx.node):
             return None
-        check_fabric_link(ctx)
+        check_fabric_link(ctx, spec.first)
         infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
         roce = containers.roce_devices(ctx.inventory, ctx.facts, ctx.node.name)
-        return ray_spec(recipe, ctx.inventory, ctx.node, roce, containers.node_hf_cache(ctx),
-                        infiniband, restart)
+        return ray_spec(spec, ctx.node, roce, containers.node_hf_cache(ctx), infiniband, restart)
     return pick
 
 
-def head_started(ctx: NodeContext, recipe: Recipe) -> str:
+def head_started(ctx: NodeContext, spec: ServeSpec) -> str:
     """When the head's Ray container last started: as started in this run, else its facts."""
     if ctx.shared.get(HEAD_STARTED):
         return str(ctx.shared[HEAD_STARTED])
-    facts = ctx.cluster_facts.get(ctx.inventory.head_name) or {}
-    current = (facts.get("containers") or {}).get(recipe.container_name) or {}
+    facts = ctx.cluster_facts.get(spec.first) or {}
+    current = (facts.get("containers") or {}).get(spec.container) or {}
     return str((current.get("State") or {}).get("StartedAt") or "") if isinstance(current, dict) else ""
 
 
@@ -172,9 +180,9 @@ class RayHead(containers.Container):
     """The head's Ray container; after (re)starting it, records when it started, so the
     workers' step (next, on the other nodes) sees they must join this new head."""
 
-    def __init__(self, recipe: Recipe, restart: str | None = None) -> None:
-        super().__init__(spec_for(recipe, "head", restart), name="ray-head")
-        self.container = recipe.container_name
+    def __init__(self, spec: ServeSpec, restart: str | None = None) -> None:
+        super().__init__(spec_for(spec, "head", restart), name="ray-head")
+        self.container = spec.container
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         message = super().apply(ctx, change)
@@ -192,22 +200,22 @@ class RayWorker(containers.Container):
     started before the head is replaced (saying why). After a reboot with --persist both restart
     and the worker (re)joins the new head: it started after the head, and is left alone."""
 
-    def __init__(self, recipe: Recipe, restart: str | None = None) -> None:
-        super().__init__(spec_for(recipe, "worker", restart), name="ray-worker")
-        self.recipe = recipe
+    def __init__(self, spec: ServeSpec, restart: str | None = None) -> None:
+        super().__init__(spec_for(spec, "worker", restart), name="ray-worker")
+        self.server = spec
 
     def check(self, ctx: NodeContext) -> Outcome:
         outcome = super().check(ctx)
-        current = (ctx.facts.get("containers") or {}).get(self.recipe.container_name)
+        current = (ctx.facts.get("containers") or {}).get(self.server.container)
         if isinstance(outcome, Change) or not isinstance(current, dict):
             return outcome
         mine = parse_time((current.get("State") or {}).get("StartedAt"))
-        head = parse_time(head_started(ctx, self.recipe))
+        head = parse_time(head_started(ctx, self.server))
         spec = self.spec_for(ctx)
         if mine is None or head is None or mine >= head or spec is None:
             return outcome
-        return Change(f"replace container {self.recipe.container_name}: the Ray head restarted "
-                      f"({head_started(ctx, self.recipe)}) after this worker joined it; join the "
+        return Change(f"replace container {self.server.container}: the Ray head restarted "
+                      f"({head_started(ctx, self.server)}) after this worker joined it; join the "
                       "new head", payload={"args": spec.with_hash(spec.run_args(), spec.digest()),
                                            "remove_old": True})
 
@@ -227,10 +235,9 @@ def parse_probe(answer: dict[str, Any]) -> dict[str, Any]:
     return {"error": "the Ray probe printed no JSON"}
 
 
-def missing_nodes(recipe: Recipe, inventory: Inventory, probe: dict[str, Any]) -> list[Node]:
+def missing_nodes(spec: ServeSpec, probe: dict[str, Any]) -> list[Node]:
     alive = {n.get("ip") for n in probe.get("nodes") or [] if n.get("alive")}
-    return [inventory.node(name) for name in serving_nodes(recipe, inventory)
-            if node_ip(inventory, inventory.node(name)) not in alive]
+    return [spec.inventory.node(name) for name in spec.nodes if spec.node_ip(name) not in alive]
 
 
 def ray_log_tail(transport: Any, container: str, lines: int = 15) -> str:
@@ -245,18 +252,21 @@ def ray_log_tail(transport: Any, container: str, lines: int = 15) -> str:
 
 
 class RayCluster(Step):
-    """Every serving node alive in Ray (what `ray status` counts), before vLLM starts."""
+    """Every node of the server alive in its Ray (what `ray status` counts), before vLLM starts;
+    on the server's first node (its Ray head)."""
 
     name = "ray-cluster"
-    scope = "head"
 
-    def __init__(self, recipe: Recipe) -> None:
-        self.recipe = recipe
+    def __init__(self, spec: ServeSpec) -> None:
+        self.spec = spec
+        self.recipe = spec.recipe
 
     def check(self, ctx: NodeContext) -> Outcome:
+        if not self.spec.is_first(ctx.node):
+            return Unchanged(f"the Ray head of {self.spec.name} is on {self.spec.first}")
         probe = parse_probe((ctx.facts.get("commands") or {}).get("ray") or {})
-        want = len(serving_nodes(self.recipe, ctx.inventory))
-        if "error" not in probe and not missing_nodes(self.recipe, ctx.inventory, probe):
+        want = len(self.spec.nodes)
+        if "error" not in probe and not missing_nodes(self.spec, probe):
             alive = sorted(n["ip"] for n in probe["nodes"] if n.get("alive"))
             return Unchanged(f"Ray: {want} node(s) alive ({', '.join(alive)})")
         return Change(f"wait until Ray reports {want} node(s) (deadline "
@@ -264,7 +274,8 @@ class RayCluster(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         note = ctx.options.values.get("progress_note") or (lambda line: None)
-        container = self.recipe.container_name
+        spec = self.spec
+        container = spec.container
         started = time.monotonic()
         deadline = started + self.recipe.ray.join_timeout
         last = 0.0
@@ -273,7 +284,7 @@ class RayCluster(Step):
                              display=f"docker exec {container} python3 -c <ray nodes>")
             probe = parse_probe({"rc": result.exit_status, "out": result.stdout,
                                  "err": result.stderr})
-            missing = missing_nodes(self.recipe, ctx.inventory, probe)
+            missing = missing_nodes(spec, probe)
             alive = sorted(n["ip"] for n in probe.get("nodes") or [] if n.get("alive"))
             if "error" not in probe and not missing:
                 return f"Ray: {len(alive)} node(s) alive ({', '.join(alive)})"
@@ -281,22 +292,22 @@ class RayCluster(Step):
                 break
             if time.monotonic() - last > 10:
                 state = probe.get("error") or f"{len(alive)} alive, waiting for " + ", ".join(
-                    f"{n.name} ({node_ip(ctx.inventory, n)})" for n in missing)
+                    f"{n.name} ({spec.node_ip(n.name)})" for n in missing)
                 note(f"        [{time.monotonic() - started:5.1f}s] Ray: {state}")
                 last = time.monotonic()
             time.sleep(2)
-        head_ip = node_ip(ctx.inventory, ctx.inventory.head)
+        head_ip = spec.node_ip(spec.first)
         parts = []
         for node in missing:
             transport = ctx.transports.get(node.name)
             tail = ray_log_tail(transport, container) if transport else "(node unreachable)"
             parts.append(f"--- {node.name}: {container} (docker logs and raylet logs)\n{tail}")
-        names = ", ".join(f"{n.name} ({node_ip(ctx.inventory, n)})" for n in missing)
+        names = ", ".join(f"{n.name} ({spec.node_ip(n.name)})" for n in missing)
         raise SparkctlError(
-            f"{ctx.node.name}: Ray shows {len(alive)} of {len(serving_nodes(self.recipe, ctx.inventory))} "
+            f"{ctx.node.name}: Ray shows {len(alive)} of {len(spec.nodes)} "
             f"node(s) after {self.recipe.ray.join_timeout:g}s; missing: {names}"
             + (f" ({probe['error']})" if probe.get("error") else "")
-            + f". Each worker must reach the head at {head_ip}:{self.recipe.ray.port} over the "
+            + f". Each worker must reach the head at {head_ip}:{spec.ports.ray} over the "
             "fabric: check the cable and addresses (`sparkctl netcheck`, `sparkctl status`).\n"
             + "\n".join(parts))
 

@@ -46,7 +46,8 @@ RESERVED_FLAGS = {
 
 class RayOptions(StrictModel):
     port: int = Field(default=6379, ge=1024, le=65535)
-    """The Ray head's GCS port, on the head's fabric address."""
+    """The Ray head's GCS port base, on the first node's fabric address: the server's own port is
+    this plus its offset (engines/vllm/ports.py; 6379 for a server on API port 8000)."""
     object_store_gb: float = Field(default=2.0, ge=0.08, le=64)
     """Ray's object store per node (--object-store-memory). vLLM barely uses it; Ray's default
     (30% of memory) would take ~38 GB of a Spark's unified memory from the model."""
@@ -61,7 +62,9 @@ class Recipe(BaseRecipe):
     image: str = Field(default=DEFAULT_IMAGE, pattern=IMAGE_PATTERN)
     """The vLLM image every serving node runs (its Ray and vLLM)."""
     container_name: str = Field(default=DEFAULT_CONTAINER, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
-    """The per-node container (Ray head or worker; vllm serve runs in the head's)."""
+    """The prefix of the server's containers: `<container_name>-<server name>` on each of its
+    nodes (Ray head or worker, or an mp rank; vllm serve runs in the first node's). Before
+    servers were named it was the one container's name (`sparkctl-vllm`)."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
     serve_args: list[str] = Field(default_factory=list)
@@ -75,8 +78,9 @@ class Recipe(BaseRecipe):
     Ray) or `auto`: Ray where the image is known to ship it, else mp (engines/vllm/images.py).
     Forcing `ray` on an image without Ray is refused."""
     master_port: int = Field(default=29501, ge=1024, le=65535)
-    """vLLM's --master-port with the mp executor: rank 0 listens there on the head's fabric
-    address and the headless ranks connect to it."""
+    """vLLM's --master-port base with the mp executor: rank 0 listens on the first node's fabric
+    address at this plus the server's offset (engines/vllm/ports.py; 29501 on API port 8000)
+    and the headless ranks connect to it."""
 
     @property
     def world_size(self) -> int:
@@ -94,15 +98,19 @@ class Recipe(BaseRecipe):
         return executor_for(self.executor, self.image)
 
     def listen_ports(self, nodes: list[str]) -> list[ListenPort]:
+        from orchestrator.engines.vllm.ports import ServerPorts
         from orchestrator.phases.ports import ListenPort
 
-        # on the first node, next to vllm serve: the Ray head's GCS, or (mp, several nodes)
-        # rank 0's --master-port the headless ranks connect to
+        # on the first node, next to vllm serve: the Ray head's GCS (the dashboard agent on
+        # every node), or (mp, several nodes) rank 0's --master-port; each the recipe's
+        # base plus the server's offset (engines/vllm/ports.py)
+        ports = ServerPorts.of(self)
+        fix = "launch with another --port (it moves every port of the server)"
         if self.backend == "ray":
-            extra = [ListenPort(nodes[0], self.ray.port, "Ray GCS", "set ray.port in the recipe")]
+            extra = [ListenPort(nodes[0], ports.ray, "Ray GCS", fix),
+                     *(ListenPort(n, ports.ray_agent, "Ray dashboard agent", fix) for n in nodes)]
         elif self.node_count > 1:
-            extra = [ListenPort(nodes[0], self.master_port, "master-port",
-                                "set master_port in the recipe")]
+            extra = [ListenPort(nodes[0], ports.master, "master-port", fix)]
         else:
             extra = []
         return [*super().listen_ports(nodes), *extra]
