@@ -202,10 +202,13 @@ def _squeeze_memory(ident: LabIdentity, state: dict[str, Any], rec: Record) -> N
         raise LabError("squeeze-memory needs the lab's memory cgroups (none on this host)", 1)
     rec["real_bytes"] = parse_size(str(rec["size"])) // scale
     mib = max(1, rec["real_bytes"] // 2**20)
-    fid = len(state["faults"]) + 1
+    # unique per squeeze: a ready file left by an earlier one (a restore, then a new squeeze
+    # with the same count) must never pass for this one's
+    fid = f"{len(state['faults']) + 1}-{time.time_ns()}"
+    rec["ready"] = f"/run/sparklab/squeeze-{fid}.ready"
     code = SQUEEZER.format(mib=mib, fid=fid)
-    pid = _sh(ident, rec["node"], f"setsid /usr/bin/python3 -c \"{code}\" </dev/null "
-              ">/dev/null 2>&1 & echo $!").strip()
+    pid = _sh(ident, rec["node"], f"rm -f /run/sparklab/squeeze-*.ready; setsid /usr/bin/python3 "
+              f"-c \"{code}\" </dev/null >/dev/null 2>&1 & echo $!").strip()
     rec["pid"] = int(pid)  # PID inside the node's PID namespace
     for _ in range(200):
         if _sh(ident, rec["node"], f"test -e /run/sparklab/squeeze-{fid}.ready && echo y",
@@ -220,7 +223,9 @@ def _squeeze_memory(ident: LabIdentity, state: dict[str, Any], rec: Record) -> N
 
 
 def _undo_squeeze_memory(ident: LabIdentity, rec: Record) -> None:
-    _sh(ident, rec["node"], f"kill {int(rec['pid'])}", check=False)
+    ready = str(rec.get("ready") or "")
+    remove = f"; rm -f {ready}" if ready.startswith("/run/sparklab/squeeze-") else ""
+    _sh(ident, rec["node"], f"kill {int(rec['pid'])}{remove}", check=False)
 
 
 def _flag(ident: LabIdentity, state: dict[str, Any], rec: Record) -> None:
