@@ -48,10 +48,13 @@ def other_engine_refusal(running: dict[str, Any] | None, recipe: Any) -> str | N
 
 def running_cmd(inventory: Inventory) -> str:
     """The head's facts command: the recorded server and whether its main process lives."""
+    from orchestrator.engines import DEFAULT_ENGINE
+    from orchestrator.engines.serverctl import process_words
     from orchestrator.node import script
 
     return "python3 -c " + " ".join(quote(a) for a in (
-        script("running.py"), SERVER_JSON, inventory.container.name, script("serverctl.py")))
+        script("running.py"), SERVER_JSON, inventory.container.name, script("serverctl.py"),
+        DEFAULT_ENGINE, json.dumps(process_words())))
 
 
 def running_from_facts(facts: dict[str, Any]) -> dict[str, Any] | None:

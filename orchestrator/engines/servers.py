@@ -1,9 +1,10 @@
 """Every server on the cluster, whichever engine runs it, and the rules for one more.
 
-Per-server engines (SGLang) record each server in RUN_DIR/servers/<name>/server.json on its
-first node (the one it answers on); TensorRT-LLM and vLLM keep their single record,
-RUN_DIR/server.json on the head. `orchestrator/node/servers.py` lists both on a node (one
-command per node, so launch gathers it as a fact). A new server is judged against the live
+Every server has its directory RUN_DIR/servers/<name>/ on each of its nodes and its record
+server.json there on its first node (the one it answers on); vLLM still keeps its single record,
+RUN_DIR/server.json on the head, as TensorRT-LLM did before its servers had names (such a
+"legacy" record is still listed, stopped and replaced). `orchestrator/node/servers.py` lists
+both on a node (one command per node, so launch gathers it as a fact). A new server is judged against the live
 ones sharing a node with it: a port already taken there is refused (named), and the sum of the
 recorded per-node memory estimates plus the new one must fit in a Spark's unified memory
 (refused with the numbers, unless --ignore-memory). Servers on other nodes are never in the way,
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
-from orchestrator.engines import ready_lines
+from orchestrator.engines import DEFAULT_ENGINE, ready_lines
 from orchestrator.engines.base import SPARK_MEMORY_GB
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.paths import RUN_DIR
@@ -41,7 +42,8 @@ def servers_cmd(inventory: Inventory, node: Node | None = None, probe: bool = Fa
 
     head = legacy and (node is None or node.name == inventory.head_name)
     args = {"run": RUN_DIR, "probe": probe, "ready_lines": ready_lines(),
-            "legacy_container": inventory.container.name if head else None}
+            "legacy_container": inventory.container.name if head else None,
+            "default_engine": DEFAULT_ENGINE, "serverctl": script("serverctl.py")}
     return "python3 -c " + quote(script("servers.py")) + " " + quote(json.dumps(args, sort_keys=True))
 
 
@@ -231,15 +233,25 @@ def stop_commands(server: dict[str, Any], inventory: Inventory) -> dict[str, str
 
     if server.get("legacy"):
         from orchestrator.engines.running import stop_command
+        from orchestrator.paths import SERVER_JSON
 
         command = stop_command(inventory, server)
-        return {name: command for name in server.get("nodes") or [inventory.head_name]}
+        nodes = server.get("nodes") or [inventory.head_name]
+        # the record goes too (on the head): the server is gone, not "stopped" forever
+        return {name: command + (f"; rm -f {quote(SERVER_JSON)}"
+                                 if name == inventory.head_name else "") for name in nodes}
     name = str(server["name"])
     ids = docker_cmd("ps", "-aq", "--filter", "label=sparkctl.managed=true", "--filter",
                      f"label=sparkctl.cluster={inventory.cluster.name}", "--filter",
                      f"label=sparkctl.server={name}")
     remove = (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids >/dev/null; "
               f"rm -rf -- {quote(record_dir(name))}")
+    if server.get("main"):  # processes in a shared container: stopped by their pid files there
+        from orchestrator.engines.serverctl import node_cmd
+
+        stop = node_cmd(str(server.get("container") or inventory.container.name), action="stop",
+                        run=record_dir(name), ours=server.get("ours"))
+        remove = f"{{ {stop} >/dev/null 2>&1 || true; }}; {remove}"
     return {node: remove for node in server.get("nodes") or [server.get("node")]}
 
 
