@@ -81,17 +81,20 @@ def attach_members(servers: list[dict[str, Any]], by_node: dict[str, dict[str, A
     for server in servers:
         if server.get("legacy"):
             continue
-        processes, gone = [], []
+        processes, gone, ended = [], [], []
         for node in server.get("nodes") or [server.get("node")]:
             if node not in by_node:
                 continue  # not asked (unreachable, or not part of this gathering)
             member = by_node[node].get(str(server.get("name")))
             if not isinstance(member, dict) or not member.get("running"):
                 gone.append(node)
+                ended += [f"{what} on {node}" for what in (member or {}).get("ended") or []]
                 continue
             processes.append({"node": node, "process": member.get("process"),
                               "rss_mb": round(int(member.get("rss_kb") or 0) / 1024, 1)})
         server["processes"] = processes
+        if ended:  # a process server's processes that ended (a rank, mpirun)
+            server["ended"] = ended
         if gone and server.get("alive"):
             server["alive"] = False
             server["dead_nodes"] = gone

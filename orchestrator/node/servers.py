@@ -143,7 +143,9 @@ def process_member(found):
     alive = [k for k, v in sorted(pids.items()) if v.get("alive")]
     return {"container": found["container"], "running": bool(pids) and len(alive) == len(pids),
             "rss_kb": sum(int(v.get("rss_kb") or 0) for v in pids.values() if v.get("alive")),
-            "process": ", ".join(k[:-4] for k in alive)}
+            "process": ", ".join(k[:-4] for k in alive),
+            "ended": ["%s (pid %s)" % (k[:-4], v.get("pid")) for k, v in sorted(pids.items())
+                      if not v.get("alive")]}
 
 
 def members():

@@ -138,7 +138,7 @@ def container_restarted(server: dict[str, Any], answer: dict[str, Any],
 
 SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
                "container", "started", "memory_gb", "legacy", "processes", "dead_nodes",
-               "memguard")
+               "memguard", "ended")
 
 
 # the recorded server's verdict (assess_server) in the servers list's words
@@ -195,7 +195,9 @@ def server_problem(entry: dict[str, Any]) -> str | None:
                 f"available (< {guard.get('min_available_gb', '?')} GB on {guard.get('node', '?')} "
                 f"at {guard.get('time', '?')}): free memory there, then {relaunch}")
     if state == "dead":
-        return (f"{what} is dead: its container is gone or exited; `sparkctl logs --server "
+        why = (f"{', '.join(entry['ended'])} ended" if entry.get("ended")
+               else "its container is gone or exited")
+        return (f"{what} is dead: {why}; `sparkctl logs --server "
                 f"{entry.get('name')}` shows why; {relaunch}")
     if state == "stalled":
         return (f"{what} is stalled: it was ready and /health now answers "
@@ -205,7 +207,11 @@ def server_problem(entry: dict[str, Any]) -> str | None:
 
 def add_server_problems(result: dict[str, Any]) -> None:
     """Every listed server that does not serve is a problem on its first node: status exits 1
-    naming it (the cluster is degraded), whichever engine serves it."""
+    naming it (the cluster is degraded), whichever engine serves it. A cluster that is up and
+    whose named server serves is "serving" (as with the single recorded one)."""
+    if result.get("state") == "up" and any(s.get("state") == "healthy"
+                                           for s in result.get("servers") or []):
+        result["state"] = "serving"
     for entry in result.get("servers") or []:
         guard, server = entry.get("memguard"), result.get("server")
         if entry.get("legacy") and isinstance(guard, dict) and isinstance(server, dict):

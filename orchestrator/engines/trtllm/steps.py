@@ -18,8 +18,8 @@ from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import servers
 from orchestrator.engines.serverctl import node_call
-from orchestrator.engines.verify import SmokeTest
 from orchestrator.engines.trtllm.serve import MAIN, OURS, LaunchSpec, node_plan, status_from_facts
+from orchestrator.engines.verify import SmokeTest
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import SERVER_JSON
