@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from orchestrator.commands import quote
+from orchestrator.engines import DEFAULT_ENGINE
 from orchestrator.engines.liveness import dead_ranks
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
@@ -89,7 +90,7 @@ def record_container_cmd(inventory: Inventory, command: str, engine: str = "") -
     """Run `command` with $c = the container the server record names (default: the `up`
     container); with `engine`, only when the recorded server is that engine's."""
     pick = "python3 -c " + quote(RECORD_CONTAINER) + " " + " ".join(
-        quote(a) for a in (SERVER_JSON, inventory.container.name, engine))
+        quote(a) for a in (SERVER_JSON, inventory.container.name, engine, DEFAULT_ENGINE))
     body = command.replace(quote("$c"), '"$c"').replace("'$c'", '"$c"')
     return f'c=$({pick} 2>/dev/null); if [ -n "$c" ]; then {body}; fi'
 

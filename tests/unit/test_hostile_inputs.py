@@ -137,7 +137,11 @@ def test_serve_args_reach_vllm_and_trtllm_as_one_literal_argument(recorder: Path
 
     recipe = serve_args_recipe(recorder, name)
     serve = import_module(f"orchestrator.engines.{recipe.engine}.serve")
-    run_shell(serve.start_cmd("ctr", serve.serve_argv(recipe, "127.0.0.1")), recorder)
+    where: tuple[str, ...] = ()
+    if hasattr(serve, "server_dir"):  # a named server's own directory under RUN_DIR
+        where = (serve.server_dir(recipe.name),)
+        (recorder / "servers" / recipe.name).mkdir(parents=True)
+    run_shell(serve.start_cmd("ctr", serve.serve_argv(recipe, "127.0.0.1"), *where), recorder)
     (docker,) = calls(recorder)
     inner = docker[docker.index("ctr") + 1:]
     assert inner[:2] == ["bash", "-c"]

@@ -48,8 +48,12 @@ def docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def running(server_json: Path, monkeypatch: pytest.MonkeyPatch,
             default_container: str = "sparkctl-trtllm") -> dict[str, Any]:
+    from orchestrator.engines import DEFAULT_ENGINE
+    from orchestrator.engines.serverctl import process_words
+
     ran = run_node_script("running.py", [str(server_json), default_container,
-                                         script("serverctl.py")], monkeypatch)
+                                         script("serverctl.py"), DEFAULT_ENGINE,
+                                         json.dumps(process_words())], monkeypatch)
     assert ran.code is None, ran.stderr
     return ran.json  # type: ignore[no-any-return]
 
@@ -127,7 +131,10 @@ def test_without_docker_the_error_says_so(tmp_path: Path, monkeypatch: pytest.Mo
 
 # ------------------------------------------------------------------ record_container.py
 def record_container(server_json: Path, engine: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    ran = run_node_script("record_container.py", [str(server_json), "sparkctl", engine], monkeypatch)
+    from orchestrator.engines import DEFAULT_ENGINE
+
+    ran = run_node_script("record_container.py", [str(server_json), "sparkctl", engine,
+                                                  DEFAULT_ENGINE], monkeypatch)
     assert ran.code is None, ran.stderr
     return ran.stdout
 

@@ -19,7 +19,7 @@ from orchestrator.engines.base import LaunchOptions
 from orchestrator.phases import boot_units, oomguard, persist, persist_down
 from orchestrator.phases.container import ContainerSpec
 
-ONE = one_server_engines()  # TensorRT-LLM and vLLM: one server per cluster
+ONE = one_server_engines()  # vLLM: one server per cluster
 
 HOME = {"commands": {"home": {"rc": 0, "out": "/home/nvidia\n"}}}
 
@@ -43,20 +43,24 @@ def test_without_persist_no_boot_unit_only_a_stale_one_removed() -> None:
 
 
 def test_a_launch_makes_its_own_unit_stale_without_persist_and_a_replaced_servers_unit() -> None:
-    units = {"old-trt": "trtllm", "mine": "vllm", "sgl": "sglang"}
-    assert persist.stale("mine", "vllm", persist=True, one_per_cluster=ONE)(units) == ["old-trt"]
-    assert persist.stale("mine", "vllm", persist=False, one_per_cluster=ONE)(units) == ["mine", "old-trt"]
+    units = {"trt": "trtllm", "mine": "vllm", "old-vllm": "vllm", "sgl": "sglang"}
+    assert persist.stale("mine", "vllm", persist=True, one_per_cluster=ONE)(units) == ["old-vllm"]
+    assert persist.stale("mine", "vllm", persist=False, one_per_cluster=ONE)(units) == [
+        "mine", "old-vllm"]
+    # TensorRT-LLM servers live side by side too (named, placed): only its own unit
+    assert persist.stale("trt", "trtllm", persist=True, one_per_cluster=ONE)(units) == []
+    assert persist.stale("trt", "trtllm", persist=False, one_per_cluster=ONE)(units) == ["trt"]
     # SGLang servers live side by side: only its own unit, and only without --persist
     assert persist.stale("sgl", "sglang", persist=True, one_per_cluster=ONE)(units) == []
     assert persist.stale("sgl", "sglang", persist=False, one_per_cluster=ONE)(units) == ["sgl"]
     inv = make_inventory()
     facts = {n.name: {"commands": {"boot_units": {
-        "out": "sparkctl-serve-old-trt.service enabled trtllm\n"}}} for n in inv.nodes}
+        "out": "sparkctl-serve-old-vllm.service enabled vllm\n"}}} for n in inv.nodes}
     step = persist.phase(persist_spec("minimax-m2.7").__class__(**{
         **persist_spec("minimax-m2.7").__dict__})).steps[0]
     change = step.check(make_context(inv, inv.head_name, facts))
     assert isinstance(change, Change)
-    assert change.summary.startswith("disable and remove sparkctl-serve-old-trt.service")
+    assert change.summary.startswith("disable and remove sparkctl-serve-old-vllm.service")
 
 
 def test_restart_policy_is_in_the_docker_run_argv_before_the_image() -> None:

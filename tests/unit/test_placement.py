@@ -32,10 +32,20 @@ def test_every_engines_default_nodes_and_a_fitting_placement_pass() -> None:
     check_against_inventory(placed("qwen3.6-27b-tp2", ["spark-b", "spark-a"]), inv)
 
 
-@pytest.mark.parametrize("name", ["gpt-oss-120b", "gpt-oss-120b-vllm"])
+@pytest.mark.parametrize("name", ["gpt-oss-120b-vllm"])
 def test_engines_whose_first_rank_runs_on_the_head_say_so(name: str) -> None:
     with pytest.raises(InputError, match="the head and the next nodes in inventory order: spark-a"):
         check_against_inventory(placed(name, ["spark-b"]), make_inventory())
+
+
+def test_a_tensorrt_llm_server_runs_on_any_nodes_one_rank_each() -> None:
+    """mpirun runs in the first node's `up` container with the server's own hostfile: no head
+    rule, only tp_size ranks, one per Spark."""
+    inv = make_inventory()
+    check_against_inventory(placed("gpt-oss-120b", ["spark-b"]), inv)
+    check_against_inventory(placed("qwen3-235b", ["spark-b", "spark-a"]), inv)
+    with pytest.raises(InputError, match="recipe qwen3-235b needs 2 node"):
+        check_against_inventory(placed("qwen3-235b", ["spark-b"]), inv)
 
 
 def test_every_engine_has_the_placement_members() -> None:
