@@ -95,10 +95,19 @@ def test_an_old_record_is_trtllm_in_the_default_container(tmp_path: Path, docker
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    (run / "mpirun.pid").write_text(f"{os.getpid()}\n")  # not mpirun/trtllm/orted: not ours
+    # not mpirun/trtllm/orted: not ours (a process of its own: this test's command line may
+    # hold any word, e.g. a checkout's path)
+    import subprocess
+
+    other = subprocess.Popen(["sleep", "30"])
+    (run / "mpirun.pid").write_text(f"{other.pid}\n")
     (run / "server.json").write_text(json.dumps({"recipe": "qwen3-235b", "port": 8355}))
 
-    out = running(run / "server.json", monkeypatch, default_container="sparkctl")
+    try:
+        out = running(run / "server.json", monkeypatch, default_container="sparkctl")
+    finally:
+        other.kill()
+        other.wait(5)
 
     assert out["server"] == {"recipe": "qwen3-235b", "port": 8355, "engine": "trtllm",
                              "container": "sparkctl", "main": "mpirun.pid"}
