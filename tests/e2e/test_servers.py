@@ -1,7 +1,8 @@
 """Every server is the same kind of thing, whichever engine serves it (docs/launch.md).
 
 One `up` for the module. TensorRT-LLM placed on the head and SGLang placed on the other node
-serve at once and both answer; a tp2 recipe named on one node is refused before anything runs;
+serve at once and both answer; two TensorRT-LLM servers serve at once, each on its node, and
+`down --server` stops one and leaves the other; a tp2 recipe named on one node is refused before anything runs;
 memory squeezed under the guard's threshold on the SGLang node stops that server within a
 minute while the other keeps answering, and status exits 1 saying why; the same for a vLLM
 server; a server container killed makes status exit 1 naming it; a bench sweep of a placed,
@@ -103,7 +104,40 @@ def test_two_engines_placed_on_their_nodes_serve_at_once(two: Lab) -> None:
     assert (listed["gpt-oss-120b"]["engine"], listed["gpt-oss-120b"]["nodes"]) == ("trtllm", [head])
     assert (listed["qwen3.6-27b"]["engine"], listed["qwen3.6-27b"]["nodes"]) == ("sglang", [other])
     text = sparkctl("status", *inv(two)).stdout
-    assert "other servers: 1: qwen3.6-27b (sglang on " + other in text
+    assert "servers: 2: gpt-oss-120b (trtllm on " + head in text
+    assert "qwen3.6-27b (sglang on " + other in text
+
+
+def test_two_tensorrt_llm_servers_serve_at_once_and_stop_one_by_one(two: Lab) -> None:
+    """Each in the `up` container of its own node, its mpirun's ranks on its nodes only."""
+    head, other = two.nodes
+    assert sparkctl("down", "--server", "qwen3.6-27b", *inv(two), "--yes").returncode == 0
+    try:
+        launch(two, "gpt-oss-120b", "--nodes", other, "--name", "gpt2", "--port", "8001")
+        assert answers(two, "gpt-oss-120b") and answers(two, "gpt2")
+        code, doc = status(two)
+        assert code == 0, problems(doc)
+        listed = {s["name"]: s for s in doc["servers"]}
+        assert set(listed) == {"gpt-oss-120b", "gpt2"}
+        assert (listed["gpt2"]["engine"], listed["gpt2"]["nodes"], listed["gpt2"]["port"],
+                listed["gpt2"]["state"]) == ("trtllm", [other], 8001, "healthy")
+        mpirun = lab_ps(two, other, "mpirun")
+        assert "/servers/gpt2/" in mpirun and "/servers/gpt-oss-120b/" not in mpirun
+        down = sparkctl("down", "--server", "gpt2", *inv(two), "--yes")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert "trtllm-serve" not in lab_ps(two, other, "trtllm")
+        assert answers(two, "gpt-oss-120b")
+        code, doc = status(two)
+        assert code == 0 and [s["name"] for s in doc["servers"]] == ["gpt-oss-120b"], problems(doc)
+    finally:
+        sparkctl("down", "--server", "gpt2", *inv(two), "--yes")
+        launch(two, "qwen3.6-27b", "--nodes", other)  # as the module's fixture left it
+
+
+def lab_ps(lab: Lab, node: str, word: str) -> str:
+    """The command lines in the node's `up` container holding WORD."""
+    out = lab.exec(node, "docker exec trtllm-multinode ps -eo args", check=False).stdout
+    return "\n".join(line for line in out.splitlines() if word in line)
 
 
 def test_a_tp2_recipe_on_one_node_is_refused_before_anything_runs(two: Lab) -> None:
@@ -168,6 +202,8 @@ def test_a_bench_sweep_of_a_placed_named_server_measures_and_restores_it(two: La
 
 def test_the_guard_stops_a_vllm_server_while_the_other_keeps_answering(two: Lab) -> None:
     head, _ = two.nodes
+    # (TensorRT-LLM's server is named and placed: stopped by name, not replaced by vLLM's)
+    assert sparkctl("down", "--server", "gpt-oss-120b", *inv(two), "--yes").returncode == 0
     launch(two, "gpt-oss-120b-vllm", "--nodes", head, "--replace")
     try:
         squeeze_under_guard(two, head)
