@@ -226,12 +226,14 @@ def launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: boo
     """Serve RECIPE (a built-in name or a recipe file) across the cluster, health-checked.
 
     \b
-    checks  another server (any engine) refused unless --replace; memory on every node
+    checks  the server against every node's servers (name, port, memory; vLLM: another
+            engine's server refused unless --replace); memory on every node
     models  fetched once on the head, fanned out to the serving nodes over the fabric,
             verified chunk by chunk; the HF token exists only meanwhile
     image   (vLLM, SGLang, llama.cpp) every serving node can pull the engine's image or gets it
             from a node that has it, over the fabric (said before anything changes)
-    serve   the engine's server (TensorRT-LLM: mpirun ... trtllm-serve; vLLM: Ray, then
+    serve   the engine's server (TensorRT-LLM: mpirun ... trtllm-serve on the server's
+            nodes, its files in /var/lib/sparkctl/run/servers/NAME/; vLLM: Ray, then
             vllm serve; SGLang: sglang.launch_server per node; llama.cpp: rpc-server on
             the other nodes, then llama-server), then readiness over HTTP
             and one real chat completion

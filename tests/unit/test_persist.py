@@ -99,6 +99,8 @@ def test_trtllm_head_waits_for_its_peers_then_starts_guard_mpirun_and_record() -
     assert [s["what"].split(" ")[0] for s in head["start"]] == ["memory", "mpirun", "the"]
     assert "trtllm-serve" in head["start"][1]["cmd"] and "docker exec -d" in head["start"][1]["cmd"]
     assert "@SPARKCTL_BOOT_TIME@" in head["start"][2]["cmd"]
+    # every part of it in the server's own directory (the guard's, mpirun's, the record's)
+    assert all("/run/servers/qwen3-235b" in s["cmd"] for s in head["start"] + peer["start"])
     assert peer["wait"] == [] and [s["what"] for s in peer["start"]] == ["memory guard"]
 
 

@@ -40,7 +40,10 @@ def persist_phase(spec: LaunchSpec, options: LaunchOptions) -> Phase:
         peers = [inventory.node(name) for name in nodes[1:]]
         wait = [(f"sshd in {container} on {peer.name} ({inventory.mpi_address(peer)}:{port})",
                  persist.tcp_cmd(inventory.mpi_address(peer), port)) for peer in peers]
-        start += [(f"mpirun ... trtllm-serve {recipe.model} in {container}", spec.start_cmd()),
+        # mpirun.pid of before the reboot names nothing (or another process now): the record
+        # takes the new one's pid
+        start += [(f"mpirun ... trtllm-serve {recipe.model} in {container}",
+                   f"rm -f {directory}/{MAIN} && {spec.start_cmd()}"),
                   ("the server record", node_cmd(container, action="started", server=record,
                                                  run=directory, main=MAIN))]
         # a rank's node that rebooted alone: mpirun (and the memory guard) go, then start again
