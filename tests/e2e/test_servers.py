@@ -4,8 +4,9 @@ One `up` for the module. TensorRT-LLM placed on the head and SGLang placed on th
 serve at once and both answer; two TensorRT-LLM servers serve at once, each on its node, and
 `down --server` stops one and leaves the other; a TensorRT-LLM server started the previous way
 (RUN_DIR/server.json) is listed and replaced by one in its own directory; a tp2 recipe named on
-one node is refused before anything runs; memory squeezed under the guard's threshold on the SGLang node stops that server within a
-minute while the other keeps answering, and status exits 1 saying why; the same for a vLLM
+one node is refused before anything runs; memory squeezed under the guard's threshold on the
+SGLang node stops that server within a minute while the other keeps answering, and status exits
+1 saying why; the same for a vLLM
 server; a server container killed makes status exit 1 naming it; a bench sweep of a placed,
 named server measures and restores exactly that server.
 """
