@@ -78,6 +78,12 @@ def test_the_same_name_with_another_configuration_is_refused_and_replaced_with_r
     stop = servers.stop_commands(moved.payload, INVENTORY)
     assert list(stop) == ["spark-a"]
     assert f"{RUN_DIR}/servers/gpt-oss-120b" in stop["spark-a"] and '"stop"' in stop["spark-a"]
+    # a dead one on another node: its leftovers go, not a second record of that name
+    facts["spark-a"] = listing(named("gpt-oss-120b", ["spark-a"], 8000, alive=False))
+    gone = Placement(spec(GPT, ["spark-b"])).check(ctx("spark-a", facts))
+    assert isinstance(gone, Change) and gone.summary.startswith(
+        "remove what is left of gpt-oss-120b on spark-a (not running")
+    assert isinstance(Placement(spec(GPT, ["spark-a"])).check(ctx("spark-a", facts)), Unchanged)
 
 
 def test_a_server_of_the_previous_version_is_stopped_and_started_again_per_server() -> None:

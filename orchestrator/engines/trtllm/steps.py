@@ -50,6 +50,11 @@ class Placement(Step):
         if decision == "replace" and same is not None:
             return Change(f"stop server {spec.name} ({', '.join(same.get('nodes') or [])}, "
                           "another configuration): --replace", payload=same)
+        moved = next((s for s in every if s.get("name") == spec.name and not s.get("alive")
+                      and not s.get("legacy") and s.get("node") != spec.first), None)
+        if moved is not None:  # its record would stay there, dead, beside the new one
+            return Change(f"remove what is left of {spec.name} on {moved.get('node')} (not "
+                          f"running; it starts again on {', '.join(spec.serving)})", payload=moved)
         where = ", ".join(spec.serving)
         if decision == "same":
             return Unchanged(f"{spec.name} already runs on {where} (config {spec.digest})")
