@@ -1,9 +1,11 @@
 """Which engine's server runs on the cluster, whichever engine started it.
 
-Every engine records its server in server.json (RUN_DIR on the head): the recipe, the model, the
-port, and (from vLLM on) the engine, the container the server runs in, its pid file and the
-words its command line contains. Records without those fields are TensorRT-LLM's (mpirun in the
-`up` container). chat, tunnel and `launch` of another engine use this to find the server.
+A one-server engine (vLLM) records its server in server.json (RUN_DIR on the head): the recipe,
+the model, the port, the engine, the container the server runs in, its pid file and the words
+its command line contains. Records without those fields are TensorRT-LLM's from before its
+servers had names (mpirun in the `up` container, pid files directly in RUN_DIR): still found,
+stopped and replaced (engines/servers.py lists them as "legacy"). chat, tunnel and `launch` of
+another engine use this to find the server.
 """
 
 from __future__ import annotations
@@ -115,7 +117,8 @@ class OtherEngineGuard(Step):
 
 
 def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:
-    """How the single recorded server (TensorRT-LLM, vLLM) is stopped on each of its nodes."""
+    """How the single recorded server (vLLM's, or an earlier sparkctl's TensorRT-LLM server) is
+    stopped on each of its nodes."""
     from orchestrator.commands import docker_cmd
     from orchestrator.engines.serverctl import node_cmd
     from orchestrator.phases.teardown import managed_filter_args
