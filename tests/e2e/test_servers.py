@@ -173,8 +173,9 @@ def test_a_server_of_the_previous_version_is_seen_and_replaced_by_one_per_server
         time.sleep(2)
     assert code == 0 and listed["gpt-oss-120b"]["legacy"], problems(doc)
     assert answers(two, "gpt-oss-120b")
-    result = launch(two, "gpt-oss-120b", "--nodes", head)
-    assert "launched by an earlier sparkctl" in result.stdout + result.stderr
+    result = launch(two, "gpt-oss-120b", "--nodes", head, "--json")
+    steps = {s["step"]: s for s in json.loads(result.stdout)["hosts"][head]["steps"]}
+    assert "launched by an earlier sparkctl" in json.dumps(steps["placement"]), steps["placement"]
     assert two.exec(head, "test -e /var/lib/sparkctl/run/server.json", check=False).returncode
     mpiruns = [line for line in lab_ps(two, head, "mpirun").splitlines()
                if line.startswith("mpirun")]

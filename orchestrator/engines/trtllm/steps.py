@@ -64,6 +64,9 @@ class Placement(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         servers.stop_server(ctx.transports, ctx.inventory, change.payload)
+        if change.payload.get("legacy"):
+            return (f"stopped {change.payload.get('name')}, launched by an earlier sparkctl: it "
+                    f"starts again below in {self.spec.run_dir}")
         return f"stopped {change.payload.get('name')}"
 
 
