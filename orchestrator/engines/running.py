@@ -79,7 +79,11 @@ def guard_phase(recipe: Any, inventory: Inventory, replace: bool,
     from orchestrator.remote.facts import merge_requests
 
     def facts(inv: Inventory, node: Any) -> dict[str, Any]:
-        return merge_requests([{"commands": {"running": running_cmd(inv)}}, more_facts or {}])
+        from orchestrator.engines.servers import servers_cmd
+
+        return merge_requests([{"commands": {"running": running_cmd(inv),
+                                             "servers": servers_cmd(inv, node, legacy=False)}},
+                               more_facts or {}])
 
     steps: list[Step] = [OtherEngineGuard(recipe, replace), *(same_engine or [])]
     return Phase("server-check", steps, facts, head_only=True)
@@ -96,7 +100,7 @@ class OtherEngineGuard(Step):
         self.replace = replace
 
     def check(self, ctx: NodeContext) -> Outcome:
-        running = running_from_facts(ctx.facts)
+        running = running_from_facts(ctx.facts) or self.in_up_container(ctx)
         refusal = other_engine_refusal(running, self.recipe)
         if refusal is None or running is None:
             return Unchanged("no server of another engine runs")
@@ -105,9 +109,23 @@ class OtherEngineGuard(Step):
         return Change(f"stop {running['engine']}'s server ({running.get('recipe', '?')}): --replace",
                       payload=running)
 
+    def in_up_container(self, ctx: NodeContext) -> dict[str, Any] | None:
+        """A named server whose processes run in the head's `up` container (what was the
+        single recorded server of the cluster before servers had names)."""
+        from orchestrator.engines.servers import from_facts
+
+        found = from_facts({ctx.node.name: ctx.facts}, ctx.inventory)
+        return next((s for s in found if s.get("main") and s.get("engine") != self.recipe.engine
+                     and s.get("container") == ctx.inventory.container.name), None)
+
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         running: dict[str, Any] = change.payload
         engine = str(running["engine"])
+        if running.get("legacy") is False:  # a named server (node/servers.py): its own stop
+            from orchestrator.engines.servers import stop_server
+
+            stop_server(ctx.transports, ctx.inventory, running)
+            return f"stopped {engine}'s server {running.get('name')}"
         command = stop_command(ctx.inventory, running)
         # every node: TensorRT-LLM's ranks live on each serving node
         for name, transport in ctx.transports.items():

@@ -198,3 +198,29 @@ def test_the_previous_versions_record_is_listed_as_the_default_engines(
     (server,) = node_servers(run, monkeypatch)["servers"]
     assert (server["name"], server["engine"], server["legacy"], server["container"]) == (
         "gpt-oss-120b", DEFAULT_ENGINE, True, "trtllm-multinode")
+
+
+def test_vllm_still_refuses_or_replaces_a_named_server_in_the_up_container() -> None:
+    """vLLM, still one server per cluster, treats a TensorRT-LLM server on the head (named now,
+    its processes in the `up` container) as it treated the single recorded one."""
+    from orchestrator.engines.running import guard_phase
+
+    vllm = load_recipe("minimax-m2.7")
+    trt = named("qwen3-235b", ["spark-a", "spark-b"], 8355, recipe="qwen3-235b")
+    facts = {"spark-a": {"commands": {
+        "running": {"rc": 0, "out": json.dumps({"server": None, "alive": False})},
+        **listing(trt)["commands"]}}}
+    assert "servers" in guard_phase(vllm, INVENTORY, False).facts(
+        INVENTORY, INVENTORY.node("spark-a"))["commands"]
+    with pytest.raises(SparkctlError, match="qwen3-235b with TensorRT-LLM.*--replace"):
+        guard_phase(vllm, INVENTORY, False).steps[0].check(ctx("spark-a", facts))
+    change = guard_phase(vllm, INVENTORY, True).steps[0].check(ctx("spark-a", facts))
+    assert isinstance(change, Change) and change.payload["name"] == "qwen3-235b"
+    stop = servers.stop_commands(change.payload, INVENTORY)
+    assert sorted(stop) == ["spark-a", "spark-b"] and "/servers/qwen3-235b" in stop["spark-b"]
+    # an SGLang server on the head is not in the `up` container: not vLLM's business here
+    sglang = named("q", ["spark-a"], 30000, engine="sglang", container="sparkctl-sglang-q")
+    sglang.pop("main")
+    facts["spark-a"]["commands"]["servers"] = listing(sglang)["commands"]["servers"]
+    assert isinstance(guard_phase(vllm, INVENTORY, False).steps[0].check(ctx("spark-a", facts)),
+                      Unchanged)
