@@ -212,7 +212,7 @@ def test_vllm_still_refuses_or_replaces_a_named_server_in_the_up_container() -> 
         **listing(trt)["commands"]}}}
     assert "servers" in guard_phase(vllm, INVENTORY, False).facts(
         INVENTORY, INVENTORY.node("spark-a"))["commands"]
-    with pytest.raises(SparkctlError, match="qwen3-235b with TensorRT-LLM.*--replace"):
+    with pytest.raises(SparkctlError, match=r"qwen3-235b with TensorRT-LLM.*--replace"):
         guard_phase(vllm, INVENTORY, False).steps[0].check(ctx("spark-a", facts))
     change = guard_phase(vllm, INVENTORY, True).steps[0].check(ctx("spark-a", facts))
     assert isinstance(change, Change) and change.payload["name"] == "qwen3-235b"
