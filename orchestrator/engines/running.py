@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
-from orchestrator.paths import RUN_DIR, SERVER_JSON
+from orchestrator.paths import SERVER_JSON
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
@@ -126,27 +126,11 @@ class OtherEngineGuard(Step):
 
             stop_server(ctx.transports, ctx.inventory, running)
             return f"stopped {engine}'s server {running.get('name')}"
+        from orchestrator.engines.servers import stop_command
+
         command = stop_command(ctx.inventory, running)
         # every node: TensorRT-LLM's ranks live on each serving node
         for name, transport in ctx.transports.items():
             transport.run(command, sudo=True, timeout=120,
                           display=f"stop {engine}'s server on {name}").check()
         return f"stopped {engine}'s server"
-
-
-def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:
-    """How the single recorded server (vLLM's, or an earlier sparkctl's TensorRT-LLM server) is
-    stopped on each of its nodes."""
-    from orchestrator.commands import docker_cmd
-    from orchestrator.engines.serverctl import node_cmd
-    from orchestrator.phases.teardown import managed_filter_args
-
-    engine = str(running["engine"])
-    if running.get("container") in (None, inventory.container.name):  # in the `up` container
-        return node_cmd(inventory.container.name, action="stop", rotate=True)
-    # engines with their own containers: remove those containers
-    ids = docker_cmd("ps", "-aq", *managed_filter_args(inventory), "--filter",
-                     f"label=sparkctl.engine={engine}")
-    pid_file = quote(f"{RUN_DIR}/{running.get('main') or 'server.pid'}")
-    return (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids "
-            f">/dev/null; rm -f {pid_file}")

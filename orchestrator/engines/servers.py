@@ -235,7 +235,6 @@ def stop_commands(server: dict[str, Any], inventory: Inventory) -> dict[str, str
     from orchestrator.commands import docker_cmd
 
     if server.get("legacy"):
-        from orchestrator.engines.running import stop_command
         from orchestrator.paths import SERVER_JSON
 
         command = stop_command(inventory, server)
@@ -303,3 +302,21 @@ class StopNamed(Step):
             return Unchanged(f"{self.server} does not run here")
         return Change(f"stop {self.server} ({server.get('engine')}, {server.get('model')}) and "
                       "remove its record", commands=(command,))
+
+
+def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:
+    """How the single recorded server (vLLM's, or an earlier sparkctl's TensorRT-LLM server) is
+    stopped on each of its nodes."""
+    from orchestrator.commands import docker_cmd
+    from orchestrator.engines.serverctl import node_cmd
+    from orchestrator.phases.teardown import managed_filter_args
+
+    engine = str(running["engine"])
+    if running.get("container") in (None, inventory.container.name):  # in the `up` container
+        return node_cmd(inventory.container.name, action="stop", rotate=True)
+    # engines with their own containers: remove those containers
+    ids = docker_cmd("ps", "-aq", *managed_filter_args(inventory), "--filter",
+                     f"label=sparkctl.engine={engine}")
+    pid_file = quote(f"{RUN_DIR}/{running.get('main') or 'server.pid'}")
+    return (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids "
+            f">/dev/null; rm -f {pid_file}")
