@@ -224,3 +224,14 @@ def test_vllm_still_refuses_or_replaces_a_named_server_in_the_up_container() -> 
     facts["spark-a"]["commands"]["servers"] = listing(sglang)["commands"]["servers"]
     assert isinstance(guard_phase(vllm, INVENTORY, False).steps[0].check(ctx("spark-a", facts)),
                       Unchanged)
+
+
+def test_a_one_server_engines_server_on_its_nodes_is_refused_or_replaced_as_before() -> None:
+    vllm = {**LEGACY, "engine": "vllm", "recipe": "minimax-m2.7", "name": "minimax-m2.7",
+            "container": "sparkctl-vllm", "main": "vllm.pid", "nodes": ["spark-a", "spark-b"]}
+    facts = {"spark-a": listing(vllm), "spark-b": listing()}
+    with pytest.raises(SparkctlError, match=r"minimax-m2.7 with vLLM.*--replace"):
+        Placement(spec(GPT, ["spark-b"])).check(ctx("spark-a", facts))
+    change = Placement(spec(GPT, ["spark-b"], replace=True)).check(ctx("spark-a", facts))
+    assert isinstance(change, Change) and change.summary.startswith("stop vllm's server")
+    assert "label=sparkctl.engine=vllm" in servers.stop_commands(change.payload, INVENTORY)["spark-a"]

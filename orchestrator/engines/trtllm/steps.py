@@ -17,6 +17,7 @@ from typing import Any
 from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import servers
+from orchestrator.engines.running import other_engine_refusal
 from orchestrator.engines.serverctl import node_call
 from orchestrator.engines.trtllm.serve import MAIN, OURS, LaunchSpec, node_plan, status_from_facts
 from orchestrator.engines.verify import SmokeTest
@@ -40,6 +41,15 @@ class Placement(Step):
         every = servers.from_facts(ctx.cluster_facts, ctx.inventory, alive_only=False)
         earlier = next((s for s in every if s.get("legacy") and s.get("name") == spec.name
                         and s.get("engine") == spec.recipe.engine), None)
+        single = next((s for s in every if s.get("legacy") and s.get("alive")
+                       and s.get("engine") != spec.recipe.engine
+                       and set(s.get("nodes") or []) & set(spec.serving)), None)
+        refusal = other_engine_refusal(single, spec.recipe)
+        if single is not None and refusal:  # a one-server engine's (vLLM's): as it always was
+            if not spec.replace:
+                raise SparkctlError(refusal)
+            return Change(f"stop {single.get('engine')}'s server ({single.get('recipe')}): "
+                          "--replace", payload=single)
         running = [s for s in every if s.get("alive") and s is not earlier]
         decision, same = servers.judge(spec.wanted(), running, spec.replace,
                                        spec.options.ignore_memory)
