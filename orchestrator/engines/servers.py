@@ -238,6 +238,8 @@ def stop_commands(server: dict[str, Any], inventory: Inventory) -> dict[str, str
         from orchestrator.paths import SERVER_JSON
 
         command = stop_command(inventory, server)
+        if server.get("api_key_file") and server.get("name"):  # its key goes with it
+            command += f"; rm -rf -- {quote(record_dir(str(server['name'])))}"
         nodes = server.get("nodes") or [inventory.head_name]
         # the record goes too (on the head): the server is gone, not "stopped" forever
         return {name: command + (f"; rm -f {quote(SERVER_JSON)}"

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.commands import Secret, docker_exec_cmd
+from orchestrator.commands import docker_exec_cmd
 from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import InputError, SparkctlError
@@ -26,8 +26,6 @@ from orchestrator.phases.models import ServingPhase, download_cmd, manifest_cmd,
 
 DEFAULT_HUB = "https://huggingface.co"
 CHECK_SECONDS = 60
-MISSING = "hf_token_missing"
-"""options.values key: set when the launch stopped for want of a token (cli/launch.py: exit 2)."""
 REJECTED = ("401", "invalid user token", "invalid credentials", "unauthorized",
             "invalid username or password")
 UNREACHABLE = ("connection", "max retries", "name or service not known", "temporary failure",
@@ -89,7 +87,7 @@ class HubToken(Step):
         missing = [repo for repo, _, _ in self.recipe.repos if not manifests[repo]["present"]]
         if not missing:
             return Unchanged("no model to download: no token needed")
-        token: Secret | None = ctx.options.values.get("hf_token")
+        token = ctx.options.hf_token
         container = ctx.inventory.container.name
         if token is None:
             return self._without_token(ctx, container, missing)
@@ -117,7 +115,7 @@ class HubToken(Step):
             if result.exit_status != 0 and any(word in text for word in GATED):
                 gated.append(repo)
         if gated:
-            ctx.options.values[MISSING] = True
+            ctx.options.token_missing = True
             raise InputError(
                 f"{', '.join(gated)} {'is' if len(gated) == 1 else 'are'} gated on the hub and no "
                 "HF token was given; nothing was downloaded and no container was changed. Set "

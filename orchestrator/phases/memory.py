@@ -34,7 +34,6 @@ from orchestrator.paths import RUN_DIR
 
 MEMINFO = "/proc/meminfo"
 PLAN_FILE = f"{RUN_DIR}/memory.json"
-RECORD_FILE = f"{RUN_DIR}/memguard-stopped.json"
 GUARD_DEFAULT_GB = 2.0
 
 
@@ -225,7 +224,9 @@ class StartGuard(Step):
             return Unchanged("the server already runs (with its guard)")
         guard = self.spec.guard_min_available_gb
         return Change(f"start the memory guard: stops the server here if MemAvailable falls "
-                      f"below {guard:g} GB (record {PLAN_FILE})")
+                      f"below {guard:g} GB (record {PLAN_FILE})",
+                      commands=(guard_cmd(ctx.inventory.container.name, ctx.node.name, guard,
+                                          self.spec.run_dir),))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         guard = self.spec.guard_min_available_gb
@@ -236,7 +237,7 @@ class StartGuard(Step):
         # an earlier guard's stop record is about the server this launch starts again
         ctx.run(f"rm -f {quote(self.spec.run_dir + '/memguard-stopped.json')}", sudo=True,
                 timeout=30).check()
-        ctx.run(guard_cmd(container, ctx.node.name, guard, self.spec.run_dir), timeout=60,
+        ctx.run(change.commands[0], timeout=60,
                 display=f"docker exec -d {container} python3 -c <sparkctl memguard>").check()
         return f"memory guard started (stops the server below {guard:g} GB available)"
 

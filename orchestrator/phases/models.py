@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.commands import Secret, docker_exec_cmd, join, quote
+from orchestrator.commands import docker_exec_cmd
 from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import serving_nodes
@@ -24,7 +24,7 @@ from orchestrator.engines.base import CONTAINER_HF_HOME, Note
 from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.paths import SSH_CONFIG, TOKEN_PATH
+from orchestrator.paths import TOKEN_PATH
 from orchestrator.phases import fanout
 from orchestrator.phases.files import check_written
 from orchestrator.remote.cluster import parallel
@@ -33,7 +33,6 @@ from orchestrator.remote.transport import Transport
 
 HUB_DIR = f"{CONTAINER_HF_HOME}/hub"
 DOWNLOAD_TIMEOUT = 24 * 3600.0
-COPY_TIMEOUT = 12 * 3600.0
 
 
 
@@ -67,23 +66,6 @@ def download_cmd(container: str, repo: str, revision: str, local_dir: str | None
         argv.append("--dry-run")
     env = {"HF_TOKEN_PATH": TOKEN_PATH} if with_token else {}
     return docker_exec_cmd(container, argv, env=env)
-
-
-BULK_CIPHER = "aes128-gcm@openssh.com"
-
-
-def copy_cmd(container: str, root: str, paths: list[str], peer_ip: str, replace: bool) -> str:
-    """Stream files from the head container to a peer's container over the fabric (tar | ssh)."""
-    remote = f"mkdir -p {quote(root)} && tar -C {quote(root)} -xf -"
-    if replace:
-        remote = f"rm -rf {join(f'{root}/{p}' for p in paths)} && {remote}"
-    # AES-GCM: the fastest cipher where the CPU has AES instructions (a Spark's Grace cores do);
-    # no compression: safetensors do not compress, and it would cost CPU on both ends
-    pipeline = (
-        f"set -o pipefail; tar -C {quote(root)} -cf - {join(paths)} | "
-        f"ssh -F {SSH_CONFIG} -c {BULK_CIPHER} -o Compression=no {quote(peer_ip)} {quote(remote)}"
-    )
-    return docker_exec_cmd(container, ["bash", "-c", pipeline])
 
 
 def token_write_cmd() -> str:
@@ -178,7 +160,7 @@ class Download(Step):
         """What the downloads will fetch (`hf download --dry-run`, exact) against every serving
         node's free space; an hf without --dry-run only skips the check (said so)."""
         container = ctx.inventory.container.name
-        note = ctx.options.values.get("progress_note") or (lambda line: None)
+        note = ctx.options.note
         need = 0
         for repo, revision, local in self.recipe.repos:
             if repo not in missing:
@@ -196,8 +178,8 @@ class Download(Step):
         check_space(ctx, serving_nodes(self.recipe, ctx.inventory), need)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        token: Secret | None = ctx.options.values.get("hf_token")
-        progress = ctx.options.values.get("progress_note") or (lambda line: None)
+        token = ctx.options.hf_token
+        progress = ctx.options.note
         fetched = []
         try:
             if change.payload and token:
@@ -221,7 +203,6 @@ class Download(Step):
                 fetched.append(repo)
         finally:
             ctx.run(token_remove_cmd(), sudo=True, timeout=60)
-        ctx.shared["downloaded"] = fetched
         return f"downloaded {', '.join(fetched)}" if fetched else "removed a leftover HF token file"
 
     def _download(self, ctx: NodeContext, progress: Note, repo: str, revision: str,
@@ -269,7 +250,7 @@ class Distribute(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         container = ctx.inventory.container.name
-        note = ctx.options.values.get("progress_note") or (lambda line: None)
+        note = ctx.options.note
         peers: list[str] = change.payload
         # the chunk hashes of a model not hashed before take minutes: said while they run
         with Heartbeat(note, f"{ctx.node.name}: hashing the model's chunks for the copy"):
@@ -298,7 +279,7 @@ class Distribute(Step):
         totals = {peer: outcome.get() for peer, outcome in outcomes.items() if outcome.ok}
         errors = [str(outcome.error) for outcome in outcomes.values() if not outcome.ok]
         # the same figures as numbers, for scripts (`--json`: "fanout", per peer)
-        ctx.shared.setdefault("report_extra", {})["fanout"] = {
+        ctx.shared.report_extra["fanout"] = {
             peer: copy.figures() for peer, copy in totals.items()}
         if errors:
             raise SparkctlError("; ".join(errors))

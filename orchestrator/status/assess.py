@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 from orchestrator.commands import quote
-from orchestrator.engines import DEFAULT_ENGINE
 from orchestrator.engines.liveness import dead_ranks
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
@@ -90,7 +89,7 @@ def record_container_cmd(inventory: Inventory, command: str, engine: str = "") -
     """Run `command` with $c = the container the server record names (default: the `up`
     container); with `engine`, only when the recorded server is that engine's."""
     pick = "python3 -c " + quote(RECORD_CONTAINER) + " " + " ".join(
-        quote(a) for a in (SERVER_JSON, inventory.container.name, engine, DEFAULT_ENGINE))
+        quote(a) for a in (SERVER_JSON, inventory.container.name, engine))
     body = command.replace(quote("$c"), '"$c"').replace("'$c'", '"$c"')
     return f'c=$({pick} 2>/dev/null); if [ -n "$c" ]; then {body}; fi'
 
@@ -125,8 +124,9 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
         result["gateway"] = gateway_summary(facts)
         from orchestrator.status.memory import attach_metrics
 
-        def run_on(node: str, command: str) -> tuple[int, str]:
-            done = session.transports[node].run(command, timeout=15, display="GET /metrics")
+        def run_on(node: str, command: str, sudo: bool = False) -> tuple[int, str]:
+            done = session.transports[node].run(command, sudo=sudo, timeout=15,
+                                                display="GET /metrics")
             return done.exit_status, done.stdout
 
         attach_metrics([s for s in result["servers"] if s.get("node") in session.transports], run_on)
@@ -298,13 +298,13 @@ def assess_container(inventory: Inventory, node: Node, facts: dict[str, Any],
 def desired_config_hash(inventory: Inventory, node: Node, facts: dict[str, Any]) -> str | None:
     """The hash `up` would label the container with now; None when it cannot be computed here."""
     try:
-        from orchestrator.core.step import NodeContext, RunOptions
+        from orchestrator.core.step import NodeContext, RunOptions, RunState
         from orchestrator.engines.trtllm.container import node_trtllm_spec
         from orchestrator.phases.container import Container
     except ImportError:
         return None
     ctx = NodeContext(inventory=inventory, node=node, facts=facts, cluster_facts={}, transport=None,
-                      options=RunOptions(command="status"), shared={})
+                      options=RunOptions(command="status"), shared=RunState())
     try:
         return Container(node_trtllm_spec).wanted(ctx)[1]
     except Exception:  # facts the container step cannot use (no ibdev2netdev...): unknown, not a crash

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import load_recipe
 from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.trtllm import serve, steps
@@ -36,7 +36,7 @@ def spec(replace: bool = False, host: str = "127.0.0.1", name: str | None = None
 
 def ctx(node: str, facts: dict[str, dict[str, Any]]) -> NodeContext:
     return NodeContext(inventory=INVENTORY, node=INVENTORY.node(node), facts=facts[node],
-                       cluster_facts=facts, transport=None, options=RunOptions(), shared={})
+                       cluster_facts=facts, transport=None, options=RunOptions(), shared=RunState())
 
 
 def status_facts(server: dict[str, Any] | None, alive: bool, health: int | None = None) -> dict[str, Any]:
@@ -198,19 +198,6 @@ def test_download_reads_the_token_from_a_file_never_from_argv() -> None:
     assert "HF_TOKEN_PATH" not in models.download_cmd("c", "org/m", "main", None, with_token=False)
     assert "0700" in models.token_write_cmd() and models.token_write_cmd().endswith(" write")
     assert models.token_remove_cmd().endswith(" undo")
-
-
-def test_copy_goes_over_the_fabric_through_the_cluster_ssh_config() -> None:
-    command = models.copy_cmd("c", "/root/.cache/huggingface/hub", ["models--a--b/snapshots/x"],
-                              "192.168.200.13", replace=False)
-    words = shlex.split(command)
-    assert words[:4] == ["docker", "exec", "c", "bash"]
-    pipeline = words[-1]
-    assert "tar -C /root/.cache/huggingface/hub -cf - models--a--b/snapshots/x" in pipeline
-    assert ("ssh -F /etc/sparkctl/ssh_config -c aes128-gcm@openssh.com -o Compression=no "
-            "192.168.200.13") in pipeline
-    assert "pipefail" in pipeline and "rm -rf" not in pipeline
-    assert "rm -rf" in models.copy_cmd("c", "/d", ["x"], "192.168.200.13", replace=True)
 
 
 def test_llm_api_config_file_is_managed_and_names_the_draft() -> None:

@@ -12,7 +12,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands import docker_cmd, quote
+from orchestrator.commands import docker_cmd, join, quote
 from orchestrator.core.step import Change, NodeContext, Step
 from orchestrator.engines.base import LaunchFailed, Note, Ready
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
@@ -25,11 +25,15 @@ READY_LINE = "The server is fired up and ready to roll!"
 POLL_SECONDS = 2.0
 PROBE = r"""
 import json, sys, urllib.error, urllib.request
-port = int(sys.argv[1])
+port, host, key_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+headers = {"Content-Type": "application/json"}
+if key_file:  # the server's API key, read here as root (never on a command line)
+    with open(key_file) as f:
+        headers["Authorization"] = "Bearer " + f.read().strip()
 def get(path, body=None, timeout=5):
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), data=data,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request("http://%s:%d%s" % (host, port, path), data=data,
+                                 headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode(errors="replace")[:20000]
@@ -38,9 +42,9 @@ def get(path, body=None, timeout=5):
     except Exception as e:
         return 0, str(e)[:300]
 out = {}
-if len(sys.argv) > 2:
+if len(sys.argv) > 4:
     started = __import__("time").time()
-    out["code"], out["body"] = get("/v1/chat/completions", json.loads(sys.argv[2]), 300)
+    out["code"], out["body"] = get("/v1/chat/completions", json.loads(sys.argv[4]), 300)
     out["seconds"] = __import__("time").time() - started
 else:
     out["health"] = get("/health")[0]
@@ -55,11 +59,22 @@ def running_cmd(container: str) -> str:
     return f"{docker_cmd('inspect', '-f', '{{.State.Running}}', container)} 2>/dev/null || echo gone"
 
 
-def poll_cmd(container: str, port: int) -> str:
+def probe_cmd(port: int, host: str, key_file: str | None, body: dict[str, Any] | None = None) -> str:
+    """PROBE on the serving node: HOST:PORT as the server binds it, with the server's key (its
+    node file, read by the probe) when it has one."""
+    from orchestrator.engines.apikey import probe_host
+
+    words = [str(port), probe_host(host), key_file or ""]
+    if body is not None:
+        words.append(json.dumps(body))
+    return f"python3 -c {quote(PROBE)} {join(words)}"
+
+
+def poll_cmd(container: str, port: int, host: str = "127.0.0.1", key_file: str | None = None) -> str:
     fired = quote(READY_LINE.replace("!", "[!]"))
     return (f"echo \"running=$({running_cmd(container)})\"; "
             f"echo \"fired=$({docker_cmd('logs', container)} 2>&1 | grep -c {fired})\"; "
-            f"python3 -c {quote(PROBE)} {port}")
+            + probe_cmd(port, host, key_file))
 
 
 def parse_poll(out: str) -> dict[str, Any]:
@@ -108,7 +123,8 @@ def wait_until_ready(transports: dict[str, Transport], spec: ServeSpec, timeout:
     last = ""
     try:
         while True:
-            result = first.run(poll_cmd(spec.container, spec.recipe.port), sudo=True, timeout=120,
+            result = first.run(poll_cmd(spec.container, spec.recipe.port, spec.host,
+                                        spec.key_file), sudo=True, timeout=120,
                                display=f"{spec.container}: /health, its log")
             state = parse_poll(result.stdout)
             elapsed = time.monotonic() - started
@@ -152,7 +168,7 @@ class Smoke(Step):
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         body = {"model": self.spec.recipe.model, "max_tokens": 8,
                 "messages": [{"role": "user", "content": "Say hello."}]}
-        command = f"python3 -c {quote(PROBE)} {self.spec.recipe.port} {quote(json.dumps(body))}"
+        command = probe_cmd(self.spec.recipe.port, self.spec.host, self.spec.key_file, body)
         result = ctx.transports[self.spec.first].run(command, sudo=True, timeout=360,
                                                      display="one chat completion")
         answer = parse_poll(result.stdout)

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from orchestrator.commands import docker_exec_cmd
-from orchestrator.engines import config_hash, lifecycle, serving_nodes
+from orchestrator.engines import apikey, config_hash, lifecycle, serving_nodes
 from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.lifecycle import Decision, Running, ServerRecord
 from orchestrator.engines.liveness import dead_ranks as ranks_ended
@@ -107,12 +107,13 @@ def serve_argv(recipe: Recipe, host: str, fabric: Sequence[str] = FABRIC_ENV,
     return argv
 
 
-def start_cmd(container: str, argv: list[str], directory: str) -> str:
+def start_cmd(container: str, argv: list[str], directory: str, relay: str = "") -> str:
     """Detached (docker exec -d), mpirun's own output in server.log, its pid in mpirun.pid, the
-    server's own hostfile as mpirun's default one."""
+    server's own hostfile as mpirun's default one; RELAY: the key-checking relay's start
+    (keyrelay.relay_prefix) when the server has a key."""
     wrapper = f'echo $$ > {directory}/{MAIN}; exec "$@" > {directory}/server.log 2>&1'
     hostfile = f"{directory}/{HOSTFILE_NAME}"
-    return docker_exec_cmd(container, ["bash", "-c", wrapper, "sparkctl-server", *argv],
+    return docker_exec_cmd(container, ["bash", "-c", relay + wrapper, "sparkctl-server", *argv],
                            env={"HF_HUB_OFFLINE": "1", **dict.fromkeys(HOSTFILE_VARS, hostfile)},
                            detach=True)
 
@@ -165,7 +166,15 @@ class LaunchSpec:
         self.hostfile = hostfile_text(inventory, self.serving)
         self.argv = serve_argv(recipe, self.host, fabric_variable_names(inventory),
                                bootstrap_interfaces(inventory, self.serving), self.name)
-        self.digest = config_hash(recipe, self.argv, self.config_text)
+        self.key, self.relay = options.api_key, ""
+        if self.key is not None:  # trtllm-serve takes no key: the relay binds host:port instead
+            from orchestrator.engines.trtllm import keyrelay
+
+            self.argv = keyrelay.behind_relay(self.argv, recipe.port)
+            self.relay = keyrelay.relay_prefix(self.host, recipe.port,
+                                               apikey.node_key_file(self.name), self.run_dir)
+        keyed = ["api-key", apikey.key_digest(self.key, self.name)] if self.key is not None else []
+        self.digest = config_hash(recipe, self.argv + keyed, self.config_text)
         self.memory_gb = estimate_memory(recipe).total_gb
 
     def files(self) -> dict[str, str]:
@@ -175,7 +184,7 @@ class LaunchSpec:
                 f"{self.run_dir}/{PROCESSES_NAME}": processes_text(self.container)}
 
     def start_cmd(self) -> str:
-        return start_cmd(self.container, self.argv, self.run_dir)
+        return start_cmd(self.container, self.argv, self.run_dir, self.relay)
 
     def status_cmd(self, port: int | None) -> str:
         return node_cmd(self.container, action="status", run=self.run_dir, ours=list(OURS),
@@ -195,7 +204,8 @@ class LaunchSpec:
             guard_min_available_gb=self.guard_min_available_gb, persistent=self.persistent,
             memory_gb=self.memory_gb, container=self.container, **when,
             extra={"draft_model": draft, "tp_size": r.tp_size, "main": MAIN, "ours": list(OURS),
-                   "memory_gb_per_node": self.memory_gb}).to_dict()
+                   "memory_gb_per_node": self.memory_gb,
+                   **apikey.record_fields(self.name, self.key)}).to_dict()
 
     def running(self, ctx_facts: dict[str, dict[str, Any]]) -> Running:
         return Running.from_status(status_from_facts(ctx_facts.get(self.first, {})), MAIN)

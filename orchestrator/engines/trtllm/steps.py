@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines import servers
+from orchestrator.engines import apikey, servers
 from orchestrator.engines.running import other_engine_refusal
 from orchestrator.engines.serverctl import node_call
 from orchestrator.engines.trtllm.serve import MAIN, OURS, LaunchSpec, node_plan, status_from_facts
@@ -239,9 +239,13 @@ def serve_phase(spec: LaunchSpec, ready_steps: list[Step]) -> Phase:
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         own = {"files": files_request(list(spec.files()))} if node.name in spec.serving else {}
-        return merge_requests([own, status_facts(spec)(inv, node)])
+        # the key's node file where its relay runs (sha256 and mode, never the content)
+        key = apikey.key_facts(spec.name) if spec.key is not None and node.name == spec.first else {}
+        return merge_requests([own, key, status_facts(spec)(inv, node)])
 
     steps: list[Step] = [ServerFiles(spec), DropCaches(cold_start_reason(spec)),
                          StartGuard(spec, node_plan(spec.recipe), spec.recipe.name),
+                         *([apikey.key_files_step(spec.name, [spec.first], spec.key)]
+                           if spec.key is not None else []),
                          StartServer(spec), *ready_steps]
     return Phase("serve", steps, facts)
