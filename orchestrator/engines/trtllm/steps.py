@@ -74,7 +74,7 @@ class Placement(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         servers.stop_server(ctx.transports, ctx.inventory, change.payload)
-        if change.payload.get("legacy"):
+        if change.payload.get("legacy") and change.payload.get("engine") == self.spec.recipe.engine:
             return (f"stopped {change.payload.get('name')}, launched by an earlier sparkctl: it "
                     f"starts again below in {self.spec.run_dir}")
         return f"stopped {change.payload.get('name')}"
