@@ -1,9 +1,11 @@
 """Which engine's server runs on the cluster, whichever engine started it.
 
-Every engine records its server in server.json (RUN_DIR on the head): the recipe, the model, the
-port, and (from vLLM on) the engine, the container the server runs in, its pid file and the
-words its command line contains. Records without those fields are TensorRT-LLM's (mpirun in the
-`up` container). chat, tunnel and `launch` of another engine use this to find the server.
+A one-server engine (vLLM) records its server in server.json (RUN_DIR on the head): the recipe,
+the model, the port, the engine, the container the server runs in, its pid file and the words
+its command line contains. Records without those fields are TensorRT-LLM's from before its
+servers had names (mpirun in the `up` container, pid files directly in RUN_DIR): still found,
+stopped and replaced (engines/servers.py lists them as "legacy"). chat, tunnel and `launch` of
+another engine use this to find the server.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
-from orchestrator.paths import RUN_DIR, SERVER_JSON
+from orchestrator.paths import SERVER_JSON
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
@@ -48,10 +50,13 @@ def other_engine_refusal(running: dict[str, Any] | None, recipe: Any) -> str | N
 
 def running_cmd(inventory: Inventory) -> str:
     """The head's facts command: the recorded server and whether its main process lives."""
+    from orchestrator.engines import DEFAULT_ENGINE
+    from orchestrator.engines.serverctl import process_words
     from orchestrator.node import script
 
     return "python3 -c " + " ".join(quote(a) for a in (
-        script("running.py"), SERVER_JSON, inventory.container.name, script("serverctl.py")))
+        script("running.py"), SERVER_JSON, inventory.container.name, script("serverctl.py"),
+        DEFAULT_ENGINE, json.dumps(process_words())))
 
 
 def running_from_facts(facts: dict[str, Any]) -> dict[str, Any] | None:
@@ -74,7 +79,11 @@ def guard_phase(recipe: Any, inventory: Inventory, replace: bool,
     from orchestrator.remote.facts import merge_requests
 
     def facts(inv: Inventory, node: Any) -> dict[str, Any]:
-        return merge_requests([{"commands": {"running": running_cmd(inv)}}, more_facts or {}])
+        from orchestrator.engines.servers import servers_cmd
+
+        return merge_requests([{"commands": {"running": running_cmd(inv),
+                                             "servers": servers_cmd(inv, node, legacy=False)}},
+                               more_facts or {}])
 
     steps: list[Step] = [OtherEngineGuard(recipe, replace), *(same_engine or [])]
     return Phase("server-check", steps, facts, head_only=True)
@@ -91,7 +100,7 @@ class OtherEngineGuard(Step):
         self.replace = replace
 
     def check(self, ctx: NodeContext) -> Outcome:
-        running = running_from_facts(ctx.facts)
+        running = running_from_facts(ctx.facts) or self.in_up_container(ctx)
         refusal = other_engine_refusal(running, self.recipe)
         if refusal is None or running is None:
             return Unchanged("no server of another engine runs")
@@ -100,32 +109,28 @@ class OtherEngineGuard(Step):
         return Change(f"stop {running['engine']}'s server ({running.get('recipe', '?')}): --replace",
                       payload=running)
 
+    def in_up_container(self, ctx: NodeContext) -> dict[str, Any] | None:
+        """A named server whose processes run in the head's `up` container (what was the
+        single recorded server of the cluster before servers had names)."""
+        from orchestrator.engines.servers import from_facts
+
+        found = from_facts({ctx.node.name: ctx.facts}, ctx.inventory)
+        return next((s for s in found if s.get("main") and s.get("engine") != self.recipe.engine
+                     and s.get("container") == ctx.inventory.container.name), None)
+
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         running: dict[str, Any] = change.payload
         engine = str(running["engine"])
+        if running.get("legacy") is False:  # a named server (node/servers.py): its own stop
+            from orchestrator.engines.servers import stop_server
+
+            stop_server(ctx.transports, ctx.inventory, running)
+            return f"stopped {engine}'s server {running.get('name')}"
+        from orchestrator.engines.servers import stop_command
+
         command = stop_command(ctx.inventory, running)
         # every node: TensorRT-LLM's ranks live on each serving node
         for name, transport in ctx.transports.items():
             transport.run(command, sudo=True, timeout=120,
                           display=f"stop {engine}'s server on {name}").check()
         return f"stopped {engine}'s server"
-
-
-def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:
-    """How the single recorded server (TensorRT-LLM, vLLM) is stopped on each of its nodes."""
-    from orchestrator.commands import docker_cmd
-    from orchestrator.engines.serverctl import node_cmd
-    from orchestrator.phases.teardown import managed_filter_args
-
-    engine = str(running["engine"])
-    # the record goes with the server: `status` must not judge a server that was stopped
-    record = quote(SERVER_JSON)
-    if running.get("container") in (None, inventory.container.name):  # in the `up` container
-        return f"{node_cmd(inventory.container.name, action='stop', rotate=True)} && rm -f {record}"
-    # engines with their own containers: remove those containers
-    # the record's own containers only: the engine's named servers run in others
-    ids = docker_cmd("ps", "-aq", *managed_filter_args(inventory), "--filter",
-                     f"label=sparkctl.engine={engine}", "--filter", f"name=^/{running['container']}$")
-    pid_file = quote(f"{RUN_DIR}/{running.get('main') or 'server.pid'}")
-    return (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids "
-            f">/dev/null; rm -f {pid_file} {record}")

@@ -11,7 +11,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import docker_exec_cmd
-from orchestrator.engines import ready_lines
+from orchestrator.engines import DEFAULT_ENGINE, REGISTRY, get_engine, ready_lines
 from orchestrator.errors import SparkctlError
 from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
@@ -25,11 +25,21 @@ stop (what the pid files name, with descendants), started (record the server onc
 launcher wrote its pid), chat (one completion, for the smoke test)."""
 
 
+def process_words() -> list[str]:
+    """The words in the command lines of the processes engines start inside a shared container
+    (Engine.process_words, where an engine has them): which recorded pids are ours."""
+    return sorted({w for name in REGISTRY for w in getattr(get_engine(name), "process_words", ())})
+
+
 def node_cmd(container: str, **args: Any) -> str:
     """`docker exec CONTAINER python3 -c <serverctl> JSON` (status also gets every engine's
-    ready line: a server that logged it and answers no more is stalled, not loading)."""
+    ready line: a server that logged it and answers no more is stalled, not loading). Without
+    "ours", the engines' process words; "run" defaults to RUN_DIR (the older single record)."""
     if args.get("action") == "status":
         args["ready_lines"] = ready_lines()
+        args["default_engine"] = DEFAULT_ENGINE
+    if not args.get("ours"):
+        args["ours"] = process_words()
     payload = json.dumps({"run": RUN_DIR, **args}, sort_keys=True)
     return docker_exec_cmd(container, ["python3", "-c", NODE_SCRIPT, payload])
 

@@ -1,9 +1,10 @@
 """Every server on the cluster, whichever engine runs it, and the rules for one more.
 
-Per-server engines (SGLang) record each server in RUN_DIR/servers/<name>/server.json on its
-first node (the one it answers on); TensorRT-LLM and vLLM keep their single record,
-RUN_DIR/server.json on the head. `orchestrator/node/servers.py` lists both on a node (one
-command per node, so launch gathers it as a fact). A new server is judged against the live
+Every server has its directory RUN_DIR/servers/<name>/ on each of its nodes and its record
+server.json there on its first node (the one it answers on); vLLM still keeps its single record,
+RUN_DIR/server.json on the head, as TensorRT-LLM did before its servers had names (such a
+"legacy" record is still listed, stopped and replaced). `orchestrator/node/servers.py` lists
+both on a node (one command per node, so launch gathers it as a fact). A new server is judged against the live
 ones sharing a node with it: a port already taken there is refused (named), and the sum of the
 recorded per-node memory estimates plus the new one must fit in a Spark's unified memory
 (refused with the numbers, unless --ignore-memory). Servers on other nodes are never in the way,
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
-from orchestrator.engines import ready_lines
+from orchestrator.engines import DEFAULT_ENGINE, ready_lines
 from orchestrator.engines.base import SPARK_MEMORY_GB
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.paths import RUN_DIR
@@ -41,7 +42,8 @@ def servers_cmd(inventory: Inventory, node: Node | None = None, probe: bool = Fa
 
     head = legacy and (node is None or node.name == inventory.head_name)
     args = {"run": RUN_DIR, "probe": probe, "ready_lines": ready_lines(),
-            "legacy_container": inventory.container.name if head else None}
+            "legacy_container": inventory.container.name if head else None,
+            "default_engine": DEFAULT_ENGINE, "serverctl": script("serverctl.py")}
     return "python3 -c " + quote(script("servers.py")) + " " + quote(json.dumps(args, sort_keys=True))
 
 
@@ -79,17 +81,20 @@ def attach_members(servers: list[dict[str, Any]], by_node: dict[str, dict[str, A
     for server in servers:
         if server.get("legacy"):
             continue
-        processes, gone = [], []
+        processes, gone, ended = [], [], []
         for node in server.get("nodes") or [server.get("node")]:
             if node not in by_node:
                 continue  # not asked (unreachable, or not part of this gathering)
             member = by_node[node].get(str(server.get("name")))
             if not isinstance(member, dict) or not member.get("running"):
                 gone.append(node)
+                ended += [f"{what} on {node}" for what in (member or {}).get("ended") or []]
                 continue
             processes.append({"node": node, "process": member.get("process"),
                               "rss_mb": round(int(member.get("rss_kb") or 0) / 1024, 1)})
         server["processes"] = processes
+        if ended:  # a process server's processes that ended (a rank, mpirun)
+            server["ended"] = ended
         if gone and server.get("alive"):
             server["alive"] = False
             server["dead_nodes"] = gone
@@ -242,18 +247,27 @@ def stop_commands(server: dict[str, Any], inventory: Inventory) -> dict[str, str
     from orchestrator.commands import docker_cmd
 
     if server.get("legacy"):
-        from orchestrator.engines.running import stop_command
+        from orchestrator.paths import SERVER_JSON
 
         command = stop_command(inventory, server)
         if server.get("api_key_file") and server.get("name"):  # its key goes with it
             command += f"; rm -rf -- {quote(record_dir(str(server['name'])))}"
-        return {name: command for name in server.get("nodes") or [inventory.head_name]}
+        nodes = server.get("nodes") or [inventory.head_name]
+        # the record goes too (on the head): the server is gone, not "stopped" forever
+        return {name: command + (f"; rm -f {quote(SERVER_JSON)}"
+                                 if name == inventory.head_name else "") for name in nodes}
     name = str(server["name"])
     ids = docker_cmd("ps", "-aq", "--filter", "label=sparkctl.managed=true", "--filter",
                      f"label=sparkctl.cluster={inventory.cluster.name}", "--filter",
                      f"label=sparkctl.server={name}")
     remove = (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids >/dev/null; "
               f"rm -rf -- {quote(record_dir(name))}")
+    if server.get("main"):  # processes in a shared container: stopped by their pid files there
+        from orchestrator.engines.serverctl import node_cmd
+
+        stop = node_cmd(str(server.get("container") or inventory.container.name), action="stop",
+                        run=record_dir(name), ours=server.get("ours"))
+        remove = f"{{ {stop} >/dev/null 2>&1 || true; }}; {remove}"
     return {node: remove for node in server.get("nodes") or [server.get("node")]}
 
 
@@ -302,3 +316,23 @@ class StopNamed(Step):
             return Unchanged(f"{self.server} does not run here")
         return Change(f"stop {self.server} ({server.get('engine')}, {server.get('model')}) and "
                       "remove its record", commands=(command,))
+
+
+def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:
+    """How the single recorded server (vLLM's, or an earlier sparkctl's TensorRT-LLM server) is
+    stopped on each of its nodes."""
+    from orchestrator.commands import docker_cmd
+    from orchestrator.engines.serverctl import node_cmd
+    from orchestrator.phases.teardown import managed_filter_args
+
+    engine = str(running["engine"])
+    if running.get("container") in (None, inventory.container.name):  # in the `up` container
+        return node_cmd(inventory.container.name, action="stop", rotate=True)
+    # engines with their own containers: the record's own containers only (the engine's
+    # named servers run in others)
+    ids = docker_cmd("ps", "-aq", *managed_filter_args(inventory), "--filter",
+                     f"label=sparkctl.engine={engine}", "--filter",
+                     f"name=^/{running['container']}$")
+    pid_file = quote(f"{RUN_DIR}/{running.get('main') or 'server.pid'}")
+    return (f"ids=$({ids}); [ -z \"$ids\" ] || {docker_cmd('rm', '-f')} $ids "
+            f">/dev/null; rm -f {pid_file}")

@@ -1,5 +1,6 @@
 """Which server runs on this node, whichever engine started it (runs on the head as `python3 -c`;
-arguments: the path of server.json, the default container, the server-control script).
+arguments: the path of server.json, the default container, the server-control script, the
+engine of a record that names none, and that engine's process words as JSON).
 
 Reads the server record, then asks the record's container (`docker exec ... python3 -c
 SERVERCTL`) whether the record's main process is alive. Prints {"server": record or None,
@@ -16,12 +17,12 @@ try:
 except (OSError, ValueError):
     record = None
 if isinstance(record, dict):
-    record.setdefault("engine", "trtllm")
+    record.setdefault("engine", sys.argv[4])
     record.setdefault("container", sys.argv[2])
     record.setdefault("main", "mpirun.pid")
     out["server"] = record
     args = {"action": "status", "run": sys.argv[1].rsplit("/", 1)[0], "main": record["main"],
-            "ours": record.get("ours")}
+            "ours": record.get("ours") or json.loads(sys.argv[5])}
     try:
         proc = subprocess.run(["docker", "exec", record["container"], "python3", "-c", sys.argv[3],
                                json.dumps(args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

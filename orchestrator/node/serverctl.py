@@ -2,7 +2,10 @@
 
 Actions: status (pid files, server.json, HTTP probes), stop (what the pid files name, with
 descendants), started (record server.json once the detached launcher wrote its pid), chat (one
-completion, for the smoke test). Standard library only: it runs on the container's python3.
+completion, for the smoke test). "run" is the directory of the server's files (a named server's
+RUN_DIR/servers/<name>, or RUN_DIR for the older single record); "ours" the words a recorded
+process's command line contains (the engine's), "default_engine" the engine of a record that
+names none. Standard library only: it runs on the container's python3.
 """
 import contextlib
 import json
@@ -42,10 +45,17 @@ def pidfiles():
                 pid = int(read(os.path.join(run, name)).strip())
             except (OSError, ValueError):
                 continue
-            words = a.get("ours") or ("mpirun", "trtllm", "orted", "sparkctl-memguard")
-            ours = any(w in cmdline(pid) for w in words)
+            ours = any(w in cmdline(pid) for w in a.get("ours") or ())
             out[name] = {"pid": pid, "alive": alive(pid) and ours}
+            if out[name]["alive"]:
+                out[name]["rss_kb"] = rss_kb(pid)
     return out
+def rss_kb(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+    except (OSError, ValueError, IndexError):
+        return 0
 # where the probed server answers and its API key's header: from its record (aim_at)
 target = {"host": "127.0.0.1", "headers": {"Content-Type": "application/json"}}
 
@@ -88,7 +98,8 @@ def ready_in_log(record):
     """The record's engine logged that it serves (its ready line, from the "ready_lines"
     argument): read until the first match, which comes early, so a long log of requests is
     not read through."""
-    line = (a.get("ready_lines") or {}).get((record or {}).get("engine") or "trtllm")
+    engine = (record or {}).get("engine") or a.get("default_engine")
+    line = (a.get("ready_lines") or {}).get(engine)
     for name in ("server.log", "rank-0.log") if line else ():
         try:
             with open(os.path.join(run, name), errors="replace") as f:

@@ -1,19 +1,24 @@
 """The servers recorded on this node (runs on the node as `python3 -c`; one JSON argument:
 {"run": RUN_DIR, "probe": bool, "ready_lines": {engine: its ready line}, "legacy_container": name
-or null}).
+or null, "default_engine": the engine of a record that names none, "serverctl": the text of
+serverctl.py}).
 
-Per-server engines (SGLang) record each server in RUN_DIR/servers/<name>/server.json on the
-server's first node; its containers are `docker inspect`ed for liveness, and with "probe" its
-/health on 127.0.0.1:<port> is asked (the server binds the node's loopback). The older single
-record RUN_DIR/server.json (TensorRT-LLM, vLLM on the head) is listed too, marked "legacy".
+Every server has its directory RUN_DIR/servers/<name>/, with its record server.json on the
+server's first node. A server that is its containers (SGLang, llama.cpp) is alive while they
+run (`docker inspect`); a server that is processes in a shared container (TensorRT-LLM's mpirun
+and ranks in the `up` container) has, on each of its nodes, processes.json ({"container",
+"ours"}) next to its pid files, which serverctl.py checks inside that container: the record's
+"main" pid file must live. With "probe" its /health on 127.0.0.1:<port> is asked (the server
+binds the node's loopback). The older single record RUN_DIR/server.json (a server launched
+before servers had names, on the head) is listed too, marked "legacy".
 With "probe", a server that does not answer 200 also gets "ready_log": whether its engine
 logged that it served (stalled, not loading; orchestrator/engines/liveness.py).
-A record with a "pid_file" (a process started in its container by `docker exec`: vLLM's vllm
-serve in its Ray container) is alive only while that process is (node-side main_alive).
-Also every container on this node that belongs to a named server (label sparkctl.server, any
-engine, whichever node holds the record): {server: {"container", "running", "rss_kb" (its
-processes together), "process" (its main process's name)}}, so a server whose other node lost
-its process (an rpc-server, a rank) is seen dead, and status shows what each process uses.
+Also every member of a named server on this node, whichever node holds the record: containers
+labelled sparkctl.server, and the pid files of a process server: {server: {"container",
+"running", "rss_kb" (its processes together), "process" (what runs)}}, so a server whose other
+node lost its process (an rpc-server, a rank) is seen dead, and status shows what each uses.
+A record with a "pid_file" (a process started in its own container by `docker exec`: vLLM's
+vllm serve in its Ray container) is alive only while that process is (node-side main_alive).
 Prints {"servers": [record + {"alive", "health", "legacy"}], "members": {...}}. Standard
 library only.
 """
@@ -98,16 +103,18 @@ def first_match(lines, text):
     return any(text in line for line in lines)
 
 
-def ready_log(record):
+def ready_log(record, directory):
     """The record's engine logged that it served (its ready line, from the "ready_lines"
-    argument): in server.log / rank-0.log for the older single record (TensorRT-LLM, vLLM), in
-    its container's log otherwise (SGLang). Tells a stalled server from one still loading."""
-    line = (a.get("ready_lines") or {}).get(record.get("engine") or "trtllm")
+    argument): in server.log / rank-0.log of its directory for a process server (and the older
+    single record), in its container's log otherwise. Tells a stalled server from one still
+    loading."""
+    line = (a.get("ready_lines") or {}).get(record.get("engine") or a.get("default_engine"))
     if not line:
         return False
-    if record["legacy"] or record.get("pid_file"):
-        # a process started in its container (vLLM's vllm serve): its log is beside its pid file
-        where = os.path.dirname(record["pid_file"]) if record.get("pid_file") else run
+    if record["legacy"] or record.get("pid_file") or record.get("main"):
+        # a process started in a container: its log is beside its pid file (vLLM's vllm serve),
+        # or in the server's directory (TensorRT-LLM's mpirun and ranks, the older record)
+        where = os.path.dirname(record["pid_file"]) if record.get("pid_file") else directory
         for name in ("server.log", "rank-0.log"):
             try:
                 with open(os.path.join(where, name), errors="replace") as handle:
@@ -182,6 +189,34 @@ def namespace_usage(pid):
     return total, largest[1]
 
 
+def processes(directory):
+    """A process server's pid files in DIRECTORY, checked in its container: {pid file: {"pid",
+    "alive", "rss_kb"}}, or None when it has none here (or its container cannot tell)."""
+    info = load(os.path.join(directory, "processes.json"))
+    if info is None or not a.get("serverctl"):
+        return None
+    args = {"action": "status", "run": directory, "ours": info.get("ours") or []}
+    try:
+        proc = subprocess.run(["docker", "exec", str(info.get("container")), "python3", "-c",
+                               a["serverctl"], json.dumps(args)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, timeout=60)
+        pids = json.loads(proc.stdout.decode() or "{}").get("pids") if proc.returncode == 0 else {}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        pids = {}  # its container is gone: so are its processes
+    return {"container": info.get("container"), "pids": pids or {}}
+
+
+def process_member(found):
+    """A process server's member on this node: running while every recorded process lives."""
+    pids = {k: v for k, v in found["pids"].items() if k != "memguard.pid"}
+    alive = [k for k, v in sorted(pids.items()) if v.get("alive")]
+    return {"container": found["container"], "running": bool(pids) and len(alive) == len(pids),
+            "rss_kb": sum(int(v.get("rss_kb") or 0) for v in pids.values() if v.get("alive")),
+            "process": ", ".join(k[:-4] for k in alive),
+            "ended": ["%s (pid %s)" % (k[:-4], v.get("pid")) for k, v in sorted(pids.items())
+                      if not v.get("alive")]}
+
+
 def members():
     try:
         ids = subprocess.run(["docker", "ps", "-aq", "--filter", "label=sparkctl.managed=true",
@@ -214,30 +249,40 @@ def members():
     return out
 
 
-found = []
+found, own = [], {}
 base = os.path.join(run, "servers")
 for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
-    record = load(os.path.join(base, name, "server.json"))  # (a guard's directory alone: skip)
+    directory = os.path.join(base, name)
+    procs = processes(directory)
+    if procs is not None:
+        own[name] = process_member(procs)
+    record = load(os.path.join(directory, "server.json"))  # (a guard's directory alone: skip)
     if record is None:
         continue
     record.setdefault("name", name)
     record["legacy"] = False
     # the memory guard's stop record (node/memguard.py), if it stopped this server
-    record["memguard"] = load(os.path.join(base, name, "memguard-stopped.json"))
-    record["alive"] = bool(running(record.get("container") or ""))
-    if record["alive"] and record.get("pid_file"):
-        record["alive"] = main_alive(record)
+    record["memguard"] = load(os.path.join(directory, "memguard-stopped.json"))
+    if record.get("pid_file"):  # started in its own container by docker exec: both must live
+        record["alive"] = bool(running(record.get("container") or "")) and main_alive(record)
+    elif record.get("main"):  # processes in a shared container: its main process must live
+        main = ((procs or {}).get("pids") or {}).get(record["main"]) or {}
+        record["alive"] = bool(main.get("alive"))
+    else:
+        record["alive"] = bool(running(record.get("container") or ""))
+    record["directory"] = directory
     found.append(record)
 if a.get("legacy_container"):
     record = load(os.path.join(run, "server.json"))
     if record is not None:
-        record.setdefault("engine", "trtllm")
+        record.setdefault("engine", a.get("default_engine"))
         record.setdefault("container", a["legacy_container"])
         record.setdefault("name", record.get("recipe"))
         record["legacy"] = True
         # a guard on the node itself (vLLM's) records its stop in the server's directory
         record["memguard"] = load(os.path.join(base, str(record["name"]), "memguard-stopped.json"))
         record["alive"] = bool(running(record["container"]))
+        record["directory"] = run
         found.append(record)
 if a.get("probe"):
     for record in found:
@@ -245,5 +290,7 @@ if a.get("probe"):
         if record["legacy"] and not record["health"]:
             record["alive"] = False  # the `up` container runs on, the server does not answer
         if record["alive"] and record["health"] != 200 and not record.get("ready_at"):
-            record["ready_log"] = ready_log(record)
-print(json.dumps({"servers": found, "members": members()}))
+            record["ready_log"] = ready_log(record, record["directory"])
+for record in found:
+    del record["directory"]
+print(json.dumps({"servers": found, "members": {**members(), **own}}))

@@ -47,6 +47,10 @@ GIB = 1024**3
 
 class Spec(Protocol):
     serving: Any
+    first: str
+    """The server's first node (where its record and main process are)."""
+    run_dir: str
+    """The server's directory (its pid files: what the guard stops)."""
     drop_caches: bool
     guard_min_available_gb: float
 
@@ -172,8 +176,8 @@ class MemoryPreflight(Step):
         info = node_meminfo(ctx)
         if info is None or "MemTotal" not in info:
             return Unchanged(f"could not read {MEMINFO}; memory not checked")
-        head = ctx.cluster_facts.get(ctx.inventory.head_name, {})
-        freed = freed_by_replaced(ctx, self.status_of(head), decision)
+        first = ctx.cluster_facts.get(self.spec.first, {})
+        freed = freed_by_replaced(ctx, self.status_of(first), decision)
         verdict = judge(self.plan, info["MemTotal"], usable_gb(info, self.spec.drop_caches),
                         self.spec.guard_min_available_gb, freed, self.spec.drop_caches)
         if not verdict.fits:
@@ -195,9 +199,10 @@ def write_plan_cmd() -> str:
                   f"{quote(PLAN_FILE)}")
 
 
-def guard_cmd(container: str, node: str, guard: float) -> str:
-    """`docker exec -d` of the guard in the node's container (it records its own pid)."""
-    args = json.dumps({"run": RUN_DIR, "node": node, "min_available_gb": guard}, sort_keys=True)
+def guard_cmd(container: str, node: str, guard: float, run: str = RUN_DIR) -> str:
+    """`docker exec -d` of the guard in the node's container (it records its own pid in `run`,
+    the server's directory, and guards the pid files there)."""
+    args = json.dumps({"run": run, "node": node, "min_available_gb": guard}, sort_keys=True)
     return docker_exec_cmd(container, ["python3", "-c", script("memguard.py"),
                                        "sparkctl-memguard", args], detach=True)
 
@@ -220,7 +225,8 @@ class StartGuard(Step):
         guard = self.spec.guard_min_available_gb
         return Change(f"start the memory guard: stops the server here if MemAvailable falls "
                       f"below {guard:g} GB (record {PLAN_FILE})",
-                      commands=(guard_cmd(ctx.inventory.container.name, ctx.node.name, guard),))
+                      commands=(guard_cmd(ctx.inventory.container.name, ctx.node.name, guard,
+                                          self.spec.run_dir),))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         guard = self.spec.guard_min_available_gb
@@ -228,6 +234,9 @@ class StartGuard(Step):
         ctx.run(write_plan_cmd(), stdin=json.dumps(record, indent=1) + "\n", sudo=True,
                 timeout=30, display=f"write {PLAN_FILE}").check()
         container = ctx.inventory.container.name
+        # an earlier guard's stop record is about the server this launch starts again
+        ctx.run(f"rm -f {quote(self.spec.run_dir + '/memguard-stopped.json')}", sudo=True,
+                timeout=30).check()
         ctx.run(change.commands[0], timeout=60,
                 display=f"docker exec -d {container} python3 -c <sparkctl memguard>").check()
         return f"memory guard started (stops the server below {guard:g} GB available)"

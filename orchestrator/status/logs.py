@@ -111,11 +111,18 @@ def engine_container_log_cmd(inventory: Inventory, engine: str, follow: bool, si
     return f'c=$({find} | head -n 1); [ -n "$c" ] || exit 0; {docker_cmd(*args)} "$c"'
 
 
-def file_log_cmd(files: list[str], follow: bool, since: float | None, tail: int | None) -> str:
-    """tail -v over the expected files plus any other *.log already in the run directory."""
+SERVER_LOGS = f"{RUN_DIR}/servers/*/*.log"
+"""Each named server's own log files (a process server's server.log and rank-N.log)."""
+
+
+def file_log_cmd(files: list[str], follow: bool, since: float | None, tail: int | None,
+                 globs: tuple[str, ...] = (f"{RUN_DIR}/*.log", SERVER_LOGS)) -> str:
+    """tail -v over the expected files plus any other *.log already in the run directory and
+    the servers' directories (or only those GLOBS)."""
     listed = quote(" ".join(files))  # our paths hold no spaces: a word list for the shell
+    where = " ".join(globs)  # (globs the shell expands: our paths and server names hold no spaces)
     pick = (
-        f"files={listed}; for f in {quote(RUN_DIR)}/*.log; do [ -e \"$f\" ] || continue; "
+        f"files={listed}; for f in {where}; do [ -e \"$f\" ] || continue; "
         f"case \" $files \" in *\" $f \"*) ;; *) files=\"$files $f\";; esac; done; "
     )
     if since is not None:
@@ -129,6 +136,7 @@ def file_log_cmd(files: list[str], follow: bool, since: float | None, tail: int 
         pick += "keep=; for f in $files; do [ -e \"$f\" ] && keep=\"$keep $f\"; done; " \
                 "files=$keep; [ -n \"$files\" ] || exit 0; "
     lines = "+1" if tail is None else str(tail)
+    pick += "[ -n \"$files\" ] || exit 0; "  # (no file at all: tail would read stdin)
     return pick + f"tail -v -n {lines}{' -F' if follow else ''} -- $files"
 
 
@@ -179,8 +187,10 @@ class LineTagger:
         header = HEADER.match(line)
         if header:
             self.held_blank = False
-            name = header.group(1).rsplit("/", 1)[-1]
-            self.label = name.removesuffix(".log")
+            parts = header.group(1).split("/")
+            name = parts[-1].removesuffix(".log")
+            # a named server's file: its name too (several servers each have a rank-0.log)
+            self.label = f"{parts[-2]}/{name}" if parts[-3:-2] == ["servers"] else name
             return []
         if line.startswith("tail: "):  # "file appeared", "cannot open": noise here
             return []

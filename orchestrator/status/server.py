@@ -138,7 +138,7 @@ def container_restarted(server: dict[str, Any], answer: dict[str, Any],
 
 SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
                "container", "started", "memory_gb", "legacy", "processes", "dead_nodes",
-               "memguard", "host", "api_key_file")
+               "memguard", "ended", "host", "api_key_file")
 """(`host` and `api_key_file`: where the server binds and its API key's node file, if it has
 one; the metrics fetch uses both, and a reader sees the server is protected, never the key.)"""
 
@@ -197,7 +197,9 @@ def server_problem(entry: dict[str, Any]) -> str | None:
                 f"available (< {guard.get('min_available_gb', '?')} GB on {guard.get('node', '?')} "
                 f"at {guard.get('time', '?')}): free memory there, then {relaunch}")
     if state == "dead":
-        return (f"{what} is dead: its container is gone or exited; `sparkctl logs --server "
+        why = (f"{', '.join(entry['ended'])} ended" if entry.get("ended")
+               else "its container is gone or exited")
+        return (f"{what} is dead: {why}; `sparkctl logs --server "
                 f"{entry.get('name')}` shows why; {relaunch}")
     if state == "stalled":
         return (f"{what} is stalled: it was ready and /health now answers "
@@ -207,7 +209,11 @@ def server_problem(entry: dict[str, Any]) -> str | None:
 
 def add_server_problems(result: dict[str, Any]) -> None:
     """Every listed server that does not serve is a problem on its first node: status exits 1
-    naming it (the cluster is degraded), whichever engine serves it."""
+    naming it (the cluster is degraded), whichever engine serves it. A cluster that is up and
+    whose named server serves is "serving" (as with the single recorded one)."""
+    if result.get("state") == "up" and any(s.get("state") == "healthy"
+                                           for s in result.get("servers") or []):
+        result["state"] = "serving"
     for entry in result.get("servers") or []:
         guard, server = entry.get("memguard"), result.get("server")
         if entry.get("legacy") and isinstance(guard, dict) and isinstance(server, dict):

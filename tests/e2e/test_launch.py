@@ -1,8 +1,9 @@
 """`sparkctl launch`, `chat`, `tunnel` on the simulated lab (root, network namespaces).
 
 One `up` and one `launch qwen3-235b` for the module (HF_TOKEN set to a sentinel); then the
-tests look at what the launch left behind, talk to the server, and finally inject a loading
-hang and expect the deadline to stop everything.
+tests look at what the launch left behind (in the server's own directory,
+/var/lib/sparkctl/run/servers/qwen3-235b/ on each node), talk to the server, and finally inject
+a loading hang into its replacement and expect the deadline to stop everything.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ SENTINEL = "hf_SENTINELe2eToken7731"
 # A grep pattern that matches the sentinel without containing it (so grep never finds itself).
 SENTINEL_PATTERN = SENTINEL[:10] + "[" + SENTINEL[10] + "]" + SENTINEL[11:]
 MODEL = "nvidia/Qwen3-235B-A22B-FP4"
-RUN = "/var/lib/sparkctl/run"
+RUN = "/var/lib/sparkctl/run/servers/qwen3-235b"  # the server's own directory on each node
 
 
 def sparkctl(*args: str, timeout: float = 300, token: bool = True) -> subprocess.CompletedProcess[str]:
@@ -98,10 +99,14 @@ def test_relaunch_is_a_noop(launched: tuple[Lab, subprocess.CompletedProcess[str
     assert json.loads(again.stdout)["changed"] == 0
 
 
-def test_another_recipe_needs_replace(launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+def test_another_server_that_does_not_fit_beside_it_is_refused(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    """Servers run side by side when memory and ports allow; gpt-oss-120b's estimate does not
+    fit on the head beside qwen3-235b's: refused before anything runs, naming what to stop."""
     lab, _ = launched
     other = sparkctl("launch", "gpt-oss-120b", "--inventory", str(lab.inventory), "--yes")
-    assert other.returncode == 1 and "--replace" in other.stderr
+    assert other.returncode == 2, other.stdout + other.stderr
+    assert "`sparkctl down --server qwen3-235b`" in other.stderr and "Traceback" not in other.stderr
 
 
 def test_chat_replies_through_ssh(launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
@@ -160,7 +165,8 @@ def test_a_hang_ends_at_the_deadline_with_nothing_left(
     lab.cli("fault", "engine-hang", "--node", lab.nodes[0], check=True)
     try:
         result = sparkctl("launch", str(variant), "--inventory", str(lab.inventory), "--yes",
-                          "--replace", "--timeout", "8", "--drop-caches", "--json")
+                          "--name", "qwen3-235b", "--replace", "--timeout", "8", "--drop-caches",
+                          "--json")
     finally:
         lab.cli("fault", "restore", check=True)
     assert result.returncode == 1, result.stderr

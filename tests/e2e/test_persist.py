@@ -83,9 +83,9 @@ def test_a_persistent_server_answers_again_after_both_nodes_reboot(plab: Lab) ->
                                  "trtllm-multinode").stdout.strip()
         assert policy == "unless-stopped"
     status = json.loads(sparkctl("status", "--inventory", inv, "--json").stdout)
-    assert status["server"]["persistence"]["persistent"] is True
-    assert status["server"]["persistence"]["nodes"] == sorted(plab.nodes)
-    assert [s["persistent"] for s in status["servers"] if s["name"] == RECIPE] == [True]
+    # a named server (its record in /var/lib/sparkctl/run/servers/qwen3-235b/ on the head)
+    assert [(s["persistent"], s["nodes"]) for s in status["servers"] if s["name"] == RECIPE] == [
+        (True, plab.nodes)]
 
     out = reboot(plab)
     assert all(f"{node}: booted" in out for node in plab.nodes), out
@@ -100,9 +100,10 @@ def test_a_persistent_server_answers_again_after_both_nodes_reboot(plab: Lab) ->
     assert log.index(f"ready: sshd in trtllm-multinode on {plab.nodes[1]}") < log.index(
         "started: mpirun")
     assert "up: server qwen3-235b answers on 127.0.0.1:8355" in log
-    status = sparkctl("status", "--inventory", inv)
+    status = sparkctl("status", "--inventory", inv, "--json")
     assert status.returncode == 0, status.stdout + status.stderr
-    assert f"persistent: yes, {UNIT} enabled on {', '.join(sorted(plab.nodes))}" in status.stdout
+    listed = {s["name"]: s for s in json.loads(status.stdout)["servers"]}
+    assert listed[RECIPE]["state"] == "healthy" and listed[RECIPE]["persistent"] is True
 
 
 def test_down_removes_the_persistence_and_a_reboot_brings_nothing_back(plab: Lab) -> None:

@@ -1,12 +1,14 @@
 """Every server is the same kind of thing, whichever engine serves it (docs/launch.md).
 
 One `up` for the module. TensorRT-LLM placed on the head and SGLang placed on the other node
-serve at once and both answer; a tp2 recipe named on one node is refused before anything runs;
-memory squeezed under the guard's threshold on the SGLang node stops that server within a
-minute while the other keeps answering, and status exits 1 saying why; a server container
-killed makes status exit 1 naming it; a bench sweep of a placed, named server measures and
-restores exactly that server; two vLLM servers, one per node, serve at once, and the guard stops
-the one on a squeezed node while the other answers.
+serve at once and both answer; two TensorRT-LLM servers serve at once, each on its node, and
+`down --server` stops one and leaves the other; a TensorRT-LLM server started the previous way
+(RUN_DIR/server.json) is listed and replaced by one in its own directory; a tp2 recipe named on
+one node is refused before anything runs; memory squeezed under the guard's threshold on the
+SGLang node stops that server within a minute while the other keeps answering, and status exits
+1 saying why; a server container killed makes status exit 1 naming it; a bench sweep of a
+placed, named server measures and restores exactly that server; two vLLM servers, one per node,
+serve at once, and the guard stops the one on a squeezed node while the other answers.
 """
 
 from __future__ import annotations
@@ -104,7 +106,90 @@ def test_two_engines_placed_on_their_nodes_serve_at_once(two: Lab) -> None:
     assert (listed["gpt-oss-120b"]["engine"], listed["gpt-oss-120b"]["nodes"]) == ("trtllm", [head])
     assert (listed["qwen3.6-27b"]["engine"], listed["qwen3.6-27b"]["nodes"]) == ("sglang", [other])
     text = sparkctl("status", *inv(two)).stdout
-    assert "other servers: 1: qwen3.6-27b (sglang on " + other in text
+    assert "servers: 2: gpt-oss-120b (trtllm on " + head in text
+    assert "qwen3.6-27b (sglang on " + other in text
+
+
+def test_two_tensorrt_llm_servers_serve_at_once_and_stop_one_by_one(two: Lab) -> None:
+    """Each in the `up` container of its own node, its mpirun's ranks on its nodes only."""
+    _, other = two.nodes
+    assert sparkctl("down", "--server", "qwen3.6-27b", *inv(two), "--yes").returncode == 0
+    try:
+        launch(two, "gpt-oss-120b", "--nodes", other, "--name", "gpt2", "--port", "8001")
+        assert answers(two, "gpt-oss-120b") and answers(two, "gpt2")
+        code, doc = status(two)
+        assert code == 0, problems(doc)
+        listed = {s["name"]: s for s in doc["servers"]}
+        assert set(listed) == {"gpt-oss-120b", "gpt2"}
+        assert (listed["gpt2"]["engine"], listed["gpt2"]["nodes"], listed["gpt2"]["port"],
+                listed["gpt2"]["state"]) == ("trtllm", [other], 8001, "healthy")
+        mpirun = lab_ps(two, other, "mpirun")
+        assert "/servers/gpt2/" in mpirun and "/servers/gpt-oss-120b/" not in mpirun
+        down = sparkctl("down", "--server", "gpt2", *inv(two), "--yes")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert "trtllm-serve" not in lab_ps(two, other, "trtllm")
+        assert answers(two, "gpt-oss-120b")
+        code, doc = status(two)
+        assert code == 0 and [s["name"] for s in doc["servers"]] == ["gpt-oss-120b"], problems(doc)
+    finally:
+        sparkctl("down", "--server", "gpt2", *inv(two), "--yes")
+        launch(two, "qwen3.6-27b", "--nodes", other)  # as the module's fixture left it
+
+
+def start_the_previous_way(lab: Lab, node: str) -> None:
+    """gpt-oss-120b as the previous version started it: its record RUN_DIR/server.json (no name,
+    no engine, no nodes), mpirun's and the rank's pid files and logs directly in RUN_DIR, the
+    cluster's hostfile (head first)."""
+    from orchestrator.commands import docker_exec_cmd, quote
+    from orchestrator.engines import load_recipe
+    from orchestrator.engines.trtllm.serve import render_llm_api_config, serve_argv, server_dir
+
+    run = "/var/lib/sparkctl/run"
+    recipe = load_recipe("gpt-oss-120b")
+    argv = [w.replace(server_dir(recipe.name), run) for w in serve_argv(recipe, "127.0.0.1")]
+    wrapper = f'echo $$ > {run}/mpirun.pid; exec "$@" > {run}/server.log 2>&1'
+    lab.exec(node, f"printf '%s' {quote(render_llm_api_config(recipe))} > "
+                   f"{run}/extra-llm-api-config.yml")
+    record = {"recipe": recipe.name, "model": recipe.model, "port": recipe.port,
+              "tp_size": 1, "config_hash": "previous", "host": "127.0.0.1"}
+    lab.exec(node, f"printf '%s' {quote(json.dumps(record))} > {run}/server.json")
+    lab.exec(node, docker_exec_cmd("trtllm-multinode", ["bash", "-c", wrapper, "sparkctl-server",
+                                                        *argv], env={"HF_HUB_OFFLINE": "1"},
+                                   detach=True))
+
+
+def test_a_server_of_the_previous_version_is_seen_and_replaced_by_one_per_server(two: Lab) -> None:
+    """The migration: status lists it; launching its recipe stops it and starts one server in
+    its own directory (never a second copy), and says so."""
+    head, _ = two.nodes
+    assert sparkctl("down", "--server", "gpt-oss-120b", *inv(two), "--yes").returncode == 0
+    start_the_previous_way(two, head)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # (a deadline for it to load, not a timed assertion)
+        code, doc = status(two)
+        listed = {s["name"]: s for s in doc["servers"]}
+        if listed.get("gpt-oss-120b", {}).get("state") == "healthy":
+            break
+        time.sleep(2)
+    assert code == 0 and listed["gpt-oss-120b"]["legacy"], problems(doc)
+    assert answers(two, "gpt-oss-120b")
+    result = launch(two, "gpt-oss-120b", "--nodes", head, "--json")
+    steps = {s["step"]: s for s in json.loads(result.stdout)["hosts"][head]["steps"]}
+    assert "launched by an earlier sparkctl" in json.dumps(steps["placement"]), steps["placement"]
+    assert two.exec(head, "test -e /var/lib/sparkctl/run/server.json", check=False).returncode
+    mpiruns = [line for line in lab_ps(two, head, "mpirun").splitlines()
+               if line.startswith("mpirun")]
+    assert len(mpiruns) == 1 and "/servers/gpt-oss-120b/" in mpiruns[0], mpiruns
+    code, doc = status(two)
+    listed = {s["name"]: s for s in doc["servers"]}
+    assert code == 0 and not listed["gpt-oss-120b"]["legacy"], problems(doc)
+    assert answers(two, "gpt-oss-120b")
+
+
+def lab_ps(lab: Lab, node: str, word: str) -> str:
+    """The command lines in the node's `up` container holding WORD."""
+    out = lab.exec(node, "docker exec trtllm-multinode ps -eo args", check=False).stdout
+    return "\n".join(line for line in out.splitlines() if word in line)
 
 
 def test_a_tp2_recipe_on_one_node_is_refused_before_anything_runs(two: Lab) -> None:

@@ -129,10 +129,13 @@ def test_status_after_launch(launched: Lab) -> None:
     code, status = status_json(launched)
     assert code == 0, status
     assert status["state"] == "serving"
-    assert status["server"]["state"] == "healthy"
-    assert status["server"]["recipe"] == "qwen3-235b"
+    (server,) = status["servers"]
+    assert (server["name"], server["engine"], server["state"]) == ("qwen3-235b", "trtllm", "healthy")
+    assert server["nodes"] == launched.nodes
     logs = sparkctl(launched, "logs", "--tail", "20")
-    assert "rank-0" in logs.stdout and "rank-1" in logs.stdout
+    assert "qwen3-235b/rank-0" in logs.stdout and "qwen3-235b/rank-1" in logs.stdout
+    one = sparkctl(launched, "logs", "--tail", "20", "--server", "qwen3-235b")
+    assert "rank-1" in one.stdout and launched.nodes[1] in one.stdout
 
 
 def test_status_after_a_rank_crashed(launched: Lab) -> None:
@@ -146,7 +149,7 @@ def test_status_after_a_rank_crashed(launched: Lab) -> None:
         assert code == 1, status
         assert status["state"] == "degraded"
         problems = " ".join(p for n in status["nodes"].values() for p in n["problems"])
-        assert "rank-1" in problems or status["server"]["state"] != "healthy", problems
+        assert "server qwen3-235b (trtllm" in problems and "rank-1" in problems, problems
     finally:
         lab_cli("fault", "restore")
 

@@ -173,14 +173,16 @@ def test_trtllm_serve_binds_loopback_behind_the_relay_that_holds_host_and_port()
 
     inventory = make_inventory()
     recipe = load_recipe("qwen3-235b")
-    plain = LaunchSpec(recipe, inventory, "10.0.0.5", False, True, name="srv")
-    spec = LaunchSpec(recipe, inventory, "10.0.0.5", False, True, name="srv", key=KEY)
+    plain = LaunchSpec(recipe, inventory, LaunchOptions(host="10.0.0.5", name="srv"))
+    spec = LaunchSpec(recipe, inventory, LaunchOptions(host="10.0.0.5", name="srv", api_key=KEY))
     words = " ".join(spec.argv)
     inner = keyrelay.inner_port(recipe.port)
     assert f"--port {inner} --host 127.0.0.1" in words and "10.0.0.5" not in words
     assert f"--port {recipe.port} --host 10.0.0.5" in " ".join(plain.argv) and not plain.relay
-    command = start_cmd("c", spec.argv, spec.relay)
+    command = start_cmd("c", spec.argv, spec.run_dir, spec.relay)
     assert SENTINEL not in command and apikey.node_key_file("srv") in command
+    # the relay's pid file next to mpirun's, in the server's directory: stopped with it
+    assert f"{spec.run_dir}/keyrelay.pid" in command
     assert '"listen": "10.0.0.5", "open": ["/health"]' in command and "setsid python3" in command
     assert spec.record()["api_key_file"] == apikey.node_key_file("srv") and spec.digest != plain.digest
     assert keyrelay.inner_port(60000) == 50000 and get_engine("trtllm").api_key.relay
@@ -277,6 +279,6 @@ def test_down_of_a_one_server_engine_takes_its_key_file_along() -> None:
     server = {"name": "qwen3-235b", "engine": "trtllm", "legacy": True, "nodes": ["spark-a"],
               "api_key_file": apikey.node_key_file("qwen3-235b")}
     (command,) = stop_commands(server, inventory).values()
-    assert command.endswith("rm -rf -- /var/lib/sparkctl/run/servers/qwen3-235b")
+    assert "; rm -rf -- /var/lib/sparkctl/run/servers/qwen3-235b;" in command
     (plain,) = stop_commands({**server, "api_key_file": None}, inventory).values()
     assert "rm -rf" not in plain

@@ -138,9 +138,11 @@ def test_serve_args_reach_vllm_and_trtllm_as_one_literal_argument(recorder: Path
     recipe = serve_args_recipe(recorder, name)
     serve = import_module(f"orchestrator.engines.{recipe.engine}.serve")
     argv = serve.serve_argv(recipe, "127.0.0.1")
-    # vLLM's pid file and log live in the server's own directory (engines/vllm/serve.py)
-    where = [serve.serve_dir(recipe.name)] if recipe.engine == "vllm" else []
-    run_shell(serve.start_cmd("ctr", *where, argv), recorder)
+    if recipe.engine == "vllm":  # vLLM's pid file and log live in the server's own directory
+        run_shell(serve.start_cmd("ctr", serve.serve_dir(recipe.name), argv), recorder)
+    else:  # TensorRT-LLM's: a named server's own directory under RUN_DIR
+        (recorder / "servers" / recipe.name).mkdir(parents=True)
+        run_shell(serve.start_cmd("ctr", argv, serve.server_dir(recipe.name)), recorder)
     (docker,) = calls(recorder)
     inner = docker[docker.index("ctr") + 1:]
     assert inner[:2] == ["bash", "-c"]

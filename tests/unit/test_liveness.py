@@ -21,7 +21,8 @@ from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Un
 from orchestrator.engines import liveness, load_recipe, serverctl, verify
 from orchestrator.engines.base import LaunchOptions, Ready
 from orchestrator.engines.sglang.serve import Placement, ServeSpec
-from orchestrator.engines.trtllm import serve
+from orchestrator.engines.trtllm import steps
+from orchestrator.engines.vllm import serve as vllm_serve
 from orchestrator.status import assess as status
 from orchestrator.status.server import server_state
 
@@ -128,27 +129,28 @@ def test_trtllm_restarts_a_stalled_server_of_the_same_recipe() -> None:
     stalled = status_facts({"config_hash": launch.digest, "recipe": "qwen3-235b",
                             "ready_at": "2025-06-15T14:02:00+00:00"}, True, 503)
     facts = {"spark-a": stalled, "spark-b": {"commands": {"serve": {"rc": 0, "out": "{}"}}}}
-    status_now = serve.status_from_facts(stalled)
-    assert serve.decide(status_now, launch.digest, False) == "restart"
-    guard = launch.guard().check(serve_ctx("spark-a", facts))
-    assert isinstance(guard, Unchanged) and "stalled: ready at 2025-06-15T14:02:00+00:00" in guard.reason
-    start = serve.StartServer(launch).check(serve_ctx("spark-a", facts))
+    assert launch.decision(serve_ctx("spark-a", facts)) == "restart"
+    start = steps.StartServer(launch).check(serve_ctx("spark-a", facts))
     assert isinstance(start, Change)
     assert start.summary.startswith("restart (stalled: ready at 2025-06-15T14:02:00+00:00, /health now 503)")
-    stop = serve.StopPrevious(launch).check(serve_ctx("spark-a", facts))
+    stop = steps.StopPrevious(launch).check(serve_ctx("spark-a", facts))
     assert isinstance(stop, Change) and ": restart, stalled: ready at 2025" in stop.summary
     # never ready: still loading, kept
-    loading = serve.status_from_facts(status_facts({"config_hash": launch.digest}, True, 503))
-    assert serve.decide(loading, launch.digest, False) == "loading"
+    facts["spark-a"] = status_facts({"config_hash": launch.digest}, True, 503)
+    assert launch.decision(serve_ctx("spark-a", facts)) == "loading"
 
 
 def test_trtllm_names_the_dead_rank_when_it_restarts() -> None:
-    assert serve.restart_reason({}, ("spark-b: rank-1",)) == "dead: rank ended (spark-b: rank-1)"
+    launch = serve_spec()
+    facts = {"spark-a": status_facts({"config_hash": launch.digest}, True, 200),
+             "spark-b": {"commands": {"serve": {"rc": 0, "out": json.dumps(
+                 {"pids": {"rank-1.pid": {"alive": False, "pid": 9}}})}}}}
+    assert launch.restart_reason(serve_ctx("spark-a", facts)) == (
+        "dead: rank ended (rank-1 on spark-b (pid 9))")
 
 
 def test_vllm_restarts_a_stalled_server_of_the_same_name() -> None:
     from orchestrator.engines.vllm import check
-    from orchestrator.engines.vllm import serve as vllm_serve
 
     inv = make_inventory()
     spec = vllm_serve.ServeSpec(load_recipe("gpt-oss-120b-vllm"), inv, LaunchOptions())
@@ -234,12 +236,12 @@ def test_each_engine_names_its_ready_line_and_status_passes_them_to_the_node() -
 
 def test_serverctl_reads_the_ready_line_of_the_records_engine(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.engines import ready_lines
+    from orchestrator.engines import DEFAULT_ENGINE, ready_lines
 
     def ready(run: Path) -> Any:
         ran = run_node_script("serverctl.py", [json.dumps(
             {"action": "status", "run": str(run), "ready_log": True,
-             "ready_lines": ready_lines()})], monkeypatch)
+             "ready_lines": ready_lines(), "default_engine": DEFAULT_ENGINE})], monkeypatch)
         return ran.json.get("ready_log")
 
     tmp_path.joinpath("rank-0.log").write_text("loading\n")
@@ -256,10 +258,10 @@ def test_servers_script_reads_the_ready_line_of_a_record_that_does_not_answer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tmp_path.joinpath("server.json").write_text(json.dumps({"recipe": "r", "port": 1}))
     tmp_path.joinpath("server.log").write_text("INFO:     Application startup complete.\n")
-    from orchestrator.engines import ready_lines
+    from orchestrator.engines import DEFAULT_ENGINE, ready_lines
 
     args = {"run": str(tmp_path), "probe": True, "legacy_container": "c",
-            "ready_lines": ready_lines()}
+            "ready_lines": ready_lines(), "default_engine": DEFAULT_ENGINE}
     ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
         "def running(container):": "def running(container):\n    return True\n\ndef _unused(container):",
         "def health(record):": "def health(record):\n    return 503\n\ndef _unused2(record):"})

@@ -48,8 +48,12 @@ def docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def running(server_json: Path, monkeypatch: pytest.MonkeyPatch,
             default_container: str = "sparkctl-trtllm") -> dict[str, Any]:
+    from orchestrator.engines import DEFAULT_ENGINE
+    from orchestrator.engines.serverctl import process_words
+
     ran = run_node_script("running.py", [str(server_json), default_container,
-                                         script("serverctl.py")], monkeypatch)
+                                         script("serverctl.py"), DEFAULT_ENGINE,
+                                         json.dumps(process_words())], monkeypatch)
     assert ran.code is None, ran.stderr
     return ran.json  # type: ignore[no-any-return]
 
@@ -91,10 +95,19 @@ def test_an_old_record_is_trtllm_in_the_default_container(tmp_path: Path, docker
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    (run / "mpirun.pid").write_text(f"{os.getpid()}\n")  # not mpirun/trtllm/orted: not ours
+    # not mpirun/trtllm/orted: not ours (a process of its own: this test's command line may
+    # hold any word, e.g. a checkout's path)
+    import subprocess
+
+    other = subprocess.Popen(["sleep", "30"])
+    (run / "mpirun.pid").write_text(f"{other.pid}\n")
     (run / "server.json").write_text(json.dumps({"recipe": "qwen3-235b", "port": 8355}))
 
-    out = running(run / "server.json", monkeypatch, default_container="sparkctl")
+    try:
+        out = running(run / "server.json", monkeypatch, default_container="sparkctl")
+    finally:
+        other.kill()
+        other.wait(5)
 
     assert out["server"] == {"recipe": "qwen3-235b", "port": 8355, "engine": "trtllm",
                              "container": "sparkctl", "main": "mpirun.pid"}
@@ -127,7 +140,10 @@ def test_without_docker_the_error_says_so(tmp_path: Path, monkeypatch: pytest.Mo
 
 # ------------------------------------------------------------------ record_container.py
 def record_container(server_json: Path, engine: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    ran = run_node_script("record_container.py", [str(server_json), "sparkctl", engine], monkeypatch)
+    from orchestrator.engines import DEFAULT_ENGINE
+
+    ran = run_node_script("record_container.py", [str(server_json), "sparkctl", engine,
+                                                  DEFAULT_ENGINE], monkeypatch)
     assert ran.code is None, ran.stderr
     return ran.stdout
 

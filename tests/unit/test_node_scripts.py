@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from nodescript import closed_port, http_server, run_node_script
 
+from orchestrator.engines.trtllm.serve import OURS
 from orchestrator.node import fanout_manifest
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -283,6 +284,9 @@ def spawn(processes: list[subprocess.Popen[bytes]], script: str) -> subprocess.P
     return proc
 
 
+WORDS = list(OURS)  # the words an engine gives (TensorRT-LLM's: mpirun, trtllm, ...)
+
+
 def gone(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -302,16 +306,20 @@ def test_status_reads_pid_files_and_checks_whose_they_are(tmp_path: Path, monkey
     (run / "broken.pid").write_text("not a pid\n")
     (run / "server.log").write_text("log\n")
 
-    out = serverctl({"action": "status", "run": str(run)}, monkeypatch)
+    out = serverctl({"action": "status", "run": str(run), "ours": WORDS}, monkeypatch)
 
     assert out["action"] == "status"
+    assert out["pids"]["mpirun.pid"].pop("rss_kb") > 0  # what status shows it uses
     assert out["pids"] == {"mpirun.pid": {"pid": ours.pid, "alive": True},
                            "rank-1.pid": {"pid": stranger.pid, "alive": False}}
     assert out["server"] is None and "health" not in out
+    # without the engine's words (node_cmd always gives some) nothing is ours
+    out = serverctl({"action": "status", "run": str(run)}, monkeypatch)
+    assert not any(info["alive"] for info in out["pids"].values())
 
     ours.kill()
     ours.wait(5)
-    out = serverctl({"action": "status", "run": str(run / "missing")}, monkeypatch)
+    out = serverctl({"action": "status", "run": str(run / "missing"), "ours": WORDS}, monkeypatch)
     assert out["pids"] == {}
 
 
@@ -366,7 +374,8 @@ def test_stop_kills_the_server_and_its_children_and_rotates_logs(
     (run / "server.log").write_text("old\n")
     (run / "server.json").write_text("{}")
 
-    out = serverctl({"action": "stop", "run": str(run), "grace": 5, "rotate": True}, monkeypatch)
+    out = serverctl({"action": "stop", "run": str(run), "grace": 5, "rotate": True,
+                     "ours": WORDS}, monkeypatch)
 
     assert out["stopped"] == ["mpirun.pid"] and out["killed"] == 0 and out["left"] == []
     assert server.wait(5) == -15
@@ -385,7 +394,7 @@ def test_stop_kills_what_ignores_sigterm(tmp_path: Path, monkeypatch: pytest.Mon
     (run / "other.pid").write_text(f"{stranger.pid}\n")
     (run / "server.log").write_text("kept\n")
 
-    out = serverctl({"action": "stop", "run": str(run), "grace": 0.5}, monkeypatch)
+    out = serverctl({"action": "stop", "run": str(run), "grace": 0.5, "ours": WORDS}, monkeypatch)
 
     assert out["stopped"] == ["rank-0.pid"] and out["killed"] == 1 and out["left"] == []
     assert stubborn.wait(5) == -9

@@ -20,7 +20,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.phases import boot_units, oomguard, persist, persist_down
 from orchestrator.phases.container import ContainerSpec
 
-ONE = one_server_engines()  # TensorRT-LLM: one server per cluster
+ONE = one_server_engines()  # none today: every engine runs named servers side by side
 
 HOME = {"commands": {"home": {"rc": 0, "out": "/home/nvidia\n"}}}
 
@@ -44,22 +44,25 @@ def test_without_persist_no_boot_unit_only_a_stale_one_removed() -> None:
 
 
 def test_a_launch_makes_its_own_unit_stale_without_persist_and_a_replaced_servers_unit() -> None:
-    units = {"old-trt": "trtllm", "mine": "trtllm", "vl": "vllm", "sgl": "sglang"}
-    assert persist.stale("mine", "trtllm", persist=True, one_per_cluster=ONE)(units) == ["old-trt"]
-    assert persist.stale("mine", "trtllm", persist=False, one_per_cluster=ONE)(units) == [
-        "mine", "old-trt"]
-    # vLLM and SGLang servers live side by side: only its own unit, and only without --persist
-    for server, engine in (("vl", "vllm"), ("sgl", "sglang")):
+    assert frozenset() == ONE
+    units = {"trt": "trtllm", "vl": "vllm", "sgl": "sglang", "ll": "llamacpp"}
+    for server, engine in units.items():  # only its own unit, and only without --persist
         assert persist.stale(server, engine, persist=True, one_per_cluster=ONE)(units) == []
         assert persist.stale(server, engine, persist=False, one_per_cluster=ONE)(units) == [server]
+    # an engine that ran one server per cluster would replace the other's unit too
+    units = {"mine": "vllm", "old-vllm": "vllm", "sgl": "sglang"}
+    one = frozenset({"vllm"})
+    assert persist.stale("mine", "vllm", persist=True, one_per_cluster=one)(units) == ["old-vllm"]
+    assert persist.stale("mine", "vllm", persist=False, one_per_cluster=one)(units) == [
+        "mine", "old-vllm"]
     inv = make_inventory()
     facts = {n.name: {"commands": {"boot_units": {
-        "out": "sparkctl-serve-old-trt.service enabled trtllm\n"}}} for n in inv.nodes}
-    step = persist.phase(persist_spec("qwen3-235b").__class__(**{
-        **persist_spec("qwen3-235b").__dict__})).steps[0]
+        "out": "sparkctl-serve-old-vllm.service enabled vllm\n"}}} for n in inv.nodes}
+    step = persist.phase(persist_spec("minimax-m2.7").__class__(**{
+        **persist_spec("minimax-m2.7").__dict__, "one_per_cluster": one})).steps[0]
     change = step.check(make_context(inv, inv.head_name, facts))
     assert isinstance(change, Change)
-    assert change.summary.startswith("disable and remove sparkctl-serve-old-trt.service")
+    assert change.summary.startswith("disable and remove sparkctl-serve-old-vllm.service")
 
 
 def test_restart_policy_is_in_the_docker_run_argv_before_the_image() -> None:
@@ -98,6 +101,8 @@ def test_trtllm_head_waits_for_its_peers_then_starts_guard_mpirun_and_record() -
     assert [s["what"].split(" ")[0] for s in head["start"]] == ["memory", "mpirun", "the"]
     assert "trtllm-serve" in head["start"][1]["cmd"] and "docker exec -d" in head["start"][1]["cmd"]
     assert "@SPARKCTL_BOOT_TIME@" in head["start"][2]["cmd"]
+    # every part of it in the server's own directory (the guard's, mpirun's, the record's)
+    assert all("/run/servers/qwen3-235b" in s["cmd"] for s in head["start"] + peer["start"])
     assert peer["wait"] == [] and [s["what"] for s in peer["start"]] == ["memory guard"]
 
 

@@ -32,12 +32,6 @@ def test_every_engines_default_nodes_and_a_fitting_placement_pass() -> None:
     check_against_inventory(placed("qwen3.6-27b-tp2", ["spark-b", "spark-a"]), inv)
 
 
-@pytest.mark.parametrize("name", ["gpt-oss-120b"])
-def test_engines_whose_first_rank_runs_on_the_head_say_so(name: str) -> None:
-    with pytest.raises(InputError, match="the head and the next nodes in inventory order: spark-a"):
-        check_against_inventory(placed(name, ["spark-b"]), make_inventory())
-
-
 def test_vllm_runs_on_any_nodes_its_first_node_the_ray_head_and_checks_tp_x_pp() -> None:
     inv = make_inventory()
     check_against_inventory(placed("gpt-oss-120b-vllm", ["spark-b"]), inv)
@@ -48,6 +42,16 @@ def test_vllm_runs_on_any_nodes_its_first_node_the_ray_head_and_checks_tp_x_pp()
     problem = get_engine("vllm").placement_problem(load_recipe("minimax-m2.7"), ["spark-b"], inv)
     assert problem is not None and problem.startswith(
         "tensor_parallel_size 2 x pipeline_parallel_size 1 = 2 rank(s), one per Spark")
+
+
+def test_a_tensorrt_llm_server_runs_on_any_nodes_one_rank_each() -> None:
+    """mpirun runs in the first node's `up` container with the server's own hostfile: no head
+    rule, only tp_size ranks, one per Spark."""
+    inv = make_inventory()
+    check_against_inventory(placed("gpt-oss-120b", ["spark-b"]), inv)
+    check_against_inventory(placed("qwen3-235b", ["spark-b", "spark-a"]), inv)
+    with pytest.raises(InputError, match="recipe qwen3-235b needs 2 node"):
+        check_against_inventory(placed("qwen3-235b", ["spark-b"]), inv)
 
 
 def test_every_engine_has_the_placement_members() -> None:

@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.engines import serverctl
-from orchestrator.engines.base import LaunchFailed, Ready
+from orchestrator.engines import load_recipe, serverctl
+from orchestrator.engines.base import LaunchFailed, LaunchOptions, Ready
 from orchestrator.engines.trtllm import readiness
+from orchestrator.engines.trtllm.serve import LaunchSpec
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 
-MODEL = "Qwen/Qwen3-8B"
+RECIPE = load_recipe("qwen3-235b")
+MODEL = RECIPE.model
 ALIVE = {"mpirun.pid": {"alive": True}}
 
 
@@ -42,7 +44,8 @@ def statuses(c: Any, *answers: dict[str, Any]) -> None:
 
 def wait(c: Any, timeout: float = 60.0) -> tuple[Any, list[str]]:
     notes: list[str] = []
-    result = readiness.wait_until_ready(c.transports, c.inventory, MODEL, 8355, timeout, notes.append)
+    spec = LaunchSpec(RECIPE, c.inventory, LaunchOptions())
+    result = readiness.wait_until_ready(c.transports, spec, timeout, notes.append)
     return result, notes
 
 
@@ -67,6 +70,9 @@ def test_a_dead_mpirun_ends_the_wait_with_every_log_tail_and_stops_every_rank(cl
     assert "the server stopped while loading" in failure.reason and "every rank was stopped" in failure.reason
     assert "spark-a says bye" in failure.details and "spark-b says bye" in failure.details
     assert called(cluster, "spark-a", "stop") == called(cluster, "spark-b", "stop") == 1
+    # the server's own directory only: other servers in the container keep running
+    stops = [c for c in cluster.commands("spark-b") if re.search(action("stop"), c)]
+    assert "/var/lib/sparkctl/run/servers/qwen3-235b" in stops[0]
 
 
 def test_the_deadline_ends_the_wait_and_names_the_last_state(cluster: Any) -> None:
@@ -89,13 +95,14 @@ def test_ranks_that_will_not_stop_are_named(cluster: Any) -> None:
 def test_an_unreachable_rank_is_reported_as_not_stopped(cluster: Any) -> None:
     cluster["spark-b"].rules.clear()
     cluster["spark-b"].on(action("stop"), 1, "", "docker: not running")
-    left = readiness.stop_everywhere(cluster.transports, "trtllm-multinode")
+    left = readiness.stop_everywhere(cluster.transports,
+                                     LaunchSpec(RECIPE, cluster.inventory, LaunchOptions()))
     assert left["spark-a"] == "" and left["spark-b"].startswith("could not stop: spark-b")
 
 
 def test_ctrl_c_stops_waiting_but_leaves_the_server(cluster: Any) -> None:
     cluster["spark-a"].on(action("status"), answer=KeyboardInterrupt())
-    with pytest.raises(SparkctlError, match="the server keeps loading on spark-a") as raised:
+    with pytest.raises(SparkctlError, match="qwen3-235b keeps loading on spark-a") as raised:
         wait(cluster)
     assert raised.value.exit_code == EXIT_INTERRUPTED
     assert called(cluster, "spark-a", "stop") == called(cluster, "spark-b", "stop") == 0

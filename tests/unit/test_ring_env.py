@@ -62,7 +62,7 @@ def test_sglang_containers_carry_the_ring_settings() -> None:
 def test_mpirun_forwards_every_fabric_variable(topology: str) -> None:
     inv = ring() if topology == "ring" else make_inventory()
     recipe = load_recipe("gpt-oss-120b")
-    argv = LaunchSpec(recipe, inv, "127.0.0.1", False, False).argv  # type: ignore[arg-type]
+    argv = LaunchSpec(recipe, inv, LaunchOptions()).argv  # type: ignore[arg-type]
     forwarded = [argv[i + 1] for i, word in enumerate(argv) if word == "-x"]
     assert set(fabric_variable_names(inv)) <= set(forwarded)  # type: ignore[arg-type]
     assert (set(RING_ENV) <= set(forwarded)) is (topology == "ring")
@@ -110,7 +110,7 @@ def test_trtllm_ranks_bootstrap_on_the_link_they_share_with_rank_0() -> None:
     assert bootstrap_interfaces(inv, ["spark-b", "spark-c"]) == ["enp1s0f1np1", "enp1s0f0np0"]
     assert bootstrap_interfaces(make_inventory(), ["spark-a", "spark-b"]) is None
     recipe = load_recipe("qwen3-235b")
-    argv = LaunchSpec(recipe, inv, "127.0.0.1", False, False).argv
+    argv = LaunchSpec(recipe, inv, LaunchOptions()).argv
     wrapper = argv[argv.index("bash") + 2]
     choose = wrapper.split(" esac; ")[0] + ' esac; echo "$NCCL_SOCKET_IFNAME"'
     for rank, want in ((0, "=enp1s0f1np1"), (1, "=enp1s0f0np0")):
@@ -118,5 +118,5 @@ def test_trtllm_ranks_bootstrap_on_the_link_they_share_with_rank_0() -> None:
                              env={"OMPI_COMM_WORLD_RANK": str(rank),
                                   "NCCL_SOCKET_IFNAME": "enp1s0f1np1,enp1s0f0np0"}).stdout
         assert out.strip() == want, rank
-    direct = LaunchSpec(recipe, make_inventory(), "127.0.0.1", False, False).argv
+    direct = LaunchSpec(recipe, make_inventory(), LaunchOptions()).argv
     assert "case" not in direct[direct.index("bash") + 2]

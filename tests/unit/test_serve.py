@@ -10,7 +10,8 @@ import pytest
 
 from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import load_recipe
-from orchestrator.engines.trtllm import serve
+from orchestrator.engines.base import LaunchOptions
+from orchestrator.engines.trtllm import serve, steps
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory
 from orchestrator.phases import models
@@ -27,8 +28,10 @@ INVENTORY = Inventory.model_validate({
 RECIPE = load_recipe("qwen3-235b")
 
 
-def spec(replace: bool = False, host: str = "127.0.0.1") -> serve.LaunchSpec:
-    return serve.LaunchSpec(RECIPE, INVENTORY, host, replace, drop_caches=False)
+def spec(replace: bool = False, host: str = "127.0.0.1", name: str | None = None,
+         recipe: Any = RECIPE) -> serve.LaunchSpec:
+    return serve.LaunchSpec(recipe, INVENTORY, LaunchOptions(host=host, replace=replace,
+                                                             drop_caches=False, name=name))
 
 
 def ctx(node: str, facts: dict[str, dict[str, Any]]) -> NodeContext:
@@ -42,7 +45,10 @@ def status_facts(server: dict[str, Any] | None, alive: bool, health: int | None 
     return {"commands": {"serve": {"rc": 0, "out": json.dumps(answer), "err": ""}}}
 
 
-def test_serve_command_spans_the_nodes_and_keeps_each_ranks_log() -> None:
+DIR = "/var/lib/sparkctl/run/servers/qwen3-235b"
+
+
+def test_serve_command_spans_the_nodes_and_keeps_each_ranks_log_in_the_servers_dir() -> None:
     argv = serve.serve_argv(RECIPE, "127.0.0.1")
     assert argv[:3] == ["mpirun", "-np", "2"]
     assert "HF_HUB_OFFLINE=1" in argv and "NCCL_SOCKET_IFNAME" in argv
@@ -50,18 +56,35 @@ def test_serve_command_spans_the_nodes_and_keeps_each_ranks_log() -> None:
     assert tail[:3] == ["trtllm-llmapi-launch", "trtllm-serve", "nvidia/Qwen3-235B-A22B-FP4"]
     flags = dict(zip(tail[3::2], tail[4::2], strict=False))
     assert flags["--tp_size"] == "2" and flags["--port"] == "8355" and flags["--host"] == "127.0.0.1"
-    assert flags["--extra_llm_api_options"] == serve.CONFIG_PATH
+    assert flags["--extra_llm_api_options"] == f"{DIR}/extra-llm-api-config.yml"
     assert flags["--max_num_tokens"] == "1024"
-    assert "rank-" in argv[argv.index("bash") + 2]
+    wrapper = argv[argv.index("bash") + 2]
+    assert f'{DIR}/rank-"$r".pid' in wrapper and f'{DIR}/rank-"$r".log' in wrapper
+    named = serve.serve_argv(RECIPE, "127.0.0.1", name="q2")
+    assert "/servers/q2/extra-llm-api-config.yml" in " ".join(named)
 
 
-def test_start_is_detached_and_logs_to_the_run_dir() -> None:
-    command = serve.start_cmd("trtllm-multinode", ["mpirun", "x y"])
+def test_start_is_detached_logs_to_the_servers_dir_and_reads_its_hostfile() -> None:
+    command = serve.start_cmd("trtllm-multinode", ["mpirun", "x y"], DIR)
     words = shlex.split(command)
     assert words[:3] == ["docker", "exec", "-d"]
     assert "HF_HUB_OFFLINE=1" in words
-    assert any("/var/lib/sparkctl/run/server.log" in w for w in words)
+    # both Open MPI generations' name for the default hostfile: the server's own
+    assert f"OMPI_MCA_orte_default_hostfile={DIR}/hostfile" in words
+    assert f"PRTE_MCA_prte_default_hostfile={DIR}/hostfile" in words
+    assert any(f"{DIR}/server.log" in w and f"{DIR}/mpirun.pid" in w for w in words)
     assert words[-2:] == ["mpirun", "x y"]
+
+
+def test_the_hostfile_lists_the_servers_nodes_in_rank_order() -> None:
+    assert spec().hostfile.splitlines()[1:] == ["192.168.200.12 slots=1", "192.168.200.13 slots=1"]
+    placed = RECIPE.model_copy(update={"placement": ["spark-b", "spark-a"]})
+    reverse = spec(recipe=placed)
+    assert reverse.first == "spark-b" and reverse.serving == ["spark-b", "spark-a"]
+    assert reverse.hostfile.splitlines()[1:] == ["192.168.200.13 slots=1", "192.168.200.12 slots=1"]
+    files = reverse.files()
+    assert json.loads(files[f"{DIR}/processes.json"]) == {
+        "container": "trtllm-multinode", "ours": list(serve.OURS)}
 
 
 @pytest.mark.parametrize(("server", "alive", "health", "replace", "expected"), [
@@ -69,44 +92,49 @@ def test_start_is_detached_and_logs_to_the_run_dir() -> None:
     ({"config_hash": "SAME"}, True, 200, False, "noop"),
     ({"config_hash": "SAME"}, True, 503, False, "loading"),
     ({"config_hash": "SAME"}, False, None, False, "start"),
-    ({"config_hash": "OTHER"}, True, 200, False, "refuse"),
     ({"config_hash": "OTHER"}, True, 200, True, "replace"),
 ])
-def test_decide(server: dict[str, Any] | None, alive: bool, health: int | None, replace: bool,
-                expected: str) -> None:
-    status = json.loads(status_facts(server, alive, health)["commands"]["serve"]["out"])
-    assert serve.decide(status, "SAME", replace) == expected
+def test_decision(server: dict[str, Any] | None, alive: bool, health: int | None, replace: bool,
+                  expected: str) -> None:
+    launch = spec(replace=replace)
+    if server:
+        server = {**server, "config_hash": launch.digest if server["config_hash"] == "SAME"
+                  else "other"}
+    facts = {"spark-a": status_facts(server, alive, health), "spark-b": status_facts(None, False)}
+    assert launch.decision(ctx("spark-a", facts)) == expected
 
 
-def test_a_dead_rank_restarts_the_same_recipe_at_once() -> None:
-    status = json.loads(status_facts({"config_hash": "SAME"}, True, 503)["commands"]["serve"]["out"])
-    assert serve.decide(status, "SAME", False, ("spark-b: rank-1",)) == "restart"
-    facts = {"spark-b": {"commands": {"serve": {"rc": 0, "out": json.dumps(
-        {"pids": {"rank-1.pid": {"alive": False, "pid": 9}, "mpirun.pid": {"alive": True}}})}}}}
+def test_a_dead_rank_restarts_the_same_server_at_once() -> None:
+    launch = spec()
+    facts = {"spark-a": status_facts({"config_hash": launch.digest}, True, 503),
+             "spark-b": {"commands": {"serve": {"rc": 0, "out": json.dumps(
+                 {"pids": {"rank-1.pid": {"alive": False, "pid": 9}}})}}}}
+    assert launch.decision(ctx("spark-a", facts)) == "restart"
     # in the words status uses for the same fact (engines/liveness.py)
     assert serve.dead_ranks(facts, ["spark-b"]) == ("rank-1 on spark-b (pid 9)",)
 
 
-def test_relaunch_of_the_same_recipe_is_a_noop() -> None:
+def test_relaunch_of_the_same_server_is_a_noop() -> None:
     launch = spec()
     facts = {"spark-a": status_facts({"config_hash": launch.digest}, True, 200),
              "spark-b": status_facts(None, False)}
-    assert isinstance(serve.StartServer(launch).check(ctx("spark-a", facts)), Unchanged)
-    assert isinstance(serve.StopPrevious(launch).check(ctx("spark-b", facts)), Unchanged)
+    assert isinstance(steps.StartServer(launch).check(ctx("spark-a", facts)), Unchanged)
+    assert isinstance(steps.StopPrevious(launch).check(ctx("spark-b", facts)), Unchanged)
 
 
-def test_a_different_recipe_is_refused_without_replace_and_replaced_with_it() -> None:
+def test_another_configuration_is_refused_without_replace_and_replaced_with_it() -> None:
     facts = {"spark-a": status_facts({"config_hash": "old", "recipe": "gpt"}, True, 200),
              "spark-b": status_facts(None, False)}
     with pytest.raises(SparkctlError, match="--replace"):
-        serve.StartServer(spec()).check(ctx("spark-a", facts))
-    change = serve.StartServer(spec(replace=True)).check(ctx("spark-a", facts))
+        steps.StartServer(spec()).check(ctx("spark-a", facts))
+    change = steps.StartServer(spec(replace=True)).check(ctx("spark-a", facts))
     assert isinstance(change, Change) and change.summary.startswith("replace")
-    assert isinstance(serve.StopPrevious(spec(replace=True)).check(ctx("spark-a", facts)), Change)
+    assert isinstance(steps.StopPrevious(spec(replace=True)).check(ctx("spark-a", facts)), Change)
 
 
-def test_config_hash_covers_the_bind_address() -> None:
+def test_config_hash_covers_the_bind_address_and_the_name() -> None:
     assert spec().digest != spec(host="0.0.0.0").digest
+    assert spec().digest != spec(name="q2").digest
 
 
 def manifest(present: bool, files: dict[str, list[Any]] | None = None) -> dict[str, Any]:

@@ -185,6 +185,26 @@ def test_tagger_uses_tail_headers_and_drops_tail_noise() -> None:
            "==> /var/lib/sparkctl/run/rank-0.log <==\n", "b\n", "tail: 'x' has appeared\n", "\n", "c\n"]
     tagged = [pair for line in raw for pair in tagger.feed(line)]
     assert tagged == [("server", "a"), ("rank-0", "b"), ("rank-0", ""), ("rank-0", "c")]
+    # a named server's files carry its name: several servers each have a rank-0.log
+    named = [pair for line in ["==> /var/lib/sparkctl/run/servers/gpt2/rank-0.log <==\n", "d\n"]
+             for pair in tagger.feed(line)]
+    assert named == [("gpt2/rank-0", "d")]
+
+
+def test_logs_read_every_servers_files_and_one_servers_with_server() -> None:
+    import subprocess
+
+    every = logs.file_log_cmd(logs.expected_files(INVENTORY, INVENTORY.node("spark-b")),
+                              follow=False, since=None, tail=5)
+    assert "/var/lib/sparkctl/run/servers/*/*.log" in every
+    (container, files) = logs.sources_for(INVENTORY, INVENTORY.node("spark-b"), False, None, 5,
+                                          server="gpt2")
+    assert "label=sparkctl.server=gpt2" in container.command
+    assert "/var/lib/sparkctl/run/servers/gpt2/*.log" in files.command
+    assert "servers/*/" not in files.command
+    # no file at all, followed: nothing to tail (tail would read its stdin and never end)
+    followed = logs.file_log_cmd([], True, None, 5, ("/nonexistent-sparkctl/*.log",))
+    assert subprocess.run(["sh", "-c", followed], timeout=10).returncode == 0
 
 
 class FakeStream:

@@ -131,7 +131,7 @@ def test_a_legacy_server_of_the_same_recipe_is_replaced_by_the_named_one_saying_
     assert guard.command == f"rm -f {RUN_DIR}/servers/gpt-oss-120b-vllm/memguard.pid"
     assert "name=^/sparkctl-vllm$" in call.command and "label=sparkctl.engine=vllm" in call.command
     # its pid file and its record go with it: status no longer judges a server that was stopped
-    assert f"rm -f {RUN_DIR}/vllm.pid {SERVER_JSON}" in call.command
+    assert f"rm -f {RUN_DIR}/vllm.pid; rm -f {SERVER_JSON}" in call.command
     assert not transports["spark-b"].calls
     # a dead one is cleaned up the same way (its containers and pid file)
     assert isinstance(judged(s, facts([{**legacy, "alive": False}])), Change)

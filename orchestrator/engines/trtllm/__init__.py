@@ -1,9 +1,11 @@
-"""TensorRT-LLM over MPI: a container with its own sshd on every node, an MPI hostfile over the
-fabric, and `mpirun ... trtllm-llmapi-launch trtllm-serve` started on the head.
+"""TensorRT-LLM over MPI: a container with its own sshd on every node (the `up` container), and
+named, placed servers in it: `mpirun ... trtllm-llmapi-launch trtllm-serve` started on each
+server's first node, its ranks on the server's own nodes (a hostfile per server, over the fabric).
 
-`up` adds the container and MPI phases; `launch` fetches the models, writes the extra LLM API
-options and starts the server; readiness is /health, /health_generate (one token through every
-rank) and /v1/models.
+`up` adds the container and MPI phases; `launch` judges the server against every node's servers,
+fetches the models, writes the server's files (RUN_DIR/servers/<name>/) and starts it; readiness
+is /health, /health_generate (one token through every rank) and /v1/models. Several servers run
+at once on other nodes, or on one node when its memory and ports allow.
 """
 
 from __future__ import annotations
@@ -32,18 +34,20 @@ class TrtllmEngine:
     log_label = ""  # `sparkctl logs`: its server logs are the `up` container's and the run files
     health_paths = ("/health", "/health_generate")  # one token through every rank
     layouts = TrtllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
-    several_servers = False
+    several_servers = True
     api_key = keyrelay.WAY  # trtllm-serve takes no key: sparkctl's relay checks it
+    process_words = ("mpirun", "trtllm", "orted", "sparkctl-memguard")  # (serve.OURS)
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
-        from orchestrator.engines.base import head_first_problem, ranks_problem
+        from orchestrator.engines.base import ranks_problem
 
-        return (ranks_problem(recipe.tp_size, f"tp_size {recipe.tp_size}", nodes)
-                or head_first_problem(self.title, "runs mpirun in the head's `up` container",
-                                      nodes, inventory))
+        # one rank per Spark; any node may be rank 0: mpirun runs in that node's `up` container,
+        # which reaches every other node's container sshd (the same cluster key, ssh_config and
+        # pinned host keys on every node) with the server's own hostfile
+        return ranks_problem(recipe.tp_size, f"tp_size {recipe.tp_size}", nodes)
 
     def containers(self, server: str) -> list[str]:
-        return []  # its server runs in the `up` container, which stays
+        return []  # its servers run in the `up` container, which stays
 
     def status_probe(self) -> tuple[str, str] | None:
         return None
@@ -57,40 +61,35 @@ class TrtllmEngine:
         return [container.phase(inventory), mpi.phase(inventory)]
 
     def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
-        """Refuse a different running server first (from facts), then the models, then the
-        server, verified ready by a real token through every rank and one chat completion."""
-        from orchestrator.engines import running, verify
+        """Judge this server against every node's servers first (from facts), then memory, the
+        models and the server, verified ready by a real token through every rank and one chat
+        completion."""
+        from orchestrator.engines import verify
         from orchestrator.engines.liveness import mark_ready
         from orchestrator.engines.serverctl import smoke_test
-        from orchestrator.engines.trtllm import readiness, serve
-        from orchestrator.paths import SERVER_JSON
+        from orchestrator.engines.trtllm import readiness, steps
+        from orchestrator.engines.trtllm.serve import LaunchSpec
         from orchestrator.phases import models
 
-        spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches,
-                                options.guard_min_available_gb, options.name, options.persist,
-                                options.api_key)
-        guard = running.guard_phase(recipe, inventory, options.replace,
-                                    same_engine=[spec.guard()],
-                                    more_facts=serve.guard_facts(spec))
+        spec = LaunchSpec(recipe, inventory, options)
         # readiness as the shared verify steps: /health, /health_generate (a token through
         # every rank), /v1/models, then one real chat completion
         ready = [
             verify.WaitReady(lambda transports, timeout, note: readiness.wait_until_ready(
-                transports, inventory, recipe.model, recipe.port, timeout, note),
-                options.timeout, "the server",
-                mark=lambda transports: mark_ready(transports[inventory.head_name], SERVER_JSON)),
-            verify.SmokeTest(lambda head: smoke_test(
-                head, inventory.container.name, recipe.model, recipe.port)),
+                transports, spec, timeout, note), options.timeout, f"the server {spec.name}",
+                mark=lambda transports: mark_ready(transports[spec.first],
+                                                   f"{spec.run_dir}/server.json")),
+            steps.Smoke(lambda first: smoke_test(first, spec.container, recipe.model, recipe.port),
+                        spec.first),
         ]
-        phases = [guard, serve.memory_phase(spec), serve.stop_phase(spec),
-                  models.phase(recipe, inventory), serve.phase(spec, ready)]
+        phases = [steps.check_phase(spec), steps.memory_phase(spec), steps.stop_phase(spec),
+                  models.phase(recipe, inventory), steps.serve_phase(spec, ready)]
         from orchestrator.engines import one_server_engines
         from orchestrator.engines.trtllm.persist import persist_phase
         from orchestrator.phases.persist import not_persistent_phase
 
         phases.append(persist_phase(spec, options) if options.persist else
-                      not_persistent_phase(options.name or recipe.name, "trtllm",
-                                           one_server_engines()))
+                      not_persistent_phase(spec.name, self.name, one_server_engines()))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
@@ -101,10 +100,18 @@ class TrtllmEngine:
     def describe(self, recipe: Recipe) -> list[tuple[str, str]]:
         from orchestrator.commands import join
         from orchestrator.engines.base import DEFAULT_HOST
-        from orchestrator.engines.trtllm.serve import CONFIG_PATH, render_llm_api_config, serve_argv
+        from orchestrator.engines.trtllm.serve import (
+            CONFIG_NAME,
+            render_llm_api_config,
+            serve_argv,
+            server_dir,
+        )
 
-        return [(f"extra LLM API config ({CONFIG_PATH})", render_llm_api_config(recipe)),
-                ("serve command (in the head container)", join(serve_argv(recipe, DEFAULT_HOST)))]
+        where = ", ".join(recipe.placement) if recipe.placement else "the head"
+        return [(f"extra LLM API config ({server_dir(recipe.name)}/{CONFIG_NAME})",
+                 render_llm_api_config(recipe)),
+                (f"serve command (in the `up` container of the first of {where})",
+                 join(serve_argv(recipe, DEFAULT_HOST)))]
 
     def warnings(self, recipe: Recipe) -> list[str]:
         from orchestrator.engines.trtllm.recipe import draft_dir_warning

@@ -1,0 +1,237 @@
+"""TensorRT-LLM servers are named and placed like every other engine's (engines/trtllm/steps.py),
+and a server launched by the previous version (RUN_DIR/server.json, pid files directly in
+RUN_DIR) is still seen, stopped and replaced cleanly (the migration)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nodescript import run_node_script
+from test_node_running import FAKE_DOCKER
+from test_serve import INVENTORY, ctx
+
+from orchestrator.core.step import Change, Unchanged
+from orchestrator.engines import DEFAULT_ENGINE, load_recipe, ready_lines, servers
+from orchestrator.engines.base import LaunchOptions
+from orchestrator.engines.trtllm.serve import OURS, LaunchSpec
+from orchestrator.engines.trtllm.steps import Placement
+from orchestrator.errors import InputError, SparkctlError
+from orchestrator.node import script
+from orchestrator.paths import RUN_DIR, SERVER_JSON
+
+GPT = load_recipe("gpt-oss-120b")
+LLAMA = load_recipe("llama-3.3-70b")
+
+
+def spec(recipe: Any, nodes: list[str], **options: Any) -> LaunchSpec:
+    return LaunchSpec(recipe.model_copy(update={"placement": nodes}), INVENTORY,
+                      LaunchOptions(**options))
+
+
+def listing(*servers_here: dict[str, Any]) -> dict[str, Any]:
+    """A node's node/servers.py answer: its records, and each live one's processes here."""
+    members = {s["name"]: {"running": True} for s in servers_here
+               if s.get("alive") and not s.get("legacy")}
+    out = json.dumps({"servers": list(servers_here), "members": members})
+    return {"commands": {"servers": {"rc": 0, "out": out, "err": ""}}}
+
+
+def named(name: str, nodes: list[str], port: int, memory_gb: float = 100.0,
+          **more: Any) -> dict[str, Any]:
+    return {"name": name, "engine": "trtllm", "model": "m", "nodes": nodes, "port": port,
+            "memory_gb": memory_gb, "config_hash": "h", "alive": True, "legacy": False,
+            "main": "mpirun.pid", "container": "trtllm-multinode", **more}
+
+
+LEGACY = {"recipe": "gpt-oss-120b", "model": "openai/gpt-oss-120b", "port": 8000, "tp_size": 1,
+          "config_hash": "old", "engine": "trtllm", "container": "trtllm-multinode",
+          "name": "gpt-oss-120b", "legacy": True, "alive": True, "health": 200}
+
+
+def test_two_servers_on_their_own_nodes_fit_and_one_node_cannot_hold_both() -> None:
+    facts = {"spark-a": listing(named("gpt-oss-120b", ["spark-a"], 8000)), "spark-b": listing()}
+    second = spec(LLAMA, ["spark-b"])
+    outcome = Placement(second).check(ctx("spark-a", facts))
+    assert isinstance(outcome, Unchanged) and "1 other server(s) running" in outcome.reason
+    with pytest.raises(SparkctlError, match="port 8000 on spark-a is taken by server gpt-oss-120b"):
+        Placement(spec(LLAMA, ["spark-a"])).check(ctx("spark-a", facts))
+    with pytest.raises(InputError, match=r"spark-a: 100.0 GB \(gpt-oss-120b\) already running"):
+        Placement(spec(LLAMA, ["spark-a"], name="l2")).check(ctx("spark-a", {
+            **facts, "spark-a": listing(named("gpt-oss-120b", ["spark-a"], 9000))}))
+
+
+def test_the_same_name_with_another_configuration_is_refused_and_replaced_with_replace() -> None:
+    facts = {"spark-a": listing(named("gpt-oss-120b", ["spark-a"], 8000)), "spark-b": listing()}
+    with pytest.raises(SparkctlError, match="a server named gpt-oss-120b already runs"):
+        Placement(spec(GPT, ["spark-b"])).check(ctx("spark-a", facts))
+    moved = Placement(spec(GPT, ["spark-b"], replace=True)).check(ctx("spark-a", facts))
+    assert isinstance(moved, Change) and moved.summary.startswith("stop server gpt-oss-120b")
+    # stopped where it ran (its processes in the `up` container, by its own pid files)
+    stop = servers.stop_commands(moved.payload, INVENTORY)
+    assert list(stop) == ["spark-a"]
+    assert f"{RUN_DIR}/servers/gpt-oss-120b" in stop["spark-a"] and '"stop"' in stop["spark-a"]
+    # a dead one on another node: its leftovers go, not a second record of that name
+    facts["spark-a"] = listing(named("gpt-oss-120b", ["spark-a"], 8000, alive=False))
+    gone = Placement(spec(GPT, ["spark-b"])).check(ctx("spark-a", facts))
+    assert isinstance(gone, Change) and gone.summary.startswith(
+        "remove what is left of gpt-oss-120b on spark-a (not running")
+    assert isinstance(Placement(spec(GPT, ["spark-a"])).check(ctx("spark-a", facts)), Unchanged)
+
+
+def test_a_server_of_the_previous_version_is_stopped_and_started_again_per_server() -> None:
+    """The migration: RUN_DIR/server.json on the head (no nodes: what the previous version
+    wrote; node/servers.py names it after its recipe) of the same recipe is one copy, stopped
+    here and started again below."""
+    old = LEGACY
+    facts = {"spark-a": listing(old), "spark-b": listing()}
+    listed = servers.from_facts(facts, INVENTORY, alive_only=False)
+    assert [(s["name"], s["nodes"], s["legacy"]) for s in listed] == [
+        ("gpt-oss-120b", ["spark-a"], True)]
+    facts["spark-a"] = listing({**old, "name": "gpt-oss-120b"})
+    change = Placement(spec(GPT, ["spark-a"])).check(ctx("spark-a", facts))
+    assert isinstance(change, Change) and "launched by an earlier sparkctl" in change.summary
+    assert f"{RUN_DIR}/servers/gpt-oss-120b" in change.summary
+    stop = servers.stop_commands(change.payload, INVENTORY)
+    # its pid files directly in RUN_DIR (not a server's directory), and its record goes too
+    assert '"run": "/var/lib/sparkctl/run"' in stop["spark-a"].replace('\\"', '"')
+    assert stop["spark-a"].endswith(f"rm -f {SERVER_JSON}")
+    # even when it no longer answers: replaced cleanly, never left as a second record
+    facts["spark-a"] = listing({**old, "name": "gpt-oss-120b", "alive": False})
+    assert isinstance(Placement(spec(GPT, ["spark-a"])).check(ctx("spark-a", facts)), Change)
+    # another recipe's old server on the head: judged like any other server there
+    facts["spark-a"] = listing({**old, "name": "gpt-oss-120b"})
+    with pytest.raises(SparkctlError, match="port 8000 on spark-a is taken by server gpt-oss-120b"):
+        Placement(spec(LLAMA, ["spark-a"])).check(ctx("spark-a", facts))
+
+
+# ------------------------------------------------------- node/servers.py on a real directory
+@pytest.fixture
+def docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "docker.log"
+    fake = bindir / "docker"
+    fake.write_text(FAKE_DOCKER.format(python=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+@pytest.fixture
+def process() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["bash", "-c", "exec -a mpirun sleep 30"], start_new_session=True)
+    for _ in range(100):  # until the exec happened (the command line names mpirun)
+        if b"bash" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+            break
+        time.sleep(0.02)
+    yield proc
+    proc.kill()
+    proc.wait(5)
+
+
+def node_servers(run: Path, monkeypatch: pytest.MonkeyPatch, head: bool = True) -> dict[str, Any]:
+    args = {"run": str(run), "probe": False, "ready_lines": ready_lines(),
+            "legacy_container": "trtllm-multinode" if head else None,
+            "default_engine": DEFAULT_ENGINE, "serverctl": script("serverctl.py")}
+    ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch)
+    assert ran.code is None, ran.stderr
+    return ran.json  # type: ignore[no-any-return]
+
+
+def test_a_process_server_lives_while_its_main_process_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Path,
+        process: subprocess.Popen[bytes]) -> None:
+    run = tmp_path / "run"
+    directory = run / "servers" / "gpt"
+    directory.mkdir(parents=True)
+    launch = spec(GPT, ["spark-a"], name="gpt")
+    (directory / "processes.json").write_text(json.dumps({"container": "up", "ours": list(OURS)}))
+    (directory / "server.json").write_text(json.dumps(launch.record()))
+    (directory / "mpirun.pid").write_text(f"{process.pid}\n")
+    (directory / "rank-0.pid").write_text(f"{process.pid}\n")
+
+    found = node_servers(run, monkeypatch)
+    (server,) = found["servers"]
+    assert (server["name"], server["engine"], server["alive"], server["legacy"]) == (
+        "gpt", "trtllm", True, False)
+    assert found["members"]["gpt"]["running"] and "mpirun" in found["members"]["gpt"]["process"]
+    assert "exec up" in docker.read_text()  # checked inside the container that runs it
+
+    process.kill()
+    process.wait(5)
+    found = node_servers(run, monkeypatch)
+    assert found["servers"][0]["alive"] is False
+    assert found["members"]["gpt"]["running"] is False
+    assert found["members"]["gpt"]["ended"][0].startswith("mpirun (pid ")
+
+
+def test_a_rank_alone_on_another_node_is_a_member_without_a_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Path,
+        process: subprocess.Popen[bytes]) -> None:
+    run = tmp_path / "run"
+    directory = run / "servers" / "qwen"
+    directory.mkdir(parents=True)
+    (directory / "processes.json").write_text(json.dumps({"container": "up", "ours": list(OURS)}))
+    (directory / "rank-1.pid").write_text("999999\n")  # ended
+    found = node_servers(run, monkeypatch, head=False)
+    assert found["servers"] == []
+    assert found["members"]["qwen"]["ended"] == ["rank-1 (pid 999999)"]
+    server = {"name": "qwen", "nodes": ["spark-a", "spark-b"], "alive": True}
+    servers.attach_members([server], {"spark-b": found["members"]})
+    assert server["alive"] is False and server["ended"] == ["rank-1 (pid 999999) on spark-b"]
+
+
+def test_the_previous_versions_record_is_listed_as_the_default_engines(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "server.json").write_text(json.dumps({"recipe": "gpt-oss-120b", "port": 8000}))
+    (run / "mpirun.pid").write_text("1\n")
+    (server,) = node_servers(run, monkeypatch)["servers"]
+    assert (server["name"], server["engine"], server["legacy"], server["container"]) == (
+        "gpt-oss-120b", DEFAULT_ENGINE, True, "trtllm-multinode")
+
+
+def test_vllm_still_refuses_or_replaces_a_named_server_in_the_up_container() -> None:
+    """vLLM, still one server per cluster, treats a TensorRT-LLM server on the head (named now,
+    its processes in the `up` container) as it treated the single recorded one."""
+    from orchestrator.engines.running import guard_phase
+
+    vllm = load_recipe("minimax-m2.7")
+    trt = named("qwen3-235b", ["spark-a", "spark-b"], 8355, recipe="qwen3-235b")
+    facts = {"spark-a": {"commands": {
+        "running": {"rc": 0, "out": json.dumps({"server": None, "alive": False})},
+        **listing(trt)["commands"]}}}
+    assert "servers" in guard_phase(vllm, INVENTORY, False).facts(
+        INVENTORY, INVENTORY.node("spark-a"))["commands"]
+    with pytest.raises(SparkctlError, match=r"qwen3-235b with TensorRT-LLM.*--replace"):
+        guard_phase(vllm, INVENTORY, False).steps[0].check(ctx("spark-a", facts))
+    change = guard_phase(vllm, INVENTORY, True).steps[0].check(ctx("spark-a", facts))
+    assert isinstance(change, Change) and change.payload["name"] == "qwen3-235b"
+    stop = servers.stop_commands(change.payload, INVENTORY)
+    assert sorted(stop) == ["spark-a", "spark-b"] and "/servers/qwen3-235b" in stop["spark-b"]
+    # an SGLang server on the head is not in the `up` container: not vLLM's business here
+    sglang = named("q", ["spark-a"], 30000, engine="sglang", container="sparkctl-sglang-q")
+    sglang.pop("main")
+    facts["spark-a"]["commands"]["servers"] = listing(sglang)["commands"]["servers"]
+    assert isinstance(guard_phase(vllm, INVENTORY, False).steps[0].check(ctx("spark-a", facts)),
+                      Unchanged)
+
+
+def test_a_one_server_engines_server_on_its_nodes_is_refused_or_replaced_as_before() -> None:
+    vllm = {**LEGACY, "engine": "vllm", "recipe": "minimax-m2.7", "name": "minimax-m2.7",
+            "container": "sparkctl-vllm", "main": "vllm.pid", "nodes": ["spark-a", "spark-b"]}
+    facts = {"spark-a": listing(vllm), "spark-b": listing()}
+    with pytest.raises(SparkctlError, match=r"minimax-m2.7 with vLLM.*--replace"):
+        Placement(spec(GPT, ["spark-b"])).check(ctx("spark-a", facts))
+    change = Placement(spec(GPT, ["spark-b"], replace=True)).check(ctx("spark-a", facts))
+    assert isinstance(change, Change) and change.summary.startswith("stop vllm's server")
+    assert "label=sparkctl.engine=vllm" in servers.stop_commands(change.payload, INVENTORY)["spark-a"]
