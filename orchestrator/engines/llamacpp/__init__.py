@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
 from orchestrator.engines.llamacpp.layouts import LlamacppLayouts
 from orchestrator.engines.llamacpp.ready import READY_LINE
 from orchestrator.engines.llamacpp.recipe import Recipe
@@ -23,6 +23,8 @@ class LlamacppEngine:
     title = "llama.cpp"
     ready_line = READY_LINE
     recipe_type = Recipe
+    settings_type = NoSettings  # nothing to set in the inventory's engines.llamacpp
+    process_words = ()  # status: its pid files' command lines
     several_servers = True
     """Servers are named and placed (`launch --nodes/--name`), several at once."""
     log_label = "llamacpp"  # `sparkctl logs`: its per-server containers
@@ -50,6 +52,12 @@ class LlamacppEngine:
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
+
+    def up_container(self, inventory: Inventory) -> None:
+        return None
+
+    def model_image(self, recipe: Recipe, inventory: Inventory) -> str:
+        return recipe.image  # the models are fetched with the image that serves them
 
     def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
         """Judge this server against every node's servers (from facts), the GGUF on the first

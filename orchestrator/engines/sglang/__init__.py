@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
 from orchestrator.engines.sglang.layouts import SglangLayouts
 from orchestrator.engines.sglang.meter import SglangMeter
 from orchestrator.engines.sglang.ready import READY_LINE
@@ -28,6 +28,8 @@ class SglangEngine:
     log_label = "sglang"  # `sparkctl logs`: its per-server containers
     health_paths = ("/health", "/v1/models")
     layouts = SglangLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
+    settings_type = NoSettings  # nothing to set in the inventory's engines.sglang
+    process_words = ()  # status: its pid files' command lines
     several_servers = True
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
@@ -48,6 +50,12 @@ class SglangEngine:
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
+
+    def up_container(self, inventory: Inventory) -> None:
+        return None
+
+    def model_image(self, recipe: Recipe, inventory: Inventory) -> str:
+        return recipe.image  # the models are fetched with the image that serves them
 
     def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
         """Judge this server against every node's servers (from facts), the models, then the

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
 from orchestrator.engines.vllm.layouts import VllmLayouts
 from orchestrator.engines.vllm.meter import VllmMeter
 from orchestrator.engines.vllm.recipe import Recipe
@@ -62,6 +62,8 @@ class VllmEngine:
     log_label = "ray"  # `sparkctl logs`: its Ray containers
     health_paths = ("/health", "/v1/models")  # no /health_generate
     layouts = VllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
+    settings_type = NoSettings  # nothing to set in the inventory's engines.vllm
+    process_words = ("vllm",)  # status: its pid files' command lines
     several_servers = False
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
@@ -90,6 +92,12 @@ class VllmEngine:
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
+
+    def up_container(self, inventory: Inventory) -> None:
+        return None
+
+    def model_image(self, recipe: Recipe, inventory: Inventory) -> str:
+        return recipe.image  # the models are fetched with the image that serves them
 
     def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
         """Refuse another server first (from facts), then the models, the Ray cluster, `vllm
