@@ -112,9 +112,12 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
 
     from orchestrator.phases import hub_token
     from orchestrator.phases.launch_checks import with_checks
+    from orchestrator.phases.model_image import image_phase
 
-    # the token first: a missing or refused one stops the launch before any download or change
-    plan = Plan("launch", with_checks([hub_token.phase(recipe, inventory),
+    # the models' image (the engine's: where hf runs), then the token: a missing or refused one
+    # stops the launch before any download or server change
+    plan = Plan("launch", with_checks([image_phase(recipe, inventory),
+                                       hub_token.phase(recipe, inventory),
                                        *engine.launch_phases(recipe, inventory, options)],
                                       recipe, inventory, verify_models, host))
 
