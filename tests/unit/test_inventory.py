@@ -148,8 +148,8 @@ def test_addresses_are_derived_when_left_out() -> None:
 
 
 def test_shell_metacharacters_in_names_are_refused() -> None:
-    message = error_of(lambda d: d.update({"container": {"name": "x; rm -rf /"}}))
-    assert "container.name" in message
+    message = error_of(lambda d: d.update({"engines": {"trtllm": {"container": {"name": "x; rm -rf /"}}}}))
+    assert "engines: trtllm.container.name" in message
 
 
 def test_mtu_range() -> None:
