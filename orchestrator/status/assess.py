@@ -208,8 +208,8 @@ def assess_node(inventory: Inventory, node: Node, facts: dict[str, Any]) -> dict
         container.update(status="unknown", why=why)
     if problems:
         state = "problem"
-    elif container["status"] == "running":
-        state = "up"
+    elif container["status"] == "running" or (container["name"] is None and network["configured"]):
+        state = "up"  # (an inventory whose engines keep no `up` container: the network is all)
     elif network["configured"]:
         state = "network-only"
     else:

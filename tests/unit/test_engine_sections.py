@@ -113,3 +113,16 @@ def test_models_are_fetched_with_the_recipes_own_image(recipe: str) -> None:
 def test_tensorrt_llm_models_use_the_up_image() -> None:
     inv = inventory(engines={"trtllm": {"container": {"image": "registry.local/trt:1"}}})
     assert models.model_tools(load_recipe("qwen3-235b"), inv).image == "registry.local/trt:1"
+
+
+def test_status_calls_a_set_up_node_up_without_an_up_container() -> None:
+    from test_status import INVENTORY, node_facts
+
+    from orchestrator.engines.base import NoSettings
+    from orchestrator.status.assess import assess_node
+
+    inv = INVENTORY.model_copy(update={"engines": {"sglang": NoSettings()}})
+    facts = node_facts("spark-a")
+    node = assess_node(inv, inv.node("spark-a"), facts)
+    assert node["container"] == {"name": None, "status": "absent", "digest": None}
+    assert node["state"] == "up" and not node["problems"]
