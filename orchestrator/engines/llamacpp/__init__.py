@@ -66,9 +66,8 @@ class LlamacppEngine:
         from orchestrator.engines import verify
         from orchestrator.engines.liveness import mark_ready
         from orchestrator.engines.llamacpp import ready, serve
+        from orchestrator.engines.placed import Smoke, check_phase
         from orchestrator.engines.servers import record_dir
-        from orchestrator.engines.sglang.ready import Smoke
-        from orchestrator.engines.sglang.serve import check_phase
         from orchestrator.phases import models, registry
         from orchestrator.phases.persist import not_persistent_phase
 
@@ -77,17 +76,20 @@ class LlamacppEngine:
                      transports, spec, timeout, note), options.timeout, f"llama.cpp ({spec.name})",
                      mark=lambda transports: mark_ready(
                          transports[spec.first], f"{record_dir(spec.name)}/server.json")),
-                 Smoke(spec)]  # type: ignore[arg-type]
+                 Smoke(spec)]
         # only llama-server reads the GGUF: the rpc-servers get their layers from it over RPC
         first_only = recipe.model_copy(update={"placement": [spec.first], "nodes": 1})
-        phases = [check_phase(spec),  # type: ignore[arg-type]
+        phases = [check_phase(spec),
                   registry.phase(recipe.image, spec.nodes, inventory.head_name),
                   models.phase(first_only, inventory), serve.rpc_phase(spec),
                   serve.serve_phase(spec, steps)]
         if options.persist:
-            from orchestrator.engines.llamacpp.persist import persist_phase
+            from orchestrator.engines.placed import persist_phase
 
-            phases.append(persist_phase(spec, options))
+            # every container (rpc-server on the other nodes, llama-server on the first) comes
+            # back with docker at boot; llama-server connects to the rpc-servers when it starts
+            # (one that comes up later makes it exit, and the boot unit starts it again)
+            phases.append(persist_phase(spec, options, self.name, "rpc-server"))
         else:
             phases.append(not_persistent_phase(spec.name, self.name))
         return phases

@@ -272,14 +272,14 @@ def rpc_phase(spec: ServeSpec) -> Phase:
 
 
 def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
-    from orchestrator.engines.sglang.serve import Record
+    from orchestrator.engines.placed import Record
     from orchestrator.phases.memory import DropCaches
     from orchestrator.phases.models import ServingPhase
 
     container = ServerContainer(spec)
     steps: list[Step] = [DropCaches(ColdStart(spec, container, [spec.first])),
                          node_guard(spec, [spec.first], container), container,
-                         Record(spec), *ready]  # type: ignore[arg-type]
+                         Record(spec), *ready]
     return ServingPhase("serve", steps, facts_for(spec), serving=ordered(spec))
 
 
