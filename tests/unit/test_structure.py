@@ -292,3 +292,23 @@ def test_the_engine_import_rule_sees_a_crossing() -> None:
                 ("orchestrator.engines.llamacpp.serve", 20), ("orchestrator.engines", 4)]
     assert crossings("llamacpp", imported, "x.py") == [
         "x.py:16 imports orchestrator.engines.sglang.ready"]
+
+
+def test_the_documented_engine_members_are_the_protocols() -> None:
+    """docs/architecture.md's Engine table lists exactly the members of engines.base.Engine
+    (and the optional `layouts`), each implemented by every registered engine."""
+    import re
+
+    from orchestrator.engines import REGISTRY, get_engine
+    from orchestrator.engines.base import Engine
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text[text.index("| member | what it gives |"):].split("\n\n", 1)[0]
+    documented = {name for row in table.splitlines()[2:]
+                  for name in re.findall(r"`([a-z_]+)(?:\([^`]*\))?`", row.split(" | ")[0])}
+    members = {name for name in {*Engine.__annotations__, *vars(Engine)}
+               if not name.startswith("_")}
+    assert documented == members | {"layouts"}, (documented ^ (members | {"layouts"}))
+    for name in REGISTRY:
+        missing = sorted(m for m in members if not hasattr(get_engine(name), m))
+        assert not missing, f"{name} lacks Engine members {missing}"
