@@ -126,3 +126,18 @@ def test_status_calls_a_set_up_node_up_without_an_up_container() -> None:
     node = assess_node(inv, inv.node("spark-a"), facts)
     assert node["container"] == {"name": None, "status": "absent", "digest": None}
     assert node["state"] == "up" and not node["problems"]
+
+
+def test_netcheck_without_an_up_container_pings_the_links_only() -> None:
+    from orchestrator.netcheck.checks import facts_request
+    from orchestrator.netcheck.container import CONTAINER_CHECKS
+    from orchestrator.netcheck.probes import build_probes
+
+    inv = only_sglang()
+    node = inv.node("spark-a")
+    assert {p.kind for p in build_probes(inv, node, deep=False)} == {"ping", "mtu-ping"}
+    assert {p.kind for p in build_probes(inventory(), node, deep=False)} == {
+        "ping", "mtu-ping", "ssh-node", "ssh-container", "mpirun"}
+    request = facts_request(inv, node)
+    assert "containers" not in request and "images" not in request
+    assert all(check(inv, node, {}) == [] for check in CONTAINER_CHECKS)
