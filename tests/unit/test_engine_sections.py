@@ -141,3 +141,24 @@ def test_netcheck_without_an_up_container_pings_the_links_only() -> None:
     request = facts_request(inv, node)
     assert "containers" not in request and "images" not in request
     assert all(check(inv, node, {}) == [] for check in CONTAINER_CHECKS)
+
+
+def test_the_models_cache_mount_is_the_users_home_and_inert(tmp_path: Path) -> None:
+    """`~` is the cluster user's home on the node (as the shell expands ~USER), and the rest of
+    cluster.hf_cache is one literal word, metacharacters and all."""
+    import getpass
+    import os
+    import subprocess
+
+    from orchestrator.phases.model_tools import ModelTools
+
+    marker = tmp_path / "pwned"
+    cache = f"~/.cache/hf $(touch {marker}) `touch {marker}` ; touch {marker} | x & y"
+    user = getpass.getuser()
+    command = ModelTools("img:1", cache, user).cmd(["true"])
+    shown = subprocess.run(["bash", "-c", command.replace("docker", "printf '%s\\n'", 1)],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    home = os.path.expanduser(f"~{user}")
+    assert shown[shown.index("-v") + 1] == f"{home}{cache[1:]}:/root/.cache/huggingface"
+    assert not marker.exists()
+    assert ModelTools("img:1", "/data/hf", user).cmd(["true"]).count("-v /data/hf:") == 1
