@@ -19,7 +19,7 @@ def image_phase(recipe: BaseRecipe, inventory: Inventory) -> Phase:
     from orchestrator.engines import serving_nodes
     from orchestrator.phases.image_share import image_steps
     from orchestrator.phases.models import ServingPhase
-    from orchestrator.phases.registry import with_probe
+    from orchestrator.phases.registry import RegistryCheck, with_probe
 
     image = model_tools(recipe, inventory).image
     serving = serving_nodes(recipe, inventory)
@@ -28,5 +28,7 @@ def image_phase(recipe: BaseRecipe, inventory: Inventory) -> Phase:
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         return with_probe({"images": [image]}, image)
 
-    return ServingPhase("model-image", image_steps(lambda ctx: image, lambda ctx: nodes), facts,
-                        serving=nodes)
+    # first, on the head: every node can pull it or gets it from one that has it (said up front)
+    steps = [RegistryCheck(lambda ctx: image, lambda ctx: nodes),
+             *image_steps(lambda ctx: image, lambda ctx: nodes)]
+    return ServingPhase("model-image", steps, facts, serving=nodes)

@@ -162,3 +162,15 @@ def test_the_models_cache_mount_is_the_users_home_and_inert(tmp_path: Path) -> N
     assert shown[shown.index("-v") + 1] == f"{home}{cache[1:]}:/root/.cache/huggingface"
     assert not marker.exists()
     assert ModelTools("img:1", "/data/hf", user).cmd(["true"]).count("-v /data/hf:") == 1
+
+
+def test_the_model_image_phase_checks_the_registry_then_brings_the_image() -> None:
+    from orchestrator.phases.model_image import image_phase
+
+    inv = inventory()
+    placed = load_recipe("qwen3-8b").model_copy(update={"placement": ["spark-b"]})
+    phase = image_phase(placed, inv)
+    assert [s.name for s in phase.steps] == ["registry", "image", "image-share", "image-digest"]
+    # the head fetches the models (and hashes, sends them) even when the server is elsewhere
+    assert [n.name for n in phase.nodes(inv)] == ["spark-a", "spark-b"]
+    assert phase.facts(inv, inv.nodes[0])["images"] == [placed.image]
