@@ -150,11 +150,10 @@ class Advice:
 
 
 def drafting_of(recipe: Any, facts: ModelFacts, acceptance: float | None) -> Drafting | None:
-    spec = getattr(recipe, "speculative", None)
-    if spec is None or not spec.max_draft_len:
+    if not recipe.draft_tokens:
         return None
     draft_gb = recipe.memory.draft_gb or facts.mtp_gb
-    return Drafting(spec.max_draft_len, draft_gb, acceptance)
+    return Drafting(recipe.draft_tokens, draft_gb, acceptance)
 
 
 def advise(recipe: Any, engine: Any, nodes: int, goal: Goal = "latency", concurrency: int = 4,

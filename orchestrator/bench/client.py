@@ -80,8 +80,11 @@ class RequestResult:
 class Endpoint:
     """An OpenAI-compatible server at 127.0.0.1:port (the local end of the SSH forward)."""
 
-    def __init__(self, port: int, model: str, host: str = "127.0.0.1", timeout: float = 900) -> None:
+    def __init__(self, port: int, model: str, host: str = "127.0.0.1", timeout: float = 900,
+                 headers: dict[str, str] | None = None) -> None:
         self.host, self.port, self.model, self.timeout = host, port, model, timeout
+        self.headers = dict(headers or {})
+        """Sent with every request: the server's `Authorization` when it has an API key."""
 
     def connection(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
@@ -89,7 +92,7 @@ class Endpoint:
     def get(self, path: str) -> tuple[int, bytes]:
         conn = self.connection()
         try:
-            conn.request("GET", path)
+            conn.request("GET", path, headers=self.headers)
             response = conn.getresponse()
             return response.status, response.read()
         finally:
@@ -113,7 +116,7 @@ class Endpoint:
         try:
             result.start = time.perf_counter()
             conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                         headers={"Content-Type": "application/json"})
+                         headers={"Content-Type": "application/json", **self.headers})
             response = conn.getresponse()
             if response.status != 200:
                 result.error = f"HTTP {response.status}: {response.read()[:300].decode(errors='replace')}"

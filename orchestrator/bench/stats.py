@@ -164,7 +164,3 @@ def cell_figures(batches: list[list[RequestResult]], expected_prompt: int, laten
         "errors": errors[:5],
         "error_count": len(errors),
     }
-
-
-def mean_of(figure: dict[str, Any] | None) -> float | None:
-    return None if not figure else float(figure["mean"])

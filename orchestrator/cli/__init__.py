@@ -145,7 +145,10 @@ def diff_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
     def remember(ctx: click.Context, param: click.Parameter, value: bool) -> None:
         if value:
-            ctx.meta["sparkctl.full_diff"] = True
+            from orchestrator.core import output
+
+            output.SETTINGS.full_diff = True
+            ctx.call_on_close(output.reset_settings)
 
     return click.option(
         "--diff", is_flag=True, expose_value=False, callback=remember,

@@ -29,7 +29,6 @@ def _launch(inventory: Any, recipe: Any, name: str | None, timeout: float, token
     engine = engine_of(recipe)
     options = LaunchOptions(replace=True, timeout=timeout, name=name, persist=persist)
     plan = Plan("launch", engine.launch_phases(recipe, inventory, options))
-    values = {"hf_token": token, "progress_note": note, "distribute_image": False}
     with open_session(inventory, "launch", quiet=True) as session:
         head = inventory.head_name
         if head not in session.transports or session.unreachable:
@@ -37,7 +36,7 @@ def _launch(inventory: Any, recipe: Any, name: str | None, timeout: float, token
                                 f"{', '.join(session.unreachable) or head}")
         lock = ClusterLock(head, session.transports[head], "advise --measure")
         try:
-            run_plan(session, plan, RunOptions(command="launch", values=values), lock)
+            run_plan(session, plan, RunOptions(command="launch", hf_token=token, progress_note=note), lock)
         finally:
             lock.release()
         report = session.report

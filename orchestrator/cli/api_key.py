@@ -4,8 +4,9 @@ A server bound to 0.0.0.0 (or any non-loopback address) answers anyone on the LA
 that a server binds to localhost unless a key protects it. The key comes from a file (mode 0600
 or stricter, one line), never from argv, so it is in no process list and no shell history.
 
-Until every engine takes the key from a mounted file (never its argv or `docker inspect`), a
-non-loopback bind is refused even with a key: an accepted key that no server checks would be
+Every engine takes the key in its own way (its `api_key` member, engines/apikey.py): from a
+file mounted read-only into its container, never its argv or `docker inspect`. An engine without
+a way would be refused here even with a key: an accepted key that no server checks would be
 worse than no option at all. `sparkctl tunnel` reaches a loopback server from anywhere SSH does.
 """
 
@@ -13,12 +14,11 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Any
 
 from orchestrator.commands import Secret
 from orchestrator.errors import InputError
 
-ENGINES_WITH_KEYS: frozenset[str] = frozenset()
-"""Engines whose launch passes the key to the server through a mounted file (none yet)."""
 MAX_KEY_BYTES = 4096
 
 
@@ -54,18 +54,18 @@ def read_api_key(path: str) -> Secret:
     return secret
 
 
-def check_bind(host: str, api_key_file: str | None, engine: str, title: str) -> Secret | None:
-    """The key for this launch, or InputError (exit 2) when the bind would be unprotected."""
+def check_bind(host: str, api_key_file: str | None, way: Any, title: str) -> Secret | None:
+    """The key for this launch, or InputError (exit 2) when the bind would be unprotected.
+    `way` is the engine's `api_key` member (engines/apikey.KeyWay), None if it takes no key."""
     key = read_api_key(api_key_file) if api_key_file else None
-    if is_loopback(host):
-        return key
-    if key is None:
+    if key is None and not is_loopback(host):
         raise InputError(
             f"--host {host} serves beyond this node, and an open server answers anyone who "
             f"reaches {host}: pass --api-key-file FILE (mode 0600, one line), or keep the default "
             "127.0.0.1 and reach it with `sparkctl tunnel` (SSH) from other machines")
-    if engine not in ENGINES_WITH_KEYS:
+    if key is not None and way is None:
         raise InputError(
-            f"--host {host}: {title}'s launch does not pass an API key to its server yet, so "
-            "the key would protect nothing; keep the default 127.0.0.1 and use `sparkctl tunnel`")
+            f"--api-key-file: {title}'s launch does not pass an API key to its server, so the "
+            "key would protect nothing; keep the default --host 127.0.0.1 and use `sparkctl "
+            "tunnel`")
     return key

@@ -85,7 +85,11 @@ class Bench:
 
         _, self.server = _running_server(self.session, self.inventory, self.expected)  # fresh
         info = _server_info(self.session, self.inventory, self.transport, self.server)
-        endpoint = Endpoint(forward_port, self.server["model"])
+        from orchestrator.engines.apikey import bearer, read_node_key
+
+        # a server with an API key: the key from its node's file (over SSH, never argv)
+        endpoint = Endpoint(forward_port, self.server["model"],
+                            headers=bearer(read_node_key(self.transport, self.server)))
 
         def fetch() -> str:
             status, body = endpoint.get("/metrics")
@@ -129,14 +133,17 @@ def need_matplotlib() -> None:
 
 
 def _relaunch_cmd(recipe: str, inventory_path: str, timeout: float,
-                  server: dict[str, Any] | None = None) -> list[str]:
+                  server: dict[str, Any] | None = None, key_file: str | None = None) -> list[str]:
     from orchestrator.bench.sweep import placed_args
+    keyed = ["--host", str((server or {}).get("host") or "127.0.0.1"),
+             "--api-key-file", key_file] if key_file else []  # where it binds, with its key
     return [sys.executable, "-m", "orchestrator.cli", "launch", recipe, "--inventory",
             inventory_path, "--replace", "--yes", "--json", "--timeout", str(timeout),
-            *placed_args(server or {})]  # exactly the measured server
+            *placed_args(server or {}), *keyed]  # exactly the measured server
 
 
-def relauncher(inventory_path: str, timeout: float, server: dict[str, Any] | None = None) -> Any:
+def relauncher(inventory_path: str, timeout: float, server: dict[str, Any] | None = None,
+               key_file: str | None = None) -> Any:
     """`sparkctl launch FILE --replace --yes` of the measured server in its own process group
     (a Ctrl-C reaches only bench: it stops the launch's waiting, restores the original)."""
     import json
@@ -147,7 +154,8 @@ def relauncher(inventory_path: str, timeout: float, server: dict[str, Any] | Non
     from orchestrator.errors import SparkctlError
 
     def relaunch(recipe: Any) -> None:
-        proc = subprocess.Popen(_relaunch_cmd(str(recipe), inventory_path, timeout, server),
+        proc = subprocess.Popen(_relaunch_cmd(str(recipe), inventory_path, timeout, server,
+                                              key_file),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         try:
@@ -207,7 +215,10 @@ def _bench(opts: dict[str, Any]) -> int:
     inventory, inventory_path = load_inventory_option(opts["inventory_path"])
     with open_session(inventory, "bench", quiet=True) as session:
         bench = Bench(session, inventory, opts["server"])
-        with Forwarder(bench.transport, int(bench.server["port"])) as forward:
+        from orchestrator.engines.apikey import probe_host
+
+        with Forwarder(bench.transport, int(bench.server["port"]),
+                       remote_host=probe_host(str(bench.server.get("host") or ""))) as forward:
             if not opts["sweep"]:
                 doc = bench.measure(config, forward.local_port)
                 doc.update(command="bench", ok=not doc["interrupted"] and not any(
@@ -215,6 +226,7 @@ def _bench(opts: dict[str, Any]) -> int:
                 return _finish(doc, opts["format"], opts["save"], opts["plot"])
             from orchestrator.bench.sweep import parse_sweep, run_sweep, write_variants
             from orchestrator.engines import load_recipe
+            from orchestrator.engines.apikey import key_copy
 
             key, values = parse_sweep(opts["sweep"])
             original = opts["recipe"] or bench.server["recipe"]
@@ -223,7 +235,8 @@ def _bench(opts: dict[str, Any]) -> int:
             with tempfile.TemporaryDirectory(prefix="sparkctl-sweep-") as tmp:
                 key, files = write_variants(data, key, values, Path(tmp),
                                              lambda path: load_recipe(str(path)))
-                relaunch = relauncher(str(inventory_path), opts["timeout"], bench.server)
+                relaunch = relauncher(str(inventory_path), opts["timeout"], bench.server,
+                                      key_copy(bench.transport, bench.server, Path(tmp)))
                 result = run_sweep(values, files, relaunch,
                                    lambda value: bench.measure(config, forward.local_port),
                                    original, _note)

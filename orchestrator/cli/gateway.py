@@ -102,7 +102,8 @@ def _up(inventory_path: str | None, host: str, port: int, key_file: str | None,
                          f"({', '.join(n.name for n in inventory.nodes)})")
     with manager as session, _locked(session, inventory, "gateway up", break_lock):
         found = gateway.live_servers(session.transports, inventory)
-        spec = gateway.desired(inventory, where, host, port, key, found)
+        spec = gateway.desired(inventory, where, host, port, key, found,
+                               gateway.key_reader(session.transports))
         outcome = gateway.up(session.transports, inventory, spec, _note)
         shown = status_doc(session, inventory)
     if as_json:

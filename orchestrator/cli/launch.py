@@ -70,24 +70,25 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
             ignore_memory: bool, guard_min_available_gb: float | None = None,
             placed: tuple[str, ...] = (), name: str | None = None, port: int | None = None,
-            no_drop_caches: bool = False, persist: bool = False,
-            distribute_image: bool = False, api_key_file: str | None = None,
-            verify_models: bool = False) -> int:
+            no_drop_caches: bool = False, persist: bool = False, distribute_image: bool = False,
+            api_key_file: str | None = None, verify_models: bool = False) -> int:
     from orchestrator.cli.api_key import check_bind
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
-    from orchestrator.core.step import Plan
+    from orchestrator.core.step import Plan, RunOptions
     from orchestrator.engines import (
         check_against_inventory,
         default_placement,
         engine_of,
         load_recipe,
+        serving_nodes,
     )
+    from orchestrator.engines.apikey import relayed_port  # (an engine behind the key relay)
     from orchestrator.engines.base import LaunchOptions
     from orchestrator.errors import InputError
 
     recipe = load_recipe(recipe_name)
     engine = engine_of(recipe)
-    check_bind(host, api_key_file, engine.name, engine.title)  # before anything else happens
+    api_key = check_bind(host, api_key_file, engine.api_key, engine.title)  # before anything else
     inventory, _ = load_inventory_option(inventory_path)
     recipe = _placed(recipe, placed, name, port)
     check_against_inventory(recipe, inventory)
@@ -101,25 +102,20 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
         _note(f"warning: {warning}")
     token = read_hf_token(hf_token_file)
     options = LaunchOptions(host=host, replace=replace, drop_caches=drop_caches, timeout=timeout,
-                            guard_min_available_gb=guard_min_available_gb,
-                            name=name, skip_drop_caches=no_drop_caches, ignore_memory=ignore_memory,
-                            persist=persist or recipe.persist)
-    from orchestrator.engines import serving_nodes
-
+                            guard_min_available_gb=guard_min_available_gb, name=name,
+                            skip_drop_caches=no_drop_caches, ignore_memory=ignore_memory,
+                            persist=persist or recipe.persist, api_key=api_key)
     head = serving_nodes(recipe, inventory)[0]
     endpoint = f"http://{host}:{recipe.port}"
     server = name or recipe.name
 
     from orchestrator.phases import hub_token
     from orchestrator.phases.launch_checks import with_checks
-    from orchestrator.phases.model_image import image_phase
-
-    # the models' image (the engine's: where hf runs), then the token: a missing or refused one
-    # stops the launch before any download or server change
-    plan = Plan("launch", with_checks([image_phase(recipe, inventory),
-                                       hub_token.phase(recipe, inventory),
+    # the models' image, then the token: a missing or refused one stops before any download
+    plan = Plan("launch", with_checks([*hub_token.phases(recipe, inventory),
                                        *engine.launch_phases(recipe, inventory, options)],
-                                      recipe, inventory, verify_models, host))
+                                      recipe, inventory, verify_models, host,
+                                      relayed_port(engine.api_key, api_key, recipe.port)))
 
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,
@@ -138,11 +134,11 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     request = RunRequest(
         command="launch", inventory=inventory, build=build, dry_run=dry_run, yes=yes,
         as_json=as_json, trust_new_hosts=trust_new_hosts, break_lock=break_lock,
-        values={"hf_token": token, "progress_note": _note, "distribute_image": distribute_image},
+        options=RunOptions(hf_token=token, progress_note=_note, distribute_image=distribute_image),
         after=after,
     )
     code = execute(request)
-    return 2 if code == 1 and request.values.get(hub_token.MISSING) else code
+    return 2 if code == 1 and request.options.token_missing else code
 
 
 def _placed(recipe: Any, placed: tuple[str, ...], name: str | None,
@@ -177,8 +173,8 @@ def _placed(recipe: Any, placed: tuple[str, ...], name: str | None,
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address the server binds on its node; beyond loopback needs --api-key-file.")
 @click.option("--api-key-file", metavar="FILE",
-              help="The server's API key (mode 0600, one line; never on argv): required with a "
-                   "--host other than loopback.")
+              help="The server's API key (mode 0600, one line; to the nodes on stdin, never on "
+                   "argv or in docker inspect): required with a --host beyond loopback.")
 @click.option("--drop-caches/--no-drop-caches", default=True, show_default=True,
               help="Drop the page cache on the serving nodes before a cold start (unified "
                    "memory); --drop-caches is the default and kept for compatibility.")
@@ -294,6 +290,7 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
     import urllib.request
 
     from orchestrator.core.report import print_json
+    from orchestrator.engines.apikey import bearer, probe_host, read_node_key  # key: over SSH
     from orchestrator.errors import SparkctlError
     from orchestrator.remote.tunnel import Forwarder
     from orchestrator.yamlio import read_prompt
@@ -302,12 +299,14 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
     manager, inventory = _server_on_head(inventory_path, "chat")
     with manager as session:
         transport, server = _running_server(session, inventory, name)
-        with Forwarder(transport, int(server["port"])) as forward:
+        headers = {"Content-Type": "application/json", **bearer(read_node_key(transport, server))}
+        port, where = int(server["port"]), probe_host(server.get("host") or "")
+        with Forwarder(transport, port, remote_host=where) as forward:
             body = {"model": server["model"], "max_tokens": max_tokens,
                     "messages": [{"role": "user", "content": prompt}]}
             request = urllib.request.Request(
                 f"http://127.0.0.1:{forward.local_port}/v1/chat/completions",
-                data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+                data=json.dumps(body).encode(), headers=headers)
             started = time.monotonic()
             try:
                 with urllib.request.urlopen(request, timeout=600) as response:
@@ -351,25 +350,31 @@ def _tunnel(inventory_path: str | None, local_port: int | None, name: str | None
             as_json: bool = False) -> int:
     import threading
 
+    from orchestrator.engines.apikey import RECORD_FIELD, key_note, probe_host
     from orchestrator.remote.tunnel import Forwarder
 
     manager, inventory = _server_on_head(inventory_path, "tunnel")
     with manager as session:
         transport, server = _running_server(session, inventory, name)
         port = int(server["port"])
-        with Forwarder(transport, port, local_port if local_port is not None else port) as forward:
+        where = probe_host(str(server.get("host") or ""))
+        with Forwarder(transport, port, local_port if local_port is not None else port,
+                       remote_host=where) as forward:
             url = f"http://127.0.0.1:{forward.local_port}"
             node = server.get("node") or inventory.head_name
-            click.echo(f"Forwarding {url} -> {node} 127.0.0.1:{port} "
+            click.echo(f"Forwarding {url} -> {node} {where}:{port} "
                        f"({server['model']}). OpenAI clients: base_url={url}/v1. Ctrl-C to stop.",
                        err=True)
+            if server.get(RECORD_FIELD):  # say how, never the key
+                click.echo(key_note(server, node), err=True)
             if as_json:  # one line, once the forward listens: scripts read where to connect
                 import json
 
                 click.echo(json.dumps({"command": "tunnel", "ok": True, "url": url,
                                        "base_url": f"{url}/v1", "local_port": forward.local_port,
                                        "node": node, "port": port, "model": server["model"],
-                                       "server": server.get("name")}))
+                                       "server": server.get("name"),
+                                       "api_key": bool(server.get(RECORD_FIELD))}))
                 sys.stdout.flush()
             try:
                 threading.Event().wait()
@@ -391,5 +396,5 @@ def tunnel(inventory_path: str | None, local_port: int | None, name: str | None,
     """Forward a local port to a server on its node until Ctrl-C (for other clients).
 
     --json prints one line once the forward listens: {"url", "base_url", "local_port", "node",
-    "port", "model", "server"}."""
+    "port", "model", "server", "api_key" (whether the server needs its key)}."""
     run_command(lambda: _tunnel(inventory_path, local_port, name, as_json))

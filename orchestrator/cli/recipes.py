@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from orchestrator.cli import CONTEXT, json_option, run_command
@@ -27,19 +29,15 @@ def list_recipes(as_json: bool = False) -> None:
         for name in builtin_names():
             recipe = load_recipe(name)
             engine = engine_of(recipe)
-            spec = getattr(recipe, "speculative", None)
-            drafting = f"{spec.decoding_type} {spec.max_draft_len}" if spec else "no draft"
             estimate = engine.estimate_memory(recipe)
             rows.append({"name": name, "engine": engine.name, "model": recipe.model,
-                         "nodes": recipe.node_count, "drafting": drafting if spec else None,
+                         "nodes": recipe.node_count, "drafting": recipe.drafting,
                          "port": recipe.port, "fits": estimate.fits,
                          "memory_gb": estimate.total_gb})
-            if not as_json:
-                click.echo(f"{name:18} {engine.name:7} {recipe.model:38} nodes "
-                           f"{recipe.node_count}  {drafting:12} port {recipe.port}  "
-                           f"{'fits' if estimate.fits else 'DOES NOT FIT'}")
         if as_json:
             print_json({"command": "recipes list", "ok": True, "recipes": rows})
+        else:
+            click.echo(recipe_table(rows), nl=False)
         return 0
 
     run_command(body)
@@ -72,3 +70,13 @@ def show_recipe(name: str, as_json: bool) -> None:
         return 0 if estimate.fits else 1
 
     run_command(body)
+
+
+def recipe_table(rows: list[dict[str, Any]]) -> str:
+    """One recipe a line, columns as wide as their widest value (names and models vary)."""
+    cells = [[r["name"], r["engine"], r["model"], f"nodes {r['nodes']}",
+              r["drafting"] or "no draft", f"port {r['port']}",
+              "fits" if r["fits"] else "DOES NOT FIT"] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))] if cells else []
+    return "".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n"
+                   for row in cells)

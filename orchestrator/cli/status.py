@@ -188,7 +188,7 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
     request = RunRequest(
         command="down", inventory=inventory, build=build, dry_run=dry_run, yes=yes, as_json=as_json,
         trust_new_hosts=trust_new_hosts, break_lock=break_lock, require_all_nodes=False,
-        lock_optional=True, values={"network": network},
+        lock_optional=True,
     )
     return execute(request)
 
@@ -225,7 +225,7 @@ def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_js
     request = RunRequest(
         command="down", inventory=inventory, build=build, dry_run=dry_run,  # type: ignore[arg-type]
         yes=yes, as_json=as_json, trust_new_hosts=trust_new_hosts, break_lock=break_lock,
-        require_all_nodes=False, lock_optional=True, values={"server": server},
+        require_all_nodes=False, lock_optional=True,
         after=lambda session, _report: None if dry_run else follow_gateway(session, inventory))
     return execute(request)
 

@@ -13,14 +13,16 @@ def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
         oom_guard: bool = False, distribute_image: bool = False) -> int:
     from orchestrator.core.plan import build_up_plan
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
+    from orchestrator.core.step import RunOptions
     from orchestrator.state import remember_inventory
 
     inventory, path = load_inventory_option(inventory_path)
     request = RunRequest(
         command=command, inventory=inventory, build=lambda session: build_up_plan(inventory, oom_guard),
         dry_run=dry_run, yes=yes, as_json=as_json, trust_new_hosts=trust_new_hosts,
-        break_lock=break_lock, values={"verify": verify, "distribute_image": distribute_image,
-                                       "progress_note": lambda line: click.echo(line, err=True)},
+        break_lock=break_lock,
+        options=RunOptions(verify=verify, distribute_image=distribute_image,
+                           progress_note=lambda line: click.echo(line, err=True)),
     )
     code = execute(request)
     if code == 0 and not dry_run:

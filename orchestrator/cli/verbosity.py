@@ -1,6 +1,7 @@
 """-v / -q for the commands that report steps (up, plan, launch, down, init): every row of the
 report (what the summary's "(-v lists them)" promises) or no progress lines. The level is kept
-in click's context meta and read through core/output.py verbosity() wherever a command renders.
+in core/output.py's SETTINGS for the running command and read through verbosity() wherever a
+command renders.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ def verbosity_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
     def remember(ctx: click.Context, param: click.Parameter, value: int) -> None:
         if value:
-            ctx.meta["sparkctl.verbosity"] = ctx.meta.get("sparkctl.verbosity", 0) + (
-                value if param.name == "verbose" else -value)
+            from orchestrator.core import output  # (on use: `--help` imports only click)
+
+            output.SETTINGS.verbosity += value if param.name == "verbose" else -value
+            ctx.call_on_close(output.reset_settings)
 
     func = click.option("--quiet", "-q", count=True, expose_value=False, callback=remember,
                         help="Print less: no progress lines, only failures and the summary.")(func)

@@ -30,6 +30,7 @@ from orchestrator.core.step import (
     Phase,
     Plan,
     RunOptions,
+    RunState,
     Step,
 )
 from orchestrator.inventory import Inventory, Node
@@ -53,7 +54,7 @@ class Executor:
         self.options = options
         self.report = report
         self.progress = progress
-        self.shared: dict[str, Any] = {}
+        self.shared = RunState()
         self._shared_lock = threading.Lock()
         self.failed: set[str] = {name for name, host in report.hosts.items() if host.error}
         self.pool = executor_pool(len(inventory.nodes))
@@ -88,8 +89,8 @@ class Executor:
             self.pool.shutdown(wait=False)
             # long explanations steps leave for the end (e.g. every node's log tail), and the
             # fields they add to the JSON report
-            self.report.notes.extend(self.shared.get("notes", []))
-            self.report.extra.update(self.shared.get("report_extra", {}))
+            self.report.notes.extend(self.shared.notes)
+            self.report.extra.update(self.shared.report_extra)
         return self.report
 
     def changes_summary(self) -> str:
@@ -237,7 +238,7 @@ class Executor:
         if result.status == "changed":
             # later verification steps (mpirun) re-run only when something changed
             with self._shared_lock:
-                self.shared.setdefault("changed_steps", []).append(f"{node.name}: {phase.name}/{step.name}")
+                self.shared.changed_steps.append(f"{node.name}: {phase.name}/{step.name}")
         self.progress.step(node.name, result)
 
     def _check_and_apply(self, phase: Phase, step: Step, ctx: NodeContext) -> StepResult:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -92,30 +93,41 @@ def captured(width: int) -> Iterator[Console]:
         _CAPTURE.pop()
 
 
-FULL_DIFF = "sparkctl.full_diff"
-"""Key in click's context meta set by the `--diff` option (cli/__init__.py diff_option)."""
+@dataclass
+class OutputSettings:
+    """How much the running command prints: set by the CLI's -v / -q and --diff options
+    (cli/verbosity.py, cli/__init__.py diff_option) and reset when the command ends, so core
+    never asks the CLI library."""
+
+    verbosity: int = 0
+    full_diff: bool = False
+
+
+SETTINGS = OutputSettings()
+
+
+def reset_settings() -> None:
+    """Back to the defaults once a command ends (several commands run in one test process)."""
+    SETTINGS.verbosity, SETTINGS.full_diff = 0, False
 
 
 def full_diff_requested() -> bool:
     """--diff was given to the running command: plans show every diff in full."""
-    import click
-
-    context = click.get_current_context(silent=True)
-    return bool(context is not None and context.meta.get(FULL_DIFF))
-
-
-VERBOSITY = "sparkctl.verbosity"
-"""Key in click's context meta set by -v / -q (cli/__init__.py verbosity_option)."""
+    return SETTINGS.full_diff
 
 
 def verbosity() -> int:
     """1 or more with -v (or SPARKCTL_VERBOSE=1), -1 or less with -q, else 0."""
     import os
 
-    import click
-
-    context = click.get_current_context(silent=True)
-    level = int(context.meta.get(VERBOSITY, 0)) if context is not None else 0
-    if level == 0 and os.environ.get("SPARKCTL_VERBOSE") == "1":
+    if SETTINGS.verbosity == 0 and os.environ.get("SPARKCTL_VERBOSE") == "1":
         return 1
-    return level
+    return SETTINGS.verbosity
+
+
+def ask_yes_no(question: str) -> bool:
+    """`question [y/N]: ` on stderr, the answer from stdin: y or yes agrees; anything else
+    (Enter, EOF) does not."""
+    sys.stderr.write(f"{question} [y/N]: ")
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")

@@ -10,13 +10,10 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import click
 
 from orchestrator.core.executor import Interrupted
 from orchestrator.core.lock import ClusterLock
-from orchestrator.core.output import full_diff_requested, verbosity
+from orchestrator.core.output import ask_yes_no, full_diff_requested, verbosity
 from orchestrator.core.report import DiffMode, Report, print_json, render_report
 from orchestrator.core.session import Session, open_session, run_plan
 from orchestrator.core.step import Plan, RunOptions
@@ -75,7 +72,7 @@ def check_named_cluster(request: RunRequest) -> None:
             f"`sparkctl {request.command} --yes` was not told which cluster to act on: without "
             f"--inventory it would act on {which}. Name it: pass --inventory FILE or set "
             "SPARKCTL_INVENTORY=FILE", EXIT_BAD_INPUT)
-    click.echo(f"sparkctl {request.command}: acting on {which}", err=True)
+    print(f"sparkctl {request.command}: acting on {which}", file=sys.stderr)
 
 
 @dataclass
@@ -93,7 +90,8 @@ class RunRequest:
     lock_optional: bool = False
     """Run without the lock when the head (where it lives) is unreachable, and say so (down)."""
     require_all_nodes: bool = True
-    values: dict[str, Any] = field(default_factory=dict)
+    options: RunOptions = field(default_factory=RunOptions)
+    """What the command tells its steps (the runner sets `command` and `dry_run`)."""
     after: Callable[[Session, Report], None] | None = None
     """Runs after a successful execution (e.g. launch's health wait), with the lock held."""
     full_diff: bool = field(default_factory=full_diff_requested)
@@ -125,7 +123,8 @@ def execute(request: RunRequest) -> int:
         except SparkctlError as exc:
             diagnose_disks(session, exc)
             raise
-        options = RunOptions(command=request.command, dry_run=True, values=request.values)
+        options = request.options
+        options.command, options.dry_run = request.command, True
         if request.dry_run:
             run_plan(session, plan, options)
             return _finish(request, session.finish(), run_log, diffs=request.diffs)
@@ -189,10 +188,10 @@ def _confirm_interactively(request: RunRequest, session: Session, plan: Plan,
     if not preview.ok:
         raise InputError("the plan itself failed (see above); nothing was changed", 1)
     if preview.count("planned") == 0:
-        click.echo("Nothing to change.", err=True)
-    elif not click.confirm(f"Apply these changes to cluster {request.inventory.cluster.name} "
-                           f"(head {request.inventory.head_name}, inventory "
-                           f"{request.inventory.source})?", default=False, err=True):
+        print("Nothing to change.", file=sys.stderr)
+    elif not ask_yes_no(f"Apply these changes to cluster {request.inventory.cluster.name} "
+                        f"(head {request.inventory.head_name}, inventory "
+                        f"{request.inventory.source})?"):
         raise InputError("cancelled; nothing was changed", 1)
     # the preview ran on its own report; only steps are dropped: a node that could not be
     # reached stays failed (issue #12: a prompt-confirmed `down` showed it ok and exited 0)
@@ -210,5 +209,5 @@ def _finish(request: RunRequest, report: Report, run_log: Path | None,
     else:
         render_report(report, diffs=diffs, verbose=verbosity() > 0)
         if run_log is not None and not report.ok:
-            click.echo(f"Run log: {run_log}", err=True)
+            print(f"Run log: {run_log}", file=sys.stderr)
     return report.exit_code

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from orchestrator.core.context import RunOptions as RunOptions  # (re-exported: steps' vocabulary)
+from orchestrator.core.context import RunState as RunState
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.remote.transport import Transport
@@ -56,15 +58,6 @@ class NotVerified(str):
 
 
 @dataclass
-class RunOptions:
-    """Per-run settings that steps may read (never secrets in plain text)."""
-
-    command: str = "up"
-    dry_run: bool = False
-    values: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
 class NodeContext:
     """Everything a step sees for one node during one phase."""
 
@@ -75,8 +68,10 @@ class NodeContext:
     """Every node's facts of this phase, by node name (for cluster-wide steps)."""
     transport: Transport | None
     options: RunOptions
-    shared: dict[str, Any]
-    """Values steps hand to later steps in the same run (e.g. generated public keys)."""
+    """What the command tells its steps (core/context.py)."""
+    shared: RunState
+    """Values steps hand to later steps in the same run (e.g. generated public keys), as the
+    named fields of a RunState (core/context.py)."""
     transports: dict[str, Transport] = field(default_factory=dict)
     """Every reachable node's transport, for the few cluster-wide steps that write elsewhere."""
 

@@ -19,7 +19,9 @@ from orchestrator.engines import DEFAULT_ENGINE
 from orchestrator.errors import SparkctlError
 
 if TYPE_CHECKING:
+    from orchestrator.commands import Secret
     from orchestrator.core.step import NodeContext, Phase
+    from orchestrator.engines.apikey import KeyWay
     from orchestrator.engines.meters import SpecMeter
     from orchestrator.inventory import ContainerSettings, Inventory, Node
     from orchestrator.netcheck.results import CheckResult
@@ -133,6 +135,17 @@ class BaseRecipe(StrictModel):
         """(HF id, revision, local dir or None for the HF cache layout) of every model needed."""
         return [(self.model, self.revision, None)]
 
+    @property
+    def drafting(self) -> str | None:
+        """How the server drafts tokens for speculative decoding, as `recipes list` says it
+        (e.g. "Eagle 5"), or None without speculative decoding; engines that draft override it."""
+        return None
+
+    @property
+    def draft_tokens(self) -> int | None:
+        """Tokens drafted per decoding step (what `advise` models), or None without drafting."""
+        return None
+
     def listen_ports(self, nodes: list[str]) -> list[ListenPort]:
         """The TCP ports the server binds on its `nodes` (rank order), proven free before a
         launch (phases/ports.py): the HTTP port on the first node; engines add theirs."""
@@ -183,6 +196,9 @@ class LaunchOptions:
     persist: bool = False
     """--persist (or the recipe's `persist: true`): the server comes back after a node reboot
     (docker restart policy plus a boot unit per serving node, phases/persist.py)."""
+    api_key: Secret | None = None
+    """--api-key-file's key (checked, cli/api_key.py): each engine hands it to its server in its
+    own way (engines/apikey.py, the engine's `api_key` member); never on argv or in Env."""
 
 
 class LaunchFailed(SparkctlError):
@@ -232,6 +248,10 @@ class Engine(Protocol):
     """Words of its server processes' command lines: `status` counts a recorded pid file as
     the server's only when its command line has one of them."""
     several_servers: bool
+    api_key: KeyWay | None
+    """How its server takes an API key (`launch --api-key-file`, engines/apikey.py): the
+    engine's own mechanism, or sparkctl's key-checking relay in front; and what it leaves
+    open without the key (the health probes' paths). None: launch refuses a key (exit 2)."""
     """Whether several servers of this engine may run at once (on different nodes, or on one
     node when memory and ports allow). False: one server of the engine per cluster (its
     processes run in one cluster-wide container); a different one is refused or --replace'd."""

@@ -12,7 +12,7 @@ import contextlib
 import json
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.commands import docker_cmd, quote
+from orchestrator.commands import docker_cmd, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import lifecycle, servers
 from orchestrator.engines.lifecycle import Running, ServerRecord
@@ -31,6 +31,9 @@ class PlacedSpec(Protocol):
     inventory: Inventory
     options: LaunchOptions
     name: str
+    host: str
+    key_file: str | None
+    """The server's API key file on its first node (the probe reads it there), or None."""
     nodes: list[str]
     first: str
     container: str
@@ -44,11 +47,15 @@ class PlacedSpec(Protocol):
 
 PROBE = r"""
 import json, sys, urllib.error, urllib.request
-port = int(sys.argv[1])
+port, host, key_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+headers = {"Content-Type": "application/json"}
+if key_file:  # the server's API key, read here as root (never on a command line)
+    with open(key_file) as f:
+        headers["Authorization"] = "Bearer " + f.read().strip()
 def get(path, body=None, timeout=5):
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), data=data,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request("http://%s:%d%s" % (host, port, path), data=data,
+                                 headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode(errors="replace")[:20000]
@@ -57,9 +64,9 @@ def get(path, body=None, timeout=5):
     except Exception as e:
         return 0, str(e)[:300]
 out = {}
-if len(sys.argv) > 2:
+if len(sys.argv) > 4:
     started = __import__("time").time()
-    out["code"], out["body"] = get("/v1/chat/completions", json.loads(sys.argv[2]), 300)
+    out["code"], out["body"] = get("/v1/chat/completions", json.loads(sys.argv[4]), 300)
     out["seconds"] = __import__("time").time() - started
 else:
     out["health"] = get("/health")[0]
@@ -70,6 +77,17 @@ print(json.dumps(out))
 """
 """A server's /health and /v1/models (or, with a request body, one chat completion), asked on
 its first node over loopback; one JSON line."""
+
+
+def probe_cmd(port: int, host: str, key_file: str | None, body: dict[str, Any] | None = None) -> str:
+    """PROBE on the serving node: HOST:PORT as the server binds it, with the server's key (its
+    node file, read by the probe) when it has one."""
+    from orchestrator.engines.apikey import probe_host
+
+    words = [str(port), probe_host(host), key_file or ""]
+    if body is not None:
+        words.append(json.dumps(body))
+    return f"python3 -c {quote(PROBE)} {join(words)}"
 
 
 def running_cmd(container: str) -> str:
@@ -114,7 +132,7 @@ class Smoke(Step):
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         body = {"model": self.spec.recipe.model, "max_tokens": 8,
                 "messages": [{"role": "user", "content": "Say hello."}]}
-        command = f"python3 -c {quote(PROBE)} {self.spec.recipe.port} {quote(json.dumps(body))}"
+        command = probe_cmd(self.spec.recipe.port, self.spec.host, self.spec.key_file, body)
         result = ctx.transports[self.spec.first].run(command, sudo=True, timeout=360,
                                                      display="one chat completion")
         answer = parse_poll(result.stdout)

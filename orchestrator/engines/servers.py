@@ -233,6 +233,8 @@ def stop_commands(server: dict[str, Any], inventory: Inventory) -> dict[str, str
         from orchestrator.engines.running import stop_command
 
         command = stop_command(inventory, server)
+        if server.get("api_key_file") and server.get("name"):  # its key goes with it
+            command += f"; rm -rf -- {quote(record_dir(str(server['name'])))}"
         return {name: command for name in server.get("nodes") or [inventory.head_name]}
     name = str(server["name"])
     ids = docker_cmd("ps", "-aq", "--filter", "label=sparkctl.managed=true", "--filter",

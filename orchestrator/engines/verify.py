@@ -37,7 +37,7 @@ class WaitReady(Step):
                 "with `sparkctl logs --follow` or `sparkctl status`; stop it with `sparkctl down`")
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        note: Note = ctx.options.values.get("progress_note") or (lambda line: None)
+        note: Note = ctx.options.note
         try:
             # an engine's own wait may say nothing while it loads weights: a line at least
             # every heartbeat, its own lines in between
@@ -45,8 +45,8 @@ class WaitReady(Step):
                 ready = self.wait(ctx.transports, self.timeout, beat.say)
         except LaunchFailed as exc:
             # the head alone runs this step, so nothing else touches `shared` meanwhile
-            ctx.shared.setdefault("notes", []).append(exc.details)
-            ctx.shared.setdefault("report_extra", {})["log_tails"] = exc.details
+            ctx.shared.notes.append(exc.details)
+            ctx.shared.report_extra["log_tails"] = exc.details
             raise SparkctlError(exc.reason) from None
         # the record says it was ready: a server that stops answering later is stalled, not
         # loading (engines/liveness.py)

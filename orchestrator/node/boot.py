@@ -54,9 +54,27 @@ def sh(cmd, timeout=120):
     return done.returncode, (done.stdout + done.stderr).strip()
 
 
+def health_host(port):
+    """Where the server answers: the address its record says it binds (`launch --host`; a
+    wildcard answers on loopback). /health is open with an API key on every engine."""
+    run = os.path.dirname(PLAN.get("guard_record") or "/var/lib/sparkctl/run/x")
+    for path in (os.path.join(run, "servers", str(PLAN.get("server")), "server.json"),
+                 os.path.join(run, "server.json")):
+        try:
+            with open(path) as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and int(record.get("port") or 0) == int(port):
+            host = record.get("host") or "127.0.0.1"
+            return "127.0.0.1" if host in ("0.0.0.0", "::", "localhost") else host
+    return "127.0.0.1"
+
+
 def health(port):
     try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=5) as r:
+        url = "http://%s:%d/health" % (health_host(port), port)
+        with urllib.request.urlopen(url, timeout=5) as r:
             return r.status
     except Exception as exc:  # refused, 503 while loading, ...
         return getattr(exc, "code", 0) or 0

@@ -46,10 +46,26 @@ def pidfiles():
             ours = any(w in cmdline(pid) for w in words)
             out[name] = {"pid": pid, "alive": alive(pid) and ours}
     return out
+# where the probed server answers and its API key's header: from its record (aim_at)
+target = {"host": "127.0.0.1", "headers": {"Content-Type": "application/json"}}
+
+
+def aim_at(record):
+    """Probe the recorded server where it binds, with its key (the node file the record names,
+    read here: the run dir is mounted; never on a command line)."""
+    if not record or int(record.get("port") or 0) != int(a.get("port") or 0):
+        return
+    host = record.get("host") or "127.0.0.1"
+    target["host"] = "127.0.0.1" if host in ("0.0.0.0", "::", "localhost") else host
+    with contextlib.suppress(OSError):
+        if record.get("api_key_file"):
+            target["headers"]["Authorization"] = "Bearer " + read(record["api_key_file"]).strip()
+
+
 def http(path, body=None, timeout=10):
-    url = "http://127.0.0.1:%d%s" % (a["port"], path)
+    url = "http://%s:%d%s" % (target["host"], a["port"], path)
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, headers=target["headers"])
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode(errors="replace")[:20000]
@@ -133,6 +149,7 @@ if a["action"] in ("status", "chat"):
         out["server"] = json.loads(read(os.path.join(run, "server.json")))
     except (OSError, ValueError):
         out["server"] = None
+    aim_at(out["server"])
     try:
         out["memguard"] = json.loads(read(os.path.join(run, "memguard-stopped.json")))
     except (OSError, ValueError):

@@ -44,9 +44,14 @@ def running(container):
     return proc.returncode == 0 and proc.stdout.decode().strip() == "true"
 
 
-def health(port):
+def health(record):
+    """/health where the server binds (every engine leaves /health open with an API key)."""
+    host = record.get("host") or "127.0.0.1"
+    if host in ("0.0.0.0", "::", "localhost"):
+        host = "127.0.0.1"
+    url = "http://%s:%d/health" % (host, int(record.get("port") or 0))
     try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/health" % int(port), timeout=5) as r:
+        with urllib.request.urlopen(url, timeout=5) as r:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
@@ -169,7 +174,7 @@ if a.get("legacy_container"):
         found.append(record)
 if a.get("probe"):
     for record in found:
-        record["health"] = health(record.get("port") or 0) if record["alive"] else None
+        record["health"] = health(record) if record["alive"] else None
         if record["legacy"] and not record["health"]:
             record["alive"] = False  # the `up` container runs on, the server does not answer
         if record["alive"] and record["health"] != 200 and not record.get("ready_at"):

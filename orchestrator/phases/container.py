@@ -26,6 +26,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.nccl_env import nccl_environment
 from orchestrator.phases.pull_progress import run_pull
 from orchestrator.phases.registry import receive, repo_digest, want
+from orchestrator.remote.node_facts import ROCE_PORTS, ContainerInfo, DockerContainer, DockerImage, ImageInfo
 
 INFINIBAND = "/dev/infiniband"
 HASH_LABEL = "sparkctl.config-hash"
@@ -117,14 +118,14 @@ def fabric_env(inventory: Inventory, roce_devices: list[str]) -> dict[str, str]:
 
 def roce_devices(inventory: Inventory, node_facts: dict[str, Any], node: str) -> list[str]:
     """The RoCE device of each fabric interface, from the node's ibdev2netdev."""
-    devices = ((node_facts.get("ibdev2netdev") or {}).get("devices")) or {}
+    devices = ROCE_PORTS.read(node_facts).ports
     missing = [name for name in inventory.fabric.interfaces if name not in devices]
     if missing:
         raise SparkctlError(
             f"{node}: ibdev2netdev shows no RoCE device for {', '.join(missing)}; NCCL_IB_HCA "
             "cannot be set. Is the interface name in fabric.interfaces right for this node?"
         )
-    return [devices[name]["device"] for name in inventory.fabric.interfaces]
+    return [devices[name].device for name in inventory.fabric.interfaces]
 
 
 def hf_cache_dir(inventory: Inventory, home: str) -> str:
@@ -170,11 +171,18 @@ def run_container_cmd(spec: ContainerSpec, args: list[str], user: str, hf_cache:
     return " && ".join(steps) + " && { " + wait + "; }"
 
 
-def image_digest(image_facts: dict[str, Any] | None, image: str) -> str | None:
-    """The registry digest of the image on a node (RepoDigests), else its local ID."""
-    if not image_facts or "error" in image_facts:
+def image_digest(inspect: dict[str, Any] | None, image: str) -> str | None:
+    """The registry digest of the image in a `docker image inspect` document, else its ID."""
+    if not inspect or "error" in inspect:
         return None
-    return repo_digest(image_facts, image) or image_facts.get("Id")
+    return digest_of(ImageInfo.of(inspect), image)
+
+
+def digest_of(info: ImageInfo | None, image: str) -> str | None:
+    """The registry digest of the image on a node (RepoDigests), else its local ID."""
+    if info is None:
+        return None
+    return repo_digest(info.repo_digests, image) or info.id or None
 
 
 def describe(env: list[str], binds: list[str], image: str, labels: dict[str, str]) -> str:
@@ -184,22 +192,19 @@ def describe(env: list[str], binds: list[str], image: str, labels: dict[str, str
     return "\n".join(lines) + "\n"
 
 
-def container_diff(current: dict[str, Any], args: list[str],
+def container_diff(current: ContainerInfo, args: list[str],
                    spec: ContainerSpec | None = None) -> str:
     """What differs between the running container and the wanted one (for --dry-run)."""
     want_env = [args[i + 1] for i, a in enumerate(args) if a == "-e"]
     want_keys = {e.split("=", 1)[0] for e in want_env}
-    config = current.get("Config") or {}
-    have_env = [e for e in config.get("Env") or []
+    have_env = [e for e in current.env
                 if e.split("=", 1)[0] in want_keys
                 or e.startswith(("NCCL_", "UCX_", "OMPI_", "PRTE_"))]
-    have_labels = config.get("Labels") or {}
     want_labels = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--label")
-    old = describe(have_env, (current.get("HostConfig") or {}).get("Binds") or [],
-                   str(config.get("Image")), have_labels)
+    old = describe(have_env, list(current.binds), current.image, current.labels)
     new = describe(want_env, [args[i + 1] for i, a in enumerate(args) if a == "-v"],
                    spec.image if spec else args[-3], want_labels)
-    name = str(current.get("Name", "container")).lstrip("/")
+    name = current.name
     return "".join(difflib.unified_diff(old.splitlines(keepends=True),
                                         new.splitlines(keepends=True),
                                         fromfile=f"{name} (running)", tofile=f"{name} (wanted)"))
@@ -233,11 +238,7 @@ class Image(Step):
         image = self.image_of(ctx)
         if image is None:
             return Unchanged("no container here")
-        fact = (ctx.facts.get("images") or {}).get(image)
-        if isinstance(fact, dict) and "error" in fact:
-            raise SparkctlError(f"{ctx.node.name}: `docker image inspect {image}` failed: "
-                                f"{fact['error'].strip()}")
-        if fact:
+        if DockerImage(image).read(ctx.facts, ctx.node.name) is not None:
             return Unchanged(f"{image} present")
         # over the fabric when the probe found the registry unreachable, or --distribute-image
         fabric = receive(ctx, image, self.targets) if self.share else None
@@ -266,7 +267,7 @@ class Image(Step):
             pulled = json.loads(result.stdout)[0]
         except (ValueError, IndexError):
             pulled = None
-        ctx.shared.setdefault("image_facts", {})[ctx.node.name] = pulled
+        ctx.shared.image_facts[ctx.node.name] = pulled
         return None
 
 
@@ -285,10 +286,11 @@ class ImageDigest(Step):
         digests: dict[str, str | None] = {}
         ids: dict[str, str | None] = {}
         for name, node_facts in sorted(ctx.cluster_facts.items()):
-            fact = (ctx.shared.get("image_facts") or {}).get(name) or \
-                (node_facts.get("images") or {}).get(image)
-            digests[name] = image_digest(fact, image)
-            ids[name] = fact.get("Id") if isinstance(fact, dict) and "error" not in fact else None
+            pulled = ctx.shared.image_facts.get(name)
+            info = ImageInfo.of(pulled) if pulled else DockerImage(image).read(
+                node_facts, name, strict=False)
+            digests[name] = digest_of(info, image)
+            ids[name] = (info.id or None) if info else None
         if any(d and d == ids.get(n) for n, d in digests.items()):
             digests = ids  # a node keeps no registry digest (e.g. `docker load`): compare IDs
         mine = digests.get(ctx.node.name)
@@ -347,31 +349,28 @@ class Container(Step):
             return Unchanged("no container here")
         name = spec.name
         args, digest = spec.run_args(), spec.digest()
-        current = (ctx.facts.get("containers") or {}).get(name)
-        if isinstance(current, dict) and "error" in current:
-            raise SparkctlError(f"{node.name}: `docker inspect {name}` failed: {current['error']}")
+        current = DockerContainer(name).read(ctx.facts, node.name)
         payload = {"args": spec.with_hash(args, digest), "remove_old": current is not None}
         if current is None:
             return Change(f"run container {name}", payload=payload)
-        labels = (current.get("Config") or {}).get("Labels") or {}
+        labels = current.labels
         if labels.get("sparkctl.managed") != "true":
             raise SparkctlError(
                 f"{node.name}: a container named {name} exists but was not created by sparkctl; "
                 "remove it (`docker rm -f " + name + "`) or set container.name in the inventory"
             )
-        state = current.get("State") or {}
         if labels.get(HASH_LABEL) != digest:
             return Change(f"replace container {name} (configuration changed)",
                           diff=container_diff(current, spec.with_hash(args, digest), spec),
                           payload=payload)
-        if not state.get("Running"):
-            return Change(f"replace container {name} ({state.get('Status', 'stopped')}, exit "
-                          f"code {state.get('ExitCode')})", payload=payload)
-        image_id = ((ctx.facts.get("images") or {}).get(spec.image) or {}).get("Id")
-        if image_id and current.get("Image") and current["Image"] != image_id:
+        if not current.running:
+            return Change(f"replace container {name} ({current.status}, exit "
+                          f"code {current.exit_code})", payload=payload)
+        image = DockerImage(spec.image).read(ctx.facts, node.name, strict=False)
+        if image and image.id and current.image_id and current.image_id != image.id:
             return Change(f"replace container {name} (runs an older {spec.image})",
                           payload=payload)
-        return Unchanged(f"{name} running since {state.get('StartedAt', '?')}, config unchanged")
+        return Unchanged(f"{name} running since {current.started_at}, config unchanged")
 
     def wanted(self, ctx: NodeContext) -> tuple[list[str], str]:
         spec = self.spec_for(ctx)

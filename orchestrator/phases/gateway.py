@@ -43,16 +43,30 @@ def live_servers(transports: dict[str, Transport], inventory: Inventory) -> list
     return servers.gather(transports, inventory, probe=True)
 
 
+def key_reader(transports: dict[str, Transport]) -> Any:
+    """key_of(server) for replicas_from: a server's API key from its node's file, over SSH."""
+    from orchestrator.engines.apikey import read_node_key
+
+    def key_of(server: dict[str, Any]) -> Any:
+        node = str(server.get("node") or (server.get("nodes") or [""])[0])
+        if node not in transports:
+            raise SparkctlError(f"cannot reach {node} to read the API key of {server.get('name')}")
+        return read_node_key(transports[node], server)
+
+    return key_of
+
+
 def desired(inventory: Inventory, node: str, host: str, port: int, key: Any,
-            found: list[dict[str, Any]]) -> gs.GatewaySpec:
+            found: list[dict[str, Any]], key_of: Any = None) -> gs.GatewaySpec:
     def address_of(name: str) -> str:
         return inventory.mpi_address(inventory.node(name))
 
-    replicas = gs.replicas_from(found, address_of)
+    replicas = gs.replicas_from(found, address_of, key_of)
     if not replicas:
-        raise SparkctlError("no model server runs: start one with `sparkctl launch RECIPE` "
-                            "(several of one recipe with --nodes/--name are replicas), then "
-                            "`sparkctl gateway up`")
+        raise SparkctlError("no model server runs on its node's loopback: start one with "
+                            "`sparkctl launch RECIPE` (several of one recipe with --nodes/--name "
+                            "are replicas; --host beyond loopback serves without the gateway), "
+                            "then `sparkctl gateway up`")
     return gs.GatewaySpec(node, host, port, replicas, key)
 
 

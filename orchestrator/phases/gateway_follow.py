@@ -58,7 +58,8 @@ def follow(transports: dict[str, Transport], inventory: Inventory, note: gateway
         return "none"
     state = gw.state
     now = gs.replicas_from(gateway.live_servers(transports, inventory),
-                           lambda n: inventory.mpi_address(inventory.node(n)))
+                           lambda n: inventory.mpi_address(inventory.node(n)),
+                           gateway.key_reader(transports))
     joined, left = changes(state.get("replicas") or [], now)
     if not joined and not left:
         return "unchanged"

@@ -30,7 +30,6 @@ berriai/litellm lists it (github.com/berriai/litellm/pkgs/container/litellm). Th
 the same reference (lab/sparklab/image/catalog.json) with the real proxy from PyPI inside."""
 IMAGE = f"ghcr.io/berriai/litellm@{IMAGE_DIGEST}"
 CONTAINER = "sparkctl-gateway"
-DEFAULT_PORT = 4000
 GATEWAY_RUN = f"{RUN_DIR}/gateway"
 """gateway.json (the gateway's record, no secret) and relay-<server>.{json,pid,log}."""
 GATEWAY_CONFIG_DIR = f"{CONFIG_DIR}/gateway"
@@ -56,6 +55,9 @@ class Replica:
     address: str   # the node's fabric address, as the gateway's node reaches it
     port: int      # the engine's port on 127.0.0.1 of its node; the relay's on `address`
     recipe: str = ""
+    key: Secret | None = field(default=None, compare=False)
+    """The server's API key (`launch --api-key-file`), read from its node's file: LiteLLM sends
+    it to this replica (it is in the 0600 config file only)."""
 
     @property
     def api_base(self) -> str:
@@ -83,7 +85,8 @@ class GatewaySpec:
         deployments = [{
             "model_name": r.model,
             "litellm_params": {"model": f"openai/{r.model}", "api_base": r.api_base,
-                               "api_key": "none", "timeout": 600, "stream_timeout": 600},
+                               "api_key": r.key.reveal() if r.key else "none",
+                               "timeout": 600, "stream_timeout": 600},
             "model_info": {"id": r.server},
         } for r in self.replicas]
         general: dict[str, Any] = {}
@@ -183,28 +186,38 @@ def probe_cmd(host: str | None = None, port: int | None = None, liveliness: bool
         json.dumps(args, sort_keys=True))
 
 
-def replicas_from(servers: list[dict[str, Any]], address_of: Any) -> tuple[Replica, ...]:
-    """Live servers as replicas, sorted; `address_of(node)` gives the fabric address."""
+def replicas_from(servers: list[dict[str, Any]], address_of: Any,
+                  key_of: Any = None) -> tuple[Replica, ...]:
+    """Live servers as replicas, sorted; `address_of(node)` gives the fabric address and
+    `key_of(server)` the API key of a server that has one. A server bound beyond its node's
+    loopback (`launch --host`) is no replica: its relay would need the address it holds."""
     out = []
     for s in servers:
         if not s.get("alive") or not s.get("model") or not s.get("port"):
             continue
+        if not is_loopback(str(s.get("host") or "127.0.0.1")):
+            continue
         node = str(s.get("node") or (s.get("nodes") or [""])[0])
+        key = key_of(s) if key_of is not None and s.get("api_key_file") else None
         out.append(Replica(str(s.get("name") or s.get("recipe")), str(s["model"]), node,
-                           address_of(node), int(s["port"]), str(s.get("recipe") or "")))
+                           address_of(node), int(s["port"]), str(s.get("recipe") or ""), key))
     return tuple(sorted(out, key=lambda r: (r.model, r.server)))
 
 
 RELAY_PATTERN = "/run/gateway/relay[-]"
 """Matches a relay's command line (its state path) in /proc/PID/cmdline; the bracket keeps the
-pattern from matching the grep (or sh -c) that carries it. Found by process, not pid file, so
-a relay whose files are gone (an older `down`) is found too."""
+pattern from matching the grep (or sh -c) that carries it."""
 
 
-def relay_pids_cmd() -> str:
-    """The pids of every relay on the node, one a line (nothing when none runs)."""
-    return (f"grep -lsa -- {quote(RELAY_PATTERN)} /proc/[0-9]*/cmdline 2>/dev/null "
-            "| cut -d/ -f3; true")
+def relay_pids_cmd(run_dir: str = GATEWAY_RUN) -> str:
+    """The pids of the relays sparkctl started on the node, one a line (nothing when none runs):
+    read from their pid files, each kept only while its process is still a relay (after a
+    reboot the number may be another process's). Never a search of every process: on a host
+    that runs several nodes (the lab) or other people's work, that would find what is not
+    this node's."""
+    return (f"for f in {quote(run_dir)}/relay-*.pid; do [ -f \"$f\" ] || continue; "
+            "p=$(cat \"$f\"); case $p in ''|*[!0-9]*) continue;; esac; "
+            f"grep -qsa -- {quote(RELAY_PATTERN)} /proc/$p/cmdline && echo $p; done; true")
 
 
 def stop_relays_cmd() -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.commands import Secret
 from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import InputError, SparkctlError
@@ -27,8 +26,6 @@ from orchestrator.phases.models import ServingPhase, download_cmd, manifest_cmd,
 
 DEFAULT_HUB = "https://huggingface.co"
 CHECK_SECONDS = 60
-MISSING = "hf_token_missing"
-"""options.values key: set when the launch stopped for want of a token (cli/launch.py: exit 2)."""
 REJECTED = ("401", "invalid user token", "invalid credentials", "unauthorized",
             "invalid username or password")
 UNREACHABLE = ("connection", "max retries", "name or service not known", "temporary failure",
@@ -96,7 +93,7 @@ class HubToken(Step):
         if any(manifests[repo].get("no_image") for repo in missing):
             return Unchanged(f"HF token not checked yet: {tools.image} is not on {ctx.node.name} "
                              "(the model-image phase brings it first)")
-        token: Secret | None = ctx.options.values.get("hf_token")
+        token = ctx.options.hf_token
         if token is None:
             return self._without_token(ctx, tools, missing)
         result = ctx.run(whoami_cmd(tools), stdin=token.reveal() + "\n", timeout=CHECK_SECONDS,
@@ -123,7 +120,7 @@ class HubToken(Step):
             if result.exit_status != 0 and any(word in text for word in GATED):
                 gated.append(repo)
         if gated:
-            ctx.options.values[MISSING] = True
+            ctx.options.token_missing = True
             raise InputError(
                 f"{', '.join(gated)} {'is' if len(gated) == 1 else 'are'} gated on the hub and no "
                 "HF token was given; nothing was downloaded and no container was changed. Set "
@@ -145,3 +142,11 @@ def phase(recipe: Recipe, inventory: Inventory) -> Phase:
                 "timeout": 3600}
 
     return ServingPhase("hf-token", [HubToken(recipe)], facts, serving=[inventory.head_name])
+
+
+def phases(recipe: Recipe, inventory: Inventory) -> list[Phase]:
+    """launch's first phases: the models' image on the nodes (phases/model_image.py: where hf
+    runs), then the token check."""
+    from orchestrator.phases.model_image import image_phase
+
+    return [image_phase(recipe, inventory), phase(recipe, inventory)]

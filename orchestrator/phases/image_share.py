@@ -23,13 +23,11 @@ from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.node import script
-from orchestrator.phases.registry import WANTED, ImageOf, Targets, repo_digest, supply_for
+from orchestrator.phases.registry import ImageOf, Targets, repo_digest, supply_for
 from orchestrator.remote.cluster import parallel
+from orchestrator.remote.node_facts import DockerImage, ImageInfo
 from orchestrator.remote.pipe import RemoteProcess
 from orchestrator.remote.transport import Transport
-
-FACTS = "image_facts"
-
 
 IMAGECOPY_SCRIPT = script("stdin_watch.py") + "\n" + script("imagecopy.py")
 
@@ -55,11 +53,12 @@ def image_steps(image_of: ImageOf, targets: Targets | None = None) -> list[Step]
             ImageDigest(needed)]
 
 
-def image_fact(ctx: NodeContext, node: str, image: str) -> dict[str, Any] | None:
-    """The node's `docker image inspect` record: pulled in this run, or from the facts."""
-    fact = (ctx.shared.get(FACTS) or {}).get(node) or \
-        ((ctx.cluster_facts.get(node) or {}).get("images") or {}).get(image)
-    return fact if isinstance(fact, dict) and "error" not in fact and fact.get("Id") else None
+def image_fact(ctx: NodeContext, node: str, image: str) -> ImageInfo | None:
+    """The node's image: pulled or received in this run, or from the facts."""
+    pulled = ctx.shared.image_facts.get(node)
+    info = ImageInfo.of(pulled) if pulled else DockerImage(image).read(
+        ctx.cluster_facts.get(node) or {}, node, strict=False)
+    return info if info is not None and info.id else None
 
 
 def copy_image(source: Transport, target: Transport, target_ip: str, image: str) -> dict[str, Any]:
@@ -112,7 +111,7 @@ def verify(node: str, image: str, got: dict[str, Any], want_id: str,
     if got.get("id") != want_id:
         raise SparkctlError(f"{node}: {image} arrived as image ID {got.get('id')}, the source has "
                             f"{want_id} (docker load registered another image); run up again")
-    theirs = repo_digest({"RepoDigests": got.get("digests")}, image)
+    theirs = repo_digest(got.get("digests") or [], image)
     if want_digest and theirs and theirs != want_digest:
         raise SparkctlError(f"{node}: {image} arrived with digest {theirs}, the source has "
                             f"{want_digest}")
@@ -135,7 +134,7 @@ class ImageShare(Step):
         if not image:
             return Unchanged("no image")
         planned = supply_for(ctx, image, self.targets)  # (a dry run sees it before any pull)
-        wanted = {**planned.receivers, **(ctx.shared.get(WANTED) or {})}
+        wanted = {**planned.receivers, **ctx.shared.image_wanted}
         wanted = {n: why for n, why in sorted(wanted.items()) if image_fact(ctx, n, image) is None}
         if not wanted:
             return Unchanged("no node needs the image from another")
@@ -158,14 +157,14 @@ class ImageShare(Step):
         image = str(self.image_of(ctx))
         wanted: dict[str, str] = change.payload
         source = self.source(ctx, image, wanted)
-        mine = image_fact(ctx, source, image) or {}
-        want_id, want_digest = str(mine.get("Id")), repo_digest(mine, image)
+        mine = image_fact(ctx, source, image) or ImageInfo("")
+        want_id, want_digest = mine.id, repo_digest(mine.repo_digests, image)
 
         def one(node: str) -> dict[str, Any]:
             ip = ctx.inventory.mpi_address(ctx.inventory.node(node))
             return copy_image(ctx.transports[source], ctx.transports[node], ip, image)
 
-        note = ctx.options.values.get("progress_note") or (lambda line: None)
+        note = ctx.options.note
         # docker save | docker load reports nothing until it is done: say it still runs
         with Heartbeat(note, f"copy of {image} from {source} to {', '.join(wanted)}"):
             outcomes = parallel(one, list(wanted))
@@ -177,13 +176,13 @@ class ImageShare(Step):
             except SparkctlError as exc:
                 errors.append(str(exc))
                 continue
-            ctx.shared.setdefault(FACTS, {})[node] = {
+            ctx.shared.image_facts[node] = {
                 "Id": got["id"], "RepoDigests": got.get("digests") or []}
             extra[node] = {"from": source, "why": wanted[node], "image_id": got["id"],
                            "digest": shown, "bytes": got.get("bytes", 0)}
             lines.append(f"{node} <- {source} ({wanted[node]}, {gb(got.get('bytes', 0))}), "
                          f"{shown} verified")
-        ctx.shared.setdefault("report_extra", {}).setdefault("image_distribution", {}).update(extra)
+        ctx.shared.report_extra.setdefault("image_distribution", {}).update(extra)
         if errors:
             raise SparkctlError("; ".join(errors))
         return f"{image} sent over the fabric: " + "; ".join(lines)

@@ -12,9 +12,11 @@ from orchestrator.phases.ports import with_port_check
 
 
 def with_checks(phases: list[Phase], recipe: Any, inventory: Inventory,
-                verify_models: bool = False, host: str = "*") -> list[Phase]:
+                verify_models: bool = False, host: str = "*",
+                inner_port: int | None = None) -> list[Phase]:
     """A launch's engine phases behind the port check and, with --verify-models, the re-hash of
-    every model file (phases/verify_models.py), both read-only until they find something."""
+    every model file (phases/verify_models.py), both read-only until they find something.
+    INNER_PORT: where an engine behind sparkctl's key-checking relay binds 127.0.0.1."""
     from orchestrator.engines import serving_nodes
 
     if verify_models:
@@ -22,6 +24,12 @@ def with_checks(phases: list[Phase], recipe: Any, inventory: Inventory,
 
         phases = [verify.phase(recipe, inventory), *phases]
     # the HTTP port is bound on --host only (127.0.0.1 by default); the others on every address
+    nodes = serving_nodes(recipe, inventory)
     wanted = [p._replace(address=host) if p.what == "HTTP" else p
-              for p in recipe.listen_ports(serving_nodes(recipe, inventory))]
+              for p in recipe.listen_ports(nodes)]
+    if inner_port is not None:
+        from orchestrator.phases.ports import ListenPort
+
+        wanted.append(ListenPort(nodes[0], inner_port, "the engine behind the API key relay",
+                                 "launch with another --port", "127.0.0.1"))
     return with_port_check(phases, wanted)

@@ -34,7 +34,6 @@ from orchestrator.paths import RUN_DIR
 
 MEMINFO = "/proc/meminfo"
 PLAN_FILE = f"{RUN_DIR}/memory.json"
-RECORD_FILE = f"{RUN_DIR}/memguard-stopped.json"
 GUARD_DEFAULT_GB = 2.0
 
 
@@ -220,7 +219,8 @@ class StartGuard(Step):
             return Unchanged("the server already runs (with its guard)")
         guard = self.spec.guard_min_available_gb
         return Change(f"start the memory guard: stops the server here if MemAvailable falls "
-                      f"below {guard:g} GB (record {PLAN_FILE})")
+                      f"below {guard:g} GB (record {PLAN_FILE})",
+                      commands=(guard_cmd(ctx.inventory.container.name, ctx.node.name, guard),))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         guard = self.spec.guard_min_available_gb
@@ -228,7 +228,7 @@ class StartGuard(Step):
         ctx.run(write_plan_cmd(), stdin=json.dumps(record, indent=1) + "\n", sudo=True,
                 timeout=30, display=f"write {PLAN_FILE}").check()
         container = ctx.inventory.container.name
-        ctx.run(guard_cmd(container, ctx.node.name, guard), timeout=60,
+        ctx.run(change.commands[0], timeout=60,
                 display=f"docker exec -d {container} python3 -c <sparkctl memguard>").check()
         return f"memory guard started (stops the server below {guard:g} GB available)"
 

@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.commands import Secret
 from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import serving_nodes
@@ -35,7 +34,6 @@ from orchestrator.remote.transport import Transport
 
 HUB_DIR = f"{CONTAINER_HF_HOME}/hub"
 DOWNLOAD_TIMEOUT = 24 * 3600.0
-COPY_TIMEOUT = 12 * 3600.0
 
 
 
@@ -167,7 +165,7 @@ class Download(Step):
         """What the downloads will fetch (`hf download --dry-run`, exact) against every serving
         node's free space; an hf without --dry-run only skips the check (said so)."""
         tools = model_tools(self.recipe, ctx.inventory)
-        note = ctx.options.values.get("progress_note") or (lambda line: None)
+        note = ctx.options.note
         need = 0
         for repo, revision, local in self.recipe.repos:
             if repo not in missing:
@@ -185,8 +183,8 @@ class Download(Step):
         check_space(ctx, self.recipe, serving_nodes(self.recipe, ctx.inventory), need)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        token: Secret | None = ctx.options.values.get("hf_token")
-        progress = ctx.options.values.get("progress_note") or (lambda line: None)
+        token = ctx.options.hf_token
+        progress = ctx.options.note
         fetched = []
         try:
             if change.payload and token:
@@ -210,7 +208,6 @@ class Download(Step):
                 fetched.append(repo)
         finally:
             ctx.run(token_remove_cmd(), sudo=True, timeout=60)
-        ctx.shared["downloaded"] = fetched
         return f"downloaded {', '.join(fetched)}" if fetched else "removed a leftover HF token file"
 
     def _download(self, ctx: NodeContext, progress: Note, repo: str, revision: str,
@@ -257,7 +254,7 @@ class Distribute(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         tools = model_tools(self.recipe, ctx.inventory)
-        note = ctx.options.values.get("progress_note") or (lambda line: None)
+        note = ctx.options.note
         peers: list[str] = change.payload
         # the chunk hashes of a model not hashed before take minutes: said while they run
         with Heartbeat(note, f"{ctx.node.name}: hashing the model's chunks for the copy"):
@@ -286,7 +283,7 @@ class Distribute(Step):
         totals = {peer: outcome.get() for peer, outcome in outcomes.items() if outcome.ok}
         errors = [str(outcome.error) for outcome in outcomes.values() if not outcome.ok]
         # the same figures as numbers, for scripts (`--json`: "fanout", per peer)
-        ctx.shared.setdefault("report_extra", {})["fanout"] = {
+        ctx.shared.report_extra["fanout"] = {
             peer: copy.figures() for peer, copy in totals.items()}
         if errors:
             raise SparkctlError("; ".join(errors))

@@ -20,7 +20,6 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.netguard import peer_checks
 
-CHANGES_KEY = "changed_steps"
 IP_ICMP_HEADERS = 28  # 20 bytes IPv4 + 8 bytes ICMP: a ping of MTU-28 bytes fills one frame
 _RESULT = re.compile(r"^sparkctl-mtu (ok|fail) (\S+) (\S+) (\S+)$")
 
@@ -90,7 +89,7 @@ class MtuPath(Step):
     kind = "verify"
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        if not ctx.shared.get(CHANGES_KEY) and not ctx.options.values.get("verify"):
+        if not ctx.shared.changed_steps and not ctx.options.verify:
             return NotVerified("not re-run: nothing changed (use --verify to prove the MTU anyway)")
         inventory, node = ctx.inventory, ctx.node
         expected = len(peer_checks(inventory, node))

@@ -17,16 +17,16 @@ from typing import Any
 
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import NETPLAN_FILE
+from orchestrator.remote.node_facts import NETPLAN_FILES, NetplanDefinition
 
 
-def _target(key: str, definition: dict[str, Any], iface: str) -> bool:
+def _target(key: str, definition: NetplanDefinition, iface: str) -> bool:
     """Whether a definition (by its id, match.name glob or set-name) configures IFACE."""
-    if definition.get("set_name") == iface:
+    if definition.set_name == iface:
         return True
-    match = definition.get("match")
-    if match is not None:
-        return fnmatch.fnmatchcase(iface, match)
-    return key == iface and not definition.get("matches_other")
+    if definition.match is not None:
+        return fnmatch.fnmatchcase(iface, definition.match)
+    return key == iface and not definition.matches_other
 
 
 @dataclass(frozen=True)
@@ -52,19 +52,19 @@ def conflicts(inventory: Inventory, node: Node, facts: dict[str, Any]
     conflicting file."""
     wanted = node.addresses or {}
     out = []
-    for path, fact in sorted((facts.get("netplan") or {}).items()):
-        if path == NETPLAN_FILE or not isinstance(fact, dict):
+    for path, fact in sorted(NETPLAN_FILES.read(facts).items()):
+        if path == NETPLAN_FILE:
             continue
-        definitions: dict[str, Any] = fact.get("definitions") or {}
+        definitions = fact.definitions
         found: list[Setting] = []
         used: set[str] = set()
         for iface in inventory.fabric.interfaces:
             for key, definition in sorted(definitions.items()):
-                if not isinstance(definition, dict) or not _target(key, definition, iface):
+                if not _target(key, definition, iface):
                     continue
-                extra = tuple(a for a in definition.get("addresses") or []
-                              if a != wanted.get(iface))
-                dhcp = tuple(f for f in ("dhcp4", "dhcp6") if definition.get(f))
+                extra = tuple(a for a in definition.addresses if a != wanted.get(iface))
+                dhcp = tuple(flag for flag, on in (("dhcp4", definition.dhcp4),
+                                                   ("dhcp6", definition.dhcp6)) if on)
                 if extra or dhcp:
                     found.append(Setting(iface, key, extra, dhcp))
                     used.add(key)

@@ -38,12 +38,10 @@ from orchestrator.phases.netguard import (
     ROLLED_BACK_PATH,
     ArmConfig,
 )
-from orchestrator.remote.facts import File, FileInfo, merge_requests, request_of
+from orchestrator.remote.facts import File, FileInfo, request_of
+from orchestrator.remote.node_facts import LINKS, NETPLAN_FILES, LinkTable
 from orchestrator.remote.transport import SSHTransport, Transport
 from orchestrator.render import render, sha256, unified_diff
-
-SHARED_KEY = "network.to_confirm"
-"""ctx.shared[SHARED_KEY]: names of nodes whose apply must be confirmed in this run."""
 
 
 def phase(inventory: Inventory) -> Phase:
@@ -57,7 +55,7 @@ FILES = {path: File(path, content) for path, content in (
 
 
 def network_request(inventory: Inventory, node: Node) -> dict[str, Any]:
-    return merge_requests([request_of(*FILES.values()), {"netplan": True, "links": True}])
+    return request_of(*FILES.values(), NETPLAN_FILES, LINKS)
 
 
 def render_netplan(inventory: Inventory, node: Node) -> str:
@@ -75,14 +73,14 @@ def conflicting_files(ctx: NodeContext) -> list[str]:
     """Other netplan files that define our fabric interfaces: reported, never overwritten."""
     ours = set(ctx.inventory.fabric.interfaces)
     out = []
-    for path, fact in sorted((ctx.facts.get("netplan") or {}).items()):
+    for path, fact in sorted(NETPLAN_FILES.read(ctx.facts).items()):
         if path == NETPLAN_FILE:
             continue
-        shared = sorted(ours & set(fact.get("interfaces") or []))
+        shared = sorted(ours & set(fact.interfaces))
         if shared:
             out.append(f"{path} also defines {', '.join(shared)}")
-        elif fact.get("error"):
-            out.append(f"{path} could not be read as YAML ({fact['error'][:80]})")
+        elif fact.error:
+            out.append(f"{path} could not be read as YAML ({fact.error[:80]})")
     return out
 
 
@@ -133,7 +131,7 @@ class NetplanFile(Step):
 
 def live_drift(ctx: NodeContext) -> tuple[list[str], ArmConfig]:
     """What differs between the live fabric links and the inventory, and how to undo an apply."""
-    links = ctx.facts.get("links") or {}
+    links = (LINKS.read(ctx.facts) or LinkTable({})).links
     mtu = ctx.inventory.fabric.mtu
     drift: list[str] = []
     added: list[tuple[str, str]] = []
@@ -144,12 +142,12 @@ def live_drift(ctx: NodeContext) -> tuple[list[str], ArmConfig]:
             raise SparkctlError(f"{ctx.node.name}: fabric interface {iface} does not exist "
                                 "(preflight lists the interfaces this node has)")
         address = (ctx.node.addresses or {})[iface]
-        previous_mtu[iface] = link.get("mtu")
-        if address not in link.get("addresses", []):
-            drift.append(f"{iface}: add {address} (has {', '.join(link.get('addresses') or []) or 'none'})")
+        previous_mtu[iface] = link.mtu
+        if address not in link.addresses:
+            drift.append(f"{iface}: add {address} (has {', '.join(link.addresses) or 'none'})")
             added.append((iface, address))
-        if link.get("mtu") != mtu:
-            drift.append(f"{iface}: mtu {link.get('mtu')} -> {mtu}")
+        if link.mtu != mtu:
+            drift.append(f"{iface}: mtu {link.mtu} -> {mtu}")
     return drift, ArmConfig(added=added, previous_mtu=previous_mtu, seconds=netguard.GUARD_SECONDS)
 
 
@@ -169,7 +167,7 @@ def guard_pending(ctx: NodeContext) -> bool:
 
 
 def _mark_for_confirmation(ctx: NodeContext) -> None:
-    ctx.shared.setdefault(SHARED_KEY, set()).add(ctx.node.name)
+    ctx.shared.netplan_to_confirm.add(ctx.node.name)
 
 
 class NetplanApply(Step):
@@ -226,7 +224,7 @@ class ConfirmFabric(Step):
     kind = "verify"
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        if ctx.node.name not in ctx.shared.get(SHARED_KEY, set()):
+        if ctx.node.name not in ctx.shared.netplan_to_confirm:
             return NotVerified("nothing applied in this run; nothing to confirm")
         checks = netguard.peer_checks(ctx.inventory, ctx.node)
         sha = sha256(render_netplan(ctx.inventory, ctx.node))
@@ -288,19 +286,19 @@ def fabric_link_problem(ctx: NodeContext) -> tuple[str, str, str] | None:
     """(address, interface, what is wrong) when the node's rendezvous address (the one peers
     reach it at over the fabric) cannot be used now: interface gone, no link, address missing.
     None when it is fine or the links were not gathered (the engine's own start will tell)."""
-    links = ctx.facts.get("links")
-    if not isinstance(links, dict) or "error" in links:
+    table = LINKS.read(ctx.facts)
+    if table is None or table.error is not None:
         return None
     ip = ctx.inventory.mpi_address(ctx.node)
     for iface, cidr in (ctx.node.addresses or {}).items():
         if cidr.split("/")[0] != ip:
             continue
-        link = links.get(iface) or {}
-        if not link:
+        link = table.links.get(iface)
+        if link is None:
             return ip, iface, f"{iface} does not exist"
-        if not link.get("carrier", True) or not link.get("up", True):
-            return ip, iface, f"{iface} has no link ({link.get('operstate', '?')}: cable out or peer down?)"
-        if cidr not in (link.get("addresses") or []):
+        if not link.carrier or not link.up:
+            return ip, iface, f"{iface} has no link ({link.operstate}: cable out or peer down?)"
+        if cidr not in link.addresses:
             return ip, iface, f"{iface} lacks its address {cidr}"
         return None
     return None

@@ -96,10 +96,10 @@ class Install(Step):
         if state(ctx)[0] == "present":
             return Unchanged("earlyoom installed" + (" (by sparkctl)" if installed_by_us(ctx) else
                                                      " (not by sparkctl: down keeps it)"))
-        return Change(f"install earlyoom ({INSTALL})")
+        return Change("install earlyoom", commands=(INSTALL,))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        result = ctx.run(INSTALL, sudo=True, timeout=900, display=INSTALL)
+        result = ctx.run(change.commands[0], sudo=True, timeout=900)
         if not result.ok:
             from orchestrator.errors import SparkctlError
 
@@ -119,15 +119,16 @@ class Configure(Step):
         if fact.get("exists") and fact.get("sha256") == sha256(want):
             return Unchanged(f"{DEFAULTS} as sparkctl wrote it")
         return Change(f"write {DEFAULTS} (earlyoom below the memory guard)",
-                      diff=unified_diff(DEFAULTS, fact.get("content"), want))
+                      diff=unified_diff(DEFAULTS, fact.get("content"), want),
+                      commands=("systemctl try-restart earlyoom",))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        # the package's own file (a conffile) is kept by the ledger and put back by down
+        # the package's own file (a conffile) is kept by the ledger and put back by down; the
+        # file goes on stdin, then the listed restart
         payload = [{"path": DEFAULTS, "mode": "644", "content": defaults_text(), "original": True}]
         check_written(ctx.run(write_files_cmd(), stdin=json.dumps(payload), sudo=True),
                       ctx.node.name, self.name)
-        ctx.run("systemctl try-restart earlyoom", sudo=True, timeout=60).check()
-        return None
+        return super().apply(ctx, change)
 
 
 class Enable(Step):
@@ -137,14 +138,13 @@ class Enable(Step):
         _, enabled, active = state(ctx)
         if enabled == "enabled" and active == "active":
             return Unchanged("earlyoom enabled and running")
-        return Change("systemctl enable --now earlyoom")
+        return Change("enable and start earlyoom", commands=("systemctl enable --now earlyoom",))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        if state(ctx)[1] != "enabled":
+        if state(ctx)[1] != "enabled":  # (down disables only what sparkctl enabled)
             write_marker(ctx, ENABLED, "earlyoom was enabled by `sparkctl up --oom-guard`\n",
                          self.name)
-        ctx.run("systemctl enable --now earlyoom", sudo=True, timeout=60).check()
-        return None
+        return super().apply(ctx, change)
 
 
 def phase(inventory: Inventory) -> Phase:
@@ -171,21 +171,26 @@ class Remove(Step):
                         "before: kept)")
         else:
             what.append("restart earlyoom with that config (enabled before sparkctl: kept)")
-        return Change("; ".join(what), payload={"installed": installed, "enabled": enabled})
+        return Change("; ".join(what), commands=(remove_cmd(installed, enabled),))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        undo = undo_files_cmd([DEFAULTS, MARKER, ENABLED])
-        if change.payload["installed"]:
-            command = ("systemctl disable --now earlyoom >&2; "
-                       "DEBIAN_FRONTEND=noninteractive apt-get remove -y -q earlyoom >&2; " + undo)
-        elif change.payload["enabled"]:
-            command = "systemctl disable --now earlyoom >&2; " + undo
-        else:
-            command = undo + "; systemctl try-restart earlyoom >&2 || true"
-        result = ctx.run(command, sudo=True, timeout=600, display="remove sparkctl's earlyoom setup")
+        result = ctx.run(change.commands[0], sudo=True, timeout=600,
+                         display="remove sparkctl's earlyoom setup")
         answer = ledger_answer(result, ctx.node.name, self.name)
         left = [str(e.get("reason")) for e in answer.get("left") or []]
         return ("left alone: " + "; ".join(left)) if left else None
+
+
+def remove_cmd(installed: bool, enabled: bool) -> str:
+    """earlyoom's config put back through the ledger, and the package removed (sparkctl
+    installed it), or disabled (sparkctl enabled it), or restarted with that config."""
+    undo = undo_files_cmd([DEFAULTS, MARKER, ENABLED])
+    if installed:
+        return ("systemctl disable --now earlyoom >&2; "
+                "DEBIAN_FRONTEND=noninteractive apt-get remove -y -q earlyoom >&2; " + undo)
+    if enabled:
+        return "systemctl disable --now earlyoom >&2; " + undo
+    return undo + "; systemctl try-restart earlyoom >&2 || true"
 
 
 def down_facts(inventory: Inventory) -> dict[str, Any]:

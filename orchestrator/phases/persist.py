@@ -185,25 +185,28 @@ class EnableUnit(Step):
             return Unchanged("not a serving node")
         unit = unit_name(self.spec.server)
         state = (((ctx.facts.get("commands") or {}).get("unit_enabled") or {}).get("out") or "")
-        rewritten = f"{ctx.node.name}: persist/boot-files" in ctx.shared.get("changed_steps", [])
+        rewritten = f"{ctx.node.name}: persist/boot-files" in ctx.shared.changed_steps
         if state.split() == ["enabled", "active"] and not rewritten:
             return Unchanged(f"{unit} enabled and watching")
         return Change(f"enable {unit}: at boot it checks the fabric, containers, models and "
                       f"memory, then starts {self.spec.server} here "
                       + ("(after its peers)" if ctx.node.name == self.spec.nodes[0] and
-                         len(self.spec.nodes) > 1 else ""))
+                         len(self.spec.nodes) > 1 else ""), commands=(enable_cmd(self.spec.server),))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         unit = unit_name(self.spec.server)
-        # started now too: its watcher must run before any reboot (a peer may reboot first);
-        # restarted, so a rewritten plan is the one it watches with
-        marker = launch_marker(self.spec.server)
-        ctx.run(f"systemctl daemon-reload && {join(['systemctl', 'enable', unit])} && "
-                f"mkdir -p {quote(marker.rsplit('/', 1)[0])} && touch {quote(marker)} && "
-                f"{join(['systemctl', 'restart', unit])}", sudo=True, timeout=60,
-                display=f"systemctl enable {unit}; systemctl restart {unit}").check()
+        super().apply(ctx, change)
         return (f"{unit} enabled and started (it watches the server; log: "
                 f"{BOOT_LOG_DIR}/boot-{self.spec.server}.log)")
+
+
+def enable_cmd(server: str) -> str:
+    """The unit enabled, and started now too: its watcher must run before any reboot (a peer
+    may reboot first); restarted, so a rewritten plan is the one it watches with."""
+    unit, marker = unit_name(server), launch_marker(server)
+    return (f"systemctl daemon-reload && {join(['systemctl', 'enable', unit])} && "
+            f"mkdir -p {quote(marker.rsplit('/', 1)[0])} && touch {quote(marker)} && "
+            f"{join(['systemctl', 'restart', unit])}")
 
 
 def stale(server: str, engine: str, persist: bool,

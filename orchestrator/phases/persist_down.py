@@ -96,6 +96,13 @@ def restart_policies(ctx: NodeContext, containers: set[str] | None = None) -> li
     return out
 
 
+def removal(summary: str, units: list[str], files: list[str]) -> Change:
+    """Units disabled and stopped, their files removed through the ledger (what sparkctl wrote)."""
+    return Change(summary, payload={"units": units, "files": files}, commands=(
+        f"{join(['systemctl', 'disable', '--now', *units])} >&2; {undo_files_cmd(files)}; "
+        "systemctl daemon-reload >&2 || true",))
+
+
 class RemoveBootUnits(Step):
     """Disable and remove sparkctl's boot units (all, or one server's)."""
 
@@ -118,11 +125,10 @@ class RemoveBootUnits(Step):
                 return Unchanged("no stale boot unit")
             # the last unit of the node goes: its boot script with it, as `down` does
             script = [BOOT_SCRIPT] if len(servers) == len(units) else []
-            return Change(f"disable and remove {', '.join(unit_name(s) for s in servers)} "
-                          "(that server was replaced or launched without --persist)",
-                          payload={"units": [unit_name(s) for s in servers],
-                                   "files": [unit_path(s) for s in servers]
-                                   + [plan_path(s) for s in servers] + script})
+            return removal(f"disable and remove {', '.join(unit_name(s) for s in servers)} "
+                           "(that server was replaced or launched without --persist)",
+                           [unit_name(s) for s in servers],
+                           [unit_path(s) for s in servers] + [plan_path(s) for s in servers] + script)
         servers = sorted(s for s in units if self.server in (None, s))
         policies = restart_policies(ctx, self.containers)
         if not servers:
@@ -138,14 +144,11 @@ class RemoveBootUnits(Step):
         if policies:
             text += (f"; the restart policy of {', '.join(policies)} goes with "
                      + ("the containers removed next" if self.server is None else "its containers"))
-        return Change(text, payload={"units": [unit_name(s) for s in servers], "files": files})
+        return removal(text, [unit_name(s) for s in servers], files)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        units, files = change.payload["units"], change.payload["files"]
-        command = (f"{join(['systemctl', 'disable', '--now', *units])} >&2; "
-                   f"{undo_files_cmd(files)}; "
-                   "systemctl daemon-reload >&2 || true")
-        result = ctx.run(command, sudo=True, timeout=60,
+        units = change.payload["units"]
+        result = ctx.run(change.commands[0], sudo=True, timeout=60,
                          display=f"systemctl disable --now {' '.join(units)}; remove their files")
         answer = ledger_answer(result, ctx.node.name, self.name)
         left = [str(e.get("reason")) for e in answer.get("left") or []]

@@ -25,10 +25,10 @@ from orchestrator.phases.registry import RegistryCheck, probe_fact
 from orchestrator.remote.facts import (
     Command,
     CommandResult,
-    DockerObject,
     merge_requests,
     request_of,
 )
+from orchestrator.remote.node_facts import LINKS, NETPLAN_FILES, ROCE_PORTS, DockerImage, LinkTable
 
 MIN_FREE_BYTES = 20 * 10**9
 MAX_CLOCK_SKEW_SECONDS = 60.0
@@ -73,11 +73,10 @@ def groups_fact(user: str) -> Command:
 def _base_request(inventory: Inventory, node: Node) -> dict[str, Any]:
     image = up_image(inventory)
     typed = request_of(DOCKER, NETPLAN, groups_fact(inventory.cluster.user),
-                       *((DockerObject("images", image), probe_fact(image)) if image else ()))
+                       *((DockerImage(image), probe_fact(image)) if image else ()),
+                       LINKS, ROCE_PORTS,
+                       NETPLAN_FILES)  # (other netplan files that address the fabric interfaces)
     return merge_requests([typed, {
-        "links": True,
-        "ibdev2netdev": True,
-        "netplan": True,  # other netplan files that address the fabric interfaces
         "python": True,
         "resolve": [node.host],
         "disk": [DOCKER_DIR],
@@ -113,11 +112,10 @@ def check_docker(inventory: Inventory, facts: dict[str, Any]) -> tuple[list[str]
     image = up_image(inventory)
     if image is None:
         return problems, notes
-    raw = (facts.get("images") or {}).get(image)  # (an inspect error: not present, said below)
-    present = DockerObject("images", image).read(facts) if not (
-        isinstance(raw, dict) and "error" in raw) else None
+    # (an inspect error reads as not present, said below)
+    present = DockerImage(image).read(facts, strict=False)
     if present is not None:
-        digest = (present.get("RepoDigests") or [present.get("Id", "?")])[0]
+        digest = (present.repo_digests or (present.id or "?",))[0]
         notes.append(f"image present ({str(digest)[-19:]})")
     else:
         notes.append(f"image {image} not present yet (pulled in the container phase)")
@@ -127,15 +125,16 @@ def check_docker(inventory: Inventory, facts: dict[str, Any]) -> tuple[list[str]
 def check_fabric(inventory: Inventory, facts: dict[str, Any]) -> list[str]:
     """Every fabric interface exists and its RoCE port is Up (the cable is in that port)."""
     problems: list[str] = []
-    links = facts.get("links") or {}
-    ib = facts.get("ibdev2netdev") or {}
-    devices: dict[str, dict[str, str]] = ib.get("devices") or {}
-    up_ports = sorted(name for name, dev in devices.items() if dev.get("state") == "Up")
+    table = LINKS.read(facts) or LinkTable({})
+    links = table.links
+    roce = ROCE_PORTS.read(facts)
+    devices = roce.ports
+    up_ports = sorted(name for name, dev in devices.items() if dev.up)
     hint = (f"ports with a cable (ibdev2netdev Up): {', '.join(up_ports)}; if the cable is in the "
             "other port, list those in fabric.interfaces" if up_ports else
             "ibdev2netdev shows no port Up: is the QSFP cable plugged in on both ends?")
-    if "error" in links:
-        return [f"cannot list interfaces: `ip -j addr` failed: {links['error']}"]
+    if table.error is not None:
+        return [f"cannot list interfaces: `ip -j addr` failed: {table.error}"]
     for iface in inventory.fabric.interfaces:
         if iface not in links:
             problems.append(f"fabric interface {iface} does not exist (interfaces: "
@@ -143,17 +142,17 @@ def check_fabric(inventory: Inventory, facts: dict[str, Any]) -> list[str]:
                             "fabric.interfaces in the inventory")
             continue
         device = devices.get(iface)
-        if ib.get("rc", 0) != 0 and not devices:
-            if not links[iface].get("carrier"):
+        if roce.rc != 0 and not devices:
+            if not links[iface].carrier:
                 problems.append(f"fabric interface {iface} has no carrier (ibdev2netdev is not "
                                 "available to say more): is the QSFP cable in this port?")
             continue
         if device is None:
             problems.append(f"fabric interface {iface} is not a RoCE port (ibdev2netdev does not "
                             f"list it); {hint}")
-        elif device.get("state") != "Up":
-            problems.append(f"fabric interface {iface} is Down (ibdev2netdev: {device.get('device')} "
-                            f"==> {iface} ({device.get('state')})): is the QSFP cable in this port? {hint}")
+        elif not device.up:
+            problems.append(f"fabric interface {iface} is Down (ibdev2netdev: {device.device} "
+                            f"==> {iface} ({device.state})): is the QSFP cable in this port? {hint}")
     return problems
 
 
@@ -166,10 +165,8 @@ def management_interface(node: Node, facts: dict[str, Any]) -> tuple[str | None,
             wanted.add(str(ipaddress.ip_address(address.split("%")[0])))
         except ValueError:
             continue
-    for name, link in sorted((facts.get("links") or {}).items()):
-        if not isinstance(link, dict):
-            continue
-        for cidr in link.get("addresses", []):
+    for name, link in sorted((LINKS.read(facts) or LinkTable({})).links.items()):
+        for cidr in link.addresses:
             if cidr.split("/")[0] in wanted:
                 return name, resolved
     return None, resolved

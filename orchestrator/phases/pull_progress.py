@@ -151,7 +151,7 @@ def pull_cmd(image: str) -> str:
 
 def run_pull(ctx: NodeContext, image: str, timeout: float) -> tuple[int, str]:
     """Pull on the node, its progress in the progress stream and the run log: (exit, output)."""
-    note = ctx.options.values.get("progress_note") or (lambda line: None)
+    note = ctx.options.note
     node = ctx.node.name
     command = pull_cmd(image)
     with Heartbeat(note, f"{node}: docker pull {image}") as beat:

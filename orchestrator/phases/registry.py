@@ -13,7 +13,7 @@ judgement as a step: in `up`'s preflight, and in launch's `image-check` phase (v
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +21,8 @@ from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.remote.facts import Command, Request, merge_requests
+from orchestrator.remote.node_facts import DockerImage
 
-WANTED = "image_share"
-"""ctx.shared key: {node: why it needs the image from another node} (phases/image_share.py)."""
 PROBE_SECONDS = 10
 NETWORK_WORDS = ("no such host", "dial tcp", "i/o timeout", "connection refused", "unreachable",
                  "tls handshake", "x509", "proxyconnect", "no route to host", "no answer")
@@ -38,10 +37,11 @@ def registry_of(image: str) -> str:
     return "docker.io"
 
 
-def repo_digest(fact: dict[str, Any], image: str) -> str | None:
-    """The registry digest `docker image inspect` lists for the image's repository, if any."""
+def repo_digest(repo_digests: Iterable[str], image: str) -> str | None:
+    """The registry digest `docker image inspect` lists (RepoDigests) for the image's
+    repository, if any."""
     repo = image.split("@")[0].rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
-    for entry in fact.get("RepoDigests") or []:
+    for entry in repo_digests:
         if entry.split("@")[0] == repo:
             return str(entry.split("@", 1)[1])
     return None
@@ -88,8 +88,8 @@ class Reach:
 
 def reach(facts: dict[str, Any], image: str) -> Reach:
     """One node's answer: the image's inspect first (present), then the probe."""
-    fact = (facts.get("images") or {}).get(image)
-    if isinstance(fact, dict) and fact.get("Id") and "error" not in fact:
+    present = DockerImage(image).read(facts, strict=False)
+    if present is not None and present.id:
         return Reach("present")
     result = probe_fact(image).read(facts)
     if result is None:
@@ -173,11 +173,11 @@ def supply_for(ctx: NodeContext, image: str, targets: Targets | None = None) -> 
     nodes = (targets(ctx) if targets else None) or sorted(ctx.cluster_facts)
     reaches = {n: reach(f, image) for n, f in ctx.cluster_facts.items()}
     return supply(image, reaches, nodes, ctx.inventory.head_name,
-                  bool(ctx.options.values.get("distribute_image")))
+                  ctx.options.distribute_image)
 
 
 def want(ctx: NodeContext, node: str, reason: str) -> None:
-    ctx.shared.setdefault(WANTED, {})[node] = reason
+    ctx.shared.image_wanted[node] = reason
 
 
 def receive(ctx: NodeContext, image: str, targets: Targets | None = None) -> Change | None:
@@ -213,15 +213,14 @@ class RegistryCheck(Step):
         notes = found.notes()
         if not notes:
             return Unchanged(f"{image}: present or pullable on every node that needs it")
-        say = ctx.options.values.get("progress_note")
         # an interactive run checks twice (the plan it shows, then the run): say it once
-        said = ctx.options.values.setdefault("notes_said", set())
+        said = ctx.options.notes_said
         for note in notes:
-            if say and note not in said:
-                say(f"note: {note}")
+            if note not in said:
+                ctx.options.note(f"note: {note}")
                 said.add(note)
-            if note not in ctx.shared.setdefault("notes", []):
-                ctx.shared["notes"].append(note)
+            if note not in ctx.shared.notes:
+                ctx.shared.notes.append(note)
         return Unchanged("; ".join(notes))
 
     def apply(self, ctx: NodeContext, change: Any) -> str | None:  # never called

@@ -175,7 +175,7 @@ class HostKey(Step):
                 f"{ctx.node.name}: ssh-keygen wrote no usable public key to {HOST_PUB} "
                 f"(output: {result.stdout[-200:]!r}); is openssh-client installed on the node?"
             )
-        ctx.shared.setdefault("host_keys", {})[ctx.node.name] = pub
+        ctx.shared.host_keys[ctx.node.name] = pub
         return None
 
 
@@ -236,7 +236,7 @@ class ClusterKey(Step):
             result = transport.run(write_files_cmd(), stdin=payload, sudo=True,
                                    display=f"write {CLUSTER_KEY} (secret, on stdin)")
             check_written(result, name, "cluster-key")
-        ctx.shared["cluster_public_key"] = public_key_of(public)
+        ctx.shared.cluster_public_key = public_key_of(public)
         return f"cluster key installed on {', '.join(change.payload['targets'])}"
 
 
@@ -256,7 +256,7 @@ def trust_facts_for(more: MoreFiles) -> Callable[[Inventory, Node], dict[str, An
 
 
 def _host_keys(ctx: NodeContext) -> dict[str, str]:
-    keys = dict(ctx.shared.get("host_keys") or {})
+    keys = dict(ctx.shared.host_keys)
     for name, facts in ctx.cluster_facts.items():
         pub = public_key_of(_file(facts, HOST_PUB_FACT).content)
         if pub:
@@ -268,7 +268,7 @@ def _cluster_public_key(ctx: NodeContext) -> str:
     head = ctx.cluster_facts.get(ctx.inventory.head_name) or {}
     return (
         public_key_of(_file(head, CLUSTER_PUB_FACT).content)
-        or ctx.shared.get("cluster_public_key")
+        or ctx.shared.cluster_public_key
         or PENDING_KEY
     )
 

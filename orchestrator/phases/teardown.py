@@ -28,6 +28,8 @@ from orchestrator.phases import oomguard
 from orchestrator.phases.boot_units import UNIT_DIR, UNIT_PREFIX
 from orchestrator.phases.files import ledger_answer, ledger_cmd, ledger_entries, ownership, undo_files_cmd
 from orchestrator.phases.persist_down import kept_text, logs_left_cmd
+from orchestrator.remote.facts import request_of
+from orchestrator.remote.node_facts import LINKS, NETPLAN_FILES, ContainerInfo, DockerContainer, LinkTable
 
 LOCK_NAME = "lock"
 """The cluster lock lives in STATE_DIR on the head and is held while down runs: kept."""
@@ -49,12 +51,12 @@ def managed_ps_cmd(inventory: Inventory, fmt: str = r"{{.ID}}\t{{.Names}}\t{{.St
 def down_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     from orchestrator.engines import server_containers
 
+    # the `up` container, and the engines' default server containers (server.json names one)
+    containers = map(DockerContainer, [inventory.container.name, *sorted(server_containers(""))])
     return {
         "files": {NETPLAN_FILE: True, LEDGER: True, CONFIG_DIR: False, STATE_DIR: False,
                   SERVER_JSON: True},
-        "netplan": True, "links": True,
-        # the `up` container, and the engines' default server containers (server.json names one)
-        "containers": [inventory.container.name, *sorted(server_containers(""))],
+        **request_of(NETPLAN_FILES, LINKS, *containers),
         "commands": {
             "managed": managed_ps_cmd(inventory),
             "state_entries": f"ls -A {quote(STATE_DIR)} 2>/dev/null || true",
@@ -85,10 +87,8 @@ def managed_containers(facts: dict[str, Any]) -> list[ManagedContainer]:
     return out
 
 
-def _is_ours(container: dict[str, Any] | None, inventory: Inventory) -> bool:
-    labels = ((container or {}).get("Config") or {}).get("Labels") or {}
-    return (labels.get("sparkctl.managed") == "true"
-            and labels.get("sparkctl.cluster") == inventory.cluster.name)
+def _is_ours(container: ContainerInfo | None, inventory: Inventory) -> bool:
+    return container is not None and container.managed_by(inventory.cluster.name)
 
 
 def _file(ctx: NodeContext, path: str) -> dict[str, Any]:
@@ -113,8 +113,8 @@ class StopServer(Step):
     def check(self, ctx: NodeContext) -> Outcome:
         record = _server_record(ctx)
         name = record.get("container") or ctx.inventory.container.name
-        container = (ctx.facts.get("containers") or {}).get(name)
-        running = bool(((container or {}).get("State") or {}).get("Running"))
+        container = DockerContainer(name).read(ctx.facts, strict=False)
+        running = container is not None and container.running
         pids = _pid_files(ctx)
         if not pids:
             return Unchanged("no server processes recorded")
@@ -158,7 +158,7 @@ class RemoveContainers(Step):
     def check(self, ctx: NodeContext) -> Outcome:
         ours = managed_containers(ctx.facts)
         note = ""
-        named = (ctx.facts.get("containers") or {}).get(ctx.inventory.container.name)
+        named = DockerContainer(ctx.inventory.container.name).read(ctx.facts, strict=False)
         if named and not _is_ours(named, ctx.inventory):
             note = (f"; left alone: container {ctx.inventory.container.name} (not created by "
                     "sparkctl for this cluster)")
@@ -202,7 +202,7 @@ class RemoveNetwork(Step):
             notes.append("no sparkctl netplan file")
         for note in notes:  # what was not done belongs in the report's notes (stdout, piped)
             if note.startswith("left alone"):
-                ctx.shared.setdefault("notes", []).append(f"{ctx.node.name}: {note}")
+                ctx.shared.notes.append(f"{ctx.node.name}: {note}")
         remove_file = owner == "ours"
         before = (ledger_entries(ctx).get(NETPLAN_FILE) or {}).get("before") or {}
         restore = remove_file and before.get("kind") == "file"
@@ -223,23 +223,23 @@ class RemoveNetwork(Step):
             target = f"{NETPLAN_FILE} (as before `up`)" if restore else "/dev/null"
             diff = (f"--- {NETPLAN_FILE} (on node)\n+++ {target}\n@@ -1,{len(lines)} +0,0 @@\n"
                     + "".join(f"-{line}\n" for line in lines))
-        return Change("; ".join(parts + notes), diff=diff,
-                      payload=NetworkUndo(remove_file, restore, addresses))
+        undo = NetworkUndo(remove_file, restore, addresses)
+        return Change("; ".join(parts + notes), diff=diff, payload=undo, commands=(remove_network_cmd(undo),))
 
     def _addresses_to_flush(self, ctx: NodeContext, notes: list[str],
                             kept_file: bool) -> list[tuple[str, str]]:
-        links = ctx.facts.get("links") or {}
+        links = (LINKS.read(ctx.facts) or LinkTable({})).links
         claimed = {
             iface
-            for path, entry in (ctx.facts.get("netplan") or {}).items()
+            for path, entry in NETPLAN_FILES.read(ctx.facts).items()
             if path != NETPLAN_FILE or kept_file
-            for iface in entry.get("interfaces", [])
+            for iface in entry.interfaces
         }
         out = []
         for iface, address in sorted((ctx.node.addresses or {}).items()):
             if iface not in ctx.inventory.fabric.interfaces:
                 continue
-            if address not in ((links.get(iface) or {}).get("addresses") or []):
+            if iface not in links or address not in links[iface].addresses:
                 continue
             if iface in claimed:
                 notes.append(f"left alone: {address} on {iface} (another netplan file configures {iface})")
@@ -249,8 +249,7 @@ class RemoveNetwork(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         undo: NetworkUndo = change.payload
-        result = ctx.run(remove_network_cmd(undo), sudo=True, timeout=120,
-                         display="remove sparkctl fabric config")
+        result = ctx.run(change.commands[0], sudo=True, timeout=120, display="remove sparkctl fabric config")
         note = None
         if undo.remove_file:
             answer = ledger_answer(result, ctx.node.name, "network")
@@ -312,11 +311,10 @@ class RemoveFiles(Step):
         if not targets:
             return Unchanged("no sparkctl files")
         return Change("remove " + ", ".join(targets) + " (Hugging Face cache kept)",
-                      payload=sorted(self.keep(ctx)))
+                      commands=(remove_files_cmd(sorted(self.keep(ctx))),))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        result = ctx.run(remove_files_cmd(change.payload or [LOCK_NAME]), sudo=True,
-                         display="remove /etc/sparkctl, /var/lib/sparkctl")
+        result = ctx.run(change.commands[0], sudo=True, display="remove /etc/sparkctl, /var/lib/sparkctl")
         answer = ledger_answer(result, ctx.node.name, "files")
         result.check()
         left = [str(e.get("reason")) for e in answer.get("left") or []]

@@ -37,7 +37,6 @@ from orchestrator.remote.transport import (
 )
 
 log = logging.getLogger("sparkctl.connect")
-KEEPALIVE_SECONDS = 15
 
 
 class _Retryable(Exception):

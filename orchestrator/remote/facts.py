@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from orchestrator.commands import python_script_cmd
 from orchestrator.errors import SparkctlError
@@ -170,6 +170,12 @@ class DockerObject:
         return raw if isinstance(raw, dict) else None
 
 
-def request_of(*facts: Command | File | DockerObject) -> Request:
+class Fact(Protocol):
+    """Anything that asks the gatherer for something (remote/node_facts.py has more)."""
+
+    def request(self) -> Request: ...
+
+
+def request_of(*facts: Fact) -> Request:
     """The request that asks for all of `facts`."""
     return merge_requests([fact.request() for fact in facts])

@@ -26,7 +26,6 @@ DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 DEFAULT_USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 DEFAULT_GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 DEFAULT_KEEPALIVE = 15
-DEFAULT_CONNECT_TIMEOUT = 10.0
 NO_CHECKING = ("no", "off", "accept-new")
 
 

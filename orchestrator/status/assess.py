@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from orchestrator.commands import quote
+from orchestrator.engines import up_container
 from orchestrator.engines.liveness import dead_ranks
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
@@ -39,7 +40,7 @@ PROBE = script("probe.py")
 def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     """One facts request: what status shows, plus what the container step needs to compute the
     config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
-    from orchestrator.engines import process_words, up_container
+    from orchestrator.engines import process_words
     from orchestrator.engines.serverctl import node_cmd
     from orchestrator.phases.boot_units import units_cmd
     from orchestrator.phases.ssh_keys import ENTRYPOINT, SSHD_CONFIG
@@ -124,8 +125,9 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
         result["gateway"] = gateway_summary(facts)
         from orchestrator.status.memory import attach_metrics
 
-        def run_on(node: str, command: str) -> tuple[int, str]:
-            done = session.transports[node].run(command, timeout=15, display="GET /metrics")
+        def run_on(node: str, command: str, sudo: bool = False) -> tuple[int, str]:
+            done = session.transports[node].run(command, sudo=sudo, timeout=15,
+                                                display="GET /metrics")
             return done.exit_status, done.stdout
 
         attach_metrics([s for s in result["servers"] if s.get("node") in session.transports], run_on)
@@ -255,8 +257,6 @@ def assess_network(inventory: Inventory, node: Node, facts: dict[str, Any],
 
 def assess_container(inventory: Inventory, node: Node, facts: dict[str, Any],
                      problems: list[str]) -> dict[str, Any]:
-    from orchestrator.engines import up_container
-
     if (up := up_container(inventory)) is None:
         return {"name": None, "status": "absent", "digest": None}
     name = up.settings.name
@@ -300,11 +300,11 @@ def assess_container(inventory: Inventory, node: Node, facts: dict[str, Any],
 
 def desired_config_hash(up: Any, inventory: Inventory, node: Node, facts: dict[str, Any]) -> str | None:
     """The hash `up` would label its container (UpContainer `up`) with now, or None."""
-    from orchestrator.core.step import NodeContext, RunOptions
+    from orchestrator.core.step import NodeContext, RunOptions, RunState
     from orchestrator.phases.container import Container
 
     ctx = NodeContext(inventory=inventory, node=node, facts=facts, cluster_facts={}, transport=None,
-                      options=RunOptions(command="status"), shared={})
+                      options=RunOptions(command="status"), shared=RunState())
     try:
         return Container(up.spec_for).wanted(ctx)[1]
     except Exception:  # facts the container step cannot use (no ibdev2netdev...): unknown, not a crash

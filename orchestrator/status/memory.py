@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from orchestrator.commands import quote
+from orchestrator.commands import join, quote
 from orchestrator.engines.meters import meter_class, parse_prometheus
 from orchestrator.phases.memory import GUARD_DEFAULT_GB, PLAN_FILE
 
@@ -107,13 +107,20 @@ def summarize_metrics(text: str) -> dict[str, Any]:
 
 
 FETCH = ("import sys, urllib.request\n"
-         "r = urllib.request.urlopen('http://127.0.0.1:%d/metrics' % int(sys.argv[1]), timeout=5)\n"
+         "h = {'Authorization': 'Bearer ' + open(sys.argv[3]).read().strip()} if sys.argv[3:] else {}\n"
+         "q = urllib.request.Request('http://%s:%d/metrics' % (sys.argv[2], int(sys.argv[1])), headers=h)\n"
+         "r = urllib.request.urlopen(q, timeout=5)\n"
          "body = r.read().decode('utf-8', 'replace')\n"
          "sys.stdout.write(r.headers.get('Content-Type', '') + '\\n' + body)\n")
 
 
-def metrics_cmd(port: int) -> str:
-    return f"python3 -c {quote(FETCH)} {int(port)}"
+def metrics_cmd(port: int, host: str = "127.0.0.1", key_file: str | None = None) -> str:
+    """GET /metrics where the server binds; with its API key's node file (an engine may guard
+    /metrics: llama-server does), read by the fetch itself, so run it with sudo."""
+    from orchestrator.engines.apikey import probe_host
+
+    words = [int(port), probe_host(host), *([key_file] if key_file else [])]
+    return f"python3 -c {quote(FETCH)} {join(words)}"
 
 
 def reads_prometheus(engine: str | None) -> bool:
@@ -133,8 +140,8 @@ def server_metrics(answer_rc: int, answer_out: str) -> dict[str, Any]:
 
 
 def attach_metrics(servers: list[dict[str, Any]], run_on: Any) -> None:
-    """Each healthy server with Prometheus metrics gets "metrics"; run_on(node, command) runs a
-    command on that node and returns (rc, stdout)."""
+    """Each healthy server with Prometheus metrics gets "metrics"; run_on(node, command, sudo)
+    runs a command on that node and returns (rc, stdout)."""
     for server in servers:
         if server.get("state") != "healthy" or not server.get("port") or not server.get("node"):
             continue
@@ -142,7 +149,9 @@ def attach_metrics(servers: list[dict[str, Any]], run_on: Any) -> None:
             server["metrics"] = {"ok": False, "why": "this engine's /metrics is not Prometheus text"}
             continue
         try:
-            rc, out = run_on(str(server["node"]), metrics_cmd(int(server["port"])))
+            key_file = server.get("api_key_file")
+            rc, out = run_on(str(server["node"]), metrics_cmd(
+                int(server["port"]), str(server.get("host") or "127.0.0.1"), key_file), bool(key_file))
         except Exception as exc:  # one server's metrics never fail status
             server["metrics"] = {"ok": False, "why": str(exc)[:200]}
             continue

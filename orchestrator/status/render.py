@@ -105,7 +105,8 @@ def servers_line(title: str, listed: list[dict[str, Any]]) -> str:
 
     return f"{title}: {len(listed)}: " + ", ".join(
         f"{escape(str(s.get('name')))} ({s.get('engine')} on "
-        f"{','.join(map(str, s.get('nodes') or [s.get('node')]))}, {_styled(str(s.get('state')))})"
+        f"{','.join(map(str, s.get('nodes') or [s.get('node')]))}, {_styled(str(s.get('state')))}"
+        + (f", {s.get('host')} with API key" if s.get("api_key_file") else "") + ")"
         for s in listed)
 
 

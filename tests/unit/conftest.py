@@ -28,7 +28,7 @@ import pytest
 from orchestrator.core.progress import Progress
 from orchestrator.core.report import Report
 from orchestrator.core.session import Session
-from orchestrator.core.step import NodeContext, RunOptions
+from orchestrator.core.step import NodeContext, RunOptions, RunState
 from orchestrator.inventory import Inventory
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.remote.transport import Result
@@ -159,14 +159,19 @@ def make_inventory(data: dict[str, Any] | None = None, source: str = "two-sparks
 
 
 def make_context(inv: Inventory, node: str, cluster_facts: dict[str, dict[str, Any]],
-                 shared: dict[str, Any] | None = None,
+                 shared: RunState | dict[str, Any] | None = None,
                  transports: dict[str, FakeTransport] | None = None,
                  options: RunOptions | None = None) -> NodeContext:
+    """A step's context; `shared` as a dict sets values under their keys (an engine's own)."""
     transports = transports or {}
+    if not isinstance(shared, RunState):
+        given, shared = shared or {}, RunState()
+        for key, value in given.items():
+            shared[key] = value
     return NodeContext(
         inventory=inv, node=inv.node(node), facts=cluster_facts[node], cluster_facts=cluster_facts,
         transport=transports.get(node), options=options or RunOptions(),  # type: ignore[arg-type]
-        shared={} if shared is None else shared, transports=transports,  # type: ignore[arg-type]
+        shared=shared, transports=transports,  # type: ignore[arg-type]
     )
 
 
@@ -267,3 +272,25 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
             logger.removeHandler(handler)
             handler.close()
     logger.setLevel(level)
+
+
+LAB_NODE_TOOLS = Path(__file__).resolve().parents[2] / "lab" / "sparklab" / "node_tools"
+
+
+@pytest.fixture
+def docker_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., list[Any]]:
+    """The lab's docker shim in-process, its state under tmp_path: docker_shim("manage") gives
+    [sparklab_dockerd_state, sparklab_dockerd_manage] (the state module first, always)."""
+    import importlib
+
+    def load(*parts: str) -> list[Any]:
+        monkeypatch.syspath_prepend(str(LAB_NODE_TOOLS))
+        monkeypatch.setenv("SPARKLAB_IMAGE_DIR", str(LAB_NODE_TOOLS.parent / "image"))
+        modules = [importlib.import_module(f"sparklab_dockerd_{p}") for p in ("state", *parts)]
+        for module in modules:
+            monkeypatch.setattr(module, "IMAGES", str(tmp_path / "images"))
+        monkeypatch.setattr(modules[0], "CONFIG", str(tmp_path / "config"))
+        monkeypatch.setattr(modules[0], "ROOT", str(tmp_path))
+        return modules
+
+    return load

@@ -1,6 +1,6 @@
 """`launch --host` beyond loopback: refused without --api-key-file (exit 2, before anything
-happens), and refused with one while no engine passes the key to its server; the key file is
-checked like a private key and never shown."""
+happens), and refused with one for an engine that takes no key; the key file is checked like a
+private key and never shown."""
 
 from __future__ import annotations
 
@@ -41,11 +41,19 @@ def test_key_file_rules(tmp_path: Path) -> None:
 
 
 def test_bind_rules(tmp_path: Path) -> None:
-    assert check_bind("127.0.0.1", None, "vllm", "vLLM") is None
+    from orchestrator.engines.apikey import KeyWay
+
+    way = KeyWay("its own flag", ("/health",))
+    assert check_bind("127.0.0.1", None, way, "vLLM") is None
     with pytest.raises(InputError, match="pass --api-key-file"):
-        check_bind("0.0.0.0", None, "vllm", "vLLM")
-    with pytest.raises(InputError, match="does not pass an API key to its server yet"):
-        check_bind("0.0.0.0", str(key_file(tmp_path)), "vllm", "vLLM")
+        check_bind("0.0.0.0", None, way, "vLLM")
+    key = check_bind("0.0.0.0", str(key_file(tmp_path)), way, "vLLM")
+    assert key is not None and key.reveal() == "sk-local-123" and "sk-" not in repr(key)
+    # a key on loopback protects it too; an engine without a way refuses the key either way
+    assert check_bind("127.0.0.1", str(key_file(tmp_path)), way, "vLLM") is not None
+    for host in ("0.0.0.0", "127.0.0.1"):
+        with pytest.raises(InputError, match="does not pass an API key to its server"):
+            check_bind(host, str(key_file(tmp_path)), None, "Nothing")
 
 
 def test_launch_beyond_loopback_without_a_key_exits_2_before_anything(

@@ -80,13 +80,13 @@ def test_up_runs_the_up_plan_and_remembers_the_inventory(inv: str, executed: dic
     request = executed["request"]
     assert (request.command, request.yes, request.as_json, request.trust_new_hosts, request.break_lock,
             request.dry_run) == ("up", True, True, True, True, False)
-    assert (request.values["verify"], request.values["distribute_image"]) == (True, False)
-    assert callable(request.values["progress_note"])  # the registry check's notes, up front
+    assert (request.options.verify, request.options.distribute_image) == (True, False)
+    assert callable(request.options.progress_note)  # the registry check's notes, up front
     plan = request.build(fake_cluster().session())
     assert [p.name for p in plan.phases][:2] == ["preflight", "network"]
     assert (state_dir / "last-inventory").read_text().strip() == inv
     again = sparkctl("up", "-i", inv, "--yes", "--distribute-image")
-    assert again.exit_code == 0 and executed["request"].values["distribute_image"] is True
+    assert again.exit_code == 0 and executed["request"].options.distribute_image is True
 
 
 def test_a_failed_up_exits_1_and_is_not_remembered(inv: str, executed: dict[str, Any],
@@ -107,7 +107,7 @@ def test_down_tolerates_unreachable_nodes_and_says_what_it_kept(inv: str, execut
                                                                fake_cluster: Any) -> None:
     assert sparkctl("down", "-i", inv, "--yes", "--network").exit_code == 0
     request = executed["request"]
-    assert not request.require_all_nodes and request.lock_optional and request.values == {"network": True}
+    assert not request.require_all_nodes and request.lock_optional
     session = fake_cluster(unreachable={"spark-b": "cannot reach b:22"}).session("down")
     plan = request.build(session)
     assert [p.name for p in plan.phases]
@@ -178,10 +178,10 @@ def test_launch_hands_a_plan_and_a_health_wait_to_the_runner(inv: str, executed:
     assert result.exit_code == 0, result.output
     request = executed["request"]
     assert request.command == "launch" and request.after is not None
-    token_value = request.values["hf_token"]
+    token_value = request.options.hf_token
     assert str(token_value) == "***" and token_value.reveal() == "hf_secret_value"
     assert "memory:" in result.stderr
-    assert request.values["distribute_image"] is False
+    assert request.options.distribute_image is False
     missing = sparkctl("launch", "gpt-oss-120b", "-i", inv, "--yes", "--hf-token-file", "/nonexistent")
     assert missing.exit_code == 2 and "HF token file not found: /nonexistent" in missing.stderr
 
@@ -189,7 +189,7 @@ def test_launch_hands_a_plan_and_a_health_wait_to_the_runner(inv: str, executed:
 def test_launch_distribute_image_reaches_the_run(inv: str, executed: dict[str, Any]) -> None:
     result = sparkctl("launch", "qwen3-8b", "-i", inv, "--yes", "--distribute-image")
     assert result.exit_code == 0, result.output
-    assert executed["request"].values["distribute_image"] is True
+    assert executed["request"].options.distribute_image is True
     shown = sparkctl("launch", "--help")
     assert "--distribute-image" in shown.stdout and "over the fabric" in shown.stdout
 

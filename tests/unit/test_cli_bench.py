@@ -280,8 +280,9 @@ def test_sweep_relaunches_each_value_measures_and_restores(inv: str, cluster: Fa
     launched: list[str] = []
     seen: dict[str, Any] = {}
 
-    def relauncher(inventory_path: str, timeout: float, server: Any = None) -> Any:
-        seen.update(inventory=inventory_path, timeout=timeout, server=server)
+    def relauncher(inventory_path: str, timeout: float, server: Any = None,
+                   key_file: Any = None) -> Any:
+        seen.update(inventory=inventory_path, timeout=timeout, server=server, key_file=key_file)
         return lambda recipe: launched.append(str(recipe))
     monkeypatch.setattr(bench_cli, "relauncher", relauncher)
 
@@ -412,6 +413,25 @@ def test_a_sweep_relaunches_exactly_the_measured_server(popen: type[Proc]) -> No
     bench_cli.relauncher("/inv.yml", 60, server)("/tmp/variant.yml")
     (proc,) = popen.made
     assert proc.argv[-6:] == ["--name", "mine", "--nodes", "spark-b", "--port", "30001"]
+
+
+def test_a_sweep_relaunches_a_server_with_its_key_where_it_binds(popen: type[Proc],
+                                                                 tmp_path: Path) -> None:
+    from conftest import FakeTransport
+
+    from orchestrator.engines.apikey import key_copy
+
+    server = {"name": "mine", "nodes": ["spark-b"], "port": 30001, "host": "192.168.200.13",
+              "api_key_file": "/var/lib/sparkctl/run/servers/mine/api_key"}
+    transport = FakeTransport("spark-b").on("cat ", stdout="sk-sweep-sentinel-1\n")
+    copy = key_copy(transport, server, tmp_path)  # type: ignore[arg-type]
+    assert copy is not None and Path(copy).read_text() == "sk-sweep-sentinel-1\n"
+    assert Path(copy).stat().st_mode & 0o777 == 0o600
+    assert key_copy(transport, {**server, "api_key_file": None}, tmp_path) is None  # type: ignore[arg-type]
+    bench_cli.relauncher("/inv.yml", 60, server, copy)("/tmp/variant.yml")
+    (proc,) = popen.made
+    assert proc.argv[-4:] == ["--host", "192.168.200.13", "--api-key-file", copy]
+    assert "sk-sweep-sentinel-1" not in " ".join(proc.argv)
 
 
 def test_a_failed_relaunch_says_why(popen: type[Proc], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -101,8 +101,16 @@ class SSHServer:
             transport = paramiko.Transport(client)
             transport.add_server_key(self.host_key)
             self.transports.append(transport)
+            server = self.server()
             with contextlib.suppress(paramiko.SSHException, EOFError, OSError):
-                transport.start_server(server=Server(self.accept))
+                transport.start_server(server=server)
+            self.started(transport, server)
+
+    def server(self) -> Server:
+        return Server(self.accept)
+
+    def started(self, transport: paramiko.Transport, server: Server) -> None:
+        """A hook: what else the server does with a connection once SSH runs on it."""
 
     def close(self) -> None:
         self.sock.close()
@@ -314,20 +322,12 @@ def test_connect_all_stops_on_bad_input(tmp_path: Path, monkeypatch: pytest.Monk
 class JumpServer(SSHServer):
     """An SSH server that also forwards direct-tcpip channels, as a jump host's sshd does."""
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            transport = paramiko.Transport(client)
-            transport.add_server_key(self.host_key)
-            self.transports.append(transport)
-            server = ForwardingServer(self.accept)
-            with contextlib.suppress(paramiko.SSHException, EOFError, OSError):
-                transport.start_server(server=server)
-            threading.Thread(target=self._forward, args=(transport, server), daemon=True).start()
+    def server(self) -> Server:
+        return ForwardingServer(self.accept)
+
+    def started(self, transport: paramiko.Transport, server: Server) -> None:
+        assert isinstance(server, ForwardingServer)
+        threading.Thread(target=self._forward, args=(transport, server), daemon=True).start()
 
     def _forward(self, transport: paramiko.Transport, server: ForwardingServer) -> None:
         while transport.is_active():

@@ -145,12 +145,12 @@ def test_pull_feeds_the_digest_check(inventory: Any, context: Any, fake_transpor
     ctx = context(inv, "spark-a", {"spark-a": node_facts(pulled=False)},
                   transports={"spark-a": transport})
     lines: list[str] = []
-    ctx.options.values["progress_note"] = lines.append
+    ctx.options.progress_note = lines.append
     shared.Image().apply(ctx, Change("pull"))
     assert f"docker pull {IMAGE}" in transport.calls[0]["command"]
     assert transport.calls[1]["command"].startswith(f"docker image inspect {IMAGE}")
     assert any("0123456789ab pull complete; 1/1 layers done" in line for line in lines)
-    assert shared.image_digest(ctx.shared["image_facts"]["spark-a"], IMAGE) == "sha256:7"
+    assert shared.image_digest(ctx.shared.image_facts["spark-a"], IMAGE) == "sha256:7"
 
 
 def test_replace_command_waits_for_the_pinned_host_key(inventory: Any, wanted: Any) -> None:

@@ -174,7 +174,7 @@ def test_changed_steps_are_recorded_for_later_verification(run: Any) -> None:
         kind = "verify"
 
         def apply(self, ctx: NodeContext, change: Change) -> str | None:
-            shared_seen.append(list(ctx.shared.get("changed_steps", [])))
+            shared_seen.append(list(ctx.shared.changed_steps))
             return "ok"
 
     plan = Plan("up", [Phase("one", [Recorder("s1")], facts_request),

@@ -96,7 +96,7 @@ def test_tunnel_exits_130_on_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.remote import tunnel
 
     class Forwarder:
-        def __init__(self, *args: object) -> None:
+        def __init__(self, *args: object, **kwargs: object) -> None:
             self.local_port = 1
 
         def __enter__(self) -> Forwarder:

@@ -62,6 +62,24 @@ def test_the_key_is_only_in_the_config_file() -> None:
     assert s.fingerprint() != spec("sk-another-key-0123456").fingerprint()
 
 
+def test_a_replica_with_an_api_key_gets_it_in_the_config_file_only() -> None:
+    """A server launched with --api-key-file: LiteLLM sends that key to it (read from its
+    node's file over SSH, on stdout), from the 0600 config; a server bound beyond loopback
+    is no replica (its relay would need the address it holds)."""
+    replica_key = "sk-replica-sentinel-42"
+    keyed = {**server("r-k", "spark-b"), "api_key_file": "/var/lib/sparkctl/run/servers/r-k/api_key"}
+    exposed = {**server("r-x", "spark-a"), "host": "192.168.200.12", "api_key_file": "/x"}
+    transports = {"spark-b": FakeTransport("spark-b").on("cat ", stdout=replica_key + "\n")}
+    s = gateway.desired(make_inventory(), "spark-a", "0.0.0.0", 4000, Secret(KEY),
+                        [server("r-a", "spark-a"), keyed, exposed], gateway.key_reader(transports))
+    keys = {d["model_info"]["id"]: d["litellm_params"]["api_key"] for d in s.config()["model_list"]}
+    assert keys == {"r-a": "none", "r-k": replica_key}
+    (read,) = transports["spark-b"].calls
+    assert read.sudo and replica_key not in read.command and "servers/r-k/api_key" in read.command
+    assert replica_key not in gs.run_cmd(s, "c") + json.dumps(s.record())
+    assert replica_key not in gs.relay_start_cmd(s.replicas[1])
+
+
 def test_no_server_no_gateway() -> None:
     with pytest.raises(SparkctlError, match="no model server runs"):
         gateway.desired(make_inventory(), "spark-a", "127.0.0.1", 4000, None, [])

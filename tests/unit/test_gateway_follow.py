@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -108,21 +107,23 @@ def test_no_gateway_nothing_to_follow() -> None:
     assert gateway_follow.follow({"spark-a": a}, make_inventory(), print) == "none"  # type: ignore[dict-item]
 
 
-def test_relays_are_found_by_process_and_not_the_search_itself(tmp_path: Path) -> None:
+def test_relays_are_found_by_their_pid_files_and_only_while_they_are_relays(tmp_path: Path) -> None:
     argv = json.dumps({"state": f"{gs.GATEWAY_RUN}/relay-x.json"})
     relay = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", argv])
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", argv])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        time.sleep(0.2)  # not a timing assertion: the process only has to exist
-        found = subprocess.run(["sh", "-c", gs.relay_pids_cmd()], capture_output=True,
-                               text=True).stdout.split()
-        assert str(relay.pid) in found
-        for pid in found:  # any other is a relay that runs here, never the search itself
-            cmdline = Path(f"/proc/{pid}/cmdline")
-            if cmdline.exists():  # (a relay of another lab may end meanwhile)
-                assert "/run/gateway/relay-" in cmdline.read_text(errors="replace")
+        (tmp_path / "relay-x.pid").write_text(f"{relay.pid}\n")
+        (tmp_path / "relay-y.pid").write_text(f"{other.pid}\n")  # reused: not a relay now
+        (tmp_path / "relay-z.pid").write_text("garbage\n")
+        found = subprocess.run(["sh", "-c", gs.relay_pids_cmd(str(tmp_path))],
+                               capture_output=True, text=True).stdout.split()
+        # the stranger looks like a relay but no pid file of this node names it
+        assert found == [str(relay.pid)]
     finally:
-        relay.kill()
-        relay.wait()
+        for proc in (relay, stranger, other):
+            proc.kill()
+            proc.wait()
 
 
 def test_down_stops_relays_and_its_verify_names_any_left() -> None:

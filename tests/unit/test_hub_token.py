@@ -27,7 +27,7 @@ def missing_facts() -> dict[str, Any]:
 
 
 def options(**values: Any) -> RunOptions:
-    return RunOptions(command="launch", values=values)
+    return RunOptions(command="launch", **values)
 
 
 @pytest.mark.parametrize(("status", "output", "state", "hub"), [
@@ -109,7 +109,7 @@ def test_no_token_for_a_gated_repo_is_bad_input(fake_cluster: Callable[..., Fake
     ctx = cluster.context("spark-a", options=options())
     with pytest.raises(InputError, match=rf"{MODEL} is gated on the hub and no HF token was given"):
         hub_token.HubToken(RECIPE).check(ctx)
-    assert ctx.options.values[hub_token.MISSING] is True
+    assert ctx.options.token_missing is True
     (call,) = head.calls  # the draft is present: only the missing repo is asked about
     assert "--dry-run" in call.command and "HF_TOKEN_PATH" not in call.command
 
@@ -120,7 +120,7 @@ def test_no_token_for_a_public_repo_is_fine(fake_cluster: Callable[..., FakeClus
     ctx = cluster.context("spark-a", options=options())
     outcome = hub_token.HubToken(RECIPE).check(ctx)
     assert isinstance(outcome, Unchanged) and "need none" in outcome.reason
-    assert hub_token.MISSING not in ctx.options.values
+    assert not ctx.options.token_missing
 
 
 def test_the_lab_whoami(monkeypatch: pytest.MonkeyPatch, tmp_path: Any,

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.step import Change, RunOptions, Unchanged
+from orchestrator.core.step import Change, RunOptions, RunState, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.node import imagecopy
 from orchestrator.phases import container as c
@@ -46,7 +46,7 @@ def test_a_failed_pull_is_handed_to_image_share_only_when_the_phase_has_it(
                   transports={"spark-b": transport})
     message = c.Image(share=True).apply(ctx, c.Image(share=True).check(ctx))  # type: ignore[arg-type]
     assert "will come from another node" in str(message) and "no such host" in str(message)
-    assert ctx.shared[share.WANTED] == {"spark-b": "its pull failed"}
+    assert ctx.shared.image_wanted == {"spark-b": "its pull failed"}
     alone = context(inv, "spark-b", {"spark-b": facts(pulled=False)},
                     transports={"spark-b": fake_transport("spark-b", [(1, "", no_route)])})
     with pytest.raises(SparkctlError, match="spark-b: container/image: `docker pull"):
@@ -55,7 +55,7 @@ def test_a_failed_pull_is_handed_to_image_share_only_when_the_phase_has_it(
 
 def test_distribute_image_pulls_on_the_head_only(inventory: Any, context: Any) -> None:
     inv = inventory()
-    options = RunOptions(values={"distribute_image": True})
+    options = RunOptions(distribute_image=True)
     cluster = {"spark-a": facts(pulled=False), "spark-b": facts(pulled=False)}
     head = c.Image(share=True).check(context(inv, "spark-a", cluster, options=options))
     peer_ctx = context(inv, "spark-b", cluster, options=options)
@@ -66,7 +66,7 @@ def test_distribute_image_pulls_on_the_head_only(inventory: Any, context: Any) -
     planned = share.ImageShare().check(peer_ctx)  # a dry run: nothing applied yet
     assert isinstance(planned, Change) and planned.payload == {"spark-b": "--distribute-image"}
     c.Image(share=True).apply(peer_ctx, peer)
-    assert peer_ctx.shared[share.WANTED] == {"spark-b": "--distribute-image"}
+    assert peer_ctx.shared.image_wanted == {"spark-b": "--distribute-image"}
     present = context(inv, "spark-b", {"spark-b": facts()}, options=options)
     assert isinstance(c.Image(share=True).check(present), Unchanged)
 
@@ -77,7 +77,7 @@ def test_image_share_sends_from_the_head_and_verifies_the_image_id(
     cluster = {"spark-a": facts(), "spark-b": facts(pulled=False)}
     transports = {"spark-a": object(), "spark-b": object()}
     ctx = context(inv, "spark-a", cluster, transports=transports,
-                  shared={share.WANTED: {"spark-b": "its pull failed"}})
+                  shared=RunState(image_wanted={"spark-b": "its pull failed"}))
     assert isinstance(share.ImageShare().check(
         context(inv, "spark-a", cluster, transports=transports)), Unchanged)
     change = share.ImageShare().check(ctx)
@@ -92,8 +92,8 @@ def test_image_share_sends_from_the_head_and_verifies_the_image_id(
     message = share.ImageShare().apply(ctx, change)
     assert sent == [(transports["spark-a"], transports["spark-b"], "192.168.200.13")]
     assert f"spark-b <- spark-a (its pull failed, 2.0 MB), {DIGEST} verified" in str(message)
-    assert ctx.shared["image_facts"]["spark-b"]["Id"] == ID
-    assert ctx.shared["report_extra"]["image_distribution"]["spark-b"]["digest"] == DIGEST
+    assert ctx.shared.image_facts["spark-b"]["Id"] == ID
+    assert ctx.shared.report_extra["image_distribution"]["spark-b"]["digest"] == DIGEST
     # the digest check then sees the same image on both nodes
     assert isinstance(c.ImageDigest().check(context(inv, "spark-b", cluster, shared=ctx.shared)),
                       Unchanged)
@@ -159,7 +159,7 @@ def test_no_node_with_the_image_names_every_reason(inventory: Any, context: Any)
     cluster = {"spark-a": facts(pulled=False), "spark-b": facts(pulled=False)}
     wanted = {"spark-a": "its pull failed", "spark-b": "its pull failed"}
     ctx = context(inv, "spark-a", cluster, transports={"spark-a": object(), "spark-b": object()},
-                  shared={share.WANTED: wanted})
+                  shared=RunState(image_wanted=wanted))
     with pytest.raises(SparkctlError, match=r"no node has .*spark-a: its pull failed; "
                                             r"spark-b: its pull failed"):
         share.ImageShare().apply(ctx, Change("send", payload=wanted))

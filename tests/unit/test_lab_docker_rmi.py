@@ -5,26 +5,16 @@ unless forced (never while that container runs), in dockerd's words."""
 from __future__ import annotations
 
 import io
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[2] / "lab" / "sparklab" / "node_tools"
 IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"
 
 
 @pytest.fixture
-def shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(TOOLS))
-    import sparklab_dockerd_manage as manage
-    import sparklab_dockerd_state as state
-
-    monkeypatch.setenv("SPARKLAB_IMAGE_DIR", str(TOOLS.parent / "image"))
-    for module in (state, manage):
-        monkeypatch.setattr(module, "IMAGES", str(tmp_path / "images"))
-    monkeypatch.setattr(state, "CONFIG", str(tmp_path / "config"))
-    monkeypatch.setattr(state, "ROOT", str(tmp_path))
+def shim(docker_shim: Any) -> Any:
+    state, manage = docker_shim("manage")
     state.pull(IMAGE, io.StringIO())
     return state, manage
 

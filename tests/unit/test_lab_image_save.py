@@ -12,21 +12,12 @@ from typing import Any
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parents[2] / "lab" / "sparklab" / "node_tools"
 IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"
 
 
 @pytest.fixture
-def shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(TOOLS))
-    import sparklab_dockerd_image as image
-    import sparklab_dockerd_state as state
-
-    monkeypatch.setenv("SPARKLAB_IMAGE_DIR", str(TOOLS.parent / "image"))
-    for module in (state, image):
-        monkeypatch.setattr(module, "IMAGES", str(tmp_path / "images"))
-    monkeypatch.setattr(state, "CONFIG", str(tmp_path / "config"))
-    monkeypatch.setattr(state, "ROOT", str(tmp_path))
+def shim(docker_shim: Any) -> Any:
+    state, image = docker_shim("image")
     return state, image
 
 

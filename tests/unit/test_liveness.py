@@ -17,7 +17,7 @@ from test_serve import spec as serve_spec
 from test_serve import status_facts
 from test_status import INVENTORY, SERVER, node_facts
 
-from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import liveness, load_recipe, serverctl, verify
 from orchestrator.engines.base import LaunchOptions, Ready
 from orchestrator.engines.placed import Placement
@@ -192,7 +192,7 @@ def test_wait_ready_records_ready_and_says_when_it_could_not() -> None:
                             mark=lambda transports: marked.append(transports) or None)
     inv = make_inventory()
     context = NodeContext(inventory=inv, node=inv.node("spark-a"), facts={}, cluster_facts={},
-                          transport=None, options=RunOptions(), shared={}, transports={})
+                          transport=None, options=RunOptions(), shared=RunState(), transports={})
     assert step.apply(context, Change("wait")) == "answering: m (1.0s)" and marked == [{}]
     step.mark = lambda transports: "could not record ready_at in /x: denied"
     assert step.apply(context, Change("wait")).endswith("; could not record ready_at in /x: denied")
@@ -256,7 +256,7 @@ def test_servers_script_reads_the_ready_line_of_a_record_that_does_not_answer(
             "ready_lines": ready_lines()}
     ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
         "def running(container):": "def running(container):\n    return True\n\ndef _unused(container):",
-        "def health(port):": "def health(port):\n    return 503\n\ndef _unused2(port):"})
+        "def health(record):": "def health(record):\n    return 503\n\ndef _unused2(record):"})
     found = ran.json["servers"][0]
     assert found["health"] == 503 and found["ready_log"] is True
     assert server_state(found) == "stalled"
@@ -275,7 +275,7 @@ def test_servers_script_reads_an_sglang_containers_log_for_sglangs_own_line(
     def listed() -> dict[str, Any]:
         ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
             "def running(container):": "def running(container):\n    return True\n\ndef _unused(container):",
-            "def health(port):": "def health(port):\n    return 503\n\ndef _unused2(port):",
+            "def health(record):": "def health(record):\n    return 503\n\ndef _unused2(record):",
             '["docker", "logs", record.get("container") or ""]': '["cat", record["container"]]'})
         return dict(ran.json["servers"][0])
 

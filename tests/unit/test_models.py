@@ -86,7 +86,7 @@ def facts_of(manifests: dict[str, Any], token: bool = False, rc: int = 0) -> dic
 
 
 def options(**values: Any) -> RunOptions:
-    return RunOptions(command="launch", values=values)
+    return RunOptions(command="launch", **values)
 
 
 @dataclass
@@ -225,7 +225,7 @@ def test_download_writes_the_token_streams_progress_and_always_removes_the_token
 
     message = models.Download(PATTERNED).apply(ctx, Change("download", payload=[MODEL]))
 
-    assert message == f"downloaded {MODEL}" and ctx.shared["downloaded"] == [MODEL]
+    assert message == f"downloaded {MODEL}"
     token_call, dry_run, download, cleanup = head.calls
     assert json.loads(token_call.stdin) == [  # type: ignore[arg-type]
         {"path": models.TOKEN_PATH, "mode": "600", "content": "hf_secret\n"}]
@@ -383,7 +383,7 @@ def test_distribute_copies_only_what_differs_and_verifies(
         "copied spark-b: 300.00 GB in ") and ", 5.0 MB already there; " in message
     # the sender's own seconds (process start-up excluded): the rate comparable with iperf3
     assert "; on the wire 2.00 s (150.00 GB/s), CPU 97% busy there; " in message
-    figures = ctx.shared["report_extra"]["fanout"]["spark-b"]  # `--json`'s "fanout"
+    figures = ctx.shared.report_extra["fanout"]["spark-b"]  # `--json`'s "fanout"
     assert figures["wire_seconds"] == 2.0 and figures["receiver_cpu_busy"] == 0.97
     assert message.endswith(f"identical on spark-a, spark-b: {MODEL}@c0ffee: 2 files, 300.00 GB; "
                             f"{DRAFT}@local: 1 files, 5.0 MB")

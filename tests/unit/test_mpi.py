@@ -20,7 +20,7 @@ def run(inventory: Any, context: Any, fake_transport: Any) -> Any:
         transport = fake_transport("spark-a", [answer])
         shared = {mpi.CHANGES_KEY: changes} if changes else {}
         ctx = context(inventory(), "spark-a", FACTS, shared=shared, transports={"spark-a": transport},
-                      options=RunOptions(values={"verify": verify}))
+                      options=RunOptions(verify=verify))
         return mpi.MpirunHostname().apply(ctx, Change("verify")), transport
     return run_
 

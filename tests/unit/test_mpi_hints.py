@@ -24,7 +24,7 @@ def test_each_failure_gets_its_hint(stderr: str, hint: str, inventory: Any, cont
                                     fake_transport: Any) -> None:
     transport = fake_transport("spark-a", [(1, "line\n" * 20, stderr)])
     ctx = context(inventory(), "spark-a", FACTS, transports={"spark-a": transport},
-                  options=RunOptions(values={"verify": True}))
+                  options=RunOptions(verify=True))
     with pytest.raises(SparkctlError) as raised:
         mpi.MpirunHostname().apply(ctx, Change("verify"))
     text = str(raised.value)

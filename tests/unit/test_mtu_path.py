@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from orchestrator.core.plan import build_up_plan
-from orchestrator.core.step import Change, NodeContext, RunOptions
+from orchestrator.core.step import Change, NodeContext, RunOptions, RunState
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.netcheck.checks import Link
@@ -74,24 +74,24 @@ class FakeTransport:
         return Result("spark-a", command, 0, self.stdout, "", 0.1)
 
 
-def _ctx(inv: Any, transport: FakeTransport, shared: dict[str, Any], verify: bool = False) -> NodeContext:
+def _ctx(inv: Any, transport: FakeTransport, shared: RunState, verify: bool = False) -> NodeContext:
     return NodeContext(inv, inv.nodes[0], {}, {}, transport,  # type: ignore[arg-type]
-                       RunOptions(values={"verify": verify}), shared)
+                       RunOptions(verify=verify), shared)
 
 
 def test_step_runs_after_a_change_or_with_verify_and_raises_on_a_dropped_frame() -> None:
     inv = inventory(2)
     step = mtu_path.MtuPath()
     idle = FakeTransport("")
-    assert "not re-run" in (step.apply(_ctx(inv, idle, {}), Change("verify")) or "")
+    assert "not re-run" in (step.apply(_ctx(inv, idle, RunState()), Change("verify")) or "")
     assert idle.commands == []
     good = FakeTransport("sparkctl-mtu ok enp1s0f1np1 spark-b 192.168.200.13\n"
                          "sparkctl-mtu ok enP2p1s0f1np1 spark-b 192.168.201.13\n")
-    assert "pass unfragmented" in (step.apply(_ctx(inv, good, {}, verify=True), Change("v")) or "")
+    assert "pass unfragmented" in (step.apply(_ctx(inv, good, RunState(), verify=True), Change("v")) or "")
     bad = FakeTransport("sparkctl-mtu fail enp1s0f1np1 spark-b 192.168.200.13\n"
                         "sparkctl-mtu ok enP2p1s0f1np1 spark-b 192.168.201.13\n")
     with pytest.raises(SparkctlError, match=r"spark-a enp1s0f1np1 and 192\.168\.200\.13"):
-        step.apply(_ctx(inv, bad, {"changed_steps": ["spark-a: network/apply"]}), Change("v"))
+        step.apply(_ctx(inv, bad, RunState(changed_steps=["spark-a: network/apply"])), Change("v"))
 
 
 def test_netcheck_mtu_row_names_the_switch_on_a_switch_and_the_mtu_rows_otherwise() -> None:

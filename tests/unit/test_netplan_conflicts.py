@@ -78,9 +78,9 @@ def test_preflight_fails_before_anything_changes(monkeypatch: pytest.MonkeyPatch
     facts["netplan"] = netplan_fact("nvidia-playbook", monkeypatch)
     found, _ = preflight.preflight_problems(INV, NODE, facts, now=facts.get("time"))
     assert any("01-spark-fabric.yaml already configures the fabric" in p for p in found)
-    from orchestrator.core.step import NodeContext, RunOptions
+    from orchestrator.core.step import NodeContext, RunOptions, RunState
 
     context = NodeContext(inventory=INV, node=NODE, facts=facts, cluster_facts={"spark-a": facts},
-                          transport=None, options=RunOptions(), shared={})
+                          transport=None, options=RunOptions(), shared=RunState())
     with pytest.raises(SparkctlError, match="nothing was changed"):
         preflight.PreflightChecks().check(context)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.paths import NETPLAN_FILE
@@ -47,10 +47,10 @@ def facts(netplan_content: str | None = None, mode: int = 0o600, **extra: Any) -
     return out
 
 
-def ctx(node_facts: dict[str, Any], transport: Any = None, shared: dict[str, Any] | None = None,
+def ctx(node_facts: dict[str, Any], transport: Any = None, shared: RunState | None = None,
         dry_run: bool = False) -> NodeContext:
     return NodeContext(INVENTORY, NODE_A, node_facts, {"spark-a": node_facts}, transport,
-                       RunOptions(dry_run=dry_run), shared if shared is not None else {})
+                       RunOptions(dry_run=dry_run), shared if shared is not None else RunState())
 
 
 def test_render_matches_golden_file() -> None:
@@ -121,14 +121,14 @@ def test_mtu_drift_is_applied_with_a_guard_that_knows_the_old_mtu() -> None:
 def test_pending_guard_of_an_interrupted_run_gets_confirmed() -> None:
     node_facts = facts()
     node_facts["files"][netguard.ARMED_PATH] = {"exists": True}
-    shared: dict[str, Any] = {}
+    shared = RunState()
     outcome = network.NetplanApply().check(ctx(node_facts, shared=shared))
     assert isinstance(outcome, Unchanged) and "confirmed below" in outcome.reason
-    assert shared[network.SHARED_KEY] == {"spark-a"}
+    assert shared.netplan_to_confirm == {"spark-a"}
     node_facts["files"][netguard.DECIDED_PATH] = {"exists": True}
-    shared.clear()
+    shared = RunState()
     network.NetplanApply().check(ctx(node_facts, shared=shared))
-    assert shared == {}
+    assert shared == RunState()
 
 
 def test_missing_fabric_interface_fails_apply_check() -> None:
@@ -180,7 +180,7 @@ def test_confirm_skips_nodes_not_applied() -> None:
 
 def test_confirm_sends_the_guard_on_stdin_with_every_peer() -> None:
     transport = GuardTransport({"outcome": "confirmed"})
-    shared = {network.SHARED_KEY: {"spark-a"}}
+    shared = RunState(netplan_to_confirm={"spark-a"})
     message = network.ConfirmFabric().apply(ctx(facts(), transport, shared), Change("verify"))
     assert "confirmed" in (message or "")
     command, stdin = transport.commands[0]
@@ -196,7 +196,7 @@ def test_confirm_failure_reports_rollback_and_reason() -> None:
         "failures": [{"interface": "enp1s0f1np1", "peer": "spark-b", "address": "192.168.200.13"}],
         "rollback": {"restored": "restored the previous netplan file", "apply_rc": 0},
     }, status=1)
-    shared = {network.SHARED_KEY: {"spark-a"}}
+    shared = RunState(netplan_to_confirm={"spark-a"})
     with pytest.raises(SparkctlError) as err:
         network.ConfirmFabric().apply(ctx(facts(), transport, shared), Change("verify"))
     text = str(err.value)

@@ -232,3 +232,38 @@ def test_netcheck_shows_measurements_and_the_mpirun_proof_without_verbose(
     assert "pass latency: spark-a enp1s0f1np1 -> spark-b: 0.046 ms average. (threshold 5 ms)" in out
     assert "pass nccl-busbw spark-a: all_gather_perf: bus bandwidth 23.70 GB/s. (threshold 21.9 GB/s)" in out
 
+
+
+@pytest.mark.parametrize(("typed", "agreed"), [("y\n", True), ("YES\n", True), ("\n", False),
+                                               ("n\n", False), ("", False), ("yep\n", False)])
+def test_the_question_is_asked_on_stderr_and_only_yes_agrees(
+        typed: str, agreed: bool, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    from orchestrator.core.output import ask_yes_no
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(typed))
+    assert ask_yes_no("Apply these changes?") is agreed
+    captured = capsys.readouterr()
+    assert captured.err == "Apply these changes? [y/N]: " and captured.out == ""
+
+
+def test_the_cli_options_set_the_settings_for_one_command_only() -> None:
+    import click
+    from click.testing import CliRunner
+
+    from orchestrator.cli import diff_option
+    from orchestrator.core import output
+
+    seen: list[tuple[bool, int]] = []
+
+    @click.command()
+    @diff_option
+    def probe() -> None:
+        seen.append((output.full_diff_requested(), output.verbosity()))
+
+    assert CliRunner().invoke(probe, ["--diff"]).exit_code == 0
+    assert CliRunner().invoke(probe, []).exit_code == 0
+    assert seen == [(True, 0), (False, 0)]
+    assert (output.SETTINGS.full_diff, output.SETTINGS.verbosity) == (False, 0)

@@ -16,6 +16,7 @@ from nodescript import run_node_script
 from orchestrator.core.step import Change, Unchanged
 from orchestrator.engines import get_engine, load_recipe, one_server_engines
 from orchestrator.engines.base import LaunchOptions
+from orchestrator.errors import SparkctlError
 from orchestrator.phases import boot_units, oomguard, persist, persist_down
 from orchestrator.phases.container import ContainerSpec
 
@@ -140,7 +141,7 @@ def test_persist_files_go_through_the_ledger_and_the_unit_is_enabled() -> None:
     assert isinstance(step.check(ctx), Change)  # enabled but not running: its watcher is not
     facts[inv.head_name]["commands"]["unit_enabled"] = {"rc": 0, "out": "enabled active\n"}
     assert step.check(ctx) == Unchanged("sparkctl-serve-qwen3-235b.service enabled and watching")
-    ctx.shared["changed_steps"] = [f"{inv.head_name}: persist/boot-files"]  # a new plan: restart
+    ctx.shared.changed_steps = [f"{inv.head_name}: persist/boot-files"]  # a new plan: restart
     assert isinstance(step.check(ctx), Change)
 
 
@@ -252,10 +253,31 @@ def test_down_removes_earlyoom_only_when_sparkctl_installed_it() -> None:
     assert isinstance(oomguard.Remove().check(ctx_with({})), Unchanged)
     marker = {"exists": True, "sha256": "x"}
     change = oomguard.Remove().check(ctx_with({oomguard.MARKER: marker}))
-    assert isinstance(change, Change) and change.payload == {"installed": True, "enabled": False}
+    assert isinstance(change, Change) and change.commands == (oomguard.remove_cmd(True, False),)
     assert "remove the earlyoom package" in change.summary
+    assert "apt-get remove -y -q earlyoom" in change.commands[0]
     change = oomguard.Remove().check(ctx_with({oomguard.ENABLED: marker}))
     assert isinstance(change, Change) and "package was there before: kept" in change.summary
+    assert "apt-get remove" not in change.commands[0] and "disable --now" in change.commands[0]
+
+
+def test_the_oom_guard_steps_list_the_commands_their_apply_runs(fake_cluster: Any) -> None:
+    absent = {"earlyoom": {"rc": 0, "out": "absent\ndisabled\ninactive\n"}}
+    cluster = fake_cluster(facts={"spark-a": {"files": {}, "commands": absent}})
+    head = cluster["spark-a"].on("ledger", stdout=json.dumps({"written": []}))
+    ctx = cluster.context("spark-a")
+    for step, command in ((oomguard.Install(), oomguard.INSTALL),
+                          (oomguard.Configure(), "systemctl try-restart earlyoom"),
+                          (oomguard.Enable(), "systemctl enable --now earlyoom")):
+        change = step.check(ctx)
+        assert isinstance(change, Change) and change.commands == (command,)
+        step.apply(ctx, change)
+        assert command in head.commands[-2:]  # (and its marker or config, written on stdin)
+    assert len(head.commands) == 6 and all(c.sudo for c in head.calls)
+    head.on("systemctl enable", status=1, stderr="Failed to enable unit")
+    with pytest.raises(SparkctlError, match=r"spark-a: `systemctl enable --now earlyoom` failed "
+                                            r"\(exit 1\): Failed to enable unit"):
+        oomguard.Enable().apply(ctx, oomguard.Enable().check(ctx))
 
 
 def test_boot_script_skips_the_memory_check_where_the_server_came_back_by_itself(

@@ -13,7 +13,7 @@ import pytest
 from conftest import make_inventory
 from nodescript import run_node_script
 
-from orchestrator.core.step import NodeContext, RunOptions, Unchanged
+from orchestrator.core.step import NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import load_recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.phases import ports
@@ -41,7 +41,7 @@ def test_every_engine_declares_every_port_it_binds() -> None:
 def ctx(node: str, answer: dict[str, Any] | None) -> NodeContext:
     facts = {"commands": {"ports": answer}} if answer is not None else {}
     return NodeContext(INVENTORY, INVENTORY.node(node), facts, {node: facts}, None,
-                       RunOptions("launch"), {})
+                       RunOptions("launch"), RunState())
 
 
 WANTED = [ListenPort("spark-b", 30000, "HTTP", "launch with another --port"),

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.step import NodeContext, RunOptions, Unchanged
+from orchestrator.core.step import NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.phases import preflight
@@ -47,7 +47,7 @@ def good_facts() -> dict[str, Any]:
 
 
 def check(facts: dict[str, Any]) -> Any:
-    ctx = NodeContext(INVENTORY, NODE, facts, {NODE.name: facts}, None, RunOptions(), {})
+    ctx = NodeContext(INVENTORY, NODE, facts, {NODE.name: facts}, None, RunOptions(), RunState())
     return preflight.PreflightChecks().check(ctx)
 
 

@@ -132,7 +132,7 @@ def test_a_silent_readiness_wait_still_says_what_it_waits_for(
 
     inv = inventory()
     ctx = context(inv, "spark-a", {"spark-a": {}},
-                  options=RunOptions(command="launch", values={"progress_note": note}))
+                  options=RunOptions(command="launch", progress_note=note))
     message = WaitReady(wait, 60, "vLLM").apply(ctx, Change("verify"))
     assert message is not None and message.startswith("answering: m")
     assert said[0] == "[  0.5s] loading (/health 503)"

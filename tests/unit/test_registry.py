@@ -113,16 +113,16 @@ def test_up_preflight_probes_in_the_same_facts_and_says_it_up_front() -> None:
     assert isinstance(step, registry.RegistryCheck) and step.scope == "head"
     said: list[str] = []
     cluster = {"spark-a": node(), "spark-b": node(probe=BLOCKED)}
-    ctx = make_context(inv, "spark-a", cluster, options=RunOptions(values={"progress_note": said.append}))
+    ctx = make_context(inv, "spark-a", cluster, options=RunOptions(progress_note=said.append))
     outcome = step.check(ctx)
     assert isinstance(outcome, Unchanged)
     assert said == [f"note: spark-b cannot reach nvcr.io ({NO_HOST}): it will get the image from "
                     "spark-a (which pulls it) over the fabric"]
-    assert ctx.shared["notes"] == [said[0].removeprefix("note: ")]
+    assert ctx.shared.notes == [said[0].removeprefix("note: ")]
     # an interactive run checks again after the plan it showed: the note is not said twice
     again = make_context(inv, "spark-a", cluster, options=ctx.options)
     assert isinstance(step.check(again), Unchanged) and len(said) == 1
-    assert again.shared["notes"] == ctx.shared["notes"]  # (still in that run's summary)
+    assert again.shared.notes == ctx.shared.notes  # (still in that run's summary)
     nobody = {"spark-a": node(probe=BLOCKED), "spark-b": node(probe=BLOCKED)}
     with pytest.raises(SparkctlError, match=r"no node has .* spark-a, spark-b cannot reach nvcr\.io"):
         step.check(make_context(inv, "spark-a", nobody))
@@ -141,7 +141,7 @@ def test_the_image_step_of_a_blocked_node_does_not_pull_and_image_share_plans_th
     assert isinstance(planned, Change) and planned.summary == \
         f"send {IMAGE} from spark-a over the fabric to spark-b"
     message = c.Image(share=True).apply(peer, change)
-    assert peer.shared[share.WANTED] == {"spark-b": f"cannot reach nvcr.io ({NO_HOST})"}
+    assert peer.shared.image_wanted == {"spark-b": f"cannot reach nvcr.io ({NO_HOST})"}
     assert "sent by spark-a over the fabric" in str(message)
 
 
@@ -172,7 +172,7 @@ def test_sglang_launch_checks_the_image_first_and_shares_it_among_its_nodes() ->
     assert isinstance(planned, Change) and planned.payload == {
         "spark-b": f"cannot reach docker.io ({NO_HOST})"}
     # --distribute-image: the head lacks it and serves nothing, so spark-b (the server) pulls
-    options = RunOptions(values={"distribute_image": True})
+    options = RunOptions(distribute_image=True)
     lacking = {"spark-a": node(probe=None, image=recipe.image),
                "spark-b": node(image=recipe.image)}
     pulls = image.check(make_context(inv, "spark-b", lacking, options=options))
@@ -249,18 +249,9 @@ def test_a_docker_hub_image_behind_a_daemon_mirror_is_not_judged_by_the_client(
 
 # ---------------------------------------------------------------- the lab's docker shim
 
-TOOLS = Path(__file__).resolve().parents[2] / "lab" / "sparklab" / "node_tools"
-
-
 def test_the_lab_shim_manifest_inspect_fails_under_block_registry_like_a_pull(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.syspath_prepend(str(TOOLS))
-    import sparklab_dockerd_image as image
-    import sparklab_dockerd_state as state
-
-    monkeypatch.setenv("SPARKLAB_IMAGE_DIR", str(TOOLS.parent / "image"))
-    monkeypatch.setattr(state, "CONFIG", str(tmp_path / "config"))
-    monkeypatch.setattr(state, "ROOT", str(tmp_path))
+        tmp_path: Path, docker_shim: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    state, image = docker_shim("image")
     assert image.cmd_manifest(["inspect", IMAGE]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["manifests"][0]["digest"] == state.node_digest(IMAGE)

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import click
 import pytest
 
 from orchestrator.core import runner, session
@@ -87,10 +86,10 @@ def confirm_with(monkeypatch: pytest.MonkeyPatch, answer: bool) -> list[str]:
     asked: list[str] = []
     monkeypatch.setattr("sys.stdin", Terminal())
 
-    def confirm(text: str, **kwargs: Any) -> bool:
+    def confirm(text: str) -> bool:
         asked.append(text)
         return answer
-    monkeypatch.setattr(click, "confirm", confirm)
+    monkeypatch.setattr(runner, "ask_yes_no", confirm)
     return asked
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import load_recipe
 from orchestrator.engines.trtllm import serve
 from orchestrator.errors import SparkctlError
@@ -33,7 +33,7 @@ def spec(replace: bool = False, host: str = "127.0.0.1") -> serve.LaunchSpec:
 
 def ctx(node: str, facts: dict[str, dict[str, Any]]) -> NodeContext:
     return NodeContext(inventory=INVENTORY, node=INVENTORY.node(node), facts=facts[node],
-                       cluster_facts=facts, transport=None, options=RunOptions(), shared={})
+                       cluster_facts=facts, transport=None, options=RunOptions(), shared=RunState())
 
 
 def status_facts(server: dict[str, Any] | None, alive: bool, health: int | None = None) -> dict[str, Any]:

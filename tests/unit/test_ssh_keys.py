@@ -57,7 +57,7 @@ def test_host_key_generated_when_missing(inventory: Any, context: Any, fake_tran
     command = transport.calls[0]["command"]
     assert "ssh-keygen -q -t ed25519 -N '' -C sparkctl-container@spark-a" in command
     assert transport.calls[0]["sudo"] is True
-    assert ctx.shared["host_keys"]["spark-a"] == HOST_KEYS["spark-a"]
+    assert ctx.shared.host_keys["spark-a"] == HOST_KEYS["spark-a"]
 
 
 def test_host_key_kept_when_only_pub_missing(inventory: Any, context: Any) -> None:
@@ -103,7 +103,7 @@ def test_cluster_key_travels_on_stdin_only(inventory: Any, context: Any, fake_tr
     for transport in transports.values():
         call = transport.calls[0]
         assert "PRIVATE KEY" not in call["command"] and "secret" in call["display"]
-    assert ctx.shared["cluster_public_key"] == " ".join(payloads[0][1]["content"].split()[:2])
+    assert ctx.shared.cluster_public_key == " ".join(payloads[0][1]["content"].split()[:2])
 
 
 def test_generated_key_pair_matches() -> None:

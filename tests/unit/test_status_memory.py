@@ -83,16 +83,20 @@ def test_attach_reads_healthy_prometheus_servers_only() -> None:
                {"name": "t", "engine": "trtllm", "node": "spark-a", "port": 8001, "state": "healthy"},
                {"name": "s", "engine": "sglang", "node": "spark-b", "port": 30000, "state": "loading"},
                {"name": "x", "engine": "sglang", "node": "spark-b", "port": 30001, "state": "healthy"}]
-    ran: list[tuple[str, str]] = []
+    servers[3].update(host="10.0.0.2", api_key_file="/var/lib/sparkctl/run/servers/x/api_key")
+    ran: list[tuple[str, str, bool]] = []
 
-    def run_on(node: str, command: str) -> tuple[int, str]:
-        ran.append((node, command))
-        if command.endswith(" 8000"):
+    def run_on(node: str, command: str, sudo: bool = False) -> tuple[int, str]:
+        ran.append((node, command, sudo))
+        if command.endswith(" 8000 127.0.0.1"):
             return 0, "text/plain; version=0.0.4\n" + VLLM
         return 1, ""
 
     attach_metrics(servers, run_on)
-    assert [c.rsplit(" ", 1)[1] for _, c in ran] == ["8000", "30001"]
+    # where each server binds; a server with an API key: its node file, read by the fetch (sudo)
+    assert [c.rsplit("' ", 1)[1] for _, c, _ in ran] == [
+        "8000 127.0.0.1", "30001 10.0.0.2 /var/lib/sparkctl/run/servers/x/api_key"]
+    assert [sudo for *_, sudo in ran] == [False, True]
     assert servers[0]["metrics"]["ok"] and servers[0]["metrics"]["requests_running"] == 3
     assert servers[1]["metrics"] == {"ok": False, "why": "this engine's /metrics is not Prometheus text"}
     assert "metrics" not in servers[2]

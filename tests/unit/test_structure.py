@@ -156,6 +156,35 @@ def test_layers_import_only_downward() -> None:
     assert not violations, "layer violations:\n" + "\n".join(violations)
 
 
+NO_CLI_LIBRARY = ("core", "remote", "phases", "engines")
+"""Layers that must work without the CLI library: they print through core/output.py and ask
+through its ask_yes_no, so another front end (or a test) can drive them."""
+
+
+def library_imports(path: Path, library: str) -> list[int]:
+    """Lines of `path` importing `library` (or a submodule of it), at any depth of the code."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        if any(name == library or name.startswith(library + ".") for name in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_cli_imports_click() -> None:
+    found = [f"{path.relative_to(ROOT)}:{line}" for name, path in MODULES.items()
+             if _layer(name) in NO_CLI_LIBRARY for line in library_imports(path, "click")]
+    assert not found, "click imported below cli/ (print through core/output.py): " + ", ".join(found)
+
+
+def test_the_click_finder_sees_nested_imports(tmp_path: Path) -> None:
+    sample = tmp_path / "m.py"
+    sample.write_text("import os\ndef f():\n    import click.testing\n    from click import echo\n"
+                      "from clicker import x\n")
+    assert library_imports(sample, "click") == [3, 4]
+
+
 @pytest.mark.parametrize("tree", ["orchestrator", "lab/sparklab"])
 def test_no_module_is_over_the_line_limit(tree: str) -> None:
     long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / tree).rglob("*.py"))

@@ -10,7 +10,7 @@ import pytest
 from orchestrator.core.executor import Executor
 from orchestrator.core.progress import Progress
 from orchestrator.core.report import Report
-from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.phases import teardown
@@ -81,7 +81,8 @@ def clean_facts() -> dict[str, Any]:
 
 
 def ctx_for(facts: dict[str, Any], node: str = "spark-a") -> NodeContext:
-    return NodeContext(INVENTORY, INVENTORY.node(node), facts, {node: facts}, None, RunOptions("down"), {})
+    return NodeContext(INVENTORY, INVENTORY.node(node), facts, {node: facts}, None, RunOptions("down"),
+                       RunState())
 
 
 def test_every_step_changes_a_node_that_was_set_up() -> None:
@@ -152,7 +153,7 @@ def test_issue_20_a_users_file_at_our_path_after_a_rollback_is_never_removed() -
         assert isinstance(outcome, Unchanged), outcome
         assert "left alone" in outcome.reason
         # also a note of the report (stdout, even piped): what down did NOT do
-        (note,) = ctx.shared["notes"]
+        (note,) = ctx.shared.notes
         assert note.startswith(f"spark-a: left alone: {teardown.NETPLAN_FILE} was "), note
 
 
@@ -229,7 +230,7 @@ def test_dry_run_changes_nothing(node: Any) -> None:
 def test_verify_reports_leftovers(fake_transport: Any) -> None:
     leftover = fake_transport("spark-a").on("", 0, "container: trtllm-multinode\n")
     ctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, leftover,
-                      RunOptions("down"), {})
+                      RunOptions("down"), RunState())
     try:
         teardown.VerifyDown(network=False).apply(ctx, Change("verify"))
     except Exception as exc:
@@ -257,7 +258,8 @@ def test_without_network_the_ledger_stays_for_a_later_down_network() -> None:
     facts["commands"]["state_entries"] = cmd("lock\nrun\nledger.json\noriginals\n")
     outcome = teardown.RemoveFiles(network=False).check(ctx_for(facts))
     assert isinstance(outcome, Change)
-    assert "ledger.json" not in outcome.summary and "ledger.json" in outcome.payload
+    assert "ledger.json" not in outcome.summary
+    assert outcome.commands == (teardown.remove_files_cmd(["ledger.json", "lock", "originals"]),)
     outcome = teardown.RemoveFiles(network=True).check(ctx_for(facts))
     assert "ledger.json" in outcome.summary
 
@@ -281,12 +283,12 @@ def test_down_removes_the_boot_logs_unless_asked_to_keep_them(fake_transport: An
     assert "boot log: " in teardown.verify_cmd(INVENTORY, False)
     assert "boot log: " not in teardown.verify_cmd(INVENTORY, False, keep_logs=True)
     clean = fake_transport("spark-a").on("", 0, "")
-    vctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, clean, RunOptions("down"), {})
+    vctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, clean, RunOptions("down"), RunState())
     said = teardown.VerifyDown(network=False).apply(vctx, Change("verify"))
     assert said == "nothing else left; kept: the Hugging Face cache, the fabric network (--network)"
     said = teardown.VerifyDown(network=True, keep_logs=True).apply(vctx, Change("verify"))
     assert said == "nothing else left; kept: the Hugging Face cache, the boot logs (--keep-logs)"
     left = fake_transport("spark-a").on("", 0, "boot log: /var/log/sparkctl/boot-x.log\n")
-    lctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, left, RunOptions("down"), {})
+    lctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, left, RunOptions("down"), RunState())
     with pytest.raises(SparkctlError, match=r"after down: boot log: /var/log/sparkctl/boot-x\.log"):
         teardown.VerifyDown(network=False).apply(lctx, Change("verify"))

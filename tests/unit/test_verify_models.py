@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from conftest import make_inventory
 
-from orchestrator.core.step import Change, NodeContext, RunOptions, Unchanged
+from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import load_recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.node import fanout as node
@@ -93,7 +93,7 @@ def test_the_step_names_the_files_that_differ_on_their_node(tmp_path: Path) -> N
 
     def ctx(name: str) -> NodeContext:
         return NodeContext(inventory, inventory.node(name), cluster[name], cluster, None,
-                           RunOptions("launch"), {})
+                           RunOptions("launch"), RunState())
     assert step.check(ctx("spark-a")) == Unchanged("re-hashed 2 file(s): each matches its name")
     said = step.check(ctx("spark-b"))
     assert isinstance(said, Change)

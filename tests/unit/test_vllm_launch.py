@@ -13,7 +13,7 @@ from conftest import TWO_SPARKS, FakeCluster, FakeTransport
 from conftest import make_context as context
 from conftest import make_inventory as inventory
 
-from orchestrator.core.step import Change, RunOptions, Unchanged
+from orchestrator.core.step import Change, RunOptions, RunState, Unchanged
 from orchestrator.engines import config_hash, lifecycle, load_recipe
 from orchestrator.engines.base import LaunchFailed, LaunchOptions, Ready
 from orchestrator.engines.verify import SmokeTest, WaitReady
@@ -356,7 +356,7 @@ def test_wait_ready_reports_the_models_and_passes_the_progress_note() -> None:
     notes: list[str] = []
     transports = {"spark-a": FakeTransport("spark-a")}
     ctx = context(inv, "spark-a", {"spark-a": {}}, transports=transports,
-                  options=RunOptions(command="launch", values={"progress_note": notes.append}))
+                  options=RunOptions(command="launch", progress_note=notes.append))
     step = WaitReady(wait, 300, "vLLM")
     assert (step.name, step.kind, step.scope) == ("ready", "verify", "head")
     assert step.apply(ctx, Change("wait")) == "answering: org/a, org/b (12.3s)"
@@ -372,14 +372,14 @@ def test_wait_ready_failure_keeps_the_log_tails_for_the_notes_and_the_json() -> 
     def wait(transports: Any, timeout: float, note: Any) -> Ready:
         raise LaunchFailed("the server exited", "--- spark-a: server.log\nboom")
 
-    shared: dict[str, Any] = {"notes": ["earlier note"]}
+    shared = RunState(notes=["earlier note"])
     ctx = context(inventory(), "spark-a", {"spark-a": {}}, shared=shared)
     with pytest.raises(SparkctlError) as err:
         WaitReady(wait, 10, "SGLang").apply(ctx, Change("wait"))
     assert str(err.value) == "the server exited"  # the reason alone; the tails go to the notes
     assert not isinstance(err.value, LaunchFailed)
-    assert shared["notes"] == ["earlier note", "--- spark-a: server.log\nboom"]
-    assert shared["report_extra"] == {"log_tails": "--- spark-a: server.log\nboom"}
+    assert shared.notes == ["earlier note", "--- spark-a: server.log\nboom"]
+    assert shared.report_extra == {"log_tails": "--- spark-a: server.log\nboom"}
 
 
 def test_smoke_test_asks_the_head() -> None:
@@ -465,7 +465,7 @@ def test_ray_cluster_waits_until_every_serving_node_is_alive(recipe: Any,
     cluster["spark-a"].answers = [(1, "", "ConnectionError: GCS not up"), ray_answer(HEAD_IP),
                                   ray_answer(HEAD_IP, WORKER_IP)]
     notes: list[str] = []
-    ctx = cluster.context("spark-a", options=RunOptions(values={"progress_note": notes.append}))
+    ctx = cluster.context("spark-a", options=RunOptions(progress_note=notes.append))
     step = ray.RayCluster(recipe)
     change = step.check(ctx)
     assert isinstance(change, Change) and change.summary == "wait until Ray reports 2 node(s) (deadline 120s)"
@@ -484,7 +484,7 @@ def test_ray_cluster_names_the_missing_node_with_its_ray_log(recipe: Any,
     cluster["spark-a"].on("ray.init", answer=ray_answer(HEAD_IP))
     cluster["spark-b"].on("docker logs --tail 15 sparkctl-vllm", stdout="raylet: cannot reach GCS\n")
     notes: list[str] = []
-    ctx = cluster.context("spark-a", options=RunOptions(values={"progress_note": notes.append}))
+    ctx = cluster.context("spark-a", options=RunOptions(progress_note=notes.append))
     quick = with_ray(recipe, join_timeout=25)
     with pytest.raises(SparkctlError) as err:
         ray.RayCluster(quick).apply(ctx, Change("wait"))

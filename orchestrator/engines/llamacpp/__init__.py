@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.engines.apikey import KeyWay
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
 from orchestrator.engines.llamacpp.layouts import LlamacppLayouts
 from orchestrator.engines.llamacpp.ready import READY_LINE
@@ -26,6 +27,10 @@ class LlamacppEngine:
     settings_type = NoSettings  # nothing to set in the inventory's engines.llamacpp
     process_words = ()  # status: its pid files' command lines
     several_servers = True
+    # llama-server's own --api-key-file (common/arg.cpp); /health, /v1/health and the web UI's
+    # assets stay open (tools/server/server-http.cpp, get_public_endpoints)
+    api_key = KeyWay("llama-server --api-key-file (it reads the mounted file itself)",
+                     ("/health", "/v1/health", "/"))
     """Servers are named and placed (`launch --nodes/--name`), several at once."""
     log_label = "llamacpp"  # `sparkctl logs`: its per-server containers
     health_paths = ("/health", "/v1/models")

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from orchestrator.engines.base import LaunchFailed, Note, Ready
-from orchestrator.engines.placed import PROBE, log_tail, parse_poll, running_cmd
+from orchestrator.engines.placed import log_tail, parse_poll, probe_cmd, running_cmd
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 
 if TYPE_CHECKING:
@@ -25,11 +25,8 @@ POLL_SECONDS = 1.0
 ERROR_LINE = re.compile(r"^(?:\S+\s+)?\d+\.\d+\.\d+\.\d+ E (.*)$|^(?:\S+\s+)?(error: .*)$")
 
 
-def poll_cmd(container: str, port: int) -> str:
-    from orchestrator.commands import quote
-
-    return (f"echo \"running=$({running_cmd(container)})\"; "
-            f"python3 -c {quote(PROBE)} {port}")
+def poll_cmd(container: str, port: int, host: str = "127.0.0.1", key_file: str | None = None) -> str:
+    return f"echo \"running=$({running_cmd(container)})\"; " + probe_cmd(port, host, key_file)
 
 
 def errors(log: str, limit: int = 3) -> list[str]:
@@ -71,7 +68,8 @@ def wait_until_ready(transports: dict[str, Transport], spec: ServeSpec, timeout:
     last = ""
     try:
         while True:
-            result = first.run(poll_cmd(spec.container, spec.recipe.port), sudo=True, timeout=120,
+            result = first.run(poll_cmd(spec.container, spec.recipe.port, spec.host,
+                                        spec.key_file), sudo=True, timeout=120,
                                display=f"{spec.container}: /health")
             state = parse_poll(result.stdout)
             elapsed = time.monotonic() - started

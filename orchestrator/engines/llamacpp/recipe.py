@@ -81,6 +81,10 @@ class Recipe(BaseRecipe):
     env: dict[str, str] = Field(default_factory=dict)
 
     @property
+    def drafting(self) -> str | None:
+        return f"draft {self.draft.model.split('/')[-1]}" if self.draft else None
+
+    @property
     def node_count(self) -> int:
         return self.nodes or (len(self.placement) if self.placement else 1)
 

@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Phase, Step
-from orchestrator.engines import config_hash, servers, serving_nodes
+from orchestrator.engines import apikey, config_hash, servers, serving_nodes
+from orchestrator.engines.apikey import CONTAINER_KEY
 from orchestrator.engines.base import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
 from orchestrator.engines.llamacpp.recipe import Recipe, estimate_memory
 from orchestrator.errors import SparkctlError
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import ContainerSpec
+from orchestrator.remote.node_facts import DockerContainer
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -44,8 +46,9 @@ def snapshot_path(repo: str, revision: str, filename: str) -> str:
     return f"{folder}/snapshots/$(cat {folder}/refs/{revision})/{filename}"
 
 
-def server_argv(recipe: Recipe, host: str, rpc: list[str]) -> list[str]:
-    """llama-server's words; the model paths may hold $(...) for the shell that starts it."""
+def server_argv(recipe: Recipe, host: str, rpc: list[str], keyed: bool = False) -> list[str]:
+    """llama-server's words; the model paths may hold $(...) for the shell that starts it.
+    KEYED: llama-server reads the API key from the mounted file itself (`--api-key-file`)."""
     argv = ["llama-server", "-m", snapshot_path(recipe.model, recipe.revision, recipe.gguf),
             "--alias", recipe.model, "-ngl", str(recipe.gpu_layers), "-c", str(recipe.ctx_size),
             "-np", str(recipe.parallel)]
@@ -54,6 +57,8 @@ def server_argv(recipe: Recipe, host: str, rpc: list[str]) -> list[str]:
                                                 recipe.draft.gguf)]
     if rpc:
         argv += ["--rpc", ",".join(rpc)]
+    if keyed:
+        argv += ["--api-key-file", CONTAINER_KEY]
     return [*argv, "--host", host, "--port", str(recipe.port), "--metrics", *recipe.serve_args]
 
 
@@ -86,8 +91,10 @@ class ServeSpec:
         self.first = self.nodes[0]
         self.container = f"sparkctl-llamacpp-{self.name}"
         self.estimate = estimate_memory(recipe)
-        self.digest = config_hash(recipe, server_argv(recipe, self.host, self.rpc_endpoints()),
-                                  self.name)
+        self.key = options.api_key
+        self.key_file = apikey.node_key_file(self.name) if self.key is not None else None
+        self.digest = config_hash(recipe, server_argv(recipe, self.host, self.rpc_endpoints(),
+                                                      self.key is not None), self.name)
 
     def rpc_endpoints(self) -> list[str]:
         """IP:PORT of each other node's rpc-server, in rank order (what --rpc lists)."""
@@ -107,7 +114,8 @@ class ServeSpec:
                 "container": self.container, "image": r.image,
                 "rpc": self.rpc_endpoints(), "draft_model": r.draft.model if r.draft else None,
                 "memory_gb": self.estimate.total_gb, "config_hash": self.digest,
-                "started": datetime.now(UTC).isoformat(timespec="seconds")}
+                "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                **apikey.record_fields(self.name, self.key)}
 
     def labels(self, node: Node, role: str) -> dict[str, str]:
         return containers.managed_labels(self.inventory, node, engine=ENGINE, server=self.name,
@@ -128,13 +136,18 @@ class ServeSpec:
                   f"exited (the address {address} not on the node, port {port} taken)."))
 
     def server_spec(self, node: Node, hf_cache: str, rpc_ids: list[str]) -> ContainerSpec:
-        argv = server_argv(self.recipe, self.host, self.rpc_endpoints())
+        argv = server_argv(self.recipe, self.host, self.rpc_endpoints(), self.key is not None)
+        mounts = [(hf_cache, CONTAINER_HF_HOME, True)]
+        hashed = {"server": self.digest, "rpc": ",".join(rpc_ids)}
+        if self.key is not None:  # the file, read-only; a new key starts the server again
+            mounts.append(apikey.key_mount(self.name))
+            hashed["api_key"] = apikey.key_digest(self.key, self.name)
         return ContainerSpec(
             name=self.container, image=self.recipe.image, command=["-c", shell_line(argv)],
-            env=dict(self.recipe.env), mounts=[(hf_cache, CONTAINER_HF_HOME, True)],
+            env=dict(self.recipe.env), mounts=mounts,
             labels=self.labels(node, "llama-server"),
             flags=["--gpus", "all", "--ipc", "host", "--entrypoint", "/bin/sh"],
-            hashed={"server": self.digest, "rpc": ",".join(rpc_ids)},
+            hashed=hashed,
             ready_what=f"llama-server in {self.container}",
             restart=containers.RESTART_POLICY if self.options.persist else None,
             hint=(f"Hint: `docker logs {self.container}` on {node.name} says why llama-server "
@@ -144,8 +157,8 @@ class ServeSpec:
         """The running rpc-server containers' IDs, from the phase's (fresh) facts."""
         ids = []
         for node in self.nodes[1:]:
-            found = ((ctx.cluster_facts.get(node) or {}).get("containers") or {}).get(self.container)
-            ids.append(str((found or {}).get("Id") or "none") if isinstance(found, dict) else "none")
+            found = DockerContainer(self.container).read(ctx.cluster_facts.get(node) or {}, strict=False)
+            ids.append(found.id or "none" if found else "none")
         return ids
 
 
@@ -254,6 +267,8 @@ def facts_for(spec: ServeSpec):  # type: ignore[no-untyped-def]
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         own = containers.spec_facts([spec.recipe.image], [spec.container], inv.cluster.user)
         own["commands"]["servers"] = servers.servers_cmd(inv, node, probe=True)
+        if spec.key is not None:
+            own.setdefault("files", {}).update(apikey.key_facts(spec.name)["files"])
         return with_probe(own, spec.recipe.image if node.name in spec.nodes else None)
     return facts
 
@@ -278,6 +293,7 @@ def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
 
     container = ServerContainer(spec)
     steps: list[Step] = [DropCaches(ColdStart(spec, container, [spec.first])),
+                         apikey.key_files_step(spec.name, [spec.first], spec.key),
                          node_guard(spec, [spec.first], container), container,
                          Record(spec), *ready]
     return ServingPhase("serve", steps, facts_for(spec), serving=ordered(spec))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.engines.apikey import KeyWay
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
 from orchestrator.engines.sglang.layouts import SglangLayouts
 from orchestrator.engines.sglang.meter import SglangMeter
@@ -31,6 +32,12 @@ class SglangEngine:
     settings_type = NoSettings  # nothing to set in the inventory's engines.sglang
     process_words = ()  # status: its pid files' command lines
     several_servers = True
+    # SGLang 0.5.12 takes the key only as --api-key VALUE (server_args.py), or from a YAML
+    # `--config` file it merges into its arguments in-process (server_args_config_parser.py):
+    # an entry wrapper writes that file inside the container from the mounted key. /health*
+    # and /metrics* stay open (srt/utils/auth.py, decide_request_auth)
+    api_key = KeyWay("SGLang --config FILE.yaml with `api-key:` (written in the container by "
+                     "an entry wrapper from the mounted key file)", ("/health*", "/metrics*"))
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
         from orchestrator.engines.base import ranks_problem

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.commands import docker_cmd, quote
 from orchestrator.engines.base import LaunchFailed, Note, Ready
-from orchestrator.engines.placed import PROBE, log_tail, parse_poll, running_cmd
+from orchestrator.engines.placed import log_tail, parse_poll, probe_cmd, running_cmd
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 
 if TYPE_CHECKING:
@@ -21,11 +21,11 @@ if TYPE_CHECKING:
 
 READY_LINE = "The server is fired up and ready to roll!"
 POLL_SECONDS = 2.0
-def poll_cmd(container: str, port: int) -> str:
+def poll_cmd(container: str, port: int, host: str = "127.0.0.1", key_file: str | None = None) -> str:
     fired = quote(READY_LINE.replace("!", "[!]"))
     return (f"echo \"running=$({running_cmd(container)})\"; "
             f"echo \"fired=$({docker_cmd('logs', container)} 2>&1 | grep -c {fired})\"; "
-            f"python3 -c {quote(PROBE)} {port}")
+            + probe_cmd(port, host, key_file))
 
 
 def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note, reason: str) -> None:
@@ -50,7 +50,8 @@ def wait_until_ready(transports: dict[str, Transport], spec: ServeSpec, timeout:
     last = ""
     try:
         while True:
-            result = first.run(poll_cmd(spec.container, spec.recipe.port), sudo=True, timeout=120,
+            result = first.run(poll_cmd(spec.container, spec.recipe.port, spec.host,
+                                        spec.key_file), sudo=True, timeout=120,
                                display=f"{spec.container}: /health, its log")
             state = parse_poll(result.stdout)
             elapsed = time.monotonic() - started

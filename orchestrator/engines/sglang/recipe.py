@@ -61,13 +61,9 @@ class Speculative(StrictModel):
         return self.algorithm.upper()
 
     @property
-    def decoding_type(self) -> str:
-        """What `recipes list` prints (TensorRT-LLM's word for the algorithm)."""
-        return self.name
-
-    @property
-    def max_draft_len(self) -> int:
-        return self.num_steps or 0
+    def drafting(self) -> str:
+        """What `recipes list` prints: the algorithm and its steps, when set."""
+        return f"{self.name} {self.num_steps}" if self.num_steps else self.name
 
 
 class Recipe(BaseRecipe):
@@ -83,6 +79,14 @@ class Recipe(BaseRecipe):
     serve_args: list[str] = Field(default_factory=list)
     """More launch_server flags, verbatim (each item one argv word), checked against the table."""
     env: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def drafting(self) -> str | None:
+        return self.speculative.drafting if self.speculative else None
+
+    @property
+    def draft_tokens(self) -> int | None:
+        return self.speculative.num_steps if self.speculative else None
 
     @property
     def world_size(self) -> int:

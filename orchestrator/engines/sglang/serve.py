@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Phase, Step
-from orchestrator.engines import config_hash, placed, servers, serving_nodes
+from orchestrator.engines import apikey, config_hash, placed, servers, serving_nodes
 from orchestrator.engines.base import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
 from orchestrator.engines.lifecycle import ServerRecord
 from orchestrator.engines.sglang.recipe import Recipe, estimate_memory
@@ -30,6 +31,23 @@ from orchestrator.phases.memory import DropCaches, NodeGuard, guard_threshold
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
 
+
+
+def key_config(server: str) -> str:
+    """The YAML `--config` the entry wrapper writes from the mounted key (0600, in the server's
+    run dir, which the container mounts): SGLang merges it into its arguments in-process, so
+    the key is in no process's argv (sglang/srt/server_args_config_parser.py)."""
+    return f"{servers.record_dir(server)}/api_key.yaml"
+
+
+def keyed_command(argv: list[str], server: str) -> tuple[list[str], list[str]]:
+    """(docker run flags, command) that start ARGV with the key: a shell writes `api-key:` as
+    a YAML double-quoted string (backslash and quote escaped) and execs SGLang with --config."""
+    config = quote(key_config(server))
+    script = (f"umask 077 && {{ printf 'api-key: \"'; tr -d '\\n' < {apikey.CONTAINER_KEY} | "
+              f"sed 's/[\\\\\"]/\\\\&/g'; printf '\"\\n'; }} > {config} && "
+              f"exec \"$@\" --config {config}")
+    return ["--entrypoint", "/bin/sh"], ["-c", script, "sglang", *argv]
 
 
 def launch_argv(recipe: Recipe, host: str, rank: int = 0, dist_addr: str | None = None) -> list[str]:
@@ -69,7 +87,10 @@ class ServeSpec:
         self.first = self.nodes[0]
         self.container = f"sparkctl-sglang-{self.name}"
         self.estimate = estimate_memory(recipe)
-        self.digest = config_hash(recipe, launch_argv(recipe, self.host), self.name)
+        self.key = options.api_key
+        self.key_file = apikey.node_key_file(self.name) if self.key is not None else None
+        keyed = ["--config", key_config(self.name)] if self.key is not None else []
+        self.digest = config_hash(recipe, launch_argv(recipe, self.host) + keyed, self.name)
 
     def dist_addr(self) -> str:
         return f"{self.inventory.mpi_address(self.inventory.node(self.first))}:{self.recipe.dist_port}"
@@ -89,7 +110,8 @@ class ServeSpec:
             memory_gb=self.estimate.total_gb, container=self.container,
             extra={"tp_size": r.tp_size, "pp_size": r.pp_size, "image": r.image,
                    "dist_port": r.dist_port if len(self.nodes) > 1 else None,
-                   "speculative": r.speculative.name if r.speculative else None}).to_dict()
+                   "speculative": r.speculative.name if r.speculative else None,
+                   **apikey.record_fields(self.name, self.key)}).to_dict()
 
     def env(self, node: Node, roce: list[str]) -> dict[str, str]:
         """The fabric environment, all of it as the other engines get it (phases/container.fabric_env,
@@ -113,9 +135,15 @@ class ServeSpec:
                                                   infiniband).digest()
         argv = launch_argv(self.recipe, self.host, rank,
                            self.dist_addr() if len(self.nodes) > 1 else None)
+        mounts = [(RUN_DIR, RUN_DIR, False), (hf_cache, CONTAINER_HF_HOME, False)]
+        if self.key is not None:  # the key file read-only; a new key starts the server again
+            mounts.append(apikey.key_mount(self.name))
+            hashed["api_key"] = apikey.key_digest(self.key, self.name)
+            entry, argv = keyed_command(argv, self.name)
+            flags += entry
         return ContainerSpec(
             name=self.container, image=self.recipe.image, command=argv, env=self.env(node, roce),
-            mounts=[(RUN_DIR, RUN_DIR, False), (hf_cache, CONTAINER_HF_HOME, False)],
+            mounts=mounts,
             labels=containers.managed_labels(self.inventory, node, engine="sglang",
                                              server=self.name, recipe=self.recipe.name,
                                              rank=str(rank)),
@@ -173,6 +201,8 @@ def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
         own = containers.spec_facts([spec.recipe.image], [spec.container], inv.cluster.user)
         own["links"] = True
         own["commands"]["servers"] = servers.servers_cmd(inv, node, probe=True)  # (as the check phase asks)
+        if spec.key is not None:
+            own.setdefault("files", {}).update(apikey.key_facts(spec.name)["files"])
         return with_probe(own, spec.recipe.image if node.name in spec.nodes else None)
 
     # a serving node that cannot pull gets the image from one that has it, over the fabric
@@ -186,7 +216,8 @@ def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
     guard = NodeGuard(spec.nodes, servers.record_dir(spec.name), [spec.container],
                       guard_threshold(spec.options.guard_min_available_gb, spec.recipe), guarded)
     steps: list[Step] = [*image_steps(lambda ctx: spec.recipe.image, lambda ctx: spec.nodes),
-                         DropCaches(cold_start_reason(spec, container)), guard, container,
+                         DropCaches(cold_start_reason(spec, container)),
+                         apikey.key_files_step(spec.name, spec.nodes, spec.key), guard, container,
                          placed.Record(spec), *ready]
     nodes = [spec.inventory.head_name, *(n for n in spec.nodes if n != spec.inventory.head_name)]
     return ServingPhase("serve", steps, facts, serving=nodes)

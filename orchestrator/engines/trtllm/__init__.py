@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.trtllm import keyrelay
 from orchestrator.engines.trtllm.layouts import TrtllmLayouts
 from orchestrator.engines.trtllm.meter import TrtllmMeter
 from orchestrator.engines.trtllm.recipe import Recipe
@@ -36,6 +37,7 @@ class TrtllmEngine:
     settings_type = Settings  # engines.trtllm in the inventory: its `up` container
     process_words = ("mpirun", "trtllm", "orted")  # status: its pid files' command lines
     several_servers = False
+    api_key = keyrelay.WAY  # trtllm-serve takes no key: sparkctl's relay checks it
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
         from orchestrator.engines.base import head_first_problem, ranks_problem
@@ -80,7 +82,8 @@ class TrtllmEngine:
         from orchestrator.phases import models
 
         spec = serve.LaunchSpec(recipe, inventory, options.host, options.replace, options.drop_caches,
-                                options.guard_min_available_gb, options.name, options.persist)
+                                options.guard_min_available_gb, options.name, options.persist,
+                                options.api_key)
         guard = running.guard_phase(recipe, inventory, options.replace,
                                     same_engine=[spec.guard()],
                                     more_facts=serve.guard_facts(spec))

@@ -40,7 +40,7 @@ def persist_phase(spec: LaunchSpec, options: LaunchOptions) -> Phase:
         wait = [(f"sshd in {container} on {peer.name} ({inventory.mpi_address(peer)}:{port})",
                  persist.tcp_cmd(inventory.mpi_address(peer), port)) for peer in peers]
         start += [(f"mpirun ... trtllm-serve {recipe.model} in {container}",
-                   start_cmd(container, spec.argv)),
+                   start_cmd(container, spec.argv, spec.relay)),
                   ("the server record", node_cmd(container, action="started", server=record))]
         # a rank's node that rebooted alone: mpirun (and the memory guard) go, then start again
         stop = [("stop the stalled mpirun", node_cmd(container, action="stop", rotate=True))]

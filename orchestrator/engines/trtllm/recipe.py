@@ -120,6 +120,15 @@ class Recipe(BaseRecipe):
             raise ValueError("llm_api_options: " + "; ".join(problems))
 
     @property
+    def drafting(self) -> str | None:
+        spec = self.speculative
+        return f"{spec.decoding_type} {spec.max_draft_len}" if spec else None
+
+    @property
+    def draft_tokens(self) -> int | None:
+        return self.speculative.max_draft_len if self.speculative else None
+
+    @property
     def node_count(self) -> int:
         return self.nodes or self.tp_size
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from orchestrator.commands import docker_exec_cmd, join
+from orchestrator.commands import Secret, docker_exec_cmd, join
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines import config_hash, lifecycle, serving_nodes
+from orchestrator.engines import apikey, config_hash, lifecycle, serving_nodes
 from orchestrator.engines.lifecycle import Decision, Running, ServerRecord
 from orchestrator.engines.liveness import dead_ranks as ranks_ended
 from orchestrator.engines.serverctl import node_call, node_cmd
@@ -79,10 +79,11 @@ def serve_argv(recipe: Recipe, host: str, fabric: Sequence[str] = FABRIC_ENV,
     return argv
 
 
-def start_cmd(container: str, argv: list[str]) -> str:
-    """Detached (docker exec -d), mpirun's own output in server.log, its pid in mpirun.pid."""
-    return docker_exec_cmd(container, ["bash", "-c", SERVER_WRAPPER, "sparkctl-server", *argv],
-                           env={"HF_HUB_OFFLINE": "1"}, detach=True)
+def start_cmd(container: str, argv: list[str], relay: str = "") -> str:
+    """Detached (docker exec -d), mpirun's own output in server.log, its pid in mpirun.pid;
+    RELAY: the key-checking relay's start (keyrelay.relay_prefix) when the server has a key."""
+    return docker_exec_cmd(container, ["bash", "-c", relay + SERVER_WRAPPER, "sparkctl-server",
+                                       *argv], env={"HF_HUB_OFFLINE": "1"}, detach=True)
 
 
 MAIN = "mpirun.pid"
@@ -126,7 +127,8 @@ class LaunchSpec:
 
     def __init__(self, recipe: Recipe, inventory: Inventory, host: str, replace: bool,
                  drop_caches: bool, guard_min_available_gb: float | None = None,
-                 name: str | None = None, persistent: bool = False) -> None:
+                 name: str | None = None, persistent: bool = False,
+                 key: Secret | None = None) -> None:
         from orchestrator.phases.memory import guard_threshold
 
         self.recipe = recipe
@@ -141,13 +143,21 @@ class LaunchSpec:
         self.serving = serving_nodes(recipe, inventory)
         self.argv = serve_argv(recipe, host, fabric_variable_names(inventory),
                                bootstrap_interfaces(inventory, self.serving))
-        self.digest = config_hash(recipe, self.argv, self.config_text)
         self.name = name or recipe.name
         self.persistent = persistent
+        self.key, self.relay = key, ""
+        if key is not None:  # trtllm-serve takes no key: the relay binds host:port instead
+            from orchestrator.engines.trtllm import keyrelay
+
+            self.argv = keyrelay.behind_relay(self.argv, recipe.port)
+            self.relay = keyrelay.relay_prefix(host, recipe.port, apikey.node_key_file(self.name))
+        keyed = ["api-key", apikey.key_digest(key, self.name)] if key is not None else []
+        self.digest = config_hash(recipe, self.argv + keyed, self.config_text)
 
     def record(self) -> dict[str, Any]:
-        return server_record(self.recipe, self.host, self.digest, self.name, self.serving,
-                             self.guard_min_available_gb, self.persistent)
+        return {**server_record(self.recipe, self.host, self.digest, self.name, self.serving,
+                                self.guard_min_available_gb, self.persistent),
+                **apikey.record_fields(self.name, self.key)}
 
     def decision(self, ctx: NodeContext) -> Decision:
         head = ctx.cluster_facts.get(self.inventory.head_name, {})
@@ -239,7 +249,8 @@ class StartServer(Step):
             f"{verb} {recipe.model} on {len(self.spec.serving)} node(s) (tp {recipe.tp_size}) at "
             f"{self.spec.host}:{recipe.port}",
             diff=join(self.spec.argv) + "\n",
-            commands=(start_cmd(self.spec.inventory.container.name, self.spec.argv),),
+            commands=(start_cmd(self.spec.inventory.container.name, self.spec.argv,
+                                self.spec.relay),),
         )
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
@@ -290,7 +301,8 @@ def serve_facts(spec: LaunchSpec) -> Any:
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         port = spec.recipe.port if node.name == inv.head_name else None
         return {
-            "files": files_request([CONFIG_PATH]),
+            "files": {**files_request([CONFIG_PATH]),
+                      **(apikey.key_facts(spec.name)["files"] if spec.key is not None else {})},
             "commands": {"serve": node_cmd(inv.container.name, action="status", port=port)},
         }
 
@@ -318,5 +330,7 @@ def phase(spec: LaunchSpec, ready_steps: list[Step] | None = None) -> Phase:
     steps: list[Step] = [ManagedFiles("llm-api-config", config_files),
                          DropCaches(cold_start_reason(spec)),
                          StartGuard(spec, node_plan(spec.recipe), spec.recipe.name),
+                         *([apikey.key_files_step(spec.name, [spec.inventory.head_name], spec.key)]
+                           if spec.key is not None else []),
                          StartServer(spec), *(ready_steps or [])]
     return Phase("serve", steps, facts)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.engines.apikey import KeyWay
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
 from orchestrator.engines.vllm.layouts import VllmLayouts
 from orchestrator.engines.vllm.meter import VllmMeter
@@ -65,6 +66,11 @@ class VllmEngine:
     settings_type = NoSettings  # nothing to set in the inventory's engines.vllm
     process_words = ("vllm",)  # status: its pid files' command lines
     several_servers = False
+    # vLLM reads VLLM_API_KEY when --api-key is not given (entrypoints/openai/api_server.py);
+    # its AuthenticationMiddleware guards /v1 paths only: /health, /metrics, /version, /ping
+    # and the other non-/v1 routes stay open
+    api_key = KeyWay("VLLM_API_KEY, exported from the key file by the wrapper that starts "
+                     "`vllm serve` in its container", (), guarded_prefix="/v1")
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
         from orchestrator.engines.base import head_first_problem, ranks_problem
@@ -112,7 +118,7 @@ class VllmEngine:
 
         spec = serve.ServeSpec(recipe, inventory, options.host, options.replace, options.name,
                                guard_threshold(options.guard_min_available_gb, recipe),
-                               options.persist)
+                               options.persist, options.api_key)
         guard = running.guard_phase(recipe, inventory, options.replace,
                                     same_engine=[spec.guard()],
                                     more_facts=serve.guard_facts(spec))

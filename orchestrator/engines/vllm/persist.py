@@ -50,7 +50,8 @@ def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
         return persist.Part(
             containers=[container],
             wait=[(f"Ray lists every serving node ({', '.join(ips)})", every)] if ray else [],
-            start=[(f"vllm serve {recipe.model} in {container}", start_cmd(container, spec.argv)),
+            start=[(f"vllm serve {recipe.model} in {container}",
+                    start_cmd(container, spec.argv, spec.key_file)),
                    ("the server record", node_cmd(container, action="started", server=record,
                                                   main=MAIN, ours=OURS))],
             # a worker that rebooted alone rejoins Ray; the stalled vllm serve must go first

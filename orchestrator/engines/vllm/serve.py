@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator.commands import docker_exec_cmd, join, quote
+from orchestrator.commands import Secret, docker_exec_cmd, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines import config_hash, lifecycle, serving_nodes
+from orchestrator.engines import apikey, config_hash, lifecycle, serving_nodes
 from orchestrator.engines.base import LaunchFailed, Note, Ready
 from orchestrator.engines.lifecycle import Decision, Running, ServerRecord
 from orchestrator.engines.serverctl import node_call, node_cmd
@@ -49,9 +49,12 @@ def serve_argv(recipe: Recipe, host: str, rank: int = 0, head_ip: str = "<head f
     return [*argv, *recipe.serve_args]
 
 
-def start_cmd(container: str, argv: list[str]) -> str:
-    """Detached; the models are on every node already, so vLLM never goes online for them."""
-    return docker_exec_cmd(container, ["bash", "-c", SERVER_WRAPPER, "sparkctl-server", *argv],
+def start_cmd(container: str, argv: list[str], key_file: str | None = None) -> str:
+    """Detached; the models are on every node already, so vLLM never goes online for them.
+    KEY_FILE: the wrapper sets VLLM_API_KEY from it (vLLM reads that variable when --api-key is
+    not given: vllm/entrypoints/openai/api_server.py), so the key is in no argv or Env."""
+    wrapper = (apikey.env_from_file("VLLM_API_KEY", key_file) if key_file else "") + SERVER_WRAPPER
+    return docker_exec_cmd(container, ["bash", "-c", wrapper, "sparkctl-server", *argv],
                            env={"HF_HUB_OFFLINE": "1"}, detach=True)
 
 
@@ -81,13 +84,17 @@ def restart_reason(status: dict[str, Any]) -> str:
 class ServeSpec:
     def __init__(self, recipe: Recipe, inventory: Inventory, host: str, replace: bool,
                  name: str | None = None, guard_gb: float | None = None,
-                 persistent: bool = False) -> None:
+                 persistent: bool = False, key: Secret | None = None) -> None:
         self.recipe, self.inventory, self.host, self.replace = recipe, inventory, host, replace
         self.name, self.guard_gb, self.persistent = name or recipe.name, guard_gb, persistent
         from orchestrator.engines.vllm.ray import node_ip
 
         self.argv = serve_argv(recipe, host, 0, node_ip(inventory, inventory.head))
-        self.digest = config_hash(recipe, self.argv, "")
+        self.key = key
+        self.key_file = apikey.node_key_file(self.name) if key is not None else None
+        # a new key restarts the server (a slow salted digest of it, never the key)
+        keyed = ["api-key", apikey.key_digest(key, self.name)] if key is not None else []
+        self.digest = config_hash(recipe, self.argv + keyed, "")
         self.serving = serving_nodes(recipe, inventory)
 
     def head_status(self, ctx: NodeContext) -> dict[str, Any]:
@@ -108,7 +115,7 @@ class ServeSpec:
             guard_min_available_gb=self.guard_gb, container=r.container_name,
             extra={"draft_model": None, "tp_size": r.tensor_parallel_size,
                    "pp_size": r.pipeline_parallel_size, "executor": r.backend, "main": MAIN,
-                   "ours": OURS}).to_dict()
+                   "ours": OURS, **apikey.record_fields(self.name, self.key)}).to_dict()
 
     def guard(self) -> lifecycle.ServerGuard:
         """The launch's first step: a different server of this engine refused, unless --replace."""
@@ -170,7 +177,8 @@ class StartServer(Step):
                       f"node(s) (tp {recipe.tensor_parallel_size}, pp "
                       f"{recipe.pipeline_parallel_size}) at {self.spec.host}:{recipe.port}",
                       diff=join(self.spec.argv) + "\n",
-                      commands=(start_cmd(recipe.container_name, self.spec.argv),))
+                      commands=(start_cmd(recipe.container_name, self.spec.argv,
+                                          self.spec.key_file),))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         container = self.spec.recipe.container_name
@@ -193,11 +201,13 @@ def phase(spec: ServeSpec, ready_steps: list[Step] | None = None) -> Phase:
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         if node.name != inv.head_name:
             return {}
-        return {"commands": {"serve": status_cmd(spec.recipe.container_name, spec.recipe.port)}}
+        own = {"commands": {"serve": status_cmd(spec.recipe.container_name, spec.recipe.port)}}
+        return {**own, **(apikey.key_facts(spec.name) if spec.key is not None else {})}
 
     from orchestrator.phases.models import ServingPhase
 
-    return ServingPhase("serve", [StopPrevious(spec), StartServer(spec), *(ready_steps or [])],
+    key = [apikey.key_files_step(spec.name, [spec.inventory.head_name], spec.key)] if spec.key else []
+    return ServingPhase("serve", [StopPrevious(spec), *key, StartServer(spec), *(ready_steps or [])],
                         facts, serving=[spec.inventory.head_name])
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import queue
 import sys
@@ -195,6 +196,31 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     checks_model = False  # trtllm-serve (the lab's default server) does not compare the name
+
+    def key_open(self, path: str) -> bool:
+        """Whether the engine answers PATH without its API key (each engine's own rule)."""
+        return False
+
+    def key_refused(self) -> None:
+        """The engine's own 401 (SGLang's and vLLM's body: {"error": "Unauthorized"})."""
+        self.send_json(401, {"error": "Unauthorized"})
+
+    def parse_request(self) -> bool:
+        """An engine started with an API key checks `Authorization: Bearer KEY` before any
+        route, as their middlewares do (OPTIONS and the engine's open paths pass)."""
+        if not super().parse_request():
+            return False
+        key = getattr(self.state, "api_key", None)
+        if not key or self.command == "OPTIONS" or self.key_open(self.path.split("?")[0]):
+            return True
+        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given, key):
+            return True
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)  # the connection stays usable for the next request
+        self.key_refused()
+        return False
 
     def send_error_json(self, code: int, message: str) -> None:
         kinds = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}

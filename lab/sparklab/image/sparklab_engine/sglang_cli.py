@@ -34,14 +34,47 @@ NAMES = {"--model-path": "model", "--tensor-parallel-size": "tp", "--pipeline-pa
          "--dist-timeout": "dist_timeout", "--served-model-name": "served",
          "--disable-radix-cache": "no_radix", "--mamba-scheduler-strategy": "mamba",
          "--enable-metrics": "metrics", "--trust-remote-code": "trust",
-         "--attention-backend": "attention", "--page-size": "page"}
+         "--attention-backend": "attention", "--page-size": "page", "--api-key": "api_key"}
 
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def config_args(path: str) -> list[str]:
+    """SGLang's --config: a YAML mapping turned into `--key value` words placed before the
+    command line's (server_args_config_parser.py: a .yaml/.yml file, CLI wins over config)."""
+    if not path.lower().endswith((".yaml", ".yml")):
+        raise UsageError(f"Config file must be YAML format, got: {os.path.splitext(path)[1]}")
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise UsageError(f"Config file not found: {path} ({exc})") from None
+    try:
+        import yaml  # type: ignore[import-untyped]
+
+        data = yaml.safe_load(text) or {}
+    except ImportError:  # the lab's python3 may lack PyYAML: `key: value` / `key: "json"` lines
+        data = {}
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            value = value.strip()
+            if key.strip() and not key.startswith("#"):
+                data[key.strip()] = json.loads(value) if value.startswith('"') else value
+    words: list[str] = []
+    for key, value in data.items():
+        if value is True:
+            words.append(f"--{key}")
+        elif value is not False:
+            words += [f"--{key}", str(value)]
+    return words
+
+
 def parse(args: list[str], table) -> dict:  # type: ignore[no-untyped-def]
+    if "--config" in args:
+        at = args.index("--config")
+        args = config_args(args[at + 1] if at + 1 < len(args) else "") + args[:at] + args[at + 2:]
     usage_errors(table.check_flags(args))
     opts: dict = {"tp": 1, "pp": 1, "host": "127.0.0.1", "port": 30000, "nnodes": 1, "rank": 0,
                   "mamba": "auto"}

@@ -4,7 +4,9 @@
 http_server.py l.505-526); /v1/models lists the served model ("owned_by": "sglang");
 /get_model_info; with --enable-metrics, /metrics in Prometheus text with SGLang's names for
 speculative decoding (sglang:spec_accept_length, sglang:spec_accept_rate; metrics_collector.py
-l.341-347), computed from the drafts the performance model accepted.
+l.341-347), computed from the drafts the performance model accepted. With --api-key (or
+`api-key:` in a --config YAML), every route but /health* and /metrics* needs `Authorization:
+Bearer KEY`, else 401 {"error": "Unauthorized"} (srt/utils/auth.py).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ class SglangState(EngineState):
         self.accepted = 0
         self.verify_steps = 0
         self.ready = True
+        self.api_key = opts.get("api_key") or None  # --api-key, or `api-key:` of --config
 
     def record(self, active: int, new: int, decoding: int, accepted: int, seconds: float) -> None:
         with self.stats_lock:
@@ -53,6 +56,10 @@ class SglangState(EngineState):
 
 class SglangHandler(Handler):
     checks_model = True  # a request naming a model this server does not serve is a 404
+
+    def key_open(self, path: str) -> bool:
+        # SGLang 0.5.12 srt/utils/auth.py decide_request_auth: health and metrics always pass
+        return path.startswith("/health") or path.startswith("/metrics")
 
     def do_GET(self) -> None:
         path = self.path.split("?")[0]

@@ -49,7 +49,7 @@ def parse(args: list[str], table) -> dict:  # type: ignore[no-untyped-def]
              "-pp": "pp", "--distributed-executor-backend": "backend", "--host": "host",
              "--port": "port", "--served-model-name": "served", "--model": "model",
              "--gpu-memory-utilization": "util", "--nnodes": "nnodes", "--node-rank": "rank",
-             "--master-addr": "master", "--master-port": "mport"}
+             "--master-addr": "master", "--master-port": "mport", "--api-key": "api_key"}
     i = 0
     while i < len(args):
         token = args[i]
@@ -134,7 +134,9 @@ def main(argv: list[str]) -> int:
 
         host = opts["host"] or "0.0.0.0"
         names = opts["served"] or opts["model"]
-        server = start_vllm_http(opts["model"], names, executor, host, opts["port"])
+        # vLLM: `args.api_key or [envs.VLLM_API_KEY]` (entrypoints/openai/api_server.py)
+        key = opts.get("api_key") or os.environ.get("VLLM_API_KEY") or None
+        server = start_vllm_http(opts["model"], names, executor, host, opts["port"], key)
         log("INFO", "launcher.py", f"Route: /health, /v1/models, /v1/chat/completions, "
             f"/v1/completions ({hostname()})")
         print("INFO:     Application startup complete.", file=sys.stderr, flush=True)

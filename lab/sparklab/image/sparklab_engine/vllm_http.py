@@ -1,4 +1,8 @@
-"""The simulated vLLM's OpenAI-compatible server: the TRT-LLM simulation's, with vLLM's routes."""
+"""The simulated vLLM's OpenAI-compatible server: the TRT-LLM simulation's, with vLLM's routes.
+
+With an API key (--api-key, or VLLM_API_KEY), vLLM's AuthenticationMiddleware checks `Authorization:
+Bearer KEY` on /v1 paths only (OPTIONS passes); /health, /ping, /version, /metrics stay open;
+a refusal is 401 {"error": "Unauthorized"}."""
 from __future__ import annotations
 
 import time
@@ -10,10 +14,11 @@ VERSION = image_version("0.31.0")  # the image's vLLM (catalog.json)
 
 
 class VllmState(EngineState):
-    def __init__(self, model: str, served: str, executor) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, model: str, served: str, executor, api_key: str | None = None) -> None:  # type: ignore[no-untyped-def]
         super().__init__({"model": served}, {})
         self.executor = executor
         self.ready = True
+        self.api_key = api_key
 
     def healthy(self) -> bool:
         return self.ready and not (self.executor and self.executor.dead)
@@ -26,6 +31,9 @@ class VllmState(EngineState):
 
 class VllmHandler(Handler):
     checks_model = True  # a request naming a model this server does not serve is a 404
+
+    def key_open(self, path: str) -> bool:
+        return not path.startswith("/v1")  # vLLM's middleware: `if not url_path.startswith("/v1")`
 
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
@@ -44,5 +52,6 @@ class VllmHandler(Handler):
             self.send_json(404, {"detail": "Not Found"})
 
 
-def start_vllm_http(model: str, served: str, executor, host: str, port: int) -> Server:  # type: ignore[no-untyped-def]
-    return start_http(VllmState(model, served, executor), host, port, VllmHandler)
+def start_vllm_http(model: str, served: str, executor, host: str, port: int,  # type: ignore[no-untyped-def]
+                    api_key: str | None = None) -> Server:
+    return start_http(VllmState(model, served, executor, api_key), host, port, VllmHandler)
