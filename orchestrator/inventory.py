@@ -1,4 +1,4 @@
-"""The inventory: which Sparks, how to reach them, which fabric interfaces, which container.
+"""The inventory: which Sparks, how to reach them, which fabric interfaces, which engines.
 
 Key names are a contract other tools read (docs/contracts.md): keys may be added, never renamed.
 Validation catches what breaks clusters, and every message names the file, the key path and
@@ -11,9 +11,9 @@ import ipaddress
 import re
 import socket
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator.errors import InputError
 
@@ -103,6 +103,9 @@ class Cluster(_Model):
     """Seconds to wait for an SSH connection before calling a node unreachable."""
     command_timeout: float = Field(default=300.0, gt=0, le=86400)
     """Default seconds a remote command may run before it counts as hung."""
+    hf_cache: str = Field(default="~/.cache/huggingface", pattern=r"^[~/][^\x00\n]*$")
+    """Node directory every engine's containers mount as their Hugging Face cache (~ is the
+    cluster user's home); was `container.hf_cache`."""
 
 
 class Fabric(_Model):
@@ -133,15 +136,19 @@ class Fabric(_Model):
         return value
 
 
-class Container(_Model):
-    image: str = Field(default="nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13", pattern=IMAGE_PATTERN)
-    """TensorRT-LLM image; the same digest must be on every node."""
-    name: str = Field(default="trtllm-multinode", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+CONTAINER_NAME_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$"
+
+
+class ContainerSettings(_Model):
+    """A container an engine's `up` phases keep on every node (`engines.NAME.container`); the
+    engine's own model (engines/NAME/settings.py) gives the defaults."""
+
+    image: str = Field(pattern=IMAGE_PATTERN)
+    """The image; the same digest must be on every node."""
+    name: str = Field(pattern=CONTAINER_NAME_PATTERN)
     """Container name on every node."""
-    ssh_port: int = Field(default=2233, ge=1, le=65535)
+    ssh_port: int = Field(ge=1, le=65535)
     """Port of the container's sshd (MPI's launcher); it listens on fabric addresses only."""
-    hf_cache: str = Field(default="~/.cache/huggingface", pattern=r"^[~/][^\x00\n]*$")
-    """Node directory mounted as the container's Hugging Face cache (~ is the cluster user's home)."""
 
 
 class Node(_Model):
@@ -165,10 +172,95 @@ class Node(_Model):
 class Inventory(_Model):
     cluster: Cluster
     fabric: Fabric = Fabric()
-    container: Container = Container()
+    engines: dict[str, Any] | None = None
+    """The engines this cluster serves, each with its own settings (a section whose model the
+    engine owns: engines/NAME/settings.py); left out: every engine, with its defaults."""
     nodes: list[Node] = Field(min_length=1)
     source: str = Field(default="<inventory>", exclude=True)
     """Where the inventory was read from (for messages and relative paths)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_container(cls, data: Any) -> Any:
+        """An inventory written before the engine sections: its top-level `container:` is the
+        default engine's `engines.<default>.container` (and its hf_cache `cluster.hf_cache`)."""
+        if not isinstance(data, dict) or "container" not in data:
+            return data
+        from orchestrator.engines import DEFAULT_ENGINE, REGISTRY
+
+        data = dict(data)
+        legacy = data.pop("container")
+        if isinstance(legacy, dict) and "hf_cache" in legacy:
+            legacy = dict(legacy)
+            cluster = data.get("cluster")
+            if isinstance(cluster, dict) and "hf_cache" not in cluster:
+                data["cluster"] = {**cluster, "hf_cache": legacy.pop("hf_cache")}
+        # without `engines:` it served every engine, and still does
+        engines = dict(data.get("engines") or {name: {} for name in sorted(REGISTRY)})
+        section = engines.get(DEFAULT_ENGINE) or {}
+        if isinstance(section, dict) and "container" in section:
+            raise ValueError(f"both container: (the old place) and engines.{DEFAULT_ENGINE}."
+                             "container: are set; keep only the second")
+        engines[DEFAULT_ENGINE] = {**(section if isinstance(section, dict) else {}),
+                                   "container": legacy}
+        data["engines"] = engines
+        return data
+
+    @field_validator("engines")
+    @classmethod
+    def _engine_sections(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Each section validated by its engine's own model (errors name engines.NAME.key)."""
+        if value is None:
+            return None
+        from pydantic import ValidationError
+
+        from orchestrator.engines import REGISTRY, settings_type
+
+        if not value:
+            raise ValueError(f"name at least one engine ({', '.join(sorted(REGISTRY))}), or "
+                             "leave `engines:` out to serve with every engine")
+        sections: dict[str, Any] = {}
+        for name, section in value.items():
+            if name not in REGISTRY:
+                raise ValueError(f"{name!r} is not an engine sparkctl knows; use one of: "
+                                 f"{', '.join(sorted(REGISTRY))}")
+            try:
+                sections[name] = settings_type(name).model_validate(section or {})
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in first["loc"])
+                raise ValueError(f"{name}.{where}: {first['msg']}"
+                                 + (f" (got {first.get('input')!r})"
+                                    if first["type"] != "extra_forbidden" else
+                                    " (unknown key; docs/inventory.md lists every key)")) from None
+        return sections
+
+    @property
+    def served_engines(self) -> list[str]:
+        """The engines named under `engines:`, or every registered engine when it is left out."""
+        from orchestrator.engines import REGISTRY
+
+        return list(self.engines) if self.engines is not None else sorted(REGISTRY)
+
+    def serves(self, engine: str) -> bool:
+        return engine in self.served_engines
+
+    def settings(self, engine: str) -> Any:
+        """The engine's section (its own pydantic model), its defaults when not written."""
+        from orchestrator.engines import settings_type
+
+        found = (self.engines or {}).get(engine)
+        return found if found is not None else settings_type(engine)()
+
+    @property
+    def container(self) -> ContainerSettings:
+        """The container `up` keeps on every node for the default engine (its section's
+        `container`): what the code paths of that container read."""
+        from orchestrator.engines import DEFAULT_ENGINE
+
+        found = getattr(self.settings(DEFAULT_ENGINE), "container", None)
+        assert isinstance(found, ContainerSettings), "the default engine keeps no container"
+        return found
 
     @property
     def head(self) -> Node:

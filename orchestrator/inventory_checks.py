@@ -28,6 +28,8 @@ def load_inventory(path: Path) -> Inventory:
 
 
 def inventory_from_data(data: dict[str, Any], source: str) -> Inventory:
+    if "container" in data:
+        deprecation_note(source)
     try:
         inventory = Inventory.model_validate({**data, "source": source})
     except ValidationError as exc:
@@ -38,6 +40,17 @@ def inventory_from_data(data: dict[str, Any], source: str) -> Inventory:
         lines = "\n".join(f"  - {p}" for p in problems)
         raise InputError(f"{source}: invalid inventory:\n{lines}")
     return inventory
+
+
+def deprecation_note(source: str) -> None:
+    """One line on stderr: an inventory from before the engine sections still loads."""
+    import sys
+
+    from orchestrator.engines import DEFAULT_ENGINE
+
+    print(f"note: {source}: top-level `container:` is deprecated; move it to "
+          f"`engines: {{{DEFAULT_ENGINE}: {{container: ...}}}}` (its hf_cache to cluster.hf_cache); "
+          "docs/inventory.md", file=sys.stderr)
 
 
 def format_validation_error(exc: ValidationError, data: Any, source: str) -> str:
@@ -84,7 +97,7 @@ def _pattern_hint(path: str) -> str:
     if path.endswith("host"):
         return "a hostname or IP address"
     if path.endswith("image"):
-        return "an image reference like nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"
+        return "an image reference: registry/repository:tag or @sha256:..., lower-case"
     return "see docs/inventory.md"
 
 

@@ -32,8 +32,10 @@ def inventory_data(ident: LabIdentity, plan: LabPlan, key: Path, known_hosts: Pa
         "fabric": {"interfaces": list(plan.fabric_interfaces), "mtu": 9000,
                    "topology": plan.topology if len(plan.nodes) != 2 else "b2b",
                    "min_link_gbps": 0.5, "max_latency_ms": 5},
-        "container": {"image": CONTAINER_IMAGE, "name": CONTAINER_NAME,
-                      "ssh_port": CONTAINER_SSH_PORT},
+        # every engine; TensorRT-LLM's container is the one `up` runs on every node
+        "engines": {"trtllm": {"container": {"image": CONTAINER_IMAGE, "name": CONTAINER_NAME,
+                                             "ssh_port": CONTAINER_SSH_PORT}},
+                    "vllm": {}, "sglang": {}, "llamacpp": {}},
         "nodes": [
             {"name": n.name, "host": address(n.index), "addresses": dict(n.addresses)}
             for n in plan.nodes

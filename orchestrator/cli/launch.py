@@ -110,8 +110,8 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
 
     from orchestrator.phases import hub_token
     from orchestrator.phases.launch_checks import with_checks
-    # the token first: a missing or refused one stops the launch before any download or change
-    plan = Plan("launch", with_checks([hub_token.phase(recipe, inventory),
+    # the models' image, then the token: a missing or refused one stops before any download
+    plan = Plan("launch", with_checks([*hub_token.phases(recipe, inventory),
                                        *engine.launch_phases(recipe, inventory, options)],
                                       recipe, inventory, verify_models, host,
                                       relayed_port(engine.api_key, api_key, recipe.port), server))

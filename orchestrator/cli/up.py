@@ -61,12 +61,16 @@ def up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
       preflight  read-only checks on every node; any problem: nothing changes anywhere;
                  a node that cannot reach the image's registry is named up front
       network    fabric netplan file (0600), validated, applied with automatic rollback
-      ssh        a dedicated cluster key pair for MPI and pinned container host keys
+    then the phases of the engines the inventory serves (`engines:`, default all;
+    TensorRT-LLM's, skipped for an inventory that does not list it):
+      ssh        a dedicated cluster key pair for MPI and pinned container host keys,
+                 the MPI hostfile
       container  the image (pulled; a node that cannot reach the registry gets it from
                  the head over the fabric, verified), the TensorRT-LLM container with the
                  fabric's NCCL/UCX/MPI settings
-      mpi        the hostfile; `mpirun hostname` across all containers proves it
-      oom-guard  (--oom-guard) earlyoom installed, /etc/default/earlyoom, service enabled
+      mpi        `mpirun hostname` across all containers proves the hostfile
+    and last, with --oom-guard:
+      oom-guard  earlyoom installed, /etc/default/earlyoom, service enabled
     Safe to run again: it changes only what is wrong. See docs/up.md.
     """
     run_command(lambda: _up(inventory_path, dry_run, yes, as_json, trust_new_hosts, break_lock,

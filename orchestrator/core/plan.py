@@ -7,17 +7,19 @@ from orchestrator.inventory import Inventory
 
 
 def build_up_plan(inventory: Inventory, oom_guard: bool = False) -> Plan:
-    """preflight -> network (-> fabric-mtu on a switch) -> ssh keys -> trust files -> engines
-    (-> oom-guard: earlyoom behind the memory guard, with --oom-guard)."""
-    from orchestrator.engines import DEFAULT_ENGINE, get_engine
-    from orchestrator.phases import mtu_path, network, oomguard, preflight, ssh_keys
+    """preflight -> network (-> fabric-mtu on a switch) -> the served engines' own phases
+    (TensorRT-LLM's: ssh keys, trust files and hostfile, its container, MPI) (-> oom-guard:
+    earlyoom behind the memory guard, with --oom-guard)."""
+    from orchestrator.engines import get_engine
+    from orchestrator.phases import mtu_path, network, oomguard, preflight
 
     phases = [preflight.phase(inventory), network.phase(inventory)]
     if inventory.topology == "switch":  # switch ports must carry the fabric MTU end to end
         phases.append(mtu_path.phase(inventory))
-    phases += ssh_keys.phases(inventory)
-    # the default engine's node set-up (its container with sshd, and MPI): the four-command flow
-    phases += get_engine(DEFAULT_ENGINE).up_phases(inventory)
+    # each served engine's node set-up (by default every engine, so TensorRT-LLM's container
+    # with sshd and MPI: the four-command flow); an inventory naming others skips that image
+    for name in inventory.served_engines:
+        phases += get_engine(name).up_phases(inventory)
     if oom_guard:
         phases.append(oomguard.phase(inventory))
     return Plan("up", phases)

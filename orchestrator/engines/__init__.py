@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import InputError
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import BaseRecipe, Engine
+    from pydantic import BaseModel
+
+    from orchestrator.engines.base import BaseRecipe, Engine, UpContainer
     from orchestrator.inventory import Inventory
 
 ENGINES_DIR = Path(__file__).parent
@@ -51,6 +53,26 @@ def one_server_engines() -> frozenset[str]:
 def server_containers(server: str) -> set[str]:
     """The containers a server of that name may run in, whichever engine (Engine.containers)."""
     return {c for name in REGISTRY for c in get_engine(name).containers(server)}
+
+
+def settings_type(name: str) -> type[BaseModel]:
+    """The model of the engine's section of the inventory's `engines:`."""
+    return get_engine(name).settings_type
+
+
+def up_container(inventory: Inventory) -> UpContainer | None:
+    """The container `up` keeps on every node for an engine the inventory serves, or None
+    (an inventory naming only engines that bring their own containers at launch)."""
+    for name in inventory.served_engines:
+        found = get_engine(name).up_container(inventory)
+        if found is not None:
+            return found
+    return None
+
+
+def process_words() -> list[str]:
+    """Every engine's server-process words (status: which pid files are a server's)."""
+    return sorted({word for name in REGISTRY for word in get_engine(name).process_words})
 
 
 def recipe_files() -> dict[str, Path]:
@@ -131,6 +153,11 @@ def check_against_inventory(recipe: BaseRecipe, inventory: Inventory) -> None:
             f"{inventory.source} has {len(inventory.nodes)}: "
             f"{', '.join(n.name for n in inventory.nodes)}"
         )
+    if not inventory.serves(recipe.engine):
+        raise InputError(f"recipe {recipe.name} is served by {engine_of(recipe).title}, which the "
+                         f"inventory {inventory.source} does not list under engines: (it lists "
+                         f"{', '.join(inventory.served_engines)}); add `{recipe.engine}: {{}}` "
+                         "there and run `sparkctl up`")
     nodes = serving_nodes(recipe, inventory)
     problem = engine_of(recipe).placement_problem(recipe, nodes, inventory)
     if problem:

@@ -20,10 +20,12 @@ from orchestrator.errors import SparkctlError
 
 if TYPE_CHECKING:
     from orchestrator.commands import Secret
-    from orchestrator.core.step import Phase
+    from orchestrator.core.step import NodeContext, Phase
     from orchestrator.engines.apikey import KeyWay
     from orchestrator.engines.meters import SpecMeter
-    from orchestrator.inventory import Inventory
+    from orchestrator.inventory import ContainerSettings, Inventory, Node
+    from orchestrator.netcheck.results import CheckResult
+    from orchestrator.phases.container import ContainerSpec
     from orchestrator.phases.ports import ListenPort
 
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
@@ -40,6 +42,30 @@ DEFAULT_HOST = "127.0.0.1"
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoSettings(StrictModel):
+    """The inventory section of an engine that has no settings: `engines: {NAME: {}}`."""
+
+
+@dataclass(frozen=True)
+class UpContainer:
+    """A container an engine's `up` phases keep on every node (TensorRT-LLM's, with sshd and
+    MPI), and what `netcheck` and `status` judge it by."""
+
+    settings: ContainerSettings
+    facts: Callable[[Inventory, Node], dict[str, Any]]
+    """What netcheck's judgements read beyond the container and its image (its image's
+    records, files it depends on)."""
+    spec_facts: Callable[[Inventory, Node], dict[str, Any]]
+    """What `spec_for` reads (the container step's facts)."""
+    spec_for: Callable[[NodeContext], ContainerSpec]
+    """The spec `up` starts it from: `status` compares the config hash (current or stale)."""
+    expected_env: Callable[[Inventory, dict[str, Any]], dict[str, str]]
+    """The variables netcheck compares with what the running container has (from the node's
+    facts: which interfaces carry traffic, where its launcher finds its hostfile)."""
+    node_checks: tuple[Callable[[Inventory, Node, dict[str, Any]], list[CheckResult]], ...] = ()
+    """netcheck's own checks of what it depends on (its hostfile), per node."""
 
 
 class Memory(StrictModel):
@@ -215,6 +241,12 @@ class Engine(Protocol):
     health_paths: tuple[str, str]
     """What `status` probes on the serving node: /health, then the engine's second probe
     (TensorRT-LLM's /health_generate sends a token through every rank; others: /v1/models)."""
+    settings_type: type[BaseModel]
+    """Its section of the inventory's `engines:` (a pydantic model; NoSettings when it has
+    none): `engines: {NAME: {...}}` names the engines a cluster serves."""
+    process_words: tuple[str, ...]
+    """Words of its server processes' command lines: `status` counts a recorded pid file as
+    the server's only when its command line has one of them."""
     several_servers: bool
     api_key: KeyWay | None
     """How its server takes an API key (`launch --api-key-file`, engines/apikey.py): the
@@ -240,7 +272,17 @@ class Engine(Protocol):
         ...
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
-        """Phases `up` adds after the shared ones (TensorRT-LLM: its container and MPI)."""
+        """Phases `up` adds after the shared ones for a cluster that serves this engine
+        (TensorRT-LLM: SSH trust and its hostfile, its container with sshd, MPI)."""
+        ...
+
+    def up_container(self, inventory: Inventory) -> UpContainer | None:
+        """The container its `up` phases keep on every node, or None."""
+        ...
+
+    def model_image(self, recipe: Any, inventory: Inventory) -> str:
+        """The image whose `hf` and python3 fetch, hash and copy the recipe's models (in a
+        short-lived container per command, phases/model_tools.py): the image that serves."""
         ...
 
     def placement_problem(self, recipe: Any, nodes: list[str], inventory: Inventory) -> str | None:

@@ -113,6 +113,8 @@ class InitSettings:
 
 def inventory_text(settings: InitSettings, nodes: list[NodeLinks], choice: PortChoice) -> str:
     """The commented inventory `init` writes (every key documented in docs/inventory.md)."""
+    from orchestrator.engines import REGISTRY
+
     names = node_names(nodes)
     interfaces = list(choice.interfaces)
     lines = [
@@ -139,6 +141,8 @@ def inventory_text(settings: InitSettings, nodes: list[NodeLinks], choice: PortC
         f"  interfaces: [{', '.join(interfaces)}]   # the twins of {choice.port}",
         f"  mtu: {settings.mtu}",
         f"  topology: {'b2b' if len(nodes) == 2 else 'switch'}",
+        "engines:   # what the cluster serves: `up` sets each one up (drop those you do not use)",
+        *(f"  {name}: {{}}" for name in sorted(REGISTRY)),
         "nodes:",
     ]
     for index, (name, node) in enumerate(zip(names, nodes, strict=True)):

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.commands import join
-from orchestrator.engines.trtllm.mpi_env import record_fact
 from orchestrator.inventory import Inventory, Node
 from orchestrator.netcheck.results import CheckResult, _link
-from orchestrator.paths import HOSTFILE, NETPLAN_FILE, SSH_CONFIG
+from orchestrator.paths import NETPLAN_FILE, SSH_CONFIG
 
 EXPECTED_SPEED_MBPS = 200000  # a ConnectX-7 QSFP port on a DGX Spark
 
@@ -277,19 +276,19 @@ def run_node_checks(inventory: Inventory, node: Node, facts: dict[str, Any]) -> 
 
 def facts_request(inventory: Inventory, node: Node) -> dict[str, Any]:
     """Everything the per-node checks read, answered by the gatherer in one command."""
+    from orchestrator.netcheck import container
+    from orchestrator.remote.facts import merge_requests
+
     peers = sorted({link.peer_ip for link in fabric_links(inventory) if link.node == node.name})
-    return {
+    return merge_requests([{
         "links": True,
         "netplan": True,
         "ibdev2netdev": True,
         "routes": peers,
-        "containers": [inventory.container.name],
-        "images": [inventory.container.image],
-        "files": {HOSTFILE: True, SSH_CONFIG: False},
-        "commands": {**{f"ethtool:{i}": join(["ethtool", i]) for i in inventory.fabric.interfaces},
-                     **record_fact(inventory.container.image)},
+        "files": {SSH_CONFIG: False},
+        "commands": {f"ethtool:{i}": join(["ethtool", i]) for i in inventory.fabric.interfaces},
         "timeout": 10,
-    }
+    }, container.facts_request(inventory, node)])
 
 
 def summary(results: list[CheckResult]) -> dict[str, int]:

@@ -1,54 +1,26 @@
-"""netcheck's container checks: what the containers really run with (from `docker inspect`).
+"""netcheck's container checks: what the container `up` keeps on every node (a served engine's:
+engines.base.UpContainer) really runs with (from `docker inspect`).
 
 The environment a running container has is what NCCL, UCX and Open MPI read, whatever the
 inventory says now; a container started by hand, or before the inventory changed, shows here.
+An inventory whose engines keep no container from `up` has none of these checks.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.engines.trtllm.mpi_env import (
-    guess_major_from_tag,
-    hostfile_var,
-    launcher_interface_var,
-    mpi_environment,
-    recorded,
-    ssh_args_var,
-)
+from orchestrator.engines import up_container
 from orchestrator.inventory import Inventory, Node
 from orchestrator.netcheck.results import CheckResult, Status, _link
-from orchestrator.paths import HOSTFILE
-
-
-def expected_env(inventory: Inventory, mpi_major: int = 4) -> dict[str, str]:
-    """The variables `up` sets from the inventory that decide which interfaces carry traffic and
-    where mpirun finds its hostfile: named for the image's Open MPI (4: ORTE, 5: PRRTE)."""
-    interfaces = ",".join(inventory.fabric.interfaces)
-    mpi = mpi_environment(mpi_major, list(inventory.fabric.interfaces), inventory.topology)
-    keys = ("OMPI_MCA_btl_tcp_if_include", launcher_interface_var(mpi_major),
-            hostfile_var(mpi_major), ssh_args_var(mpi_major))
-    return {
-        "NCCL_SOCKET_IFNAME": interfaces,
-        "UCX_NET_DEVICES": interfaces,
-        **{key: mpi[key] for key in keys if key in mpi},
-    }
-
-
-def image_mpi_major(inventory: Inventory, facts: dict[str, Any]) -> int:
-    """The Open MPI major the node recorded for its image (`up` detects it), else from the tag."""
-    image = (facts.get("images") or {}).get(inventory.container.image)
-    image_id = image.get("Id") if isinstance(image, dict) else None
-    record = recorded(facts, image_id)
-    return int(record["major"]) if record else guess_major_from_tag(inventory.container.image)
-
 
 INTERFACE_LISTS = ("NCCL_SOCKET_IFNAME", "UCX_NET_DEVICES", "OMPI_MCA_btl_tcp_if_include",
                    "OMPI_MCA_oob_tcp_if_include", "PRTE_MCA_prte_if_include")
 
 
 def _container(inventory: Inventory, facts: dict[str, Any]) -> dict[str, Any] | None:
-    entry = (facts.get("containers") or {}).get(inventory.container.name)
+    up = up_container(inventory)
+    entry = (facts.get("containers") or {}).get(up.settings.name) if up else None
     return entry if isinstance(entry, dict) and "error" not in entry else None
 
 
@@ -63,7 +35,10 @@ def container_env(container: dict[str, Any]) -> dict[str, str]:
 
 
 def check_container_running(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
-    name = inventory.container.name
+    up = up_container(inventory)
+    if up is None:
+        return []
+    name = up.settings.name
     raw = (facts.get("containers") or {}).get(name)
     container = _container(inventory, facts)
     result = CheckResult("container", node.name, "pass", f"{name} is running.")
@@ -77,7 +52,7 @@ def check_container_running(inventory: Inventory, node: Node, facts: dict[str, A
         result.status, result.value = "fail", state.get("Status")
         result.message = (f"container {name} on {node.name} is {state.get('Status', 'not running')} "
                           f"(exit code {state.get('ExitCode')}): its entrypoint failed or the SSH "
-                          f"port {inventory.container.ssh_port} is taken.")
+                          f"port {up.settings.ssh_port} is taken.")
         result.fix = f"`docker logs {name}` on {node.name}, then `sparkctl up`"
     return [result]
 
@@ -90,12 +65,13 @@ def _named_interfaces(value: str) -> list[str]:
 
 
 def check_container_env(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+    up = up_container(inventory)
     container = _container(inventory, facts)
-    if container is None:
+    if container is None or up is None:
         return []
     env = container_env(container)
     out = []
-    for key, want in expected_env(inventory, image_mpi_major(inventory, facts)).items():
+    for key, want in up.expected_env(inventory, facts).items():
         have = env.get(key)
         result = CheckResult("container-env", node.name, "pass", f"{key}={have}.",
                              interface=None, value=have, threshold=want)
@@ -107,14 +83,14 @@ def check_container_env(inventory: Inventory, node: Node, facts: dict[str, Any])
         if down:
             result.status = "fail"
             result.interface = down[0]
-            result.message = (f"{key}={have} in {inventory.container.name} on {node.name} names "
+            result.message = (f"{key}={have} in {up.settings.name} on {node.name} names "
                               f"{', '.join(down)}, which is missing or down: NCCL fails with "
                               "'Socket operation on non-socket', MPI hangs.")
             result.fix = ("recreate the container with the inventory's fabric interfaces "
                           "(`sparkctl up` replaces a stale container), and bring the fabric up")
         elif have != want:
             result.status = "fail"
-            result.message = (f"{key} in {inventory.container.name} on {node.name} is {have!r}, the "
+            result.message = (f"{key} in {up.settings.name} on {node.name} is {have!r}, the "
                               f"inventory gives {want!r}: traffic may take the wrong interface.")
             result.fix = "`sparkctl up` recreates the container with the inventory's settings"
         out.append(result)
@@ -142,39 +118,38 @@ def _check_ib_hca(inventory: Inventory, node: Node, facts: dict[str, Any],
     return [result]
 
 
-def check_hostfile(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
-    """mpirun hangs when the hostfile names addresses that are not the fabric's."""
-    fact = (facts.get("files") or {}).get(HOSTFILE) or {}
-    want = [inventory.mpi_address(n) for n in inventory.ordered_nodes()]
-    result = CheckResult("hostfile", node.name, "pass", f"{HOSTFILE} lists the fabric addresses.",
-                         threshold=",".join(want))
-    if not fact.get("exists"):
-        result.status, result.message = "fail", f"{HOSTFILE} is missing on {node.name}."
-        result.fix = "run `sparkctl up`"
-        return [result]
-    have = [line.split()[0] for line in str(fact.get("content", "")).splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
-    result.value = ",".join(have)
-    if sorted(have) != sorted(want):
-        result.status = "fail"
-        result.message = (f"{HOSTFILE} on {node.name} lists {', '.join(have) or 'nothing'}, expected "
-                          f"the fabric addresses {', '.join(want)}: mpirun would hang or use the "
-                          "management network.")
-        result.fix = "run `sparkctl up` (it rewrites the hostfile from the inventory)"
-    return [result]
+def check_engine_files(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+    """The engine's own checks of what its container depends on (TensorRT-LLM: the hostfile)."""
+    up = up_container(inventory)
+    return [result for check in (up.node_checks if up else ()) for result in
+            check(inventory, node, facts)]
 
 
-CONTAINER_CHECKS = [check_container_running, check_container_env, check_hostfile]
+def facts_request(inventory: Inventory, node: Node) -> dict[str, Any]:
+    """What the container checks read: the container, its image, and what its engine adds."""
+    from orchestrator.remote.facts import merge_requests
+
+    up = up_container(inventory)
+    if up is None:
+        return {}
+    return merge_requests([{"containers": [up.settings.name], "images": [up.settings.image]},
+                           up.facts(inventory, node)])
+
+
+CONTAINER_CHECKS = [check_container_running, check_container_env, check_engine_files]
 
 
 def check_image_digests(inventory: Inventory, facts_by_node: dict[str, dict[str, Any]]) -> list[CheckResult]:
     """Every node must run the same image, byte for byte (tags drift between nodes)."""
+    up = up_container(inventory)
+    if up is None:
+        return []
     images: dict[str, str] = {}
     for name, facts in facts_by_node.items():
         container = _container(inventory, facts)
         image_id = (container or {}).get("Image")
         if not image_id:
-            local = (facts.get("images") or {}).get(inventory.container.image) or {}
+            local = (facts.get("images") or {}).get(up.settings.image) or {}
             image_id = local.get("Id") if isinstance(local, dict) else None
         if image_id:
             images[name] = str(image_id)
@@ -193,7 +168,7 @@ def check_image_digests(inventory: Inventory, facts_by_node: dict[str, dict[str,
             "image", name, status, f"the nodes run different images: {listing}.",
             value=digest[:19], threshold=majority[:19] if status == "fail" else None,
             fix="" if status == "pass" else (
-                f"pull {inventory.container.image} on every node, then `sparkctl up` "
+                f"pull {up.settings.image} on every node, then `sparkctl up` "
                 "(it refuses to start when digests differ)"),
         ))
     return out

@@ -41,8 +41,13 @@ def _ping_argv(link: Link, count: int, interval: float, extra: list[str] | None 
 
 def build_probes(inventory: Inventory, node: Node, deep: bool) -> list[Probe]:
     """Every probe `node` runs; keys are unique per node and name the link."""
+    from orchestrator.engines import up_container
+
     probes: list[Probe] = []
-    name = inventory.container.name
+    # the cluster SSH trust, the container and mpirun exist only with an engine's `up`
+    # container (TensorRT-LLM's): without one, the links are pinged only
+    up = up_container(inventory)
+    name = up.settings.name if up else ""
     ssh = ["ssh", "-F", SSH_CONFIG, "-o", "ConnectTimeout=5"]
     for link in fabric_links(inventory):
         if link.node != node.name:
@@ -53,15 +58,18 @@ def build_probes(inventory: Inventory, node: Node, deep: bool) -> list[Probe]:
             Probe(f"mtu-ping {tag}", "mtu-ping",
                   _ping_argv(link, 2, 0.2, ["-M", "do", "-s", str(inventory.fabric.mtu - 28)]),
                   15, link),
-            Probe(f"ssh-node {tag}", "ssh-node",
-                  ["timeout", "-k", "2", "15", *ssh, link.peer_ip, "true"], 25, link),
-            Probe(f"ssh-container {tag}", "ssh-container",
-                  ["timeout", "-k", "2", "20", "docker", "exec", name, *ssh, link.peer_ip, "true"],
-                  30, link),
         ]
+        if up:
+            probes += [
+                Probe(f"ssh-node {tag}", "ssh-node",
+                      ["timeout", "-k", "2", "15", *ssh, link.peer_ip, "true"], 25, link),
+                Probe(f"ssh-container {tag}", "ssh-container",
+                      ["timeout", "-k", "2", "20", "docker", "exec", name, *ssh, link.peer_ip,
+                       "true"], 30, link),
+            ]
         if deep:
             probes.append(Probe(f"latency {tag}", "latency", _ping_argv(link, DEEP_PINGS, 0.02), 30, link))
-    if node.name == inventory.head_name and len(inventory.nodes) > 1:
+    if up and node.name == inventory.head_name and len(inventory.nodes) > 1:
         argv = ["timeout", "-k", "5", str(MPIRUN_DEADLINE + 10), "docker", "exec", name,
                 "timeout", "-k", "5", str(MPIRUN_DEADLINE), "mpirun", "-np", str(len(inventory.nodes)),
                 "hostname"]

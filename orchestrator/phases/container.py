@@ -129,7 +129,7 @@ def roce_devices(inventory: Inventory, node_facts: dict[str, Any], node: str) ->
 
 
 def hf_cache_dir(inventory: Inventory, home: str) -> str:
-    path = inventory.container.hf_cache
+    path = inventory.cluster.hf_cache
     if path == "~" or path.startswith("~/"):
         return home.rstrip("/") + path[1:]
     return path
@@ -312,9 +312,9 @@ def node_home(ctx: NodeContext) -> str:
 
 
 def node_hf_cache(ctx: NodeContext) -> str:
-    """The node's HF cache directory (container.hf_cache of the inventory, ~ expanded)."""
+    """The node's HF cache directory (cluster.hf_cache of the inventory, ~ expanded)."""
     home = node_home(ctx)
-    if not home and ctx.inventory.container.hf_cache.startswith("~"):
+    if not home and ctx.inventory.cluster.hf_cache.startswith("~"):
         raise SparkctlError(f"{ctx.node.name}: cannot find the home directory of "
                             f"{ctx.inventory.cluster.user} (getent passwd); needed for the HF cache")
     return hf_cache_dir(ctx.inventory, home)

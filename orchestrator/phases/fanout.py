@@ -1,13 +1,13 @@
 """Model fan-out: the head's files to every peer over the fabric, at link speed, resumable and
 verified (the node side is orchestrator/node/fanout.py).
 
-Per peer, for all of a recipe's repositories at once: a receiver starts in the peer's
-container (over the controller's SSH connection to that peer, a one-time token on its stdin),
-checks what it already has (whole files by sha256, partial files chunk by chunk), checks free
-space, and listens on the peer's fabric address only. The sender starts in the head's container
-(token on stdin too) and streams the missing chunks over STREAMS parallel raw TCP connections.
-Every chunk is verified against the head's manifest before it is written; files appear under their real
-names only when complete.
+Per peer, for all of a recipe's repositories at once: a receiver starts in a models container
+on the peer (phases/model_tools.py; over the controller's SSH connection to that peer, a
+one-time token on its stdin), checks what it already has (whole files by sha256, partial
+files chunk by chunk), checks free space, and listens on the peer's fabric address only. The
+sender starts in one on the head (token on stdin too) and streams the missing chunks over
+STREAMS parallel raw TCP connections. Every chunk is verified against the head's manifest
+before it is written; files appear under their real names only when complete.
 Raw TCP was measured faster than parallel SSH streams on the lab (docs/performance.md).
 """
 
@@ -21,13 +21,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands import docker_exec_cmd
 from orchestrator.errors import SparkctlError
 from orchestrator.node import script
 from orchestrator.remote.pipe import RemoteProcess
 from orchestrator.remote.transport import Transport
+
+if TYPE_CHECKING:
+    from orchestrator.phases.model_tools import ModelTools
 
 FANOUT_SCRIPT = "\n".join(script(name) for name in ("stdin_watch.py", "fanout_manifest.py",
                                                      "fanout_io.py", "fanout_receiver.py", "fanout.py"))
@@ -40,9 +42,9 @@ def gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
-def node_script_cmd(container: str, mode: str, args: dict[str, Any], interactive: bool = False) -> str:
-    return docker_exec_cmd(container, ["python3", "-c", FANOUT_SCRIPT, mode,
-                                       json.dumps(args, sort_keys=True)], interactive=interactive)
+def node_script_cmd(tools: ModelTools, mode: str, args: dict[str, Any], interactive: bool = False) -> str:
+    return tools.cmd(["python3", "-c", FANOUT_SCRIPT, mode, json.dumps(args, sort_keys=True)],
+                     interactive=interactive)
 
 
 @dataclass
@@ -176,7 +178,7 @@ def copy_plan(token: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
     return {"token": token, "chunk": chunks.pop(), "repos": repos}
 
 
-def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: str,
+def copy_to_peer(*, head: Transport, peer: Transport, tools: ModelTools, peer_ip: str,
                  entries: list[dict[str, Any]], progress: FanoutProgress,
                  streams: int = STREAMS) -> PeerCopy:
     """Make the peer's copy of the repositories identical to the head's `entries` (manifest
@@ -190,15 +192,15 @@ def copy_to_peer(*, head: Transport, peer: Transport, container: str, peer_ip: s
     # Both get their one line on stdin and keep it open ("watch"): when this process ends
     # (Ctrl-C) or its SSH connection drops, stdin ends and they stop at once on the nodes.
     receiver = RemoteProcess(
-        peer, node_script_cmd(container, "recv", {"listen": peer_ip, "streams": streams,
-                                                  "watch": True}, True),
-        display=f"docker exec -i {container} python3 -c <fanout recv>")
+        peer, node_script_cmd(tools, "recv", {"listen": peer_ip, "streams": streams,
+                                              "watch": True}, True),
+        display=tools.shown("python3 -c <fanout recv>"))
     receiver.feed(json.dumps(plan) + "\n", close=False)
     # the sender starts now and waits for its job on stdin: its start-up overlaps the
     # receiver's check of what the peer has (an empty stdin ends it, when nothing is needed)
-    sender = RemoteProcess(head, node_script_cmd(container, "send", {"host": peer_ip,
-                                                                      "watch": True}, True),
-                           display=f"docker exec -i {container} python3 -c <fanout send>")
+    sender = RemoteProcess(head, node_script_cmd(tools, "send", {"host": peer_ip,
+                                                                  "watch": True}, True),
+                           display=tools.shown("python3 -c <fanout send>"))
     try:
         ready = receiver.first_json()
         if not ready:

@@ -1,8 +1,8 @@
 """The Hugging Face token, checked on the head before anything downloads or any container changes.
 
 Only when the head lacks a model the recipe serves (nothing to download: nothing to check). In
-the head's `up` container, where the download would run and against the hub it would use
-($HF_ENDPOINT there, huggingface.co by default):
+a models container on the head (phases/model_tools.py), where the download would run and against
+the hub it would use ($HF_ENDPOINT there, huggingface.co by default):
 - with a token: `hf auth whoami`, the token on stdin (read into the process's environment by
   the shell inside the container: never on a command line, never in `docker inspect`). A token
   the hub refuses stops the launch here (exit 1, naming the hub); a hub that cannot be reached
@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.commands import docker_exec_cmd
 from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.phases.model_tools import ModelTools, model_tools
 from orchestrator.phases.models import ServingPhase, download_cmd, manifest_cmd, manifests_from_facts
 
 DEFAULT_HUB = "https://huggingface.co"
@@ -60,8 +60,10 @@ def read_whoami(exit_status: int, output: str) -> Verdict:
     return Verdict("unknown", hub, said)
 
 
-def whoami_cmd(container: str) -> str:
-    return docker_exec_cmd(container, ["sh", "-c", WHOAMI], interactive=True)
+def whoami_cmd(tools: ModelTools) -> str:
+    """The token arrives on stdin and lives only in the shell's environment inside the
+    container: never in its argv, its `docker inspect` or a file."""
+    return tools.cmd(["sh", "-c", WHOAMI], interactive=True)
 
 
 def rejected_error(node: str, verdict: Verdict) -> SparkctlError:
@@ -83,16 +85,19 @@ class HubToken(Step):
         self.recipe = recipe
 
     def check(self, ctx: NodeContext) -> Outcome:
-        manifests = manifests_from_facts(ctx, ctx.node.name)
+        manifests = manifests_from_facts(ctx, ctx.node.name, self.recipe)
         missing = [repo for repo, _, _ in self.recipe.repos if not manifests[repo]["present"]]
         if not missing:
             return Unchanged("no model to download: no token needed")
+        tools = model_tools(self.recipe, ctx.inventory)
+        if any(manifests[repo].get("no_image") for repo in missing):
+            return Unchanged(f"HF token not checked yet: {tools.image} is not on {ctx.node.name} "
+                             "(the model-image phase brings it first)")
         token = ctx.options.hf_token
-        container = ctx.inventory.container.name
         if token is None:
-            return self._without_token(ctx, container, missing)
-        result = ctx.run(whoami_cmd(container), stdin=token.reveal() + "\n", timeout=CHECK_SECONDS,
-                         display=f"docker exec -i {container} hf auth whoami (token on stdin)")
+            return self._without_token(ctx, tools, missing)
+        result = ctx.run(whoami_cmd(tools), stdin=token.reveal() + "\n", timeout=CHECK_SECONDS,
+                         display=tools.shown("hf auth whoami (token on stdin)"))
         verdict = read_whoami(result.exit_status, result.stdout + result.stderr)
         if verdict.state == "rejected":
             raise rejected_error(ctx.node.name, verdict)
@@ -102,15 +107,15 @@ class HubToken(Step):
         return Unchanged(f"HF token not checked: the hub {verdict.hub} {why} from "
                          f"{ctx.node.name} ({verdict.said}); the download will tell")
 
-    def _without_token(self, ctx: NodeContext, container: str, missing: list[str]) -> Outcome:
+    def _without_token(self, ctx: NodeContext, tools: ModelTools, missing: list[str]) -> Outcome:
         gated = []
         for repo, revision, local in self.recipe.repos:
             if repo not in missing:
                 continue
             allow, deny = self.recipe.file_patterns(repo)
-            result = ctx.run(download_cmd(container, repo, revision, local, False, allow, deny,
+            result = ctx.run(download_cmd(tools, repo, revision, local, False, allow, deny,
                                           dry_run=True), timeout=CHECK_SECONDS,
-                             display=f"docker exec {container} hf download {repo} --dry-run")
+                             display=tools.shown(f"hf download {repo} --dry-run"))
             text = (result.stdout + result.stderr).lower()
             if result.exit_status != 0 and any(word in text for word in GATED):
                 gated.append(repo)
@@ -128,9 +133,20 @@ class HubToken(Step):
 
 
 def phase(recipe: Recipe, inventory: Inventory) -> Phase:
-    """launch's first phase: on the head, in its `up` container, from the models' facts."""
+    """launch's check before any download: on the head, in a models container, from the models'
+    facts (after the model-image phase)."""
+    tools = model_tools(recipe, inventory)
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        return {"commands": {"models": manifest_cmd(inv.container.name, recipe)}, "timeout": 3600}
+        return {"commands": {"models": tools.when_present(manifest_cmd(tools, recipe))},
+                "timeout": 3600}
 
     return ServingPhase("hf-token", [HubToken(recipe)], facts, serving=[inventory.head_name])
+
+
+def phases(recipe: Recipe, inventory: Inventory) -> list[Phase]:
+    """launch's first phases: the models' image on the nodes (phases/model_image.py: where hf
+    runs), then the token check."""
+    from orchestrator.phases.model_image import image_phase
+
+    return [image_phase(recipe, inventory), phase(recipe, inventory)]

@@ -1,8 +1,9 @@
 """Models on every serving node, fetched from the internet once.
 
-The head downloads each missing model inside its container (`hf download`, only the files the
-recipe's `files` patterns allow, the token read from a 0600 file that HF_TOKEN_PATH names,
-removed again afterwards); the other nodes get a copy over the fabric (phases/fanout.py: parallel
+The head downloads each missing model in a short-lived container of the recipe's engine image
+(phases/model_tools.py: every engine alike; `hf download`, only the files the recipe's `files`
+patterns allow, the token read from a 0600 file that HF_TOKEN_PATH names, removed again
+afterwards); the other nodes get a copy over the fabric (phases/fanout.py: parallel
 raw TCP streams, resumable, every chunk verified); then every node's files are compared with the
 head's (revision, names, sizes, sha256 of every file, cached beside the model). Only what is
 missing or different is fetched or copied; free space is checked first, with the numbers.
@@ -16,7 +17,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.commands import docker_exec_cmd
 from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import serving_nodes
@@ -27,6 +27,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import TOKEN_PATH
 from orchestrator.phases import fanout
 from orchestrator.phases.files import check_written
+from orchestrator.phases.model_tools import NO_IMAGE, ModelTools, model_tools
 from orchestrator.remote.cluster import parallel
 from orchestrator.remote.stream import stream_run
 from orchestrator.remote.transport import Transport
@@ -44,16 +45,16 @@ def repo_requests(recipe: Recipe) -> list[dict[str, Any]]:
     return out
 
 
-def manifest_cmd(container: str, recipe: Recipe, chunks: bool = False) -> str:
+def manifest_cmd(tools: ModelTools, recipe: Recipe, chunks: bool = False) -> str:
     """Each model's files on the node, with sha256 (cached beside the model; node/fanout.py)."""
-    return fanout.node_script_cmd(container, "manifest", {"hub": HUB_DIR, "chunks": chunks,
-                                                          "repos": repo_requests(recipe)})
+    return fanout.node_script_cmd(tools, "manifest", {"hub": HUB_DIR, "chunks": chunks,
+                                                      "repos": repo_requests(recipe)})
 
 
-def download_cmd(container: str, repo: str, revision: str, local_dir: str | None,
+def download_cmd(tools: ModelTools, repo: str, revision: str, local_dir: str | None,
                  with_token: bool, allow: list[str] | None = None,
                  deny: list[str] | None = None, dry_run: bool = False) -> str:
-    """`hf download` in the container; the token is a file HF_TOKEN_PATH names, never a value.
+    """`hf download` in a models container; the token is a file HF_TOKEN_PATH names, never a value.
     Patterns go as repeated `--include P` / `--exclude P` (the hf CLI's list options)."""
     argv = ["hf", "download", repo, "--revision", revision]
     if local_dir:
@@ -65,7 +66,7 @@ def download_cmd(container: str, repo: str, revision: str, local_dir: str | None
     if dry_run:
         argv.append("--dry-run")
     env = {"HF_TOKEN_PATH": TOKEN_PATH} if with_token else {}
-    return docker_exec_cmd(container, argv, env=env)
+    return tools.cmd(argv, env=env, token=with_token)
 
 
 def token_write_cmd() -> str:
@@ -94,10 +95,10 @@ def comparable(entry: dict[str, Any]) -> dict[str, Any]:
 gb = fanout.gb
 
 
-def read_manifests(transport: Transport, container: str, recipe: Recipe,
+def read_manifests(transport: Transport, tools: ModelTools, recipe: Recipe,
                    chunks: bool = False) -> dict[str, Any]:
-    result = transport.run(manifest_cmd(container, recipe, chunks), timeout=3600,
-                           display=f"docker exec {container} python3 -c <model manifest>").check()
+    result = transport.run(manifest_cmd(tools, recipe, chunks), timeout=3600,
+                           display=tools.shown("python3 -c <model manifest>")).check()
     return dict(json.loads(result.stdout))
 
 
@@ -110,12 +111,12 @@ def dry_run_bytes(output: str) -> int | None:
     return int(float(found.group(1)) * SIZE_UNITS[found.group(2)]) if found else None
 
 
-def check_space(ctx: NodeContext, nodes: list[str], need: int) -> None:
+def check_space(ctx: NodeContext, recipe: Recipe, nodes: list[str], need: int) -> None:
     """Before downloading: every serving node must have room for what will be fetched (the
     head downloads it, the peers get a copy)."""
     short = []
     for node in nodes:
-        manifests = manifests_from_facts(ctx, node)
+        manifests = manifests_from_facts(ctx, node, recipe)
         free = min((int(m.get("free") or 0) for m in manifests.values()), default=0)
         if need > free:
             short.append(fanout.space_error(node, HUB_DIR, need, free,
@@ -124,18 +125,22 @@ def check_space(ctx: NodeContext, nodes: list[str], need: int) -> None:
         raise SparkctlError("\n".join(short))
 
 
-def manifests_from_facts(ctx: NodeContext, node: str) -> dict[str, Any]:
+def manifests_from_facts(ctx: NodeContext, node: str, recipe: Recipe) -> dict[str, Any]:
+    """The node's manifests; before the models' image is on the node (a dry run), every model
+    counts as missing there."""
     answer = ctx.cluster_facts.get(node, {}).get("commands", {}).get("models", {})
     if answer.get("rc") != 0:
         raise SparkctlError(
-            f"{node}: cannot look at the models in container {ctx.inventory.container.name} "
-            f"(is it running? run `sparkctl up`): {answer.get('err', '')[-300:]}"
-        )
+            f"{node}: cannot look at the models with {model_tools(recipe, ctx.inventory).image}: "
+            f"{answer.get('err', '')[-300:]}")
+    if answer.get("out", "").strip() == NO_IMAGE:
+        return {repo: {"present": False, "bytes": 0, "files": {}, "free": 0, "no_image": True}
+                for repo, _, _ in recipe.repos}
     return dict(json.loads(answer["out"]))
 
 
 class Download(Step):
-    """Fetch what the head lacks, once, inside its container; the token lives only meanwhile."""
+    """Fetch what the head lacks, once, in a models container; the token lives only meanwhile."""
 
     name = "download"
     scope = "head"
@@ -144,7 +149,7 @@ class Download(Step):
         self.recipe = recipe
 
     def check(self, ctx: NodeContext) -> Outcome:
-        manifests = manifests_from_facts(ctx, ctx.node.name)
+        manifests = manifests_from_facts(ctx, ctx.node.name, self.recipe)
         missing = [repo for repo, _, _ in self.recipe.repos if not manifests[repo]["present"]]
         leftover = ctx.facts.get("files", {}).get(TOKEN_PATH, {}).get("exists", False)
         if not missing:
@@ -159,23 +164,23 @@ class Download(Step):
     def _check_space(self, ctx: NodeContext, missing: list[str], with_token: bool) -> None:
         """What the downloads will fetch (`hf download --dry-run`, exact) against every serving
         node's free space; an hf without --dry-run only skips the check (said so)."""
-        container = ctx.inventory.container.name
+        tools = model_tools(self.recipe, ctx.inventory)
         note = ctx.options.note
         need = 0
         for repo, revision, local in self.recipe.repos:
             if repo not in missing:
                 continue
             allow, deny = self.recipe.file_patterns(repo)
-            result = ctx.run(download_cmd(container, repo, revision, local, with_token, allow,
+            result = ctx.run(download_cmd(tools, repo, revision, local, with_token, allow,
                                           deny, dry_run=True), timeout=600,
-                             display=f"docker exec {container} hf download {repo} --dry-run")
+                             display=tools.shown(f"hf download {repo} --dry-run"))
             size = dry_run_bytes(result.stdout + result.stderr) if result.exit_status == 0 else None
             if size is None:
                 note(f"        ! {ctx.node.name}: `hf download --dry-run` gave no size for {repo}; "
                      "free space not checked before the download")
                 return
             need += size
-        check_space(ctx, serving_nodes(self.recipe, ctx.inventory), need)
+        check_space(ctx, self.recipe, serving_nodes(self.recipe, ctx.inventory), need)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         token = ctx.options.hf_token
@@ -208,7 +213,7 @@ class Download(Step):
     def _download(self, ctx: NodeContext, progress: Note, repo: str, revision: str,
                   local: str | None, with_token: bool) -> tuple[int, str]:
         """`hf download`, its progress lines throttled; a line at least every heartbeat."""
-        container = ctx.inventory.container.name
+        tools = model_tools(self.recipe, ctx.inventory)
         with Heartbeat(progress, f"{ctx.node.name}: hf download {repo}") as beat:
             beat.say(f"        ↓ {ctx.node.name}: hf download {repo} ({revision})")
             last = [0.0]
@@ -220,10 +225,9 @@ class Download(Step):
 
             allow, deny = self.recipe.file_patterns(repo)
             return stream_run(ctx.transport,  # type: ignore[arg-type]
-                              download_cmd(container, repo, revision, local, with_token, allow,
+                              download_cmd(tools, repo, revision, local, with_token, allow,
                                            deny),
-                              on_line, DOWNLOAD_TIMEOUT,
-                              f"docker exec {container} hf download {repo}")
+                              on_line, DOWNLOAD_TIMEOUT, tools.shown(f"hf download {repo}"))
 
 
 class Distribute(Step):
@@ -237,11 +241,11 @@ class Distribute(Step):
 
     def check(self, ctx: NodeContext) -> Outcome:
         peers = [n for n in serving_nodes(self.recipe, ctx.inventory) if n != ctx.node.name]
-        head = manifests_from_facts(ctx, ctx.node.name)
+        head = manifests_from_facts(ctx, ctx.node.name, self.recipe)
         todo = []
         for repo, _, _ in self.recipe.repos:
             for peer in peers:
-                theirs = manifests_from_facts(ctx, peer)[repo]
+                theirs = manifests_from_facts(ctx, peer, self.recipe)[repo]
                 if not head[repo]["present"] or comparable(theirs) != comparable(head[repo]):
                     todo.append(f"{repo} -> {peer}")
         if todo:
@@ -249,12 +253,12 @@ class Distribute(Step):
         return Unchanged(summary(self.recipe, head, [ctx.node.name, *peers]))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        container = ctx.inventory.container.name
+        tools = model_tools(self.recipe, ctx.inventory)
         note = ctx.options.note
         peers: list[str] = change.payload
         # the chunk hashes of a model not hashed before take minutes: said while they run
         with Heartbeat(note, f"{ctx.node.name}: hashing the model's chunks for the copy"):
-            head = read_manifests(ctx.transport, container, self.recipe, chunks=True)  # type: ignore[arg-type]
+            head = read_manifests(ctx.transport, tools, self.recipe, chunks=True)  # type: ignore[arg-type]
         for repo, _, _ in self.recipe.repos:
             if not head[repo]["present"]:
                 raise SparkctlError(f"{ctx.node.name}: {repo} is not complete on the head "
@@ -265,7 +269,7 @@ class Distribute(Step):
         def copy_to(peer: str) -> fanout.PeerCopy:
             ip = ctx.inventory.mpi_address(ctx.inventory.node(peer))
             return fanout.copy_to_peer(head=ctx.transport, peer=ctx.transports[peer],  # type: ignore[arg-type]
-                                       container=container, peer_ip=ip, progress=bar,
+                                       tools=tools, peer_ip=ip, progress=bar,
                                        entries=[head[repo] for repo, _, _ in self.recipe.repos])
 
         # every peer at once: each gets its own streams over its own link (or switch port)
@@ -296,8 +300,8 @@ class Distribute(Step):
                 + summary(self.recipe, head, [ctx.node.name, *peers]))
 
     def _peer_manifests(self, ctx: NodeContext, peers: list[str]) -> dict[str, dict[str, Any]]:
-        container = ctx.inventory.container.name
-        answers = parallel(lambda p: read_manifests(ctx.transports[p], container, self.recipe), peers)
+        tools = model_tools(self.recipe, ctx.inventory)
+        answers = parallel(lambda p: read_manifests(ctx.transports[p], tools, self.recipe), peers)
         return {p: outcome.get() for p, outcome in answers.items()}
 
 
@@ -320,14 +324,16 @@ class ServingPhase(Phase):
 
 
 def phase(recipe: Recipe, inventory: Inventory) -> Phase:
+    tools = model_tools(recipe, inventory)
+
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         return {
             "files": {TOKEN_PATH: False},
-            "commands": {"models": manifest_cmd(inv.container.name, recipe)},
+            "commands": {"models": tools.when_present(manifest_cmd(tools, recipe))},
             "timeout": 3600,
         }
 
-    # the head fetches (in its `up` container) even when the server is placed on other nodes
+    # the head fetches (in a models container) even when the server is placed on other nodes
     serving = serving_nodes(recipe, inventory)
     nodes = [inventory.head_name, *(n for n in serving if n != inventory.head_name)]
     return ServingPhase("models", [Download(recipe), Distribute(recipe)], facts, serving=nodes)

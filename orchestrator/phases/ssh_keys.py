@@ -1,12 +1,12 @@
-"""up phase 3: SSH trust between the containers, for MPI.
+"""SSH trust between an engine's `up` containers, for MPI (TensorRT-LLM's up phases use it).
 
 Phase "ssh-keys": every node gets a stable host key for its container's sshd (generated on the
 node, never leaves it) and the cluster's dedicated MPI key pair (the head's pair is the truth;
 generated on the controller with `cryptography` when the head has none). The private cluster
 key travels only on stdin and is held as a Secret.
 Phase "ssh-trust": the files that make the trust (authorized_keys, known_hosts with every
-container host key pinned, ssh_config, sshd_config), the MPI hostfile and the entrypoint, all
-under /etc/sparkctl, which the container mounts read-only.
+container host key pinned, ssh_config, sshd_config), the entrypoint and the engine's own files
+(its MPI hostfile), all under /etc/sparkctl, which the container mounts read-only.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator.commands import Secret, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.paths import CONFIG_DIR, HOSTFILE, SSH_CONFIG
+from orchestrator.paths import CONFIG_DIR, SSH_CONFIG
 from orchestrator.phases.files import (
     FileSpec,
     ManagedFiles,
@@ -72,11 +73,6 @@ def known_hosts_content(inventory: Inventory, host_keys: dict[str, str]) -> str:
 
 def authorized_keys_content(cluster_public_key: str) -> str:
     return render("ssh/authorized_keys.j2", cluster_public_key=cluster_public_key)
-
-
-def hostfile_content(inventory: Inventory) -> str:
-    addresses = [inventory.mpi_address(node) for node in inventory.ordered_nodes()]
-    return render("trtllm/templates/hostfile.j2", addresses=addresses)
 
 
 def entrypoint_content() -> str:
@@ -245,12 +241,18 @@ class ClusterKey(Step):
 
 
 # ---------------------------------------------------------------- phase "ssh-trust"
-MANAGED = [AUTHORIZED_KEYS, KNOWN_HOSTS, SSH_CONFIG, SSHD_CONFIG, HOSTFILE, ENTRYPOINT]
+MANAGED = [AUTHORIZED_KEYS, KNOWN_HOSTS, SSH_CONFIG, SSHD_CONFIG, ENTRYPOINT]
+MoreFiles = Callable[[Inventory], list[FileSpec]]
+"""The engine's own files beside the trust files (its MPI hostfile), from the inventory."""
 
 
-def trust_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
-    return merge_requests([{"files": files_request(MANAGED)},
-                           request_of(HOST_PUB_FACT, CLUSTER_PUB_FACT)])
+def trust_facts_for(more: MoreFiles) -> Callable[[Inventory, Node], dict[str, Any]]:
+    def trust_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
+        paths = MANAGED + [spec.path for spec in more(inventory)]
+        return merge_requests([{"files": files_request(paths)},
+                               request_of(HOST_PUB_FACT, CLUSTER_PUB_FACT)])
+
+    return trust_facts
 
 
 def _host_keys(ctx: NodeContext) -> dict[str, str]:
@@ -271,14 +273,14 @@ def _cluster_public_key(ctx: NodeContext) -> str:
     )
 
 
-def trust_files(ctx: NodeContext) -> list[FileSpec]:
+def trust_files(ctx: NodeContext, more: MoreFiles = lambda inventory: []) -> list[FileSpec]:
     inventory, node = ctx.inventory, ctx.node
     return [
         FileSpec(AUTHORIZED_KEYS, 0o644, authorized_keys_content(_cluster_public_key(ctx))),
         FileSpec(KNOWN_HOSTS, 0o644, known_hosts_content(inventory, _host_keys(ctx))),
         FileSpec(SSH_CONFIG, 0o644, ssh_config_content(inventory)),
         FileSpec(SSHD_CONFIG, 0o644, sshd_config_content(inventory, node)),
-        FileSpec(HOSTFILE, 0o644, hostfile_content(inventory)),
+        *more(inventory),
         FileSpec(ENTRYPOINT, 0o755, entrypoint_content()),
     ]
 
@@ -296,8 +298,10 @@ class TrustFiles(ManagedFiles):
         return message
 
 
-def phases(inventory: Inventory) -> list[Phase]:
+def phases(inventory: Inventory, more: MoreFiles = lambda inventory: []) -> list[Phase]:
+    """ssh-keys, then ssh-trust with the engine's own files (`more`: its MPI hostfile)."""
     return [
         Phase("ssh-keys", [HostKey(), ClusterKey()], keys_facts),
-        Phase("ssh-trust", [TrustFiles("files", trust_files)], trust_facts),
+        Phase("ssh-trust", [TrustFiles("files", lambda ctx: trust_files(ctx, more))],
+              trust_facts_for(more)),
     ]

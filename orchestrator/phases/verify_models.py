@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.phases import fanout
+from orchestrator.phases.model_tools import ModelTools, model_tools
 from orchestrator.phases.models import HUB_DIR, ServingPhase, repo_requests
 
 if TYPE_CHECKING:
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
 
 
-def rehash_cmd(container: str, recipe: BaseRecipe, save: bool) -> str:
-    return fanout.node_script_cmd(container, "manifest", {
+def rehash_cmd(tools: ModelTools, recipe: BaseRecipe, save: bool) -> str:
+    return fanout.node_script_cmd(tools, "manifest", {
         "hub": HUB_DIR, "chunks": False, "rehash": True, "save": save,
         "repos": repo_requests(recipe)})
 
@@ -87,18 +88,19 @@ class VerifyModels(Step):
         differ = differences(self.manifests(ctx, ctx.inventory.head_name), mine)
         if not differ:
             return Unchanged(f"re-hashed {count} file(s): identical to the head's")
-        container = ctx.inventory.container.name
+        tools = model_tools(self.recipe, ctx.inventory)
         return Change(f"{len(differ)} file(s) differ from the head's though the hash cache said "
                       f"otherwise: {', '.join(differ[:5])}; the cache is corrected and the models "
-                      "phase sends them again", commands=(rehash_cmd(container, self.recipe, True),))
+                      "phase sends them again", commands=(rehash_cmd(tools, self.recipe, True),))
 
 
 def phase(recipe: BaseRecipe, inventory: Inventory) -> ServingPhase:
     from orchestrator.engines import serving_nodes
 
+    tools = model_tools(recipe, inventory)
+
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        return {"commands": {"rehash": rehash_cmd(inv.container.name, recipe, False)},
-                "timeout": 3600}
+        return {"commands": {"rehash": rehash_cmd(tools, recipe, False)}, "timeout": 3600}
 
     serving = serving_nodes(recipe, inventory)
     nodes = [inventory.head_name, *(n for n in serving if n != inventory.head_name)]

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from orchestrator.commands import quote
+from orchestrator.engines import up_container
 from orchestrator.engines.liveness import dead_ranks
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
@@ -39,8 +40,8 @@ PROBE = script("probe.py")
 def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     """One facts request: what status shows, plus what the container step needs to compute the
     config hash `up` would label the container with (so "current/stale" is up's own verdict)."""
+    from orchestrator.engines import process_words
     from orchestrator.engines.serverctl import node_cmd
-    from orchestrator.engines.trtllm import container as container_step
     from orchestrator.phases.boot_units import units_cmd
     from orchestrator.phases.ssh_keys import ENTRYPOINT, SSHD_CONFIG
     from orchestrator.remote.facts import merge_requests
@@ -51,7 +52,7 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         # launch's pid files, checked inside the container the server record names (the pids
         # live in its namespace); without a record, in the `up` container
         "processes": record_container_cmd(inventory, node_cmd(
-            "$c", action="status", ours=PROCESS_WORDS,
+            "$c", action="status", ours=process_words(),
             ready_log=node.name == inventory.head_name)) + " 2>/dev/null",
         "boot_units": units_cmd(),  # launch --persist (phases/persist.py)
     }
@@ -74,14 +75,14 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     from orchestrator.engines.servers import servers_cmd
     commands["servers"] = servers_cmd(inventory, node, probe=True)
     commands["gateway"] = gateway_probe_cmd(liveliness=True)  # `gateway up` (docs/gateway.md)
-    own = {"files": files, "links": True, "ibdev2netdev": True,
-           "containers": [inventory.container.name], "images": [inventory.container.image],
-           "commands": commands, "timeout": 40}
+    own = {"files": files, "links": True, "ibdev2netdev": True, "commands": commands, "timeout": 40}
     from orchestrator.status.memory import facts_request
-    return merge_requests([own, container_step.facts(inventory, node), facts_request()])
+    if (up := up_container(inventory)) is None:
+        return merge_requests([own, facts_request()])
+    own.update(containers=[up.settings.name], images=[up.settings.image])  # and its spec's facts
+    return merge_requests([own, facts_request(), up.spec_facts(inventory, node)])
 
 
-PROCESS_WORDS = ["mpirun", "trtllm", "orted", "vllm"]
 RECORD_CONTAINER = script("record_container.py")
 
 
@@ -209,8 +210,8 @@ def assess_node(inventory: Inventory, node: Node, facts: dict[str, Any]) -> dict
         container.update(status="unknown", why=why)
     if problems:
         state = "problem"
-    elif container["status"] == "running":
-        state = "up"
+    elif container["status"] == "running" or (container["name"] is None and network["configured"]):
+        state = "up"  # (an inventory whose engines keep no `up` container: the network is all)
     elif network["configured"]:
         state = "network-only"
     else:
@@ -256,9 +257,11 @@ def assess_network(inventory: Inventory, node: Node, facts: dict[str, Any],
 
 def assess_container(inventory: Inventory, node: Node, facts: dict[str, Any],
                      problems: list[str]) -> dict[str, Any]:
-    name = inventory.container.name
+    if (up := up_container(inventory)) is None:
+        return {"name": None, "status": "absent", "digest": None}
+    name = up.settings.name
     info = (facts.get("containers") or {}).get(name)
-    image = (facts.get("images") or {}).get(inventory.container.image) or {}
+    image = (facts.get("images") or {}).get(up.settings.image) or {}
     digests = image.get("RepoDigests") or []
     out: dict[str, Any] = {"name": name, "status": "absent",
                            "digest": digests[0].split("@", 1)[-1] if digests else None}
@@ -284,7 +287,7 @@ def assess_container(inventory: Inventory, node: Node, facts: dict[str, Any],
     })
     if image.get("Id") and info.get("Image") and image["Id"] != info["Image"]:
         out["image_current"] = False
-    desired = desired_config_hash(inventory, node, facts)
+    desired = desired_config_hash(up, inventory, node, facts)
     out["config"] = "unknown" if desired is None else (
         "current" if desired == labels.get("sparkctl.config-hash") else "stale")
     if not state.get("Running"):
@@ -295,18 +298,15 @@ def assess_container(inventory: Inventory, node: Node, facts: dict[str, Any],
     return out
 
 
-def desired_config_hash(inventory: Inventory, node: Node, facts: dict[str, Any]) -> str | None:
-    """The hash `up` would label the container with now; None when it cannot be computed here."""
-    try:
-        from orchestrator.core.step import NodeContext, RunOptions, RunState
-        from orchestrator.engines.trtllm.container import node_trtllm_spec
-        from orchestrator.phases.container import Container
-    except ImportError:
-        return None
+def desired_config_hash(up: Any, inventory: Inventory, node: Node, facts: dict[str, Any]) -> str | None:
+    """The hash `up` would label its container (UpContainer `up`) with now, or None."""
+    from orchestrator.core.step import NodeContext, RunOptions, RunState
+    from orchestrator.phases.container import Container
+
     ctx = NodeContext(inventory=inventory, node=node, facts=facts, cluster_facts={}, transport=None,
                       options=RunOptions(command="status"), shared=RunState())
     try:
-        return Container(node_trtllm_spec).wanted(ctx)[1]
+        return Container(up.spec_for).wanted(ctx)[1]
     except Exception:  # facts the container step cannot use (no ibdev2netdev...): unknown, not a crash
         return None
 

@@ -187,11 +187,13 @@ def test_files_in_folders_keep_the_hf_layout_and_the_rest_is_never_fetched(
 def test_a_full_disk_on_a_peer_fails_fast_with_node_path_and_numbers(fanout_lab: Lab,
                                                                      tmp_path: Path) -> None:
     lab, peer = fanout_lab, fanout_lab.nodes[1]
-    pid = lab.exec(peer, ["docker", "inspect", "-f", "{{.State.Pid}}", CONTAINER]).stdout.strip()
     hub = f"{HF}/hub"
-    # a tiny full filesystem over the peer container's HF cache (its own mount namespace)
-    lab.exec(peer, f"nsenter -t {int(pid)} -m sh -c 'mount -t tmpfs -o size=8m sparklab-full "
-                   f"{hub} && dd if=/dev/zero of={hub}/.fill bs=1M 2>/dev/null; true'")
+    # a tiny full filesystem over the peer's HF cache on the node: the copy's receiver runs in
+    # a fresh container of the model image, which mounts the node's cache (and what is on it)
+    home = lab.exec(peer, "getent passwd nvidia").stdout.split(":")[5]
+    node_hub = f"{home}/.cache/huggingface/hub"
+    lab.exec(peer, f"mkdir -p {node_hub} && mount -t tmpfs -o size=8m sparklab-full {node_hub} && "
+                   f"dd if=/dev/zero of={node_hub}/.fill bs=1M 2>/dev/null; true")
     try:
         started = time.monotonic()
         result = subprocess.run(launch_argv(lab), capture_output=True, text=True,
@@ -203,4 +205,4 @@ def test_a_full_disk_on_a_peer_fails_fast_with_node_path_and_numbers(fanout_lab:
                          rf"{hub}, [\d.]+ MB free", text), text[-3000:]
         assert elapsed < 300
     finally:
-        lab.exec(peer, f"nsenter -t {int(pid)} -m umount {hub}", check=False)
+        lab.exec(peer, f"umount {node_hub}", check=False)

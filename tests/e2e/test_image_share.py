@@ -159,23 +159,29 @@ def test_an_sglang_server_on_a_blocked_node_gets_its_image_from_one_that_has_it(
     head, peer = lab.nodes[0], lab.nodes[1]
     for node in lab.nodes:
         lab.exec(node, f"rm -f {SGLANG_RECORD}")
-    lab.cli("fault", "block-registry", "--node", peer, check=True)
+    # the head fetches the models with the server's image, so it needs it too: both blocked
+    for node in lab.nodes:
+        lab.cli("fault", "block-registry", "--node", node, check=True)
     launch = ("launch qwen3-8b", "--nodes", peer, "--timeout", "240")
     try:
         refused = up(lab, *launch[1:], command=launch[0])
         assert refused["exit_code"] == 1, json.dumps(refused)[-3000:]
         failed = step(refused, head, "registry")
-        assert failed["phase"] == "image-check"
-        assert (f"no node has {SGLANG_IMAGE} and none can pull it from docker.io: {peer} cannot "
-                "reach docker.io") in failed["message"]
+        assert failed["phase"] == "model-image"  # launch's first phase: nothing changed yet
+        assert f"no node has {SGLANG_IMAGE} and none can pull it from docker.io" in failed["message"]
+        assert f"{peer} cannot reach docker.io" in failed["message"]
         assert "`docker load`" in failed["message"]
         assert not any(s["phase"] == "models" for s in refused["hosts"][head]["steps"])
+        lab.cli("fault", "restore", "--node", head)
         lab.exec(head, ["docker", "pull", SGLANG_IMAGE])  # now a node has it
         report = up(lab, *launch[1:], command=launch[0])
-        assert_sent_by_the_head(lab, report, SGLANG_IMAGE, "docker.io", "sparkctl-sglang-qwen3-8b")
+        shared = assert_sent_by_the_head(lab, report, SGLANG_IMAGE, "docker.io",
+                                         "sparkctl-sglang-qwen3-8b")
+        assert shared["phase"] == "model-image"  # before the models: the copy's receiver runs it
         assert report["node"] == peer and report["ok"]
     finally:
-        lab.cli("fault", "restore", "--node", peer)
+        for node in lab.nodes:
+            lab.cli("fault", "restore", "--node", node)
         up(lab, "--server", "qwen3-8b", command="down")
 
 
@@ -196,7 +202,7 @@ def test_a_vllm_worker_on_a_blocked_node_gets_its_image_from_the_head(image_lab:
         # the peer's Ray worker runs the image it was sent, and Ray counts both nodes
         shared = assert_sent_by_the_head(lab, report, VLLM_IMAGE, "nvcr.io",
                                          "sparkctl-vllm-minimax-m2.7")
-        assert shared["phase"] == "ray"
+        assert shared["phase"] == "model-image"  # launch's first phase: the models' commands
         assert "hf_SENTINELimageShareToken" not in json.dumps(report)
         assert "2 node(s) alive" in step(report, head, "ray-cluster")["message"]
     finally:

@@ -26,7 +26,7 @@ IMAGES = {4: "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12",
 
 def _inventory(lab: Lab, image: str, tmp: Path) -> str:
     data = yaml.safe_load(lab.inventory.read_text())
-    data["container"]["image"] = image
+    data["engines"]["trtllm"]["container"]["image"] = image
     path = tmp / f"inventory-{image.rsplit(':', 1)[1]}.yml"
     path.write_text(yaml.safe_dump(data))
     return str(path)

@@ -20,6 +20,8 @@ import pytest
 import yaml
 from conftest import LAB_ID, REPO, Lab, healthy_lab, lab_cli
 
+from orchestrator.inventory_checks import load_inventory
+
 pytestmark = pytest.mark.lab
 
 SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
@@ -85,7 +87,7 @@ def _rerun_by_hand(lab: Lab, node: str, hca: str) -> None:
     args += [image, "bash", "/etc/sparkctl/entrypoint.sh"]
     lab.exec(node, f"docker rm -f {CONTAINER} >/dev/null")
     lab.exec(node, args)
-    port = yaml.safe_load(lab.inventory.read_text()).get("container", {}).get("ssh_port", 2233)
+    port = load_inventory(lab.inventory).container.ssh_port
     for _ in range(100):
         if lab.exec(node, f"ss -Hltn 'sport = :{port}'", check=False).stdout.strip():
             return

@@ -103,7 +103,7 @@ def test_container_sshd_is_locked_down(brought_up: Lab) -> None:
 def test_changed_port_changes_exactly_what_depends_on_it(brought_up: Lab, tmp_path: Path) -> None:
     lab = brought_up
     data = yaml.safe_load(lab.inventory.read_text())
-    data["container"]["ssh_port"] = 2234
+    data["engines"]["trtllm"]["container"]["ssh_port"] = 2234
     changed_inventory = tmp_path / "inventory.yml"
     changed_inventory.write_text(yaml.safe_dump(data))
     before = snapshot(lab)

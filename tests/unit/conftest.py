@@ -147,10 +147,14 @@ class FakeTransport:
 
 def make_inventory(data: dict[str, Any] | None = None, source: str = "two-sparks.yml",
                    **container: Any) -> Inventory:
-    """The two-Spark inventory (or `data`); keyword arguments become its container: section."""
+    """The two-Spark inventory (or `data`); keyword arguments become TensorRT-LLM's container
+    section (engines.trtllm.container)."""
     data = json.loads(json.dumps(data or TWO_SPARKS))
     if container:
-        data["container"] = container
+        from orchestrator.engines import REGISTRY
+
+        engines = data.setdefault("engines", {name: {} for name in REGISTRY})
+        engines.setdefault("trtllm", {})["container"] = container
     return inventory_from_data(data, source)
 
 

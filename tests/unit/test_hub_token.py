@@ -67,8 +67,23 @@ def test_a_refused_token_stops_before_any_download_naming_the_hub(
     (call,) = head.calls
     # the token only on stdin: never on the command line or in the container's environment
     assert call.stdin == "hf_wrong\n" and "hf_wrong" not in call.command + str(call.display)
-    assert shlex.split(call.command)[:4] == ["docker", "exec", "-i", "trtllm-multinode"]
-    assert "download" not in call.command
+    words = shlex.split(call.command)  # a short-lived container of the engine's image
+    assert words[:4] == ["docker", "run", "--rm", "-i"] and "hf_wrong" not in words
+    assert words[words.index(ctx.inventory.container.image) + 1:] == ["sh", "-c", hub_token.WHOAMI]
+    assert "download" not in call.command and "secrets" not in call.command
+
+
+def test_before_the_models_image_is_on_the_head_the_token_waits(
+        fake_cluster: Callable[..., FakeCluster]) -> None:
+    from orchestrator.phases.model_tools import NO_IMAGE
+
+    facts = missing_facts()
+    facts["spark-a"]["commands"]["models"] = {"rc": 0, "out": NO_IMAGE + "\n", "err": ""}
+    cluster = fake_cluster(facts=facts)
+    ctx = cluster.context("spark-a", options=options(hf_token=Secret("hf_x")))
+    outcome = hub_token.HubToken(RECIPE).check(ctx)  # a dry run: nothing pulled yet
+    assert isinstance(outcome, Unchanged) and "is not on spark-a" in outcome.reason
+    assert not cluster["spark-a"].calls
 
 
 def test_an_accepted_token_and_an_unreachable_hub(fake_cluster: Callable[..., FakeCluster]) -> None:

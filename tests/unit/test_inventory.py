@@ -148,8 +148,8 @@ def test_addresses_are_derived_when_left_out() -> None:
 
 
 def test_shell_metacharacters_in_names_are_refused() -> None:
-    message = error_of(lambda d: d.update({"container": {"name": "x; rm -rf /"}}))
-    assert "container.name" in message
+    message = error_of(lambda d: d.update({"engines": {"trtllm": {"container": {"name": "x; rm -rf /"}}}}))
+    assert "engines: trtllm.container.name" in message
 
 
 def test_mtu_range() -> None:
@@ -204,10 +204,11 @@ def test_resolution_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_every_inventory_key_is_documented() -> None:
-    from orchestrator.inventory import Cluster, Container, Fabric, Node
+    from orchestrator.engines.trtllm.settings import TrtllmContainer
+    from orchestrator.inventory import Cluster, Fabric, Node
 
     docs = (REPO / "docs" / "inventory.md").read_text()
-    for model in (Cluster, Fabric, Container, Node):
+    for model in (Cluster, Fabric, TrtllmContainer, Node):
         for key in model.model_fields:
             assert f"| `{key}` |" in docs, f"docs/inventory.md does not document {model.__name__}.{key}"
 

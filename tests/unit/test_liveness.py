@@ -20,7 +20,8 @@ from test_status import INVENTORY, SERVER, node_facts
 from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import liveness, load_recipe, serverctl, verify
 from orchestrator.engines.base import LaunchOptions, Ready
-from orchestrator.engines.sglang.serve import Placement, ServeSpec
+from orchestrator.engines.placed import Placement
+from orchestrator.engines.sglang.serve import ServeSpec
 from orchestrator.engines.trtllm import steps
 from orchestrator.engines.vllm import serve as vllm_serve
 from orchestrator.status import assess as status
@@ -187,7 +188,7 @@ def test_sglang_restarts_a_stalled_server_of_the_same_name() -> None:
 
 
 def spec_facts_command(spec: ServeSpec, inv: Any) -> str:
-    from orchestrator.engines.sglang.serve import check_phase
+    from orchestrator.engines.placed import check_phase
 
     return str(check_phase(spec).facts(inv, inv.node("spark-a"))["commands"]["servers"])
 

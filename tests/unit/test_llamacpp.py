@@ -274,10 +274,10 @@ def test_an_exit_while_loading_names_llama_cpps_error_and_stops_the_server() -> 
 
 
 def test_persist_and_the_plan_of_a_two_node_launch() -> None:
-    from orchestrator.engines.llamacpp.persist import persist_phase
+    from orchestrator.engines.placed import persist_phase
 
     spec = rpc_server_spec()
-    assert persist_phase(spec, LaunchOptions(persist=True)).name == "persist"
+    assert persist_phase(spec, LaunchOptions(persist=True), "llamacpp", "rpc-server").name == "persist"
     engine = get_engine("llamacpp")
     phases = engine.launch_phases(spec.recipe, spec.inventory, LaunchOptions(persist=True))
     assert [p.name for p in phases] == ["server-check", "image-check", "models", "rpc", "serve",

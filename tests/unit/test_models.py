@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Call, FakeCluster
+from conftest import Call, FakeCluster, make_inventory
 
 from orchestrator.commands import Secret
 from orchestrator.core.step import Change, RunOptions, Unchanged
@@ -35,7 +35,14 @@ FOLDER = "models--" + MODEL.replace("/", "--")
 PATTERNED = RECIPE.model_copy(update={"files": FileFilter(allow=["*.safetensors", "*.json"],
                                                           deny=["original/"])})
 MANIFEST = re.escape("python3 -c") + ".* manifest "
-CONTAINER = "trtllm-multinode"  # the fake inventory's container
+TOOLS = models.model_tools(RECIPE, make_inventory())
+"""Where the models' commands run: a short-lived container of the recipe's engine image."""
+
+
+def in_tools(*argv: str, interactive: bool = False, env: dict[str, str] | None = None,
+             token: bool = False) -> list[str]:
+    """The words of `argv` run in a models container (docker run --rm IMAGE argv)."""
+    return shlex.split(TOOLS.cmd(list(argv), env=env, interactive=interactive, token=token))
 COMMIT = "c0ffee"
 BIG = 300_000_000_000
 GB = 10**9
@@ -133,11 +140,11 @@ def remotes(monkeypatch: pytest.MonkeyPatch) -> Remotes:
     class Remote:
         def __init__(self, transport: Any, command: str, display: str) -> None:
             words = shlex.split(command)
-            assert words[:7] == ["docker", "exec", "-i", CONTAINER, "python3", "-c",
-                                 fanout.FANOUT_SCRIPT]
+            prefix = in_tools("python3", "-c", fanout.FANOUT_SCRIPT, interactive=True)
+            assert words[:len(prefix)] == prefix
             self.node = transport.node
-            self.run = Started(transport.node, words[7], json.loads(words[8]), {}, command,
-                               display)
+            self.run = Started(transport.node, words[len(prefix)], json.loads(words[len(prefix) + 1]),
+                               {}, command, display)
             fake.started.append(self.run)
             self._lines: list[str] | None = None
 
@@ -171,9 +178,16 @@ def test_the_phase_runs_on_the_serving_nodes_and_asks_for_manifests(
     assert [n.name for n in phase.nodes(cluster.inventory)] == ["spark-a", "spark-b"]
     request = phase.facts(cluster.inventory, cluster.inventory.node("spark-a"))
     assert request["files"] == {models.TOKEN_PATH: False} and request["timeout"] == 3600
-    words = shlex.split(request["commands"]["models"])
-    assert words[:3] == ["docker", "exec", cluster.inventory.container.name]
-    assert words[3:-2] == ["python3", "-c", fanout.FANOUT_SCRIPT] and words[-2] == "manifest"
+    fact = request["commands"]["models"]
+    # never pulls: without the image on the node (a dry run), the manifests are unknown there
+    check, run, absent = re.fullmatch(r"if (.*) >/dev/null 2>&1; then (.*); else echo (.*); fi",
+                                      fact, re.S).groups()  # type: ignore[union-attr]
+    assert shlex.split(check) == ["docker", "image", "inspect", TOOLS.image]
+    assert shlex.split(absent) == [models.NO_IMAGE]
+    words = shlex.split(run)
+    prefix = in_tools("python3", "-c", fanout.FANOUT_SCRIPT)
+    assert words[:len(prefix)] == prefix and words[-2] == "manifest"
+    assert "-v" in words and "~nvidia/.cache/huggingface:/root/.cache/huggingface" in words
     # the node script is the manifest code and the fan-out in one (stdlib only, sent whole)
     parts = ("stdin_watch.py", "fanout_manifest.py", "fanout_io.py", "fanout_receiver.py",
              "fanout.py")
@@ -222,9 +236,10 @@ def test_download_writes_the_token_streams_progress_and_always_removes_the_token
     assert shlex.split(write) == ["python3", "-c", script("ledger.py"), "write"]
     # the recipe's patterns go to hf as --include/--exclude, for the size check and the download
     words = shlex.split(download.command)
-    assert words == ["docker", "exec", "-e", f"HF_TOKEN_PATH={models.TOKEN_PATH}", CONTAINER,
-                     "hf", "download", MODEL, "--revision", "main", "--include", "*.safetensors",
-                     "--include", "*.json", "--exclude", "original/"]
+    assert words == in_tools("hf", "download", MODEL, "--revision", "main", "--include",
+                             "*.safetensors", "--include", "*.json", "--exclude", "original/",
+                             env={"HF_TOKEN_PATH": models.TOKEN_PATH}, token=True)
+    assert "/etc/sparkctl/secrets:/etc/sparkctl/secrets:ro" in words  # the file, read-only
     assert shlex.split(dry_run.command) == [*words, "--dry-run"]
     assert "hf_secret" not in download.command and download.timeout == models.DOWNLOAD_TIMEOUT
     assert cleanup.command == models.token_remove_cmd() and cleanup.sudo
@@ -491,7 +506,7 @@ def test_a_failing_copy_or_manifest_fails_the_step(
         models.Distribute(RECIPE).apply(cluster.context("spark-a", options=options()),
                                         Change("copy", payload=["spark-b"]))
     assert [c.display for c in cluster["spark-a"].calls] == [
-        f"docker exec {CONTAINER} python3 -c <model manifest>"]
+        f"docker run --rm {TOOLS.image} python3 -c <model manifest>"]
 
 
 def test_a_head_without_the_model_is_copied_from_after_download(
@@ -520,13 +535,14 @@ def test_sizes_read_in_mb_or_gb() -> None:
 def test_the_manifest_command_is_checked(fake_cluster: Callable[..., FakeCluster]) -> None:
     cluster = fake_cluster()
     cluster["spark-a"].on(MANIFEST, stdout=json.dumps({"x": 1}), times=1)
-    assert models.read_manifests(cluster["spark-a"], "c", RECIPE) == {"x": 1}  # type: ignore[arg-type]
+    assert models.read_manifests(cluster["spark-a"], TOOLS, RECIPE) == {"x": 1}  # type: ignore[arg-type]
     call: Call = cluster["spark-a"].calls[0]
-    assert call.timeout == 3600 and call.display == "docker exec c python3 -c <model manifest>"
-    assert shlex.split(call.command)[:3] == ["docker", "exec", "c"]
+    assert call.timeout == 3600
+    assert call.display == f"docker run --rm {TOOLS.image} python3 -c <model manifest>"
+    assert shlex.split(call.command)[:3] == ["docker", "run", "--rm"]
     cluster["spark-a"].on(MANIFEST, 1, "", "python3: not found")
     with pytest.raises(CommandError, match="python3: not found"):
-        models.read_manifests(cluster["spark-a"], "c", RECIPE)  # type: ignore[arg-type]
+        models.read_manifests(cluster["spark-a"], TOOLS, RECIPE)  # type: ignore[arg-type]
 
 
 def test_several_peers_get_a_total_beside_their_own_lines() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.engines.trtllm.up import expected_env
 from orchestrator.inventory import Inventory
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.netcheck.checks import (
@@ -16,7 +17,7 @@ from orchestrator.netcheck.checks import (
     facts_request,
     run_node_checks,
 )
-from orchestrator.netcheck.container import check_image_digests, expected_env
+from orchestrator.netcheck.container import check_image_digests
 from orchestrator.netcheck.probes import (
     build_probes,
     judge_latency,

@@ -187,15 +187,18 @@ def test_a_peer_with_different_files_gets_a_copy() -> None:
 
 def test_a_stopped_container_is_a_clear_error() -> None:
     facts = {"spark-a": {"commands": {"models": {"rc": 1, "out": "", "err": "not running"}}}}
-    with pytest.raises(SparkctlError, match="sparkctl up"):
+    with pytest.raises(SparkctlError, match=r"cannot look at the models with .*: not running"):
         models.Download(RECIPE).check(ctx("spark-a", facts))
 
 
 def test_download_reads_the_token_from_a_file_never_from_argv() -> None:
-    command = models.download_cmd("c", "org/m", "main", None, with_token=True)
+    from orchestrator.phases.model_tools import ModelTools
+
+    tools = ModelTools("img:1", "~/.cache/huggingface", "nvidia")
+    command = models.download_cmd(tools, "org/m", "main", None, with_token=True)
     assert f"HF_TOKEN_PATH={models.TOKEN_PATH}" in shlex.split(command)
     assert "HF_TOKEN=" not in command and "--token" not in command
-    assert "HF_TOKEN_PATH" not in models.download_cmd("c", "org/m", "main", None, with_token=False)
+    assert "HF_TOKEN_PATH" not in models.download_cmd(tools, "org/m", "main", None, with_token=False)
     assert "0700" in models.token_write_cmd() and models.token_write_cmd().endswith(" write")
     assert models.token_remove_cmd().endswith(" undo")
 

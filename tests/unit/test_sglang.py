@@ -15,8 +15,9 @@ from conftest import make_context, make_inventory
 from orchestrator.core.step import Change, Unchanged
 from orchestrator.engines import load_recipe, servers, serving_nodes
 from orchestrator.engines.base import LaunchOptions
+from orchestrator.engines.placed import Placement
 from orchestrator.engines.sglang.recipe import Recipe
-from orchestrator.engines.sglang.serve import Placement, ServeSpec, launch_argv
+from orchestrator.engines.sglang.serve import ServeSpec, launch_argv
 from orchestrator.errors import InputError, SparkctlError
 
 IMAGE = Path(__file__).resolve().parents[2] / "lab" / "sparklab" / "image"

@@ -5,7 +5,6 @@ fabric, unreadable records, cluster states, timestamps)."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 from conftest import FakeCluster
 from test_status import INVENTORY, NOW, SERVER, node_facts
 
+from orchestrator.errors import SparkctlError
 from orchestrator.paths import SERVER_JSON
 from orchestrator.status import assess as status
 
@@ -112,11 +112,22 @@ def test_containers_on_different_images_are_a_problem_everywhere() -> None:
         assert result["nodes"][name]["state"] == "problem"
 
 
-def test_without_the_container_step_the_config_is_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "orchestrator.phases.container", None)  # import fails
+def test_when_the_container_spec_cannot_be_computed_the_config_is_unknown() -> None:
+    from dataclasses import replace
+
+    from orchestrator.engines import up_container
+
+    def no_spec(ctx: object) -> object:
+        raise SparkctlError("no ibdev2netdev")
+
+    up = up_container(INVENTORY)
+    assert up is not None
     facts = node_facts("spark-a")
-    assert status.desired_config_hash(INVENTORY, INVENTORY.node("spark-a"), facts) is None
-    assert assess({n: node_facts(n) for n in BOTH})["nodes"]["spark-a"]["container"]["config"] == "unknown"
+    assert status.desired_config_hash(replace(up, spec_for=no_spec), INVENTORY,  # type: ignore[arg-type]
+                                      INVENTORY.node("spark-a"), facts) is None
+    both = {n: node_facts(n) for n in BOTH}
+    del both["spark-a"]["ibdev2netdev"]  # the container step needs the RoCE devices
+    assert assess(both)["nodes"]["spark-a"]["container"]["config"] == "unknown"
 
 
 def test_unreadable_server_records_and_probe_answers() -> None:

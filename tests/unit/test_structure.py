@@ -239,10 +239,6 @@ def engine_words() -> tuple[str, ...]:
     return (*REGISTRY, "tensorrt")
 KNOWN_LEAKS = {
     # What is left to move behind the Engine seam (issue 24); this list only shrinks. Target: {}.
-    "orchestrator/netcheck/checks.py": 1, "orchestrator/netcheck/container.py": 1,
-    "orchestrator/status/assess.py": 6,
-    "orchestrator/inventory.py": 2,
-    "orchestrator/inventory_checks.py": 1, "orchestrator/phases/ssh_keys.py": 1,
 }
 
 
@@ -292,3 +288,53 @@ def test_the_engine_name_counter_sees_code_and_not_prose(tmp_path: Path) -> None
     sample.write_text('"""TensorRT-LLM and vLLM in prose."""\n# sglang in a comment\n'
                       'X = "vllm"\nif engine == "trtllm":\n    pass\n')
     assert engine_names_in(sample) == ['"vllm"', '"trtllm"']
+
+
+def crossings(engine: str, imported: list[tuple[str, int]], where: str) -> list[str]:
+    """The imports (module, line) of a file of ENGINE's folder that reach another engine's."""
+    from orchestrator.engines import REGISTRY
+
+    return [f"{where}:{line} imports {target}" for target, line in imported
+            if any(target == f"orchestrator.engines.{other}"
+                   or target.startswith(f"orchestrator.engines.{other}.")
+                   for other in REGISTRY if other != engine)]
+
+
+def test_no_engine_imports_another_engine() -> None:
+    """Engines share code through engines/*.py (placed.py, serverctl.py, ...), never through
+    each other's folders: removing one engine's folder must not break another."""
+    from orchestrator.engines import REGISTRY
+
+    found = [crossing for name in REGISTRY
+             for path in sorted((PACKAGE / "engines" / name).rglob("*.py"))
+             for crossing in crossings(name, imports(path, runtime_only=False),
+                                       str(path.relative_to(ROOT)))]
+    assert not found, "engines import each other (move it to orchestrator/engines/*.py):\n" + \
+        "\n".join(found)
+
+
+def test_the_engine_import_rule_sees_a_crossing() -> None:
+    imported = [("orchestrator.engines.placed", 3), ("orchestrator.engines.sglang.ready", 16),
+                ("orchestrator.engines.llamacpp.serve", 20), ("orchestrator.engines", 4)]
+    assert crossings("llamacpp", imported, "x.py") == [
+        "x.py:16 imports orchestrator.engines.sglang.ready"]
+
+
+def test_the_documented_engine_members_are_the_protocols() -> None:
+    """docs/architecture.md's Engine table lists exactly the members of engines.base.Engine
+    (and the optional `layouts`), each implemented by every registered engine."""
+    import re
+
+    from orchestrator.engines import REGISTRY, get_engine
+    from orchestrator.engines.base import Engine
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text[text.index("| member | what it gives |"):].split("\n\n", 1)[0]
+    documented = {name for row in table.splitlines()[2:]
+                  for name in re.findall(r"`([a-z_]+)(?:\([^`]*\))?`", row.split(" | ")[0])}
+    members = {name for name in {*Engine.__annotations__, *vars(Engine)}
+               if not name.startswith("_")}
+    assert documented == members | {"layouts"}, (documented ^ (members | {"layouts"}))
+    for name in REGISTRY:
+        missing = sorted(m for m in members if not hasattr(get_engine(name), m))
+        assert not missing, f"{name} lacks Engine members {missing}"

@@ -1,6 +1,7 @@
 """`docker run`/`start`: option parsing, container records, the monitor that outlives the SSH session."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -183,16 +184,32 @@ def cmd_run(args: list[str]) -> int:
         os.close(fd)
     if detached:
         return start_container(cid, "run")
-    return run_attached(cid, remove="--rm" in flags)
+    return run_attached(cid, remove="--rm" in flags,
+                        stdin=bool(flags & {"-i", "--interactive", "-it", "-ti"}))
 
 
-def run_attached(cid: str, remove: bool) -> int:
-    """Foreground `docker run`: stream the container's output, return its exit code."""
-    import contextlib
+def feed_stdin(fifo: str) -> None:
+    """`docker run -i`: this command's stdin is the container's (through a FIFO the monitor
+    opens as the process's stdin); its end is the process's end of input."""
+    with contextlib.suppress(OSError), open(fifo, "wb", buffering=0) as out:
+        while True:
+            chunk = os.read(0, 65536)
+            if not chunk:
+                break
+            out.write(chunk)
+
+
+def run_attached(cid: str, remove: bool, stdin: bool = False) -> int:
+    """Foreground `docker run`: stream the container's output, return its exit code; with -i,
+    the caller's stdin goes to the container's process."""
     import io
+    import threading
 
     from sparklab_dockerd_query import cmd_logs
 
+    if stdin:
+        os.mkfifo(cdir(cid) + "/stdin", 0o600)
+        threading.Thread(target=feed_stdin, args=(cdir(cid) + "/stdin",), daemon=True).start()
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             start_container(cid, "run")
@@ -277,13 +294,17 @@ def monitor(cid: str) -> None:
     assert isinstance(config, dict)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    # `docker run -i` in the foreground: its stdin arrives through this FIFO (run_attached)
+    stdin = os.open(d + "/stdin", os.O_RDONLY) if os.path.exists(d + "/stdin") else None
     proc = subprocess.Popen(
         ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc",
          "--propagation", "private", sys.executable, SHIM, "__container_init", cid],
-        stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+        stdin=subprocess.DEVNULL if stdin is None else stdin, stdout=out_w, stderr=err_w,
         env={"PATH": DEFAULT_PATH, "LIBMOUNT_UTAB": d + "/utab"})
     os.close(out_w)
     os.close(err_w)
+    if stdin is not None:
+        os.close(stdin)
     pid = 0
     while not pid and proc.poll() is None:
         try:

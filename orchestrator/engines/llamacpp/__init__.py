@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.apikey import KeyWay
-from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
 from orchestrator.engines.llamacpp.layouts import LlamacppLayouts
 from orchestrator.engines.llamacpp.ready import READY_LINE
 from orchestrator.engines.llamacpp.recipe import Recipe
@@ -24,6 +24,8 @@ class LlamacppEngine:
     title = "llama.cpp"
     ready_line = READY_LINE
     recipe_type = Recipe
+    settings_type = NoSettings  # nothing to set in the inventory's engines.llamacpp
+    process_words = ()  # status: its pid files' command lines
     several_servers = True
     # llama-server's own --api-key-file (common/arg.cpp); /health, /v1/health and the web UI's
     # assets stay open (tools/server/server-http.cpp, get_public_endpoints)
@@ -56,6 +58,12 @@ class LlamacppEngine:
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
 
+    def up_container(self, inventory: Inventory) -> None:
+        return None
+
+    def model_image(self, recipe: Recipe, inventory: Inventory) -> str:
+        return recipe.image  # the models are fetched with the image that serves them
+
     def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
         """Judge this server against every node's servers (from facts), the GGUF on the first
         node, the rpc-servers (reachable from the first node), llama-server, its record,
@@ -63,9 +71,8 @@ class LlamacppEngine:
         from orchestrator.engines import verify
         from orchestrator.engines.liveness import mark_ready
         from orchestrator.engines.llamacpp import ready, serve
+        from orchestrator.engines.placed import Smoke, check_phase
         from orchestrator.engines.servers import record_dir
-        from orchestrator.engines.sglang.ready import Smoke
-        from orchestrator.engines.sglang.serve import check_phase
         from orchestrator.phases import models, registry
         from orchestrator.phases.persist import not_persistent_phase
 
@@ -74,17 +81,20 @@ class LlamacppEngine:
                      transports, spec, timeout, note), options.timeout, f"llama.cpp ({spec.name})",
                      mark=lambda transports: mark_ready(
                          transports[spec.first], f"{record_dir(spec.name)}/server.json")),
-                 Smoke(spec)]  # type: ignore[arg-type]
+                 Smoke(spec)]
         # only llama-server reads the GGUF: the rpc-servers get their layers from it over RPC
         first_only = recipe.model_copy(update={"placement": [spec.first], "nodes": 1})
-        phases = [check_phase(spec),  # type: ignore[arg-type]
+        phases = [check_phase(spec),
                   registry.phase(recipe.image, spec.nodes, inventory.head_name),
                   models.phase(first_only, inventory), serve.rpc_phase(spec),
                   serve.serve_phase(spec, steps)]
         if options.persist:
-            from orchestrator.engines.llamacpp.persist import persist_phase
+            from orchestrator.engines.placed import persist_phase
 
-            phases.append(persist_phase(spec, options))
+            # every container (rpc-server on the other nodes, llama-server on the first) comes
+            # back with docker at boot; llama-server connects to the rpc-servers when it starts
+            # (one that comes up later makes it exit, and the boot unit starts it again)
+            phases.append(persist_phase(spec, options, self.name, "rpc-server"))
         else:
             phases.append(not_persistent_phase(spec.name, self.name))
         return phases

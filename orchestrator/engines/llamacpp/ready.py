@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from orchestrator.engines.base import LaunchFailed, Note, Ready
-from orchestrator.engines.sglang.ready import log_tail, parse_poll, probe_cmd, running_cmd
+from orchestrator.engines.placed import log_tail, parse_poll, probe_cmd, running_cmd
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 
 if TYPE_CHECKING:

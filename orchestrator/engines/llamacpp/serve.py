@@ -287,7 +287,7 @@ def rpc_phase(spec: ServeSpec) -> Phase:
 
 
 def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
-    from orchestrator.engines.sglang.serve import Record
+    from orchestrator.engines.placed import Record
     from orchestrator.phases.memory import DropCaches
     from orchestrator.phases.models import ServingPhase
 
@@ -295,7 +295,7 @@ def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
     steps: list[Step] = [DropCaches(ColdStart(spec, container, [spec.first])),
                          apikey.key_files_step(spec.name, [spec.first], spec.key),
                          node_guard(spec, [spec.first], container), container,
-                         Record(spec), *ready]  # type: ignore[arg-type]
+                         Record(spec), *ready]
     return ServingPhase("serve", steps, facts_for(spec), serving=ordered(spec))
 
 

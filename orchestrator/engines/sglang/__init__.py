@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.apikey import KeyWay
-from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
 from orchestrator.engines.sglang.layouts import SglangLayouts
 from orchestrator.engines.sglang.meter import SglangMeter
 from orchestrator.engines.sglang.ready import READY_LINE
@@ -29,6 +29,8 @@ class SglangEngine:
     log_label = "sglang"  # `sparkctl logs`: its per-server containers
     health_paths = ("/health", "/v1/models")
     layouts = SglangLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
+    settings_type = NoSettings  # nothing to set in the inventory's engines.sglang
+    process_words = ()  # status: its pid files' command lines
     several_servers = True
     # SGLang 0.5.12 takes the key only as --api-key VALUE (server_args.py), or from a YAML
     # `--config` file it merges into its arguments in-process (server_args_config_parser.py):
@@ -56,33 +58,37 @@ class SglangEngine:
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
 
+    def up_container(self, inventory: Inventory) -> None:
+        return None
+
+    def model_image(self, recipe: Recipe, inventory: Inventory) -> str:
+        return recipe.image  # the models are fetched with the image that serves them
+
     def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
         """Judge this server against every node's servers (from facts), the models, then the
         server's containers, its record, readiness and one real chat completion."""
-        from orchestrator.engines import verify
+        from orchestrator.engines import one_server_engines, placed, verify
         from orchestrator.engines.liveness import mark_ready
         from orchestrator.engines.servers import record_dir
         from orchestrator.engines.sglang import ready, serve
-        from orchestrator.phases import models
+        from orchestrator.phases import models, registry
+        from orchestrator.phases.persist import not_persistent_phase
 
         spec = serve.ServeSpec(recipe, inventory, options)
         steps = [verify.WaitReady(lambda transports, timeout, note: ready.wait_until_ready(
                      transports, spec, timeout, note), options.timeout, f"SGLang ({spec.name})",
                      mark=lambda transports: mark_ready(
                          transports[spec.first], f"{record_dir(spec.name)}/server.json")),
-                 ready.Smoke(spec)]
-        from orchestrator.phases import registry
-
-        phases = [serve.check_phase(spec),
+                 placed.Smoke(spec)]
+        phases = [placed.check_phase(spec),
                   registry.phase(recipe.image, spec.nodes, inventory.head_name),
                   models.phase(recipe, inventory), serve.serve_phase(spec, steps)]
-        from orchestrator.engines import one_server_engines
-        from orchestrator.engines.sglang.persist import persist_phase
-        from orchestrator.phases.persist import not_persistent_phase
-
-        phases.append(persist_phase(spec, options) if options.persist else
-                      not_persistent_phase(spec.name, "sglang",
-                                           one_server_engines()))
+        # --persist: each rank's container is the server, restarted by docker at boot; the
+        # ranks meet at the first node's --dist-init-addr again (torch.distributed waits for
+        # all of them, so the order docker starts them in does not matter)
+        phases.append(placed.persist_phase(spec, options, self.name, "SGLang rank {index}")
+                      if options.persist else
+                      not_persistent_phase(spec.name, self.name, one_server_engines()))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:

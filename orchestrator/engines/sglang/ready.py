@@ -7,14 +7,12 @@ server (its containers and record) and shows every node's log tail.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from orchestrator.commands import docker_cmd, join, quote
-from orchestrator.core.step import Change, NodeContext, Step
+from orchestrator.commands import docker_cmd, quote
 from orchestrator.engines.base import LaunchFailed, Note, Ready
+from orchestrator.engines.placed import log_tail, parse_poll, probe_cmd, running_cmd
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 
 if TYPE_CHECKING:
@@ -23,82 +21,11 @@ if TYPE_CHECKING:
 
 READY_LINE = "The server is fired up and ready to roll!"
 POLL_SECONDS = 2.0
-PROBE = r"""
-import json, sys, urllib.error, urllib.request
-port, host, key_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-headers = {"Content-Type": "application/json"}
-if key_file:  # the server's API key, read here as root (never on a command line)
-    with open(key_file) as f:
-        headers["Authorization"] = "Bearer " + f.read().strip()
-def get(path, body=None, timeout=5):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request("http://%s:%d%s" % (host, port, path), data=data,
-                                 headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode(errors="replace")[:20000]
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")[:2000]
-    except Exception as e:
-        return 0, str(e)[:300]
-out = {}
-if len(sys.argv) > 4:
-    started = __import__("time").time()
-    out["code"], out["body"] = get("/v1/chat/completions", json.loads(sys.argv[4]), 300)
-    out["seconds"] = __import__("time").time() - started
-else:
-    out["health"] = get("/health")[0]
-    if out["health"] == 200:
-        code, body = get("/v1/models")
-        out["models"] = [m.get("id") for m in json.loads(body).get("data", [])] if code == 200 else []
-print(json.dumps(out))
-"""
-
-
-def running_cmd(container: str) -> str:
-    return f"{docker_cmd('inspect', '-f', '{{.State.Running}}', container)} 2>/dev/null || echo gone"
-
-
-def probe_cmd(port: int, host: str, key_file: str | None, body: dict[str, Any] | None = None) -> str:
-    """PROBE on the serving node: HOST:PORT as the server binds it, with the server's key (its
-    node file, read by the probe) when it has one."""
-    from orchestrator.engines.apikey import probe_host
-
-    words = [str(port), probe_host(host), key_file or ""]
-    if body is not None:
-        words.append(json.dumps(body))
-    return f"python3 -c {quote(PROBE)} {join(words)}"
-
-
 def poll_cmd(container: str, port: int, host: str = "127.0.0.1", key_file: str | None = None) -> str:
     fired = quote(READY_LINE.replace("!", "[!]"))
     return (f"echo \"running=$({running_cmd(container)})\"; "
             f"echo \"fired=$({docker_cmd('logs', container)} 2>&1 | grep -c {fired})\"; "
             + probe_cmd(port, host, key_file))
-
-
-def parse_poll(out: str) -> dict[str, Any]:
-    state: dict[str, Any] = {}
-    for line in out.splitlines():
-        if line.startswith("running="):
-            state["running"] = line.partition("=")[2].strip() == "true"
-        elif line.startswith("fired="):
-            state["fired"] = line.partition("=")[2].strip() not in ("", "0")
-        elif line.startswith("{"):
-            with contextlib.suppress(ValueError):
-                state.update(json.loads(line))
-    return state
-
-
-def log_tail(transport: Transport | None, container: str, lines: int = 25) -> str:
-    if transport is None:
-        return "(node unreachable)"
-    try:
-        result = transport.run(f"{docker_cmd('logs', '--tail', lines, container)} 2>&1; true",
-                               sudo=True, timeout=60, display=f"docker logs {container}")
-        return result.stdout.strip() or "(empty)"
-    except SparkctlError as exc:
-        return f"(could not read its log: {exc})"
 
 
 def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note, reason: str) -> None:
@@ -153,28 +80,3 @@ def wait_until_ready(transports: dict[str, Transport], spec: ServeSpec, timeout:
             f"stopped waiting; {spec.name} keeps loading on {spec.first}. Follow it with "
             f"`sparkctl logs --server {spec.name}`; stop it with `sparkctl down --server "
             f"{spec.name}`", EXIT_INTERRUPTED) from None
-
-
-class Smoke(Step):
-    """One real chat completion on the server's first node."""
-
-    name = "smoke-test"
-    kind = "verify"
-    scope = "head"
-
-    def __init__(self, spec: ServeSpec) -> None:
-        self.spec = spec
-
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        body = {"model": self.spec.recipe.model, "max_tokens": 8,
-                "messages": [{"role": "user", "content": "Say hello."}]}
-        command = probe_cmd(self.spec.recipe.port, self.spec.host, self.spec.key_file, body)
-        result = ctx.transports[self.spec.first].run(command, sudo=True, timeout=360,
-                                                     display="one chat completion")
-        answer = parse_poll(result.stdout)
-        if answer.get("code") != 200:
-            raise SparkctlError(f"{self.spec.first}: the chat completion failed (HTTP "
-                                f"{answer.get('code')}): {str(answer.get('body'))[:300]}")
-        usage = (json.loads(answer["body"]).get("usage") or {})
-        return (f"chat completion on {self.spec.first}: {usage.get('completion_tokens', '?')} "
-                f"tokens in {answer.get('seconds', 0):.2f}s")

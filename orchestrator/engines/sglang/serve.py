@@ -13,15 +13,14 @@ on unified memory; --no-drop-caches skips it), the containers, the record, readi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import quote
-from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines import apikey, config_hash, lifecycle, servers, serving_nodes
+from orchestrator.core.step import Change, NodeContext, Phase, Step
+from orchestrator.engines import apikey, config_hash, placed, servers, serving_nodes
 from orchestrator.engines.base import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
-from orchestrator.engines.lifecycle import Running, ServerRecord
+from orchestrator.engines.lifecycle import ServerRecord
 from orchestrator.engines.sglang.recipe import Recipe, estimate_memory
 from orchestrator.errors import SparkctlError
 from orchestrator.paths import RUN_DIR
@@ -179,42 +178,6 @@ def check_fabric_link(ctx: NodeContext, spec: ServeSpec) -> None:
         "restores the addresses")
 
 
-class Placement(Step):
-    """Every node's servers against this one: its name, ports and memory (from facts)."""
-
-    name = "placement"
-    scope = "head"
-
-    def __init__(self, spec: ServeSpec) -> None:
-        self.spec = spec
-
-    def check(self, ctx: NodeContext) -> Outcome:
-        running = servers.from_facts(ctx.cluster_facts, ctx.inventory)
-        decision, other = servers.judge(self.spec.wanted(), running, self.spec.options.replace,
-                                        self.spec.options.ignore_memory)
-        where = ", ".join(self.spec.nodes)
-        others = [s for s in running if s.get("name") != self.spec.name]
-        if decision == "replace" and other is not None:
-            return Change(f"stop server {self.spec.name} (another configuration): --replace",
-                          payload=other)
-        mine = f"{self.spec.estimate.total_gb:.1f} GB per node"
-        if decision == "same" and other is not None:
-            # the shared judgement (engines/lifecycle.py): stalled or dead -> restart
-            current = Running(ServerRecord.from_dict(other), bool(other.get("alive")),
-                              other.get("health"), bool(other.get("ready_log")))
-            if lifecycle.decide(current, self.spec.digest, False) == "restart":
-                return Change(f"restart {self.spec.name}: {lifecycle.restart_reason(current)}",
-                              payload=other)
-        if decision == "same":
-            return Unchanged(f"{self.spec.name} already runs on {where} (config {self.spec.digest})")
-        return Unchanged(f"{self.spec.name} fits on {where} ({mine}; {len(others)} other "
-                         "server(s) running)")
-
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        servers.stop_server(ctx.transports, ctx.inventory, change.payload)
-        return f"stopped {change.payload.get('name')}"
-
-
 def cold_start_reason(spec: ServeSpec, container_step: containers.Container
                       ) -> Callable[[NodeContext], str | None]:
     """Why a node needs no page-cache drop before this server starts (None: a cold start)."""
@@ -227,42 +190,6 @@ def cold_start_reason(spec: ServeSpec, container_step: containers.Container
             return "the server is already running: no cold start"
         return None
     return reason
-
-
-class Record(Step):
-    """server.json of this server on its first node (what status, chat, tunnel and down read)."""
-
-    name = "record"
-    scope = "head"
-
-    def __init__(self, spec: ServeSpec) -> None:
-        self.spec = spec
-
-    def check(self, ctx: NodeContext) -> Outcome:
-        running = servers.from_facts(ctx.cluster_facts, ctx.inventory)
-        mine = next((s for s in running if s.get("name") == self.spec.name), None)
-        if mine and mine.get("config_hash") == self.spec.digest:
-            return Unchanged(f"{servers.record_dir(self.spec.name)}/server.json on {self.spec.first}")
-        return Change(f"record {self.spec.name} in {servers.record_dir(self.spec.name)}/server.json "
-                      f"on {self.spec.first}")
-
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        path = f"{servers.record_dir(self.spec.name)}/server.json"
-        text = json.dumps(self.spec.record(), indent=1, sort_keys=True)
-        command = (f"install -d -m 0755 {quote(servers.record_dir(self.spec.name))} && "
-                   f"printf '%s\\n' {quote(text)} > {quote(path + '.tmp')} && "
-                   f"mv -f {quote(path + '.tmp')} {quote(path)}")
-        ctx.transports[self.spec.first].run(command, sudo=True, timeout=60,
-                                            display=f"write {path}").check()
-        return None
-
-
-def check_phase(spec: ServeSpec) -> Phase:
-    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        # probed: a server of this name that was ready and answers no more is restarted
-        return {"commands": {"servers": servers.servers_cmd(inv, node, probe=True)}}
-
-    return Phase("server-check", [Placement(spec)], facts)
 
 
 def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
@@ -291,7 +218,7 @@ def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
     steps: list[Step] = [*image_steps(lambda ctx: spec.recipe.image, lambda ctx: spec.nodes),
                          DropCaches(cold_start_reason(spec, container)),
                          apikey.key_files_step(spec.name, spec.nodes, spec.key), guard, container,
-                         Record(spec), *ready]
+                         placed.Record(spec), *ready]
     nodes = [spec.inventory.head_name, *(n for n in spec.nodes if n != spec.inventory.head_name)]
     return ServingPhase("serve", steps, facts, serving=nodes)
 

@@ -19,9 +19,11 @@ from orchestrator.engines.trtllm import keyrelay
 from orchestrator.engines.trtllm.layouts import TrtllmLayouts
 from orchestrator.engines.trtllm.meter import TrtllmMeter
 from orchestrator.engines.trtllm.recipe import Recipe
+from orchestrator.engines.trtllm.settings import Settings
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
+    from orchestrator.engines.base import UpContainer
     from orchestrator.inventory import Inventory
 
 
@@ -34,6 +36,7 @@ class TrtllmEngine:
     log_label = ""  # `sparkctl logs`: its server logs are the `up` container's and the run files
     health_paths = ("/health", "/health_generate")  # one token through every rank
     layouts = TrtllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
+    settings_type = Settings  # engines.trtllm in the inventory: its `up` container
     several_servers = True
     api_key = keyrelay.WAY  # trtllm-serve takes no key: sparkctl's relay checks it
     process_words = ("mpirun", "trtllm", "orted", "sparkctl-memguard")  # (serve.OURS)
@@ -56,9 +59,20 @@ class TrtllmEngine:
         return {}
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
-        from orchestrator.engines.trtllm import container, mpi
+        """SSH trust (with its MPI hostfile), its container with sshd, then the MPI proof."""
+        from orchestrator.engines.trtllm import container, mpi, up
+        from orchestrator.phases import ssh_keys
 
-        return [container.phase(inventory), mpi.phase(inventory)]
+        return [*ssh_keys.phases(inventory, up.hostfile), container.phase(inventory),
+                mpi.phase(inventory)]
+
+    def up_container(self, inventory: Inventory) -> UpContainer | None:
+        from orchestrator.engines.trtllm.up import up_container
+
+        return up_container(inventory) if inventory.serves(self.name) else None
+
+    def model_image(self, recipe: Recipe, inventory: Inventory) -> str:
+        return inventory.settings(self.name).container.image  # `up` put it on every node
 
     def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
         """Judge this server against every node's servers first (from facts), then memory, the

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.apikey import KeyWay
-from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
 from orchestrator.engines.vllm.layouts import VllmLayouts
 from orchestrator.engines.vllm.meter import VllmMeter
 from orchestrator.engines.vllm.recipe import Recipe
@@ -53,6 +53,8 @@ class VllmEngine:
     log_label = "ray"  # `sparkctl logs`: its Ray containers
     health_paths = ("/health", "/v1/models")  # no /health_generate
     layouts = VllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
+    settings_type = NoSettings  # nothing to set in the inventory's engines.vllm
+    process_words = ("vllm",)  # status: its pid files' command lines
     several_servers = True  # each its own containers, ports and record
     # vLLM reads VLLM_API_KEY when --api-key is not given (entrypoints/openai/api_server.py);
     # its AuthenticationMiddleware guards /v1 paths only: /health, /metrics, /version, /ping
@@ -88,6 +90,12 @@ class VllmEngine:
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         return []
+
+    def up_container(self, inventory: Inventory) -> None:
+        return None
+
+    def model_image(self, recipe: Recipe, inventory: Inventory) -> str:
+        return recipe.image  # the models are fetched with the image that serves them
 
     def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
         """This server judged against every node's servers (from facts), the image, the models,

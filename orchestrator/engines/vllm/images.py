@@ -163,10 +163,9 @@ class RayInImage(Step):
 
 def _what_changed(ctx: NodeContext, image: str) -> str:
     """What a refusal leaves behind: the image pulled in this run (needed to look inside it),
-    or nothing at all; never a container created or replaced."""
-    before = (ctx.facts.get("images") or {}).get(image)
-    had = isinstance(before, dict) and "error" not in before and before.get("Id")
-    if ctx.node.name in (ctx.shared.get("image_facts") or {}) and not had:
+    or nothing at all; never a container created or replaced. (Pulled by any phase of this
+    run: launch's model-image phase pulls it first, for the models' commands.)"""
+    if ctx.node.name in (ctx.shared.get("image_facts") or {}):
         return (f". sparkctl pulled {image} on {ctx.node.name} to look inside it: that pull is "
                 "the only change made; no container was created, stopped or replaced")
     return ". Nothing was changed"

@@ -33,7 +33,7 @@ def pwned_anywhere(lab: Lab) -> list[str]:
 def test_metacharacters_in_hf_cache_are_inert(lab: Lab, tmp_path: Path, tally: Any) -> None:
     assert pwned_anywhere(lab) == [], "a marker from an earlier run; remove it first"
     data: dict[str, Any] = yaml.safe_load(lab.inventory.read_text())
-    data["container"]["hf_cache"] = HF_CACHE
+    data["cluster"]["hf_cache"] = HF_CACHE
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump(data))
     try:

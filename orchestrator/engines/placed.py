@@ -1,0 +1,241 @@
+"""What every engine whose servers are named and placed shares (one container per server and
+node, several servers at once: SGLang, llama.cpp), so engines never import each other: the
+server-check phase (this server judged against every node's servers), the record step, the
+probe of a server on its first node, one real chat completion, and the persist phase.
+
+Each engine's launch spec (engines/NAME/serve.py ServeSpec) has the members `PlacedSpec` lists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import TYPE_CHECKING, Any, Protocol
+
+from orchestrator.commands import docker_cmd, join, quote
+from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
+from orchestrator.engines import lifecycle, servers
+from orchestrator.engines.lifecycle import Running, ServerRecord
+from orchestrator.errors import SparkctlError
+
+if TYPE_CHECKING:
+    from orchestrator.engines.base import BaseRecipe, LaunchOptions, MemoryEstimate
+    from orchestrator.inventory import Inventory, Node
+    from orchestrator.remote.transport import Transport
+
+
+class PlacedSpec(Protocol):
+    """One launch of one placed server (its engine's ServeSpec)."""
+
+    recipe: Any
+    inventory: Inventory
+    options: LaunchOptions
+    name: str
+    host: str
+    key_file: str | None
+    """The server's API key file on its first node (the probe reads it there), or None."""
+    nodes: list[str]
+    first: str
+    container: str
+    estimate: MemoryEstimate
+    digest: str
+
+    def wanted(self) -> servers.Wanted: ...
+
+    def record(self) -> dict[str, Any]: ...
+
+
+PROBE = r"""
+import json, sys, urllib.error, urllib.request
+port, host, key_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+headers = {"Content-Type": "application/json"}
+if key_file:  # the server's API key, read here as root (never on a command line)
+    with open(key_file) as f:
+        headers["Authorization"] = "Bearer " + f.read().strip()
+def get(path, body=None, timeout=5):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request("http://%s:%d%s" % (host, port, path), data=data,
+                                 headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")[:20000]
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")[:2000]
+    except Exception as e:
+        return 0, str(e)[:300]
+out = {}
+if len(sys.argv) > 4:
+    started = __import__("time").time()
+    out["code"], out["body"] = get("/v1/chat/completions", json.loads(sys.argv[4]), 300)
+    out["seconds"] = __import__("time").time() - started
+else:
+    out["health"] = get("/health")[0]
+    if out["health"] == 200:
+        code, body = get("/v1/models")
+        out["models"] = [m.get("id") for m in json.loads(body).get("data", [])] if code == 200 else []
+print(json.dumps(out))
+"""
+"""A server's /health and /v1/models (or, with a request body, one chat completion), asked on
+its first node over loopback; one JSON line."""
+
+
+def probe_cmd(port: int, host: str, key_file: str | None, body: dict[str, Any] | None = None) -> str:
+    """PROBE on the serving node: HOST:PORT as the server binds it, with the server's key (its
+    node file, read by the probe) when it has one."""
+    from orchestrator.engines.apikey import probe_host
+
+    words = [str(port), probe_host(host), key_file or ""]
+    if body is not None:
+        words.append(json.dumps(body))
+    return f"python3 -c {quote(PROBE)} {join(words)}"
+
+
+def running_cmd(container: str) -> str:
+    return f"{docker_cmd('inspect', '-f', '{{.State.Running}}', container)} 2>/dev/null || echo gone"
+
+
+def parse_poll(out: str) -> dict[str, Any]:
+    """`running=`, `fired=` lines and the probe's JSON line, as one dict."""
+    state: dict[str, Any] = {}
+    for line in out.splitlines():
+        if line.startswith("running="):
+            state["running"] = line.partition("=")[2].strip() == "true"
+        elif line.startswith("fired="):
+            state["fired"] = line.partition("=")[2].strip() not in ("", "0")
+        elif line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                state.update(json.loads(line))
+    return state
+
+
+def log_tail(transport: Transport | None, container: str, lines: int = 25) -> str:
+    if transport is None:
+        return "(node unreachable)"
+    try:
+        result = transport.run(f"{docker_cmd('logs', '--tail', lines, container)} 2>&1; true",
+                               sudo=True, timeout=60, display=f"docker logs {container}")
+        return result.stdout.strip() or "(empty)"
+    except SparkctlError as exc:
+        return f"(could not read its log: {exc})"
+
+
+class Smoke(Step):
+    """One real chat completion on the server's first node."""
+
+    name = "smoke-test"
+    kind = "verify"
+    scope = "head"
+
+    def __init__(self, spec: PlacedSpec) -> None:
+        self.spec = spec
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        body = {"model": self.spec.recipe.model, "max_tokens": 8,
+                "messages": [{"role": "user", "content": "Say hello."}]}
+        command = probe_cmd(self.spec.recipe.port, self.spec.host, self.spec.key_file, body)
+        result = ctx.transports[self.spec.first].run(command, sudo=True, timeout=360,
+                                                     display="one chat completion")
+        answer = parse_poll(result.stdout)
+        if answer.get("code") != 200:
+            raise SparkctlError(f"{self.spec.first}: the chat completion failed (HTTP "
+                                f"{answer.get('code')}): {str(answer.get('body'))[:300]}")
+        usage = (json.loads(answer["body"]).get("usage") or {})
+        return (f"chat completion on {self.spec.first}: {usage.get('completion_tokens', '?')} "
+                f"tokens in {answer.get('seconds', 0):.2f}s")
+
+
+class Placement(Step):
+    """Every node's servers against this one: its name, ports and memory (from facts)."""
+
+    name = "placement"
+    scope = "head"
+
+    def __init__(self, spec: PlacedSpec) -> None:
+        self.spec = spec
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        running = servers.from_facts(ctx.cluster_facts, ctx.inventory)
+        decision, other = servers.judge(self.spec.wanted(), running, self.spec.options.replace,
+                                        self.spec.options.ignore_memory)
+        where = ", ".join(self.spec.nodes)
+        others = [s for s in running if s.get("name") != self.spec.name]
+        if decision == "replace" and other is not None:
+            return Change(f"stop server {self.spec.name} (another configuration): --replace",
+                          payload=other)
+        mine = f"{self.spec.estimate.total_gb:.1f} GB per node"
+        if decision == "same" and other is not None:
+            # the shared judgement (engines/lifecycle.py): stalled or dead -> restart
+            current = Running(ServerRecord.from_dict(other), bool(other.get("alive")),
+                              other.get("health"), bool(other.get("ready_log")))
+            if lifecycle.decide(current, self.spec.digest, False) == "restart":
+                return Change(f"restart {self.spec.name}: {lifecycle.restart_reason(current)}",
+                              payload=other)
+        if decision == "same":
+            return Unchanged(f"{self.spec.name} already runs on {where} (config {self.spec.digest})")
+        return Unchanged(f"{self.spec.name} fits on {where} ({mine}; {len(others)} other "
+                         "server(s) running)")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        servers.stop_server(ctx.transports, ctx.inventory, change.payload)
+        return f"stopped {change.payload.get('name')}"
+
+
+class Record(Step):
+    """server.json of this server on its first node (what status, chat, tunnel and down read)."""
+
+    name = "record"
+    scope = "head"
+
+    def __init__(self, spec: PlacedSpec) -> None:
+        self.spec = spec
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        running = servers.from_facts(ctx.cluster_facts, ctx.inventory)
+        mine = next((s for s in running if s.get("name") == self.spec.name), None)
+        if mine and mine.get("config_hash") == self.spec.digest:
+            return Unchanged(f"{servers.record_dir(self.spec.name)}/server.json on {self.spec.first}")
+        return Change(f"record {self.spec.name} in {servers.record_dir(self.spec.name)}/server.json "
+                      f"on {self.spec.first}")
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        path = f"{servers.record_dir(self.spec.name)}/server.json"
+        text = json.dumps(self.spec.record(), indent=1, sort_keys=True)
+        command = (f"install -d -m 0755 {quote(servers.record_dir(self.spec.name))} && "
+                   f"printf '%s\\n' {quote(text)} > {quote(path + '.tmp')} && "
+                   f"mv -f {quote(path + '.tmp')} {quote(path)}")
+        ctx.transports[self.spec.first].run(command, sudo=True, timeout=60,
+                                            display=f"write {path}").check()
+        return None
+
+
+def check_phase(spec: PlacedSpec) -> Phase:
+    def facts(inv: Inventory, node: Node) -> dict[str, Any]:
+        # probed: a server of this name that was ready and answers no more is restarted
+        return {"commands": {"servers": servers.servers_cmd(inv, node, probe=True)}}
+
+    return Phase("server-check", [Placement(spec)], facts)
+
+
+def persist_phase(spec: PlacedSpec, options: LaunchOptions, engine: str, rank: str) -> Phase:
+    """`launch --persist` for a server whose containers are the server (phases/persist.py):
+    docker restarts every node's container at boot; the first node's boot unit waits for
+    /health 200, each other node's for its container (RANK names what runs there)."""
+    from orchestrator.engines import one_server_engines
+    from orchestrator.phases import persist
+    from orchestrator.phases.memory import guard_threshold
+
+    container, nodes, e = spec.container, list(spec.nodes), spec.estimate
+    recipe: BaseRecipe = spec.recipe
+
+    def part(node: Node) -> persist.Part:
+        if node.name == nodes[0]:
+            return persist.Part(containers=[container], health_port=recipe.port)
+        return persist.Part(containers=[container], ready=[
+            (f"{rank.format(index=nodes.index(node.name))} in {container} running",
+             persist.running_cmd(container))])
+
+    return persist.phase(persist.PersistSpec(
+        server=spec.name, engine=engine, recipe=recipe, inventory=spec.inventory,
+        nodes=nodes, part=part, guard_gb=guard_threshold(options.guard_min_available_gb, recipe),
+        loaded_gb=e.weights_gb + e.draft_gb + e.runtime_gb, deadline=options.timeout,
+        one_per_cluster=one_server_engines()))
