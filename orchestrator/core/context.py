@@ -9,7 +9,7 @@ preview's notes never reach the run's report.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.commands import Secret
@@ -43,12 +43,6 @@ class RunOptions:
         if self.progress_note is not None:
             self.progress_note(line)
 
-    @property
-    def values(self) -> dict[str, Any]:
-        """The settings under their former dict keys, read-only, for engine folders written
-        before the typed fields (new code reads the fields)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
 
 @dataclass
 class RunState:
@@ -74,30 +68,3 @@ class RunState:
     """Nodes whose netplan apply must be confirmed by the network guard in this run."""
     engine: dict[str, Any] = field(default_factory=dict)
     """An engine's own values under its own keys (an engine folder's business)."""
-
-    # The former dict interface, for engine folders written before the typed fields: the names
-    # of the fields above reach them, any other key is an engine's own (`engine`).
-    def get(self, key: str, default: Any = None) -> Any:
-        if key in _FIELDS:
-            return getattr(self, key)
-        return self.engine.get(key, default)
-
-    def setdefault(self, key: str, default: Any) -> Any:
-        if key in _FIELDS:
-            return getattr(self, key)
-        return self.engine.setdefault(key, default)
-
-    def __getitem__(self, key: str) -> Any:
-        return getattr(self, key) if key in _FIELDS else self.engine[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        if key in _FIELDS:
-            setattr(self, key, value)
-        else:
-            self.engine[key] = value
-
-    def __contains__(self, key: str) -> bool:
-        return key in _FIELDS or key in self.engine
-
-
-_FIELDS = {f.name for f in fields(RunState)} - {"engine"}

@@ -162,12 +162,16 @@ def make_context(inv: Inventory, node: str, cluster_facts: dict[str, dict[str, A
                  shared: RunState | dict[str, Any] | None = None,
                  transports: dict[str, FakeTransport] | None = None,
                  options: RunOptions | None = None) -> NodeContext:
-    """A step's context; `shared` as a dict sets values under their keys (an engine's own)."""
+    """A step's context; `shared` as a dict sets RunState's fields by name, any other key is an
+    engine's own (RunState.engine)."""
     transports = transports or {}
     if not isinstance(shared, RunState):
         given, shared = shared or {}, RunState()
         for key, value in given.items():
-            shared[key] = value
+            if hasattr(shared, key) and key != "engine":
+                setattr(shared, key, value)
+            else:
+                shared.engine[key] = value
     return NodeContext(
         inventory=inv, node=inv.node(node), facts=cluster_facts[node], cluster_facts=cluster_facts,
         transport=transports.get(node), options=options or RunOptions(),  # type: ignore[arg-type]

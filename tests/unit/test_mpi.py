@@ -18,7 +18,7 @@ def run(inventory: Any, context: Any, fake_transport: Any) -> Any:
     def run_(answer: tuple[int, str, str], changes: list[str] | None = None,
              verify: bool = False) -> tuple[str | None, Any]:
         transport = fake_transport("spark-a", [answer])
-        shared = {mpi.CHANGES_KEY: changes} if changes else {}
+        shared = {"changed_steps": changes} if changes else {}
         ctx = context(inventory(), "spark-a", FACTS, shared=shared, transports={"spark-a": transport},
                       options=RunOptions(verify=verify))
         return mpi.MpirunHostname().apply(ctx, Change("verify")), transport

@@ -35,7 +35,7 @@ def test_a_recorded_version_for_this_image_id_is_used_without_running_anything()
     ctx = context(inv, "spark-a", {"spark-a": node_facts(record=RECORD)})
     outcome = container.MpiVersion().check(ctx)
     assert outcome == Unchanged("Open MPI 5.0.11 in the image (recorded)")
-    assert ctx.shared[container.MPI_KEY] == {"spark-a": RECORD}
+    assert ctx.shared.engine[container.MPI_KEY] == {"spark-a": RECORD}
     assert container.mpi_major(ctx) == 5
 
 
@@ -55,7 +55,8 @@ def test_a_new_image_is_detected_once_and_recorded() -> None:
     (call,) = head.calls
     assert call.command == detect_and_record_cmd(inv.container.image, IMAGE_ID) and call.sudo
     assert call.display == f"docker run --rm {inv.container.image} mpirun --version"
-    assert container.mpi_major(ctx) == 4 and ctx.shared[container.MPI_KEY]["spark-a"]["version"] == "4.1.7"
+    assert container.mpi_major(ctx) == 4
+    assert ctx.shared.engine[container.MPI_KEY]["spark-a"]["version"] == "4.1.7"
 
 
 def test_the_image_id_pulled_in_this_run_wins_over_the_gathered_facts() -> None:
@@ -84,7 +85,7 @@ def test_detection_failures_say_what_the_image_lacks() -> None:
                                   f"{inv.container.image} failed (exit {answer[0]}):")
         assert "the image must have it on its PATH" in message
         assert answer[2].strip()[-20:] in message
-        assert container.MPI_KEY not in ctx.shared
+        assert container.MPI_KEY not in ctx.shared.engine
 
 
 def test_run_args_follow_the_detected_open_mpi() -> None:

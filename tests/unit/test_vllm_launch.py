@@ -533,4 +533,4 @@ def test_a_worker_is_replaced_when_the_head_it_joined_restarted(recipe: Any, fak
                            r"inspect -f", 0, "2026-11-23T20:41:28.5Z\n", "")})
     head_step = ray.RayHead(server)
     head_step.apply(head_ctx, Change("run container", payload={"args": ["run"], "remove_old": False}))
-    assert head_ctx.shared[ray.HEAD_STARTED] == "2026-11-23T20:41:28.5Z"
+    assert head_ctx.shared.engine[ray.HEAD_STARTED] == "2026-11-23T20:41:28.5Z"

@@ -117,12 +117,12 @@ def replace_container_cmd(inventory: Inventory, node: Node, args: list[str], use
     return run_container_cmd(spec, args, user, hf_cache, remove_old)
 
 
-MPI_KEY = "mpi"  # ctx.shared: node -> {"version": "5.0.11", "major": 5, ...}
+MPI_KEY = "mpi"  # ctx.shared.engine: node -> {"version": "5.0.11", "major": 5, ...}
 
 
 def _image_id(ctx: NodeContext) -> str | None:
     image = ctx.inventory.container.image
-    fact = (ctx.shared.get("image_facts") or {}).get(ctx.node.name) or \
+    fact = ctx.shared.image_facts.get(ctx.node.name) or \
         (ctx.facts.get("images") or {}).get(image)
     return fact.get("Id") if isinstance(fact, dict) and "error" not in fact else None
 
@@ -137,7 +137,7 @@ class MpiVersion(Step):
         image_id = _image_id(ctx)
         record = recorded(ctx.facts, image_id) if image_id else None
         if record:
-            ctx.shared.setdefault(MPI_KEY, {})[ctx.node.name] = record
+            ctx.shared.engine.setdefault(MPI_KEY, {})[ctx.node.name] = record
             return Unchanged(f"Open MPI {record['version']} in the image (recorded)")
         return Change(f"detect the image's MPI: docker run --rm {ctx.inventory.container.image} "
                       "mpirun --version")
@@ -160,13 +160,13 @@ class MpiVersion(Step):
                 f"(exit {result.exit_status}):\n{result.stderr.strip()[-800:]}\n"
                 "Hint: sparkctl launches TensorRT-LLM with Open MPI's mpirun; the image must "
                 "have it on its PATH.")
-        ctx.shared.setdefault(MPI_KEY, {})[ctx.node.name] = record
+        ctx.shared.engine.setdefault(MPI_KEY, {})[ctx.node.name] = record
         return f"Open MPI {record['version']} (recorded in the node's /var/lib/sparkctl/images)"
 
 
 def mpi_major(ctx: NodeContext) -> int:
     """The image's Open MPI major version: detected, else (preview only) from the tag."""
-    record = (ctx.shared.get(MPI_KEY) or {}).get(ctx.node.name)
+    record = (ctx.shared.engine.get(MPI_KEY) or {}).get(ctx.node.name)
     if record:
         return int(record["major"])
     return guess_major_from_tag(ctx.inventory.container.image)

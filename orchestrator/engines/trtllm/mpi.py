@@ -15,7 +15,6 @@ from orchestrator.core.step import Change, NodeContext, NotVerified, Phase, Step
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 
-CHANGES_KEY = "changed_steps"  # filled by the executor for every changed step
 """ctx.shared list of the changes made in this run (the steps of phases 3-4 append to it)."""
 MPIRUN_DEADLINE = 60
 
@@ -43,8 +42,8 @@ class MpirunHostname(Step):
     scope = "head"
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        changes = ctx.shared.get(CHANGES_KEY) or []
-        if not changes and not ctx.options.values.get("verify"):
+        changes = ctx.shared.changed_steps
+        if not changes and not ctx.options.verify:
             return NotVerified("not re-run: nothing changed (use --verify to run mpirun anyway)")
         inventory = ctx.inventory
         expected = [

@@ -104,7 +104,7 @@ def detect_and_record_cmd(image: str, image_id: str) -> str:
 
 
 def _image_id(ctx: NodeContext, image: str) -> str | None:
-    fact = (ctx.shared.get("image_facts") or {}).get(ctx.node.name) or \
+    fact = ctx.shared.image_facts.get(ctx.node.name) or \
         (ctx.facts.get("images") or {}).get(image)
     return fact.get("Id") if isinstance(fact, dict) and "error" not in fact else None
 
@@ -165,7 +165,7 @@ def _what_changed(ctx: NodeContext, image: str) -> str:
     """What a refusal leaves behind: the image pulled in this run (needed to look inside it),
     or nothing at all; never a container created or replaced. (Pulled by any phase of this
     run: launch's model-image phase pulls it first, for the models' commands.)"""
-    if ctx.node.name in (ctx.shared.get("image_facts") or {}):
+    if ctx.node.name in ctx.shared.image_facts:
         return (f". sparkctl pulled {image} on {ctx.node.name} to look inside it: that pull is "
                 "the only change made; no container was created, stopped or replaced")
     return ". Nothing was changed"

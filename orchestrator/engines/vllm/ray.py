@@ -166,8 +166,8 @@ def spec_for(spec: ServeSpec, role: str, restart: str | None = None) -> containe
 
 def head_started(ctx: NodeContext, spec: ServeSpec) -> str:
     """When the head's Ray container last started: as started in this run, else its facts."""
-    if ctx.shared.get(HEAD_STARTED):
-        return str(ctx.shared[HEAD_STARTED])
+    if ctx.shared.engine.get(HEAD_STARTED):
+        return str(ctx.shared.engine[HEAD_STARTED])
     facts = ctx.cluster_facts.get(spec.first) or {}
     current = (facts.get("containers") or {}).get(spec.container) or {}
     return str((current.get("State") or {}).get("StartedAt") or "") if isinstance(current, dict) else ""
@@ -189,7 +189,7 @@ class RayHead(containers.Container):
         result = ctx.run(docker_cmd("inspect", "-f", "{{.State.StartedAt}}", self.container),
                          sudo=True, timeout=60)
         if result.ok:
-            ctx.shared[HEAD_STARTED] = result.stdout.strip()
+            ctx.shared.engine[HEAD_STARTED] = result.stdout.strip()
         return message
 
 
@@ -273,7 +273,7 @@ class RayCluster(Step):
                       f"{self.recipe.ray.join_timeout:g}s)")
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        note = ctx.options.values.get("progress_note") or (lambda line: None)
+        note = ctx.options.note
         spec = self.spec
         container = spec.container
         started = time.monotonic()
