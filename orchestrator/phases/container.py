@@ -26,9 +26,15 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.nccl_env import nccl_environment
 from orchestrator.phases.pull_progress import run_pull
 from orchestrator.phases.registry import receive, repo_digest, want
-from orchestrator.remote.node_facts import ROCE_PORTS, ContainerInfo, DockerContainer, DockerImage, ImageInfo
+from orchestrator.remote.node_facts import (
+    INFINIBAND,
+    ROCE_PORTS,
+    ContainerInfo,
+    DockerContainer,
+    DockerImage,
+    ImageInfo,
+)
 
-INFINIBAND = "/dev/infiniband"
 HASH_LABEL = "sparkctl.config-hash"
 READY_DEADLINE = 60
 RESTART_POLICY = "unless-stopped"

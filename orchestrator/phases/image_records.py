@@ -14,6 +14,8 @@ import json
 from typing import Any
 
 from orchestrator.commands import quote
+from orchestrator.core.step import NodeContext
+from orchestrator.remote.node_facts import DockerImage
 
 RECORD_DIR = "/var/lib/sparkctl/images"
 
@@ -47,3 +49,13 @@ def detect_and_record_cmd(probe: str, script: str, path: str) -> str:
             f"install -d -m 0755 {quote(RECORD_DIR)} && "
             f"printf '%s\\n' \"$rec\" > {quote(path)}.tmp && mv {quote(path)}.tmp {quote(path)} && "
             "printf '%s\\n' \"$rec\"")
+
+
+def image_id_now(ctx: NodeContext, image: str) -> str | None:
+    """The ID of IMAGE on this node: as pulled or received in this run, else as gathered (None
+    when the node has none, or its inspect failed)."""
+    pulled = ctx.shared.image_facts.get(ctx.node.name)
+    if isinstance(pulled, dict) and pulled.get("Id"):
+        return str(pulled["Id"])
+    found = DockerImage(image).read(ctx.facts, ctx.node.name, strict=False)
+    return found.id if found and found.id else None

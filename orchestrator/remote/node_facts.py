@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.remote.facts import DockerObject, Request
+from orchestrator.remote.facts import DockerObject, File, Request
 
 # ------------------------------------------------------------------ docker inspect, typed
 
@@ -100,6 +100,21 @@ class DockerContainer:
             return None
         raw = DockerObject("containers", self.name).read(answer, node)
         return None if raw is None else ContainerInfo.of(raw)
+
+
+def container_started(answer: dict[str, Any], name: str, node: str = "node") -> str:
+    """When container NAME last started on the node ("" when there is none, or unreadable)."""
+    found = DockerContainer(name).read(answer, node, strict=False)
+    return found.started_at if found and found.started_at != "?" else ""
+
+
+INFINIBAND = "/dev/infiniband"
+"""The RDMA devices a container gets with --device where the node has them."""
+
+
+def has_infiniband(answer: dict[str, Any]) -> bool:
+    found = File(INFINIBAND).read(answer)
+    return bool(found and found.exists)
 
 
 # ------------------------------------------------------------------ links and netplan, typed

@@ -27,6 +27,7 @@ from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
 from orchestrator.phases.memory import DropCaches, NodeGuard, guard_threshold
+from orchestrator.remote.node_facts import has_infiniband
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -158,7 +159,7 @@ class ServeSpec:
             return None
         if len(self.nodes) > 1:
             check_fabric_link(ctx, self)
-        infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
+        infiniband = has_infiniband(ctx.facts)
         roce = containers.roce_devices(ctx.inventory, ctx.facts, ctx.node.name)
         return self.container_spec(ctx.node, roce, containers.node_hf_cache(ctx), infiniband)
 

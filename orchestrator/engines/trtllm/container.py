@@ -22,6 +22,7 @@ from orchestrator.engines.trtllm.mpi_env import (
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import CONFIG_DIR, RUN_DIR
+from orchestrator.phases import image_records
 from orchestrator.phases.container import (
     INFINIBAND,
     RESTART_POLICY,
@@ -42,6 +43,7 @@ from orchestrator.phases.ssh_keys import (
     fabric_addresses,
     sshd_config_content,
 )
+from orchestrator.remote.node_facts import has_infiniband
 from orchestrator.render import sha256
 
 
@@ -121,10 +123,7 @@ MPI_KEY = "mpi"  # ctx.shared.engine: node -> {"version": "5.0.11", "major": 5, 
 
 
 def _image_id(ctx: NodeContext) -> str | None:
-    image = ctx.inventory.container.image
-    fact = ctx.shared.image_facts.get(ctx.node.name) or \
-        (ctx.facts.get("images") or {}).get(image)
-    return fact.get("Id") if isinstance(fact, dict) and "error" not in fact else None
+    return image_records.image_id_now(ctx, ctx.inventory.container.image)
 
 
 class MpiVersion(Step):
@@ -173,7 +172,7 @@ def mpi_major(ctx: NodeContext) -> int:
 
 
 def node_trtllm_spec(ctx: NodeContext) -> ContainerSpec:
-    infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
+    infiniband = has_infiniband(ctx.facts)
     return trtllm_spec(ctx.inventory, ctx.node, roce_devices(ctx.inventory, ctx.facts, ctx.node.name),
                        node_hf_cache(ctx), infiniband, mpi_major(ctx))
 

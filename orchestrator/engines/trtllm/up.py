@@ -19,6 +19,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.netcheck.results import CheckResult
 from orchestrator.paths import HOSTFILE
 from orchestrator.phases.files import FileSpec
+from orchestrator.remote.node_facts import DockerImage
 from orchestrator.render import render
 
 
@@ -49,8 +50,8 @@ def expected_env(inventory: Inventory, facts: dict[str, Any] | None = None) -> d
 
 def image_mpi_major(inventory: Inventory, facts: dict[str, Any]) -> int:
     """The Open MPI major the node recorded for its image (`up` detects it), else from the tag."""
-    image = (facts.get("images") or {}).get(inventory.container.image)
-    image_id = image.get("Id") if isinstance(image, dict) else None
+    found = DockerImage(inventory.container.image).read(facts, strict=False)
+    image_id = found.id if found else None
     record = recorded(facts, image_id)
     return int(record["major"]) if record else guess_major_from_tag(inventory.container.image)
 

@@ -104,9 +104,7 @@ def detect_and_record_cmd(image: str, image_id: str) -> str:
 
 
 def _image_id(ctx: NodeContext, image: str) -> str | None:
-    fact = ctx.shared.image_facts.get(ctx.node.name) or \
-        (ctx.facts.get("images") or {}).get(image)
-    return fact.get("Id") if isinstance(fact, dict) and "error" not in fact else None
+    return image_records.image_id_now(ctx, image)
 
 
 class RayInImage(Step):

@@ -27,6 +27,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
+from orchestrator.remote.node_facts import has_infiniband
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
@@ -93,7 +94,7 @@ def mp_spec_for(spec: ServeSpec, restart: str | None = None) -> containers.SpecF
         if ctx.node.name not in spec.nodes:
             return None
         ray.check_fabric_link(ctx, spec.first)
-        infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
+        infiniband = has_infiniband(ctx.facts)
         roce = containers.roce_devices(ctx.inventory, ctx.facts, ctx.node.name)
         return mp_spec(spec, ctx.node, roce, containers.node_hf_cache(ctx), infiniband, restart)
     return pick

@@ -27,6 +27,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
+from orchestrator.remote.node_facts import container_started, has_infiniband
 from orchestrator.timestamps import parse_time
 
 if TYPE_CHECKING:
@@ -158,7 +159,7 @@ def spec_for(spec: ServeSpec, role: str, restart: str | None = None) -> containe
         if ctx.node.name not in spec.nodes or (role == "head") != spec.is_first(ctx.node):
             return None
         check_fabric_link(ctx, spec.first)
-        infiniband = bool(((ctx.facts.get("files") or {}).get(INFINIBAND) or {}).get("exists"))
+        infiniband = has_infiniband(ctx.facts)
         roce = containers.roce_devices(ctx.inventory, ctx.facts, ctx.node.name)
         return ray_spec(spec, ctx.node, roce, containers.node_hf_cache(ctx), infiniband, restart)
     return pick
@@ -168,9 +169,7 @@ def head_started(ctx: NodeContext, spec: ServeSpec) -> str:
     """When the head's Ray container last started: as started in this run, else its facts."""
     if ctx.shared.engine.get(HEAD_STARTED):
         return str(ctx.shared.engine[HEAD_STARTED])
-    facts = ctx.cluster_facts.get(spec.first) or {}
-    current = (facts.get("containers") or {}).get(spec.container) or {}
-    return str((current.get("State") or {}).get("StartedAt") or "") if isinstance(current, dict) else ""
+    return container_started(ctx.cluster_facts.get(spec.first) or {}, spec.container, spec.first)
 
 
 HEAD_STARTED = "ray_head_started"
@@ -206,10 +205,10 @@ class RayWorker(containers.Container):
 
     def check(self, ctx: NodeContext) -> Outcome:
         outcome = super().check(ctx)
-        current = (ctx.facts.get("containers") or {}).get(self.server.container)
-        if isinstance(outcome, Change) or not isinstance(current, dict):
+        started = container_started(ctx.facts, self.server.container, ctx.node.name)
+        if isinstance(outcome, Change) or not started:
             return outcome
-        mine = parse_time((current.get("State") or {}).get("StartedAt"))
+        mine = parse_time(started)
         head = parse_time(head_started(ctx, self.server))
         spec = self.spec_for(ctx)
         if mine is None or head is None or mine >= head or spec is None:
