@@ -150,11 +150,14 @@ def lab(lab_session: list[Lab]) -> Lab:
     return healthy_lab(lab_session)
 
 
-def run_sparkctl(state: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """The checkout's sparkctl with its own state directory (e2e_state(state)), without
-    $HF_TOKEN (the lab needs none), from the repository root."""
+def run_sparkctl(state: str, *args: str, timeout: float = 600,
+                 token: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The checkout's sparkctl with its own state directory (e2e_state(state)), from the
+    repository root; $HF_TOKEN is TOKEN, or unset (the lab's hub needs none for open models)."""
     env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state(state)}
     env.pop("HF_TOKEN", None)
+    if token is not None:
+        env["HF_TOKEN"] = token
     return subprocess.run([str(REPO / ".venv" / "bin" / "sparkctl"), *args], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=REPO)
 

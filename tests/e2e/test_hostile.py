@@ -6,23 +6,19 @@ port the server binds (HTTP, Ray's GCS, SGLang's dist-init).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab
+from conftest import Lab, healthy_lab, run_sparkctl
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 
 
 def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("hostile"), "HF_TOKEN": "hf_e2eHostile1"}
-    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO)
+    return run_sparkctl("hostile", *args, timeout=timeout, token="hf_e2eHostile1")
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,15 @@ are refused with llama.cpp's own words; `down` leaves no llama process anywhere.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab
+from conftest import REPO, Lab, healthy_lab, run_sparkctl
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 RECIPES = REPO / "orchestrator" / "engines" / "llamacpp" / "recipes"
 SERVER = "lab-tiny-llama-rpc"
 BINARIES = "/opt/llama.cpp/bin/"
@@ -32,10 +30,7 @@ Served = tuple[Lab, subprocess.CompletedProcess[str]]
 
 
 def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("llamacpp")}
-    env.pop("HF_TOKEN", None)
-    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO)
+    return run_sparkctl("llamacpp", *args, timeout=timeout)
 
 
 def inv(lab: Lab) -> list[str]:

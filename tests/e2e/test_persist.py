@@ -8,26 +8,22 @@ again after `down`.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab
+from conftest import Lab, healthy_lab, run_sparkctl
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 RECIPE = "qwen3-235b"
 UNIT = f"sparkctl-serve-{RECIPE}.service"
 BOOT_LOG = f"/var/log/sparkctl/boot-{RECIPE}.log"
 
 
 def sparkctl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("persist"), "HF_TOKEN": "hf_e2ePersist1"}
-    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO)
+    return run_sparkctl("persist", *args, timeout=timeout, token="hf_e2ePersist1")
 
 
 @pytest.fixture(scope="module")

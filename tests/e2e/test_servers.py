@@ -14,25 +14,21 @@ serve at once, and the guard stops the one on a squeezed node while the other an
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab
+from conftest import Lab, healthy_lab, run_sparkctl
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 SENTINEL = "hf_SENTINELserversToken5120"
 SGLANG = "sparkctl-sglang-qwen3.6-27b"
 
 
 def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("servers"), "HF_TOKEN": SENTINEL}
-    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO)
+    return run_sparkctl("servers", *args, timeout=timeout, token=SENTINEL)
 
 
 def inv(lab: Lab) -> list[str]:

@@ -8,23 +8,18 @@ rendezvous link named with its fix; `down` of the rest.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab
+from conftest import Lab, healthy_lab, run_sparkctl
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 
 
 def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("sglang")}
-    env.pop("HF_TOKEN", None)
-    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO)
+    return run_sparkctl("sglang", *args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

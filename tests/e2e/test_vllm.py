@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab
+from conftest import REPO, Lab, e2e_state, healthy_lab, run_sparkctl
 
 pytestmark = pytest.mark.lab
 
@@ -41,9 +41,7 @@ RAY_PROCESSES = ("ps -eo pid,args | grep -E 'raylet|gcs_server|ray start|vllm se
 
 
 def sparkctl(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("vllm"), "HF_TOKEN": SENTINEL}
-    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO)
+    return run_sparkctl("vllm", *args, timeout=timeout, token=SENTINEL)
 
 
 REFUSED: list[subprocess.CompletedProcess[str]] = []
