@@ -1,7 +1,7 @@
 """The engines sparkctl can serve with, and recipes: which engine, which model, how.
 
 Adding an engine: a folder orchestrator/engines/NAME/ whose package exposes `ENGINE` (see
-base.Engine), and one line in REGISTRY. Recipes are YAML files; built-in ones live in each
+base.Engine); REGISTRY finds it. Recipes are YAML files; built-in ones live in each
 engine's recipes/ folder, users pass their own by path. `engine:` picks the engine (default
 trtllm, so recipes written before there were several engines keep working).
 """
@@ -24,12 +24,16 @@ if TYPE_CHECKING:
 
 ENGINES_DIR = Path(__file__).parent
 DEFAULT_ENGINE = "trtllm"
-REGISTRY = {
-    "trtllm": "orchestrator.engines.trtllm",
-    "vllm": "orchestrator.engines.vllm",
-    "sglang": "orchestrator.engines.sglang",
-    "llamacpp": "orchestrator.engines.llamacpp",
-}
+
+
+def _engine_folders() -> dict[str, str]:
+    """Every package folder here is an engine (its __init__.py exposes ENGINE): adding one is
+    adding its folder, nothing else names it."""
+    return {path.name: f"{__name__}.{path.name}" for path in sorted(ENGINES_DIR.iterdir())
+            if (path / "__init__.py").is_file()}
+
+
+REGISTRY = _engine_folders()
 """engine name -> the package whose ENGINE implements it (imported on first use)."""
 
 
