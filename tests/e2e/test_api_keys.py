@@ -167,17 +167,27 @@ def test_the_gateway_sends_a_replicas_key_to_it(served: Served) -> None:
         sparkctl("down", *inv(lab), "--server", "keyed-loop", "--yes")
 
 
-ONE_SERVER = [("qwen3-235b", 8355, "/health", "TensorRT-LLM behind the relay"),
+BIG = [("qwen3-235b", 8355, "/health", "TensorRT-LLM behind the relay"),
               ("minimax-m2.7", 8000, "/version", "vLLM's VLLM_API_KEY")]
 
 
-@pytest.mark.parametrize(("recipe", "port", "open_path", "how"), ONE_SERVER)
-def test_the_one_server_engines_take_the_key_too(served: Served, recipe: str, port: int,
-                                                 open_path: str, how: str) -> None:
+def stop_all_but(lab: Lab, keep: str) -> None:
+    """Every other server stopped by name: a two-node model does not fit beside them."""
+    listed = json.loads(sparkctl("status", *inv(lab), "--json").stdout)["servers"]
+    for server in listed:
+        if server["name"] != keep:
+            down = sparkctl("down", *inv(lab), "--server", server["name"], "--yes")
+            assert down.returncode == 0, down.stdout + down.stderr
+
+
+@pytest.mark.parametrize(("recipe", "port", "open_path", "how"), BIG)
+def test_tensorrt_llm_and_vllm_take_the_key_too(served: Served, recipe: str, port: int,
+                                                open_path: str, how: str) -> None:
     """TensorRT-LLM (no key of its own: sparkctl's relay in front) and vLLM (its variable, set
-    by the start wrapper), each replacing what runs, on the head's fabric address."""
+    by the start wrapper), each alone on both nodes, on the head's fabric address."""
     lab, secret, _, key = served
     head = lab.nodes[0]
+    stop_all_but(lab, recipe)
     inventory = load_inventory(lab.inventory)
     address = inventory.mpi_address(inventory.node(head))
     launch = sparkctl("launch", recipe, *inv(lab), "--host", address, "--api-key-file", str(key),
@@ -200,7 +210,7 @@ def test_the_one_server_engines_take_the_key_too(served: Served, recipe: str, po
 
 def test_no_output_log_or_report_holds_the_key(served: Served) -> None:
     """Last: every sparkctl output and --json report of the module, the controller's logs, and
-    what the nodes showed while the one-server engines ran."""
+    what the nodes showed while TensorRT-LLM and vLLM ran."""
     secret = served[1]
     assert SEEN and not [node for node, text in SEEN.items() if secret in text]
     logs = subprocess.run(["grep", "-rl", secret, STATE], capture_output=True, text=True)

@@ -38,8 +38,10 @@ def env(tmp: Path) -> dict[str, str]:
 
 
 def launch_argv(lab: Lab, recipe: str = "qwen3-235b") -> list[str]:
+    """Every launch of the module is the one server "fanout" (another recipe replaces it):
+    servers of other names would stay beside it, and two do not fit a Spark's memory."""
     return [SPARKCTL, "launch", recipe, "--inventory", str(lab.inventory), "--yes", "--json",
-            "--timeout", "120", "--replace"]
+            "--timeout", "120", "--name", "fanout", "--replace"]
 
 
 def in_container(lab: Lab, node: str, command: str, check: bool = True) -> str:

@@ -144,7 +144,7 @@ def test_up_launch_status_logs_chat_down_through_the_jump_with_the_agent(setup: 
     assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
     status = sparkctl(setup, "status", "--inventory", inv, "--json")
     assert status.returncode == 0, status.stdout + status.stderr
-    assert json.loads(status.stdout)["server"], status.stdout
+    assert json.loads(status.stdout)["servers"], status.stdout
     logs = sparkctl(setup, "logs", "--inventory", inv, "--tail", "5")
     assert logs.returncode == 0 and "spark-a" in logs.stdout, logs.stderr
     chat = sparkctl(setup, "chat", "Paris is great because", "--inventory", inv,
