@@ -93,7 +93,8 @@ class TrtllmEngine:
                 transports, spec, timeout, note), options.timeout, f"the server {spec.name}",
                 mark=lambda transports: mark_ready(transports[spec.first],
                                                    f"{spec.run_dir}/server.json")),
-            steps.Smoke(lambda first: smoke_test(first, spec.container, recipe.model, recipe.port),
+            steps.Smoke(lambda first: smoke_test(first, spec.container, recipe.model, recipe.port,
+                                                 run=spec.run_dir),
                         spec.first),
         ]
         phases = [steps.check_phase(spec), steps.memory_phase(spec), steps.stop_phase(spec),
