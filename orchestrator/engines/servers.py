@@ -86,6 +86,8 @@ def attach_members(servers: list[dict[str, Any]], by_node: dict[str, dict[str, A
             if node not in by_node:
                 continue  # not asked (unreachable, or not part of this gathering)
             member = by_node[node].get(str(server.get("name")))
+            if isinstance(member, dict) and member.get("memguard") and not server.get("memguard"):
+                server["memguard"] = member["memguard"]  # the guard that stopped it, on a member
             if not isinstance(member, dict) or not member.get("running"):
                 gone.append(node)
                 ended += [f"{what} on {node}" for what in (member or {}).get("ended") or []]

@@ -256,6 +256,8 @@ for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
     procs = processes(directory)
     if procs is not None:
         own[name] = process_member(procs)
+        # a guard stops the whole server from any of its nodes: its record is on that node
+        own[name]["memguard"] = load(os.path.join(directory, "memguard-stopped.json"))
     record = load(os.path.join(directory, "server.json"))  # (a guard's directory alone: skip)
     if record is None:
         continue

@@ -50,11 +50,11 @@ def served(lab_session: list[Lab]) -> Iterator[Lab]:
     assert launch.returncode == 0, launch.stdout + launch.stderr
     yield lab
     lab.exec(lab.nodes[0], "docker exec trtllm-multinode sh -c "
-             "'kill $(cat /var/lib/sparkctl/run/mpirun.pid)'", check=False)
+             "'kill $(cat /var/lib/sparkctl/run/servers/qwen3-235b/mpirun.pid)'", check=False)
 
 
 def server_json(lab: Lab) -> dict[str, object]:
-    out = lab.exec(lab.nodes[0], "cat /var/lib/sparkctl/run/server.json").stdout
+    out = lab.exec(lab.nodes[0], "cat /var/lib/sparkctl/run/servers/qwen3-235b/server.json").stdout
     return dict(json.loads(out))
 
 

@@ -22,6 +22,7 @@ SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 SENTINEL = "hf_SENTINELe2eToken7731"
 OUTBOX = "cat /var/lib/sparklab/outbox/hf-downloads.log 2>/dev/null || true"
 LAB_JSON = "/var/lib/sparklab/config/lab.json"
+SERVER_DIR = "/var/lib/sparkctl/run/servers/qwen3-235b"  # the server's (named for its recipe)
 
 
 def sparkctl_argv(*args: str) -> tuple[list[str], dict[str, str]]:
@@ -88,7 +89,7 @@ def test_the_guard_stops_a_server_when_memory_runs_out_while_loading(mlab: Lab) 
         deadline = time.monotonic() + 200
         while time.monotonic() < deadline:  # the ranks are loading
             if "loading weights" in mlab.exec(
-                    victim, "cat /var/lib/sparkctl/run/rank-1.log 2>/dev/null || true").stdout:
+                    victim, f"cat {SERVER_DIR}/rank-1.log 2>/dev/null || true").stdout:
                 break
             time.sleep(1)
         squeeze = mlab.cli("fault", "squeeze-memory", "--node", victim, "--size", "40G")
@@ -103,9 +104,12 @@ def test_the_guard_stops_a_server_when_memory_runs_out_while_loading(mlab: Lab) 
     assert "stopped by the memory guard on " + victim in out, out
     assert "GB available <" in out
     # the node never froze: SSH answers, and the guard's record names the figures
-    record = json.loads(mlab.ssh(victim, "cat /var/lib/sparkctl/run/memguard-stopped.json").stdout)
+    record = json.loads(mlab.ssh(victim, f"cat {SERVER_DIR}/memguard-stopped.json").stdout)
     assert record["node"] == victim and record["available_gb"] < record["min_available_gb"]
     status = sparkctl("status", "--inventory", str(mlab.inventory), "--json")
-    server = json.loads(status.stdout)["server"]
-    assert server["state"].startswith("stopped by the memory guard"), server
+    state = json.loads(status.stdout)
+    server = next(s for s in state["servers"] if s["name"] == "qwen3-235b")
+    assert server["state"] == "guard-stopped", server
+    problems = state["nodes"][mlab.nodes[0]]["problems"]
+    assert any("qwen3-235b" in p and "stopped by the memory guard" in p for p in problems), problems
     mlab.cli("fault", "restore")

@@ -189,6 +189,21 @@ def test_a_rank_alone_on_another_node_is_a_member_without_a_record(
     assert server["alive"] is False and server["ended"] == ["rank-1 (pid 999999) on spark-b"]
 
 
+def test_a_guard_stop_on_another_node_makes_the_server_guard_stopped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Path) -> None:
+    run = tmp_path / "run"
+    directory = run / "servers" / "qwen"
+    directory.mkdir(parents=True)
+    (directory / "processes.json").write_text(json.dumps({"container": "up", "ours": list(OURS)}))
+    (directory / "rank-1.pid").write_text("999999\n")  # ended: the guard stopped it
+    guard = {"node": "spark-b", "available_gb": 3.1, "min_available_gb": 4.0}
+    (directory / "memguard-stopped.json").write_text(json.dumps(guard))
+    found = node_servers(run, monkeypatch, head=False)
+    server = {"name": "qwen", "nodes": ["spark-a", "spark-b"], "alive": True, "memguard": None}
+    servers.attach_members([server], {"spark-b": found["members"]})
+    assert server["memguard"] == guard and server["alive"] is False
+
+
 def test_the_previous_versions_record_is_listed_as_the_default_engines(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Path) -> None:
     run = tmp_path / "run"
