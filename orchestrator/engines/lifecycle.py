@@ -5,18 +5,15 @@ remote call).
 `decide` is the one judgement every engine uses: nothing runs -> start; the same configuration
 runs and answers -> no-op; the same configuration was ready and answers no more, or a rank
 ended -> restart (stalled or dead); it is still loading -> wait (no second start); another
-configuration -> refused, or replaced with --replace. `ServerGuard` is the launch's first step
-that says so (and raises the refusal) before anything is fetched.
+configuration -> refused, or replaced with --replace.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from orchestrator.core.step import NodeContext, Outcome, Step, Unchanged
 from orchestrator.engines import DEFAULT_ENGINE
 from orchestrator.engines.base import DEFAULT_HOST
 from orchestrator.engines.liveness import judge, was_ready
@@ -123,28 +120,3 @@ def refusal(running: Running, wanted: str) -> str:
     what = (f"{r.recipe} ({r.model}, engine {r.engine}, started {r.started})" if r else "?")
     return (f"the cluster already serves recipe {what}; launching {wanted} would replace it: "
             "pass --replace, or stop it first with `sparkctl down`")
-
-
-class ServerGuard(Step):
-    """Before anything is fetched: a different server of this engine running is refused unless
-    --replace (judged from the head's facts); says what the later steps will do about it."""
-
-    name = "running-server"
-    scope = "head"
-
-    def __init__(self, wanted: str, title: str, running: Callable[[NodeContext], Running],
-                 decision: Callable[[NodeContext], Decision]) -> None:
-        self.wanted, self.title = wanted, title
-        self.running, self.decision = running, decision
-
-    def check(self, ctx: NodeContext) -> Outcome:
-        decision = self.decision(ctx)  # raises the refusal
-        current = self.running(ctx)
-        recipe = current.record.recipe if current.record else self.wanted
-        if decision == "replace":
-            return Unchanged(f"{recipe} runs; --replace: it is replaced below")
-        if decision == "restart":
-            return Unchanged(f"{recipe} runs but is {restart_reason(current)}; restarted below")
-        if decision in ("noop", "loading"):
-            return Unchanged(f"{self.wanted} already runs here")  # the same configuration
-        return Unchanged(f"no {self.title} server runs")
