@@ -29,7 +29,9 @@ def meminfo_text(limit: int, usage: int, cache: int, file_pages: int, scale: int
     total = limit * scale // kb
     free = max(0, limit - usage) * scale // kb
     cached = min(cache, usage) * scale // kb
-    avail = min(total, free + min(file_pages, usage) * scale // kb)
+    # what is in use minus its reclaimable file pages, against the node's memory: usage may
+    # pass `limit` (the cgroup's headroom, sparklab/memory.py) and must then count in full
+    avail = min(total, max(0, limit - usage + min(file_pages, usage)) * scale // kb)
     rows = [("MemTotal", total), ("MemFree", free), ("MemAvailable", avail), ("Buffers", 0),
             ("Cached", cached), ("SwapCached", 0), ("Shmem", 0), ("SwapTotal", 0),
             ("SwapFree", 0)]
