@@ -17,7 +17,14 @@ init) every 0.5 s and rewrites /run/sparklab/meminfo in place with fixed-width n
 pwrite, the length never changes, so a reader never sees a torn or empty file), bind-mounted
 over /proc/meminfo in the node; the docker shim binds the same file over /proc/meminfo in
 containers (as on a real node, where a container's /proc/meminfo is the node's).
-Figures: MemTotal = limit, MemFree = limit - usage, MemAvailable = MemFree + the cgroup's file
+Headroom: the cgroup's hard limit is the node's memory plus PROCESS_HEADROOM, not shown in
+/proc/meminfo. The lab's own small processes (a `docker inspect` through the Python docker shim,
+sshd, the guard) are not scaled down: 20 MB real looks like 1.3 GB at scale 64, where on a Spark
+it is nothing. Without the headroom, memory squeezed to within a GB of the node's total (all the
+memory guard must see) leaves a few MiB real, and the next such process makes the kernel's OOM
+killer end the squeezer before the guard can see MemAvailable low.
+Figures (limit = the node's memory, without the headroom): MemTotal = limit, MemFree = limit -
+usage, MemAvailable = MemFree + the cgroup's file
 pages (reclaimable page cache), Cached = the cgroup's cache; each times the scale.
 """
 
@@ -34,6 +41,7 @@ from sparklab.identity import LabError, LabIdentity
 CGROUP_MOUNT = Path("/sys/fs/cgroup/memory")
 DEFAULT_NODE_MEMORY = 2 * 1024**3
 DEFAULT_SCALE = 64
+PROCESS_HEADROOM = 64 * 1024**2  # real bytes above the node's memory before the OOM killer acts
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
 
 
@@ -78,7 +86,8 @@ def create(root: Path, nodes: list[str], limit: int) -> None:
     for node in nodes:
         path = node_cgroup(root, node)
         path.mkdir(exist_ok=True)
-        (path / "memory.limit_in_bytes").write_text(f"{limit}\n")
+        # the headroom is for the lab's unscaled process overhead (see the module docstring)
+        (path / "memory.limit_in_bytes").write_text(f"{limit + PROCESS_HEADROOM}\n")
 
 
 def join(path: Path, pid: int = 0) -> None:
@@ -116,7 +125,8 @@ def remove(root: Path, timeout: float = 5.0) -> list[str]:
 
 
 def usage(path: Path) -> dict[str, int]:
-    """The node's cgroup figures in real bytes: limit, usage, cache, file pages."""
+    """The node's cgroup figures in real bytes: limit (the hard one, headroom included), usage,
+    cache, file pages."""
     stat = {}
     for line in (path / "memory.stat").read_text().splitlines():
         key, _, value = line.partition(" ")

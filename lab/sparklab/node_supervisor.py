@@ -29,7 +29,9 @@ def meminfo_text(limit: int, usage: int, cache: int, file_pages: int, scale: int
     total = limit * scale // kb
     free = max(0, limit - usage) * scale // kb
     cached = min(cache, usage) * scale // kb
-    avail = min(total, free + min(file_pages, usage) * scale // kb)
+    # what is in use minus its reclaimable file pages, against the node's memory: usage may
+    # pass `limit` (the cgroup's headroom, sparklab/memory.py) and must then count in full
+    avail = min(total, max(0, limit - usage + min(file_pages, usage)) * scale // kb)
     rows = [("MemTotal", total), ("MemFree", free), ("MemAvailable", avail), ("Buffers", 0),
             ("Cached", cached), ("SwapCached", 0), ("Shmem", 0), ("SwapTotal", 0),
             ("SwapFree", 0)]
@@ -41,29 +43,32 @@ def read_int(path: str) -> int:
         return int(f.read().split()[0])
 
 
-def cgroup_meminfo(scale: int) -> str:
+def cgroup_meminfo(scale: int, node_bytes: int = 0) -> str:
+    """The node's memory is `node_bytes` (lab.json's node_memory_bytes): the cgroup's hard
+    limit is that plus the headroom for the lab's unscaled processes (sparklab/memory.py)."""
     stat = {}
     with open(MEMCG + "/memory.stat") as f:
         for line in f:
             key, _, value = line.partition(" ")
             stat[key] = int(value)
-    return meminfo_text(read_int(MEMCG + "/memory.limit_in_bytes"),
+    limit = read_int(MEMCG + "/memory.limit_in_bytes")
+    return meminfo_text(min(limit, node_bytes) if node_bytes else limit,
                         read_int(MEMCG + "/memory.usage_in_bytes"),
                         stat.get("total_cache", 0),
                         stat.get("total_active_file", 0) + stat.get("total_inactive_file", 0),
                         scale)
 
 
-def keep_meminfo(scale: int) -> None:
+def keep_meminfo(scale: int, node_bytes: int) -> None:
     fd = os.open(MEMINFO, os.O_RDWR | os.O_CREAT, 0o444)
-    os.pwrite(fd, cgroup_meminfo(scale).encode(), 0)
+    os.pwrite(fd, cgroup_meminfo(scale, node_bytes).encode(), 0)
     subprocess.run(["mount", "--bind", MEMINFO, "/proc/meminfo"], check=True)
 
     def loop() -> None:
         while True:
             time.sleep(0.5)
             with contextlib.suppress(OSError, ValueError):
-                os.pwrite(fd, cgroup_meminfo(scale).encode(), 0)
+                os.pwrite(fd, cgroup_meminfo(scale, node_bytes).encode(), 0)
 
     threading.Thread(target=loop, daemon=True).start()
 
@@ -73,10 +78,12 @@ def main() -> None:
     if os.path.exists(MEMCG + "/memory.limit_in_bytes"):
         try:
             with open(LAB_CONFIG) as f:
-                scale = int(json.load(f).get("memory_scale") or 1)
+                config = json.load(f)
+            scale = int(config.get("memory_scale") or 1)
+            node_bytes = int(config.get("node_memory_bytes") or 0)
         except (OSError, ValueError):
-            scale = 1
-        keep_meminfo(scale)
+            scale, node_bytes = 1, 0
+        keep_meminfo(scale, node_bytes)
     # containers recorded as running died with the node's last life (lab reboot): say so first
     with open(BOOT_LOG, "ab") as log:
         log.write(f"-- boot {time.strftime('%Y-%m-%d %H:%M:%S')} --\n".encode())

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from orchestrator.node import script
 from orchestrator.phases.memory import NodePlan, guard_cmd, judge, parse_meminfo, usable_gb
 
@@ -112,6 +114,26 @@ def test_lab_meminfo_is_fixed_width_and_scaled() -> None:
     assert len(small) == len(big)
     info = parse_meminfo(small)
     assert info["MemTotal"] == 128.0 and 127.9 < info["MemAvailable"] < 128.0
+
+
+def test_lab_meminfo_shows_the_node_memory_not_the_cgroup_headroom(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cgroup's hard limit has room for the lab's unscaled processes (sparklab/memory.py):
+    memory squeezed to within a GB of the node's total leaves MemAvailable under the guard's
+    2 GB instead of OOM-killing the squeezer at the next `docker inspect`."""
+    from sparklab import memory, node_supervisor
+
+    root = tmp_path / "sparklab9"
+    memory.create(root, ["spark-b"], 2 * 1024**3)
+    limit = int((root / "spark-b" / "memory.limit_in_bytes").read_text())
+    assert limit == 2 * 1024**3 + memory.PROCESS_HEADROOM
+    squeezed = 2 * 1024**3 - 1024**3 // 64 + 8 * 1024**2  # a GB (scaled) short, + a process
+    (root / "spark-b" / "memory.usage_in_bytes").write_text(f"{squeezed}\n")
+    (root / "spark-b" / "memory.stat").write_text("total_cache 0\n")
+    monkeypatch.setattr(node_supervisor, "MEMCG", str(root / "spark-b"))
+    info = parse_meminfo(node_supervisor.cgroup_meminfo(64, 2 * 1024**3))
+    assert info["MemTotal"] == 128.0 and info["MemAvailable"] < 2.0
+    assert squeezed < limit  # within the hard limit: no OOM kill
 
 
 def test_the_guard_threshold_is_the_option_then_the_recipe_then_the_default() -> None:
