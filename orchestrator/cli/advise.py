@@ -107,7 +107,7 @@ def _published() -> int:
 @click.option("--memory-bandwidth", default=None, metavar="GB/S|measure",
               help="Memory bandwidth per node (default: 273, the Spark's GPU). `measure`: time "
                    "one core copying memory on the inventory's first node (what a CPU engine, "
-                   "such as the lab's llama.cpp, decodes at).")
+                   "such as the lab's, decodes at).")
 @click.option("--layouts", metavar="KIND[,KIND]",
               help="Only these layouts (single, tp, pp, replicas), e.g. to --measure fewer.")
 @click.option("--explain", is_flag=True, help="Show the arithmetic of every prediction.")

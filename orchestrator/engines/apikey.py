@@ -49,7 +49,7 @@ class KeyWay:
     open_paths: tuple[str, ...]
     """Paths the engine answers without the key; a trailing `*` makes a prefix."""
     guarded_prefix: str = "/"
-    """Only paths under this prefix need the key at all (vLLM checks /v1 only)."""
+    """Only paths under this prefix need the key at all (an engine that checks /v1 only)."""
     relay: bool = False
     """The engine takes no key: it binds 127.0.0.1 on an inner port and sparkctl's
     key-checking relay binds --host:--port in front of it."""

@@ -74,9 +74,8 @@ class Memory(StrictModel):
     draft_gb: float = Field(default=0.0, ge=0, le=1024)
     """Size of the draft model, in GB: counted whole on every node."""
     kv_cache_fraction: float = Field(default=0.9, gt=0, le=1)
-    """The engine's memory fraction: TensorRT-LLM's kv_cache_config.free_gpu_memory_fraction
-    (share of what is left after loading), vLLM's --gpu-memory-utilization and SGLang's
-    --mem-fraction-static (shares of the whole memory)."""
+    """The engine's memory fraction, as its own flag means it: a share of what is left after
+    loading, or of the whole memory (docs/engines.md's memory row says which, per engine)."""
     runtime_gb: float = Field(default=6.0, ge=0, le=128)
     """CUDA context, activations, CUDA graphs and the server process (rough)."""
     system_reserve_gb: float = Field(default=8.0, ge=0, le=128)
