@@ -46,29 +46,30 @@ def get_engine(name: str) -> Engine:
 
 def ready_lines() -> dict[str, str]:
     """Each engine's ready line, by engine name: what the node scripts look for in its logs."""
-    return {name: get_engine(name).ready_line for name in sorted(REGISTRY)}
-
-
-def one_server_engines() -> frozenset[str]:
-    """The engines that run one server per cluster (`several_servers` False)."""
-    return frozenset(name for name in REGISTRY if not get_engine(name).several_servers)
+    return {name: get_engine(name).readiness.ready_line for name in sorted(REGISTRY)}
 
 
 def server_containers(server: str) -> set[str]:
-    """The containers a server of that name may run in, whichever engine (Engine.containers)."""
-    return {c for name in REGISTRY for c in get_engine(name).containers(server)}
+    """The containers a server of that name may run in, whichever engine (OwnContainers)."""
+    from orchestrator.engines import capabilities
+
+    return {c for name in REGISTRY for c in capabilities.containers(get_engine(name), server)}
 
 
 def settings_type(name: str) -> type[BaseModel]:
-    """The model of the engine's section of the inventory's `engines:`."""
-    return get_engine(name).settings_type
+    """The model of the engine's section of the inventory's `engines:` (HasSettings)."""
+    from orchestrator.engines import capabilities
+
+    return capabilities.settings_type(get_engine(name))
 
 
 def up_container(inventory: Inventory) -> UpContainer | None:
     """The container `up` keeps on every node for an engine the inventory serves, or None
     (an inventory naming only engines that bring their own containers at launch)."""
+    from orchestrator.engines import capabilities
+
     for name in inventory.served_engines:
-        found = get_engine(name).up_container(inventory)
+        found = capabilities.up_container(get_engine(name), inventory)
         if found is not None:
             return found
     return None
@@ -76,7 +77,10 @@ def up_container(inventory: Inventory) -> UpContainer | None:
 
 def process_words() -> list[str]:
     """Every engine's server-process words (status: which pid files are a server's)."""
-    return sorted({word for name in REGISTRY for word in get_engine(name).process_words})
+    from orchestrator.engines import capabilities
+
+    return sorted({word for name in REGISTRY
+                   for word in capabilities.process_words(get_engine(name))})
 
 
 def recipe_files() -> dict[str, Path]:

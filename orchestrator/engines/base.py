@@ -21,8 +21,7 @@ from orchestrator.errors import SparkctlError
 if TYPE_CHECKING:
     from orchestrator.commands import Secret
     from orchestrator.core.step import NodeContext, Phase
-    from orchestrator.engines.apikey import KeyWay
-    from orchestrator.engines.meters import SpecMeter
+    from orchestrator.engines.readiness import Readiness
     from orchestrator.inventory import ContainerSettings, Inventory, Node
     from orchestrator.netcheck.results import CheckResult
     from orchestrator.phases.container import ContainerSpec
@@ -42,10 +41,6 @@ DEFAULT_HOST = "127.0.0.1"
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class NoSettings(StrictModel):
-    """The inventory section of an engine that has no settings: `engines: {NAME: {}}`."""
 
 
 @dataclass(frozen=True)
@@ -220,95 +215,45 @@ class Ready:
 
 
 class Engine(Protocol):
-    """One serving engine. Pure where it can be: phases are built without any remote call."""
+    """One serving engine: the small core every engine has. What only some engines have is a
+    separate capability (engines/capabilities.py) the shared code asks for with isinstance.
+    Pure where it can be: phases are built without any remote call."""
 
     name: str
     """The `engine:` value of its recipes."""
     title: str
-    """How people call it (TensorRT-LLM, vLLM, SGLang)."""
+    """How people call it (TensorRT-LLM, vLLM, SGLang, llama.cpp)."""
     recipe_type: type[BaseRecipe]
-    ready_line: str
-    """The line its server logs once it serves: with it, a server that stopped answering is
-    stalled, not still loading (engines/liveness.py; the node scripts get it as an argument)."""
+    readiness: Readiness
+    """When its server serves, as data (engines/readiness.py): the paths that must answer, its
+    ready log line, the first wait and the poll interval, and how a dead rank shows."""
 
-    spec_meter: type[SpecMeter]
-    """How its /metrics gives the speculative-decoding figures of a benchmark cell
-    (engines/meters.py; `sparkctl bench`)."""
-    log_label: str
-    """The label `sparkctl logs` gives the lines of its own server containers (those labelled
-    sparkctl.engine=NAME), or "" when it has none of its own."""
-    health_paths: tuple[str, str]
-    """What `status` probes on the serving node: /health, then the engine's second probe
-    (TensorRT-LLM's /health_generate sends a token through every rank; others: /v1/models)."""
-    settings_type: type[BaseModel]
-    """Its section of the inventory's `engines:` (a pydantic model; NoSettings when it has
-    none): `engines: {NAME: {...}}` names the engines a cluster serves."""
-    process_words: tuple[str, ...]
-    """Words of its server processes' command lines: `status` counts a recorded pid file as
-    the server's only when its command line has one of them."""
-    several_servers: bool
-    api_key: KeyWay | None
-    """How its server takes an API key (`launch --api-key-file`, engines/apikey.py): the
-    engine's own mechanism, or sparkctl's key-checking relay in front; and what it leaves
-    open without the key (the health probes' paths). None: launch refuses a key (exit 2)."""
-    """Whether several servers of this engine may run at once (on different nodes, or on one
-    node when memory and ports allow). False: one server of the engine per cluster (its
-    processes run in one cluster-wide container); a different one is refused or --replace'd."""
-
-    def containers(self, server: str) -> list[str]:
-        """The containers of its server SERVER (its own, not `up`'s): `down --server` drops
-        their restart policy; server "" gives the engine's fixed container names, if any."""
-        ...
-
-    def status_probe(self) -> tuple[str, str] | None:
-        """(key, a Python program) `status` runs in the recorded server's container when the
-        record is this engine's (vLLM: the nodes its Ray cluster knows), or None."""
-        ...
-
-    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
-        """That program's answer judged for `status` (with "problem" when something is
-        wrong), shown under the probe's key."""
-        ...
-
-    def up_phases(self, inventory: Inventory) -> list[Phase]:
-        """Phases `up` adds after the shared ones for a cluster that serves this engine
-        (TensorRT-LLM: SSH trust and its hostfile, its container with sshd, MPI)."""
-        ...
-
-    def up_container(self, inventory: Inventory) -> UpContainer | None:
-        """The container its `up` phases keep on every node, or None."""
-        ...
-
-    def model_image(self, recipe: Any, inventory: Inventory) -> str:
+    def model_image(self, recipe: BaseRecipe, inventory: Inventory) -> str:
         """The image whose `hf` and python3 fetch, hash and copy the recipe's models (in a
         short-lived container per command, phases/model_tools.py): the image that serves."""
         ...
 
-    def placement_problem(self, recipe: Any, nodes: list[str], inventory: Inventory) -> str | None:
+    def placement_problem(self, recipe: BaseRecipe, nodes: list[str],
+                          inventory: Inventory) -> str | None:
         """Why the recipe cannot run on these nodes (rank order), in the engine's own rank
         rules (tp x pp against the node count, where its first rank must be), or None.
         Checked before anything runs, for the default nodes and for --nodes / `placement`."""
         ...
 
-    def launch_phases(self, recipe: Any, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
-        """The plan of `launch`, built without any remote call: refuse a different running
-        server (judged from facts), models on the serving nodes, the server started, then
-        verify steps that wait for readiness over HTTP and send one real request."""
+    def launch_phases(self, recipe: BaseRecipe, inventory: Inventory,
+                      options: LaunchOptions) -> list[Phase]:
+        """The engine's part of the plan of `launch` (cli/launch_plan.py adds the shared checks),
+        built without any remote call: this server judged against the others (from facts),
+        models on the serving nodes, the server started, then verify steps that wait for
+        readiness over HTTP and send one real request."""
         ...
 
-    def estimate_memory(self, recipe: Any, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
+    def estimate_memory(self, recipe: BaseRecipe,
+                        node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
         ...
 
-    def describe(self, recipe: Any) -> list[tuple[str, str]]:
+    def describe(self, recipe: BaseRecipe) -> list[tuple[str, str]]:
         """(title, text) sections `recipes show` prints: config files and the serve command."""
-        ...
-
-    def warnings(self, recipe: Any) -> list[str]:
-        """Things about the recipe a user should know before launching (not errors)."""
-        ...
-
-    def config_preview(self, recipe: Any) -> dict[str, object]:
-        """What `recipes show --json` adds for this engine (its generated configuration)."""
         ...
 
 

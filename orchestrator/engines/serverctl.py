@@ -11,7 +11,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import docker_exec_cmd
-from orchestrator.engines import DEFAULT_ENGINE, REGISTRY, get_engine, ready_lines
+from orchestrator.engines import DEFAULT_ENGINE, process_words, ready_lines
 from orchestrator.errors import SparkctlError
 from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
@@ -25,10 +25,6 @@ stop (what the pid files name, with descendants), started (record the server onc
 launcher wrote its pid), chat (one completion, for the smoke test)."""
 
 
-def process_words() -> list[str]:
-    """The words in the command lines of the processes engines start inside a shared container
-    (Engine.process_words, where an engine has them): which recorded pids are ours."""
-    return sorted({w for name in REGISTRY for w in getattr(get_engine(name), "process_words", ())})
 
 
 def node_cmd(container: str, **args: Any) -> str:

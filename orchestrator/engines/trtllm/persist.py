@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.core.step import Phase
-from orchestrator.engines import one_server_engines
 from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.serverctl import node_cmd
 from orchestrator.engines.trtllm.serve import MAIN, OURS, LaunchSpec, node_plan
@@ -55,4 +54,4 @@ def persist_phase(spec: LaunchSpec, options: LaunchOptions) -> Phase:
     return persist.phase(persist.PersistSpec(
         server=spec.name, engine=recipe.engine, recipe=recipe, inventory=inventory,
         nodes=nodes, part=part, guard_gb=guard, loaded_gb=node_plan(recipe).loaded_gb,
-        deadline=options.timeout, one_per_cluster=one_server_engines()))
+        deadline=options.timeout))

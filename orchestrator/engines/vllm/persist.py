@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from orchestrator.commands import join
 from orchestrator.core.step import Phase
-from orchestrator.engines import one_server_engines, servers
+from orchestrator.engines import servers
 from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.serverctl import node_cmd
 from orchestrator.engines.vllm.ray import probe_cmd
@@ -58,5 +58,4 @@ def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
     return persist.phase(persist.PersistSpec(
         server=spec.name, engine="vllm", recipe=recipe, inventory=spec.inventory,
         nodes=nodes, part=part, guard_gb=spec.guard_gb,
-        loaded_gb=e.weights_gb + e.draft_gb + e.runtime_gb, deadline=options.timeout,
-        one_per_cluster=one_server_engines()))
+        loaded_gb=e.weights_gb + e.draft_gb + e.runtime_gb, deadline=options.timeout))
