@@ -27,6 +27,13 @@ launcher wrote its pid), chat (one completion, for the smoke test)."""
 
 
 
+def pid_wrapper(pid_file: str, log: str) -> str:
+    """The `bash -c` body that starts a server process (its argv in "$@") with its pid in
+    PID_FILE and its output in LOG: what serverctl's status and stop read. Both paths are shell
+    words as given (a rank's may hold "$r")."""
+    return f'echo $$ > {pid_file}; exec "$@" > {log} 2>&1'
+
+
 def node_cmd(container: str, **args: Any) -> str:
     """`docker exec CONTAINER python3 -c <serverctl> JSON` (status also gets every engine's
     ready line: a server that logged it and answers no more is stalled, not loading). Without

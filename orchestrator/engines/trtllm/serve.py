@@ -28,7 +28,7 @@ from orchestrator.engines import apikey, config_hash, lifecycle, serving_nodes
 from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.lifecycle import Decision, Running, ServerRecord
 from orchestrator.engines.liveness import dead_ranks as ranks_ended
-from orchestrator.engines.serverctl import node_cmd
+from orchestrator.engines.serverctl import node_cmd, pid_wrapper
 from orchestrator.engines.servers import Wanted, record_dir
 from orchestrator.engines.trtllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
@@ -75,8 +75,8 @@ def rank_wrapper(directory: str, bootstrap: Sequence[str] | None) -> str:
     a ring, preceded by each rank's own NCCL_SOCKET_IFNAME (exact name, `=`): -x forwards the
     first node's value to every rank, but a ring's bootstrap interface differs per node
     (phases/nccl_env.bootstrap_interfaces)."""
-    wrapper = (f'r="${{OMPI_COMM_WORLD_RANK:-0}}"; echo $$ > {directory}/rank-"$r".pid; '
-               f'exec "$@" > {directory}/rank-"$r".log 2>&1')
+    wrapper = (f'r="${{OMPI_COMM_WORLD_RANK:-0}}"; '
+               + pid_wrapper(f'{directory}/rank-"$r".pid', f'{directory}/rank-"$r".log'))
     if not bootstrap:
         return wrapper
     cases = " ".join(f"{rank}) export NCCL_SOCKET_IFNAME=={name};;"
@@ -111,7 +111,7 @@ def start_cmd(container: str, argv: list[str], directory: str, relay: str = "") 
     """Detached (docker exec -d), mpirun's own output in server.log, its pid in mpirun.pid, the
     server's own hostfile as mpirun's default one; RELAY: the key-checking relay's start
     (keyrelay.relay_prefix) when the server has a key."""
-    wrapper = f'echo $$ > {directory}/{MAIN}; exec "$@" > {directory}/server.log 2>&1'
+    wrapper = pid_wrapper(f"{directory}/{MAIN}", f"{directory}/server.log")
     hostfile = f"{directory}/{HOSTFILE_NAME}"
     return docker_exec_cmd(container, ["bash", "-c", relay + wrapper, "sparkctl-server", *argv],
                            env={"HF_HUB_OFFLINE": "1", **dict.fromkeys(HOSTFILE_VARS, hostfile)},

@@ -18,7 +18,7 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Un
 from orchestrator.engines import apikey, config_hash, servers, serving_nodes
 from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.lifecycle import ServerRecord
-from orchestrator.engines.serverctl import node_call, node_cmd
+from orchestrator.engines.serverctl import node_call, node_cmd, pid_wrapper
 from orchestrator.engines.vllm.ports import ServerPorts
 from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
@@ -62,8 +62,8 @@ def start_cmd(container: str, directory: str, argv: list[str], key_file: str | N
     KEY_FILE: the wrapper sets VLLM_API_KEY from it (vLLM reads that variable when --api-key is
     not given: vllm/entrypoints/openai/api_server.py), so the key is in no argv or Env."""
     wrapper = ((apikey.env_from_file("VLLM_API_KEY", key_file) if key_file else "")
-               + f"mkdir -p {quote(directory)}; echo $$ > {quote(directory + '/' + MAIN)}; "
-               f"exec \"$@\" > {quote(directory + '/server.log')} 2>&1")
+               + f"mkdir -p {quote(directory)}; "
+               + pid_wrapper(quote(f"{directory}/{MAIN}"), quote(f"{directory}/server.log")))
     return docker_exec_cmd(container, ["bash", "-c", wrapper, "sparkctl-server", *argv],
                            env={"HF_HUB_OFFLINE": "1"}, detach=True)
 
