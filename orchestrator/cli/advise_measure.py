@@ -23,8 +23,8 @@ def _launch(inventory: Any, recipe: Any, name: str | None, timeout: float, token
     from orchestrator.core.lock import ClusterLock
     from orchestrator.core.session import open_session, run_plan
     from orchestrator.core.step import RunOptions
-    from orchestrator.engines.base import LaunchOptions
     from orchestrator.errors import SparkctlError
+    from orchestrator.recipe import LaunchOptions
 
     recipe = checked_recipe(recipe, inventory)
     options = LaunchOptions(replace=True, timeout=timeout, name=name, persist=persist)

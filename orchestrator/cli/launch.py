@@ -77,8 +77,8 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan, RunOptions
     from orchestrator.engines import capabilities, engine_of, load_recipe, serving_nodes
-    from orchestrator.engines.base import LaunchOptions
     from orchestrator.errors import InputError
+    from orchestrator.recipe import LaunchOptions
 
     recipe = load_recipe(recipe_name)
     engine = engine_of(recipe)

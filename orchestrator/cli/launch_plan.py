@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Plan
-    from orchestrator.engines.base import BaseRecipe, LaunchOptions
     from orchestrator.inventory import Inventory
+    from orchestrator.recipe import BaseRecipe, LaunchOptions
 
 
 def checked_recipe(recipe: BaseRecipe, inventory: Inventory) -> BaseRecipe:

@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import InputError
+from orchestrator.recipe import DEFAULT_ENGINE, serving_nodes
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from orchestrator.engines.base import BaseRecipe, Engine, UpContainer
+    from orchestrator.engines.base import Engine, UpContainer
     from orchestrator.inventory import Inventory
+    from orchestrator.recipe import BaseRecipe
 
 ENGINES_DIR = Path(__file__).parent
-DEFAULT_ENGINE = "trtllm"
 
 
 def _engine_folders() -> dict[str, str]:
@@ -180,13 +181,6 @@ def default_placement(recipe: Any, inventory: Inventory) -> Any:
     if recipe.placement and list(recipe.placement) == default:
         return recipe.model_copy(update={"placement": None})
     return recipe
-
-
-def serving_nodes(recipe: BaseRecipe, inventory: Inventory) -> list[str]:
-    """The nodes the server runs on, in rank order (head first unless placed elsewhere)."""
-    if recipe.placement:
-        return list(recipe.placement)
-    return [n.name for n in inventory.ordered_nodes()[: recipe.node_count]]
 
 
 def config_hash(recipe: BaseRecipe, argv: list[str], config_text: str) -> str:

@@ -27,10 +27,11 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
     from orchestrator.engines.apikey import KeyWay
-    from orchestrator.engines.base import BaseRecipe, UpContainer
+    from orchestrator.engines.base import UpContainer
     from orchestrator.engines.layouts import LayoutSupport
     from orchestrator.engines.meters import SpecMeter
     from orchestrator.inventory import Inventory
+    from orchestrator.recipe import BaseRecipe
 
 
 class NoSettings(BaseModel):

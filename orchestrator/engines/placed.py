@@ -3,46 +3,30 @@ node, several servers at once: SGLang, llama.cpp), so engines never import each 
 server-check phase (this server judged against every node's servers), the record step, a
 failed start stopped, one real chat completion, and the persist phase.
 
-Each engine's launch spec (engines/NAME/serve.py ServeSpec) has the members `PlacedSpec` lists.
+Each engine's launch spec (engines/NAME/serve.py ServeSpec) is an engines/serverspec.ServerSpec.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import docker_cmd, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import lifecycle, servers
 from orchestrator.engines.lifecycle import Running, ServerRecord
 from orchestrator.engines.readiness import parse_lines, probe_cmd
+from orchestrator.engines.serverspec import ServerSpec
 from orchestrator.errors import SparkctlError
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import BaseRecipe, LaunchOptions, MemoryEstimate
     from orchestrator.inventory import Inventory, Node
+    from orchestrator.recipe import BaseRecipe, LaunchOptions
     from orchestrator.remote.transport import Transport
 
 
-class PlacedSpec(Protocol):
-    """One launch of one placed server (its engine's ServeSpec)."""
-
-    recipe: Any
-    inventory: Inventory
-    options: LaunchOptions
-    name: str
-    host: str
-    key_file: str | None
-    """The server's API key file on its first node (the probe reads it there), or None."""
-    nodes: list[str]
-    first: str
-    container: str
-    estimate: MemoryEstimate
-    digest: str
-
-    def wanted(self) -> servers.Wanted: ...
-
-    def record(self) -> dict[str, Any]: ...
+PlacedSpec = ServerSpec
+"""One launch of one placed server (its engine's ServeSpec)."""
 
 
 def log_tail(transport: Transport | None, container: str, lines: int = 25) -> str:

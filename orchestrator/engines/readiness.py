@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from orchestrator.commands import docker_cmd, join, quote
-from orchestrator.engines.base import LaunchFailed, Note, Ready
+from orchestrator.engines.base import LaunchFailed, Ready
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 from orchestrator.node import script
+from orchestrator.recipe import Note
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Step
-from orchestrator.engines.base import LaunchFailed, Note, Ready
+from orchestrator.engines.base import LaunchFailed, Ready
 from orchestrator.errors import SparkctlError
+from orchestrator.recipe import Note
 
 if TYPE_CHECKING:
     from orchestrator.engines.readiness import Readiness, Target

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.model_tools import ModelTools, model_tools
 from orchestrator.phases.models import ServingPhase, download_cmd, manifest_cmd, manifests_from_facts
+from orchestrator.recipe import BaseRecipe as Recipe
 
 DEFAULT_HUB = "https://huggingface.co"
 CHECK_SECONDS = 60

@@ -28,7 +28,7 @@ def with_checks(phases: list[Phase], recipe: Any, inventory: Inventory,
     wanted = [p._replace(address=host) if p.what == "HTTP" else p
               for p in recipe.listen_ports(nodes)]
     if inner_port is not None:
-        from orchestrator.phases.ports import ListenPort
+        from orchestrator.recipe import ListenPort
 
         wanted.append(ListenPort(nodes[0], inner_port, "the engine behind the API key relay",
                                  "launch with another --port", "127.0.0.1"))

@@ -9,8 +9,8 @@ from orchestrator.core.step import Phase
 from orchestrator.phases.model_tools import model_tools
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import BaseRecipe
     from orchestrator.inventory import Inventory, Node
+    from orchestrator.recipe import BaseRecipe
 
 
 def image_phase(recipe: BaseRecipe, inventory: Inventory) -> Phase:

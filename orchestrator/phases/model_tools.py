@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import env_args, join, quote
-from orchestrator.engines.base import CONTAINER_HF_HOME
 from orchestrator.paths import TOKEN_PATH
+from orchestrator.recipe import CONTAINER_HF_HOME
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import BaseRecipe
     from orchestrator.inventory import Inventory
+    from orchestrator.recipe import BaseRecipe
 
 SECRETS_DIR = TOKEN_PATH.rsplit("/", 1)[0]
 NO_IMAGE = "sparkctl: no-image"

@@ -20,14 +20,14 @@ from typing import Any
 from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import serving_nodes
-from orchestrator.engines.base import CONTAINER_HF_HOME, Note
-from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import TOKEN_PATH
 from orchestrator.phases import fanout
 from orchestrator.phases.files import check_written
 from orchestrator.phases.model_tools import NO_IMAGE, ModelTools, model_tools
+from orchestrator.recipe import CONTAINER_HF_HOME, Note
+from orchestrator.recipe import BaseRecipe as Recipe
 from orchestrator.remote.cluster import parallel
 from orchestrator.remote.stream import stream_run
 from orchestrator.remote.transport import Transport

@@ -81,7 +81,7 @@ def hub_dir(hf_cache: str, repo: str) -> str:
 
 def model_dirs(recipe: Any, hf_cache: str) -> list[str]:
     """Where the node keeps the recipe's models (HF cache layout, or a local dir under it)."""
-    from orchestrator.engines.base import CONTAINER_HF_HOME
+    from orchestrator.recipe import CONTAINER_HF_HOME
 
     out = []
     for repo, _, local in recipe.repos:

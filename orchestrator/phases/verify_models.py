@@ -22,8 +22,8 @@ from orchestrator.phases.model_tools import ModelTools, model_tools
 from orchestrator.phases.models import HUB_DIR, ServingPhase, repo_requests
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import BaseRecipe
     from orchestrator.inventory import Inventory, Node
+    from orchestrator.recipe import BaseRecipe
 
 
 def rehash_cmd(tools: ModelTools, recipe: BaseRecipe, save: bool) -> str:

@@ -181,7 +181,7 @@ def test_each_launch_of_advise_measure_runs_launchs_own_plan_with_every_check(
 
     from orchestrator.cli.launch_plan import launch_plan
     from orchestrator.core.report import Report
-    from orchestrator.engines.base import LaunchOptions
+    from orchestrator.recipe import LaunchOptions
 
     inv = inventory()
     ran: list[Any] = []

@@ -20,8 +20,8 @@ from conftest import make_context, make_inventory
 from orchestrator.commands import Secret
 from orchestrator.core.step import Change
 from orchestrator.engines import apikey, get_engine, load_recipe
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.phases.files import FileSpec
+from orchestrator.recipe import LaunchOptions
 
 SENTINEL = "sk-unit-sentinel-7f3a"
 KEY = Secret(SENTINEL)

@@ -13,7 +13,6 @@ from conftest import FakeTransport, make_context, make_inventory
 
 from orchestrator.core.step import Change
 from orchestrator.engines import get_engine, load_recipe, servers
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.llamacpp import options
 from orchestrator.engines.llamacpp.ready import errors
 from orchestrator.engines.llamacpp.recipe import Recipe, estimate_memory
@@ -25,6 +24,7 @@ from orchestrator.engines.llamacpp.serve import (
     snapshot_path,
 )
 from orchestrator.errors import InputError, SparkctlError
+from orchestrator.recipe import LaunchOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,11 +19,11 @@ from conftest import Call, FakeCluster, make_inventory
 from orchestrator.commands import Secret
 from orchestrator.core.step import Change, RunOptions, Unchanged
 from orchestrator.engines import load_recipe
-from orchestrator.engines.base import FileFilter
 from orchestrator.errors import CommandError, SparkctlError
 from orchestrator.node import ledger as node_ledger
 from orchestrator.node import script
 from orchestrator.phases import fanout, models
+from orchestrator.recipe import FileFilter
 from orchestrator.remote import pipe
 
 RECIPE = load_recipe("qwen3-235b")

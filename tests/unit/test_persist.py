@@ -15,10 +15,10 @@ from nodescript import run_node_script
 
 from orchestrator.core.step import Change, Unchanged
 from orchestrator.engines import get_engine, load_recipe
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.errors import SparkctlError
 from orchestrator.phases import boot_units, oomguard, persist, persist_down
 from orchestrator.phases.container import ContainerSpec
+from orchestrator.recipe import LaunchOptions
 
 HOME = {"commands": {"home": {"rc": 0, "out": "/home/nvidia\n"}}}
 

@@ -17,7 +17,8 @@ from orchestrator.core.step import NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import load_recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.phases import ports
-from orchestrator.phases.ports import ListenPort, PortsFree
+from orchestrator.phases.ports import PortsFree
+from orchestrator.recipe import ListenPort
 
 INVENTORY = make_inventory()
 

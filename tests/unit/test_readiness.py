@@ -12,10 +12,11 @@ import pytest
 
 from orchestrator.engines import load_recipe, serverctl
 from orchestrator.engines import readiness as shared
-from orchestrator.engines.base import LaunchFailed, LaunchOptions, Ready
+from orchestrator.engines.base import LaunchFailed, Ready
 from orchestrator.engines.trtllm import readiness
 from orchestrator.engines.trtllm.serve import LaunchSpec
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
+from orchestrator.recipe import LaunchOptions
 
 RECIPE = load_recipe("qwen3-235b")
 MODEL = RECIPE.model

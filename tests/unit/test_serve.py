@@ -10,11 +10,11 @@ import pytest
 
 from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import load_recipe
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.trtllm import serve, steps
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory
 from orchestrator.phases import models
+from orchestrator.recipe import LaunchOptions
 
 INVENTORY = Inventory.model_validate({
     "cluster": {"name": "lab"},
@@ -80,7 +80,7 @@ def test_the_hostfile_lists_the_servers_nodes_in_rank_order() -> None:
     assert spec().hostfile.splitlines()[1:] == ["192.168.200.12 slots=1", "192.168.200.13 slots=1"]
     placed = RECIPE.model_copy(update={"placement": ["spark-b", "spark-a"]})
     reverse = spec(recipe=placed)
-    assert reverse.first == "spark-b" and reverse.serving == ["spark-b", "spark-a"]
+    assert reverse.first == "spark-b" and reverse.nodes == ["spark-b", "spark-a"]
     assert reverse.hostfile.splitlines()[1:] == ["192.168.200.13 slots=1", "192.168.200.12 slots=1"]
     files = reverse.files()
     assert json.loads(files[f"{DIR}/processes.json"]) == {

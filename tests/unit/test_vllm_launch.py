@@ -17,11 +17,12 @@ from conftest import make_inventory as inventory
 from orchestrator.core.step import Change, RunOptions, RunState, Unchanged
 from orchestrator.engines import capabilities, config_hash, load_recipe
 from orchestrator.engines import readiness as shared
-from orchestrator.engines.base import LaunchFailed, LaunchOptions, Ready
+from orchestrator.engines.base import LaunchFailed, Ready
 from orchestrator.engines.verify import SmokeTest, WaitReady
 from orchestrator.engines.vllm import ENGINE, ray, ready, serve
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 from orchestrator.paths import RUN_DIR
+from orchestrator.recipe import LaunchOptions
 
 HEAD_IP, WORKER_IP = "192.168.200.12", "192.168.200.13"
 CONTAINER = "sparkctl-vllm-minimax-m2.7"

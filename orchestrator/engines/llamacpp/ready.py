@@ -12,11 +12,12 @@ import re
 from typing import TYPE_CHECKING, NoReturn
 
 from orchestrator.engines.placed import log_tail
-from orchestrator.engines.readiness import Readiness, Target, stop_and_fail
+from orchestrator.engines.readiness import Readiness, stop_and_fail
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import Note
     from orchestrator.engines.llamacpp.serve import ServeSpec
+    from orchestrator.engines.readiness import Target
+    from orchestrator.recipe import Note
     from orchestrator.remote.transport import Transport
 
 READINESS = Readiness("llama_server: model loaded", poll_seconds=1.0, dead_ranks="containers")
@@ -37,10 +38,8 @@ def errors(log: str, limit: int = 3) -> list[str]:
 
 
 def target(spec: ServeSpec) -> Target:
-    return Target(spec.name, spec.nodes, spec.container, spec.recipe.model, spec.recipe.port,
-                  spec.host, spec.key_file, launcher="llama-server", ranks="rpc-server",
-                  fail=lambda transports, note, reason: fail_and_clean(transports, spec, note,
-                                                                       reason))
+    return spec.target("llama-server", "rpc-server", lambda transports, note, reason: fail_and_clean(
+        transports, spec, note, reason))
 
 
 def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note,

@@ -15,15 +15,14 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrator.engines.base import (
+from orchestrator.engines.base import check_env_names, verdict_of
+from orchestrator.recipe import (
     REPO_PATTERN,
     REVISION_PATTERN,
     SPARK_MEMORY_GB,
     BaseRecipe,
     MemoryEstimate,
     StrictModel,
-    check_env_names,
-    verdict_of,
 )
 
 DEFAULT_IMAGE = "scitrera/dgx-spark-llama-cpp:b8192-cu131"

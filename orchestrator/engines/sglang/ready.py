@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NoReturn
 
 from orchestrator.engines.placed import log_tail
-from orchestrator.engines.readiness import Readiness, Target, stop_and_fail
+from orchestrator.engines.readiness import Readiness, stop_and_fail
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import Note
+    from orchestrator.engines.readiness import Target
     from orchestrator.engines.sglang.serve import ServeSpec
+    from orchestrator.recipe import Note
     from orchestrator.remote.transport import Transport
 
 READINESS = Readiness("The server is fired up and ready to roll!", needs_ready_line=True,
@@ -22,10 +23,8 @@ READINESS = Readiness("The server is fired up and ready to roll!", needs_ready_l
 
 
 def target(spec: ServeSpec) -> Target:
-    return Target(spec.name, spec.nodes, spec.container, spec.recipe.model, spec.recipe.port,
-                  spec.host, spec.key_file, launcher="SGLang", ranks="SGLang's rank",
-                  fail=lambda transports, note, reason: fail_and_clean(transports, spec, note,
-                                                                       reason))
+    return spec.target("SGLang", "SGLang's rank", lambda transports, note, reason: fail_and_clean(
+        transports, spec, note, reason))
 
 
 def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note,

@@ -14,17 +14,11 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrator.engines.base import (
-    SPARK_MEMORY_GB,
-    BaseRecipe,
-    MemoryEstimate,
-    StrictModel,
-    check_env_names,
-    verdict_of,
-)
+from orchestrator.engines.base import check_env_names, verdict_of
+from orchestrator.recipe import SPARK_MEMORY_GB, BaseRecipe, MemoryEstimate, StrictModel
 
 if TYPE_CHECKING:
-    from orchestrator.phases.ports import ListenPort
+    from orchestrator.recipe import ListenPort
 
 DEFAULT_IMAGE = "scitrera/dgx-spark-sglang:0.5.12"
 """A community SGLang build for DGX Spark (aarch64, CUDA 13, sm_121) at the version the option
@@ -97,7 +91,7 @@ class Recipe(BaseRecipe):
         return self.nodes or (len(self.placement) if self.placement else self.world_size)
 
     def listen_ports(self, nodes: list[str]) -> list[ListenPort]:
-        from orchestrator.phases.ports import ListenPort
+        from orchestrator.recipe import ListenPort
 
         # rank 0 listens for the others' torch.distributed rendezvous (--dist-init-addr)
         extra = [ListenPort(nodes[0], self.dist_port, "dist-init", "set dist_port in the recipe")]

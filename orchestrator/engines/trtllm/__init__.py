@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 from orchestrator.engines.trtllm import keyrelay
 from orchestrator.engines.trtllm.layouts import TrtllmLayouts
 from orchestrator.engines.trtllm.meter import TrtllmMeter
 from orchestrator.engines.trtllm.readiness import READINESS
 from orchestrator.engines.trtllm.recipe import Recipe
 from orchestrator.engines.trtllm.settings import Settings
+from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
@@ -101,13 +101,13 @@ class TrtllmEngine:
 
     def describe(self, recipe: Recipe) -> list[tuple[str, str]]:
         from orchestrator.commands import join
-        from orchestrator.engines.base import DEFAULT_HOST
         from orchestrator.engines.trtllm.serve import (
             CONFIG_NAME,
             render_llm_api_config,
             serve_argv,
             server_dir,
         )
+        from orchestrator.recipe import DEFAULT_HOST
 
         where = ", ".join(recipe.placement) if recipe.placement else "the head"
         return [(f"extra LLM API config ({server_dir(recipe.name)}/{CONFIG_NAME})",

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, NoReturn
 
 from orchestrator.commands import quote
 from orchestrator.engines.base import LaunchFailed
-from orchestrator.engines.readiness import Readiness, Target
+from orchestrator.engines.readiness import Readiness
 from orchestrator.engines.serverctl import node_call
 from orchestrator.errors import SparkctlError
 from orchestrator.remote.cluster import Cluster
 from orchestrator.remote.transport import Transport
 
 if TYPE_CHECKING:
+    from orchestrator.engines.readiness import Target
     from orchestrator.engines.trtllm.serve import LaunchSpec
 
 LOG_TAIL_LINES = 25
@@ -36,14 +37,11 @@ def target(spec: LaunchSpec) -> Target:
     from orchestrator.engines.trtllm.serve import MAIN, OURS
 
     def own(transports: dict[str, Transport]) -> dict[str, Transport]:
-        return {name: t for name, t in transports.items() if name in spec.serving}
+        return {name: t for name, t in transports.items() if name in spec.nodes}
 
-    return Target(spec.name, list(spec.serving), spec.container, spec.recipe.model,
-                  spec.recipe.port, spec.host, None, launcher="mpirun", ranks="a rank",
-                  fail=lambda transports, note, reason: fail_and_clean(own(transports), spec,
-                                                                       note, reason),
-                  run_dir=spec.run_dir, main=MAIN, ours=OURS,
-                  why_dead=lambda transports: guard_stops(own(transports), spec))
+    return spec.target("mpirun", "a rank", lambda transports, note, reason: fail_and_clean(
+        own(transports), spec, note, reason), run_dir=spec.run_dir, main=MAIN, ours=OURS,
+        why_dead=lambda transports: guard_stops(own(transports), spec))
 
 
 def guard_stops(transports: dict[str, Transport], spec: LaunchSpec) -> list[str]:

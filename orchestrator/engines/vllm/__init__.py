@@ -19,11 +19,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.apikey import KeyWay
-from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 from orchestrator.engines.vllm.layouts import VllmLayouts
 from orchestrator.engines.vllm.meter import VllmMeter
 from orchestrator.engines.vllm.ready import READINESS
 from orchestrator.engines.vllm.recipe import Recipe
+from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase, Step
@@ -122,10 +122,10 @@ class VllmEngine:
 
     def describe(self, recipe: Recipe) -> list[tuple[str, str]]:
         from orchestrator.commands import join
-        from orchestrator.engines.base import DEFAULT_HOST
         from orchestrator.engines.vllm.options import version
         from orchestrator.engines.vllm.ports import ServerPorts
         from orchestrator.engines.vllm.serve import FIRST_IP, serve_argv
+        from orchestrator.recipe import DEFAULT_HOST
 
         ports = ServerPorts.of(recipe)
         if recipe.backend == "ray":
@@ -148,8 +148,8 @@ class VllmEngine:
                  f"vLLM {version()})", join(serve_argv(recipe, DEFAULT_HOST)))]
 
     def config_preview(self, recipe: Recipe) -> dict[str, object]:
-        from orchestrator.engines.base import DEFAULT_HOST
         from orchestrator.engines.vllm.serve import serve_argv
+        from orchestrator.recipe import DEFAULT_HOST
 
         return {"serve_argv": serve_argv(recipe, DEFAULT_HOST), "image": recipe.image,
                 "container": f"{recipe.container_name}-{recipe.name}"}

@@ -13,13 +13,13 @@ from __future__ import annotations
 from orchestrator.commands import join
 from orchestrator.core.step import Phase
 from orchestrator.engines import servers
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.serverctl import node_cmd
 from orchestrator.engines.vllm.ray import probe_cmd
 from orchestrator.engines.vllm.serve import MAIN, OURS, ServeSpec, start_cmd
 from orchestrator.inventory import Node
 from orchestrator.node.boot import BOOT_TIME
 from orchestrator.phases import persist
+from orchestrator.recipe import LaunchOptions
 
 # reads the Ray probe's JSON on stdin: exit 0 when every wanted IP is alive
 EVERY_NODE = ("import json,sys\n"

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import docker_cmd, docker_exec_cmd, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
-from orchestrator.engines.base import CONTAINER_HF_HOME
 from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
+from orchestrator.recipe import CONTAINER_HF_HOME
 from orchestrator.remote.node_facts import container_started, has_infiniband
 from orchestrator.timestamps import parse_time
 

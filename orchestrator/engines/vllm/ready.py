@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NoReturn
 
 from orchestrator.commands import quote
-from orchestrator.engines.readiness import Readiness, Target, stop_and_fail
+from orchestrator.engines.readiness import Readiness, stop_and_fail
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import Note
+    from orchestrator.engines.readiness import Target
     from orchestrator.engines.vllm.serve import ServeSpec
+    from orchestrator.recipe import Note
     from orchestrator.remote.transport import Transport
 
 READINESS = Readiness("Application startup complete.",  # uvicorn's, under vllm serve
@@ -25,12 +26,10 @@ READINESS = Readiness("Application startup complete.",  # uvicorn's, under vllm 
 def target(spec: ServeSpec) -> Target:
     from orchestrator.engines.vllm.serve import MAIN, OURS
 
-    return Target(spec.name, spec.nodes, spec.container, spec.recipe.model, spec.recipe.port,
-                  spec.host, spec.key_file, launcher=f"vllm serve of {spec.name}",
-                  ranks="Ray" if spec.backend == "ray" else "rank",
-                  fail=lambda transports, note, reason: fail_and_clean(transports, spec, note,
+    return spec.target(f"vllm serve of {spec.name}", "Ray" if spec.backend == "ray" else "rank",
+                       lambda transports, note, reason: fail_and_clean(transports, spec, note,
                                                                        reason),
-                  run_dir=spec.directory, main=MAIN, ours=tuple(OURS))
+                       run_dir=spec.directory, main=MAIN, ours=tuple(OURS))
 
 
 def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note,

@@ -12,17 +12,11 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrator.engines.base import (
-    SPARK_MEMORY_GB,
-    BaseRecipe,
-    MemoryEstimate,
-    StrictModel,
-    check_env_names,
-    verdict_of,
-)
+from orchestrator.engines.base import check_env_names, verdict_of
+from orchestrator.recipe import SPARK_MEMORY_GB, BaseRecipe, MemoryEstimate, StrictModel
 
 if TYPE_CHECKING:
-    from orchestrator.phases.ports import ListenPort
+    from orchestrator.recipe import ListenPort
 
 DEFAULT_IMAGE = "nvcr.io/nvidia/vllm:26.10-py3"
 """NVIDIA's vLLM container, release 26.10: vLLM 0.31.0 (the version the option table was
@@ -99,7 +93,7 @@ class Recipe(BaseRecipe):
 
     def listen_ports(self, nodes: list[str]) -> list[ListenPort]:
         from orchestrator.engines.vllm.ports import ServerPorts
-        from orchestrator.phases.ports import ListenPort
+        from orchestrator.recipe import ListenPort
 
         # on the first node, next to vllm serve: the Ray head's GCS (the dashboard agent on
         # every node), or (mp, several nodes) rank 0's --master-port; each the recipe's
