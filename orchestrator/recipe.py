@@ -18,9 +18,6 @@ if TYPE_CHECKING:
     from orchestrator.commands import Secret
     from orchestrator.inventory import Inventory
 
-DEFAULT_ENGINE = "trtllm"
-"""The engine of a recipe (and a server record) that names none: recipes written before there
-were several engines keep working."""
 
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
 """Where a container sees the node's Hugging Face cache (every engine's container mounts it)."""
@@ -71,8 +68,9 @@ class FileFilter(StrictModel):
 class BaseRecipe(StrictModel):
     """The fields every engine's recipe has; each engine adds its own and fixes `engine`."""
 
-    engine: str = DEFAULT_ENGINE
-    """Which engine serves the recipe: trtllm (default), vllm or sglang."""
+    engine: str
+    """Which engine serves the recipe: each engine's recipe model fixes it (the loader,
+    engines/__init__.py, reads a recipe that names none as the default engine's)."""
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
     """Recipe name, as `sparkctl launch NAME` uses it."""
     description: str = ""

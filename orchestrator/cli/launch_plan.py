@@ -32,14 +32,15 @@ def launch_plan(recipe: BaseRecipe, inventory: Inventory, options: LaunchOptions
     the models' image and the token check first (a missing or refused token stops before any
     download), then the engine's phases, behind the port check (and --verify-models)."""
     from orchestrator.core.step import Plan
-    from orchestrator.engines import capabilities, engine_of
+    from orchestrator.engines import capabilities, engine_of, serving_nodes
     from orchestrator.engines.apikey import relayed_port  # (an engine behind the key relay)
     from orchestrator.phases import hub_token
     from orchestrator.phases.launch_checks import with_checks
 
     engine = engine_of(recipe)
     inner = relayed_port(capabilities.api_key_way(engine), options.api_key, recipe.port)
-    phases = [*hub_token.phases(recipe, inventory),
+    nodes, image = serving_nodes(recipe, inventory), engine.model_image(recipe, inventory)
+    phases = [*hub_token.phases(recipe, nodes, image, inventory),
               *engine.launch_phases(recipe, inventory, options)]
-    return Plan("launch", with_checks(phases, recipe, inventory, verify_models, options.host,
-                                      inner, options.name or recipe.name))
+    return Plan("launch", with_checks(phases, recipe, nodes, image, inventory, verify_models,
+                                      options.host, inner, options.name or recipe.name))

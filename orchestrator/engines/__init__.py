@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import InputError
-from orchestrator.recipe import DEFAULT_ENGINE, serving_nodes
+from orchestrator.recipe import serving_nodes
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from orchestrator.recipe import BaseRecipe
 
 ENGINES_DIR = Path(__file__).parent
+DEFAULT_ENGINE = "trtllm"
+"""The engine of a recipe (and a server record) that names none: recipes written before there
+were several engines keep working."""
 
 
 def _engine_folders() -> dict[str, str]:

@@ -20,7 +20,6 @@ from orchestrator.recipe import CONTAINER_HF_HOME
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
-    from orchestrator.recipe import BaseRecipe
 
 SECRETS_DIR = TOKEN_PATH.rsplit("/", 1)[0]
 NO_IMAGE = "sparkctl: no-image"
@@ -62,8 +61,6 @@ class ModelTools:
         return f"docker run --rm {self.image} {what}"
 
 
-def model_tools(recipe: BaseRecipe, inventory: Inventory) -> ModelTools:
-    from orchestrator.engines import engine_of
-
-    return ModelTools(engine_of(recipe).model_image(recipe, inventory), inventory.cluster.hf_cache,
-                      inventory.cluster.user)
+def model_tools(image: str, inventory: Inventory) -> ModelTools:
+    """The models' commands in short-lived containers of IMAGE (the engine's `model_image`)."""
+    return ModelTools(image, inventory.cluster.hf_cache, inventory.cluster.user)

@@ -298,3 +298,13 @@ def docker_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[...
         return modules
 
     return load
+
+
+def model_args(recipe: Any, inventory: Inventory | None = None) -> tuple[list[str], Any]:
+    """(serving nodes, ModelTools of the engine's model image): what the models phases and
+    steps take explicitly (the launch plan works both out once)."""
+    from orchestrator.engines import engine_of, serving_nodes
+    from orchestrator.phases.model_tools import model_tools
+
+    inv = inventory or make_inventory()
+    return serving_nodes(recipe, inv), model_tools(engine_of(recipe).model_image(recipe, inv), inv)

@@ -62,10 +62,9 @@ class LlamacppEngine:
         steps = [verify.wait_step(ready.target(spec), self.readiness, options.timeout,
                                   f"llama.cpp ({spec.name})"), Smoke(spec)]
         # only llama-server reads the GGUF: the rpc-servers get their layers from it over RPC
-        first_only = recipe.model_copy(update={"placement": [spec.first], "nodes": 1})
         phases = [check_phase(spec),
                   registry.phase(recipe.image, spec.nodes, inventory.head_name),
-                  models.phase(first_only, inventory), serve.rpc_phase(spec),
+                  models.phase(recipe, [spec.first], recipe.image, inventory), serve.rpc_phase(spec),
                   serve.serve_phase(spec, steps)]
         if options.persist:
             from orchestrator.engines.placed import persist_phase

@@ -62,7 +62,7 @@ class SglangEngine:
                                   f"SGLang ({spec.name})"), placed.Smoke(spec)]
         phases = [placed.check_phase(spec),
                   registry.phase(recipe.image, spec.nodes, inventory.head_name),
-                  models.phase(recipe, inventory), serve.serve_phase(spec, steps)]
+                  models.phase(recipe, spec.nodes, recipe.image, inventory), serve.serve_phase(spec, steps)]
         # --persist: each rank's container is the server, restarted by docker at boot; the
         # ranks meet at the first node's --dist-init-addr again (torch.distributed waits for
         # all of them, so the order docker starts them in does not matter)

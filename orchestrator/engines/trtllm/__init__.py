@@ -85,8 +85,9 @@ class TrtllmEngine:
                                                  run=spec.run_dir),
                         spec.first),
         ]
+        image = self.model_image(recipe, inventory)
         phases = [steps.check_phase(spec), steps.memory_phase(spec), steps.stop_phase(spec),
-                  models.phase(recipe, inventory), steps.serve_phase(spec, ready)]
+                  models.phase(recipe, spec.nodes, image, inventory), steps.serve_phase(spec, ready)]
         from orchestrator.engines.trtllm.persist import persist_phase
         from orchestrator.phases.persist import not_persistent_phase
 

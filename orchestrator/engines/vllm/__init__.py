@@ -107,7 +107,7 @@ class VllmEngine:
         probe = multinode.ray_probe_phase(spec)  # an unknown image forced to Ray: look first
         phases = [check.check_phase(spec),
                   registry.phase(recipe.image, spec.nodes, inventory.head_name),
-                  *([probe] if probe else []), models.phase(recipe, inventory),
+                  *([probe] if probe else []), models.phase(recipe, spec.nodes, recipe.image, inventory),
                   multinode.phase(spec, restart, memory_guard(spec)), serve.serve_phase(spec, steps)]
         from orchestrator.engines.vllm.persist import persist_phase
 
