@@ -76,9 +76,9 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     from orchestrator.cli.launch_plan import checked_recipe, launch_plan
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan, RunOptions
-    from orchestrator.engines import capabilities, engine_of, load_recipe, serving_nodes
+    from orchestrator.engines import capabilities, engine_of, load_recipe
     from orchestrator.errors import InputError
-    from orchestrator.recipe import LaunchOptions
+    from orchestrator.recipe import LaunchOptions, serving_nodes
 
     recipe = load_recipe(recipe_name)
     engine = engine_of(recipe)

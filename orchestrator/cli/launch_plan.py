@@ -32,10 +32,11 @@ def launch_plan(recipe: BaseRecipe, inventory: Inventory, options: LaunchOptions
     the models' image and the token check first (a missing or refused token stops before any
     download), then the engine's phases, behind the port check (and --verify-models)."""
     from orchestrator.core.step import Plan
-    from orchestrator.engines import capabilities, engine_of, serving_nodes
+    from orchestrator.engines import capabilities, engine_of
     from orchestrator.engines.apikey import relayed_port  # (an engine behind the key relay)
     from orchestrator.phases import hub_token
     from orchestrator.phases.launch_checks import with_checks
+    from orchestrator.recipe import serving_nodes
 
     engine = engine_of(recipe)
     inner = relayed_port(capabilities.api_key_way(engine), options.api_key, recipe.port)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import InputError
-from orchestrator.recipe import serving_nodes
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -170,6 +169,8 @@ def check_against_inventory(recipe: BaseRecipe, inventory: Inventory) -> None:
                          f"inventory {inventory.source} does not list under engines: (it lists "
                          f"{', '.join(inventory.served_engines)}); add `{recipe.engine}: {{}}` "
                          "there and run `sparkctl up`")
+    from orchestrator.recipe import serving_nodes
+
     nodes = serving_nodes(recipe, inventory)
     problem = engine_of(recipe).placement_problem(recipe, nodes, inventory)
     if problem:

@@ -27,7 +27,8 @@ class ServerSpec:
                  container: str) -> None:
         """CONTAINER: the container its first node's server runs in; `{name}` in it is the
         server's name."""
-        from orchestrator.engines import engine_of, serving_nodes
+        from orchestrator.engines import engine_of
+        from orchestrator.recipe import serving_nodes
 
         self.recipe, self.inventory, self.options = recipe, inventory, options
         self.name = options.name or recipe.name

@@ -303,8 +303,9 @@ def docker_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[...
 def model_args(recipe: Any, inventory: Inventory | None = None) -> tuple[list[str], Any]:
     """(serving nodes, ModelTools of the engine's model image): what the models phases and
     steps take explicitly (the launch plan works both out once)."""
-    from orchestrator.engines import engine_of, serving_nodes
+    from orchestrator.engines import engine_of
     from orchestrator.phases.model_tools import model_tools
+    from orchestrator.recipe import serving_nodes
 
     inv = inventory or make_inventory()
     return serving_nodes(recipe, inv), model_tools(engine_of(recipe).model_image(recipe, inv), inv)

@@ -13,12 +13,12 @@ import pytest
 from conftest import make_context, make_inventory
 
 from orchestrator.core.step import Change, Unchanged
-from orchestrator.engines import load_recipe, servers, serving_nodes
+from orchestrator.engines import load_recipe, servers
 from orchestrator.engines.placed import Placement
 from orchestrator.engines.sglang.recipe import Recipe
 from orchestrator.engines.sglang.serve import ServeSpec, launch_argv
 from orchestrator.errors import InputError, SparkctlError
-from orchestrator.recipe import LaunchOptions
+from orchestrator.recipe import LaunchOptions, serving_nodes
 
 IMAGE = Path(__file__).resolve().parents[2] / "lab" / "sparklab" / "image"
 
