@@ -112,7 +112,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             report.notes.append(f"Serving {recipe.model} at {endpoint} on {head} (server {server}). "
                                 f"Try `sparkctl chat --server {server} \"Hello\"`, or `sparkctl "
                                 f"tunnel --server {server}` for other clients.")
-            from orchestrator.phases.gateway_follow import after_change
+            from orchestrator.gateway.follow import after_change
 
             after_change(session, inventory, _note)  # a gateway that runs routes to it too
 

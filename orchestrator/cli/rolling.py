@@ -67,7 +67,7 @@ def rolling(recipe_name: str, inventory_path: str | None, allow_downtime: bool,
     from orchestrator.core.session import open_session
     from orchestrator.engines import load_recipe, servers
     from orchestrator.errors import SparkctlError
-    from orchestrator.phases import gateway
+    from orchestrator.gateway import control as gateway
     from orchestrator.phases.gateway_spec import COOLDOWN_SECONDS
 
     recipe = load_recipe(recipe_name)

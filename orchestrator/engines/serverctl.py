@@ -17,6 +17,7 @@ from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
 
 if TYPE_CHECKING:
+    from orchestrator.phases.teardown import EngineParts
     from orchestrator.remote.transport import Transport
 
 NODE_SCRIPT = script("serverctl.py")
@@ -32,6 +33,16 @@ def pid_wrapper(pid_file: str, log: str) -> str:
     PID_FILE and its output in LOG: what serverctl's status and stop read. Both paths are shell
     words as given (a rank's may hold "$r")."""
     return f'echo $$ > {pid_file}; exec "$@" > {log} 2>&1'
+
+
+def down_parts() -> EngineParts:
+    """What `down` (phases/teardown.py) needs from the engines: their fixed server containers
+    and how a server's recorded processes are stopped in a container."""
+    from orchestrator.engines import server_containers
+    from orchestrator.phases.teardown import EngineParts
+
+    return EngineParts(sorted(server_containers("")), lambda container, ours, grace: node_cmd(
+        container, action="stop", grace=grace, ours=ours))
 
 
 def node_cmd(container: str, **args: Any) -> str:

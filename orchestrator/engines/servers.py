@@ -325,7 +325,7 @@ def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:
     stopped on each of its nodes."""
     from orchestrator.commands import docker_cmd
     from orchestrator.engines.serverctl import node_cmd
-    from orchestrator.phases.teardown import managed_filter_args
+    from orchestrator.phases.managed import managed_filter_args
 
     engine = str(running["engine"])
     if running.get("container") in (None, inventory.container.name):  # in the `up` container

@@ -20,12 +20,12 @@ from orchestrator.commands import quote
 from orchestrator.engines import up_container
 from orchestrator.engines.liveness import dead_ranks
 from orchestrator.errors import SparkctlError
+from orchestrator.gateway.control import summary as gateway_summary
 from orchestrator.inventory import Inventory, Node
 from orchestrator.node import script
 from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
-from orchestrator.phases.gateway import summary as gateway_summary
 from orchestrator.phases.gateway_spec import probe_cmd as gateway_probe_cmd
-from orchestrator.phases.teardown import managed_ps_cmd
+from orchestrator.phases.managed import managed_ps_cmd
 from orchestrator.remote.cluster import parallel
 from orchestrator.status.containers import check_server_containers
 from orchestrator.status.server import add_server_problems, assess_server, server_list

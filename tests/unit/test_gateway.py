@@ -19,8 +19,8 @@ from orchestrator.cli import gateway as cli_gateway
 from orchestrator.cli import rolling
 from orchestrator.commands import Secret
 from orchestrator.errors import InputError, SparkctlError
+from orchestrator.gateway import control as gateway
 from orchestrator.node import script
-from orchestrator.phases import gateway
 from orchestrator.phases import gateway_spec as gs
 
 KEY = "sk-unit-sentinel-0123456789"

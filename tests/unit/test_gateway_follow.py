@@ -15,8 +15,11 @@ import pytest
 from conftest import FakeTransport, make_inventory
 
 from orchestrator.commands import Secret
+from orchestrator.engines.serverctl import down_parts
+from orchestrator.gateway import control as gateway
+from orchestrator.gateway import follow as gateway_follow
 from orchestrator.node import script
-from orchestrator.phases import gateway, gateway_down, gateway_follow, teardown
+from orchestrator.phases import gateway_down, teardown
 from orchestrator.phases import gateway_spec as gs
 
 KEY = "sk-unit-follow-0123456789"
@@ -136,5 +139,5 @@ def test_down_stops_relays_and_its_verify_names_any_left() -> None:
     assert gateway_down.StopRelays().check(Ctx()).reason == "no gateway relay"  # type: ignore[arg-type]
     verify = teardown.verify_cmd(make_inventory(), network=False)
     assert gs.RELAY_PATTERN in verify and "gateway relay: pid" in verify
-    names = [s.name for s in teardown.down_phase(make_inventory(), network=False).steps]
+    names = [s.name for s in teardown.down_phase(make_inventory(), False, down_parts()).steps]
     assert names.index("gateway-relays") < names.index("files")  # before the pid files go

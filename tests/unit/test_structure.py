@@ -23,8 +23,9 @@ JUDGES = ("netcheck", "status")
 FORBIDDEN = {
     "remote": {"core", "phases", "engines", *JUDGES, "bench", "cli"},
     "core": {"phases", "engines", *JUDGES, "bench", "cli"},
-    "phases": {*JUDGES, "bench", "cli"},
-    "engines": {"bench", "cli"},
+    "phases": {"engines", "gateway", *JUDGES, "bench", "cli"},
+    "engines": {"gateway", "bench", "cli"},
+    "gateway": {"bench", "cli"},
     "netcheck": {"bench", "cli"},
     "status": {"bench", "cli"},
     "bench": {"cli"},

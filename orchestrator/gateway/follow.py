@@ -23,7 +23,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import docker_cmd, install_file_cmd, quote
-from orchestrator.phases import gateway
+from orchestrator.gateway import control as gateway
 from orchestrator.phases import gateway_spec as gs
 
 if TYPE_CHECKING:
