@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
+
+from pydantic import AfterValidator
 
 from orchestrator.errors import SparkctlError
 from orchestrator.recipe import SPARK_MEMORY_GB, BaseRecipe, LaunchOptions, MemoryEstimate, Verdict
@@ -142,3 +144,7 @@ def check_env_names(env: dict[str, str]) -> dict[str, str]:
         raise ValueError(f"env: {', '.join(secret)} looks like a secret; recipes are not "
                          "secret (the HF token comes from $HF_TOKEN or --hf-token-file)")
     return env
+
+
+EnvVars = Annotated[dict[str, str], AfterValidator(check_env_names)]
+"""A recipe's `env:` (vLLM, SGLang, llama.cpp): checked by check_env_names."""

@@ -18,7 +18,7 @@ from orchestrator.engines.trtllm import keyrelay
 from orchestrator.engines.trtllm.layouts import TrtllmLayouts
 from orchestrator.engines.trtllm.meter import TrtllmMeter
 from orchestrator.engines.trtllm.readiness import READINESS
-from orchestrator.engines.trtllm.recipe import Recipe
+from orchestrator.engines.trtllm.recipe import Recipe, estimate_memory
 from orchestrator.engines.trtllm.settings import Settings
 from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 
@@ -96,8 +96,6 @@ class TrtllmEngine:
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
-        from orchestrator.engines.trtllm.recipe import estimate_memory
-
         return estimate_memory(recipe, node_memory_gb)
 
     def describe(self, recipe: Recipe) -> list[tuple[str, str]]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from orchestrator.engines.base import check_env_names, verdict_of
+from orchestrator.engines.base import EnvVars, verdict_of
 from orchestrator.recipe import SPARK_MEMORY_GB, BaseRecipe, MemoryEstimate, StrictModel
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class Recipe(BaseRecipe):
     pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
     serve_args: list[str] = Field(default_factory=list)
     """More `vllm serve` flags, verbatim (each item one argv word), checked against vLLM's table."""
-    env: dict[str, str] = Field(default_factory=dict)
+    env: EnvVars = Field(default_factory=dict)
     """Extra environment of the containers (e.g. VLLM_* switches)."""
     ray: RayOptions = Field(default_factory=RayOptions)
     executor: Literal["auto", "ray", "mp"] = "auto"
@@ -108,11 +108,6 @@ class Recipe(BaseRecipe):
         else:
             extra = []
         return [*super().listen_ports(nodes), *extra]
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        return check_env_names(env)
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
