@@ -7,7 +7,7 @@ a member that does nothing.
 | --- | --- | --- |
 | `TakesApiKey` | every engine today | launch --api-key-file; without it launch refuses a key |
 | `MetersDrafting` | every engine today | bench's speculative-decoding figures from /metrics |
-| `OwnContainers` | vLLM, SGLang, llama.cpp | `down --server`, `logs`' label for them |
+| `OwnContainers` | vLLM, SGLang, llama.cpp | `down --server` drops their restart policy |
 | `LabelsLogs` | vLLM, SGLang, llama.cpp | `logs`: its own server containers' label |
 | `HasSettings` | TensorRT-LLM | its section of the inventory's `engines:` (else NoSettings) |
 | `RecordsPids` | TensorRT-LLM, vLLM | status: whose pid files are a server's |
