@@ -105,7 +105,8 @@ def read(path: Path) -> ForeignRecipe:
     mods = data.get("mods") or []
     if not isinstance(mods, list):
         raise InputError(f"{path}: `mods` must be a list, got {type(mods).__name__}")
-    metadata = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+    raw_metadata = data.get("metadata")
+    metadata: dict[str, Any] = raw_metadata if isinstance(raw_metadata, dict) else {}
     return ForeignRecipe(
         path=path, format=kind,
         name=str(data.get("name") or path.stem),
