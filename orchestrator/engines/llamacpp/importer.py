@@ -22,6 +22,11 @@ ALL_LAYERS = 999  # the recipe's default: more layers than any model has
 class LlamacppImporter:
     runtimes = frozenset({"llama-cpp"})
     programs = (("llama-server",),)
+    # flags of earlier llama.cpp builds that b11434 replaced by one option: `--load-mode`
+    # (mmap | mlock | dio | none) took over --mmap, --no-mmap, --mlock and --direct-io
+    renamed = {"--mmap": ["--load-mode", "mmap"], "--no-mmap": ["--load-mode", "none"],
+               "--mlock": ["--load-mode", "mlock"], "--direct-io": ["--load-mode", "dio"],
+               "-dio": ["--load-mode", "dio"]}
 
     def table(self) -> OptionTable:
         from orchestrator.engines.llamacpp.options import table

@@ -25,6 +25,8 @@ class SglangImporter:
     runtimes = frozenset({"sglang"})
     programs = (("python3", "-m", "sglang.launch_server"), ("sglang", "serve"))
 
+    renamed: dict[str, list[str]] = {}
+
     def table(self) -> OptionTable:
         from orchestrator.engines.sglang.options import table
 

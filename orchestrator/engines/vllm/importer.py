@@ -21,6 +21,8 @@ class VllmImporter:
     runtimes = frozenset({"vllm", "vllm-distributed", "vllm-ray", "eugr-vllm"})
     programs = (("vllm", "serve"), ("python3", "-m", "vllm.entrypoints.openai.api_server"))
 
+    renamed: dict[str, list[str]] = {}
+
     def table(self) -> OptionTable:
         from orchestrator.engines.vllm.options import table
 
