@@ -103,7 +103,7 @@ def switch_engines(inventory: str) -> None:
                     "--yes").returncode == 0
     imported = sparkctl("recipes", "import", str(FOREIGN / "eugr-four-node.yaml"), "--force")
     assert imported.returncode == 0, imported.stderr
-    plan = launch("eugr-four-node", "--dry-run")  # by name, from the user recipe folder
+    plan = launch("eugr-four-node", "--dry-run", "--json")  # by name, from the user folder
     assert "--tensor-parallel-size 4" in plan, plan[-2000:]
     sparkctl("down", "--inventory", inventory, "--yes")
 
