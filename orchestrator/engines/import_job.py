@@ -100,6 +100,16 @@ class ImportJob:
     def positionals(self) -> list[str]:
         return list(self.parsed.positionals)
 
+    def whole(self, flag: str) -> int | None:
+        """An integer option's value (the last one given), None when absent."""
+        raw = self.value(flag)
+        if raw is None:
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            self.refuse(f"command: {flag} {raw!r} is not a whole number")
+
     def port(self, flag: str = "--port") -> int | None:
         raw = self.value(flag)
         if raw is None:

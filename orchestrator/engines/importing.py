@@ -111,6 +111,10 @@ def import_recipe(path: Path, *, out: Path | None, user_dir: Path, name: str | N
                          "import another with --name")
     if target.exists() and not force:
         raise InputError(f"{target} exists; pass --force to replace it")
+    if foreign.mods:
+        job.refuse(f"mods {', '.join(foreign.mods)}: patches applied to the container before "
+                   "it serves; sparkctl has no equivalent (it runs images unchanged): use an "
+                   "image that has them, or remove `mods` to import without them")
     fields: dict[str, Any] = {"name": recipe_name, "engine": engine.name,
                               "description": _description(foreign), "model": foreign.model}
     if foreign.revision:
@@ -119,19 +123,15 @@ def import_recipe(path: Path, *, out: Path | None, user_dir: Path, name: str | N
     env = _env(foreign)
     if env:
         fields["env"] = env
-    if foreign.mods:
-        job.refuse(f"mods {', '.join(foreign.mods)}: patches applied to the container before "
-                   "it serves; sparkctl has no equivalent (it runs images unchanged): use an "
-                   "image that has them, or remove `mods` to import without them")
-    nodes = _node_count(fields)
-    if nodes < foreign.min_nodes or (foreign.max_nodes is not None and nodes > foreign.max_nodes):
-        job.note(f"the recipe says {foreign.min_nodes}..{foreign.max_nodes or 'any'} nodes; "
-                 f"its parallelism asks for {nodes}: sparkctl runs it on {nodes}")
     try:
-        engine.recipe_type.model_validate({**fields, "source": str(target)})
+        recipe = engine.recipe_type.model_validate({**fields, "source": str(target)})
     except ValidationError as exc:
         raise InputError(explain(path, exc).replace("invalid recipe", "imported as an invalid "
                                                     "recipe", 1)) from None
+    nodes = recipe.node_count
+    if nodes < foreign.min_nodes or (foreign.max_nodes is not None and nodes > foreign.max_nodes):
+        job.note(f"the recipe says {foreign.min_nodes}..{foreign.max_nodes or 'any'} nodes; "
+                 f"its parallelism asks for {nodes}: sparkctl runs it on {nodes}")
     text = _header(foreign, engine, job.notes) + yaml.safe_dump(fields, sort_keys=False,
                                                                    width=100)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -172,13 +172,6 @@ def _env(foreign: ForeignRecipe) -> dict[str, str]:
             raise InputError(f"{foreign.path}: env {key}: {value!r} has a placeholder filled "
                              "at launch by sparkrun; sparkctl has no equivalent")
     return dict(foreign.env)
-
-
-def _node_count(fields: dict[str, Any]) -> int:
-    ranks = 1
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "tp_size", "pp_size"):
-        ranks *= int(fields.get(key, 1))
-    return int(fields.get("nodes") or ranks)
 
 
 def _description(foreign: ForeignRecipe) -> str:

@@ -58,9 +58,9 @@ class LlamacppImporter:
         if layers is not None:
             fields["gpu_layers"] = _layers(job, layers)
         for flag, key in (("--ctx-size", "ctx_size"), ("--parallel", "parallel")):
-            raw = job.value(flag)
-            if raw is not None:
-                fields[key] = int(raw)  # the table checked it is an integer
+            value = job.whole(flag)
+            if value is not None:
+                fields[key] = value
         port = job.port()
         if port is not None:
             fields["port"] = port

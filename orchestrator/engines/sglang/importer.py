@@ -41,16 +41,16 @@ class SglangImporter:
         fields["image"] = job.image()
         for flag, key in (("--tensor-parallel-size", "tp_size"),
                           ("--pipeline-parallel-size", "pp_size")):
-            raw = job.value(flag)
-            if raw is not None:
-                fields[key] = _whole(job, flag, raw)
+            ranks = job.whole(flag)
+            if ranks is not None:
+                fields[key] = ranks
         if job.switch("--trust-remote-code"):
             fields["trust_remote_code"] = True
         speculative: dict[str, Any] = {}
         for flag, key in _SPECULATIVE.items():
-            raw = job.value(flag)
-            if raw is not None:
-                speculative[key] = raw if key in ("algorithm", "draft_model") else _whole(job, flag, raw)
+            value = job.value(flag) if key in ("algorithm", "draft_model") else job.whole(flag)
+            if value is not None:
+                speculative[key] = value
         if speculative:
             fields["speculative"] = speculative
         revision = job.value("--revision")
@@ -66,9 +66,3 @@ class SglangImporter:
         fields["serve_args"] = job.rest()
         return fields
 
-
-def _whole(job: ImportJob, flag: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        job.refuse(f"command: {flag} {raw!r} is not a whole number")

@@ -40,12 +40,11 @@ class VllmImporter:
                          f"{job.foreign.model}): the command's is kept")
             fields["model"] = model
         fields["image"] = job.image()
-        tp = job.value("--tensor-parallel-size")
-        pp = job.value("--pipeline-parallel-size")
-        if tp is not None:
-            fields["tensor_parallel_size"] = _whole(job, "--tensor-parallel-size", tp)
-        if pp is not None:
-            fields["pipeline_parallel_size"] = _whole(job, "--pipeline-parallel-size", pp)
+        for flag, key in (("--tensor-parallel-size", "tensor_parallel_size"),
+                          ("--pipeline-parallel-size", "pipeline_parallel_size")):
+            ranks = job.whole(flag)
+            if ranks is not None:
+                fields[key] = ranks
         backend = job.value("--distributed-executor-backend")
         ray_image = known(fields["image"])
         if backend in ("ray", "mp"):
@@ -70,9 +69,3 @@ class VllmImporter:
         fields["serve_args"] = job.rest()
         return fields
 
-
-def _whole(job: ImportJob, flag: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        job.refuse(f"command: {flag} {raw!r} is not a whole number")
