@@ -222,3 +222,17 @@ def test_parse_reads_argv_as_the_engine_parser_does() -> None:
         ("--served-model-name", False, ["x", "y"], ["--served-model-name", "x", "y"]),
         ("--port", False, ["1"], ["--port", "1"]),
     ]
+
+
+def test_json_names_the_file_written_and_every_warning(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "elsewhere.yml"
+    result = run("recipes", "import", str(FIXTURES / "eugr-four-node.yaml"), "-o", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["command"], doc["ok"], doc["name"], doc["engine"], doc["path"]) == (
+        "recipes import", True, "elsewhere", "vllm", str(out))
+    assert any(w.startswith("container vllm-node-tf5: an image built locally") for w in doc["warnings"])
+    launched = run("recipes", "show", str(out))  # a recipe outside the folder, by path
+    assert launched.exit_code == 0 and "--tensor-parallel-size 4" in launched.output
