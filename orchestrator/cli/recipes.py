@@ -113,10 +113,13 @@ def recipe_table(rows: list[dict[str, Any]]) -> str:
 @click.option("--weights-gb", type=click.FloatRange(min=0.1, max=4096), default=None,
               help="The model's weight files in GB, when the recipe does not say and the "
                    "model's name gives no parameter count.")
+@click.option("--image", default=None, metavar="IMAGE",
+              help="Serve with this image instead of the recipe's `container` (e.g. the "
+                   "engine version sparkctl's option table is pinned to).")
 @click.option("--force", is_flag=True, help="Replace an existing recipe file.")
 @json_option
 def import_recipe(file: Path, out: Path | None, name: str | None, weights_gb: float | None,
-                  force: bool, as_json: bool) -> None:
+                  image: str | None, force: bool, as_json: bool) -> None:
     """Make a sparkrun or eugr (spark-vllm-docker) recipe FILE a sparkctl recipe.
 
     The command template is parsed as the engine's own parser would (its option table at the
@@ -133,7 +136,7 @@ def import_recipe(file: Path, out: Path | None, name: str | None, weights_gb: fl
         from orchestrator.engines.importing import import_recipe as run_import
 
         done = run_import(file, out=out, user_dir=user_recipes_dir(), name=name,
-                          weights_gb=weights_gb, force=force)
+                          weights_gb=weights_gb, image=image, force=force)
         if as_json:
             print_json({"command": "recipes import", "ok": True, **done.to_json()})
             return 0

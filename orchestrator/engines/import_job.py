@@ -55,6 +55,7 @@ class ImportJob:
     parsed: ParsedArgs
     default_image: str
     weights_gb: float | None = None  # `recipes import --weights-gb`
+    image_override: str | None = None  # `recipes import --image`
     notes: list[str] = field(default_factory=list)
     _taken: set[int] = field(default_factory=set)
 
@@ -140,6 +141,11 @@ class ImportJob:
         """The recipe's container, or the engine's default image in place of one built
         locally (a bare name like eugr's `vllm-node`: no registry serves it)."""
         container = self.foreign.container.strip()
+        if self.image_override:
+            if container != self.image_override:
+                self.note(f"container {container or '(none)'}: replaced by {self.image_override} "
+                          "(--image)")
+            return self.image_override
         if not container:
             self.note(f"no container named: the engine's default image {self.default_image}")
             return self.default_image

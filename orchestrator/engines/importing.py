@@ -82,7 +82,8 @@ def _program_word(word: str) -> str:
 
 
 def import_recipe(path: Path, *, out: Path | None, user_dir: Path, name: str | None = None,
-                  weights_gb: float | None = None, force: bool = False) -> Imported:
+                  weights_gb: float | None = None, image: str | None = None,
+                  force: bool = False) -> Imported:
     """Read, convert, validate and write; nothing is written unless all of it succeeds."""
     import yaml
     from pydantic import ValidationError
@@ -100,7 +101,8 @@ def import_recipe(path: Path, *, out: Path | None, user_dir: Path, name: str | N
         raise InputError(f"{path}: command: " + "; ".join(str(p) for p in parsed.problems))
     _refuse_unsupported(foreign)
     default_image = str(engine.recipe_type.model_fields["image"].default)
-    job = ImportJob(foreign, parsed, default_image, weights_gb=weights_gb, notes=renamed)
+    job = ImportJob(foreign, parsed, default_image, weights_gb=weights_gb, image_override=image,
+                    notes=renamed)
     recipe_name = name or _slug((out.stem if out else None) or foreign.path.stem)
     if not NAME.match(recipe_name):
         raise InputError(f"{path}: {recipe_name!r} cannot name a recipe: use --name with "

@@ -118,6 +118,15 @@ def test_a_unique_abbreviation_is_the_flag_itself(tmp_path: Path) -> None:
     assert "--tensor-parallel" not in data["serve_args"] and data["tensor_parallel_size"] == 1
 
 
+def test_image_option_replaces_the_container(tmp_path: Path) -> None:
+    out = tmp_path / "r.yml"
+    result = run("recipes", "import", str(FIXTURES / "sparkrun-sglang-tp2.yaml"), "-o", str(out),
+                 "--image", "scitrera/dgx-spark-sglang:0.5.12-b")
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(out.read_text())["image"] == "scitrera/dgx-spark-sglang:0.5.12-b"
+    assert "replaced by scitrera/dgx-spark-sglang:0.5.12-b (--image)" in out.read_text()
+
+
 def test_ray_kept_on_an_image_that_has_it(tmp_path: Path) -> None:
     text = (FIXTURES / "eugr-minimax-m2.7-tp2.yaml").read_text().replace(
         "container: vllm-node", "container: nvcr.io/nvidia/vllm:26.03-py3")
