@@ -11,8 +11,11 @@ Its own MACs let the controller say whose those are. Standard library only; Pyth
 import json
 import subprocess
 import sys
+import time
 
-PING_SECONDS = "2"
+PING_SECONDS = 3
+# ping refuses multicast at intervals under 1 s to users other than root
+PING = ["ping", "-6", "-n", "-q", "-c", "2", "-i", "1", "-w", str(PING_SECONDS)]
 
 
 def run(argv):
@@ -38,10 +41,41 @@ def links():
     return found, None
 
 
+def settle(interfaces, seconds=5.0):
+    """Wait (a few seconds at most) while a link-local address is still tentative: duplicate
+    address detection runs right after a link comes up, and a tentative address sends nothing."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        rc, out, _ = run(["ip", "-j", "-6", "addr", "show", "scope", "link"])
+        if rc != 0:
+            return
+        busy = [entry.get("ifname") for entry in json.loads(out or "[]")
+                if entry.get("ifname") in interfaces
+                and any(a.get("tentative") for a in entry.get("addr_info") or [])]
+        if not busy:
+            return
+        time.sleep(0.2)
+
+
+def ping_all(interfaces):
+    """The all-nodes ping on every interface at once (so the probe takes one ping's time)."""
+    pings = []
+    for name in interfaces:
+        try:
+            pings.append(subprocess.Popen(PING + ["ff02::1%" + name], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        except OSError:
+            pass
+    for ping in pings:
+        try:
+            ping.wait(timeout=PING_SECONDS + 5)
+        except subprocess.TimeoutExpired:
+            ping.kill()
+            ping.wait()
+
+
 def neighbours(interface):
     """MACs that answered the all-nodes ping on INTERFACE, or why none could be asked."""
-    run(["ping", "-6", "-n", "-q", "-c", "3", "-i", "0.3", "-w", PING_SECONDS,
-         "ff02::1%" + interface])
     rc, out, err = run(["ip", "-j", "-6", "neigh", "show", "dev", interface])
     if rc != 0:
         return [], err.strip() or "ip -6 neigh failed"
@@ -56,6 +90,10 @@ def main():
     table, error = links()
     out = {"macs": sorted({v["mac"] for v in table.values() if v["mac"]}), "interfaces": {},
            "error": error}
+    live = [name for name in wanted if table.get(name, {}).get("up")
+            and table.get(name, {}).get("carrier")]
+    settle(live)
+    ping_all(live)
     for name in wanted:
         link = table.get(name)
         if link is None:
