@@ -17,6 +17,7 @@ from typing import Any
 from orchestrator.commands import join
 from orchestrator.inventory import Inventory, Node
 from orchestrator.netcheck.results import CheckResult, _link
+from orchestrator.netcheck.roce import check_roce, roce_request
 from orchestrator.paths import NETPLAN_FILE, SSH_CONFIG
 
 EXPECTED_SPEED_MBPS = 200000  # a ConnectX-7 QSFP port on a DGX Spark
@@ -95,6 +96,12 @@ def check_interface_up(inventory: Inventory, node: Node, facts: dict[str, Any]) 
 def _parse_speed(text: str) -> int | None:
     match = re.search(r"Speed:\s*(\d+)\s*Mb/s", text)
     return int(match.group(1)) if match else None
+
+
+def negotiated_speed(facts: dict[str, Any], interface: str) -> int | None:
+    """Mb/s ethtool says INTERFACE negotiated (None: not gathered or no Speed: line)."""
+    answer = (facts.get("commands") or {}).get(f"ethtool:{interface}") or {}
+    return _parse_speed(answer.get("out", ""))
 
 
 def check_speed(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
@@ -290,7 +297,7 @@ def check_disk(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[
 
 NODE_CHECKS: list[NodeCheck] = [
     check_interface_up, check_speed, check_addresses, check_mtu, check_netplan,
-    check_twin_subnets, check_routes, check_disk,
+    check_twin_subnets, check_routes, check_disk, check_roce,
 ]
 
 
@@ -317,7 +324,7 @@ def facts_request(inventory: Inventory, node: Node) -> dict[str, Any]:
         "files": {SSH_CONFIG: False},
         "commands": {f"ethtool:{i}": join(["ethtool", i]) for i in inventory.fabric.interfaces},
         "timeout": 10,
-    }, container.facts_request(inventory, node)])
+    }, container.facts_request(inventory, node), roce_request(inventory, node)])
 
 
 def summary(results: list[CheckResult]) -> dict[str, int]:

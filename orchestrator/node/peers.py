@@ -8,6 +8,7 @@ every up interface with no configuration (so it works before any fabric address 
 reads the neighbour table of that interface: the MAC address of every machine that answered.
 Its own MACs let the controller say whose those are. Standard library only; Python 3.8+.
 """
+import contextlib
 import json
 import subprocess
 import sys
@@ -61,11 +62,9 @@ def ping_all(interfaces):
     """The all-nodes ping on every interface at once (so the probe takes one ping's time)."""
     pings = []
     for name in interfaces:
-        try:
-            pings.append(subprocess.Popen(PING + ["ff02::1%" + name], stdout=subprocess.DEVNULL,
+        with contextlib.suppress(OSError):
+            pings.append(subprocess.Popen([*PING, "ff02::1%" + name], stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL))
-        except OSError:
-            pass
     for ping in pings:
         try:
             ping.wait(timeout=PING_SECONDS + 5)
