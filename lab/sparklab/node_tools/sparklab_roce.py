@@ -4,8 +4,9 @@ veth has no RDMA device, so both tools are computed from the node's real links, 
 driver fills them: one device per fabric interface (rocep1s0f1 <-> enp1s0f1np1, ...), port 1
 ACTIVE while the link is up, its active MTU the largest InfiniBand MTU (256..4096) that fits in
 the interface's MTU with the RoCE headers (MTU 9000 -> 4096, 1500 -> 1024), and a GID table of
-RoCE v1 and v2 entries: the link-local IPv6 address at indexes 0 and 1, then each IPv4 address
-as an IPv4-mapped GID (::ffff:a.b.c.d) at 2 and 3, 4 and 5, ... The lab fault `roce-mtu` pins a
+RoCE v1 and v2 entries: the default GID (fe80:: with the port's MAC as EUI-64, there whether or
+not the interface has an IPv6 link-local address) at indexes 0 and 1, then each IPv4 address as
+an IPv4-mapped GID (::ffff:a.b.c.d) at 2 and 3, 4 and 5, ... The lab fault `roce-mtu` pins a
 device's active MTU (a file /var/lib/sparklab/faults/roce-mtu-<device> holding the MTU).
 """
 import ipaddress
@@ -57,13 +58,20 @@ def gid_of(address):
     return ":".join(packed[i:i + 2].hex() for i in range(0, 16, 2))
 
 
+def default_gid(mac):
+    """fe80::/64 with the MAC as modified EUI-64 (the universal/local bit flipped, ff:fe inside)."""
+    octets = [int(part, 16) for part in mac.split(":")]
+    octets[0] ^= 0x02
+    eui = octets[:3] + [0xFF, 0xFE] + octets[3:]
+    return "fe80::" + ":".join("%02x%02x" % (eui[i], eui[i + 1]) for i in range(0, 8, 2))
+
+
 def gids(link):
     """[(index, gid, ipv4 or "", "v1"/"v2")] of one device's port 1."""
     table = []
     infos = link.get("addr_info") or []
-    local = [a["local"] for a in infos if a.get("family") == "inet6" and a.get("scope") == "link"]
     ipv4 = [a["local"] for a in infos if a.get("family") == "inet"]
-    entries = [(address, "") for address in local[:1]]
+    entries = [(default_gid(link.get("address") or "00:00:00:00:00:00"), "")]
     entries += [("::ffff:" + address, address) for address in ipv4]
     for address, v4 in entries:
         for version in ("v1", "v2"):
