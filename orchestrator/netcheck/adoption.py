@@ -114,9 +114,10 @@ def _topology(hosts: list[str], interfaces: tuple[str, ...], addresses: list[dic
             members[ipaddress.ip_interface(mine[iface]).network].append((node, iface))
     for network, where in members.items():
         nodes = [node for node, _ in where]
-        if len(set(nodes)) != len(nodes):
-            twins = ", ".join(iface for _, iface in where)
-            raise _refuse(f"{hosts[nodes[0]]}: {twins} share {network} (NVIDIA: one subnet on "
+        twice = next((node for node in nodes if nodes.count(node) > 1), None)
+        if twice is not None:
+            twins = ", ".join(iface for node, iface in where if node == twice)
+            raise _refuse(f"{hosts[twice]}: {twins} share {network} (NVIDIA: one subnet on "
                           "two interfaces breaks routing and NCCL)")
     count = len(hosts)
     sizes = {len(where) for where in members.values()}

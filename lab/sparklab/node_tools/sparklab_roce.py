@@ -62,8 +62,8 @@ def default_gid(mac):
     """fe80::/64 with the MAC as modified EUI-64 (the universal/local bit flipped, ff:fe inside)."""
     octets = [int(part, 16) for part in mac.split(":")]
     octets[0] ^= 0x02
-    eui = octets[:3] + [0xFF, 0xFE] + octets[3:]
-    return "fe80::" + ":".join("%02x%02x" % (eui[i], eui[i + 1]) for i in range(0, 8, 2))
+    eui = [*octets[:3], 255, 254, *octets[3:]]
+    return "fe80::" + ":".join(f"{eui[i]:02x}{eui[i + 1]:02x}" for i in range(0, 8, 2))
 
 
 def gids(link):
