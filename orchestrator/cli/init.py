@@ -61,8 +61,10 @@ class Probed:
         from orchestrator.netcheck.layout import choose_layout
 
         reach = self.reach()
-        return (adopt([node.host for node in self.nodes], self.facts, reach)
-                or choose_layout(self.nodes, reach))
+        # a node whose netplan files could not be read (no sudo) leaves only the cabling to judge
+        adopted = (adopt([node.host for node in self.nodes], self.facts, reach)
+                   if all(self.facts) else None)
+        return adopted or choose_layout(self.nodes, reach)
 
 
 def _probe(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
@@ -118,7 +120,14 @@ def _probe(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
             except json.JSONDecodeError:
                 raise SparkctlError(f"{by_name[name]}: the peer probe printed no JSON: "
                                     f"{probe.stderr.strip()[-300:]!r}") from None
-            facts = gather_facts(transport, request_of(NETPLAN_FILES, LINKS))
+            try:  # netplan files are 0600 root: the gatherer runs under sudo
+                facts = gather_facts(transport, request_of(NETPLAN_FILES, LINKS))
+            except SparkctlError as exc:
+                click.echo(f"  {by_name[name]}: warning: cannot read /etc/netplan as root "
+                           f"({str(exc).strip()[-200:]}); a network NVIDIA Sync or a hand "
+                           "configured cannot be adopted without it: judging the cabling only",
+                           err=True)
+                facts = {}
             return (NodeLinks(by_name[name], hostname or by_name[name],
                               parse_ibdev2netdev(links.stdout),
                               management=where.stdout.strip() if where.ok else ""),

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from click.testing import CliRunner
+from conftest import FakeCluster, make_inventory
 from nodescript import run_node_script
 
 from orchestrator.cli import cli
@@ -264,3 +266,35 @@ def test_the_command_writes_the_adopted_inventory(monkeypatch: pytest.MonkeyPatc
     data = yaml.safe_load(out.read_text())
     assert data["fabric"]["network"] == "adopted"
     assert "network: adopted   # /etc/netplan/99-nvidia-sync-cluster.yaml" in out.read_text()
+
+
+def test_probe_reads_every_node_and_judges_the_cabling_without_sudo(
+        fake_cluster: Callable[..., FakeCluster], monkeypatch: pytest.MonkeyPatch) -> None:
+    """init's glue over the nodes: ibdev2netdev, hostname, the management interface, the peer
+    probe (node/peers.py on stdin) and the gatherer; a node whose sudo wants a password cannot
+    show its 0600 netplan files: a warning, and the cabling is judged alone."""
+    from orchestrator.cli import init as init_cli
+
+    data = {"cluster": {"name": "init"}, "nodes": [{"name": "host-1", "host": "10.0.0.1"},
+                                                   {"name": "host-2", "host": "10.0.0.2"}]}
+    sync = sync_facts(monkeypatch)
+    cluster = fake_cluster(make_inventory(data), facts={
+        "host-1": sync[0], "host-2": (1, "", "sudo: a password is required")})
+    probe = answers({(n, i): [1 - n] for n in range(2) for i in P1}, 2)
+    for index, name in enumerate(("host-1", "host-2")):
+        node = cluster[name]
+        node.on("^ibdev2netdev$", stdout="rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)\n"
+                                         "roceP2p1s0f1 port 1 ==> enP2p1s0f1np1 (Up)\n")
+        node.on("^hostname$", stdout=f"spark-{'ab'[index]}\n")
+        node.on("SSH_CONNECTION", stdout="eth0\n")
+        node.on('"interfaces": ', stdout=json.dumps(probe[index]))
+    monkeypatch.setattr("orchestrator.remote.connect.connect_all",
+                        lambda *args: (dict(cluster.transports), {}))
+    found = init_cli._probe(("10.0.0.1", "10.0.0.2"), None, None, None, False)
+    assert [n.hostname for n in found.nodes] == ["spark-a", "spark-b"]
+    assert found.nodes[0].up_ports() == ["port 1"] and found.nodes[1].management == "eth0"
+    assert found.facts[1] == {} and "netplan" in found.facts[0]
+    probe_call = next(c for c in cluster["host-1"].calls if '"interfaces": ' in c.command)
+    assert "ff02::1" in str(probe_call.stdin)  # node/peers.py itself, on stdin
+    layout = found.layout()  # without spark-b's files nothing is adopted: the cable decides
+    assert (layout.topology, layout.adopted, layout.port) == ("b2b", (), "port 1")
