@@ -99,6 +99,31 @@ def builtin_names() -> list[str]:
     return sorted(recipe_files())
 
 
+def user_recipes_dir() -> Path:
+    """The user's own recipes (imported or hand-written): $XDG_CONFIG_HOME/sparkctl/recipes,
+    ~/.config/sparkctl/recipes by default (the XDG base directory specification)."""
+    import os
+
+    base = os.environ.get("XDG_CONFIG_HOME") or ""
+    root = Path(base) if Path(base).is_absolute() else Path.home() / ".config"
+    return root / "sparkctl" / "recipes"
+
+
+def user_recipe_files() -> dict[str, Path]:
+    """The user's recipes by name (the file's stem); a built-in name is the built-in's."""
+    folder = user_recipes_dir()
+    if not folder.is_dir():
+        return {}
+    builtin = recipe_files()
+    return {path.stem: path for pattern in ("*.yml", "*.yaml") for path in sorted(folder.glob(pattern))
+            if path.stem not in builtin and path.is_file()}
+
+
+def recipe_names() -> list[str]:
+    """Every recipe `launch NAME` finds: the built-in ones and the user's."""
+    return sorted({*recipe_files(), *user_recipe_files()})
+
+
 def load_recipe(name_or_path: str) -> Any:
     """A built-in recipe by name, or a recipe file by path; errors name the file and key."""
     from pydantic import ValidationError
@@ -107,13 +132,16 @@ def load_recipe(name_or_path: str) -> Any:
 
     path = Path(name_or_path).expanduser()
     if not (path.suffix in (".yml", ".yaml") or "/" in name_or_path):
-        builtin = recipe_files().get(name_or_path)
-        if builtin is None:
+        found = recipe_files().get(name_or_path) or user_recipe_files().get(name_or_path)
+        if found is None:
+            mine = sorted(user_recipe_files())
             raise InputError(
-                f"no recipe named {name_or_path!r}; built in: {', '.join(builtin_names())} "
-                "(or pass the path of a recipe file)"
+                f"no recipe named {name_or_path!r}; built in: {', '.join(builtin_names())}; "
+                + (f"yours ({user_recipes_dir()}): {', '.join(mine)} " if mine else
+                   f"none of yours in {user_recipes_dir()} ")
+                + "(or pass the path of a recipe file)"
             )
-        path = builtin
+        path = found
     data = load_yaml_mapping(path, "recipe")
     engine_name = data.get("engine", DEFAULT_ENGINE)
     if engine_name not in REGISTRY:

@@ -16,6 +16,7 @@ a member that does nothing.
 | `Warns` | TensorRT-LLM, llama.cpp | launch's warnings about a recipe |
 | `PreviewsConfig` | every engine today | `recipes show --json`'s engine part |
 | `Advisable` | every engine today | `sparkctl advise` (engines/layouts.py) |
+| `Imports` | vLLM, SGLang, llama.cpp | `recipes import` (engines/importing.py) |
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from orchestrator.core.step import Phase
     from orchestrator.engines.apikey import KeyWay
     from orchestrator.engines.base import UpContainer
+    from orchestrator.engines.import_job import RecipeImporter
     from orchestrator.engines.layouts import LayoutSupport
     from orchestrator.engines.meters import SpecMeter
     from orchestrator.inventory import Inventory
@@ -122,6 +124,13 @@ class Advisable(Protocol):
     layouts: LayoutSupport
     """`sparkctl advise`: its layouts on N nodes, a recipe as one server of a layout, its
     decode efficiency and the published figures it is fitted to (engines/layouts.py)."""
+
+
+@runtime_checkable
+class Imports(Protocol):
+    importer: RecipeImporter
+    """`sparkctl recipes import`: the community recipes of this engine made its recipes
+    (engines/NAME/importer.py, engines/import_job.py)."""
 
 
 # ------------------------------------------------- what an engine without one of them means

@@ -96,7 +96,7 @@ def named_problem(server: dict[str, Any]) -> str:
 
 
 def health_paths() -> dict[str, Any]:
-    """Every engine's health paths (Engine.health_paths) for the node's probe."""
+    """Every engine's status paths (Engine.readiness.status_paths) for the node's probe."""
     return {"paths": {name: list(get_engine(name).readiness.status_paths) for name in sorted(REGISTRY)},
             "default": DEFAULT_ENGINE}
 

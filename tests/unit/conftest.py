@@ -309,3 +309,10 @@ def model_args(recipe: Any, inventory: Inventory | None = None) -> tuple[list[st
 
     inv = inventory or make_inventory()
     return serving_nodes(recipe, inv), model_tools(engine_of(recipe).model_image(recipe, inv), inv)
+
+
+@pytest.fixture(autouse=True)
+def _no_user_recipes(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user recipe folder ($XDG_CONFIG_HOME/sparkctl/recipes) of whoever runs the tests
+    must not leak into them: every test starts with an empty configuration folder."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.engines.apikey import KeyWay
+from orchestrator.engines.llamacpp.importer import LlamacppImporter
 from orchestrator.engines.llamacpp.layouts import LlamacppLayouts
 from orchestrator.engines.llamacpp.ready import READINESS
 from orchestrator.engines.llamacpp.recipe import Recipe
@@ -31,6 +32,7 @@ class LlamacppEngine:
                      ("/health", "/v1/health", "/"))
     log_label = "llamacpp"  # `sparkctl logs`: its per-server containers
     layouts = LlamacppLayouts()  # `sparkctl advise`: one node, the RPC layer split, replicas
+    importer = LlamacppImporter()  # `recipes import`: sparkrun's and eugr's recipes of this engine
 
     @property
     def spec_meter(self) -> type:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.engines.apikey import KeyWay
+from orchestrator.engines.sglang.importer import SglangImporter
 from orchestrator.engines.sglang.layouts import SglangLayouts
 from orchestrator.engines.sglang.meter import SglangMeter
 from orchestrator.engines.sglang.ready import READINESS
@@ -29,6 +30,7 @@ class SglangEngine:
     spec_meter = SglangMeter  # its speculative-decoding figures in /metrics (bench)
     log_label = "sglang"  # `sparkctl logs`: its per-server containers
     layouts = SglangLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
+    importer = SglangImporter()  # `recipes import`: sparkrun's and eugr's recipes of this engine
     # SGLang 0.5.12 takes the key only as --api-key VALUE (server_args.py), or from a YAML
     # `--config` file it merges into its arguments in-process (server_args_config_parser.py):
     # an entry wrapper writes that file inside the container from the mounted key. /health*

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.apikey import KeyWay
+from orchestrator.engines.vllm.importer import VllmImporter
 from orchestrator.engines.vllm.layouts import VllmLayouts
 from orchestrator.engines.vllm.meter import VllmMeter
 from orchestrator.engines.vllm.ready import READINESS
@@ -54,6 +55,7 @@ class VllmEngine:
     spec_meter = VllmMeter  # its speculative-decoding figures in /metrics (bench)
     log_label = "ray"  # `sparkctl logs`: its Ray containers
     layouts = VllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
+    importer = VllmImporter()  # `recipes import`: sparkrun's and eugr's recipes of this engine
     process_words = ("vllm",)  # status: its pid files' command lines
     # vLLM reads VLLM_API_KEY when --api-key is not given (entrypoints/openai/api_server.py);
     # its AuthenticationMiddleware guards /v1 paths only: /health, /metrics, /version, /ping
