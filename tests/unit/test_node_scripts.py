@@ -447,3 +447,16 @@ def test_started_records_the_server_with_the_launcher_pid(
     (run / "server.log").unlink()
     out = serverctl({"action": "started", "run": str(run), "settle": 0, "server": {}}, monkeypatch)
     assert out["alive"] is False and out["log"] == ""
+
+
+def test_ray_every_says_whether_every_node_is_alive_in_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """node/ray_every.py (a vLLM-over-Ray boot unit's ready condition), fed ray_nodes.py's line."""
+    import io
+
+    answer = json.dumps({"nodes": [{"ip": "10.0.0.1", "alive": True},
+                                   {"ip": "10.0.0.2", "alive": False}]})
+    for wanted, code in ((["10.0.0.1"], 0), (["10.0.0.1", "10.0.0.2"], 1), ([], 0)):
+        monkeypatch.setattr("sys.stdin", io.StringIO(f"noise\n{answer}\n"))
+        assert run_node_script("ray_every.py", wanted, monkeypatch).code == code
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"error": "no cluster"}\n'))
+    assert run_node_script("ray_every.py", ["10.0.0.1"], monkeypatch).code == 1

@@ -17,16 +17,14 @@ from orchestrator.engines.serverctl import node_cmd
 from orchestrator.engines.vllm.ray import probe_cmd
 from orchestrator.engines.vllm.serve import MAIN, OURS, ServeSpec, start_cmd
 from orchestrator.inventory import Node
+from orchestrator.node import script
 from orchestrator.node.boot import BOOT_TIME
 from orchestrator.phases import persist
 from orchestrator.recipe import LaunchOptions
 
 # reads the Ray probe's JSON on stdin: exit 0 when every wanted IP is alive
-EVERY_NODE = ("import json,sys\n"
-              "lines=[l for l in sys.stdin.read().splitlines() if l.startswith('{')]\n"
-              "nodes=json.loads(lines[-1]).get('nodes') or [] if lines else []\n"
-              "alive={n.get('ip') for n in nodes if n.get('alive')}\n"
-              "sys.exit(0 if set(sys.argv[1:]) <= alive else 1)\n")
+EVERY_NODE = script("ray_every.py")
+"""Whether every serving node is alive in Ray, from RAY_PROBE's answer (node/ray_every.py)."""
 
 
 def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
