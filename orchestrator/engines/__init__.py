@@ -109,7 +109,7 @@ def load_recipe(name_or_path: str) -> Any:
         path = builtin
     data = load_yaml_mapping(path, "recipe")
     engine_name = data.get("engine", DEFAULT_ENGINE)
-    if engine_name not in REGISTRY:
+    if not isinstance(engine_name, str) or engine_name not in REGISTRY:  # ([] or {}: unhashable)
         raise InputError(f"{path}: invalid recipe:\n  engine: {engine_name!r} is not an engine "
                          f"sparkctl knows; use one of: {', '.join(sorted(REGISTRY))}")
     engine = get_engine(str(engine_name))
