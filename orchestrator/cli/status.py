@@ -59,7 +59,8 @@ def _render_servers(found: list[dict[str, object]]) -> None:
     for s in found:
         listed = s.get("nodes")
         nodes = ",".join(map(str, listed)) if isinstance(listed, list) else s.get("node")
-        out.print(f"  {s['name']!s:20} {s['engine']!s:7} {nodes!s:16} 127.0.0.1:{s['port']!s:6} "
+        where = f"{s.get('host') or '127.0.0.1'}:{s['port']}"  # where it binds, as recorded
+        out.print(f"  {s['name']!s:20} {s['engine']!s:7} {nodes!s:16} {where:21} "
                   f"{s['state']!s:13} {s['model']}" + ("  (persistent)" if s.get("persistent") else ""),
                   markup=False)
         figures = metrics_text(s.get("metrics"))  # type: ignore[arg-type]
