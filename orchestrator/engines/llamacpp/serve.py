@@ -115,6 +115,7 @@ class ServeSpec:
                 "rpc": self.rpc_endpoints(), "draft_model": r.draft.model if r.draft else None,
                 "memory_gb": self.estimate.total_gb, "config_hash": self.digest,
                 "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                "persistent": self.options.persist,  # (a rolling relaunch keeps it)
                 **apikey.record_fields(self.name, self.key)}
 
     def labels(self, node: Node, role: str) -> dict[str, str]:
