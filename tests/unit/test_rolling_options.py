@@ -4,6 +4,7 @@ rolling command naming other ones is refused before any replica is touched."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,7 +39,7 @@ def roll(monkeypatch: pytest.MonkeyPatch, opts: dict[str, Any]) -> list[dict[str
         key_file = args[20]
         launched.append({"host": args[7], "name": args[15], "port": args[16],
                          "persist": args[18],
-                         "key": open(key_file).read().strip() if key_file else None})
+                         "key": Path(key_file).read_text().strip() if key_file else None})
         return 0
 
     def fake_rolling(recipe: str, inventory: Any, downtime: bool, relaunch: Any,
