@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-
 from sparklab import cli, identity, node, node_fs
 from sparklab.identity import LabIdentity
 
