@@ -88,6 +88,16 @@ def recipe_files() -> dict[str, Path]:
     return found
 
 
+def recipe_origin(recipe: Any) -> dict[str, str]:
+    """What a server's record says of a recipe the user gave as a file ({"recipe_file": its
+    absolute path}; nothing for a built-in one): `advise --measure` restores the server from
+    that file and `status` names it in its relaunch hint, never the built-in of the same name."""
+    source = Path(str(getattr(recipe, "source", "") or ""))
+    if not source.is_file() or source.resolve() in {p.resolve() for p in recipe_files().values()}:
+        return {}
+    return {"recipe_file": str(source.resolve())}
+
+
 def builtin_names() -> list[str]:
     return sorted(recipe_files())
 
