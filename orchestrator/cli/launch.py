@@ -1,5 +1,4 @@
-"""`sparkctl launch`, `chat` and `tunnel`: thin wrappers over recipe.py and steps/ (`recipes`:
-cli/recipes.py)."""
+"""`sparkctl launch`, `chat` and `tunnel`: thin wrappers over recipe.py and steps/ (`recipes`: recipes.py)."""
 
 from __future__ import annotations
 
@@ -289,6 +288,7 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
     import urllib.error
     import urllib.request
 
+    from orchestrator.core.output import http_error_text as said  # (its message, never bytes)
     from orchestrator.core.report import print_json
     from orchestrator.engines.apikey import bearer, probe_host, read_node_key  # key: over SSH
     from orchestrator.errors import SparkctlError
@@ -312,7 +312,7 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
                 with urllib.request.urlopen(request, timeout=600) as response:
                     answer = json.loads(response.read())
             except urllib.error.HTTPError as exc:
-                raise SparkctlError(f"the server answered HTTP {exc.code}: {exc.read()[:300]!r}") from None
+                raise SparkctlError(f"the server answered HTTP {exc.code}: {said(exc.read())}") from None
             except (urllib.error.URLError, OSError) as exc:
                 raise SparkctlError(f"no answer through the tunnel to {server.get('node')}: {exc}") from None
             seconds = time.monotonic() - started

@@ -196,3 +196,16 @@ def test_bench_compare_with_raw_text(world: Path, tally: Any, text: str) -> None
     good = dump(world, "good.json", SAVED, as_json=True)
     assert good is not None
     run(world, tally, "bench", "compare", str(good), str(path))
+
+
+@pytest.mark.parametrize(("raw", "said"), [
+    (b'{"error": {"message": "max_tokens is too large", "code": 400}}', "max_tokens is too large"),
+    (b'{"detail": "Not Found"}', "Not Found"),
+    (b"plain \xff words", "plain \ufffd words"),
+    (b"", "(empty answer)"),
+])
+def test_an_http_error_is_told_as_text_never_a_bytes_repr(raw: bytes, said: str) -> None:
+    # issue 41: `chat` printed b'{"error": ...}' for a 400
+    from orchestrator.core.output import http_error_text
+
+    assert http_error_text(raw) == said
