@@ -102,9 +102,10 @@ def markdown(doc: dict[str, Any]) -> str:
     server = doc.get("server") or {}
     settings = doc.get("settings") or {}
     notes = [f"n/a ({', '.join(tests)}): {why}" for why, tests in blanks.items()]
-    lines += ["", *notes, *([""] if notes else []), f"sparkctl bench: recipe {server.get('recipe', '?')}, engine "
-                  f"{server.get('engine', '?')}, {settings.get('runs', '?')} run(s) per test, "
-                  f"{doc.get('started', '?')}"]
+    lines += ["", *notes, *([""] if notes else []),
+              f"sparkctl bench: recipe {server.get('recipe', '?')}, engine "
+              f"{server.get('engine', '?')}, {settings.get('runs', '?')} run(s) per test, "
+              f"{doc.get('started', '?')}"]
     if doc.get("interrupted"):
         lines.append("INTERRUPTED: partial results")
     return "\n".join(lines) + "\n"
