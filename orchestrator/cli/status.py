@@ -34,6 +34,10 @@ def _status(inventory_path: str | None, as_json: bool, one_line: bool = False,
         render_status(result)
         _render_servers(result["servers"])
         _render_gateway(result.get("gateway") or {})
+        if deep:  # (every hash matching is said too: silence would read as "not checked")
+            from orchestrator.status.models import verified_lines
+
+            click.echo("\n" + "\n".join(verified_lines(result.get("models_verified") or [])))
     return 0 if result["ok"] else 1
 
 
