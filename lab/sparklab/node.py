@@ -141,7 +141,7 @@ def start_node(ident: LabIdentity, node: str) -> subprocess.Popen[bytes]:
             "--fork", "--kill-child", "--mount-proc", "--propagation", "private",
             "/bin/sh", str(node_dir / "init.sh")]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                            start_new_session=True, close_fds=True, env=dict(NODE_ENV),
+                            start_new_session=True, close_fds=True, env=dict(NODE_ENV), cwd="/",
                             preexec_fn=joiner(node_memcg(ident, node)))
     log.close()
     record_pid(node_dir / "unshare.pid", proc.pid)

@@ -181,9 +181,11 @@ def test_the_lab_behaves_like_machines_not_like_children_of_the_callers_shell(
     60 s, printing the argv; every `lab up` made new host keys, so a key pinned by `init
     --trust-new-hosts` failed the next lab's every run with "HOST KEY CHANGED"."""
     lab = healthy_lab(lab_session)
-    environ = lab.exec("spark-a", ["cat", "/proc/1/environ"]).stdout
-    assert {entry.split("=", 1)[0] for entry in environ.split("\0") if entry} <= {
-        "PATH", "LANG", "HOME"}, environ
+    environ = dict(entry.split("=", 1) for entry in
+                   lab.exec("spark-a", ["cat", "/proc/1/environ"]).stdout.split("\0") if entry)
+    # (LIBMOUNT_UTAB: the lab's own init sets it; PWD: the shell that is PID 1, started in /)
+    assert set(environ) <= {"PATH", "LANG", "HOME", "LIBMOUNT_UTAB", "PWD"}, environ
+    assert environ.get("PWD", "/") == "/", environ
     overran = lab.cli("exec", "--timeout", "2", "spark-a", "--", "sleep", "30-secret-argument")
     assert overran.returncode == 1 and "did not finish within 2 s" in overran.stderr
     assert "Traceback" not in overran.stderr and "secret-argument" not in overran.stderr

@@ -38,7 +38,7 @@ def test_a_node_starts_with_a_clean_environment(root: Path, monkeypatch: pytest.
     ident = LabIdentity(19)
     ident.node_dir("spark-a").mkdir(parents=True)
     node.start_node(ident, "spark-a")
-    assert seen["env"] == node.NODE_ENV and "HF_TOKEN" not in seen["env"]
+    assert seen["env"] == node.NODE_ENV and "HF_TOKEN" not in seen["env"] and seen["cwd"] == "/"
 
 
 def test_lab_exec_past_its_timeout_says_so_without_a_traceback_or_the_argv(
