@@ -22,13 +22,13 @@ def _launch(inventory: Any, recipe: Any, name: str | None, timeout: float, token
     from orchestrator.core.session import open_session, run_plan
     from orchestrator.core.step import Plan, RunOptions
     from orchestrator.engines import check_against_inventory, engine_of
-    from orchestrator.engines.base import LaunchOptions
+    from orchestrator.engines.base import DEFAULT_HOST, LaunchOptions
     from orchestrator.errors import SparkctlError
 
     check_against_inventory(recipe, inventory)
     engine = engine_of(recipe)
     options = LaunchOptions(replace=True, timeout=timeout, name=name, persist=persist,
-                            api_key=key, **({"host": host} if host else {}))
+                            api_key=key, host=host or DEFAULT_HOST)
     plan = Plan("launch", engine.launch_phases(recipe, inventory, options))
     with open_session(inventory, "launch", quiet=True) as session:
         head = inventory.head_name
