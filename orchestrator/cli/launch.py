@@ -171,8 +171,8 @@ def _placed(recipe: Any, placed: tuple[str, ...], name: str | None,
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address the server binds on its node; beyond loopback needs --api-key-file.")
 @click.option("--api-key-file", metavar="FILE",
-              help="The server's API key (mode 0600, one line; to the nodes on stdin, never on "
-                   "argv or in docker inspect): required with a --host beyond loopback.")
+              help="The server's API key (mode 0600, one line of printable ASCII, no # first; "
+                   "to the nodes on stdin, never argv): required with a --host beyond loopback.")
 @click.option("--drop-caches/--no-drop-caches", default=True, show_default=True,
               help="Drop the page cache on the serving nodes before a cold start (unified "
                    "memory); --drop-caches is the default and kept for compatibility.")

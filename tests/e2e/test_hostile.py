@@ -186,7 +186,8 @@ def test_the_lab_behaves_like_machines_not_like_children_of_the_callers_shell(
     # (LIBMOUNT_UTAB: the lab's own init sets it; PWD: the shell that is PID 1, started in /)
     assert set(environ) <= {"PATH", "LANG", "HOME", "LIBMOUNT_UTAB", "PWD"}, environ
     assert environ.get("PWD", "/") == "/", environ
-    overran = lab.cli("exec", "--timeout", "2", "spark-a", "--", "sleep", "30-secret-argument")
+    overran = lab.cli("exec", "--timeout", "2", "spark-a", "--", "sh", "-c",
+                      "sleep 30 # secret-argument")
     assert overran.returncode == 1 and "did not finish within 2 s" in overran.stderr
     assert "Traceback" not in overran.stderr and "secret-argument" not in overran.stderr
     before = lab.known_hosts.read_text()
