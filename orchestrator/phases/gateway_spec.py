@@ -117,11 +117,16 @@ class GatewaySpec:
     def config_text(self) -> str:
         return json.dumps(self.config(), indent=1, sort_keys=True) + "\n"
 
+    def fingerprinted(self) -> list[Any]:
+        """What the fingerprint covers besides the config (the node's gateway_config.py gets
+        the same list as "extra"): the log config too, so a gateway running with an access
+        log is restarted into the one without."""
+        return [self.host, self.port, self.image, self.node, LOG_CONFIG]
+
     def fingerprint(self) -> str:
         """Changes when anything the running gateway was started with changes (the key too:
         only its hash is stored)."""
-        text = self.config_text() + json.dumps([self.host, self.port, self.image, self.node,
-                                                LOG_CONFIG], sort_keys=True)
+        text = self.config_text() + json.dumps(self.fingerprinted())
         return hashlib.sha256(text.encode()).hexdigest()
 
     def record(self) -> dict[str, Any]:
