@@ -156,6 +156,21 @@ def drafting_of(recipe: Any, facts: ModelFacts, acceptance: float | None) -> Dra
     return Drafting(recipe.draft_tokens, draft_gb, acceptance)
 
 
+def kv_fit(estimate: Any, facts: Any, layout: Any, context: int) -> tuple[bool, Any, str]:
+    """The engine's memory verdict, unless the KV cache of one request of --context tokens
+    (split over a server's nodes) exceeds what the engine leaves for the KV cache on a node:
+    then no request of that length can be served, whatever the weights (a 10M-token context
+    "fitted" before: only the weights were weighed). More requests than fit at once queue,
+    which the predicted aggregate, not the fit, accounts for."""
+    needed = context * facts.kv_bytes_per_token / 1e9 / (layout.tp * layout.pp)
+    if not estimate.fits or needed <= estimate.kv_cache_gb:
+        return estimate.fits, estimate.verdict, estimate.explanation
+    return False, "does not fit", (
+        f"{estimate.explanation}; but one request of {context:,} tokens of context needs "
+        f"{needed:,.1f} GB of KV cache per node, more than the {estimate.kv_cache_gb:g} GB the "
+        "engine leaves for it: does not fit at this --context")
+
+
 def advise(recipe: Any, engine: Any, nodes: int, goal: Goal = "latency", concurrency: int = 4,
            hardware: Hardware | None = None, acceptance: float | None = None,
            context: int = 2048) -> Advice:
@@ -180,9 +195,10 @@ def advise(recipe: Any, engine: Any, nodes: int, goal: Goal = "latency", concurr
         slots = support.slots(one) if support and hasattr(support, "slots") else None
         prediction = predict(facts, layout, hardware, efficiency, concurrency, drafting, context,
                              slots)
-        advice.layouts.append(LayoutAdvice(layout, one, estimate.fits, estimate.verdict,
+        fits, verdict, explanation = kv_fit(estimate, facts, layout, context)
+        advice.layouts.append(LayoutAdvice(layout, one, fits, verdict,
                                            round(estimate.weights_gb + estimate.draft_gb, 2),
-                                           estimate.explanation, prediction))
+                                           explanation, prediction))
     if any(a.layout.kind == "replicas" for a in advice.layouts):
         advice.notes.append("replicas: one server per node; until a gateway spreads requests, "
                             "clients pick a server (sparkctl chat --server NAME)")

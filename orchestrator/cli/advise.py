@@ -9,6 +9,10 @@ import click
 
 from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
 
+MAX_BANDWIDTH_GBS = 100_000
+"""Far beyond any memory (a Spark has 273 GB/s); above it a typo, and `inf` would print
+Infinity into --json, which no JSON reader takes."""
+
 
 def _note(line: str) -> None:
     click.echo(line, err=True)
@@ -56,8 +60,9 @@ def _bandwidth(given: str | None, inventory_path: str | None) -> tuple[float | N
         value = float(given)
     except ValueError:
         value = 0.0
-    if not value >= 1:
-        raise InputError(f"--memory-bandwidth {given}: give GB/s (a number, at least 1) or "
+    if not 1 <= value <= MAX_BANDWIDTH_GBS:  # (nan and inf too: the JSON would not be JSON)
+        raise InputError(f"--memory-bandwidth {given}: give GB/s (a number from 1 to "
+                         f"{MAX_BANDWIDTH_GBS:,}) or "
                          "`measure` (timed on the cluster's first node)")
     return value, None
 

@@ -195,3 +195,15 @@ def test_layouts_narrows_the_choice_and_refuses_what_is_not_offered() -> None:
     bad = CliRunner().invoke(cli, ["advise", "qwen3.6-27b", "--layouts", "pp"])
     assert bad.exit_code == 2 and "pp is not a layout SGLang offers" in bad.output
     assert "offered: single, tp, replicas" in bad.output
+
+
+def test_a_context_no_node_can_hold_does_not_fit() -> None:
+    # issue 41: `advise --context 10000000` said "fits" (only the weights were weighed)
+    from orchestrator.advise.advice import advise
+    from orchestrator.engines import engine_of, load_recipe
+
+    recipe = load_recipe("qwen3-8b")
+    assert all(a.fits for a in advise(recipe, engine_of(recipe), 2).layouts)
+    huge = advise(recipe, engine_of(recipe), 2, context=10_000_000)
+    assert not any(a.fits for a in huge.layouts) and huge.pick is None
+    assert "one request of 10,000,000 tokens" in huge.layouts[0].memory

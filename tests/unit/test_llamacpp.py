@@ -273,6 +273,24 @@ def test_an_exit_while_loading_names_llama_cpps_error_and_stops_the_server() -> 
         wait_until_ready(transports, spec, 60, lambda line: None)  # type: ignore[arg-type]
 
 
+def test_a_truncated_gguf_points_at_verify_models() -> None:
+    # issue 41: a GGUF cut short passed the models phase (its hash cache trusts the file), and
+    # the failed load said nothing of `--verify-models`, which finds and repairs it
+    from orchestrator.engines.base import LaunchFailed
+    from orchestrator.engines.llamacpp.ready import wait_until_ready
+
+    spec = rpc_server_spec()
+    log = ("0.00.021.150 E llama_model_load: error loading model: tensor 'blk.0.ffn_up.weight' "
+           "data is not within the file bounds, model is corrupted or incomplete\n")
+    head = (FakeTransport("spark-a").on("docker logs --tail", stdout=log)
+            .on("/health", stdout="running=gone\n{}\n"))
+    with pytest.raises(LaunchFailed) as raised:
+        wait_until_ready({"spark-a": head, "spark-b": FakeTransport("spark-b")}, spec, 60,
+                         lambda line: None)  # type: ignore[arg-type]
+    assert ("the GGUF file on spark-a is truncated or corrupt: `sparkctl launch "
+            "lab-tiny-llama-rpc --verify-models`") in raised.value.reason
+
+
 def test_persist_and_the_plan_of_a_two_node_launch() -> None:
     from orchestrator.engines.placed import persist_phase
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Phase, Step
-from orchestrator.engines import apikey, config_hash, servers, serving_nodes
+from orchestrator.engines import apikey, config_hash, recipe_origin, servers, serving_nodes
 from orchestrator.engines.apikey import CONTAINER_KEY
 from orchestrator.engines.base import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
 from orchestrator.engines.llamacpp.recipe import Recipe, estimate_memory
@@ -115,6 +115,8 @@ class ServeSpec:
                 "rpc": self.rpc_endpoints(), "draft_model": r.draft.model if r.draft else None,
                 "memory_gb": self.estimate.total_gb, "config_hash": self.digest,
                 "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                "persistent": self.options.persist,  # (a rolling relaunch keeps it)
+                **recipe_origin(r),
                 **apikey.record_fields(self.name, self.key)}
 
     def labels(self, node: Node, role: str) -> dict[str, str]:
