@@ -152,7 +152,8 @@ def facts_from_gguf(headers: list[GgufHeader], note: str) -> ModelFacts:
     heads = first.key("attention.head_count") or 1
     kv_heads = first.key("attention.head_count_kv", heads)
     per_layer = kv_heads if isinstance(kv_heads, list) else [kv_heads] * layers
-    key_len = int(first.key("attention.key_length") or hidden // (heads if isinstance(heads, int) else max(heads)))
+    heads_n = heads if isinstance(heads, int) else max(heads)
+    key_len = int(first.key("attention.key_length") or hidden // heads_n)
     value_len = int(first.key("attention.value_length") or key_len)
     kv_bytes = sum(int(h) for h in per_layer) * (key_len + value_len) * 2  # f16 cache
     return ModelFacts(active_p / 1e9, active_b / active_p, layers, hidden, kv_bytes, experts, used,

@@ -17,7 +17,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from orchestrator.advise.architecture import Truncated, Unreadable, facts_from_config, facts_from_gguf, read_gguf_header
+from orchestrator.advise.architecture import (
+    Truncated,
+    Unreadable,
+    facts_from_config,
+    facts_from_gguf,
+    read_gguf_header,
+)
 from orchestrator.advise.facts import FACTS, ModelFacts
 
 HEADER_BYTES = (4 << 20, 32 << 20)
@@ -72,7 +78,7 @@ def hub_get(model: str, revision: str, name: str, limit: int | None) -> bytes:
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=HUB_TIMEOUT) as answer:  # noqa: S310 (https or $HF_ENDPOINT)
+        with urllib.request.urlopen(request, timeout=HUB_TIMEOUT) as answer:  # https, or $HF_ENDPOINT
             return bytes(answer.read(limit) if limit else answer.read())
     except urllib.error.HTTPError as exc:
         raise OSError(f"{endpoint} answered HTTP {exc.code} for {name}") from None

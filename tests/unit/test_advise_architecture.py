@@ -121,7 +121,7 @@ class Hub(BaseHTTPRequestHandler):
     files: dict[str, bytes] = {}
     seen: list[tuple[str, str | None, str | None]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server's name for it
         self.seen.append((self.path, self.headers.get("Range"), self.headers.get("Authorization")))
         body = self.files.get(self.path)
         if body is None:

@@ -93,6 +93,9 @@ def test_eagle_trees_without_draft_tokens_are_refused_naming_the_value(tmp_path:
     recipe(speculative={"algorithm": "NEXTN", "num_steps": 5, "eagle_topk": 1})
     recipe(speculative={"algorithm": "NEXTN"})
     recipe(speculative={"algorithm": "NEXTN", "num_steps": 5, "eagle_topk": 4, "num_draft_tokens": 69})
+    drafted = recipe(speculative={"algorithm": "EAGLE3", "num_steps": 3, "eagle_topk": 1,
+                                  "draft_model": "org/draft"})
+    assert drafted.repos == [("Qwen/Qwen3-8B", "main", None), ("org/draft", "main", None)]
     # a recipe file: exit 2, naming the key
     path = tmp_path / "r.yml"
     path.write_text(json.dumps({"name": "r", "engine": "sglang", "model": "Qwen/Qwen3.6-27B-FP8",

@@ -157,6 +157,13 @@ class Recipe(BaseRecipe):
             raise ValueError(f"speculative: DFLASH requires a draft_model ({SOURCE} l.3600)")
         check_draft_tokens(spec)
 
+    @property
+    def repos(self) -> list[tuple[str, str, str | None]]:
+        found: list[tuple[str, str, str | None]] = [(self.model, self.revision, None)]
+        if self.speculative and self.speculative.draft_model:
+            found.append((self.speculative.draft_model, "main", None))
+        return found
+
 
 def check_draft_tokens(spec: Speculative) -> None:
     """EAGLE's draft tree with num_steps given: ServerArgs picks nothing itself (l.3807-3816
@@ -166,12 +173,13 @@ def check_draft_tokens(spec: Speculative) -> None:
     if spec.name not in ("EAGLE", "EAGLE3", "NEXTN") or spec.num_steps is None:
         return
     if spec.eagle_topk is None:
-        # l.3840 compares speculative_eagle_topk > 1: None there is a TypeError too
+        # l.3838 compares speculative_eagle_topk > 1: None there is a TypeError too
         raise ValueError(f"speculative: {spec.name} with num_steps needs eagle_topk (1 for a "
-                         f"chain of drafts; SGLang compares it at {SOURCE} l.3840)")
+                         f"chain of drafts; SGLang compares it at {SOURCE} l.3838)")
     topk, steps = spec.eagle_topk, spec.num_steps
     # the draft tree's candidates: topk after the first step, topk x topk after each other one;
-    # verification takes the best num_draft_tokens - 1 of them (eagle_worker_v2.py l.490)
+    # verification takes the best num_draft_tokens - 1 of them (eagle_utils.py l.28, topk > 1
+    # running spec v1: server_args.py l.3749)
     candidates = topk + (steps - 1) * topk * topk
     if topk > 1 and spec.num_draft_tokens is None:
         raise ValueError(
@@ -184,15 +192,8 @@ def check_draft_tokens(spec: Speculative) -> None:
         raise ValueError(
             f"speculative: num_draft_tokens {spec.num_draft_tokens} exceeds what an eagle_topk "
             f"{topk}, num_steps {steps} tree proposes ({candidates} candidates + the root): "
-            f"SGLang's torch.topk over them fails (eagle_worker_v2.py l.490); set at most "
+            f"SGLang's torch.topk over them fails (eagle_utils.py l.28); set at most "
             f"{candidates + 1}")
-
-    @property
-    def repos(self) -> list[tuple[str, str, str | None]]:
-        found: list[tuple[str, str, str | None]] = [(self.model, self.revision, None)]
-        if self.speculative and self.speculative.draft_model:
-            found.append((self.speculative.draft_model, "main", None))
-        return found
 
 
 def estimate_memory(recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
