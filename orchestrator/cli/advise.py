@@ -29,9 +29,15 @@ def _advise(opts: dict[str, Any]) -> int:
     engine = engine_of(recipe)
     nodes = opts["nodes"] or max(recipe.node_count, 2)
     bandwidth, measured_from = _bandwidth(opts["memory_bandwidth"], opts["inventory_path"])
-    advice = advise(recipe, engine, nodes, opts["goal"], opts["concurrency"],
-                    hardware(opts["netcheck"], bandwidth, measured_from), opts["acceptance"],
-                    opts["context"])
+    from orchestrator.advise.modelsource import ModelUnreadable
+    from orchestrator.errors import InputError
+
+    try:
+        advice = advise(recipe, engine, nodes, opts["goal"], opts["concurrency"],
+                        hardware(opts["netcheck"], bandwidth, measured_from), opts["acceptance"],
+                        opts["context"])
+    except ModelUnreadable as exc:
+        raise InputError(f"advise {recipe.name}: {exc}") from None
     if opts["layouts"]:
         _only(advice, opts["layouts"])
     code = 0 if advice.pick is not None else 1

@@ -28,7 +28,7 @@ def test_llamacpp_offers_single_the_rpc_split_and_replicas() -> None:
     assert support is not None
     advice = advise(recipe, engine_of(recipe), 2)
     assert [a.layout.label for a in advice.layouts] == ["single", "pp2", "replicas x2"]
-    assert advice.facts_known and all(a.fits for a in advice.layouts)
+    assert advice.facts.layers == 8 and all(a.fits for a in advice.layouts)
     split = support.recipe_for(recipe, Layout("pp", pp=2), ["spark-a", "spark-b"])
     assert split.node_count == 2 and split.placement == ["spark-a", "spark-b"]
     one = support.recipe_for(recipe, Layout("single"), ["spark-b"])
