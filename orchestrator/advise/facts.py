@@ -77,6 +77,26 @@ FACTS: dict[str, ModelFacts] = {
     # 21.6B read per token (attention 6.7B, LM head 0.62B).
     "Qwen/Qwen3-235B-A22B-GGUF": ModelFacts(21.6, 0.61, 94, 4096, kv(94, 4, 128, 2), 128, 8,
                                             0.66, note="Q4_K_M GGUF"),
+    # Qwen3-235B-A22B-Instruct-2507: the Qwen3-235B-A22B shapes above; FP8 with 128x128 block
+    # scales (~1.0 B/param); the qwen3-235b-fp8-pp3 recipe's KV cache is fp8.
+    "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": ModelFacts(22.0, 1.0, 94, 4096, kv(94, 4, 128, 1),
+                                                        128, 8, 0.65, note="FP8, fp8 KV cache"),
+    # Qwen3.5-397B-A17B config.json: 60 layers (every 4th full attention, the rest Gated DeltaNet
+    # with a fixed state: 15 keep a KV cache), hidden 4096, 2 KV heads x 256, 512 experts, 10 per
+    # token of 1024 wide (10 x 3 x 4096 x 1024 x 60 = 7.5B of the 16B read per token, 17B less
+    # the 1.0B embedding table); NEXTN head: one decoder layer's active part and the LM head.
+    "Qwen/Qwen3.5-397B-A17B-FP8": ModelFacts(16.0, 1.0, 60, 4096, kv(15, 2, 256, 1), 512, 10,
+                                            0.47, mtp_gb=1.3, note="FP8, fp8 KV cache"),
+    "Intel/Qwen3.5-397B-A17B-int4-AutoRound": ModelFacts(16.0, 0.53, 60, 4096, kv(15, 2, 256, 1),
+                                                        512, 10, 0.47,
+                                                        note="INT4 AutoRound, fp8 KV cache"),
+    # Nemotron 3 Ultra 550B-A55B (NVIDIA's release notes): 108 layers, hidden 8192, 512 experts,
+    # 22 routed per token; mostly Mamba-2 layers with a fixed state and a few attention layers.
+    # Estimated, not read from its config.json (not reachable offline): 12 attention layers of
+    # 2 KV heads x 128 as in Nemotron 3's smaller members, experts ~75 % of the 55B active.
+    "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-NVFP4": ModelFacts(
+        55.0, 0.5625, 108, 8192, kv(12, 2, 128, 1), 512, 22, 0.75,
+        note="NVFP4, fp8 KV cache; attention layers estimated"),
     # Llama 3.3 70B: dense, 80 layers, hidden 8192, 8 KV heads x 128; NVIDIA's FP4 build.
     "nvidia/Llama-3.3-70B-Instruct-FP4": ModelFacts(69.0, 0.5625, 80, 8192, kv(80, 8, 128, 2),
                                                    note="NVFP4"),
