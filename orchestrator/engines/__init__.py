@@ -95,6 +95,16 @@ def recipe_files() -> dict[str, Path]:
     return found
 
 
+def recipe_origin(recipe: Any) -> dict[str, str]:
+    """What a server's record says of a recipe the user gave as a file ({"recipe_file": its
+    absolute path}; nothing for a built-in one): `advise --measure` restores the server from
+    that file and `status` names it in its relaunch hint, never the built-in of the same name."""
+    source = Path(str(getattr(recipe, "source", "") or ""))
+    if not source.is_file() or source.resolve() in {p.resolve() for p in recipe_files().values()}:
+        return {}
+    return {"recipe_file": str(source.resolve())}
+
+
 def builtin_names() -> list[str]:
     return sorted(recipe_files())
 
@@ -144,7 +154,7 @@ def load_recipe(name_or_path: str) -> Any:
         path = found
     data = load_yaml_mapping(path, "recipe")
     engine_name = data.get("engine", DEFAULT_ENGINE)
-    if engine_name not in REGISTRY:
+    if not isinstance(engine_name, str) or engine_name not in REGISTRY:  # ([] or {}: unhashable)
         raise InputError(f"{path}: invalid recipe:\n  engine: {engine_name!r} is not an engine "
                          f"sparkctl knows; use one of: {', '.join(sorted(REGISTRY))}")
     engine = get_engine(str(engine_name))

@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.commands import docker_exec_cmd, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines import apikey, config_hash, servers
+from orchestrator.engines import apikey, config_hash, recipe_origin, servers
 from orchestrator.engines.lifecycle import ServerRecord
 from orchestrator.engines.serverctl import node_call, node_cmd, pid_wrapper
 from orchestrator.engines.serverspec import ServerSpec
@@ -110,7 +110,7 @@ class ServeSpec(ServerSpec):
                    "pid_file": f"{self.directory}/{MAIN}",
                    "listen_ports": self.ports.bound(self.backend, len(self.nodes)),
                    "ray_port": self.ports.ray if self.backend == "ray" else None,
-                   **apikey.record_fields(self.name, self.key)}).to_dict()
+                   **recipe_origin(r), **apikey.record_fields(self.name, self.key)}).to_dict()
         if started:
             record["started"] = started
         return record
