@@ -311,7 +311,6 @@ def test_a_truncated_gguf_points_at_verify_models() -> None:
     # issue 41: a GGUF cut short passed the models phase (its hash cache trusts the file), and
     # the failed load said nothing of `--verify-models`, which finds and repairs it
     from orchestrator.engines.base import LaunchFailed
-    from orchestrator.engines.llamacpp.ready import wait_until_ready
 
     spec = rpc_server_spec()
     log = ("0.00.021.150 E llama_model_load: error loading model: tensor 'blk.0.ffn_up.weight' "
