@@ -23,7 +23,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.node import script
 from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
-from orchestrator.phases.gateway import summary as gateway_summary
+from orchestrator.phases.gateway import attach_to_status as attach_gateway
 from orchestrator.phases.gateway_spec import probe_cmd as gateway_probe_cmd
 from orchestrator.phases.teardown import managed_ps_cmd
 from orchestrator.remote.cluster import parallel
@@ -122,7 +122,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
                 facts[name] = value
         result = assess(inventory, facts, errors)
         result["servers"] = server_list(inventory, facts, result.get("server"))
-        result["gateway"] = gateway_summary(facts)
+        attach_gateway(result, facts)
         from orchestrator.status.memory import attach_metrics
 
         def run_on(node: str, command: str, sudo: bool = False) -> tuple[int, str]:
