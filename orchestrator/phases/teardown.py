@@ -33,6 +33,7 @@ from orchestrator.remote.node_facts import LINKS, NETPLAN_FILES, ContainerInfo, 
 
 LOCK_NAME = "lock"
 """The cluster lock lives in STATE_DIR on the head and is held while down runs: kept."""
+LOCK_GENERATION = "lock-generation"  # core/lock.py's count of takes: kept (no ABA for a look)
 SERVER_STOP_SECONDS = 20
 CONTAINER_STOP_SECONDS = 20
 
@@ -296,7 +297,7 @@ class RemoveFiles(Step):
         self.network = network
 
     def keep(self, ctx: NodeContext) -> set[str]:
-        keep = {LOCK_NAME}
+        keep = {LOCK_NAME, LOCK_GENERATION}
         if not self.network and NETPLAN_FILE in ledger_entries(ctx):
             keep |= {LEDGER.rsplit("/", 1)[-1], "originals"}
         return keep
@@ -323,7 +324,8 @@ class RemoveFiles(Step):
 
 def _state_entries(ctx: NodeContext) -> list[str]:
     answer = (ctx.facts.get("commands") or {}).get("state_entries") or {}
-    return sorted(e for e in (answer.get("out") or "").split() if e and e != LOCK_NAME)
+    return sorted(e for e in (answer.get("out") or "").split()
+                  if e and e not in (LOCK_NAME, LOCK_GENERATION))
 
 
 def remove_files_cmd(keep: list[str]) -> str:
