@@ -23,12 +23,12 @@ if a.get("key_file"):
 BODY = json.dumps({"model": a["model"], "max_tokens": int(a["max_tokens"]),
                    "messages": [{"role": "user", "content": "Paris is great because"}]}).encode()
 counts = {"ok": 0, "failed": 0}
-errors = {}
+errors: dict = {}  # type: ignore[type-arg]
 lock = threading.Lock()
 deadline = time.monotonic() + float(a["seconds"])
 
 
-def one():
+def one() -> str:
     headers = {"Content-Type": "application/json"}
     if KEY:
         headers["Authorization"] = "Bearer " + KEY
@@ -43,7 +43,7 @@ def one():
         return type(exc).__name__
 
 
-def worker():
+def worker() -> None:
     while time.monotonic() < deadline and not os.path.exists(a["stop_file"]):
         outcome = one()
         with lock:

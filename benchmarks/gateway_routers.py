@@ -120,12 +120,13 @@ def join_and_leave(lab: Lab, head: str, model: str) -> dict[str, Any]:
                               ("sglang-router", f"http://127.0.0.1:{ROUTER_PORT}", None)):
         args = {"url": url, "model": model, "key_file": config, "concurrency": 2,
                 "max_tokens": 4, "stop_file": STOP_FILE, "seconds": 900}
-        loads[name] = subprocess.Popen(
+        proc = subprocess.Popen(
             [SPARKCTL, "lab", "exec", head, "--", "python3", "-", json.dumps(args)], env=lab.env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert loads[name].stdin is not None
-        loads[name].stdin.write(LOAD_SCRIPT.read_text())
-        loads[name].stdin.close()
+        if proc.stdin is not None:
+            proc.stdin.write(LOAD_SCRIPT.read_text())
+            proc.stdin.close()
+        loads[name] = proc
     events: list[str] = []
     try:
         time.sleep(5)
