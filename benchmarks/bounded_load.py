@@ -23,7 +23,7 @@ if a.get("key_file"):
 BODY = json.dumps({"model": a["model"], "max_tokens": int(a["max_tokens"]),
                    "messages": [{"role": "user", "content": "Paris is great because"}]}).encode()
 counts = {"ok": 0, "failed": 0}
-errors: dict = {}  # type: ignore[type-arg]
+errors: dict = {}
 lock = threading.Lock()
 deadline = time.monotonic() + float(a["seconds"])
 
