@@ -10,6 +10,7 @@ gateway, then the next. With one replica it would mean downtime: refused unless
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -81,16 +82,18 @@ def rolling(recipe_name: str, inventory_path: str | None, allow_downtime: bool,
              + ", ".join(f"{s['name']} on {s['node']}" for s in replicas))
         started = time.monotonic()
         progress = Progress()
+        previous = signal.signal(signal.SIGINT, progress.on_interrupt)
         try:
             for index, server in enumerate(replicas, 1):
                 _roll_one(session, inventory, recipe.name, server, probes, allow_downtime,
                           relaunch, note, f"[{index}/{len(replicas)}]", progress)
-        except KeyboardInterrupt:
-            note(progress.stopped(reopen=True))
+        except BaseException as exc:
+            # launch turns Ctrl-C into its own errors (a failed readiness step, exit 130):
+            # the signal itself says whether the user stopped the run
+            note(progress.stopped(reopen=progress.interrupted or isinstance(exc, KeyboardInterrupt)))
             raise
-        except BaseException:
-            note(progress.stopped(reopen=False))
-            raise
+        finally:
+            signal.signal(signal.SIGINT, previous)
         note(f"rolling: {len(replicas)} replica(s) of {recipe.name} replaced in "
              f"{time.monotonic() - started:.0f} s")
     return 0
@@ -107,6 +110,12 @@ class Progress:
         self.replaced: list[str] = []
         self.out: tuple[str, Any] | None = None  # (server, its node's transport)
         self.relaunching = ""
+        self.interrupted = False
+
+    def on_interrupt(self, signum: int, frame: Any) -> None:
+        """SIGINT: remembered, then Python's own KeyboardInterrupt."""
+        self.interrupted = True
+        signal.default_int_handler(signum, frame)
 
     def stopped(self, reopen: bool) -> str:
         from orchestrator.phases import gateway
@@ -134,7 +143,7 @@ def _roll_one(session: Any, inventory: Any, recipe: str, server: dict[str, Any],
               relaunch: Callable[[dict[str, Any]], int], note: Callable[[str], None],
               step: str, progress: Progress) -> None:
     """One replica: out of the gateway and drained, relaunched, back in."""
-    from orchestrator.errors import SparkctlError
+    from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
     from orchestrator.phases import gateway
     from orchestrator.phases.gateway_spec import COOLDOWN_SECONDS
 
@@ -155,12 +164,15 @@ def _roll_one(session: Any, inventory: Any, recipe: str, server: dict[str, Any],
     note(f"rolling {step} {name}: relaunching on {node}")
     progress.relaunching = name
     code = relaunch(server)
-    progress.relaunching = ""
+    if code != 0 and progress.interrupted:
+        raise SparkctlError(f"rolling: interrupted while relaunching {name} on {node}",
+                            EXIT_INTERRUPTED)
     if code != 0:
         raise SparkctlError(
             f"rolling: relaunching {name} on {node} failed (exit {code}; see above); "
             f"{'it stays out of the gateway; ' if routed else ''}the replicas not yet "
             "replaced keep serving")
+    progress.relaunching = ""
     progress.replaced.append(name)
     if routed:
         gateway.set_in_rotation(transport, name, True)

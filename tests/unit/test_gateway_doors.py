@@ -13,6 +13,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,32 @@ def test_ctrl_c_while_relaunching_reopens_the_door_and_says_what_changed(
     assert "kill -USR1" in signals[0] and "kill -USR2" in signals[-1]  # out, then back in
     assert "stopped part way: replaced none" in notes[-1]
     assert "relaunching r-a" in notes[-1] and "r-a is back in" in notes[-1]
+
+
+def test_ctrl_c_that_launch_turns_into_a_failure_still_reopens_the_door(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launch catches Ctrl-C in its readiness wait and fails its step (exit 1 or 130): the
+    signal itself tells rolling that the user stopped it."""
+    import os
+    import signal
+
+    ts = rolling_world(monkeypatch, {"spark-a": {"r-a": {}}, "spark-b": {"r-b": {}}})
+    notes: list[str] = []
+
+    def relaunch(_server: dict[str, Any]) -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            return 1  # what launch makes of it
+        return 0
+
+    with pytest.raises(SparkctlError, match="interrupted while relaunching r-a") as raised:
+        rolling.rolling("qwen3-8b", None, False, relaunch, notes.append)
+    assert raised.value.exit_code == 130
+    assert "kill -USR2" in [c for c in ts["spark-a"].commands if "relay-r-a" in c][-1]
+    assert "r-a is back in" in notes[-1]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
 
 
 def test_a_failed_relaunch_keeps_the_door_closed_and_says_so(
