@@ -18,6 +18,7 @@ import shlex
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks import floor
 from benchmarks.labctl import Lab
@@ -72,6 +73,20 @@ def by_hand(lab: Lab, script: str) -> float:
     return seconds
 
 
+def breakdown(report: dict[str, Any], wall: float) -> str:
+    """The steps that took longest (seconds summed over nodes), and the rest of the wall time
+    (start-up, connections, facts, phases' bookkeeping)."""
+    steps: dict[str, float] = {}
+    for host in (report.get("hosts") or {}).values():
+        for step in host.get("steps") or []:
+            key = f"{step.get('phase')}/{step.get('step')}"
+            steps[key] = max(steps.get(key, 0.0), float(step.get("seconds") or 0.0))
+    top = sorted(steps.items(), key=lambda item: -item[1])[:5]
+    rest = wall - sum(seconds for _, seconds in steps.items())
+    return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in top) + (
+        f"; everything else (start-up, connections, facts) {rest:.1f} s of {wall:.1f} s")
+
+
 def bench_launch(s: Settings, res: Results, workdir: Path) -> None:
     lab = Lab(s.lab_id, 2, "b2b", workdir)
     s.log("launch overhead: lab up, up, first launch (image and model put in place)")
@@ -106,6 +121,9 @@ def bench_launch(s: Settings, res: Results, workdir: Path) -> None:
         if ours.value is not None and hand.value is not None:
             res.row("launch: seconds sparkctl adds", note="median - median").runs.append(
                 ours.value - hand.value)
+        if timed.ok:
+            res.notes.append("launch overhead, where the last sparkctl run went: "
+                             + breakdown(timed.report, timed.seconds))
     finally:
         lab.sparkctl("down", "--yes")
         lab.down()
