@@ -1,4 +1,4 @@
-"""A bounded load through one OpenAI-compatible address (runs on a lab node as `python3 -`;
+"""A bounded load through one OpenAI-compatible address (runs in a lab node's network namespace;
 one JSON argument: {"url": base URL, "model": name, "key_file": path or null, "concurrency": C,
 "max_tokens": T, "stop_file": path, "seconds": at most S}).
 

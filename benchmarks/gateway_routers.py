@@ -35,14 +35,14 @@ from benchmarks.labctl import SPARKCTL, BenchError, Lab
 ROOT = Path(__file__).resolve().parents[1]
 ROUTER_VERSION = "0.3.2"
 ROUTER_DIR = Path(f"/var/lib/sparklab/cache/sglang-router/{ROUTER_VERSION}")
-"""pip --target: nodes see it through their /var overlay; run by the node's python3."""
+"""pip --target, on the host (run in the head node's network namespace)."""
 ROUTER_PORT = 4100
 LITELLM_PORT = 4000
 RECIPE = "lab-tiny-llama"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gateway-routers.json"
 BENCH_SCRIPT = ROOT / "orchestrator" / "node" / "gateway_bench.py"
+"""Both scripts run from the host in the head node's network namespace (in_node_netns)."""
 LOAD_SCRIPT = Path(__file__).with_name("bounded_load.py")
-STOP_FILE = "/tmp/sparkctl-bench-load-stop"
 
 
 def install_router() -> None:
@@ -53,11 +53,16 @@ def install_router() -> None:
                     f"sglang-router=={ROUTER_VERSION}"], check=True)
 
 
-def node_python(lab: Lab, node: str, script: Path, args: dict[str, Any], timeout: float = 600
+def in_node_netns(lab: Lab, node: str) -> list[str]:
+    """Run from the host in NODE's network namespace (its loopback, its fabric routes): `lab
+    exec` stops a command after 60 s, and these measure for longer."""
+    return ["ip", "netns", "exec", f"sparklab{lab.lab_id}-{node}", sys.executable]
+
+
+def node_python(lab: Lab, node: str, script: Path, args: dict[str, Any], timeout: float = 900
                 ) -> dict[str, Any]:
-    proc = subprocess.run([SPARKCTL, "lab", "exec", node, "--", "python3", "-", json.dumps(args)],
-                          env=lab.env, input=script.read_text(), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = subprocess.run([*in_node_netns(lab, node), str(script), json.dumps(args)],
+                          capture_output=True, text=True, timeout=timeout, check=False)
     if proc.returncode != 0:
         raise BenchError(f"{script.name} on {node}: {proc.stderr[-400:]}")
     return dict(json.loads(proc.stdout))
@@ -68,12 +73,16 @@ def ok(timed: Any, what: str) -> None:
         raise BenchError(f"{what}: {timed.failure()}")
 
 
-def start_router(lab: Lab, head: str, workers: list[str]) -> None:
-    command = (f"cd / && PYTHONPATH={ROUTER_DIR} setsid nohup python3 -m sglang_router.launch_router "
-               f"--host 127.0.0.1 --port {ROUTER_PORT} --policy power_of_two --log-level warn "
-               f"--worker-urls {' '.join(workers)} >/tmp/sparkctl-bench-router.log 2>&1 "
-               "</dev/null & echo $! >/tmp/sparkctl-bench-router.pid")
-    lab.exec(head, command)
+def start_router(lab: Lab, head: str, workers: list[str]) -> subprocess.Popen[bytes]:
+    """The router in the head node's network namespace (its loopback, its fabric routes), run
+    from the host's file system where the pip tree is (the nodes see only the lab's own
+    trees); stopped by its pid at the end."""
+    argv = ["ip", "netns", "exec", f"sparklab{lab.lab_id}-{head}", sys.executable, "-m",
+            "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(ROUTER_PORT),
+            "--policy", "power_of_two", "--log-level", "warn", "--worker-urls", *workers]
+    log = (lab.workdir / "router.log").open("wb")
+    router = subprocess.Popen(argv, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROUTER_DIR)},
+                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     for _ in range(120):
         answer = lab.exec(head, f"curl -s http://127.0.0.1:{ROUTER_PORT}/workers", check=False)
         try:
@@ -81,10 +90,11 @@ def start_router(lab: Lab, head: str, workers: list[str]) -> None:
         except ValueError:
             listed = []
         if len(listed) == len(workers) and all(w.get("is_healthy") for w in listed):
-            return
+            return router
         time.sleep(1)
-    log = lab.exec(head, "tail -20 /tmp/sparkctl-bench-router.log", check=False)
-    raise BenchError(f"the router did not list its workers healthy: {log[-800:]}")
+    router.terminate()
+    tail = (lab.workdir / "router.log").read_text(errors="replace")[-800:]
+    raise BenchError(f"the router did not list its workers healthy: {tail}")
 
 
 def router_call(lab: Lab, head: str, method: str, path: str, body: dict[str, Any] | None = None
@@ -96,7 +106,8 @@ def router_call(lab: Lab, head: str, method: str, path: str, body: dict[str, Any
 
 def compare(lab: Lab, head: str, model: str, direct: list[str], rounds: int, tg: int
             ) -> dict[str, Any]:
-    gateways = {"litellm": (f"http://127.0.0.1:{LITELLM_PORT}", "/etc/sparkctl/gateway/config.yaml"),
+    # both on the node's loopback without a key (the benchmark's clients run there)
+    gateways = {"litellm": (f"http://127.0.0.1:{LITELLM_PORT}", "/nonexistent"),
                 "sglang-router": (f"http://127.0.0.1:{ROUTER_PORT}", "/nonexistent")}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in gateways}
     for index in range(rounds):
@@ -113,20 +124,15 @@ def compare(lab: Lab, head: str, model: str, direct: list[str], rounds: int, tg:
 
 def join_and_leave(lab: Lab, head: str, model: str) -> dict[str, Any]:
     """A bounded load through each gateway while r-c joins and r-b leaves."""
-    lab.exec(head, f"rm -f {STOP_FILE}")
+    stop = lab.workdir / "load-stop"
     loads = {}
-    for name, url, config in (("litellm", f"http://127.0.0.1:{LITELLM_PORT}",
-                               "/etc/sparkctl/gateway/config.yaml"),
-                              ("sglang-router", f"http://127.0.0.1:{ROUTER_PORT}", None)):
-        args = {"url": url, "model": model, "key_file": config, "concurrency": 2,
-                "max_tokens": 4, "stop_file": STOP_FILE, "seconds": 900}
-        proc = subprocess.Popen(
-            [SPARKCTL, "lab", "exec", head, "--", "python3", "-", json.dumps(args)], env=lab.env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if proc.stdin is not None:
-            proc.stdin.write(LOAD_SCRIPT.read_text())
-            proc.stdin.close()
-        loads[name] = proc
+    for name, url in (("litellm", f"http://127.0.0.1:{LITELLM_PORT}"),
+                      ("sglang-router", f"http://127.0.0.1:{ROUTER_PORT}")):
+        args = {"url": url, "model": model, "key_file": None, "concurrency": 2,
+                "max_tokens": 4, "stop_file": str(stop), "seconds": 900}
+        loads[name] = subprocess.Popen(
+            [*in_node_netns(lab, head), str(LOAD_SCRIPT), json.dumps(args)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     events: list[str] = []
     try:
         time.sleep(5)
@@ -149,7 +155,7 @@ def join_and_leave(lab: Lab, head: str, model: str) -> dict[str, Any]:
         events.append("r-b down (LiteLLM: its relay drained first)")
         time.sleep(10)
     finally:
-        lab.exec(head, f"touch {STOP_FILE}")
+        stop.touch()
     results = {}
     for name, proc in loads.items():
         out, err = proc.communicate(timeout=300)
@@ -178,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     install_router()
     lab = Lab(args.lab_id, 2, "b2b", Path(tempfile.mkdtemp(prefix="sparkctl-bench-")))
     lab.up(0, 256 * 2**20)
+    router: subprocess.Popen[bytes] | None = None
     try:
         a, b = lab.node_names()
         ok(lab.sparkctl("up", "--yes"), "up")
@@ -188,15 +195,16 @@ def main(argv: list[str] | None = None) -> int:
         status = gateway_status(lab)
         direct = [f"http://{r['address']}:{r['port']}" for r in status["replicas"]]
         model = status["replicas"][0]["model"]
-        start_router(lab, a, direct)
+        router = start_router(lab, a, direct)
         doc = {"when": datetime.now(UTC).isoformat(timespec="seconds"),
                "router": f"sglang-router {ROUTER_VERSION}", "litellm": status.get("litellm"),
                "replicas": direct, "tg": args.tg,
                "compare": compare(lab, a, model, direct, args.rounds, args.tg),
                "join_leave": join_and_leave(lab, a, model)}
     finally:
-        pid = "/tmp/sparkctl-bench-router.pid"
-        lab.exec(lab.node_names()[0], f"[ ! -f {pid} ] || kill $(cat {pid})", check=False)
+        if router is not None:
+            router.terminate()
+            router.wait(30)
         lab.sparkctl("down", "--yes")
         lab.down()
     args.out.parent.mkdir(parents=True, exist_ok=True)
