@@ -40,6 +40,18 @@ RECORD_MODE = 0o600
 FINGERPRINT_ROUNDS = 200_000
 """PBKDF2-SHA256 rounds over the config and a random salt: the record's fingerprint is no
 offline oracle for guessing the master key (about 0.1 s per guess, a new salt per record)."""
+LOG_CONFIG_FILE = f"{GATEWAY_CONFIG_DIR}/logging.json"
+LOG_CONFIG = {
+    "version": 1, "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain",
+                            "stream": "ext://sys.stderr"}},
+    "loggers": {"uvicorn": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+                "uvicorn.access": {"handlers": [], "level": "CRITICAL", "propagate": False}},
+}
+"""LiteLLM's `--log_config` (uvicorn's logging, at the pinned version): everything as before
+but the access log, whose request lines hold the query string, and a client may put its key
+there (`?api_key=...`): a key must never sit in clear in `docker logs`."""
 COOLDOWN_SECONDS = 5
 """How long LiteLLM keeps a replica out after a failed call: retried on another one meanwhile,
 then tried again (put back when it answers)."""
@@ -114,13 +126,16 @@ class GatewaySpec:
     def config_text(self) -> str:
         return json.dumps(self.config(), indent=1, sort_keys=True) + "\n"
 
+    def fingerprinted(self) -> list[Any]:
+        """What the fingerprint covers besides the config (the node's gateway_config.py gets
+        the same list as "extra"): the log config too, so a gateway running with an access
+        log is restarted into the one without."""
+        return [self.host, self.port, self.image, self.node, LOG_CONFIG]
+
     def fingerprint(self, salt: str) -> str:
         """Changes when anything the running gateway was started with changes (the key too):
         a salted slow hash (config_fingerprint), never the key."""
-        return config_fingerprint(self.config_text(), self.extra(), salt)
-
-    def extra(self) -> list[Any]:
-        return [self.host, self.port, self.image, self.node]
+        return config_fingerprint(self.config_text(), self.fingerprinted(), salt)
 
     def record(self, salt: str | None = None) -> dict[str, Any]:
         """gateway.json (0600): what `status` shows; no secret, a fingerprint under a new salt."""
@@ -169,7 +184,7 @@ def run_cmd(spec: GatewaySpec, cluster: str) -> str:
         "--label", "sparkctl.gateway=true", *env,
         "-v", f"{GATEWAY_CONFIG_DIR}:{GATEWAY_CONFIG_DIR}:ro", "--entrypoint", "litellm",
         spec.image, "--config", CONFIG_FILE, "--host", spec.host, "--port", spec.port,
-        "--num_workers", 1)
+        "--num_workers", 1, "--log_config", LOG_CONFIG_FILE)
 
 
 def remove_container_cmd() -> str:

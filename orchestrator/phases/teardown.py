@@ -24,16 +24,15 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Plan, St
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import CONFIG_DIR, LEDGER, NETPLAN_FILE, RUN_DIR, SERVER_JSON, STATE_DIR
-from orchestrator.phases import oomguard
+from orchestrator.phases import adopted, oomguard
 from orchestrator.phases.boot_units import UNIT_DIR, UNIT_PREFIX
 from orchestrator.phases.files import ledger_answer, ledger_cmd, ledger_entries, ownership, undo_files_cmd
 from orchestrator.phases.persist_down import kept_text, logs_left_cmd
 from orchestrator.remote.facts import request_of
 from orchestrator.remote.node_facts import LINKS, NETPLAN_FILES, ContainerInfo, DockerContainer, LinkTable
 
-LOCK_NAME = "lock"
-"""The cluster lock lives in STATE_DIR on the head and is held while down runs: kept."""
-LOCK_GENERATION = "lock-generation"  # core/lock.py's count of takes: kept (no ABA for a look)
+LOCK_NAME, LOCK_GENERATION = "lock", "lock-generation"
+"""On the head: the cluster lock (held while down runs) and core/lock.py's count of its takes."""
 SERVER_STOP_SECONDS = 20
 CONTAINER_STOP_SECONDS = 20
 
@@ -201,6 +200,8 @@ class RemoveNetwork(Step):
             notes.append(f"left alone: {NETPLAN_FILE} was changed since sparkctl wrote it")
         elif owner == "absent":
             notes.append("no sparkctl netplan file")
+        if ctx.inventory.fabric.network == "adopted":
+            notes.append(adopted.adopted_note(ctx))
         for note in notes:  # what was not done belongs in the report's notes (stdout, piped)
             if note.startswith("left alone"):
                 ctx.shared.notes.append(f"{ctx.node.name}: {note}")
@@ -324,8 +325,7 @@ class RemoveFiles(Step):
 
 def _state_entries(ctx: NodeContext) -> list[str]:
     answer = (ctx.facts.get("commands") or {}).get("state_entries") or {}
-    return sorted(e for e in (answer.get("out") or "").split()
-                  if e and e not in (LOCK_NAME, LOCK_GENERATION))
+    return sorted(e for e in (answer.get("out") or "").split() if e)  # RemoveFiles.keep: the lock
 
 
 def remove_files_cmd(keep: list[str]) -> str:

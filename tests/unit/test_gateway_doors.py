@@ -118,7 +118,7 @@ def test_ctrl_c_while_relaunching_reopens_the_door_and_says_what_changed(
     ts = rolling_world(monkeypatch, {"spark-a": {"r-a": {}}, "spark-b": {"r-b": {}}})
     notes: list[str] = []
 
-    def relaunch(_server: dict[str, Any]) -> int:
+    def relaunch(_server: dict[str, Any], _transport: Any) -> int:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -139,7 +139,7 @@ def test_ctrl_c_that_launch_turns_into_a_failure_still_reopens_the_door(
     ts = rolling_world(monkeypatch, {"spark-a": {"r-a": {}}, "spark-b": {"r-b": {}}})
     notes: list[str] = []
 
-    def relaunch(_server: dict[str, Any]) -> int:
+    def relaunch(_server: dict[str, Any], _transport: Any) -> int:
         try:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)
@@ -161,7 +161,7 @@ def test_a_failed_relaunch_keeps_the_door_closed_and_says_so(
     notes: list[str] = []
     calls: list[str] = []
 
-    def relaunch(server_: dict[str, Any]) -> int:
+    def relaunch(server_: dict[str, Any], _transport: Any) -> int:
         calls.append(server_["name"])
         return 0 if len(calls) == 1 else 1
 
@@ -220,7 +220,7 @@ def test_the_record_is_private_with_a_salted_slow_fingerprint() -> None:
     s = spec()
     one, two = s.record(), s.record()
     assert one["salt"] != two["salt"] and one["fingerprint"] != two["fingerprint"]
-    plain = hashlib.sha256((s.config_text() + json.dumps(s.extra())).encode()).hexdigest()
+    plain = hashlib.sha256((s.config_text() + json.dumps(s.fingerprinted())).encode()).hexdigest()
     assert one["fingerprint"] != plain and KEY not in json.dumps(one)
     assert gs.matches(one, s) and not gs.matches({**one, "salt": ""}, s)
     assert not gs.matches(one, spec("sk-another-key-0123456"))
