@@ -159,9 +159,8 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
             }
     _compare_digests(nodes)
     _compare_setup(nodes)
-    from orchestrator.status.memory import node_memory
-    for name, node_facts in facts.items():
-        nodes[name]["memory"] = node_memory(node_facts)
+    from orchestrator.status.memory import attach_node_figures
+    attach_node_figures(nodes, facts)  # memory, and the box guard: clock, temperature, throttling
     head = inventory.head_name
     processes = {name: server_processes(node_facts) for name, node_facts in facts.items()}
     server = assess_server(inventory, facts.get(head), nodes[head], dead_ranks(processes),

@@ -17,11 +17,16 @@ from typing import Any
 from orchestrator.commands import join, quote
 from orchestrator.engines.meters import meter_class, parse_prometheus
 from orchestrator.phases.memory import GUARD_DEFAULT_GB, PLAN_FILE
+from orchestrator.status.gpu import GPU_FIELDS, gpu_fields, gpu_text, guard_nodes, node_gpu
 
 GIB_PER_KB = 1024**2
+_MEMORY_FIELDS = "memory.used,memory.total,utilization.gpu"
+# one nvidia-smi call for the memory figures and the box guard's (status/gpu.py); a driver that
+# refuses one of the guard's fields fails the whole query, so the memory figures alone follow
 MEMORY_CMD = ("grep -E '^(MemTotal|MemAvailable):' /proc/meminfo; echo --gpu; "
-              "nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu "
-              "--format=csv,noheader,nounits 2>/dev/null; true")
+              f"nvidia-smi --query-gpu={_MEMORY_FIELDS},{','.join(GPU_FIELDS)} "
+              "--format=csv,noheader,nounits 2>/dev/null || "
+              f"nvidia-smi --query-gpu={_MEMORY_FIELDS} --format=csv,noheader,nounits 2>/dev/null; true")
 
 
 def facts_request() -> dict[str, Any]:
@@ -38,7 +43,8 @@ def _number(text: str) -> float | None:
 
 def node_memory(facts: dict[str, Any]) -> dict[str, Any]:
     """{total_gb, available_gb, gpu_memory_used_gb, gpu_memory_total_gb, gpu_utilization_pct,
-    guard_min_available_gb}; a figure the node does not report is absent (not 0)."""
+    guard_min_available_gb, gpu: {sm_clock_mhz, ...}}; a figure the node does not report is
+    absent (not 0)."""
     answer = (facts.get("commands") or {}).get("memory") or {}
     meminfo, _, gpu = str(answer.get("out") or "").partition("--gpu")
     mem = dict(re.findall(r"^(\w+):\s+(\d+) kB", meminfo, re.M))
@@ -47,8 +53,8 @@ def node_memory(facts: dict[str, Any]) -> dict[str, Any]:
         out["total_gb"] = round(int(mem["MemTotal"]) / GIB_PER_KB, 1)
     if "MemAvailable" in mem:
         out["available_gb"] = round(int(mem["MemAvailable"]) / GIB_PER_KB, 1)
-    line = next((row for row in gpu.strip().splitlines() if "," in row), "")
-    values = [_number(v.strip()) for v in line.split(",")] if line else []
+    fields = gpu_fields(gpu)
+    values = [_number(v.strip()) for v in fields[:3]]
     for key, value, scale in zip(("gpu_memory_used_gb", "gpu_memory_total_gb", "gpu_utilization_pct"),
                                  values, (1 / 1024, 1 / 1024, 1.0), strict=False):
         if value is not None:
@@ -62,7 +68,16 @@ def node_memory(facts: dict[str, Any]) -> dict[str, Any]:
     out["guard_source"] = "launch" if guard is not None else "default (no server launched)"
     if guard is None:
         out["guard_min_available_gb"] = GUARD_DEFAULT_GB
+    out["gpu"] = node_gpu(facts).as_dict()
     return out
+
+
+
+def attach_node_figures(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]]) -> None:
+    """Every reached node's "memory" (with its GPU figures), and the box guard's verdicts."""
+    for name, node_facts in facts.items():
+        nodes[name]["memory"] = node_memory(node_facts)
+    guard_nodes(nodes, facts)
 
 
 # ---------------------------------------------------------------- engines' /metrics
@@ -169,7 +184,8 @@ def memory_text(memory: dict[str, Any]) -> str:
         text += f"/{memory['gpu_memory_total_gb']:g} GB" if "gpu_memory_total_gb" in memory else " GB"
     if "gpu_utilization_pct" in memory:
         text += f", GPU {memory['gpu_utilization_pct']:g} %"
-    return text
+    clocks = gpu_text(memory.get("gpu") or {})
+    return text + (f", {clocks}" if clocks else "")
 
 
 def metrics_text(metrics: dict[str, Any] | None) -> str:
