@@ -1,0 +1,145 @@
+"""What the page shows, as typed records built from one look (`status`'s result), its history
+and its events: the page's JavaScript only lays these out, it judges nothing itself."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.dashboard.events import Event
+from orchestrator.dashboard.watch import Look, Point
+from orchestrator.status.gpu import HOT_TEMPERATURE_C, STUCK_CLOCK_FRACTION
+
+
+@dataclass(frozen=True)
+class LinkView:
+    interface: str
+    state: str
+    mtu: int | None
+    addresses: list[str]
+    ok: bool
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    role: str
+    state: str
+    reachable: bool
+    problems: list[str]
+    gpu_problems: list[str]          # the box guard's kinds: stuck-clock, hot, ...
+    total_gb: float | None = None
+    available_gb: float | None = None
+    guard_min_available_gb: float | None = None
+    gpu_utilization_pct: float | None = None
+    sm_clock_mhz: float | None = None
+    max_sm_clock_mhz: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    throttle_reasons: int | None = None
+    container: str = ""
+    links: list[LinkView] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ServerView:
+    name: str
+    engine: str
+    model: str
+    state: str
+    nodes: list[str]
+    endpoint: str
+    persistent: bool
+    figures: dict[str, float]       # the engine's /metrics by meaning (status/memory.py)
+    metrics_note: str = ""          # why there are no figures
+
+
+@dataclass(frozen=True)
+class GatewayView:
+    running: bool
+    node: str = ""
+    endpoint: str = ""
+    live: bool = False
+    key: bool = False
+    models: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PageView:
+    cluster: str
+    state: str
+    ok: bool
+    taken_at: float | None
+    look_seconds: float | None
+    interval: float
+    error: str | None
+    thresholds: dict[str, float]
+    nodes: list[NodeView]
+    servers: list[ServerView]
+    gateway: GatewayView
+    events: list[Event]
+    history: list[Point]
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _node(node: dict[str, Any]) -> NodeView:
+    memory = node.get("memory") or {}
+    gpu = memory.get("gpu") or {}
+    container = node.get("container") or {}
+    links = [LinkView(iface, str(link.get("state")), link.get("mtu"), list(link.get("addresses") or []),
+                      bool(link.get("ok")))
+             for iface, link in ((node.get("network") or {}).get("interfaces") or {}).items()]
+    return NodeView(
+        name=str(node["name"]), role=str(node.get("role")), state=str(node.get("state")),
+        reachable=bool(node.get("reachable")), problems=list(node.get("problems") or []),
+        gpu_problems=list(node.get("gpu_problems") or []),
+        total_gb=memory.get("total_gb"), available_gb=memory.get("available_gb"),
+        guard_min_available_gb=memory.get("guard_min_available_gb"),
+        gpu_utilization_pct=memory.get("gpu_utilization_pct"),
+        sm_clock_mhz=gpu.get("sm_clock_mhz"), max_sm_clock_mhz=gpu.get("max_sm_clock_mhz"),
+        temperature_c=gpu.get("temperature_c"), power_w=gpu.get("power_w"),
+        throttle_reasons=gpu.get("throttle_reasons"),
+        container=str(container.get("status") or "") if container.get("name") else "",
+        links=links)
+
+
+def _server(server: dict[str, Any]) -> ServerView:
+    listed = server.get("nodes")
+    nodes = [str(n) for n in listed] if isinstance(listed, list) else [str(server.get("node"))]
+    metrics = server.get("metrics") or {}
+    figures = {k: float(v) for k, v in metrics.items()
+               if k not in ("ok", "why") and isinstance(v, (int, float))}
+    return ServerView(
+        name=str(server.get("name")), engine=str(server.get("engine")),
+        model=str(server.get("model")), state=str(server.get("state")), nodes=nodes,
+        endpoint=f"{server.get('host') or '127.0.0.1'}:{server.get('port')} on {nodes[0]}",
+        persistent=bool(server.get("persistent")), figures=figures,
+        metrics_note="" if metrics.get("ok") or not metrics else str(metrics.get("why")))
+
+
+def _gateway(gateway: dict[str, Any]) -> GatewayView:
+    if not gateway.get("running"):
+        return GatewayView(False)
+    return GatewayView(True, str(gateway.get("node")), f"{gateway.get('host')}:{gateway.get('port')}",
+                       bool(gateway.get("live")), bool(gateway.get("key")),
+                       dict(gateway.get("models") or {}))
+
+
+THRESHOLDS = {"hot_temperature_c": HOT_TEMPERATURE_C, "stuck_clock_fraction": STUCK_CLOCK_FRACTION}
+
+
+def page_view(look: Look | None, history: list[Point], events: list[Event],
+              interval: float) -> PageView:
+    """The page's data from the latest look (None: the first look has not finished)."""
+    status = (look.status if look else None) or {}
+    return PageView(
+        cluster=str(status.get("cluster") or ""), state=str(status.get("state") or "looking"),
+        ok=bool(status.get("ok")), taken_at=look.taken_at if look else None,
+        look_seconds=look.seconds if look else None, interval=interval,
+        error=look.error if look else None, thresholds=THRESHOLDS,
+        nodes=[_node(n) for n in (status.get("nodes") or {}).values()],
+        servers=[_server(s) for s in status.get("servers") or []],
+        gateway=_gateway(status.get("gateway") or {}),
+        events=list(reversed(events))[:50], history=history)

@@ -1,0 +1,122 @@
+"""The dashboard's one look at the cluster every INTERVAL seconds, whatever the number of pages.
+
+A single background thread runs what `status --watch` runs (`gather_status`: one facts round
+trip per node, the engines' /metrics on each server's node), so the nodes see the same load
+as one `status --watch` however many browsers, scrapers or tabs read the page. Pages and
+/metrics read the latest look from memory. The last HISTORY looks feed the charts; changes
+between looks become events (events.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.dashboard.events import Event, changes
+from orchestrator.errors import SparkctlError
+
+HISTORY = 360  # looks kept for the charts: 30 min at the default 5 s
+EVENTS = 200
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look: `status` as gathered (None when gathering failed: `error` says why)."""
+
+    taken_at: float  # Unix time the look finished
+    seconds: float   # how long it took
+    status: dict[str, Any] | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Point:
+    """The charted figures of one look, per node (None: not known at that look)."""
+
+    taken_at: float
+    sm_clock_mhz: dict[str, float | None] = field(default_factory=dict)
+    temperature_c: dict[str, float | None] = field(default_factory=dict)
+    power_w: dict[str, float | None] = field(default_factory=dict)
+    available_gb: dict[str, float | None] = field(default_factory=dict)
+
+
+def point_of(look: Look) -> Point:
+    nodes = (look.status or {}).get("nodes") or {}
+    point = Point(look.taken_at)
+    for name, node in nodes.items():
+        memory = node.get("memory") or {}
+        gpu = memory.get("gpu") or {}
+        point.sm_clock_mhz[name] = gpu.get("sm_clock_mhz")
+        point.temperature_c[name] = gpu.get("temperature_c")
+        point.power_w[name] = gpu.get("power_w")
+        point.available_gb[name] = memory.get("available_gb")
+    return point
+
+
+class Watcher:
+    """Looks every `interval` seconds in its own thread; `latest()`, `history()`, `events()`
+    for readers in other threads."""
+
+    def __init__(self, look: Callable[[], dict[str, Any]], interval: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._look, self.interval, self._clock = look, interval, clock
+        self._lock = threading.Lock()
+        self._latest: Look | None = None
+        self._last_good: Look | None = None
+        self._history: deque[Point] = deque(maxlen=HISTORY)
+        self._events: deque[Event] = deque(maxlen=EVENTS)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def look_once(self) -> Look:
+        """Gather once and keep it (the thread's body; tests call it directly)."""
+        started = time.monotonic()
+        try:
+            status, error = self._look(), None
+        except SparkctlError as exc:  # an inventory or connection failure: shown, retried
+            status, error = None, str(exc)
+        look = Look(self._clock(), round(time.monotonic() - started, 3), status, error)
+        with self._lock:
+            self._events.extend(changes(self._last_good, self._latest, look))
+            self._latest = look
+            if status is not None:
+                self._last_good = look
+                self._history.append(point_of(look))
+        return look
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="sparkctl-dashboard-look",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval + 1)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.look_once()
+            except Exception as exc:  # a bug in one look must not end the page's updates
+                with self._lock:
+                    self._latest = Look(self._clock(), 0.0, None, f"{type(exc).__name__}: {exc}")
+            # like `status --watch`: the pause follows the look, so looks never overlap or
+            # come closer than `interval` whatever the nodes' answer time
+            self._stop.wait(self.interval)
+
+    def latest(self) -> Look | None:
+        with self._lock:
+            return self._latest
+
+    def history(self) -> list[Point]:
+        with self._lock:
+            return list(self._history)
+
+    def events(self) -> list[Event]:
+        with self._lock:
+            return list(self._events)
