@@ -121,7 +121,8 @@ function chart(id, title, unit, history, key) {
   }));
   Plotly.react(id, traces, {
     title: {text: title, font: {size: 14}}, margin: {l: 50, r: 10, t: 35, b: 35},
-    yaxis: {title: {text: unit}, rangemode: "tozero"}, legend: {orientation: "h"},
+    xaxis: {tickformat: "%H:%M:%S"}, yaxis: {title: {text: unit}, rangemode: "tozero"},
+    legend: {orientation: "h", y: -0.2},
   }, {displayModeBar: false, responsive: true});
 }
 
