@@ -182,3 +182,17 @@ def test_help_never_imports_the_web_stack() -> None:
                          check=True).stdout
     assert "A live web page (and /metrics)" in out and "--api-key-file" in out
     assert out.strip().endswith("IMPORTED []")
+
+
+def test_the_sample_grafana_dashboard_asks_only_for_series_the_dashboard_serves() -> None:
+    import json
+    import re
+
+    watcher = Watcher(Looks(look_of(STUCK)), 5.0)
+    watcher.look_once()
+    served = {f.name for f in text_string_to_metric_families(
+        TestClient(build_app(watcher)).get("/metrics").text)}
+    grafana = json.loads((ROOT / "docs/grafana-dashboard.json").read_text())
+    asked = {name for panel in grafana["panels"] for target in panel["targets"]
+             for name in re.findall(r"sparkctl_[a-z_]+", target["expr"])}
+    assert asked and asked <= served, asked - served
