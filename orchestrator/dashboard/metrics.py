@@ -44,6 +44,17 @@ SERVER_FIGURES = (
      "spec_acceptance_rate"),
     ("sparkctl_server_spec_acceptance_length", "Speculative decoding: tokens per step",
      "spec_acceptance_length"),
+    ("sparkctl_server_decode_tokens_per_second", "Tokens generated per second since the "
+     "previous look", "decode_tokens_per_s"),
+    ("sparkctl_server_prefill_tokens_per_second", "Prompt tokens processed per second since the "
+     "previous look", "prefill_tokens_per_s"),
+)
+# (metric, help, figure prefix): p50/p95 over the server's life from the engine's histograms
+SERVER_LATENCIES = (
+    ("sparkctl_server_time_to_first_token_seconds", "Time to first token (engine's histogram)",
+     "ttft"),
+    ("sparkctl_server_inter_token_latency_seconds", "Time between tokens (engine's histogram)",
+     "itl"),
 )
 
 
@@ -120,6 +131,14 @@ def server_series(status: dict[str, Any]) -> Iterator[Metric]:
             value = (s.get("metrics") or {}).get(key)
             if isinstance(value, (int, float)):
                 family.add_metric([str(s.get("name"))], float(value))
+        yield family
+    for metric, text, prefix in SERVER_LATENCIES:
+        family = GaugeMetricFamily(metric, text, labels=["server", "quantile"])
+        for s in servers:
+            for label, q in (("p50", "0.5"), ("p95", "0.95")):
+                value = (s.get("metrics") or {}).get(f"{prefix}_{label}_s")
+                if isinstance(value, (int, float)):
+                    family.add_metric([str(s.get("name")), q], float(value))
         yield family
 
 

@@ -57,6 +57,24 @@ def point_of(look: Look) -> Point:
     return point
 
 
+# the engines' token counters (status/memory.py's meanings) -> the rates the page shows
+RATES = {"generation_tokens": "decode_tokens_per_s", "prompt_tokens": "prefill_tokens_per_s"}
+
+
+def add_rates(before: Look, look: Look) -> None:
+    """Each server's decode and prefill tokens per second since the previous look, from its
+    engine's counters (a restarted server's counters start again: no rate that once)."""
+    seconds = look.taken_at - before.taken_at
+    old = {str(s.get("name")): s.get("metrics") or {} for s in (before.status or {}).get("servers") or []}
+    for server in (look.status or {}).get("servers") or []:
+        metrics, previous = server.get("metrics") or {}, old.get(str(server.get("name"))) or {}
+        for counter, rate in RATES.items():
+            now, then = metrics.get(counter), previous.get(counter)
+            if seconds > 0 and isinstance(now, (int, float)) and isinstance(then, (int, float)) \
+                    and now >= then:
+                metrics[rate] = (now - then) / seconds
+
+
 class Watcher:
     """Looks every `interval` seconds in its own thread; `latest()`, `history()`, `events()`
     for readers in other threads."""
@@ -80,6 +98,8 @@ class Watcher:
         except SparkctlError as exc:  # an inventory or connection failure: shown, retried
             status, error = None, str(exc)
         look = Look(self._clock(), round(time.monotonic() - started, 3), status, error)
+        if status is not None and self._last_good is not None:
+            add_rates(self._last_good, look)
         with self._lock:
             self._events.extend(changes(self._last_good, self._latest, look))
             self._latest = look

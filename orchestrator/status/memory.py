@@ -18,6 +18,7 @@ from orchestrator.commands import join, quote
 from orchestrator.engines.meters import meter_class, parse_prometheus
 from orchestrator.phases.memory import GUARD_DEFAULT_GB, PLAN_FILE
 from orchestrator.status.gpu import GPU_FIELDS, gpu_fields, gpu_text, guard_nodes, node_gpu
+from orchestrator.status.latency import latency_figures
 
 GIB_PER_KB = 1024**2
 _MEMORY_FIELDS = "memory.used,memory.total,utilization.gpu"
@@ -90,6 +91,9 @@ MEANINGS: dict[str, tuple[str, ...]] = {
                        "kv_cache_usage_ratio"),
     "spec_acceptance_length": ("spec_accept_length",),
     "spec_acceptance_rate": ("spec_accept_rate",),
+    # counters over the server's life: the dashboard turns them into tokens per second
+    "generation_tokens": ("generation_tokens_total",),
+    "prompt_tokens": ("prompt_tokens_total",),
 }
 ACCEPTED = ("spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens")
 DRAFTED = ("spec_decode_num_draft_tokens_total", "spec_decode_num_draft_tokens")
@@ -118,6 +122,7 @@ def summarize_metrics(text: str) -> dict[str, Any]:
         out.setdefault("spec_acceptance_rate", accepted / drafted)
     if accepted is not None and drafts:
         out.setdefault("spec_acceptance_length", 1 + accepted / drafts)
+    out.update(latency_figures(text))  # TTFT and ITL p50/p95 from the engine's histograms
     return out
 
 
@@ -202,6 +207,10 @@ def metrics_text(metrics: dict[str, Any] | None) -> str:
         parts.append(f"KV cache {metrics['kv_cache_usage'] * 100:.0f} %")
     length, rate = metrics.get("spec_acceptance_length"), metrics.get("spec_acceptance_rate")
     # gauges an engine keeps at 0 / 1 without a draft model say nothing: left out
+    if "ttft_p50_s" in metrics:
+        parts.append(f"TTFT p50 {metrics['ttft_p50_s'] * 1000:.0f} ms")
+    if "itl_p50_s" in metrics:
+        parts.append(f"ITL p50 {metrics['itl_p50_s'] * 1000:.1f} ms")
     if rate or (length is not None and length > 1):
         if length is not None:
             parts.append(f"acceptance length {length:.2f}")

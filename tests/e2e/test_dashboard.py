@@ -106,6 +106,13 @@ def test_the_page_shows_both_nodes_then_the_server_once_launched(
                               f"getElementById('server-{SERVER}').innerText.includes('healthy') && "
                               f"document.getElementById('server-{SERVER}').innerText", 30)
     assert SERVER in row and "Qwen/Qwen3-8B" in row and "sglang" in row
+    chat = sparkctl("chat", "Hello", "--inventory", str(lab.inventory), "--server", SERVER,
+                    "--max-tokens", "16")
+    assert chat.returncode == 0, chat.stdout + chat.stderr
+    # the engine's TTFT and inter-token histograms, read from its /metrics by the next look
+    ttft = f"document.querySelector('#server-{SERVER} td:nth-child(13)').innerText"
+    shown, _ = browser.wait_for(f"{ttft}.endsWith(' ms') && {ttft}", 30)
+    assert "/" in shown
     assert browser.evaluate("typeof Plotly") == "object"  # the charts' library, from plotly
     assert browser.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 3
     browser.screenshot(tmp_path / "dashboard.png")

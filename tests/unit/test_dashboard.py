@@ -196,3 +196,27 @@ def test_the_sample_grafana_dashboard_asks_only_for_series_the_dashboard_serves(
     asked = {name for panel in grafana["panels"] for target in panel["targets"]
              for name in re.findall(r"sparkctl_[a-z_]+", target["expr"])}
     assert asked and asked <= served, asked - served
+
+
+def test_decode_and_prefill_rates_come_from_the_counters_between_looks() -> None:
+    def with_tokens(generated: float, prompted: float) -> dict[str, Any]:
+        look = look_of(IDLE)
+        look["servers"][0]["metrics"] = {**SERVER["metrics"], "generation_tokens": generated,
+                                         "prompt_tokens": prompted, "ttft_p50_s": 0.05,
+                                         "ttft_p95_s": 0.25}
+        return look
+
+    clock = iter((1000.0, 1004.0, 1008.0))
+    watcher = Watcher(Looks(with_tokens(100, 50), with_tokens(300, 250), with_tokens(10, 5)),
+                      4.0, clock=lambda: next(clock))
+    client = TestClient(build_app(watcher))
+    watcher.look_once()
+    assert "decode_tokens_per_s" not in client.get("/api/state").json()["servers"][0]["figures"]
+    watcher.look_once()
+    figures = client.get("/api/state").json()["servers"][0]["figures"]
+    assert figures["decode_tokens_per_s"] == 50 and figures["prefill_tokens_per_s"] == 50
+    metrics = client.get("/metrics").text
+    assert 'sparkctl_server_decode_tokens_per_second{server="qwen"} 50.0' in metrics
+    assert 'sparkctl_server_time_to_first_token_seconds{quantile="0.95",server="qwen"} 0.25' in metrics
+    watcher.look_once()  # counters went back (a restarted server): no rate, not a negative one
+    assert "decode_tokens_per_s" not in client.get("/api/state").json()["servers"][0]["figures"]

@@ -124,3 +124,45 @@ def test_the_lab_gpu_answers_the_guard_fields_and_its_faults(
     # as strict as the real one: one unknown field fails the whole query
     assert ask(smi, capsys, "--query-gpu=clocks.sm,temperature.gpu.limit", "--format=csv") == (
         2, 'Field "temperature.gpu.limit" is not a valid field to query.\n')
+
+
+# ---------------------------------------------------------------- engines' latency histograms
+
+def test_latency_quantiles_as_prometheus_computes_them() -> None:
+    from orchestrator.status.latency import latency_figures, quantile
+
+    inf = float("inf")
+    # 100 observations: 50 at <= 0.1 s, 40 in (0.1, 0.2], 10 in (0.2, 0.4]
+    buckets = [(0.1, 50.0), (0.2, 90.0), (0.4, 100.0), (inf, 100.0)]
+    assert quantile(0.5, buckets) == pytest.approx(0.1)
+    assert quantile(0.95, buckets) == pytest.approx(0.3)
+    assert quantile(0.5, [(0.1, 0.0), (inf, 0.0)]) is None  # no request yet: no figure
+    assert quantile(0.5, [(0.1, 0.0), (inf, 4.0)]) == 0.1  # all above the last bound
+    text = "".join(
+        f'vllm:time_to_first_token_seconds_bucket{{model_name="m",le="{le}"}} {n}\n'
+        for le, n in (("0.1", 5), ("0.2", 9), ("+Inf", 10)))
+    text = "# TYPE vllm:time_to_first_token_seconds histogram\n" + text
+    assert latency_figures(text) == {"ttft_p50_s": pytest.approx(0.1),
+                                     "ttft_p95_s": pytest.approx(0.2)}
+    assert latency_figures("not prometheus {") == {}
+
+
+def test_the_lab_engine_publishes_what_status_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulated SGLang's /metrics (token counters, TTFT and ITL histograms) read back by
+    status's summary: the figures the dashboard shows per server."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(ROOT / "lab/sparklab/image"))
+    from sparklab_engine.token_stats import TokenStats
+
+    from orchestrator.status.memory import summarize_metrics
+
+    stats = TokenStats()
+    stats.first_token(12, 0.05)
+    stats.first_token(30, 0.3)
+    stats.tokens(4, 0.08)  # 4 tokens 80 ms after the previous ones: 20 ms each
+    figures = summarize_metrics(stats.prometheus("sglang", 'model_name="m"'))
+    assert figures["prompt_tokens"] == 42 and figures["generation_tokens"] == 6
+    assert 0.04 < figures["ttft_p50_s"] <= 0.06 and 0.25 < figures["ttft_p95_s"] <= 0.5
+    assert 0.015 < figures["itl_p50_s"] <= 0.02
+    assert "sparklab_engine.token_stats" in sys.modules

@@ -91,6 +91,14 @@ function percent(value) {
   return value === undefined ? "" : `${Math.round(value * 100)} %`;
 }
 
+function rate(value) {
+  return value === undefined ? "" : num(value, 1);
+}
+
+function latency(p50, p95) {
+  return p50 === undefined ? "" : `${num(p50 * 1000, 0)} / ${num(p95 * 1000, 0)} ms`;
+}
+
 function serverRow(server) {
   const f = server.figures;
   const acceptance = f.spec_acceptance_length > 1 ? `${num(f.spec_acceptance_length, 2)} tokens/step`
@@ -100,7 +108,9 @@ function serverRow(server) {
     el("td", {}, server.name), el("td", {}, server.engine), el("td", {}, server.model),
     el("td", {}, server.nodes.join(", ")), el("td", {}, server.endpoint), state,
     el("td", {}, f.requests_running ?? ""), el("td", {}, f.requests_waiting ?? ""),
-    el("td", {}, percent(f.kv_cache_usage)), el("td", {}, acceptance || server.metrics_note));
+    el("td", {}, percent(f.kv_cache_usage)), el("td", {}, rate(f.decode_tokens_per_s)),
+    el("td", {}, rate(f.prefill_tokens_per_s)), el("td", {}, latency(f.ttft_p50_s, f.ttft_p95_s)),
+    el("td", {}, latency(f.itl_p50_s, f.itl_p95_s)), el("td", {}, acceptance || server.metrics_note));
 }
 
 function gatewayView(gateway) {
