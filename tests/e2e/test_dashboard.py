@@ -110,7 +110,7 @@ def test_the_page_shows_both_nodes_then_the_server_once_launched(
                     "--max-tokens", "16")
     assert chat.returncode == 0, chat.stdout + chat.stderr
     # the engine's TTFT and inter-token histograms, read from its /metrics by the next look
-    ttft = f"document.querySelector('#server-{SERVER} td:nth-child(13)').innerText"
+    ttft = f"document.querySelector('#server-{SERVER} td:nth-child(12)').innerText"
     shown, _ = browser.wait_for(f"{ttft}.endsWith(' ms') && {ttft}", 30)
     assert "/" in shown
     assert browser.evaluate("typeof Plotly") == "object"  # the charts' library, from plotly
