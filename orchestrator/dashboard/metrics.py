@@ -26,6 +26,8 @@ NODE_MEMORY = (
      "The memory guard stops the server below this MemAvailable", "guard_min_available_gb", GB),
     ("sparkctl_node_gpu_utilization_ratio", "GPU utilisation (nvidia-smi), 0-1",
      "gpu_utilization_pct", 0.01),
+    ("sparkctl_node_model_cache_free_bytes", "Free space on the filesystem of the model cache",
+     "model_cache_free_gb", 1e9),
 )
 NODE_GPU = (
     ("sparkctl_node_gpu_sm_clock_hertz", "GPU SM clock now", "sm_clock_mhz", 1e6),

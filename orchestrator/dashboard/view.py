@@ -37,6 +37,7 @@ class NodeView:
     temperature_c: float | None = None
     power_w: float | None = None
     throttle_reasons: int | None = None
+    model_cache_free_gb: float | None = None  # where the inventory's HF cache is
     container: str = ""
     links: list[LinkView] = field(default_factory=list)
 
@@ -101,6 +102,7 @@ def _node(node: dict[str, Any]) -> NodeView:
         sm_clock_mhz=gpu.get("sm_clock_mhz"), max_sm_clock_mhz=gpu.get("max_sm_clock_mhz"),
         temperature_c=gpu.get("temperature_c"), power_w=gpu.get("power_w"),
         throttle_reasons=gpu.get("throttle_reasons"),
+        model_cache_free_gb=memory.get("model_cache_free_gb"),
         container=str(container.get("status") or "") if container.get("name") else "",
         links=links)
 

@@ -78,9 +78,9 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     own = {"files": files, "links": True, "ibdev2netdev": True, "commands": commands, "timeout": 40}
     from orchestrator.status.memory import facts_request
     if (up := up_container(inventory)) is None:
-        return merge_requests([own, facts_request()])
+        return merge_requests([own, facts_request(inventory)])
     own.update(containers=[up.settings.name], images=[up.settings.image])  # and its spec's facts
-    return merge_requests([own, facts_request(), up.spec_facts(inventory, node)])
+    return merge_requests([own, facts_request(inventory), up.spec_facts(inventory, node)])
 
 
 RECORD_CONTAINER = script("record_container.py")

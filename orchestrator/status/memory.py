@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.commands import join, quote
 from orchestrator.engines.meters import meter_class, parse_prometheus
+from orchestrator.inventory import Inventory
 from orchestrator.phases.memory import GUARD_DEFAULT_GB, PLAN_FILE
 from orchestrator.status.gpu import GPU_FIELDS, gpu_fields, gpu_text, guard_nodes, node_gpu
 from orchestrator.status.latency import latency_figures
@@ -30,9 +31,24 @@ MEMORY_CMD = ("grep -E '^(MemTotal|MemAvailable):' /proc/meminfo; echo --gpu; "
               f"nvidia-smi --query-gpu={_MEMORY_FIELDS} --format=csv,noheader,nounits 2>/dev/null; true")
 
 
-def facts_request() -> dict[str, Any]:
-    """Status's extra facts: memory and the guard's plan file (its content)."""
-    return {"commands": {"memory": MEMORY_CMD}, "files": {PLAN_FILE: True}}
+def facts_request(inventory: Inventory) -> dict[str, Any]:
+    """Status's extra facts: memory, the guard's plan file (its content) and the free space
+    for models where the inventory's HF cache is."""
+    commands = {"memory": MEMORY_CMD,
+                "model_cache": model_cache_cmd(inventory.cluster.hf_cache, inventory.cluster.user)}
+    return {"commands": commands, "files": {PLAN_FILE: True}}
+
+
+def model_cache_cmd(hf_cache: str, user: str) -> str:
+    """Free bytes on the filesystem of the HF cache (`~` is `user`'s home; a cache not made
+    yet: its nearest existing parent, where it will be)."""
+    if hf_cache == "~" or hf_cache.startswith("~/"):
+        rest = quote(hf_cache[1:]) if hf_cache[1:] else ""
+        where = f'p="$(getent passwd {quote(user)} | cut -d: -f6)"{rest}'
+    else:
+        where = f"p={quote(hf_cache)}"
+    return (f'{where}; while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname "$p"); done; '
+            """df -PB1 "$p" | awk 'NR==2 {print $4}'""")
 
 
 def _number(text: str) -> float | None:
@@ -44,8 +60,8 @@ def _number(text: str) -> float | None:
 
 def node_memory(facts: dict[str, Any]) -> dict[str, Any]:
     """{total_gb, available_gb, gpu_memory_used_gb, gpu_memory_total_gb, gpu_utilization_pct,
-    guard_min_available_gb, gpu: {sm_clock_mhz, ...}}; a figure the node does not report is
-    absent (not 0)."""
+    guard_min_available_gb, gpu: {sm_clock_mhz, ...}, model_cache_free_gb}; a figure the
+    node does not report is absent (not 0)."""
     answer = (facts.get("commands") or {}).get("memory") or {}
     meminfo, _, gpu = str(answer.get("out") or "").partition("--gpu")
     mem = dict(re.findall(r"^(\w+):\s+(\d+) kB", meminfo, re.M))
@@ -70,6 +86,9 @@ def node_memory(facts: dict[str, Any]) -> dict[str, Any]:
     if guard is None:
         out["guard_min_available_gb"] = GUARD_DEFAULT_GB
     out["gpu"] = node_gpu(facts).as_dict()
+    cache = str(((facts.get("commands") or {}).get("model_cache") or {}).get("out") or "").strip()
+    if cache.isdigit():
+        out["model_cache_free_gb"] = round(int(cache) / 1e9, 1)
     return out
 
 

@@ -38,6 +38,7 @@ def look_of(b_gpu: str, server_state: str = "healthy") -> dict[str, Any]:
     """What gather_status returns: the assessment of both nodes' facts, servers, gateway."""
     facts = {"spark-a": with_gpu(node_facts("spark-a"), IDLE),
              "spark-b": with_gpu(node_facts("spark-b"), b_gpu)}
+    facts["spark-a"]["commands"]["model_cache"] = {"rc": 0, "out": "812345678901\n"}
     result = status.assess(INVENTORY, facts, {})
     result["servers"] = [{**SERVER, "state": server_state}]
     result["gateway"] = {"running": True, "node": "spark-a", "host": "127.0.0.1", "port": 4000,
@@ -106,6 +107,8 @@ def test_metrics_parse_with_the_reference_parser_and_carry_node_and_server_serie
     assert samples[("sparkctl_node_gpu_temperature_celsius", (("node", "spark-b"),))] == 58
     assert samples[("sparkctl_node_gpu_guard_problem", (("kind", "stuck-clock"), ("node", "spark-b")))] == 1
     assert samples[("sparkctl_node_up", (("node", "spark-a"),))] == 1
+    assert samples[("sparkctl_node_model_cache_free_bytes", (("node", "spark-a"),))] == 812.3e9
+    assert ("sparkctl_node_model_cache_free_bytes", (("node", "spark-b"),)) not in samples
     assert samples[("sparkctl_server_requests_running", (("server", "qwen"),))] == 2
     assert samples[("sparkctl_server_healthy", (("server", "qwen"),))] == 1
     assert samples[("sparkctl_gateway_replicas_in_rotation", (("model", "Qwen/Qwen3-8B"),))] == 1

@@ -166,3 +166,17 @@ def test_the_lab_engine_publishes_what_status_reads(monkeypatch: pytest.MonkeyPa
     assert 0.04 < figures["ttft_p50_s"] <= 0.06 and 0.25 < figures["ttft_p95_s"] <= 0.5
     assert 0.015 < figures["itl_p50_s"] <= 0.02
     assert "sparklab_engine.token_stats" in sys.modules
+
+
+def test_the_model_cache_free_space_is_asked_where_the_inventory_keeps_it() -> None:
+    from orchestrator.status.memory import facts_request, model_cache_cmd
+
+    command = facts_request(INVENTORY)["commands"]["model_cache"]
+    assert command == model_cache_cmd("~/.cache/huggingface", "nvidia")
+    assert command.startswith('p="$(getent passwd nvidia | cut -d: -f6)"/.cache/huggingface;')
+    assert model_cache_cmd("/data/my hf", "nvidia").startswith("p='/data/my hf';")
+    facts = with_gpu(node_facts("spark-a"), "[N/A], [N/A], 0")
+    facts["commands"]["model_cache"] = {"rc": 0, "out": "74723581952\n"}
+    assert node_memory(facts)["model_cache_free_gb"] == 74.7
+    facts["commands"]["model_cache"] = {"rc": 1, "out": ""}
+    assert "model_cache_free_gb" not in node_memory(facts)

@@ -62,6 +62,8 @@ function nodeCard(node) {
     ["SM clock", clockCell(node)],
     ["temperature", node.temperature_c === null ? "not reported" : `${num(node.temperature_c, 0)} °C`],
     ["power", node.power_w === null ? "not reported" : `${num(node.power_w, 1)} W`],
+    ["model cache", node.model_cache_free_gb === null ? "free space unknown"
+      : `${num(node.model_cache_free_gb, 1)} GB free`],
     ["container", node.container || "none"],
   ];
   for (const link of node.links) {
