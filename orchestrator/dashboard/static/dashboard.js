@@ -3,7 +3,7 @@
 // nothing itself: states, problems and the box guard's flags come from sparkctl's status.
 "use strict";
 
-const POLL_MS = 1000;
+const POLL_MS = 500;
 const FLAG_TEXT = {
   "stuck-clock": "GPU CLOCK STUCK",
   "hot": "GPU HOT",
