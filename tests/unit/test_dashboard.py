@@ -223,3 +223,23 @@ def test_decode_and_prefill_rates_come_from_the_counters_between_looks() -> None
     assert 'sparkctl_server_time_to_first_token_seconds{quantile="0.95",server="qwen"} 0.25' in metrics
     watcher.look_once()  # counters went back (a restarted server): no rate, not a negative one
     assert "decode_tokens_per_s" not in client.get("/api/state").json()["servers"][0]["figures"]
+
+
+def test_a_taken_port_is_named_before_anything_serves() -> None:
+    import socket
+
+    from orchestrator.dashboard.app import listening_socket
+    from orchestrator.errors import SparkctlError
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    port = holder.getsockname()[1]
+    try:
+        with pytest.raises(SparkctlError, match=f"cannot listen on 127.0.0.1:{port}: .*pick another --port"):
+            listening_socket("127.0.0.1", port)
+    finally:
+        holder.close()
+    free = listening_socket("127.0.0.1", 0)
+    assert free.getsockname()[1] > 0
+    free.close()
