@@ -98,7 +98,16 @@ def nodes_series(status: dict[str, Any]) -> Iterator[Metric]:
         problems.add_metric([name], float(len(node.get("problems") or [])))
         for kind in node.get("gpu_problems") or []:
             guard.add_metric([name, kind], 1.0)
-    yield from (up, problems, guard)
+    speed = GaugeMetricFamily("sparkctl_node_link_speed_bits_per_second", "Fabric link speed "
+                              "ethtool reports", labels=["node", "interface"])
+    link_up = GaugeMetricFamily("sparkctl_node_link_ok", "1 when the fabric link is up with its "
+                                "address and MTU", labels=["node", "interface"])
+    for name, node in nodes.items():
+        for iface, link in ((node.get("network") or {}).get("interfaces") or {}).items():
+            link_up.add_metric([name, iface], 1.0 if link.get("ok") else 0.0)
+            if isinstance(link.get("speed_mbps"), int):
+                speed.add_metric([name, iface], link["speed_mbps"] * 1e6)
+    yield from (up, problems, guard, speed, link_up)
     for metric, text, key, scale in NODE_MEMORY:
         family = GaugeMetricFamily(metric, text, labels=["node"])
         for name, node in nodes.items():

@@ -18,6 +18,7 @@ class LinkView:
     mtu: int | None
     addresses: list[str]
     ok: bool
+    speed_mbps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def _node(node: dict[str, Any]) -> NodeView:
     gpu = memory.get("gpu") or {}
     container = node.get("container") or {}
     links = [LinkView(iface, str(link.get("state")), link.get("mtu"), list(link.get("addresses") or []),
-                      bool(link.get("ok")))
+                      bool(link.get("ok")), link.get("speed_mbps"))
              for iface, link in ((node.get("network") or {}).get("interfaces") or {}).items()]
     return NodeView(
         name=str(node["name"]), role=str(node.get("role")), state=str(node.get("state")),

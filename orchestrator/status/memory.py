@@ -20,6 +20,7 @@ from orchestrator.inventory import Inventory
 from orchestrator.phases.memory import GUARD_DEFAULT_GB, PLAN_FILE
 from orchestrator.status.gpu import GPU_FIELDS, gpu_fields, gpu_text, guard_nodes, node_gpu
 from orchestrator.status.latency import latency_figures
+from orchestrator.status.links import attach_speeds, speed_commands
 
 GIB_PER_KB = 1024**2
 _MEMORY_FIELDS = "memory.used,memory.total,utilization.gpu"
@@ -32,10 +33,11 @@ MEMORY_CMD = ("grep -E '^(MemTotal|MemAvailable):' /proc/meminfo; echo --gpu; "
 
 
 def facts_request(inventory: Inventory) -> dict[str, Any]:
-    """Status's extra facts: memory, the guard's plan file (its content) and the free space
-    for models where the inventory's HF cache is."""
+    """Status's extra facts: memory, the guard's plan file (its content), the free space
+    for models where the inventory's HF cache is, and each fabric link's speed."""
     commands = {"memory": MEMORY_CMD,
-                "model_cache": model_cache_cmd(inventory.cluster.hf_cache, inventory.cluster.user)}
+                "model_cache": model_cache_cmd(inventory.cluster.hf_cache, inventory.cluster.user),
+                **speed_commands(inventory)}  # the fabric links' speeds (status/links.py)
     return {"commands": commands, "files": {PLAN_FILE: True}}
 
 
@@ -94,9 +96,11 @@ def node_memory(facts: dict[str, Any]) -> dict[str, Any]:
 
 
 def attach_node_figures(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]]) -> None:
-    """Every reached node's "memory" (with its GPU figures), and the box guard's verdicts."""
+    """Every reached node's "memory" (with its GPU figures), its links' speeds, and the box
+    guard's verdicts."""
     for name, node_facts in facts.items():
         nodes[name]["memory"] = node_memory(node_facts)
+    attach_speeds(nodes, facts)
     guard_nodes(nodes, facts)
 
 

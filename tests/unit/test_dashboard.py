@@ -39,6 +39,8 @@ def look_of(b_gpu: str, server_state: str = "healthy") -> dict[str, Any]:
     facts = {"spark-a": with_gpu(node_facts("spark-a"), IDLE),
              "spark-b": with_gpu(node_facts("spark-b"), b_gpu)}
     facts["spark-a"]["commands"]["model_cache"] = {"rc": 0, "out": "812345678901\n"}
+    facts["spark-a"]["commands"]["ethtool:enp1s0f1np1"] = {
+        "rc": 0, "out": "Settings for enp1s0f1np1:\n\tSpeed: 200000Mb/s\n\tDuplex: Full\n"}
     result = status.assess(INVENTORY, facts, {})
     result["servers"] = [{**SERVER, "state": server_state}]
     result["gateway"] = {"running": True, "node": "spark-a", "host": "127.0.0.1", "port": 4000,
@@ -109,6 +111,11 @@ def test_metrics_parse_with_the_reference_parser_and_carry_node_and_server_serie
     assert samples[("sparkctl_node_up", (("node", "spark-a"),))] == 1
     assert samples[("sparkctl_node_model_cache_free_bytes", (("node", "spark-a"),))] == 812.3e9
     assert ("sparkctl_node_model_cache_free_bytes", (("node", "spark-b"),)) not in samples
+    a_link = (("interface", "enp1s0f1np1"), ("node", "spark-a"))
+    assert samples[("sparkctl_node_link_speed_bits_per_second", a_link)] == 200e9
+    assert samples[("sparkctl_node_link_ok", a_link)] == 1
+    assert ("sparkctl_node_link_speed_bits_per_second", (("interface", "enp1s0f1np1"),
+                                                         ("node", "spark-b"))) not in samples
     assert samples[("sparkctl_server_requests_running", (("server", "qwen"),))] == 2
     assert samples[("sparkctl_server_healthy", (("server", "qwen"),))] == 1
     assert samples[("sparkctl_gateway_replicas_in_rotation", (("model", "Qwen/Qwen3-8B"),))] == 1

@@ -67,7 +67,8 @@ function nodeCard(node) {
     ["container", node.container || "none"],
   ];
   for (const link of node.links) {
-    rows.push([link.interface, `${link.state}, MTU ${link.mtu}, ${link.addresses.join(", ") || "no address"}`
+    const speed = link.speed_mbps ? `${link.speed_mbps / 1000} Gb/s, ` : "";
+    rows.push([link.interface, `${link.state}, ${speed}MTU ${link.mtu}, ${link.addresses.join(", ") || "no address"}`
       + (link.ok ? "" : " (!)")]);
   }
   const list = el("dl");
