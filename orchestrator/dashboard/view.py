@@ -50,6 +50,8 @@ class ServerView:
     model: str
     state: str
     nodes: list[str]
+    recipe: str
+    ranks: int | None               # the layout: its ranks over `nodes`
     endpoint: str
     persistent: bool
     figures: dict[str, float]       # the engine's /metrics by meaning (status/memory.py)
@@ -117,6 +119,8 @@ def _server(server: dict[str, Any]) -> ServerView:
     return ServerView(
         name=str(server.get("name")), engine=str(server.get("engine")),
         model=str(server.get("model")), state=str(server.get("state")), nodes=nodes,
+        recipe=str(server.get("recipe") or ""),
+        ranks=server.get("ranks") if isinstance(server.get("ranks"), int) else None,
         endpoint=f"{server.get('host') or '127.0.0.1'}:{server.get('port')} on {nodes[0]}",
         persistent=bool(server.get("persistent")), figures=figures,
         metrics_note="" if metrics.get("ok") or not metrics else str(metrics.get("why")))

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 IDLE = "[N/A], [N/A], 3, 2418, 3003, 41, 4.12, 0x0000000000000001"
 STUCK = "[N/A], [N/A], 97, 702, 3003, 58, 31.05, 0x0000000000000000"
 SERVER = {"name": "qwen", "engine": "sglang", "model": "Qwen/Qwen3-8B", "nodes": ["spark-a"],
+          "recipe": "qwen3-8b", "ranks": 1,
           "node": "spark-a", "host": "127.0.0.1", "port": 30000, "state": "healthy",
           "metrics": {"ok": True, "requests_running": 2.0, "requests_waiting": 1.0,
                       "kv_cache_usage": 0.25}}
@@ -83,6 +84,7 @@ def test_looks_are_shared_and_changes_become_events() -> None:
     assert b["max_sm_clock_mhz"] == 3003 and b["temperature_c"] == 58 and b["power_w"] == 31.05
     assert view["servers"][0]["figures"] == {"requests_running": 2, "requests_waiting": 1,
                                              "kv_cache_usage": 0.25}
+    assert view["servers"][0]["recipe"] == "qwen3-8b" and view["servers"][0]["ranks"] == 1
     texts = [(e["subject"], e["text"]) for e in view["events"]]
     assert ("qwen", "server healthy (was loading)") in texts
     assert any(s == "spark-b" and t.startswith("GPU clock stuck at 702") for s, t in texts)

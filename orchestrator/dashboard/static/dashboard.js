@@ -108,8 +108,10 @@ function serverRow(server) {
     : f.spec_acceptance_rate ? percent(f.spec_acceptance_rate) : "";
   const state = el("td", {class: server.state === "healthy" ? "healthy" : "bad"}, server.state);
   return el("tr", {id: `server-${server.name}`},
-    el("td", {}, server.name), el("td", {}, server.engine), el("td", {}, server.model),
-    el("td", {}, server.nodes.join(", ")), el("td", {}, server.endpoint), state,
+    el("td", {}, server.name), el("td", {}, server.engine),
+    el("td", {}, server.model + (server.recipe && server.recipe !== server.name ? ` (${server.recipe})` : "")),
+    el("td", {}, server.nodes.join(", ") + (server.ranks ? ` (${server.ranks} rank${server.ranks > 1 ? "s" : ""})` : "")),
+    el("td", {}, server.endpoint), state,
     el("td", {}, f.requests_running ?? ""), el("td", {}, f.requests_waiting ?? ""),
     el("td", {}, percent(f.kv_cache_usage)), el("td", {}, rate(f.decode_tokens_per_s)),
     el("td", {}, rate(f.prefill_tokens_per_s)), el("td", {}, latency(f.ttft_p50_s, f.ttft_p95_s)),
