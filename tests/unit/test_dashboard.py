@@ -252,3 +252,23 @@ def test_a_taken_port_is_named_before_anything_serves() -> None:
     free = listening_socket("127.0.0.1", 0)
     assert free.getsockname()[1] > 0
     free.close()
+
+
+def test_the_command_loads_the_inventory_binds_and_serves_what_it_built(
+        inventory_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.dashboard import app as web
+    from orchestrator.dashboard import watch
+
+    served: list[Any] = []
+    monkeypatch.setattr(web, "serve", lambda app, sock: served.append((app, sock.getsockname())))
+    monkeypatch.setattr(watch.Watcher, "start", lambda self: served.append(("start", self.interval)))
+    monkeypatch.setattr(watch.Watcher, "stop", lambda self: served.append("stop"))
+    result = CliRunner().invoke(cli, ["dashboard", "-i", str(inventory_file), "--port", "0",
+                                      "--interval", "3"])
+    assert result.exit_code == 0, result.output
+    assert "sparkctl dashboard: http://127.0.0.1:" in result.output and "every 3s" in result.output
+    assert served[0] == ("start", 3.0) and served[-1] == "stop"
+    app, (host, port) = served[1]
+    assert isinstance(app, web.KeyGuard) and app.key is None and host == "127.0.0.1" and port > 0
+    missing = CliRunner().invoke(cli, ["dashboard", "-i", str(inventory_file.with_name("none.yml"))])
+    assert missing.exit_code == 2 and "inventory file not found" in missing.output
