@@ -58,11 +58,13 @@ def _dashboard(inventory_path: str | None, host: str, port: int, api_key_file: s
 
     inventory, _ = load_inventory_option(inventory_path)
     from orchestrator.dashboard.app import build_app, listening_socket, serve
+    from orchestrator.dashboard.view import last_netcheck
     from orchestrator.dashboard.watch import Watcher
+    from orchestrator.state import state_dir
     from orchestrator.status.assess import gather_status
 
     watcher = Watcher(lambda: gather_status(inventory), interval)
-    app = build_app(watcher, key)
+    app = build_app(watcher, key, lambda: last_netcheck(state_dir(), inventory.cluster.name))
     sock = listening_socket(host, port)
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"sparkctl dashboard: http://{shown}:{sock.getsockname()[1]}/ (cluster "

@@ -14,6 +14,7 @@ import base64
 import hmac
 import importlib.util
 import socket
+from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from orchestrator.commands import Secret
 from orchestrator.dashboard.metrics import registry_for
-from orchestrator.dashboard.view import page_view
+from orchestrator.dashboard.view import NetcheckView, page_view
 from orchestrator.dashboard.watch import Watcher
 from orchestrator.errors import SparkctlError
 
@@ -87,7 +88,9 @@ def _static(name: str, media_type: str) -> Response:
                     headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache"})
 
 
-def build_app(watcher: Watcher, key: Secret | None = None) -> Any:
+def build_app(watcher: Watcher, key: Secret | None = None,
+              netcheck: Callable[[], NetcheckView] = NetcheckView) -> Any:
+    """`netcheck`: the last netcheck's figures, read when a page asks (a local file)."""
     registry = registry_for(watcher.latest)
     plotly = plotly_js()
 
@@ -95,7 +98,8 @@ def build_app(watcher: Watcher, key: Secret | None = None) -> Any:
         return _static("index.html", "text/html; charset=utf-8")
 
     async def state(request: Request) -> Response:
-        view = page_view(watcher.latest(), watcher.history(), watcher.events(), watcher.interval)
+        view = page_view(watcher.latest(), watcher.history(), watcher.events(), watcher.interval,
+                         netcheck())
         return JSONResponse(view.as_json(), headers={"Cache-Control": "no-store"})
 
     async def metrics(request: Request) -> Response:

@@ -1,13 +1,16 @@
-"""What the page shows, as typed records built from one look (`status`'s result), its history
-and its events: the page's JavaScript only lays these out, it judges nothing itself."""
+"""What the page shows, as typed records built from one look (`status`'s result), its history,
+its events and the last netcheck's figures: the page's JavaScript only lays these out, it
+judges nothing itself."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from orchestrator.dashboard.events import Event
-from orchestrator.dashboard.watch import Look, Point
+from orchestrator.advise.fabric import LAST
+from orchestrator.dashboard.watch import Event, Look, Point
 from orchestrator.status.gpu import HOT_TEMPERATURE_C, STUCK_CLOCK_FRACTION
 
 
@@ -68,6 +71,50 @@ class GatewayView:
     models: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
+# ---------------------------------------------------------------- the last netcheck
+# The last `sparkctl netcheck`'s measured figures for the page's fabric section: netcheck keeps
+# its result on this machine (the state directory's netcheck-last.json, which `advise` reads
+# too); the dashboard shows the checks that measured something (link speed, latency, throughput,
+# NCCL bus bandwidth, MTU path), for this inventory's cluster only, with when they were taken.
+
+MEASURED_UNITS = ("Mb/s", "Gb/s", "GB/s", "ms", "us", "bytes")
+
+
+@dataclass(frozen=True)
+class Figure:
+    check: str
+    node: str
+    peer: str
+    interface: str
+    value: float
+    unit: str
+    status: str
+
+
+@dataclass(frozen=True)
+class NetcheckView:
+    saved: str = ""                  # when that netcheck ran ("" : none for this cluster)
+    figures: list[Figure] = field(default_factory=list)
+
+
+def last_netcheck(state: Path, cluster: str) -> NetcheckView:
+    """What the last netcheck of `cluster` measured (empty when there is none, or it was another
+    cluster's, or the file cannot be read)."""
+    try:
+        doc = json.loads((state / LAST).read_text())
+    except (OSError, ValueError):
+        return NetcheckView()
+    if not isinstance(doc, dict) or doc.get("cluster") != cluster:
+        return NetcheckView()
+    figures = [Figure(str(c.get("check")), str(c.get("node") or ""), str(c.get("peer") or ""),
+                      str(c.get("interface") or ""), float(c["value"]), str(c.get("unit")),
+                      str(c.get("status")))
+               for c in doc.get("checks") or []
+               if isinstance(c, dict) and isinstance(c.get("value"), (int, float))
+               and not isinstance(c.get("value"), bool) and c.get("unit") in MEASURED_UNITS]
+    return NetcheckView(str(doc.get("saved") or ""), figures)
+
+
 @dataclass(frozen=True)
 class PageView:
     cluster: str
@@ -81,6 +128,7 @@ class PageView:
     nodes: list[NodeView]
     servers: list[ServerView]
     gateway: GatewayView
+    netcheck: NetcheckView
     events: list[Event]
     history: list[Point]
 
@@ -138,7 +186,7 @@ THRESHOLDS = {"hot_temperature_c": HOT_TEMPERATURE_C, "stuck_clock_fraction": ST
 
 
 def page_view(look: Look | None, history: list[Point], events: list[Event],
-              interval: float) -> PageView:
+              interval: float, netcheck: NetcheckView | None = None) -> PageView:
     """The page's data from the latest look (None: the first look has not finished)."""
     status = (look.status if look else None) or {}
     return PageView(
@@ -148,5 +196,5 @@ def page_view(look: Look | None, history: list[Point], events: list[Event],
         error=look.error if look else None, thresholds=THRESHOLDS,
         nodes=[_node(n) for n in (status.get("nodes") or {}).values()],
         servers=[_server(s) for s in status.get("servers") or []],
-        gateway=_gateway(status.get("gateway") or {}),
+        gateway=_gateway(status.get("gateway") or {}), netcheck=netcheck or NetcheckView(),
         events=list(reversed(events))[:50], history=history)

@@ -272,3 +272,30 @@ def test_the_command_loads_the_inventory_binds_and_serves_what_it_built(
     assert isinstance(app, web.KeyGuard) and app.key is None and host == "127.0.0.1" and port > 0
     missing = CliRunner().invoke(cli, ["dashboard", "-i", str(inventory_file.with_name("none.yml"))])
     assert missing.exit_code == 2 and "inventory file not found" in missing.output
+
+
+def test_the_fabric_section_shows_the_last_netcheck_of_this_cluster(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from orchestrator.advise.fabric import save_last
+    from orchestrator.dashboard.view import last_netcheck
+    from orchestrator.netcheck.results import CheckResult
+
+    checks = [CheckResult("speed", "spark-a", "pass", "ok", interface="enp1s0f1np1",
+                          value=200000, unit="Mb/s"),
+              CheckResult("latency", "spark-a", "warn", "slow", peer="spark-b", value=0.41, unit="ms"),
+              CheckResult("ssh", "spark-a", "pass", "reached")]  # measured nothing: left out
+    doc = {"command": "netcheck", "ok": True, "checks": [c.to_json() for c in checks]}
+    monkeypatch.setenv("SPARKCTL_STATE_DIR", str(tmp_path))
+    save_last(doc, INVENTORY)  # netcheck's own writer
+    watcher = Watcher(Looks(look_of(IDLE)), 5.0)
+    client = TestClient(build_app(watcher, None, lambda: last_netcheck(tmp_path, "two-sparks")))
+    shown = client.get("/api/state").json()["netcheck"]
+    figures = [(f["check"], f["value"], f["unit"], f["status"]) for f in shown["figures"]]
+    assert shown["saved"] and figures == [("speed", 200000, "Mb/s", "pass"),
+                                          ("latency", 0.41, "ms", "warn")]
+    assert last_netcheck(tmp_path, "another-cluster").figures == []
+    (tmp_path / "netcheck-last.json").write_text("{not json")
+    assert last_netcheck(tmp_path, "two-sparks") == last_netcheck(tmp_path / "none", "two-sparks")
+    assert json.loads(TestClient(build_app(watcher)).get("/api/state").text)["netcheck"]["saved"] == ""

@@ -157,6 +157,13 @@ function render(view) {
   document.querySelector("#servers tbody").replaceChildren(...view.servers.map(serverRow));
   document.getElementById("no-servers").hidden = view.servers.length > 0;
   document.getElementById("gateway").textContent = gatewayView(view.gateway);
+  document.getElementById("netcheck-saved").textContent = view.netcheck.saved
+    ? `sparkctl netcheck of ${view.netcheck.saved} measured:`
+    : "no `sparkctl netcheck` of this cluster on this machine yet";
+  document.querySelector("#netcheck tbody").replaceChildren(...view.netcheck.figures.map((f) => el(
+    "tr", {}, el("td", {}, f.check), el("td", {}, f.node), el("td", {}, f.peer),
+    el("td", {}, f.interface), el("td", {}, `${f.value} ${f.unit}`),
+    el("td", {class: f.status === "pass" ? "healthy" : "bad"}, f.status))));
   document.getElementById("events").replaceChildren(...view.events.map((e) => el(
     "li", {class: e.level}, `${new Date(e.at * 1000).toLocaleTimeString()} ${e.subject}: ${e.text}`)));
   chart("chart-clock", "GPU SM clock", "MHz", view.history, "sm_clock_mhz");
