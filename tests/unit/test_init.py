@@ -181,3 +181,42 @@ def test_verbosity_flags_reach_the_renderer() -> None:
     for args, level in (([], 0), (["-v"], 1), (["-q"], -1), (["-vv"], 2)):
         assert runner.invoke(probe, args).exit_code == 0
         assert seen.pop() == level
+
+
+def test_cli_never_writes_through_a_symlink(probed: list[NodeLinks], tmp_path: Path) -> None:
+    # issue 41: `init -o LINK --yes` wrote the inventory into whatever LINK pointed at
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    link = tmp_path / "inv.yml"
+    link.symlink_to(target)
+    result = CliRunner().invoke(cli, ["init", "10.0.0.11", "10.0.0.12", "-o", str(link), "--yes"])
+    assert result.exit_code == 2 and "symbolic link" in result.output, result.output
+    assert target.read_text() == "keep me\n" and link.is_symlink()
+
+
+def test_overwriting_an_existing_inventory_defaults_to_no(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 41: the question defaulted to yes, so Enter overwrote hours of edits
+    import io
+
+    from orchestrator.cli import init
+
+    asked: list[tuple[str, bool]] = []
+
+    def confirm(text: str, default: bool, err: bool) -> bool:
+        asked.append((text, default))
+        return default  # the user pressed Enter
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(init.sys, "stdin", Terminal())
+    monkeypatch.setattr(init.click, "confirm", confirm)
+    out = tmp_path / "inv.yml"
+    out.write_text("mine\n")
+    assert init._write(out, "new\n", yes=False) is False
+    assert asked == [(f"Overwrite {out}?", False)] and out.read_text() == "mine\n"
+    fresh = tmp_path / "fresh.yml"
+    assert init._write(fresh, "new\n", yes=False) is True and fresh.read_text() == "new\n"
+    assert asked[-1] == (f"Write {fresh}?", True)

@@ -175,7 +175,7 @@ def test_a_head_container_restarted_after_the_server_started_is_named(
         assert result["state"] == "down"
         assert result["problem"].startswith("the head's container sparkctl-vllm restarted at ")
         assert result["problem"].endswith(
-            "the server did not come back with it: run `sparkctl launch qwen3` again")
+            "the server did not come back with it: run `sparkctl launch qwen3 --port 8355` again")
     else:
         assert "restarted" not in result["problem"]
         assert result["state"] == ("healthy" if restarted is None else "down")
