@@ -65,7 +65,8 @@ def test_sparkrun_vllm_one_node_keeps_flags_env_and_memory() -> None:
 def test_sparkrun_sglang_abbreviation_becomes_the_typed_field() -> None:
     data = imported("sparkrun-sglang-solo.yaml")
     assert data["engine"] == "sglang" and data["tp_size"] == 1 and data["trust_remote_code"]
-    assert data["speculative"] == {"algorithm": "NEXTN", "num_steps": 3}  # from --speculative-algo
+    # from --speculative-algo (an abbreviation); eagle_topk too, without which 0.5.12 cannot start
+    assert data["speculative"] == {"algorithm": "NEXTN", "num_steps": 3, "eagle_topk": 1}
     assert data["memory"] == {"weights_gb": 8.2, "kv_cache_fraction": 0.4}  # metadata.model_vram
     assert data["serve_args"] == ["--served-model-name", "qwen3-4b", "--reasoning-parser", "qwen3"]
 
@@ -245,3 +246,27 @@ def test_json_names_the_file_written_and_every_warning(tmp_path: Path) -> None:
     assert any(w.startswith("container vllm-node-tf5: an image built locally") for w in doc["warnings"])
     launched = run("recipes", "show", str(out))  # a recipe outside the folder, by path
     assert launched.exit_code == 0 and "--tensor-parallel-size 4" in launched.output
+
+
+def test_a_recipe_real_sglang_cannot_start_is_refused_at_import(tmp_path: Path) -> None:
+    """NEXTN with num_steps and no eagle_topk is a TypeError in SGLang 0.5.12's server_args:
+    the import says so instead of writing a recipe that dies at start-up."""
+    text = (FIXTURES / "sparkrun-sglang-solo.yaml").read_text()
+    source = tmp_path / "no-topk.yaml"
+    source.write_text(text.replace("      --speculative-eagle-topk 1 \\\n", ""))
+    result = CliRunner().invoke(cli, ["recipes", "import", str(source), "-o", str(tmp_path / "o.yml")])
+    assert result.exit_code == 2
+    assert "eagle_topk" in result.output and "Traceback" not in result.output
+
+
+def test_llamacpp_flags_the_pinned_build_takes_are_carried_as_they_are(tmp_path: Path) -> None:
+    """--no-mmap and --mlock exist at the pinned b10456: carried word for word, not rewritten
+    to a later build's --load-mode (which the pinned image would not take as written)."""
+    text = (FIXTURES / "sparkrun-llamacpp-solo.yaml").read_text()
+    source = tmp_path / "mmap.yaml"
+    source.write_text(text.replace("      --no-webui", "      --no-webui \\\n      --no-mmap --mlock"))
+    result = run("recipes", "import", str(source), "--name", "mmap-test")
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load((user_dir() / "mmap-test.yml").read_text())
+    assert data["serve_args"][-2:] == ["--no-mmap", "--mlock"]
+    assert "--load-mode" not in result.output
