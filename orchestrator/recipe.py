@@ -32,7 +32,7 @@ DEFAULT_HOST = "127.0.0.1"
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Memory(StrictModel):

@@ -146,11 +146,15 @@ def _status(inventory_path: str | None, as_json: bool) -> int:
     manager, inventory = _server_on_head(inventory_path, "gateway status")
     with manager as session:
         doc = status_doc(session, inventory)
+    closed = [r["server"] for r in doc.get("replicas") or [] if not r["in_gateway"]]
     if as_json:
-        print_json({"command": "gateway status", "ok": True, **doc})
+        print_json({"command": "gateway status", "ok": not closed, **doc})
     else:
         _render(doc)
-    return 0
+        if closed:
+            click.echo(f"{', '.join(closed)} out of the rotation: `sparkctl gateway up` puts "
+                       "it back", err=True)
+    return 1 if closed else 0
 
 
 def _down(inventory_path: str | None, as_json: bool, break_lock: bool = False) -> int:
@@ -209,7 +213,8 @@ def up(inventory_path: str | None, host: str, port: int, api_key_file: str | Non
 @inventory_option
 @json_option
 def status(inventory_path: str | None, as_json: bool) -> None:
-    """The gateway's address, key, models, replicas and their health."""
+    """The gateway's address, key, models, replicas and their health (exit 1 when a replica
+    is out of the rotation)."""
     run_command(lambda: _status(inventory_path, as_json))
 
 

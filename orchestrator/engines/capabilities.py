@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 class NoSettings(BaseModel):
     """The inventory section of an engine without settings (no HasSettings): `engines: {NAME: {}}`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 @runtime_checkable

@@ -33,8 +33,8 @@ from orchestrator.phases.persist_down import kept_text, logs_left_cmd
 from orchestrator.remote.facts import request_of
 from orchestrator.remote.node_facts import LINKS, NETPLAN_FILES, ContainerInfo, DockerContainer, LinkTable
 
-LOCK_NAME = "lock"
-"""The cluster lock lives in STATE_DIR on the head and is held while down runs: kept."""
+LOCK_NAME, LOCK_GENERATION = "lock", "lock-generation"
+"""On the head: the cluster lock (held while down runs) and core/lock.py's count of its takes."""
 SERVER_STOP_SECONDS = 20
 CONTAINER_STOP_SECONDS = 20
 
@@ -278,7 +278,7 @@ class RemoveFiles(Step):
         self.network = network
 
     def keep(self, ctx: NodeContext) -> set[str]:
-        keep = {LOCK_NAME}
+        keep = {LOCK_NAME, LOCK_GENERATION}
         if not self.network and NETPLAN_FILE in ledger_entries(ctx):
             keep |= {LEDGER.rsplit("/", 1)[-1], "originals"}
         return keep
@@ -305,7 +305,7 @@ class RemoveFiles(Step):
 
 def _state_entries(ctx: NodeContext) -> list[str]:
     answer = (ctx.facts.get("commands") or {}).get("state_entries") or {}
-    return sorted(e for e in (answer.get("out") or "").split() if e and e != LOCK_NAME)
+    return sorted(e for e in (answer.get("out") or "").split() if e)  # RemoveFiles.keep: the lock
 
 
 def remove_files_cmd(keep: list[str]) -> str:

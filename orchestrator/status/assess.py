@@ -19,7 +19,7 @@ from orchestrator.commands import quote
 from orchestrator.engines import up_container
 from orchestrator.engines.liveness import dead_ranks
 from orchestrator.errors import SparkctlError
-from orchestrator.gateway.control import summary as gateway_summary
+from orchestrator.gateway.control import attach_to_status as attach_gateway
 from orchestrator.inventory import Inventory, Node
 from orchestrator.node import script
 from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
@@ -77,9 +77,9 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     own = {"files": files, "links": True, "ibdev2netdev": True, "commands": commands, "timeout": 40}
     from orchestrator.status.memory import facts_request
     if (up := up_container(inventory)) is None:
-        return merge_requests([own, facts_request()])
+        return merge_requests([own, facts_request(inventory)])
     own.update(containers=[up.settings.name], images=[up.settings.image])  # and its spec's facts
-    return merge_requests([own, facts_request(), up.spec_facts(inventory, node)])
+    return merge_requests([own, facts_request(inventory), up.spec_facts(inventory, node)])
 
 
 RECORD_CONTAINER = script("record_container.py")
@@ -121,7 +121,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
                 facts[name] = value
         result = assess(inventory, facts, errors)
         result["servers"] = server_list(inventory, facts, result.get("server"))
-        result["gateway"] = gateway_summary(facts)
+        attach_gateway(result, facts)
         from orchestrator.status.memory import attach_metrics
 
         def run_on(node: str, command: str, sudo: bool = False) -> tuple[int, str]:
@@ -158,9 +158,8 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
             }
     _compare_digests(nodes)
     _compare_setup(nodes)
-    from orchestrator.status.memory import node_memory
-    for name, node_facts in facts.items():
-        nodes[name]["memory"] = node_memory(node_facts)
+    from orchestrator.status.memory import attach_node_figures
+    attach_node_figures(nodes, facts)  # memory, and the box guard: clock, temperature, throttling
     head = inventory.head_name
     processes = {name: server_processes(node_facts) for name, node_facts in facts.items()}
     server = assess_server(inventory, facts.get(head), nodes[head], dead_ranks(processes),

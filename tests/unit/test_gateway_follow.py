@@ -53,11 +53,13 @@ def test_the_new_config_keeps_the_key_on_the_node_and_the_fingerprint_of_up(
     path.write_text(old.config_text())
     new = spec_of(server("a", "spark-a"), server("b", "spark-b"))
     request = {"path": str(path), "model_list": new.config()["model_list"],
-               "extra": new.fingerprinted()}
+               "extra": new.fingerprinted(), "salt": "s4lt", "rounds": gs.FINGERPRINT_ROUNDS}
     assert KEY not in json.dumps(request)
     out = subprocess.run([sys.executable, "-c", script("gateway_config.py")], check=True,
                          input=json.dumps(request), capture_output=True, text=True).stdout
-    assert json.loads(out)["fingerprint"] == new.fingerprint()  # `gateway up` finds it unchanged
+    fingerprint = json.loads(out)["fingerprint"]
+    assert fingerprint == new.fingerprint("s4lt")  # `gateway up` finds it unchanged
+    assert gs.matches({"salt": "s4lt", "fingerprint": fingerprint}, new)
     assert path.read_text() == new.config_text() and path.stat().st_mode & 0o777 == 0o600
 
 
@@ -103,6 +105,7 @@ def test_a_leaving_replica_needs_no_restart(monkeypatch: pytest.MonkeyPatch) -> 
     doc = json.loads(str([c for c in ts["spark-a"].calls if "gateway.json" in c.command][-1].stdin))
     assert [r["server"] for r in doc["replicas"]] == ["a"]
     assert doc["fingerprint"] == record["fingerprint"]  # LiteLLM still runs that config
+    assert doc["salt"] == record["salt"]  # under the salt it was computed with
 
 
 def test_no_gateway_nothing_to_follow() -> None:

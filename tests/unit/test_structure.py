@@ -21,15 +21,16 @@ MAX_LINES = 400
 JUDGES = ("netcheck", "status")
 """Read-only judges over gathered facts; bench sits above them (it relaunches servers)."""
 FORBIDDEN = {
-    "remote": {"core", "phases", "engines", *JUDGES, "bench", "cli"},
-    "core": {"phases", "engines", *JUDGES, "bench", "cli"},
-    "phases": {"engines", "gateway", *JUDGES, "bench", "cli"},
-    "engines": {"gateway", "bench", "cli"},
-    "gateway": {"bench", "cli"},
-    "netcheck": {"bench", "cli"},
-    "status": {"bench", "cli"},
-    "bench": {"cli"},
-    "advise": {"cli"},
+    "remote": {"core", "phases", "engines", "gateway", *JUDGES, "bench", "dashboard", "cli"},
+    "core": {"phases", "engines", "gateway", *JUDGES, "bench", "dashboard", "cli"},
+    "phases": {"engines", "gateway", *JUDGES, "bench", "dashboard", "cli"},
+    "engines": {"gateway", "bench", "dashboard", "cli"},
+    "gateway": {"bench", "dashboard", "cli"},
+    "netcheck": {"bench", "dashboard", "cli"},
+    "status": {"bench", "dashboard", "cli"},
+    "bench": {"dashboard", "cli"},
+    "advise": {"dashboard", "cli"},
+    "dashboard": {"bench", "cli"},  # the web page over status's judges
 }
 # Modules allowed to break the rule above, with what they may import: core/plan.py assembles
 # the plans out of the phases and the engine. Anything else found is a failure to fix.

@@ -260,7 +260,8 @@ def test_without_network_the_ledger_stays_for_a_later_down_network() -> None:
     outcome = teardown.RemoveFiles(network=False).check(ctx_for(facts))
     assert isinstance(outcome, Change)
     assert "ledger.json" not in outcome.summary
-    assert outcome.commands == (teardown.remove_files_cmd(["ledger.json", "lock", "originals"]),)
+    assert outcome.commands == (teardown.remove_files_cmd(
+        ["ledger.json", "lock", "lock-generation", "originals"]),)
     outcome = teardown.RemoveFiles(network=True).check(ctx_for(facts))
     assert "ledger.json" in outcome.summary
 
