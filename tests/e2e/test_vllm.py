@@ -201,8 +201,9 @@ def test_head_restarted_after_launch_is_named_and_a_relaunch_recovers(
     # the container runs again, vllm serve in it does not: dead, named, with the relaunch
     assert result.returncode == 1 and server["state"] == "dead", server
     problems = [p for node in status["nodes"].values() for p in node["problems"]]
-    assert any(p.startswith(f"server {NAME} (vllm") and f"`sparkctl launch {NAME} --name {NAME}"
-               in p for p in problems), problems
+    # the hint relaunches it as recorded: its nodes and port (its name is the recipe's)
+    assert any(p.startswith(f"server {NAME} (vllm") and f"`sparkctl launch {NAME} --nodes "
+               in p and "--port 8000" in p for p in problems), problems
     again = sparkctl("launch", "minimax-m2.7", *inv(lab), "--yes", "--json")
     assert again.returncode == 0, again.stdout + again.stderr
     steps = {s["step"]: s for s in json.loads(again.stdout)["hosts"][head]["steps"]}
