@@ -57,13 +57,15 @@ def _dashboard(inventory_path: str | None, host: str, port: int, api_key_file: s
     from orchestrator.core.runner import load_inventory_option
 
     inventory, _ = load_inventory_option(inventory_path)
+    from orchestrator.core.transfers import read_transfers
     from orchestrator.dashboard.app import build_app, listening_socket, serve
     from orchestrator.dashboard.view import last_netcheck
     from orchestrator.dashboard.watch import Watcher
     from orchestrator.state import state_dir
     from orchestrator.status.assess import gather_status
 
-    watcher = Watcher(lambda: gather_status(inventory), interval)
+    watcher = Watcher(lambda: gather_status(inventory), interval,
+                      transfers=lambda: read_transfers(inventory.cluster.name))
     app = build_app(watcher, key, lambda: last_netcheck(state_dir(), inventory.cluster.name))
     sock = listening_socket(host, port)
     shown = f"[{host}]" if ":" in host else host

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from orchestrator.dashboard.watch import Look
@@ -83,6 +83,26 @@ class LookCollector(Collector):
             yield from nodes_series(look.status)
             yield from server_series(look.status)
             yield from gateway_series(look.status.get("gateway") or {})
+        yield from transfer_series(look)
+
+
+def transfer_series(look: Look) -> Iterator[Metric]:
+    """Downloads and copies under way (a launch's models phase: core/transfers.py)."""
+    labels = ["kind", "node", "what"]
+    share = GaugeMetricFamily("sparkctl_transfer_progress_ratio", "A download or copy under "
+                              "way: its share done, 0-1", labels=labels)
+    done = GaugeMetricFamily("sparkctl_transfer_done_bytes", "A copy under way: bytes done",
+                             labels=labels)
+    total = GaugeMetricFamily("sparkctl_transfer_total_bytes", "A copy under way: bytes to do",
+                              labels=labels)
+    for t in look.transfers:
+        names = [t.kind, t.node, t.what]
+        if t.percent is not None:
+            share.add_metric(names, t.percent / 100)
+        if t.total_bytes is not None:
+            done.add_metric(names, float(t.done_bytes or 0))
+            total.add_metric(names, float(t.total_bytes))
+    yield from (share, done, total)
 
 
 def nodes_series(status: dict[str, Any]) -> Iterator[Metric]:
@@ -162,6 +182,25 @@ def gateway_series(gateway: dict[str, Any]) -> Iterator[Metric]:
         replicas.add_metric([str(model)], float(count.get("replicas", 0)))
         rotation.add_metric([str(model)], float(count.get("in_rotation", 0)))
     yield from (replicas, rotation)
+    requests = CounterMetricFamily("sparkctl_gateway_requests", "Requests through the "
+                                   "gateway's relays to each model's replicas since they started",
+                                   labels=["model"])
+    errors = CounterMetricFamily("sparkctl_gateway_errors", "Of those, answered with an HTTP "
+                                 "status of 400 or more or with no engine to reach",
+                                 labels=["model"])
+    for model, count in (gateway.get("models") or {}).items():
+        if "requests" in count:
+            requests.add_metric([str(model)], float(count["requests"]))
+            errors.add_metric([str(model)], float(count.get("errors", 0)))
+    per_second = GaugeMetricFamily("sparkctl_gateway_requests_per_second", "Requests through "
+                                   "the gateway per second between the dashboard's last two "
+                                   "looks", labels=["model"])
+    errors_per_second = GaugeMetricFamily("sparkctl_gateway_errors_per_second", "Errors per "
+                                          "second between the last two looks", labels=["model"])
+    for model, rate in (gateway.get("rates") or {}).items():
+        per_second.add_metric([str(model)], float(rate["requests_per_s"]))
+        errors_per_second.add_metric([str(model)], float(rate["errors_per_s"]))
+    yield from (requests, errors, per_second, errors_per_second)
 
 
 def registry_for(latest: Callable[[], Look | None]) -> CollectorRegistry:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.advise.fabric import LAST
+from orchestrator.core.transfers import Transfer
 from orchestrator.dashboard.watch import Event, Look, Point
 from orchestrator.status.gpu import HOT_TEMPERATURE_C, STUCK_CLOCK_FRACTION
 
@@ -68,7 +69,10 @@ class GatewayView:
     endpoint: str = ""
     live: bool = False
     key: bool = False
-    models: dict[str, dict[str, int]] = field(default_factory=dict)
+    models: dict[str, dict[str, int]] = field(default_factory=dict)  # replicas, in rotation, counts
+    requests_per_s: float | None = None   # through every replica's relay, since the last look
+    errors_per_s: float | None = None     # answers >= 400 and no engine to reach
+    rates: dict[str, dict[str, float]] = field(default_factory=dict)  # the same per model
 
 
 # ---------------------------------------------------------------- the last netcheck
@@ -131,6 +135,7 @@ class PageView:
     netcheck: NetcheckView
     events: list[Event]
     history: list[Point]
+    transfers: list[Transfer] = field(default_factory=list)  # downloads and copies under way
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,7 +184,8 @@ def _gateway(gateway: dict[str, Any]) -> GatewayView:
         return GatewayView(False)
     return GatewayView(True, str(gateway.get("node")), f"{gateway.get('host')}:{gateway.get('port')}",
                        bool(gateway.get("live")), bool(gateway.get("key")),
-                       dict(gateway.get("models") or {}))
+                       dict(gateway.get("models") or {}), gateway.get("requests_per_s"),
+                       gateway.get("errors_per_s"), dict(gateway.get("rates") or {}))
 
 
 THRESHOLDS = {"hot_temperature_c": HOT_TEMPERATURE_C, "stuck_clock_fraction": STUCK_CLOCK_FRACTION}
@@ -197,4 +203,5 @@ def page_view(look: Look | None, history: list[Point], events: list[Event],
         nodes=[_node(n) for n in (status.get("nodes") or {}).values()],
         servers=[_server(s) for s in status.get("servers") or []],
         gateway=_gateway(status.get("gateway") or {}), netcheck=netcheck or NetcheckView(),
-        events=list(reversed(events))[:50], history=history)
+        events=list(reversed(events))[:50], history=history,
+        transfers=list(look.transfers) if look else [])

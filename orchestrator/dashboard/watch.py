@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core.transfers import Transfer
 from orchestrator.errors import SparkctlError
 
 HISTORY = 360  # looks kept for the charts: 30 min at the default 5 s
@@ -30,6 +31,7 @@ class Look:
     seconds: float   # how long it took
     status: dict[str, Any] | None
     error: str | None = None
+    transfers: list[Transfer] = field(default_factory=list)  # downloads and copies under way
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,22 @@ def _uptimes(status: dict[str, Any] | None) -> dict[str, int]:
     return out
 
 
+def transfer_changes(previous: Look | None, look: Look) -> list[Event]:
+    """A download or copy that appeared or ended since the previous look (its progress is a
+    row of the page, not an event per look)."""
+    before = {t.key: t for t in previous.transfers} if previous is not None else {}
+    now = {t.key: t for t in look.transfers}
+    verb = {"download": "hf download of", "copy": "copy of"}
+    events = [Event(look.taken_at, t.node, f"{verb.get(t.kind, t.kind)} {t.what} started", "info")
+              for key, t in now.items() if key not in before]
+    for key, t in before.items():
+        if key not in now:
+            shown = f" at {t.percent:.0f} %" if t.percent is not None and t.percent < 100 else ""
+            events.append(Event(look.taken_at, t.node,
+                                f"{verb.get(t.kind, t.kind)} {t.what} ended{shown}", "info"))
+    return events
+
+
 def changes(last_good: Look | None, previous: Look | None, look: Look) -> list[Event]:
     """The events of `look`: against the last look that worked (a failed look in between
     changes nothing on the nodes); the first look: its problems and servers as they are."""
@@ -140,13 +158,38 @@ def add_rates(before: Look, look: Look) -> None:
                 metrics[rate] = (now - then) / seconds
 
 
+def add_gateway_rates(before: Look, look: Look) -> None:
+    """The gateway's requests and errors per second since the previous look, in all and per
+    model, from each replica's relay counters (a relay that is new or started again since
+    then counts from the next look on: no rate from it that once)."""
+    seconds = look.taken_at - before.taken_at
+    gateway = (look.status or {}).get("gateway") or {}
+    old = ((before.status or {}).get("gateway") or {}).get("relays") or {}
+    if seconds <= 0 or not gateway.get("running") or "relays" not in gateway:
+        return
+    rates: dict[str, dict[str, float]] = {m: {"requests_per_s": 0.0, "errors_per_s": 0.0}
+                                          for m in gateway.get("models") or {}}
+    for replica, now in (gateway.get("relays") or {}).items():
+        then = old.get(replica)
+        if then is None or now["requests"] < then["requests"] or now["errors"] < then["errors"]:
+            continue
+        model = rates.setdefault(str(now["model"]), {"requests_per_s": 0.0, "errors_per_s": 0.0})
+        model["requests_per_s"] += (now["requests"] - then["requests"]) / seconds
+        model["errors_per_s"] += (now["errors"] - then["errors"]) / seconds
+    gateway["rates"] = rates
+    gateway["requests_per_s"] = sum(r["requests_per_s"] for r in rates.values())
+    gateway["errors_per_s"] = sum(r["errors_per_s"] for r in rates.values())
+
+
 class Watcher:
     """Looks every `interval` seconds in its own thread; `latest()`, `history()`, `events()`
     for readers in other threads."""
 
     def __init__(self, look: Callable[[], dict[str, Any]], interval: float,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 transfers: Callable[[], list[Transfer]] = list) -> None:
         self._look, self.interval, self._clock = look, interval, clock
+        self._transfers = transfers
         self._lock = threading.Lock()
         self._latest: Look | None = None
         self._last_good: Look | None = None
@@ -162,11 +205,14 @@ class Watcher:
             status, error = self._look(), None
         except SparkctlError as exc:  # an inventory or connection failure: shown, retried
             status, error = None, str(exc)
-        look = Look(self._clock(), round(time.monotonic() - started, 3), status, error)
+        look = Look(self._clock(), round(time.monotonic() - started, 3), status, error,
+                    self._transfers())
         if status is not None and self._last_good is not None:
             add_rates(self._last_good, look)
+            add_gateway_rates(self._last_good, look)
         with self._lock:
             self._events.extend(changes(self._last_good, self._latest, look))
+            self._events.extend(transfer_changes(self._latest, look))
             self._latest = look
             if status is not None:
                 self._last_good = look

@@ -241,17 +241,24 @@ def summary(cluster_facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     state = probe_doc["state"]
     models: dict[str, dict[str, int]] = {}
     out: list[str] = []
+    counted: dict[str, dict[str, Any]] = {}  # per replica: its relay's counters (dashboard rates)
     for r in state.get("replicas") or []:
         relay = (probes.get(r["node"], {}).get("relays") or {}).get(r["server"]) or {}
-        entry = models.setdefault(r["model"], {"replicas": 0, "in_rotation": 0})
+        entry = models.setdefault(r["model"], {"replicas": 0, "in_rotation": 0,
+                                               "requests": 0, "errors": 0})
         entry["replicas"] += 1
         inside = bool(relay.get("alive") and relay.get("accepting"))
         entry["in_rotation"] += int(inside)
         if not inside:
             out.append(str(r["server"]))
+        if relay.get("alive") and isinstance(relay.get("requests"), int):
+            counters = {"requests": relay["requests"], "errors": int(relay.get("errors") or 0)}
+            counted[f"{r['node']}/{r['server']}"] = {"model": str(r["model"]), **counters}
+            entry["requests"] += counters["requests"]
+            entry["errors"] += counters["errors"]
     return {"running": True, "node": node, "host": state.get("host"), "port": state.get("port"),
             "key": bool(state.get("key")), "live": bool(probe_doc.get("live")), "models": models,
-            "out_of_rotation": out}
+            "out_of_rotation": out, "relays": counted}
 
 
 def attach_to_status(result: dict[str, Any], facts: dict[str, dict[str, Any]]) -> None:

@@ -13,7 +13,11 @@ SIGUSR1 closes the door (the listener stops: new connections are refused, so Lit
 them on another replica and cools this one down; connections in flight carry on), SIGUSR2 opens
 it again, SIGTERM ends it. Bytes pass untouched: no HTTP is parsed, no key is seen here.
 
-The state file says {"pid", "accepting", "connections", "busy"}: a connection is busy while a
+The state file says {"pid", "accepting", "connections", "busy", "requests", "errors"}:
+"requests" counts the exchanges that went through since the relay started (first request bytes
+on a connection, or request bytes after answer bytes), "errors" those answered with an HTTP
+status of 400 or more (read from the answer's status line, the only bytes looked at) or that
+found no engine to connect to: the dashboard rates both between looks. A connection is busy while a
 request went up and no answer came back since, or while answer bytes flowed within the last
 second (a stream): `drain` waits for busy == 0 before the engine is stopped. While the door is
 closed, a kept-alive connection that starts a NEW request (request bytes after answer bytes:
@@ -35,6 +39,13 @@ ALLOW = set(a["allow"]) if a.get("allow") is not None else None
 QUIET = 1.0  # seconds without answer bytes after which a finished exchange counts as idle
 
 
+def failed_answer(data):
+    """True when the first bytes of an answer are an HTTP status line of 400 or more."""
+    head = data[:16].split(b" ")
+    return (len(head) > 1 and head[0].startswith(b"HTTP/") and head[1][:3].isdigit()
+            and int(head[1][:3]) >= 400)
+
+
 class Pipe:
     def __init__(self):
         self.up = 0.0      # last request bytes (client -> engine)
@@ -51,6 +62,8 @@ class Relay:
         self.server = None
         self.pipes = set()
         self.last = None
+        self.requests = 0
+        self.errors = 0
 
     async def open(self):
         if self.server is None:
@@ -71,6 +84,8 @@ class Relay:
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", int(a["target"]))
         except OSError:
+            self.requests += 1
+            self.errors += 1
             writer.close()  # the engine is not there: the gateway sees a reset and retries
             return
         pipe = Pipe()
@@ -92,6 +107,8 @@ class Relay:
                     break
                 if direction == "up" and self.server is None and pipe.last != "up":
                     break  # draining and a new request starts: refused, retried elsewhere
+                if pipe.last != direction:  # a new request, or the start of its answer
+                    self.count(direction, data)
                 setattr(pipe, direction, time.monotonic())
                 pipe.last = direction
                 sink.write(data)
@@ -102,12 +119,19 @@ class Relay:
             for w in pipe.writers:
                 w.close()
 
+    def count(self, direction, data):
+        if direction == "up":
+            self.requests += 1
+        elif failed_answer(data):
+            self.errors += 1
+
     def write_state(self):
         now = time.monotonic()
         busy = sum(1 for p in self.pipes if p.busy(now))
         state = {"pid": os.getpid(), "accepting": self.server is not None,
                  "allow": sorted(ALLOW) if ALLOW is not None else None,
-                 "connections": len(self.pipes), "busy": busy}
+                 "connections": len(self.pipes), "busy": busy,
+                 "requests": self.requests, "errors": self.errors}
         if state != self.last:
             tmp = a["state"] + ".tmp"
             with open(tmp, "w") as handle:

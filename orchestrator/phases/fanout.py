@@ -103,8 +103,10 @@ def copied_line(copies: list[PeerCopy], wall: float) -> str:
 class FanoutProgress:
     """One bar per peer (rich, when stderr is a terminal) or a plain line every few seconds."""
 
-    def __init__(self, note: Callable[[str], None], plain_every: float = 5.0) -> None:
+    def __init__(self, note: Callable[[str], None], plain_every: float = 5.0,
+                 on_update: Callable[[str, int, int, float], None] | None = None) -> None:
         self.note = note
+        self.on_update = on_update  # every update, whatever is shown (the dashboard's record)
         self.every = plain_every
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
@@ -126,6 +128,8 @@ class FanoutProgress:
                 self._rich = None
 
     def start(self, peer: str, total: int) -> None:
+        if self.on_update is not None:
+            self.on_update(peer, 0, total, 0.0)
         with self._lock:
             if self._rich is not None:
                 if not self._tasks:
@@ -134,6 +138,8 @@ class FanoutProgress:
             self._last[peer] = time.monotonic()
 
     def update(self, peer: str, done: int, total: int, rate: float) -> None:
+        if self.on_update is not None:
+            self.on_update(peer, done, total, rate)
         with self._lock:
             if self._rich is not None and peer in self._tasks:
                 self._rich.update(self._tasks[peer], completed=done)

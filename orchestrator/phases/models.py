@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
+from orchestrator.core.transfers import Transfers
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import TOKEN_PATH
@@ -215,20 +216,27 @@ class Download(Step):
                   local: str | None, with_token: bool) -> tuple[int, str]:
         """`hf download`, its progress lines throttled; a line at least every heartbeat."""
         tools = self.tools
+        # its progress for `sparkctl dashboard` (core/transfers.py), removed when it ends
+        board = Transfers(ctx.inventory.cluster.name)
         with Heartbeat(progress, f"{ctx.node.name}: hf download {repo}") as beat:
             beat.say(f"        ↓ {ctx.node.name}: hf download {repo} ({revision})")
             last = [0.0]
+            board.update("download", ctx.node.name, repo, line="starting")
 
             def on_line(line: str) -> None:
+                board.update("download", ctx.node.name, repo, line=line)
                 if time.monotonic() - last[0] > 5 or "100%" in line:
                     last[0] = time.monotonic()
                     beat.say(f"          {repo}: {line[-110:]}")
 
             allow, deny = self.recipe.file_patterns(repo)
-            return stream_run(ctx.transport,  # type: ignore[arg-type]
-                              download_cmd(tools, repo, revision, local, with_token, allow,
-                                           deny),
-                              on_line, DOWNLOAD_TIMEOUT, tools.shown(f"hf download {repo}"))
+            try:
+                return stream_run(ctx.transport,  # type: ignore[arg-type]
+                                  download_cmd(tools, repo, revision, local, with_token, allow,
+                                               deny),
+                                  on_line, DOWNLOAD_TIMEOUT, tools.shown(f"hf download {repo}"))
+            finally:
+                board.close()
 
 
 class Distribute(Step):
@@ -265,7 +273,10 @@ class Distribute(Step):
                 raise SparkctlError(f"{ctx.node.name}: {repo} is not complete on the head "
                                     f"({head[repo].get('error') or 'no config.json'})")
         beat = Heartbeat(note, f"{ctx.node.name}: copy of the model to {', '.join(peers)}")
-        bar = fanout.FanoutProgress(beat.say)
+        board = Transfers(ctx.inventory.cluster.name)  # for `sparkctl dashboard`
+        head_name, repos = ctx.node.name, ", ".join(repo for repo, _, _ in self.recipe.repos)
+        bar = fanout.FanoutProgress(beat.say, on_update=lambda peer, done, total, rate: board.update(
+            "copy", peer, f"{repos}: {head_name} -> {peer}", done=done, total=total, rate=rate))
 
         def copy_to(peer: str) -> fanout.PeerCopy:
             ip = ctx.inventory.mpi_address(ctx.inventory.node(peer))
@@ -280,6 +291,7 @@ class Distribute(Step):
                 outcomes = parallel(copy_to, peers, limit=8)
         finally:
             bar.stop()
+            board.close()
         seconds = time.monotonic() - started
         totals = {peer: outcome.get() for peer, outcome in outcomes.items() if outcome.ok}
         errors = [str(outcome.error) for outcome in outcomes.values() if not outcome.ok]

@@ -243,7 +243,7 @@ def test_the_relay_passes_bytes_and_its_door_closes_and_opens(tmp_path: Path) ->
 
 def test_status_summarises_the_gateway_from_the_probe_facts() -> None:
     s = spec()
-    open_door = {"alive": True, "accepting": True}
+    open_door = {"alive": True, "accepting": True, "requests": 7, "errors": 1}
     facts = {
         "spark-a": {"commands": {"gateway": {"out": json.dumps(answers(
             s.record(), live=True, relays={"r-a": open_door}))}}},
@@ -253,8 +253,11 @@ def test_status_summarises_the_gateway_from_the_probe_facts() -> None:
     doc = gateway.summary(facts)
     assert doc == {"running": True, "node": "spark-a", "host": "0.0.0.0", "port": 4000,
                    "key": True, "live": True,
-                   "models": {"Qwen/Qwen3-8B": {"replicas": 2, "in_rotation": 1}},
-                   "out_of_rotation": ["r-b"]}
+                   "models": {"Qwen/Qwen3-8B": {"replicas": 2, "in_rotation": 1,
+                                                "requests": 7, "errors": 1}},
+                   "out_of_rotation": ["r-b"],  # a relay without counters (older): none
+                   "relays": {"spark-a/r-a": {"model": "Qwen/Qwen3-8B", "requests": 7,
+                                              "errors": 1}}}
     assert gateway.summary({"spark-a": {"commands": {"gateway": {"out": "garbage"}}}}) == {
         "running": False}
     from orchestrator.status.assess import status_facts

@@ -120,10 +120,32 @@ function serverRow(server) {
 
 function gatewayView(gateway) {
   if (!gateway.running) return "not running";
-  const models = Object.entries(gateway.models).map(
-    ([model, c]) => `${model}: ${c.in_rotation} of ${c.replicas} replica(s) in rotation`);
+  const models = Object.entries(gateway.models).map(([model, c]) => {
+    const r = gateway.rates[model];
+    const traffic = r ? `, ${num(r.requests_per_s, 1)} requests/s, ${num(r.errors_per_s, 1)} errors/s` : "";
+    const since = c.requests !== undefined ? ` (${c.requests} requests, ${c.errors} errors since the relays started)` : "";
+    return `${model}: ${c.in_rotation} of ${c.replicas} replica(s) in rotation${traffic}${since}`;
+  });
+  const traffic = gateway.requests_per_s !== null
+    ? `, ${num(gateway.requests_per_s, 1)} requests/s, ${num(gateway.errors_per_s, 1)} errors/s` : "";
   return `${gateway.endpoint} on ${gateway.node}, key ${gateway.key ? "on" : "off"}, `
-    + `${gateway.live ? "live" : "NOT ANSWERING"}` + (models.length ? `; ${models.join("; ")}` : "");
+    + `${gateway.live ? "live" : "NOT ANSWERING"}${traffic}` + (models.length ? `; ${models.join("; ")}` : "");
+}
+
+function bytes(n) {
+  return n >= 1e8 ? `${num(n / 1e9, 2)} GB` : `${num(n / 1e6, 1)} MB`;
+}
+
+function transferRow(t) {
+  const bar = el("span", {class: "bar"});
+  const fill = el("span");
+  fill.style.width = `${Math.round(t.percent ?? 0)}%`;
+  bar.append(fill);
+  const amount = t.total_bytes ? `${bytes(t.done_bytes ?? 0)} / ${bytes(t.total_bytes)}`
+    : t.percent !== null ? `${num(t.percent, 0)} %` : "";
+  return el("tr", {}, el("td", {}, t.kind), el("td", {}, t.node), el("td", {}, t.what),
+    el("td", {}, amount, bar), el("td", {}, t.bytes_per_s ? `${num(t.bytes_per_s / 1e9, 2)} GB/s` : ""),
+    el("td", {}, t.kind === "copy" ? "" : t.line));
 }
 
 function chart(id, title, unit, history, key) {
@@ -164,6 +186,8 @@ function render(view) {
     "tr", {}, el("td", {}, f.check), el("td", {}, f.node), el("td", {}, f.peer),
     el("td", {}, f.interface), el("td", {}, `${f.value} ${f.unit}`),
     el("td", {class: f.status === "pass" ? "healthy" : "bad"}, f.status))));
+  document.querySelector("#transfers tbody").replaceChildren(...view.transfers.map(transferRow));
+  document.getElementById("transfers").hidden = view.transfers.length === 0;
   document.getElementById("events").replaceChildren(...view.events.map((e) => el(
     "li", {class: e.level}, `${new Date(e.at * 1000).toLocaleTimeString()} ${e.subject}: ${e.text}`)));
   chart("chart-clock", "GPU SM clock", "MHz", view.history, "sm_clock_mhz");
