@@ -100,8 +100,10 @@ def dashboard(inventory_path: str | None, host: str, port: int, api_key_file: st
     Per node: memory available (and the memory guard's threshold), GPU utilisation, SM clock
     against its maximum, temperature, power, the box guard's flags (clock stuck, hot,
     throttled), fabric links; per server: model, engine, nodes, health, requests running and
-    waiting, KV cache, speculative acceptance; the gateway; events (problems appearing and
-    clearing, servers changing state, containers restarting); charts of the last 30 minutes.
+    waiting, KV cache, speculative acceptance; the gateway (replicas in rotation, requests/s
+    and errors/s through its relays); downloads and copies a `launch` on this machine has
+    under way, with progress; events (problems appearing and clearing, servers changing
+    state, containers restarting, transfers starting and ending); charts of the last 30 min.
     Read from the nodes as `status` reads them, one look every --interval seconds however
     many pages are open. Read-only. Needs the extra: pip install 'dgx-sparkctl[dashboard]'.
     """

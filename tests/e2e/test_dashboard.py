@@ -119,6 +119,39 @@ def test_the_page_shows_both_nodes_then_the_server_once_launched(
     assert (tmp_path / "dashboard.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_gateways_requests_show_on_the_open_page(
+        page: tuple[Lab, Dashboard, Browser], tmp_path: Path) -> None:
+    """Requests through the gateway are counted by the replica's relay and shown as requests
+    (and requests/s) on the open page and in /metrics."""
+    lab, dashboard, browser = page
+    key = tmp_path / "gateway.key"
+    key.write_text(f"sk-dash-e2e-{os.getpid()}-{time.time_ns()}\n")
+    key.chmod(0o600)
+    inventory = ["--inventory", str(lab.inventory)]
+    try:
+        up = sparkctl("gateway", "up", *inventory, "--host", "0.0.0.0", "--api-key-file",
+                      str(key), timeout=400)
+        assert up.returncode == 0, up.stdout + up.stderr
+        body = json.dumps({"model": "Qwen/Qwen3-8B", "max_tokens": 4,
+                           "messages": [{"role": "user", "content": "Hello"}]}).encode()
+        for _ in range(3):
+            request = urllib.request.Request(
+                f"http://{lab.hosts[lab.nodes[0]]}:4000/v1/chat/completions", data=body,
+                headers={"Content-Type": "application/json",
+                         "Authorization": f"Bearer {key.read_text().strip()}"})
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                assert answer.status == 200
+        gateway = "document.getElementById('gateway').innerText"
+        shown, _ = browser.wait_for(f"Number(({gateway}.match(/\\((\\d+) requests/) || [])[1]) >= 3"
+                                    f" && {gateway}", 30)
+        assert "requests/s" in shown and "errors/s" in shown, shown
+        status, text = dashboard.get("/metrics")
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert status == 200 and families["sparkctl_gateway_requests"].samples[0].value >= 3
+    finally:
+        sparkctl("gateway", "down", *inventory)
+
+
 def test_a_stuck_gpu_clock_is_flagged_on_the_open_page_without_a_reload(
         page: tuple[Lab, Dashboard, Browser]) -> None:
     lab, _, browser = page
