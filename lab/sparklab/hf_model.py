@@ -27,6 +27,7 @@ from sparklab.gguf_model import CHAT_TEMPLATE, VOCAB, Shape, _vocab, tokenizer_j
 REPO = "sparklab/tiny-llama"
 WEIGHTS = "model.safetensors"
 GENERATOR = 1
+DEFAULT_SHAPE = Shape()
 """Bump when the way the model is written changes (it is part of the inputs' digest)."""
 
 
@@ -103,7 +104,7 @@ real vLLM. What it writes is nonsense. The same shape and vocabulary as sparklab
 """
 
 
-def publish(hub: Path, source: Path, shape: Shape = Shape()) -> Path:
+def publish(hub: Path, source: Path, shape: Shape = DEFAULT_SHAPE) -> Path:
     """The repo folder under `hub`, written when missing or stale."""
     from safetensors.numpy import save_file
 

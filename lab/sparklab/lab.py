@@ -31,8 +31,8 @@ from sparklab.node import (
 from sparklab.node_fs import NodeSpec, build_usr_layer, prepare_node
 from sparklab.openmpi_install import openmpi5_root
 from sparklab.ray_install import ray_lower_layers
-from sparklab.vllm_install import vllm_lower_layers
 from sparklab.topology import LabPlan, build_plan
+from sparklab.vllm_install import vllm_lower_layers
 
 
 @dataclass
