@@ -27,8 +27,8 @@ from sparklab.gguf_model import CHAT_TEMPLATE, VOCAB, Shape, _vocab, tokenizer_j
 REPO = "sparklab/tiny-llama"
 WEIGHTS = "model.safetensors"
 GENERATOR = 1
-DEFAULT_SHAPE = Shape()
 """Bump when the way the model is written changes (it is part of the inputs' digest)."""
+DEFAULT_SHAPE = Shape()
 
 
 def inputs_digest(source: Path, shape: Shape) -> str:
