@@ -32,8 +32,10 @@ HUB = "/usr/lib/sparklab/hub/sparklab"
 PACKAGE = "/usr/lib/sparklab/vllm/lib/python3.11/site-packages/vllm/"
 # every process of the node whose command line vLLM renamed (VLLM::EngineCore, VLLM::Worker...)
 # or that runs vLLM's CLI, with whether the real package's native code is mapped into it
-PROCESSES = ("for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null) || continue; "
-             "case $c in VLLM::*|*vllm.entrypoints.cli.main*) "
+# (the CLI's module name is split in two so that this script's own command line never matches)
+PROCESSES = ("cli=vllm.entrypoints.'cli.main'; for p in /proc/[0-9]*; do "
+             "c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null) || continue; "
+             "case $c in VLLM::*|*$cli*) "
              f"grep -q '{PACKAGE}_C' $p/maps 2>/dev/null && m=real || m=-; "
              "echo \"${p#/proc/} $m $c\";; esac; done")
 
@@ -79,7 +81,8 @@ def test_one_node_is_served_by_the_real_vllm(lab: Lab) -> None:
     head, other = lab.nodes
     launched(sparkctl("launch", ONE, *inv(lab), "--yes", "--timeout", "300"))
     found = vllm_processes(lab, head)
-    assert any(command.startswith("VLLM::EngineCore") and real for _, real, command in found), found
+    assert any(command.startswith("VLLM::EngineCore") for _, _, command in found), found
+    assert any(command.startswith("VLLM::Worker") and real for _, real, command in found), found
     assert any("vllm.entrypoints.cli.main serve sparklab/tiny-llama" in c for _, _, c in found)
     assert vllm_processes(lab, other) == []
     version = lab.exec(head, "/usr/lib/sparklab/vllm/bin/python -c 'import importlib.metadata as m; "
@@ -154,11 +157,17 @@ def test_the_second_node_unreachable_is_refused_before_loading(lab: Lab) -> None
 
 
 def test_two_nodes_run_a_real_rank_each_and_a_dead_rank_is_seen(lab: Lab) -> None:
-    _, other = lab.nodes
+    head, other = lab.nodes
+    # each node has its own /dev/shm, as two machines do: vLLM takes ranks that see each other's
+    # shared memory for one machine's, and then waits forever on a local socket
+    lab.exec(head, "touch /dev/shm/sparklab-e2e-probe")
+    assert "sparklab-e2e-probe" not in lab.exec(other, "ls /dev/shm").stdout
+    lab.exec(head, "rm /dev/shm/sparklab-e2e-probe")
     launched(sparkctl("launch", TP2, *inv(lab), "--yes", "--timeout", "400", timeout=700))
     for node in lab.nodes:
-        assert any(real and c.startswith("VLLM::") for _, real, c in vllm_processes(lab, node)), node
-    rank1 = [p for p, _, c in vllm_processes(lab, other) if "--headless" in c]
+        assert any(real and c.startswith("VLLM::Worker") for _, real, c in vllm_processes(lab, node)), node
+    rank1 = [p for p, _, c in vllm_processes(lab, other)
+             if "--headless" in c and "vllm.entrypoints.cli.main serve" in c]
     assert rank1, vllm_processes(lab, other)
     env = lab.exec(other, f"tr '\\0' '\\n' < /proc/{rank1[0]}/environ").stdout.split("\n")
     assert "VLLM_CPU_OMP_THREADS_BIND=1" in env and "GLOO_SOCKET_IFNAME=enp1s0f1np1" in env
