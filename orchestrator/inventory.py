@@ -119,10 +119,17 @@ class Fabric(_Model):
     topology: Literal["b2b", "switch", "ring"] | None = None
     """b2b (two nodes, one cable), switch (all on one fabric) or ring; default b2b for two nodes,
     switch otherwise. In a ring each link is its own subnet."""
-    min_link_gbps: float = Field(default=175.0, gt=0)
-    """netcheck --deep fails a link measured below this (NVIDIA's guidance: 175 Gbps)."""
+    min_link_gbps: float | None = Field(default=None, gt=0)
+    """netcheck --deep fails a link measured below this many Gb/s; left out: 92 % of the link's
+    negotiated rate (NVIDIA Sync's speed test: 184 of 200 Gbit/s). The lab sets what veth carries."""
     max_latency_ms: float = Field(default=1.0, gt=0)
     """netcheck fails a link whose round trip is above this."""
+    network: Literal["sparkctl", "adopted"] = "sparkctl"
+    """Who writes the fabric's netplan: `sparkctl` (its own /etc/netplan/40-sparkctl-fabric.yaml)
+    or `adopted`: files sparkctl did not write (NVIDIA Sync's 99-nvidia-sync-cluster.yaml, a
+    hand-written one) already give these addresses and MTU; sparkctl verifies them and never
+    writes, rewrites or removes a netplan file (`sparkctl init` writes `adopted` when it finds
+    them)."""
     min_nccl_busbw_gbps: float | None = Field(default=None, gt=0)
     """netcheck --deep fails NCCL's all_gather bus bandwidth (GB/s) below this; default 21.875
     (direct or switch) or 10 (ring), NVIDIA's pass marks."""

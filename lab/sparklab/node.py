@@ -127,6 +127,13 @@ def node_memcg(ident: LabIdentity, node: str) -> Path | None:
     return path if path.is_dir() else None
 
 
+NODE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "LANG": "C.UTF-8", "HOME": "/root"}
+"""The whole environment a node's init (PID 1) and `lab exec` start with: a real machine boots
+with nothing of whoever started it, so no caller's HF_TOKEN or API key is in a node's
+/proc/1/environ, and nothing a node does depends on the caller's shell."""
+
+
 def start_node(ident: LabIdentity, node: str) -> subprocess.Popen[bytes]:
     """Start the node's init; its unshare process joins the node's memory cgroup first, so
     everything in the node is charged to it."""
@@ -138,7 +145,7 @@ def start_node(ident: LabIdentity, node: str) -> subprocess.Popen[bytes]:
             "--fork", "--kill-child", "--mount-proc", "--propagation", "private",
             "/bin/sh", str(node_dir / "init.sh")]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                            start_new_session=True, close_fds=True,
+                            start_new_session=True, close_fds=True, env=dict(NODE_ENV), cwd="/",
                             preexec_fn=joiner(node_memcg(ident, node)))
     log.close()
     record_pid(node_dir / "unshare.pid", proc.pid)
@@ -196,11 +203,16 @@ def node_exec(lab_id: int | LabIdentity, node: str, argv: Sequence[str], *,
     ident = lab_id if isinstance(lab_id, LabIdentity) else LabIdentity(lab_id)
     pid = node_pid(ident, node)
     # what runs in the node is charged to the node's memory cgroup, as if started there
-    result = subprocess.run(nsenter_argv(pid, argv, user), input=input_text,
-                            preexec_fn=joiner(node_memcg(ident, node)),
-                            capture_output=True, text=True, timeout=timeout, check=False,
-                            env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
-                                         "/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root"})
+    try:
+        result = subprocess.run(nsenter_argv(pid, argv, user), input=input_text,
+                                preexec_fn=joiner(node_memcg(ident, node)),
+                                capture_output=True, text=True, timeout=timeout, check=False,
+                                env=dict(NODE_ENV))
+    except subprocess.TimeoutExpired:
+        # (never the argv: it may hold what the caller keeps private)
+        raise LabError(f"in {node}: the command did not finish within {timeout:g} s and was "
+                       "stopped" + (" (`lab exec --timeout SECONDS` allows longer)"
+                                    if check is False else ""), 1) from None
     if check and result.returncode != 0:
         raise LabError(f"in {node}: {shlex.join(argv)} exited {result.returncode}:\n"
                        f"{result.stderr.strip()}", 1)

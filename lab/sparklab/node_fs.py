@@ -98,7 +98,7 @@ def prepare_node(ident: LabIdentity, spec: NodeSpec) -> Path:
            "[Network]\n# the lab owns eth0's routes; networkd must not remove them\n"
            "ManageForeignRoutes=no\nManageForeignRoutingPolicyRules=no\n")
     (etc / "netplan").mkdir(mode=0o755, exist_ok=True)
-    new_host_key(etc / "ssh")
+    stable_host_key(ident, spec.name, etc / "ssh")
     _authorize(node_dir / "upper" / "home" / USER, spec.client_pubkey, uid, gid)
     _authorize(node_dir / "root", spec.client_pubkey, 0, 0)
     lab_dir = node_dir / "upper" / NODE_LAB_DIR.lstrip("/")
@@ -108,6 +108,29 @@ def prepare_node(ident: LabIdentity, spec: NodeSpec) -> Path:
     os.setxattr(lab_dir, "trusted.overlay.opaque", b"y")
     _write(lab_dir / "config" / "lab.json", json.dumps(spec.lab_config, indent=2) + "\n")
     return node_dir
+
+
+def host_key_store(ident: LabIdentity, node: str) -> Path:
+    """Where a lab node's sshd host key is kept between `lab up`s: beside the lab's state, not
+    in it (lab down removes that). A real Spark keeps its host key for life; a lab that made
+    new ones at every up made the next `sparkctl` run after `init --trust-new-hosts` (which
+    pins them in the user's ~/.ssh/known_hosts) fail with "HOST KEY CHANGED"."""
+    return ident.state_dir.parent / "host-keys" / str(ident.lab_id) / node
+
+
+def stable_host_key(ident: LabIdentity, node: str, ssh_dir: Path) -> str:
+    """The node's host key as at its lab id's first up (made then), copied into the node's
+    /etc/ssh; returns the public key line."""
+    store = host_key_store(ident, node)
+    key = store / "ssh_host_ed25519_key"
+    if not (key.is_file() and key.with_suffix(".pub").is_file()):
+        store.mkdir(parents=True, exist_ok=True, mode=0o700)
+        new_host_key(store)
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    for name, mode in (("ssh_host_ed25519_key", 0o600), ("ssh_host_ed25519_key.pub", 0o644)):
+        shutil.copyfile(store / name, ssh_dir / name)
+        os.chmod(ssh_dir / name, mode)
+    return " ".join(key.with_suffix(".pub").read_text().split()[:2])
 
 
 def new_host_key(ssh_dir: Path) -> str:

@@ -64,7 +64,7 @@ def venv_root() -> Path:
         return ROOT
     BASE.mkdir(parents=True, exist_ok=True)
     with open(BASE / "install.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # several labs (or make install) may start at once
+        fcntl.flock(lock, fcntl.LOCK_EX)  # several labs (or make vllm) may start at once
         if not installed():
             _install()
     return ROOT
@@ -143,9 +143,16 @@ def _run(argv: list[str], venv: Path, what: str) -> None:
                        f"{LOG}):\n{tail}", 1)
 
 
-def vllm_lower_layers() -> list[Path]:
-    """[the vLLM tree's usr/] for the nodes' /usr overlay; [] with a warning when it cannot be
-    installed here: the lab still runs, the vLLM images then serve only the simulator."""
+def vllm_lower_layers(install: bool = True) -> list[Path]:
+    """[the vLLM tree's usr/] for the nodes' /usr overlay. Without `install`, only what the cache
+    already holds: [] with a note when it lacks it (a plain `lab up` never starts a 2.4 GB
+    install the demo does not use). [] with a warning when it cannot be installed here: the lab
+    still runs, the vLLM images then serve only the simulator."""
+    if not install and not installed():
+        note("not installed, so the lab's vLLM images run the simulator only; `sparkctl lab up "
+             "--vllm`, `make vllm` or `python -m sparklab.vllm_install` installs it once (~2-4 "
+             "minutes)")
+        return []
     try:
         return [venv_root() / "usr"]
     except (LabError, OSError) as exc:
@@ -154,7 +161,7 @@ def vllm_lower_layers() -> list[Path]:
 
 
 def main() -> int:
-    """`python -m sparklab.vllm_install`: install (or find) it now, e.g. from `make install`."""
+    """`python -m sparklab.vllm_install`: install (or find) it now, e.g. from `make vllm`."""
     if not vllm_lower_layers():
         return 1
     note(f"ready: {ROOT / VENV_IN_NODE.lstrip('/')} ({PACKAGE})")

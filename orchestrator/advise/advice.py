@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchestrator.advise.facts import ModelFacts, facts_for
+from orchestrator.advise.facts import ModelFacts
 from orchestrator.advise.model import Drafting, Hardware, Prediction, predict
 from orchestrator.engines.layouts import DEFAULT_EFFICIENCY, Layout, support_of
 
@@ -82,7 +82,6 @@ class Advice:
     concurrency: int
     context: int
     facts: ModelFacts
-    facts_known: bool
     efficiency: float
     hardware: Hardware
     drafting: Drafting | None
@@ -119,13 +118,9 @@ class Advice:
         self.confidence = "high" if ratio >= 1.5 else "medium" if ratio >= 1.15 else "low"
         if measured:
             self.confidence = "high" if ratio >= 1.15 else "medium" if ratio >= 1.03 else "low"
-        elif not self.facts_known:
-            self.confidence = "low"
         elif self.efficiency_assumed and self.confidence == "high":
             self.confidence = "medium"
-        self.reason = (f"{basis} {what}: {mine:.1f} t/s, {ratio:.2f}x the next best"
-                       + ("" if self.facts_known or measured else
-                          f"; {self.recipe.model} is not in the facts table (assumed dense)"))
+        self.reason = f"{basis} {what}: {mine:.1f} t/s, {ratio:.2f}x the next best"
 
     @property
     def efficiency_assumed(self) -> bool:
@@ -136,7 +131,7 @@ class Advice:
             "command": "advise", "ok": self.pick is not None, "recipe": self.recipe.name,
             "engine": self.engine.name, "model": self.recipe.model, "nodes": self.nodes,
             "goal": self.goal, "concurrency": self.concurrency, "context": self.context,
-            "efficiency": self.efficiency, "facts_known": self.facts_known,
+            "efficiency": self.efficiency, "model_facts": self.facts.note,
             "hardware": {"bandwidth_gbs": self.hardware.bandwidth_gbs,
                          "fabric_latency_us": self.hardware.fabric_latency_us,
                          "fabric_gbs": self.hardware.fabric_gbs,
@@ -156,11 +151,29 @@ def drafting_of(recipe: Any, facts: ModelFacts, acceptance: float | None) -> Dra
     return Drafting(recipe.draft_tokens, draft_gb, acceptance)
 
 
+def kv_fit(estimate: Any, facts: Any, layout: Any, context: int) -> tuple[bool, Any, str]:
+    """The engine's memory verdict, unless the KV cache of one request of --context tokens
+    (split over a server's nodes) exceeds what the engine leaves for the KV cache on a node:
+    then no request of that length can be served, whatever the weights (a 10M-token context
+    "fitted" before: only the weights were weighed). More requests than fit at once queue,
+    which the predicted aggregate, not the fit, accounts for."""
+    needed = context * facts.kv_bytes_per_token / 1e9 / (layout.tp * layout.pp)
+    if not estimate.fits or needed <= estimate.kv_cache_gb:
+        return estimate.fits, estimate.verdict, estimate.explanation
+    return False, "does not fit", (
+        f"{estimate.explanation}; but one request of {context:,} tokens of context needs "
+        f"{needed:,.1f} GB of KV cache per node, more than the {estimate.kv_cache_gb:g} GB the "
+        "engine leaves for it: does not fit at this --context")
+
+
 def advise(recipe: Any, engine: Any, nodes: int, goal: Goal = "latency", concurrency: int = 4,
            hardware: Hardware | None = None, acceptance: float | None = None,
            context: int = 2048) -> Advice:
+    """Raises ModelUnreadable when nothing says the model's architecture (no guess)."""
+    from orchestrator.advise.modelsource import model_facts
+
     hardware = hardware or Hardware()
-    facts, known = facts_for(recipe.model, recipe.memory.weights_gb)
+    facts = model_facts(recipe.model, recipe.revision, getattr(recipe, "gguf", None))
     support = support_of(engine)
     efficiency = support.efficiency if support else DEFAULT_EFFICIENCY
     drafting = drafting_of(recipe, facts, acceptance)
@@ -172,7 +185,7 @@ def advise(recipe: Any, engine: Any, nodes: int, goal: Goal = "latency", concurr
         layouts = [Layout("single") if own == 1 else Layout("tp", tp=own)]
     else:
         layouts = support.layouts(recipe, nodes)
-    advice = Advice(recipe, engine, nodes, goal, concurrency, context, facts, known, efficiency,
+    advice = Advice(recipe, engine, nodes, goal, concurrency, context, facts, efficiency,
                     hardware, drafting, [], notes=notes)
     for layout in layouts:
         one = support.recipe_for(recipe, layout, None) if support else recipe
@@ -180,9 +193,10 @@ def advise(recipe: Any, engine: Any, nodes: int, goal: Goal = "latency", concurr
         slots = support.slots(one) if support and hasattr(support, "slots") else None
         prediction = predict(facts, layout, hardware, efficiency, concurrency, drafting, context,
                              slots)
-        advice.layouts.append(LayoutAdvice(layout, one, estimate.fits, estimate.verdict,
+        fits, verdict, explanation = kv_fit(estimate, facts, layout, context)
+        advice.layouts.append(LayoutAdvice(layout, one, fits, verdict,
                                            round(estimate.weights_gb + estimate.draft_gb, 2),
-                                           estimate.explanation, prediction))
+                                           explanation, prediction))
     if any(a.layout.kind == "replicas" for a in advice.layouts):
         advice.notes.append("replicas: one server per node; until a gateway spreads requests, "
                             "clients pick a server (sparkctl chat --server NAME)")

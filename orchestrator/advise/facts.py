@@ -1,9 +1,10 @@
 """What a prediction needs to know about a model that recipes do not say: parameters read per
 token, bytes per parameter, layers, hidden size and the KV cache per token. Typed, one entry per
-Hugging Face id, each with where its numbers come from (the models' config.json and cards).
+Hugging Face id, each with where its numbers come from (the models' config.json, GGUF headers
+and cards).
 
-A model missing here is advised from its recipe alone (every weight read per token, an assumed
-depth) and the confidence says so.
+The table is a cache: a model missing here is read from the model itself (its config.json or
+GGUF header, advise/modelsource.py), never assumed.
 """
 
 from __future__ import annotations
@@ -63,6 +64,39 @@ FACTS: dict[str, ModelFacts] = {
     # (4 x 3 x 2880 x 2880 x 36 = 3.6B of 5.1B).
     "openai/gpt-oss-120b": ModelFacts(5.1, 0.6, 36, 2880, kv(36, 8, 64, 2), 128, 4, 0.70,
                                       note="MXFP4 experts"),
+    # ggml-org/gpt-oss-120b-GGUF (llama.cpp's own conversion, the gpt-oss-120b-gguf recipe):
+    # llama-bench on a Spark reports it as 59.02 GiB, 116.83 B parameters (ggml-org/llama.cpp
+    # benches/dgx-spark.md). Experts 3 x 2880 x 2880 x 128 x 36 = 114.7B in MXFP4 (17 bytes per
+    # 32) = 60.9 GB, so the other 2.2B (attention, router, embedding, LM head) hold 2.5 GB,
+    # 1.12 B/param. Per token: 4 of 128 experts (3.58B, 1.90 GB) + attention, router and LM head
+    # (1.55B, 1.74 GB) = 5.13B, 3.64 GB: 0.71 B/param, experts 52 % of the bytes.
+    "ggml-org/gpt-oss-120b-GGUF": ModelFacts(5.13, 0.71, 36, 2880, kv(36, 8, 64, 2), 128, 4,
+                                             0.52, note="MXFP4 experts, GGUF"),
+    # Qwen/Qwen3-235B-A22B-GGUF, the Q4_K_M files of the qwen3-235b-gguf-rpc recipe (143 GB
+    # for 235B: 0.61 B/param); shapes from the config.json entry above: experts 14.2B of the
+    # 21.6B read per token (attention 6.7B, LM head 0.62B).
+    "Qwen/Qwen3-235B-A22B-GGUF": ModelFacts(21.6, 0.61, 94, 4096, kv(94, 4, 128, 2), 128, 8,
+                                            0.66, note="Q4_K_M GGUF"),
+    # Qwen3-235B-A22B-Instruct-2507: the Qwen3-235B-A22B shapes above; FP8 with 128x128 block
+    # scales (~1.0 B/param); the qwen3-235b-fp8-pp3 recipe's KV cache is fp8.
+    "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": ModelFacts(22.0, 1.0, 94, 4096, kv(94, 4, 128, 1),
+                                                        128, 8, 0.65, note="FP8, fp8 KV cache"),
+    # Qwen3.5-397B-A17B config.json: 60 layers (every 4th full attention, the rest Gated DeltaNet
+    # with a fixed state: 15 keep a KV cache), hidden 4096, 2 KV heads x 256, 512 experts, 10 per
+    # token of 1024 wide (10 x 3 x 4096 x 1024 x 60 = 7.5B of the 16B read per token, 17B less
+    # the 1.0B embedding table); NEXTN head: one decoder layer's active part and the LM head.
+    "Qwen/Qwen3.5-397B-A17B-FP8": ModelFacts(16.0, 1.0, 60, 4096, kv(15, 2, 256, 1), 512, 10,
+                                            0.47, mtp_gb=1.3, note="FP8, fp8 KV cache"),
+    "Intel/Qwen3.5-397B-A17B-int4-AutoRound": ModelFacts(16.0, 0.53, 60, 4096, kv(15, 2, 256, 1),
+                                                        512, 10, 0.47,
+                                                        note="INT4 AutoRound, fp8 KV cache"),
+    # Nemotron 3 Ultra 550B-A55B (NVIDIA's release notes): 108 layers, hidden 8192, 512 experts,
+    # 22 routed per token; mostly Mamba-2 layers with a fixed state and a few attention layers.
+    # Estimated, not read from its config.json (not reachable offline): 12 attention layers of
+    # 2 KV heads x 128 as in Nemotron 3's smaller members, experts ~75 % of the 55B active.
+    "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-NVFP4": ModelFacts(
+        55.0, 0.5625, 108, 8192, kv(12, 2, 128, 1), 512, 22, 0.75,
+        note="NVFP4, fp8 KV cache; attention layers estimated"),
     # Llama 3.3 70B: dense, 80 layers, hidden 8192, 8 KV heads x 128; NVIDIA's FP4 build.
     "nvidia/Llama-3.3-70B-Instruct-FP4": ModelFacts(69.0, 0.5625, 80, 8192, kv(80, 8, 128, 2),
                                                    note="NVFP4"),
@@ -74,18 +108,3 @@ FACTS: dict[str, ModelFacts] = {
     "sparklab/tiny-llama-gguf": ModelFacts(0.0391, 2.0, 8, 256, kv(8, 2, 64, 2),
                                           note="f16, the lab's tiny llama; LM head tied to the embedding"),
 }
-
-
-ASSUMED_LAYERS = 64
-ASSUMED_HIDDEN = 5120
-
-
-def facts_for(model: str, weights_gb: float) -> tuple[ModelFacts, bool]:
-    """The model's facts and whether they are known (False: assumed from the recipe: a dense
-    model whose every weight is read per token)."""
-    known = FACTS.get(model)
-    if known is not None:
-        return known, True
-    return ModelFacts(weights_gb, 1.0, ASSUMED_LAYERS, ASSUMED_HIDDEN,
-                      kv(ASSUMED_LAYERS, 8, 128, 2),
-                      note="not in the facts table: assumed dense, all weights read per token"), False

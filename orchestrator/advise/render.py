@@ -31,7 +31,6 @@ def lines(advice: Advice, explain: bool = False) -> list[str]:
            f"({'tg at 1 request' if advice.goal == 'latency' else f'aggregate tg at {c} requests'})",
            f"model: {facts.active_params_b:g}B read per token x {facts.bytes_per_param:g} B/param"
            + (f" ({facts.note})" if facts.note else "")
-           + ("" if advice.facts_known else "  [ASSUMED]")
            + (f"; drafting {advice.drafting.draft_len} tokens per step, acceptance length "
               f"{advice.drafting.tokens_per_step:.2f}" if advice.drafting else ""),
            f"hardware: {'; '.join(advice.hardware.sources)}; engine efficiency "

@@ -30,6 +30,19 @@ class Row:
     """"pp" or "tg"."""
     speed: dict[str, Any] | None
     latencies: tuple[dict[str, Any] | None, ...]
+    why: str = ""
+    """Why `speed` is empty (said under the table, never a blank cell without a reason)."""
+
+
+def unmeasured(figures: dict[str, Any], kind: str) -> str:
+    """Why a cell's pp or tg speed has no value."""
+    if figures.get("error_count") and figures.get("error_count") == figures.get("requests"):
+        return "every request failed"
+    if kind == "pp":
+        return ("the first token came back within the latency measured through the forward, "
+                "so no prefill time was left to divide the prompt by (a longer --pp or --depth "
+                "measures it)")
+    return "no request produced two tokens or more (a larger --tg measures it)"
 
 
 def test_name(kind: str, tokens: int, depth: int, concurrency: int) -> str:
@@ -50,12 +63,14 @@ def rows(doc: dict[str, Any]) -> list[Row]:
             seen.add(pp_key)
             out.append(Row(test_name("pp", cell["pp"], depth, c), depth, c, "pp",
                            figures.get("pp_throughput"),
-                           tuple(figures.get(k) for k in LATENCIES)))
+                           tuple(figures.get(k) for k in LATENCIES),
+                           "" if figures.get("pp_throughput") else unmeasured(figures, "pp")))
         tg_key = ("tg", cell["tg"], depth, c)
         if tg_key not in seen:
             seen.add(tg_key)
             out.append(Row(test_name("tg", cell["tg"], depth, c), depth, c, "tg",
-                           figures.get("tg_throughput"), (None, None, None)))
+                           figures.get("tg_throughput"), (None, None, None),
+                           "" if figures.get("tg_throughput") else unmeasured(figures, "tg")))
     # llama-benchy groups by depth: pp rows and tg rows of one depth together
     order = {depth: i for i, depth in enumerate(dict.fromkeys(r.depth for r in out))}
     return sorted(out, key=lambda r: (order[r.depth], r.concurrency, r.kind != "pp"))
@@ -77,14 +92,20 @@ def markdown(doc: dict[str, Any]) -> str:
     model = model_name(doc)
     lines = ["| " + " | ".join(HEADER) + " |",
              "|:" + "-" * 5 + "|" + "|".join(["-" * 5 + ":"] * (len(HEADER) - 1)) + "|"]
+    blanks: dict[str, list[str]] = {}
     for row in rows(doc):
-        lines.append("| " + " | ".join([model, row.test, pm(row.speed),
+        speed = pm(row.speed) or ("n/a" if row.why else "")
+        lines.append("| " + " | ".join([model, row.test, speed,
                                         *(pm(v) for v in row.latencies)]) + " |")
+        if row.why:
+            blanks.setdefault(row.why, []).append(row.test)
     server = doc.get("server") or {}
     settings = doc.get("settings") or {}
-    lines += ["", f"sparkctl bench: recipe {server.get('recipe', '?')}, engine "
-                  f"{server.get('engine', '?')}, {settings.get('runs', '?')} run(s) per test, "
-                  f"{doc.get('started', '?')}"]
+    notes = [f"n/a ({', '.join(tests)}): {why}" for why, tests in blanks.items()]
+    lines += ["", *notes, *([""] if notes else []),
+              f"sparkctl bench: recipe {server.get('recipe', '?')}, engine "
+              f"{server.get('engine', '?')}, {settings.get('runs', '?')} run(s) per test, "
+              f"{doc.get('started', '?')}"]
     if doc.get("interrupted"):
         lines.append("INTERRUPTED: partial results")
     return "\n".join(lines) + "\n"

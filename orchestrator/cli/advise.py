@@ -9,6 +9,10 @@ import click
 
 from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
 
+MAX_BANDWIDTH_GBS = 100_000
+"""Far beyond any memory (a Spark has 273 GB/s); above it a typo, and `inf` would print
+Infinity into --json, which no JSON reader takes."""
+
 
 def _note(line: str) -> None:
     click.echo(line, err=True)
@@ -25,9 +29,15 @@ def _advise(opts: dict[str, Any]) -> int:
     engine = engine_of(recipe)
     nodes = opts["nodes"] or max(recipe.node_count, 2)
     bandwidth, measured_from = _bandwidth(opts["memory_bandwidth"], opts["inventory_path"])
-    advice = advise(recipe, engine, nodes, opts["goal"], opts["concurrency"],
-                    hardware(opts["netcheck"], bandwidth, measured_from), opts["acceptance"],
-                    opts["context"])
+    from orchestrator.advise.modelsource import ModelUnreadable
+    from orchestrator.errors import InputError
+
+    try:
+        advice = advise(recipe, engine, nodes, opts["goal"], opts["concurrency"],
+                        hardware(opts["netcheck"], bandwidth, measured_from), opts["acceptance"],
+                        opts["context"])
+    except ModelUnreadable as exc:
+        raise InputError(f"advise {recipe.name}: {exc}") from None
     if opts["layouts"]:
         _only(advice, opts["layouts"])
     code = 0 if advice.pick is not None else 1
@@ -56,8 +66,9 @@ def _bandwidth(given: str | None, inventory_path: str | None) -> tuple[float | N
         value = float(given)
     except ValueError:
         value = 0.0
-    if not value >= 1:
-        raise InputError(f"--memory-bandwidth {given}: give GB/s (a number, at least 1) or "
+    if not 1 <= value <= MAX_BANDWIDTH_GBS:  # (nan and inf too: the JSON would not be JSON)
+        raise InputError(f"--memory-bandwidth {given}: give GB/s (a number from 1 to "
+                         f"{MAX_BANDWIDTH_GBS:,}) or "
                          "`measure` (timed on the cluster's first node)")
     return value, None
 

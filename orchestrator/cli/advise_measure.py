@@ -16,18 +16,19 @@ Note = Callable[[str], None]
 
 
 def _launch(inventory: Any, recipe: Any, name: str | None, timeout: float, token: Any,
-            note: Note, persist: bool = False) -> None:
+            note: Note, persist: bool = False, host: str | None = None, key: Any = None) -> None:
     """The plan `sparkctl launch RECIPE --replace --yes` runs, under the cluster lock."""
     from orchestrator.core.lock import ClusterLock
     from orchestrator.core.session import open_session, run_plan
     from orchestrator.core.step import Plan, RunOptions
     from orchestrator.engines import check_against_inventory, engine_of
-    from orchestrator.engines.base import LaunchOptions
+    from orchestrator.engines.base import DEFAULT_HOST, LaunchOptions
     from orchestrator.errors import SparkctlError
 
     check_against_inventory(recipe, inventory)
     engine = engine_of(recipe)
-    options = LaunchOptions(replace=True, timeout=timeout, name=name, persist=persist)
+    options = LaunchOptions(replace=True, timeout=timeout, name=name, persist=persist,
+                            api_key=key, host=host or DEFAULT_HOST)
     plan = Plan("launch", engine.launch_phases(recipe, inventory, options))
     with open_session(inventory, "launch", quiet=True) as session:
         head = inventory.head_name
@@ -66,20 +67,28 @@ def _tg(doc: dict[str, Any], concurrency: int) -> float | None:
     return figure(cells[0], "tg_throughput") if cells else None
 
 
-def _servers(inventory: Any) -> list[dict[str, Any]]:
+def _servers(inventory: Any, nodes: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The running servers, each marked `persistent` when it has a boot unit (launch
-    --persist), so the restore keeps it persistent."""
+    --persist), so the restore keeps it persistent; and the API key of each one on NODES that
+    has one, read from its node now (the restore starts it with the same key)."""
     from orchestrator.core.session import open_session
     from orchestrator.engines import servers
+    from orchestrator.engines.apikey import read_node_key
     from orchestrator.phases.boot_units import parse_units, persistence, units_cmd
 
+    keys: dict[str, Any] = {}
     with open_session(inventory, "advise", quiet=True) as session:
         found = servers.gather(session.transports, inventory)
         units = {name: parse_units({"out": t.run(units_cmd(), timeout=30).stdout})
                  for name, t in session.transports.items()} if found else {}
+        for server in found:
+            transport = session.transports.get(str(server.get("node")))
+            if server.get("api_key_file") and set(server.get("nodes") or []) & set(nodes) \
+                    and transport is not None:
+                keys[str(server.get("name"))] = read_node_key(transport, server)
     for server in found:
         server["persistent"] = persistence(units, str(server.get("name")))["persistent"]
-    return found
+    return found, keys
 
 
 def _stop(inventory: Any, wanted: Callable[[dict[str, Any]], bool], note: Note) -> None:
@@ -122,6 +131,8 @@ def _measure_one(advice: Any, entry: Any, inventory: Any, nodes: list[str], opts
     docs = [(_bench(inventory, name, BenchConfig(
         tg=[opts["tg"]], pp=[opts["pp"]], depth=[0], concurrency=sorted({1, max(share, 1)}),
         runs=opts["runs"], warmup=False), note), share) for name, share in zip(names, shares, strict=True)]
+    if any(d.get("interrupted") for d, _ in docs):
+        raise KeyboardInterrupt  # (bench keeps its partial cells; advise stops measuring)
     ones = [v for d, _ in docs if (v := _tg(d, 1)) is not None]
     parts = [_tg(d, share) if share else 0.0 for d, share in docs]
     aggregate = sum(v for v in parts if v is not None) if None not in parts else None
@@ -145,6 +156,7 @@ def confirm(opts: dict[str, Any], labels: list[str], before: list[dict[str, Any]
 def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
     """Measure every layout that fits; returns the exit code (1 if none could be measured)."""
     from orchestrator.cli.launch import read_hf_token
+    from orchestrator.core.executor import Interrupted
     from orchestrator.core.runner import load_inventory_option
     from orchestrator.errors import InputError, SparkctlError
 
@@ -155,7 +167,7 @@ def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
                          f"{len(nodes)} node(s)")
     feasible = [a for a in advice.layouts if a.fits]
     # servers on the nodes advise uses are stopped meanwhile and relaunched; others keep running
-    running = _servers(inventory)
+    running, keys = _servers(inventory, nodes)
     before = [s for s in running if set(s.get("nodes") or []) & set(nodes)]
     keep = {str(s.get("name")) for s in running if s not in before}
     confirm(opts, [a.layout.label for a in feasible], before)
@@ -169,42 +181,49 @@ def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
         for entry in feasible:
             try:
                 entry.measured = _measure_one(advice, entry, inventory, nodes, opts, token, note)
-            except SparkctlError as exc:
-                entry.measured = Measured(None, None, str(exc))
-                note(f"[advise] {entry.layout.label}: {exc}")
-            except KeyboardInterrupt:  # keep what was measured; still clean up and restore
+            except (KeyboardInterrupt, Interrupted):  # keep what was measured; still clean up
+                # and restore (a Ctrl-C inside a launch comes as Interrupted, inside a bench
+                # as KeyboardInterrupt raised by _measure_one)
                 entry.measured, interrupted = Measured(None, None, "interrupted"), True
                 note(f"[advise] interrupted during {entry.layout.label}: stopping it, restoring")
                 break
+            except SparkctlError as exc:
+                entry.measured = Measured(None, None, str(exc))
+                note(f"[advise] {entry.layout.label}: {exc}")
             finally:
                 _stop(inventory, lambda s: str(s.get("name")) not in keep, note)
     finally:
-        restored = _restore(inventory, before, opts["timeout"], token, note)
+        restored, stopped = _restore(inventory, before, opts["timeout"], token, note, keys)
     advice.choose(measured=True)
     ratios = [f"{a.layout.label} {r:.2f}" for a in feasible
               if (r := a.ratio(advice.goal)) is not None]
     if ratios:  # how far this cluster is from the model: a measured efficiency, per layout
         advice.notes.append("measured / predicted: " + ", ".join(ratios) + f" (at {advice.goal})")
     advice.notes.append(restored)
-    if interrupted:
+    if interrupted or stopped:
         advice.notes.append("interrupted: the layouts after it were not measured")
-        return 130
+        return 130  # (the documented exit of an interrupted command)
     return 0 if advice.pick is not None and "could not" not in restored else 1
 
 
 def _restore(inventory: Any, before: list[dict[str, Any]], timeout: float, token: Any,
-             note: Note) -> str:
-    """Relaunch the servers that ran before, as they ran (recipe, name, nodes, port)."""
+             note: Note, keys: dict[str, Any] | None = None) -> tuple[str, bool]:
+    """Relaunch the servers that ran before, as they ran: from the recipe file they were
+    launched from (else the built-in), under their name, nodes and port, bound where they
+    were, with their API key and --persist. Returns what it says of that, and whether a
+Ctrl-C stopped it."""
+    from orchestrator.core.executor import Interrupted
     from orchestrator.engines import load_recipe
     from orchestrator.engines.layouts import revalidated
     from orchestrator.errors import SparkctlError
 
     if not before:
-        return "restored: nothing ran before; every server advise started is stopped"
-    failed = []
+        return "restored: nothing ran before; every server advise started is stopped", False
+    failed: list[str] = []
+    stopped = False
     for server in before:
         try:
-            recipe = load_recipe(str(server.get("recipe")))
+            recipe = load_recipe(str(server.get("recipe_file") or server.get("recipe")))
             # per-server engines record where they ran; the others run from the head
             placement = None if server.get("legacy") else list(server.get("nodes") or []) or None
             recipe = revalidated(recipe, port=int(server.get("port") or recipe.port),
@@ -212,9 +231,15 @@ def _restore(inventory: Any, before: list[dict[str, Any]], timeout: float, token
             name = server.get("name") if server.get("name") != recipe.name else None
             note(f"[advise] restoring {server.get('name')} ({recipe.name})")
             _launch(inventory, recipe, name, timeout, token, note,
-                    persist=bool(server.get("persistent")))
+                    persist=bool(server.get("persistent")), host=server.get("host"),
+                    key=(keys or {}).get(str(server.get("name"))))
+        except (KeyboardInterrupt, Interrupted):
+            failed += [f"{s.get('name')} (interrupted)" for s in before[before.index(server):]]
+            stopped = True
+            break
         except SparkctlError as exc:
             failed.append(f"{server.get('name')} ({exc})")
     if failed:
-        return ("could not restore " + "; ".join(failed) + ": relaunch with `sparkctl launch`")
-    return "restored: " + ", ".join(str(s.get("name")) for s in before) + " run again"
+        return ("could not restore " + "; ".join(failed) + ": relaunch with `sparkctl launch`",
+                stopped)
+    return "restored: " + ", ".join(str(s.get("name")) for s in before) + " run again", False

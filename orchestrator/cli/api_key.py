@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.commands import Secret
+from orchestrator.engines.apikey import key_problem
 from orchestrator.errors import InputError
 
 MAX_KEY_BYTES = 4096
@@ -46,9 +47,9 @@ def read_api_key(path: str) -> Secret:
         value = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
         raise InputError(f"API key file {file} is not UTF-8 text") from None
-    if not value or "\n" in value or any(c.isspace() or not c.isprintable() for c in value):
-        raise InputError(f"API key file {file} must hold one line without spaces "
-                         "(its content is not shown)")
+    problem = key_problem(value)
+    if problem:
+        raise InputError(f"API key file {file}: {problem} (its content is not shown)")
     secret = Secret(value)
     register_secret(secret)
     return secret

@@ -311,22 +311,6 @@ def bench(ctx: click.Context, **opts: Any) -> None:
     run_command(lambda: _bench(opts))
 
 
-def load_saved(path: str) -> dict[str, Any]:
-    """A saved result (bench --save, --json, --format json): a run or a sweep."""
-    import json
-    from pathlib import Path
-
-    from orchestrator.errors import InputError
-
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: not JSON (a bench result is): {exc}") from None
-    if not isinstance(doc, dict) or ("cells" not in doc and "sweep" not in doc):
-        raise InputError(f"{path}: not a `sparkctl bench` result (no cells)")
-    return doc
-
-
 @bench.command("compare")
 @click.argument("first", type=click.Path(exists=True, dir_okay=False))
 @click.argument("second", type=click.Path(exists=True, dir_okay=False))
@@ -339,6 +323,7 @@ def compare(first: str, second: str, as_json: bool, plot: str | None) -> None:
 
     def body() -> int:
         from orchestrator.bench.render import compare_rows, render_compare
+        from orchestrator.bench.saved import load_saved
         from orchestrator.core.report import print_json
         from orchestrator.errors import InputError
 
@@ -375,6 +360,7 @@ def plot_saved(saved: tuple[str, ...], output: str) -> None:
         from pathlib import Path
 
         from orchestrator.bench.plot import check_plot_path, plot, plot_runs
+        from orchestrator.bench.saved import load_saved
 
         check_plot_path(output)
         docs = [load_saved(path) for path in saved]

@@ -2,7 +2,8 @@
 
 Enable it once per shell (bash; zsh and fish alike with zsh_source / fish_source):
     eval "$(_SPARKCTL_COMPLETE=bash_source sparkctl)"
-Recipe names are the built-in recipes (and files, for a recipe path). Server names complete
+Recipe names are the built-in recipes and the user's (engines.user_recipes_dir), and files
+for a recipe path. Server names complete
 from the same names: a server is named after its recipe unless `launch --name` said otherwise;
 asking the cluster which servers run would cost an SSH round trip per Tab.
 """
@@ -15,9 +16,9 @@ from click.shell_completion import CompletionItem
 
 
 def _recipes(incomplete: str) -> list[CompletionItem]:
-    from orchestrator.engines import builtin_names
+    from orchestrator.engines import recipe_names
 
-    return [CompletionItem(name) for name in builtin_names() if name.startswith(incomplete)]
+    return [CompletionItem(name) for name in recipe_names() if name.startswith(incomplete)]
 
 
 def complete_recipe(ctx: Any, param: Any, incomplete: str) -> list[CompletionItem]:

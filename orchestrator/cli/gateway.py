@@ -56,11 +56,11 @@ def read_key_file(path: str) -> Any:
         value = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
         raise InputError(f"API key file {file} is not UTF-8 text") from None
-    if not value:
-        raise InputError(f"API key file {file} is empty: put one key (sk-...) in it")
-    if "\n" in value or any(not (c.isascii() and c.isprintable()) or c.isspace() for c in value):
-        raise InputError(f"API key file {file} must hold one key on one line, printable ASCII "
-                         "without spaces (its content is not shown)")
+    from orchestrator.engines.apikey import key_problem
+
+    problem = key_problem(value)  # the rule every key sparkctl reads obeys
+    if problem:
+        raise InputError(f"API key file {file}: {problem} (its content is not shown)")
     if not value.startswith("sk-") or len(value) < 12:
         raise InputError(f"API key file {file}: LiteLLM's master key starts with sk- and has "
                          "at least 12 characters (its content is not shown)")

@@ -1,5 +1,4 @@
-"""`sparkctl launch`, `chat` and `tunnel`: thin wrappers over recipe.py and steps/ (`recipes`:
-cli/recipes.py)."""
+"""`sparkctl launch`, `chat` and `tunnel`: thin wrappers over recipe.py and steps/ (`recipes`: recipes.py)."""
 
 from __future__ import annotations
 
@@ -172,8 +171,8 @@ def _placed(recipe: Any, placed: tuple[str, ...], name: str | None,
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address the server binds on its node; beyond loopback needs --api-key-file.")
 @click.option("--api-key-file", metavar="FILE",
-              help="The server's API key (mode 0600, one line; to the nodes on stdin, never on "
-                   "argv or in docker inspect): required with a --host beyond loopback.")
+              help="The server's API key (mode 0600, one line of printable ASCII, no # first; "
+                   "to the nodes on stdin, never argv): required with a --host beyond loopback.")
 @click.option("--drop-caches/--no-drop-caches", default=True, show_default=True,
               help="Drop the page cache on the serving nodes before a cold start (unified "
                    "memory); --drop-caches is the default and kept for compatibility.")
@@ -289,6 +288,7 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
     import urllib.error
     import urllib.request
 
+    from orchestrator.core.output import http_error_text as said  # (its message, never bytes)
     from orchestrator.core.report import print_json
     from orchestrator.engines.apikey import bearer, probe_host, read_node_key  # key: over SSH
     from orchestrator.errors import SparkctlError
@@ -312,7 +312,7 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
                 with urllib.request.urlopen(request, timeout=600) as response:
                     answer = json.loads(response.read())
             except urllib.error.HTTPError as exc:
-                raise SparkctlError(f"the server answered HTTP {exc.code}: {exc.read()[:300]!r}") from None
+                raise SparkctlError(f"the server answered HTTP {exc.code}: {said(exc.read())}") from None
             except (urllib.error.URLError, OSError) as exc:
                 raise SparkctlError(f"no answer through the tunnel to {server.get('node')}: {exc}") from None
             seconds = time.monotonic() - started

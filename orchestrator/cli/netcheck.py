@@ -65,8 +65,9 @@ def run_netcheck(session: Any, deep: bool) -> list[CheckResult]:
     for check in CLUSTER_CHECKS:
         results += check(inventory, facts_by_node)
     if deep:
-        session.progress.note("netcheck --deep: measuring each link with iperf3, one at a time...")
-        results += measure_throughput(session)
+        session.progress.note("netcheck --deep: measuring each link (ib_write_bw over RDMA, "
+                              "else iperf3), one at a time...")
+        results += measure_throughput(session, facts_by_node)
         session.progress.note("netcheck --deep: NCCL all_gather_perf across the containers...")
         results += measure_nccl(session, facts_by_node)
     return apply_dependencies(results)
@@ -94,14 +95,23 @@ def measure_nccl(session: Any, facts_by_node: dict[str, dict[str, Any]]) -> list
         return [judge_all_gather(inventory, 1, "", str(exc), facts_by_node)]
 
 
-def measure_throughput(session: Any) -> list[CheckResult]:
+def measure_throughput(session: Any, facts_by_node: dict[str, dict[str, Any]]) -> list[CheckResult]:
+    """Each link once, one at a time: ib_write_bw (RDMA) where both ends have a RoCE device with
+    the fabric address and ib_write_bw, else iperf3 (TCP); judged against the link's floor."""
     from orchestrator.errors import SparkctlError
-    from orchestrator.netcheck.probes import (
-        IPERF_PORT_BASE,
+    from orchestrator.netcheck.bandwidth import (
         iperf_client_cmd,
         iperf_server_cmd,
         judge_throughput,
         throughput_links,
+    )
+    from orchestrator.netcheck.checks import negotiated_speed
+    from orchestrator.netcheck.probes import IPERF_PORT_BASE
+    from orchestrator.netcheck.roce import (
+        RDMA_PORT_BASE,
+        rdma_client_cmd,
+        rdma_device,
+        rdma_server_cmd,
     )
 
     inventory = session.inventory
@@ -110,14 +120,26 @@ def measure_throughput(session: Any) -> list[CheckResult]:
         client, server = session.transports.get(link.node), session.transports.get(link.peer)
         if client is None or server is None:
             continue
-        port = IPERF_PORT_BASE + index
+        mine = facts_by_node.get(link.node) or {}
+        speed = negotiated_speed(mine, link.interface)
+        here = rdma_device(inventory, mine, link.interface)
+        there = rdma_device(inventory, facts_by_node.get(link.peer) or {}, link.peer_interface)
         try:
+            if here and there:
+                port = RDMA_PORT_BASE + index
+                server.run(rdma_server_cmd(*there, port), timeout=20).check()
+                result = client.run(rdma_client_cmd(*here, port, link.peer_ip), timeout=60)
+                out.append(judge_throughput(inventory, link, result.exit_status, result.stdout,
+                                            result.stderr, speed, rdma=True))
+                continue
+            port = IPERF_PORT_BASE + index
             server.run(iperf_server_cmd(link, port), timeout=20).check()
             result = client.run(iperf_client_cmd(link, port), timeout=60)
             out.append(judge_throughput(inventory, link, result.exit_status, result.stdout,
-                                        result.stderr))
+                                        result.stderr, speed))
         except SparkctlError as exc:
-            out.append(judge_throughput(inventory, link, 1, str(exc)))
+            out.append(judge_throughput(inventory, link, 1, str(exc), "", speed,
+                                        rdma=bool(here and there)))
     return out
 
 

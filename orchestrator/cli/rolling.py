@@ -3,8 +3,9 @@
 Each replica in turn: out of the gateway (its relay stops taking connections, so LiteLLM
 retries new requests on another replica), its requests in flight drain, it is relaunched with
 the recipe as it is now (a changed config or image: `launch --replace` on its own nodes, under
-its own name and port, with launch's readiness wait and smoke test), then back into the
-gateway, then the next. With one replica it would mean downtime: refused unless
+its own name and port, bound where it was, with its own API key and --persist as recorded: a
+rolling command naming other ones is refused; launch's readiness wait and smoke test), then
+back into the gateway, then the next. With one replica it would mean downtime: refused unless
 --allow-downtime.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -48,6 +50,32 @@ def check_replicas(replicas: list[dict[str, Any]], recipe: str, allow_downtime: 
                          f"{recipe} --nodes NODE --name NAME`) or pass --allow-downtime")
 
 
+def kept_options(server: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]:
+    """The options replica SERVER is relaunched with: its own as recorded (where it binds,
+    whether it has an API key, --persist), never the rolling command's defaults. InputError
+    (exit 2, before any replica is touched) when the command names one that differs: a
+    rolling relaunch replaces the code and config, not how a replica is reached."""
+    from orchestrator.errors import InputError
+
+    host = str(server.get("host") or "127.0.0.1")
+    keyed, persistent = bool(server.get("api_key_file")), bool(server.get("persistent"))
+    given = opts.get("host") or "127.0.0.1"
+    differ = []
+    if given not in ("127.0.0.1", host):
+        differ.append(f"--host {given} (it binds {host})")
+    if opts.get("api_key_file") and not keyed:
+        differ.append("--api-key-file (it has no API key)")
+    if opts.get("persist") and not persistent:
+        differ.append("--persist (it is not persistent)")
+    if differ:
+        raise InputError(
+            f"--rolling keeps each replica's own host, API key and --persist, and replica "
+            f"{server.get('name')} differs: {'; '.join(differ)}; leave these options out, or "
+            f"relaunch it alone (`sparkctl launch RECIPE --name {server.get('name')} --replace "
+            "...`)")
+    return {"host": host, "keyed": keyed, "persist": persistent}
+
+
 def others_serve(session: Any, inventory: Any, recipe: str, name: str) -> bool:
     """Whether a replica of RECIPE other than NAME answers /health now (only a dead NAME may
     go without one: it serves nothing anyway)."""
@@ -61,8 +89,11 @@ def others_serve(session: Any, inventory: Any, recipe: str, name: str) -> bool:
 
 
 def rolling(recipe_name: str, inventory_path: str | None, allow_downtime: bool,
-            relaunch: Callable[[dict[str, Any]], int], note: Callable[[str], None] = _note) -> int:
-    """Relaunch every replica of RECIPE in turn; `relaunch(server)` is launch's body for it."""
+            relaunch: Callable[[dict[str, Any], Any], int], note: Callable[[str], None] = _note,
+            check: Callable[[dict[str, Any]], Any] = lambda server: None) -> int:
+    """Relaunch every replica of RECIPE in turn; `relaunch(server, transport)` is launch's body
+    for it (the transport reaches its node: its recorded key is read there); `check(server)`
+    refuses a replica before any is touched."""
     from orchestrator.core.runner import load_inventory_option
     from orchestrator.core.session import open_session
     from orchestrator.engines import load_recipe, servers
@@ -78,6 +109,8 @@ def rolling(recipe_name: str, inventory_path: str | None, allow_downtime: bool,
         # one then leaves only while another serves
         replicas = sorted(replicas_of(found, recipe.name), key=lambda s: s.get("health") == 200)
         check_replicas(replicas, recipe.name, allow_downtime)
+        for server in replicas:
+            check(server)
         probes = gateway.probe_all(session.transports, liveliness=False)
         note(f"rolling: {len(replicas)} replica(s) of {recipe.name}: "
              + ", ".join(f"{s['name']} on {s['node']}" for s in replicas))
@@ -97,7 +130,7 @@ def rolling(recipe_name: str, inventory_path: str | None, allow_downtime: bool,
                 note(f"rolling [{index}/{len(replicas)}] {name}: out of the gateway, draining")
                 gateway.drain(transport, name, DRAIN_TIMEOUT, note)
             note(f"rolling [{index}/{len(replicas)}] {name}: relaunching on {node}")
-            code = relaunch(server)
+            code = relaunch(server, transport)
             if code != 0:
                 raise SparkctlError(
                     f"rolling: relaunching {name} on {node} failed (exit {code}; see above); "
@@ -129,16 +162,26 @@ def rolling_launch(opts: dict[str, Any], _launch: Callable[..., int]) -> None:
                              "their names and ports: leave out --nodes, --name, --port and "
                              "--dry-run")
 
-        def relaunch(server: dict[str, Any]) -> int:
-            return _launch(
-                opts["recipe_name"], opts["inventory_path"], False, True, False, opts["timeout"],
-                True, opts["host"], opts["drop_caches"], opts["hf_token_file"],
-                opts["trust_new_hosts"], opts["break_lock"], opts["ignore_memory"],
-                opts["guard_min_available_gb"], tuple(server.get("nodes") or [server["node"]]),
-                str(server["name"]), int(server["port"]), not opts["drop_caches"],
-                opts["persist"], opts["distribute_image"], opts.get("api_key_file"))
+        def relaunch(server: dict[str, Any], transport: Any) -> int:
+            import tempfile
+
+            from orchestrator.engines.apikey import key_copy
+
+            kept = kept_options(server, opts)
+            with tempfile.TemporaryDirectory(prefix="sparkctl-rolling-") as folder:
+                key_file = opts.get("api_key_file")  # (a new key: the user's own file)
+                if kept["keyed"] and not key_file:  # its recorded key, read from its node
+                    key_file = key_copy(transport, server, Path(folder))
+                return _launch(
+                    opts["recipe_name"], opts["inventory_path"], False, True, False,
+                    opts["timeout"], True, kept["host"], opts["drop_caches"],
+                    opts["hf_token_file"], opts["trust_new_hosts"], opts["break_lock"],
+                    opts["ignore_memory"], opts["guard_min_available_gb"],
+                    tuple(server.get("nodes") or [server["node"]]), str(server["name"]),
+                    int(server["port"]), not opts["drop_caches"], kept["persist"],
+                    opts["distribute_image"], key_file)
 
         return rolling(opts["recipe_name"], opts["inventory_path"], opts["allow_downtime"],
-                       relaunch)
+                       relaunch, check=lambda server: kept_options(server, opts))
 
     run_command(body)

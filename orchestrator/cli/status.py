@@ -34,6 +34,10 @@ def _status(inventory_path: str | None, as_json: bool, one_line: bool = False,
         render_status(result)
         _render_servers(result["servers"])
         _render_gateway(result.get("gateway") or {})
+        if deep:  # (every hash matching is said too: silence would read as "not checked")
+            from orchestrator.status.models import verified_lines
+
+            click.echo("\n" + "\n".join(verified_lines(result.get("models_verified") or [])))
     return 0 if result["ok"] else 1
 
 
@@ -59,7 +63,8 @@ def _render_servers(found: list[dict[str, object]]) -> None:
     for s in found:
         listed = s.get("nodes")
         nodes = ",".join(map(str, listed)) if isinstance(listed, list) else s.get("node")
-        out.print(f"  {s['name']!s:20} {s['engine']!s:7} {nodes!s:16} 127.0.0.1:{s['port']!s:6} "
+        where = f"{s.get('host') or '127.0.0.1'}:{s['port']}"  # where it binds, as recorded
+        out.print(f"  {s['name']!s:20} {s['engine']!s:7} {nodes!s:16} {where:21} "
                   f"{s['state']!s:13} {s['model']}" + ("  (persistent)" if s.get("persistent") else ""),
                   markup=False)
         figures = metrics_text(s.get("metrics"))  # type: ignore[arg-type]

@@ -39,8 +39,11 @@ class RunOptions:
     """Set by launch's token check when the launch stopped for want of a token (exit 2)."""
 
     def note(self, line: str) -> None:
-        """One progress line through progress_note (nothing without one)."""
-        if self.progress_note is not None:
+        """One progress line through progress_note (nothing without one, nothing under -q:
+        "no progress lines", a pull's progress included)."""
+        from orchestrator.core.output import verbosity
+
+        if self.progress_note is not None and verbosity() >= 0:
             self.progress_note(line)
 
 

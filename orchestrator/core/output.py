@@ -131,3 +131,24 @@ def ask_yes_no(question: str) -> bool:
     sys.stderr.write(f"{question} [y/N]: ")
     sys.stderr.flush()
     return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def http_error_text(raw: bytes, limit: int = 300) -> str:
+    """What a server's error answer says, as text a user reads: the message of an OpenAI-style
+    `{"error": {"message": ...}}` (or `{"detail": ...}`, `{"message": ...}`), else the body
+    decoded (never a Python bytes repr), cut at LIMIT characters."""
+    import json
+
+    text = raw.decode("utf-8", errors="replace").strip()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        error = doc.get("error")
+        found = (error.get("message") if isinstance(error, dict) else error) or doc.get(
+            "detail") or doc.get("message")
+        if found:
+            text = found if isinstance(found, str) else json.dumps(found)
+    text = " ".join(text.split())
+    return (text[:limit] + "...") if len(text) > limit else (text or "(empty answer)")

@@ -11,9 +11,11 @@ def build_up_plan(inventory: Inventory, oom_guard: bool = False) -> Plan:
     (TensorRT-LLM's: ssh keys, trust files and hostfile, its container, MPI) (-> oom-guard:
     earlyoom behind the memory guard, with --oom-guard)."""
     from orchestrator.engines import get_engine
-    from orchestrator.phases import mtu_path, network, oomguard, preflight
+    from orchestrator.phases import adopted, mtu_path, network, oomguard, preflight
 
-    phases = [preflight.phase(inventory), network.phase(inventory)]
+    # an adopted network (fabric.network: adopted) is verified, never written
+    fabric = adopted if inventory.fabric.network == "adopted" else network
+    phases = [preflight.phase(inventory), fabric.phase(inventory)]
     if inventory.topology == "switch":  # switch ports must carry the fabric MTU end to end
         phases.append(mtu_path.phase(inventory))
     # each served engine's node set-up (by default every engine, so TensorRT-LLM's container

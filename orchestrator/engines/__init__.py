@@ -88,8 +88,43 @@ def recipe_files() -> dict[str, Path]:
     return found
 
 
+def recipe_origin(recipe: Any) -> dict[str, str]:
+    """What a server's record says of a recipe the user gave as a file ({"recipe_file": its
+    absolute path}; nothing for a built-in one): `advise --measure` restores the server from
+    that file and `status` names it in its relaunch hint, never the built-in of the same name."""
+    source = Path(str(getattr(recipe, "source", "") or ""))
+    if not source.is_file() or source.resolve() in {p.resolve() for p in recipe_files().values()}:
+        return {}
+    return {"recipe_file": str(source.resolve())}
+
+
 def builtin_names() -> list[str]:
     return sorted(recipe_files())
+
+
+def user_recipes_dir() -> Path:
+    """The user's own recipes (imported or hand-written): $XDG_CONFIG_HOME/sparkctl/recipes,
+    ~/.config/sparkctl/recipes by default (the XDG base directory specification)."""
+    import os
+
+    base = os.environ.get("XDG_CONFIG_HOME") or ""
+    root = Path(base) if Path(base).is_absolute() else Path.home() / ".config"
+    return root / "sparkctl" / "recipes"
+
+
+def user_recipe_files() -> dict[str, Path]:
+    """The user's recipes by name (the file's stem); a built-in name is the built-in's."""
+    folder = user_recipes_dir()
+    if not folder.is_dir():
+        return {}
+    builtin = recipe_files()
+    return {path.stem: path for pattern in ("*.yml", "*.yaml") for path in sorted(folder.glob(pattern))
+            if path.stem not in builtin and path.is_file()}
+
+
+def recipe_names() -> list[str]:
+    """Every recipe `launch NAME` finds: the built-in ones and the user's."""
+    return sorted({*recipe_files(), *user_recipe_files()})
 
 
 def load_recipe(name_or_path: str) -> Any:
@@ -100,16 +135,19 @@ def load_recipe(name_or_path: str) -> Any:
 
     path = Path(name_or_path).expanduser()
     if not (path.suffix in (".yml", ".yaml") or "/" in name_or_path):
-        builtin = recipe_files().get(name_or_path)
-        if builtin is None:
+        found = recipe_files().get(name_or_path) or user_recipe_files().get(name_or_path)
+        if found is None:
+            mine = sorted(user_recipe_files())
             raise InputError(
-                f"no recipe named {name_or_path!r}; built in: {', '.join(builtin_names())} "
-                "(or pass the path of a recipe file)"
+                f"no recipe named {name_or_path!r}; built in: {', '.join(builtin_names())}; "
+                + (f"yours ({user_recipes_dir()}): {', '.join(mine)} " if mine else
+                   f"none of yours in {user_recipes_dir()} ")
+                + "(or pass the path of a recipe file)"
             )
-        path = builtin
+        path = found
     data = load_yaml_mapping(path, "recipe")
     engine_name = data.get("engine", DEFAULT_ENGINE)
-    if engine_name not in REGISTRY:
+    if not isinstance(engine_name, str) or engine_name not in REGISTRY:  # ([] or {}: unhashable)
         raise InputError(f"{path}: invalid recipe:\n  engine: {engine_name!r} is not an engine "
                          f"sparkctl knows; use one of: {', '.join(sorted(REGISTRY))}")
     engine = get_engine(str(engine_name))

@@ -62,6 +62,24 @@ class KeyWay:
                    for p in self.open_paths)
 
 
+def key_problem(value: str) -> str | None:
+    """Why VALUE cannot be an API key, or None: the one rule for every key sparkctl reads
+    (launch's, the gateway's, a recorded server's from its node). Printable ASCII only: an
+    HTTP header carries nothing else, so a server given a non-ASCII key never matches what a
+    client sends, and readiness would wait out its whole --timeout. No `#` first: llama-server's
+    --api-key-file reads such a line as a comment and runs with no key at all."""
+    if not value:
+        return "it is empty: put one key on one line"
+    if "\n" in value or "\r" in value:
+        return "it must hold one key on one line"
+    if any(not "!" <= c <= "~" for c in value):
+        return "a key is printable ASCII without spaces (letters, digits, punctuation)"
+    if value.startswith("#"):
+        return ("a key must not start with '#' (llama-server's --api-key-file reads such a line "
+                "as a comment and would serve with no key)")
+    return None
+
+
 def relay_inner_port(port: int) -> int:
     """Where an engine behind sparkctl's key-checking relay listens on 127.0.0.1 (the relay
     holds the server's own port): 10000 above, or below near the top of the range."""
@@ -143,6 +161,11 @@ def read_node_key(transport: Transport, server: dict[str, Any]) -> Secret | None
             f"{transport.node}: server {server.get('name')} has an API key, but its file {path} "
             f"cannot be read ({result.stderr.strip()[:200] or 'empty'}); relaunch it with "
             "--api-key-file, or pass the key file to this command with --api-key-file")
+    problem = key_problem(value)
+    if problem:  # (a file written by hand on the node: no client could send it)
+        raise SparkctlError(
+            f"{transport.node}: server {server.get('name')}'s API key file {path}: {problem}; "
+            "relaunch it with a valid --api-key-file")
     secret = Secret(value)
     register_secret(secret)
     return secret

@@ -36,6 +36,22 @@ class Problem:
 
 
 @dataclass
+class ParsedOption:
+    flag: str  # the table's canonical spelling
+    spelled: str  # as written: an alias, an abbreviation, a --no- form
+    negated: bool  # the --no- form of a boolean
+    values: list[str]
+    words: list[str]  # the argv words it took, verbatim
+
+
+@dataclass
+class ParsedArgs:
+    options: list[ParsedOption] = field(default_factory=list)
+    positionals: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+
+@dataclass
 class OptionTable:
     engine: str
     version: str
@@ -103,51 +119,61 @@ class OptionTable:
 
     def check_flags(self, argv: list[str]) -> list[Problem]:
         """Problems with a serve command's options; positional words (the model) are skipped."""
-        problems: list[Problem] = []
+        return self.parse(argv).problems
+
+    def parse(self, argv: list[str]) -> ParsedArgs:
+        """The words of a command line as the engine's parser reads them: each option under its
+        canonical flag (aliases, `--no-` forms and abbreviations resolved) with the values it
+        takes, the positional words, and what the parser would refuse."""
+        parsed = ParsedArgs()
         spellings = sorted(self._spellings)
         i = 0
         while i < len(argv):
             token = argv[i]
             i += 1
             if not token.startswith("-") or token in ("-", "--"):
+                parsed.positionals.append(token)
                 continue
             flag, eq, inline = token.partition("=")
             canonical, negated = self._lookup(flag)
             if canonical is None:
                 matches = self.abbreviations(flag)
                 if matches:  # several options start so: argparse's "ambiguous option" (exit 2)
-                    problems.append(Problem(flag, f"ambiguous option: could match "
-                                                  f"{', '.join(sorted(matches))}", self.label))
+                    parsed.problems.append(Problem(flag, f"ambiguous option: could match "
+                                                         f"{', '.join(sorted(matches))}", self.label))
                 else:
-                    problems.append(self._problem(flag, "unknown option", spellings))
+                    parsed.problems.append(self._problem(flag, "unknown option", spellings))
                 continue
             spec = self.flags[canonical]
             kind = spec["kind"]
+            option = ParsedOption(canonical, flag, negated, [], [token])
+            parsed.options.append(option)
             if kind in ("store_true", "store_false") or negated or (kind == "bool_optional" and not eq):
                 if eq:
-                    problems.append(self._problem(flag, "takes no value"))
+                    parsed.problems.append(self._problem(flag, "takes no value"))
                 continue
             if eq:
-                values = [inline]
+                option.values.append(inline)
             elif i < len(argv) and not _looks_like_flag(argv[i]):
-                values = [argv[i]]
+                option.values.append(argv[i])
                 i += 1
                 # nargs="+"/"*" options (vLLM's list fields) swallow every following word.
                 while spec.get("nargs") in ("+", "*") or kind == "list":
                     if i >= len(argv) or _looks_like_flag(argv[i]):
                         break
-                    values.append(argv[i])
+                    option.values.append(argv[i])
                     i += 1
+                option.words.extend(option.values)
             elif spec.get("nargs") in ("?", "*"):
                 continue
             else:
-                problems.append(self._problem(flag, "needs a value"))
+                parsed.problems.append(self._problem(flag, "needs a value"))
                 continue
-            for value in values:
+            for value in option.values:
                 problem = self._check_value(flag, spec, value)
                 if problem:
-                    problems.append(problem)
-        return problems
+                    parsed.problems.append(problem)
+        return parsed
 
     def _check_value(self, flag: str, spec: dict[str, Any], value: str) -> Problem | None:
         choices = spec.get("choices")

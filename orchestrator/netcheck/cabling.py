@@ -13,9 +13,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import InputError
-from orchestrator.inventory import NAME_PATTERN, derive_addresses
+from orchestrator.inventory import NAME_PATTERN
+
+if TYPE_CHECKING:
+    from orchestrator.netcheck.layout import Layout
 
 PORTS: dict[str, tuple[str, str]] = {
     "port 1": ("enp1s0f1np1", "enP2p1s0f1np1"),
@@ -108,20 +112,21 @@ class InitSettings:
     user: str | None
     ssh_key: str | None
     known_hosts: str | None
-    mtu: int = 9000
 
 
-def inventory_text(settings: InitSettings, nodes: list[NodeLinks], choice: PortChoice) -> str:
+def inventory_text(settings: InitSettings, nodes: list[NodeLinks], layout: Layout) -> str:
     """The commented inventory `init` writes (every key documented in docs/inventory.md)."""
     from orchestrator.engines import REGISTRY
 
     names = node_names(nodes)
-    interfaces = list(choice.interfaces)
+    interfaces = list(layout.interfaces)
     lines = [
         "# Written by `sparkctl init`. Every key is documented in docs/inventory.md.",
-        f"# Fabric: {choice.reason}.",
-        "# Addresses: one /24 per twin interface (NVIDIA's switch page: one subnet on two",
-        "# interfaces breaks routing and NCCL), node i at .12+i as on NVIDIA's pages.",
+        f"# Fabric: {layout.reason}.",
+        *(["# Addresses: as the adopted netplan files give them (sparkctl never rewrites them)."]
+          if layout.adopted else
+          ["# Addresses: one /24 per twin interface (NVIDIA's switch page: one subnet on two",
+           "# interfaces breaks routing and NCCL), node i at .12+i as on NVIDIA's pages."]),
         "cluster:",
         f"  name: {settings.name}",
     ]
@@ -135,18 +140,22 @@ def inventory_text(settings: InitSettings, nodes: list[NodeLinks], choice: PortC
     managements = {node.management for node in nodes}
     if len(managements) == 1 and "" not in managements:
         lines.append(f"  management_interface: {managements.pop()}   # where SSH arrived")
+    said = f"the twins of {layout.port}" if layout.port else "both ports' twins"
     lines += [
         f"  head: {names[0]}                 # the node that serves (MPI rank 0)",
         "fabric:",
-        f"  interfaces: [{', '.join(interfaces)}]   # the twins of {choice.port}",
-        f"  mtu: {settings.mtu}",
-        f"  topology: {'b2b' if len(nodes) == 2 else 'switch'}",
+        f"  interfaces: [{', '.join(interfaces)}]   # {said}",
+        f"  mtu: {layout.mtu}",
+        f"  topology: {layout.topology}",
+    ]
+    if layout.adopted:
+        lines.append(f"  network: adopted   # {', '.join(layout.adopted)} (verified, never written)")
+    lines += [
         "engines:   # what the cluster serves: `up` sets each one up (drop those you do not use)",
         *(f"  {name}: {{}}" for name in sorted(REGISTRY)),
         "nodes:",
     ]
-    for index, (name, node) in enumerate(zip(names, nodes, strict=True)):
-        addresses = derive_addresses(index, interfaces)
+    for name, node, addresses in zip(names, nodes, layout.addresses, strict=True):
         lines += [
             f"  - name: {name}",
             f"    host: {json.dumps(node.host)}",

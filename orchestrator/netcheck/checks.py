@@ -17,6 +17,7 @@ from typing import Any
 from orchestrator.commands import join
 from orchestrator.inventory import Inventory, Node
 from orchestrator.netcheck.results import CheckResult, _link
+from orchestrator.netcheck.roce import check_roce, roce_request
 from orchestrator.paths import NETPLAN_FILE, SSH_CONFIG
 
 EXPECTED_SPEED_MBPS = 200000  # a ConnectX-7 QSFP port on a DGX Spark
@@ -95,6 +96,12 @@ def check_interface_up(inventory: Inventory, node: Node, facts: dict[str, Any]) 
 def _parse_speed(text: str) -> int | None:
     match = re.search(r"Speed:\s*(\d+)\s*Mb/s", text)
     return int(match.group(1)) if match else None
+
+
+def negotiated_speed(facts: dict[str, Any], interface: str) -> int | None:
+    """Mb/s ethtool says INTERFACE negotiated (None: not gathered or no Speed: line)."""
+    answer = (facts.get("commands") or {}).get(f"ethtool:{interface}") or {}
+    return _parse_speed(answer.get("out", ""))
 
 
 def check_speed(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
@@ -177,6 +184,8 @@ def check_netplan(inventory: Inventory, node: Node, facts: dict[str, Any]) -> li
     addresses or DHCP on it (up's preflight rule: a file that only names it is harmless)."""
     from orchestrator.phases.netplan_conflicts import conflicts
 
+    if inventory.fabric.network == "adopted":
+        return _check_adopted(inventory, node, facts)
     out = []
     files = facts.get("netplan") or {}
     clashing = conflicts(inventory, node, facts)
@@ -199,6 +208,33 @@ def check_netplan(inventory: Inventory, node: Node, facts: dict[str, Any]) -> li
             result.fix = "run `sparkctl up`"
         else:
             result.message = f"only {NETPLAN_FILE} configures {interface}."
+        out.append(result)
+    return out
+
+
+def _check_adopted(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+    """fabric.network: adopted: another file gives each interface its inventory address."""
+    from orchestrator.phases.adopted import addressing, adopted_problems
+    from orchestrator.remote.node_facts import NETPLAN_FILES
+
+    files = NETPLAN_FILES.read(facts)
+    out = []
+    for interface in inventory.fabric.interfaces:
+        node_only = node.model_copy(update={"addresses": {
+            interface: (node.addresses or {})[interface]}})
+        only = inventory.model_copy(update={"fabric": inventory.fabric.model_copy(
+            update={"interfaces": [interface]})})
+        problems = adopted_problems(only, node_only, facts)
+        found = addressing(files, interface)
+        result = CheckResult("netplan", node.name, "pass", "", interface=interface,
+                             value=",".join(found.files) if found else None)
+        if problems:
+            result.status = "fail"
+            result.message = "; ".join(problems)
+            result.fix = "run `sparkctl init` again, or fix the adopted file and `sudo netplan apply`"
+        else:
+            result.message = (f"adopted: {', '.join(found.files) if found else '?'} gives "
+                              f"{interface} {(node.addresses or {})[interface]} (sparkctl writes none)")
         out.append(result)
     return out
 
@@ -261,7 +297,7 @@ def check_disk(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[
 
 NODE_CHECKS: list[NodeCheck] = [
     check_interface_up, check_speed, check_addresses, check_mtu, check_netplan,
-    check_twin_subnets, check_routes, check_disk,
+    check_twin_subnets, check_routes, check_disk, check_roce,
 ]
 
 
@@ -288,7 +324,7 @@ def facts_request(inventory: Inventory, node: Node) -> dict[str, Any]:
         "files": {SSH_CONFIG: False},
         "commands": {f"ethtool:{i}": join(["ethtool", i]) for i in inventory.fabric.interfaces},
         "timeout": 10,
-    }, container.facts_request(inventory, node)])
+    }, container.facts_request(inventory, node), roce_request(inventory, node)])
 
 
 def summary(results: list[CheckResult]) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """Swap the model list in the gateway's LiteLLM config in place (runs as `python3 -c` on the
-gateway's node; stdin: {"path": config file, "model_list": [...], "extra": [host, port, image,
-node]}).
+gateway's node; stdin: {"path": config file, "model_list": [...], "extra": GatewaySpec.fingerprinted():
+host, port, image, node, log config}).
 
 The config holds the master key, which never leaves the node: sparkctl sends only the new
 model list, this keeps every other setting (the key too) and rewrites the file (0600,

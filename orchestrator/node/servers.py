@@ -19,6 +19,8 @@ labelled sparkctl.server, and the pid files of a process server: {server: {"cont
 node lost its process (an rpc-server, a rank) is seen dead, and status shows what each uses.
 A record with a "pid_file" (a process started in its own container by `docker exec`: vLLM's
 vllm serve in its Ray container) is alive only while that process is (node-side main_alive).
+A server with an API key that answers /health is also asked /v1/models without its key
+("keyless": the HTTP code; 401 or 403 when the key is really enforced).
 Prints {"servers": [record + {"alive", "health", "legacy"}], "members": {...}}. Standard
 library only.
 """
@@ -53,10 +55,20 @@ def running(container):
 
 def health(record):
     """/health where the server binds (every engine leaves /health open with an API key)."""
+    return answer(record, "/health")
+
+
+def keyless(record):
+    """A path every engine guards with a key, asked without it: 401/403 when it is enforced."""
+    return answer(record, "/v1/models")
+
+
+def answer(record, path):
+    """The HTTP code of PATH where the server binds, asked without any key (0: no answer)."""
     host = record.get("host") or "127.0.0.1"
     if host in ("0.0.0.0", "::", "localhost"):
         host = "127.0.0.1"
-    url = "http://%s:%d/health" % (host, int(record.get("port") or 0))
+    url = "http://%s:%d%s" % (host, int(record.get("port") or 0), path)
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
             return r.status
@@ -291,6 +303,10 @@ if a.get("probe"):
         record["health"] = health(record) if record["alive"] else None
         if record["legacy"] and not record["health"]:
             record["alive"] = False  # the `up` container runs on, the server does not answer
+        if record.get("api_key_file") and record["health"] == 200:
+            # a path every engine guards, asked without the key: only a refusal (401/403)
+            # proves the key is enforced (status says "with API key" for nothing less)
+            record["keyless"] = keyless(record)
         if record["alive"] and record["health"] != 200 and not record.get("ready_at"):
             record["ready_log"] = ready_log(record, record["directory"])
 for record in found:

@@ -95,6 +95,8 @@ def up(transports: dict[str, Transport], inventory: Inventory, spec: gs.GatewayS
     head = transports[spec.node]
     head.run(install_file_cmd(gs.CONFIG_FILE, 0o600), stdin=spec.config_text(), sudo=True,
              timeout=60, display=f"write {gs.CONFIG_FILE} (0600; holds the key)").check()
+    head.run(install_file_cmd(gs.LOG_CONFIG_FILE, 0o600), stdin=json.dumps(gs.LOG_CONFIG),
+             sudo=True, timeout=60, display=f"write {gs.LOG_CONFIG_FILE} (no access log)").check()
     head.run(f"chmod 700 {quote(gs.GATEWAY_CONFIG_DIR)}", sudo=True, timeout=30).check()
     head.run(gs.remove_container_cmd(), sudo=True, timeout=120,
              display=f"remove container {gs.CONTAINER}").check()

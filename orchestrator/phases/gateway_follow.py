@@ -93,7 +93,7 @@ def _swap_config(head: Transport, spec: gs.GatewaySpec) -> str:
     from orchestrator.node import script
 
     request = {"path": gs.CONFIG_FILE, "model_list": spec.config()["model_list"],
-               "extra": [spec.host, spec.port, spec.image, spec.node]}
+               "extra": spec.fingerprinted()}
     result = head.run("python3 -c " + quote(script("gateway_config.py")), stdin=json.dumps(request),
                       sudo=True, timeout=60, display=f"new model list in {gs.CONFIG_FILE}").check()
     return str(json.loads(result.stdout)["fingerprint"])

@@ -34,6 +34,18 @@ GATEWAY_RUN = f"{RUN_DIR}/gateway"
 """gateway.json (the gateway's record, no secret) and relay-<server>.{json,pid,log}."""
 GATEWAY_CONFIG_DIR = f"{CONFIG_DIR}/gateway"
 CONFIG_FILE = f"{GATEWAY_CONFIG_DIR}/config.yaml"
+LOG_CONFIG_FILE = f"{GATEWAY_CONFIG_DIR}/logging.json"
+LOG_CONFIG = {
+    "version": 1, "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain",
+                            "stream": "ext://sys.stderr"}},
+    "loggers": {"uvicorn": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+                "uvicorn.access": {"handlers": [], "level": "CRITICAL", "propagate": False}},
+}
+"""LiteLLM's `--log_config` (uvicorn's logging, at the pinned version): everything as before
+but the access log, whose request lines hold the query string, and a client may put its key
+there (`?api_key=...`): a key must never sit in clear in `docker logs`."""
 COOLDOWN_SECONDS = 5
 """How long LiteLLM keeps a replica out after a failed call: retried on another one meanwhile,
 then tried again (put back when it answers)."""
@@ -105,10 +117,16 @@ class GatewaySpec:
     def config_text(self) -> str:
         return json.dumps(self.config(), indent=1, sort_keys=True) + "\n"
 
+    def fingerprinted(self) -> list[Any]:
+        """What the fingerprint covers besides the config (the node's gateway_config.py gets
+        the same list as "extra"): the log config too, so a gateway running with an access
+        log is restarted into the one without."""
+        return [self.host, self.port, self.image, self.node, LOG_CONFIG]
+
     def fingerprint(self) -> str:
         """Changes when anything the running gateway was started with changes (the key too:
         only its hash is stored)."""
-        text = self.config_text() + json.dumps([self.host, self.port, self.image, self.node])
+        text = self.config_text() + json.dumps(self.fingerprinted())
         return hashlib.sha256(text.encode()).hexdigest()
 
     def record(self) -> dict[str, Any]:
@@ -138,7 +156,7 @@ def run_cmd(spec: GatewaySpec, cluster: str) -> str:
         "--label", "sparkctl.gateway=true", *env,
         "-v", f"{GATEWAY_CONFIG_DIR}:{GATEWAY_CONFIG_DIR}:ro", "--entrypoint", "litellm",
         spec.image, "--config", CONFIG_FILE, "--host", spec.host, "--port", spec.port,
-        "--num_workers", 1)
+        "--num_workers", 1, "--log_config", LOG_CONFIG_FILE)
 
 
 def remove_container_cmd() -> str:

@@ -199,6 +199,16 @@ def write_plan_cmd() -> str:
                   f"{quote(PLAN_FILE)}")
 
 
+def stop_guard_cmd(run: str) -> str:
+    """Stop the guard an earlier launch started for this run dir, if it still runs (its pid
+    file names a process whose command line is a guard's: a pid reused after a reboot is
+    left alone): a relaunch starts its own, and two guards would watch the one server, the
+    older with the older threshold."""
+    pid = quote(f"{run}/memguard.pid")
+    return (f"if [ -f {pid} ] && grep -qsa sparkctl-memguard /proc/\"$(cat {pid})\"/cmdline; "
+            f"then kill \"$(cat {pid})\" 2>/dev/null; rm -f {pid}; fi")
+
+
 def guard_cmd(container: str, node: str, guard: float, run: str = RUN_DIR) -> str:
     """`docker exec -d` of the guard in the node's container (it records its own pid in `run`,
     the server's directory, and guards the pid files there)."""
@@ -237,6 +247,9 @@ class StartGuard(Step):
         # an earlier guard's stop record is about the server this launch starts again
         ctx.run(f"rm -f {quote(self.spec.run_dir + '/memguard-stopped.json')}", sudo=True,
                 timeout=30).check()
+        # the previous launch's guard, in the container's PID namespace where it runs
+        ctx.run(docker_exec_cmd(container, ["sh", "-c", stop_guard_cmd(self.spec.run_dir)]),
+                timeout=60, display=f"stop the earlier memory guard in {container}").check()
         ctx.run(change.commands[0], timeout=60,
                 display=f"docker exec -d {container} python3 -c <sparkctl memguard>").check()
         return f"memory guard started (stops the server below {guard:g} GB available)"
@@ -244,15 +257,15 @@ class StartGuard(Step):
 
 def node_guard_cmd(record_dir: str, node: str, guard: float, containers: list[str]) -> str:
     """The memory guard on the node itself, watching the server's containers (SGLang, vLLM's
-    Ray): started detached (setsid) unless a guard of this server still runs; a stop record of
-    an earlier run is removed first (this launch starts the server again)."""
+    Ray): started detached (setsid) in place of a guard an earlier launch of this server left
+    running (its threshold may differ); a stop record of an earlier run is removed first (this
+    launch starts the server again)."""
     args = json.dumps({"run": record_dir, "node": node, "min_available_gb": guard,
                        "containers": containers}, sort_keys=True)
-    pid = quote(f"{record_dir}/memguard.pid")
     start = " ".join(quote(a) for a in ("python3", "-c", script("memguard.py"), "sparkctl-memguard", args))
     return (f"mkdir -p {quote(record_dir)} && rm -f {quote(record_dir + '/memguard-stopped.json')} "
-            f"&& if ! {{ [ -f {pid} ] && kill -0 \"$(cat {pid})\" 2>/dev/null; }}; then "
-            f"setsid {start} </dev/null >/dev/null 2>&1 & fi")
+            f"&& {{ {stop_guard_cmd(record_dir)}; }} && "
+            f"{{ setsid {start} </dev/null >/dev/null 2>&1 & }}")
 
 
 class NodeGuard(Step):

@@ -20,7 +20,7 @@ from orchestrator.paths import NETPLAN_FILE
 from orchestrator.remote.node_facts import NETPLAN_FILES, NetplanDefinition
 
 
-def _target(key: str, definition: NetplanDefinition, iface: str) -> bool:
+def targets_interface(key: str, definition: NetplanDefinition, iface: str) -> bool:
     """Whether a definition (by its id, match.name glob or set-name) configures IFACE."""
     if definition.set_name == iface:
         return True
@@ -60,7 +60,7 @@ def conflicts(inventory: Inventory, node: Node, facts: dict[str, Any]
         used: set[str] = set()
         for iface in inventory.fabric.interfaces:
             for key, definition in sorted(definitions.items()):
-                if not _target(key, definition, iface):
+                if not targets_interface(key, definition, iface):
                     continue
                 extra = tuple(a for a in definition.addresses if a != wanted.get(iface))
                 dhcp = tuple(flag for flag, on in (("dhcp4", definition.dhcp4),

@@ -19,6 +19,7 @@ from orchestrator.commands import quote
 from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.phases.adopted import adopted_problems
 from orchestrator.phases.nccl_env import ring_nccl_fact, ring_nccl_warning
 from orchestrator.phases.netplan_conflicts import conflict_problems
 from orchestrator.phases.registry import RegistryCheck, probe_fact
@@ -231,7 +232,10 @@ def preflight_problems(inventory: Inventory, node: Node, facts: dict[str, Any],
     ):
         problems += found
         notes += said
-    problems += conflict_problems(inventory, node, facts)
+    if inventory.fabric.network == "adopted":  # other files ARE the network: they must hold it
+        problems += adopted_problems(inventory, node, facts)
+    else:
+        problems += conflict_problems(inventory, node, facts)
     ring = ring_nccl_warning(inventory, facts)
     if ring:
         notes.append(ring)

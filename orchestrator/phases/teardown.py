@@ -24,7 +24,7 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Plan, St
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import CONFIG_DIR, LEDGER, NETPLAN_FILE, RUN_DIR, SERVER_JSON, STATE_DIR
-from orchestrator.phases import oomguard
+from orchestrator.phases import adopted, oomguard
 from orchestrator.phases.boot_units import UNIT_DIR, UNIT_PREFIX
 from orchestrator.phases.files import ledger_answer, ledger_cmd, ledger_entries, ownership, undo_files_cmd
 from orchestrator.phases.persist_down import kept_text, logs_left_cmd
@@ -200,6 +200,8 @@ class RemoveNetwork(Step):
             notes.append(f"left alone: {NETPLAN_FILE} was changed since sparkctl wrote it")
         elif owner == "absent":
             notes.append("no sparkctl netplan file")
+        if ctx.inventory.fabric.network == "adopted":
+            notes.append(adopted.adopted_note(ctx))
         for note in notes:  # what was not done belongs in the report's notes (stdout, piped)
             if note.startswith("left alone"):
                 ctx.shared.notes.append(f"{ctx.node.name}: {note}")

@@ -208,6 +208,7 @@ class NetplanDefinition:
     addresses: tuple[str, ...] = ()
     dhcp4: bool = False
     dhcp6: bool = False
+    mtu: int | None = None
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,13 @@ class NetplanFile:
     interfaces: tuple[str, ...] = ()
     definitions: dict[str, NetplanDefinition] = field(default_factory=dict)
     error: str | None = None
+
+
+def _mtu(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -235,7 +243,7 @@ class NetplanFiles:
             definitions = {str(key): NetplanDefinition(
                 str(d.get("section")), d.get("match"), tuple(d.get("matches_other") or ()),
                 d.get("set_name"), tuple(d.get("addresses") or ()), bool(d.get("dhcp4")),
-                bool(d.get("dhcp6")))
+                bool(d.get("dhcp6")), _mtu(d.get("mtu")))
                 for key, d in (raw.get("definitions") or {}).items() if isinstance(d, dict)}
             out[str(path)] = NetplanFile(str(path), tuple(raw.get("interfaces") or ()),
                                          definitions, raw.get("error"))

@@ -1,9 +1,8 @@
 """`sparkctl status`: what runs on each node and whether it is healthy, read from the nodes.
 
-Everything comes from the nodes themselves in one facts round trip per node (links, our netplan
-file, container labels, image digests, the server record and a health probe the head runs against
-its own 127.0.0.1), never from a cache on the controller, so status answers the same from any
-machine holding the inventory.
+Everything comes from the nodes in one facts round trip per node (links, our netplan file, container
+labels, image digests, the server record and a health probe the head runs against its own
+127.0.0.1), never from a controller's cache: status answers the same from any machine.
 
 Exit code: 0 when every node answered and nothing is unhealthy (a cluster that is simply not set
 up, or torn down, is healthy); 1 when a node is unreachable or anything is unhealthy (stale or
@@ -225,7 +224,8 @@ def assess_node(inventory: Inventory, node: Node, facts: dict[str, Any]) -> dict
 
 def assess_network(inventory: Inventory, node: Node, facts: dict[str, Any],
                    problems: list[str]) -> dict[str, Any]:
-    configured = bool(((facts.get("files") or {}).get(NETPLAN_FILE) or {}).get("exists"))
+    ours = ((facts.get("files") or {}).get(NETPLAN_FILE) or {}).get("exists")
+    configured = bool(ours) or inventory.fabric.network == "adopted"  # (files not ours hold it)
     links = facts.get("links") or {}
     devices = (facts.get("ibdev2netdev") or {}).get("devices") or {}
     interfaces: dict[str, Any] = {}

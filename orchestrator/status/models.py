@@ -24,7 +24,8 @@ def verify_served_models(inventory: Inventory, result: dict[str, Any]) -> None:
     with open_session(inventory, "status", quiet=True) as session:
         for server in result.get("servers") or []:
             try:
-                recipe = load_recipe(str(server.get("recipe") or server.get("name")))
+                recipe = load_recipe(str(server.get("recipe_file") or server.get("recipe")
+                                         or server.get("name")))
             except SparkctlError as exc:
                 checked.append({"server": server.get("name"), "error": str(exc)})
                 continue
@@ -64,3 +65,25 @@ def verify_served_models(inventory: Inventory, result: dict[str, Any]) -> None:
                     result["ok"] = False
             checked.append(entry)
     result["models_verified"] = checked
+
+
+def verified_lines(checked: list[dict[str, Any]]) -> list[str]:
+    """What `status --deep` says of each server's files, a match included (silence read as
+    "not checked"): `models of NAME: N files identical on spark-a, spark-b`."""
+    lines = []
+    for entry in checked:
+        if entry.get("error"):
+            lines.append(f"models of {entry.get('server')}: not checked: {entry['error']}")
+            continue
+        nodes = entry.get("nodes") or {}
+        same = [n for n, v in nodes.items() if "error" not in v and not v.get("differ")
+                and not v.get("misnamed")]
+        files = max((int(v.get("files") or 0) for v in nodes.values() if "files" in v), default=0)
+        text = f"models of {entry.get('server')}: "
+        text += (f"{files} file(s) re-hashed, identical on {', '.join(same)}" if same
+                 else "no node could be compared")
+        differ = [n for n in nodes if n not in same]
+        if differ:
+            text += f"; differ or not checked on {', '.join(differ)} (see the problems above)"
+        lines.append(text)
+    return lines or ["models: no running server to check"]

@@ -106,8 +106,20 @@ def servers_line(title: str, listed: list[dict[str, Any]]) -> str:
     return f"{title}: {len(listed)}: " + ", ".join(
         f"{escape(str(s.get('name')))} ({s.get('engine')} on "
         f"{','.join(map(str, s.get('nodes') or [s.get('node')]))}, {_styled(str(s.get('state')))}"
-        + (f", {s.get('host')} with API key" if s.get("api_key_file") else "") + ")"
+        + _key_words(s) + ")"
         for s in listed)
+
+
+def _key_words(server: dict[str, Any]) -> str:
+    """", HOST with API key" only when the server refused a guarded path without it."""
+    from orchestrator.status.server import key_state
+
+    state = key_state(server)
+    if state is None:
+        return ""
+    return {"enforced": f", {server.get('host')} with API key",
+            "not enforced": f", {server.get('host')}, [bold red]API key NOT enforced[/]"}.get(
+        str(state), f", {server.get('host')}, API key set (not verified: no answer)")
 
 
 def _container_cell(container: dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator.engines import DEFAULT_ENGINE, REGISTRY, get_engine
+from orchestrator.engines.apikey import probe_host
 from orchestrator.engines.liveness import READY_KEY, judge, was_ready
 from orchestrator.inventory import Inventory
 from orchestrator.paths import SERVER_JSON
@@ -43,7 +44,8 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
         "engine": engine, "recipe": server.get("recipe"), "model": server.get("model"),
         "name": server.get("name") or server.get("recipe"),
         "draft_model": server.get("draft_model"), "port": port,
-        "endpoint": f"http://127.0.0.1:{port}", "node": inventory.head_name,
+        "endpoint": f"http://{probe_host(str(server.get('host') or ''))}:{port}",
+        "node": inventory.head_name,
         "started": server.get("started"), "uptime_seconds": age(server.get("started"), facts.get("time")),
         "health": probe, "log_tail": log_tail, "problem": "",
     }
@@ -67,8 +69,8 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
                                     bool(main.get("alive")) if isinstance(main, dict) else None)
     if restarted and not (health == 200 and probe.get(second) == 200):  # (answering: it came back)
         out["state"] = "down"
-        out["problem"] = (f"{restarted}; the server did not come back with it: run `sparkctl launch "
-                          f"{server.get('recipe') or '<recipe>'}` again")
+        out["problem"] = (f"{restarted}; the server did not come back with it: run "
+                          f"{relaunch_hint(server)} again")
         return out
     verdict = judge(health if health is not None else probe.get("error"), ready, dead or [],
                     (second, probe.get(second)) if health == 200 else None, port,
@@ -138,9 +140,11 @@ def container_restarted(server: dict[str, Any], answer: dict[str, Any],
 
 SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
                "container", "started", "memory_gb", "legacy", "processes", "dead_nodes",
-               "memguard", "ended", "host", "api_key_file")
+               "memguard", "ended", "host", "api_key_file", "keyless", "persistent",
+               "recipe_file")
 """(`host` and `api_key_file`: where the server binds and its API key's node file, if it has
-one; the metrics fetch uses both, and a reader sees the server is protected, never the key.)"""
+one; the metrics fetch uses both, and a reader sees the server is protected, never the key;
+`keyless`: what a guarded path answered without the key, 401/403 when it is enforced.)"""
 
 
 # the recorded server's verdict (assess_server) in the servers list's words
@@ -181,16 +185,55 @@ def server_state(server: dict[str, Any]) -> str:
 BAD_STATES = ("dead", "stalled", "not answering", "guard-stopped")
 
 
+def relaunch_hint(entry: dict[str, Any]) -> str:
+    """`sparkctl launch ...` that starts the listed server again as it was recorded: its
+    name, nodes and port, where it bound (a key file for a bind beyond loopback: the user's
+    own, which no record holds) and --persist."""
+    from orchestrator.commands import quote
+
+    nodes = [str(n) for n in entry.get("nodes") or [entry.get("node")] if n]
+    recipe = entry.get("recipe_file") or entry.get("recipe") or "<recipe>"
+    words = [f"sparkctl launch {quote(str(recipe))}"]
+    if entry.get("name") and entry.get("name") != entry.get("recipe"):
+        words.append(f"--name {entry['name']}")
+    if nodes:
+        words.append(f"--nodes {','.join(nodes)}")
+    if entry.get("port"):
+        words.append(f"--port {entry['port']}")
+    host = str(entry.get("host") or "127.0.0.1")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        words.append(f"--host {host}")
+    if entry.get("api_key_file"):
+        words.append("--api-key-file FILE")
+    if entry.get("persistent"):
+        words.append("--persist")
+    return "`" + " ".join(words) + "`"
+
+
+def key_state(entry: dict[str, Any]) -> str | None:
+    """None (no key), "enforced" (a guarded path refused without it), "not enforced" (it
+    answered 200 without it) or "unverified" (not asked: the server did not answer)."""
+    if not entry.get("api_key_file"):
+        return None
+    keyless = entry.get("keyless")
+    if keyless in (401, 403):
+        return "enforced"
+    return "not enforced" if keyless == 200 else "unverified"
+
+
 def server_problem(entry: dict[str, Any]) -> str | None:
     """What status says (and exits 1 for) about one listed server that does not serve."""
     state = entry.get("state")
-    if entry.get("legacy") or state not in BAD_STATES:
+    if entry.get("legacy") or (state not in BAD_STATES and key_state(entry) != "not enforced"):
         return None  # (the recorded single server is assessed in full by assess_server)
     nodes = entry.get("nodes") or [entry.get("node")]
     what = (f"server {entry.get('name')} ({entry.get('engine')}, {entry.get('model')} on "
             f"{', '.join(map(str, nodes))})")
-    relaunch = (f"`sparkctl launch {entry.get('recipe') or '<recipe>'} --name {entry.get('name')} "
-                f"--nodes {','.join(map(str, nodes))}` starts it again")
+    if key_state(entry) == "not enforced":
+        return (f"{what} has an API key but answers /v1/models without it (HTTP "
+                f"{entry.get('keyless')}): anyone reaching {entry.get('host')}:{entry.get('port')} "
+                f"is served; relaunch it with a valid key: {relaunch_hint(entry)} --replace")
+    relaunch = f"{relaunch_hint(entry)} starts it again"
     if state == "guard-stopped":
         guard = entry.get("memguard") or {}
         return (f"{what} was stopped by the memory guard at {guard.get('available_gb', '?')} GB "

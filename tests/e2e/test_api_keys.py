@@ -121,6 +121,10 @@ def test_status_probes_pass_with_the_key(served: Served) -> None:
     assert states == {"keyed-llama": "healthy", "keyed-sglang": "healthy"}, states
     for server in doc["servers"]:
         assert server.get("api_key_file", "").endswith(f"/servers/{server['name']}/api_key")
+        # issue 41: "with API key" only when the server really refuses without it
+        assert server.get("keyless") in (401, 403), server
+    text = sparkctl("status", *inv(lab)).stdout
+    assert text.count(" with API key") == 2 and "NOT enforced" not in text, text
     # a relaunch with the same key changes nothing (the key's file and digest are the same)
     again = sparkctl("launch", "lab-tiny-llama", *inv(lab), "--nodes", lab.nodes[0], "--name",
                      "keyed-llama", "--host", served[2]["keyed-llama"], "--api-key-file",

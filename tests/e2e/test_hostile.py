@@ -172,3 +172,25 @@ def test_a_persistent_server_comes_back_after_one_of_its_nodes_reboots(
     assert answer.returncode == 0, answer.stdout + answer.stderr
     # the rebooted node's log says what it achieved, nothing more
     assert "up: " in logs[node], logs[node]
+
+
+def test_the_lab_behaves_like_machines_not_like_children_of_the_callers_shell(
+        lab_session: list[Lab]) -> None:
+    """Issue 41: a node inherited the caller's whole environment (an HF_TOKEN exported when the
+    lab started was in every node's /proc/1/environ); `lab exec` died with a traceback after
+    60 s, printing the argv; every `lab up` made new host keys, so a key pinned by `init
+    --trust-new-hosts` failed the next lab's every run with "HOST KEY CHANGED"."""
+    lab = healthy_lab(lab_session)
+    environ = dict(entry.split("=", 1) for entry in
+                   lab.exec("spark-a", ["cat", "/proc/1/environ"]).stdout.split("\0") if entry)
+    # (LIBMOUNT_UTAB: the lab's own init sets it; PWD: the shell that is PID 1, started in /)
+    assert set(environ) <= {"PATH", "LANG", "HOME", "LIBMOUNT_UTAB", "PWD"}, environ
+    assert environ.get("PWD", "/") == "/", environ
+    overran = lab.cli("exec", "--timeout", "2", "spark-a", "--", "sh", "-c",
+                      "sleep 30 # secret-argument")
+    assert overran.returncode == 1 and "did not finish within 2 s" in overran.stderr
+    assert "Traceback" not in overran.stderr and "secret-argument" not in overran.stderr
+    before = lab.known_hosts.read_text()
+    lab.cli("up", "--force", check=True)  # (down, then up again: the same lab id)
+    lab_session[0] = Lab.load(lab.lab_id)
+    assert lab_session[0].known_hosts.read_text() == before

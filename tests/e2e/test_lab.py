@@ -322,6 +322,36 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.lab
+def test_rdma_tools_follow_the_links_and_the_roce_mtu_fault(restore_after: Lab) -> None:
+    """ibv_devinfo's active MTU follows the link's (1500 -> 1024, 9000 -> 4096) unless the
+    roce-mtu fault pins it; show_gids: the default GID from the MAC at 0/1, each IPv4 address
+    as ::ffff:a.b.c.d at 2/3 (RoCE v1, v2), as mlx5 fills them."""
+    lab = restore_after
+    lab.exec("spark-a", "ip addr add 192.168.200.12/24 dev enp1s0f1np1")
+    try:
+        info = lab.ssh("spark-a", "ibv_devinfo -d rocep1s0f1").stdout
+        assert "hca_id:\trocep1s0f1" in info and "active_mtu:\t\t1024 (3)" in info
+        assert "PORT_ACTIVE (4)" in info and "link_layer:\t\tEthernet" in info
+        gids = lab.ssh("spark-a", "show_gids rocep1s0f1").stdout.splitlines()
+        assert gids[-1] == "n_gids_found=4"
+        index3 = gids[-2].split()
+        assert index3[:3] == ["rocep1s0f1", "1", "3"] and index3[-3:] == ["192.168.200.12", "v2",
+                                                                         "enp1s0f1np1"]
+        assert index3[3] == "0000:0000:0000:0000:0000:ffff:c0a8:c80c"
+        lab.exec("spark-a", "ip link set dev enp1s0f1np1 mtu 9000")
+        assert "active_mtu:\t\t4096 (5)" in lab.ssh("spark-a", "ibv_devinfo -d rocep1s0f1").stdout
+        lab.cli("fault", "roce-mtu", "--node", "spark-a", check=True)
+        assert "active_mtu:\t\t1024 (3)" in lab.ssh("spark-a", "ibv_devinfo -d rocep1s0f1").stdout
+        lab.cli("fault", "restore", check=True)
+        assert "active_mtu:\t\t4096 (5)" in lab.ssh("spark-a", "ibv_devinfo -d rocep1s0f1").stdout
+        missing = lab.ssh("spark-a", "ibv_devinfo -d mlx5_9", check=False)
+        assert missing.returncode != 0 and "mlx5_9" in missing.stderr
+    finally:
+        lab.exec("spark-a", "ip addr flush dev enp1s0f1np1 scope global; "
+                 "ip link set dev enp1s0f1np1 mtu 1500", check=False)
+
+
+@pytest.mark.lab
 def test_down_leaves_nothing_behind() -> None:
     require_lab_host()
     lab_cli("down", lab_id=ALT_ID)

@@ -74,8 +74,9 @@ def test_two_nodes_serve_with_the_real_llama_server_and_rpc_server(served: Serve
     assert launch.returncode == 0, launch.stdout + launch.stderr
     assert json.loads(launch.stdout)["engine"] == "llamacpp"
     here, there = llama_processes(lab, head), llama_processes(lab, other)
-    assert set(here) == {"llama-server"} and set(there) == {"rpc-server"}, (here, there)
-    for node, pid in ((head, here["llama-server"]), (other, there["rpc-server"])):
+    # the build's own names (b9824 and later: ggml-rpc-server), started by sparkctl's launcher
+    assert set(here) == {"llama-server"} and set(there) == {"ggml-rpc-server"}, (here, there)
+    for node, pid in ((head, here["llama-server"]), (other, there["ggml-rpc-server"])):
         magic = lab.exec(node, f"head -c 4 /proc/{pid}/exe | od -An -c").stdout.split()
         assert magic == ["177", "E", "L", "F"], magic  # an ELF binary, not a script
     container = f"sparkctl-llamacpp-{SERVER}"
@@ -95,14 +96,14 @@ def test_two_nodes_serve_with_the_real_llama_server_and_rpc_server(served: Serve
     (entry,) = [s for s in status["servers"] if s["name"] == SERVER]
     assert entry["state"] == "healthy" and entry["engine"] == "llamacpp"
     used = {p["node"]: p for p in entry["processes"]}
-    assert used[head]["process"] == "llama-server" and used[other]["process"] == "rpc-server"
+    assert used[head]["process"] == "llama-server" and used[other]["process"] == "ggml-rpc-server"
     assert used[head]["rss_mb"] > 50 and used[other]["rss_mb"] > 50, used  # the weights are in
 
 
 def test_an_rpc_server_killed_while_serving_is_dead_and_a_relaunch_recovers(served: Served) -> None:
     lab, _ = served
     _, other = lab.nodes
-    lab.exec(other, f"kill -9 {llama_processes(lab, other)['rpc-server']}")
+    lab.exec(other, f"kill -9 {llama_processes(lab, other)['ggml-rpc-server']}")
     status = sparkctl("status", *inv(lab), "--json")
     (entry,) = [s for s in json.loads(status.stdout)["servers"] if s["name"] == SERVER]
     assert entry["state"] == "dead" and entry["dead_nodes"] == [other], entry

@@ -82,7 +82,12 @@ def test_healthy_lab_passes_every_check(upped: tuple[Lab, Path]) -> None:
     assert code == 0 and report["ok"] is True
     checks = {c["check"] for c in report["checks"]}
     assert {"interface", "address", "mtu", "route", "ping", "mtu-ping", "ssh-node", "ssh-container",
-            "mpirun", "container-env", "image", "latency", "throughput"} <= checks
+            "mpirun", "container-env", "image", "latency", "throughput", "roce-mtu",
+            "roce-gid"} <= checks
+    # each RDMA device's active MTU and the RoCEv2 GID index of its fabric address, per node
+    roce = [c for c in report["checks"] if c["check"] in ("roce-mtu", "roce-gid")]
+    assert len(roce) == 8 and all(c["value"] == (4096 if c["check"] == "roce-mtu" else 3)
+                                  for c in roce), roce
     assert all(set(c) >= {"check", "node", "peer", "interface", "status", "value", "unit",
                           "threshold", "message"} for c in report["checks"])
 
@@ -136,6 +141,18 @@ def test_mtu_changed_on_one_side(upped: tuple[Lab, Path], faults: Any) -> None:
     fail = find(report, "mtu", node="spark-b", interface="enP2p1s0f1np1")
     assert fail["value"] == 1500 and fail["threshold"] == 9000
     find(report, "mtu-ping", node="spark-a", peer="spark-b", interface="enP2p1s0f1np1")
+
+
+def test_rdma_device_at_mtu_1024(upped: tuple[Lab, Path], faults: Any) -> None:
+    """ibv_devinfo says active_mtu 1024 on one device (its link is at 9000 and pings fine):
+    netcheck fails naming the device; nothing else fails."""
+    _, inventory = upped
+    faults("roce-mtu", "--node", "spark-b", "--interface", "enP2p1s0f1np1")
+    code, report = netcheck(inventory)
+    assert code == 1
+    fail = find(report, "roce-mtu", node="spark-b", interface="enP2p1s0f1np1")
+    assert "roceP2p1s0f1" in fail["message"] and (fail["value"], fail["threshold"]) == (1024, 4096)
+    assert [c["check"] for c in problems(report)] == ["roce-mtu"], problems(report)
 
 
 def test_delay_and_loss_caught_by_deep(upped: tuple[Lab, Path], faults: Any) -> None:

@@ -56,6 +56,8 @@ def test_two_servers_run_on_their_nodes_and_answer(served: tuple[Lab, dict]) -> 
     # the big one: NEXTN flags as SGLang spells them, bound to 127.0.0.1 of its node
     args = lab.exec(other, "docker inspect -f '{{json .Args}}' sparkctl-sglang-qwen3.6-27b").stdout
     assert "--speculative-algorithm" in args and "NEXTN" in args and "--tp-size" in args
+    # with eagle_topk 4 SGLang 0.5.12 needs it (else a TypeError at start-up, issue 35)
+    assert '"--speculative-num-draft-tokens","20"' in args.replace(" ", ""), args
     assert "127.0.0.1" in args and "0.0.0.0" not in args
     log = lab.exec(other, "docker logs sparkctl-sglang-qwen3.6-27b 2>&1").stdout
     assert "The server is fired up and ready to roll!" in log
@@ -81,7 +83,7 @@ def test_a_taken_port_and_memory_that_does_not_fit_are_refused(served: tuple[Lab
     memory = sparkctl("launch", "qwen3-8b", *inv(lab), "--nodes", other, "--name", "extra",
                       "--port", "30010", "--yes")
     assert memory.returncode != 0
-    assert "109.0 GB (qwen3.6-27b)" in memory.stderr and "42.4 GB (extra)" in memory.stderr
+    assert "114.0 GB (qwen3.6-27b)" in memory.stderr and "42.4 GB (extra)" in memory.stderr
     assert "> 128 GB" in memory.stderr, memory.stderr
     assert "extra" not in lab.exec(other, "docker ps -a --format '{{.Names}}'").stdout
 

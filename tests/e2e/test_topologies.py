@@ -1,5 +1,7 @@
 """Nothing hard-coded to two: `up` and `netcheck` on a 3-node ring and a 4-node switch lab; on the
-ring, every engine's containers carry NVIDIA's ring settings and mpirun forwards them."""
+ring, every engine's containers carry NVIDIA's ring settings and mpirun forwards them; on the
+switch, the built-in four-Spark recipes of vLLM and SGLang launch, and an imported four-node
+eugr recipe passes `launch --dry-run`."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ pytestmark = pytest.mark.lab
 LAB_ID = os.environ.get("SPARKLAB_TOPOLOGY_ID", "2")
 BIN = Path(sys.executable).parent
 STATE = Path(f"/var/lib/sparklab/{LAB_ID}")
-ENV = {**os.environ, "SPARKLAB_ID": LAB_ID, "SPARKCTL_STATE_DIR": str(STATE / "ctl")}
+ENV = {**os.environ, "SPARKLAB_ID": LAB_ID, "SPARKCTL_STATE_DIR": str(STATE / "ctl"),
+       "XDG_CONFIG_HOME": str(STATE / "xdg-config")}  # imported recipes: the lab's own folder
+FOREIGN = Path(__file__).parents[1] / "unit" / "foreign_recipes"
 
 
 def sparkctl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -72,6 +76,38 @@ def ring_engines(inventory: str) -> None:
     sparkctl("down", "--inventory", inventory, "--yes")
 
 
+def switch_engines(inventory: str) -> None:
+    """A recipe built in for four Sparks launches on four nodes, for vLLM and for SGLang (one
+    server at a time: each takes every node); an imported eugr recipe for four plans there."""
+    env = {**ENV, "HF_TOKEN": "hf_topologyLabToken000000000000"}
+
+    def launch(*args: str) -> str:
+        result = subprocess.run([str(BIN / "sparkctl"), "launch", *args, "--inventory", inventory,
+                                 "--yes", "--timeout", "240"], env=env,
+                                capture_output=True, text=True, timeout=400, check=False)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+        return result.stdout
+
+    nodes = [f"spark-{n}" for n in "abcd"]
+    launch("nemotron-3-ultra-tp4")  # vLLM, tensor parallel 4 (its own multi-node: no Ray)
+    for node in nodes:
+        assert container_env(node, "sparkctl-vllm-nemotron-3-ultra-tp4") >= {
+            "VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm"}, node
+    assert sparkctl("down", "--inventory", inventory, "--server", "nemotron-3-ultra-tp4",
+                    "--yes").returncode == 0
+    launch("qwen3.5-397b-fp8-tp4")  # SGLang, tensor parallel 4, a rank on every node
+    status = json.loads(sparkctl("status", "--inventory", inventory, "--json").stdout)
+    server = next(s for s in status["servers"] if s["name"] == "qwen3.5-397b-fp8-tp4")
+    assert (sorted(server["nodes"]), server["state"]) == (nodes, "healthy"), server
+    assert sparkctl("down", "--inventory", inventory, "--server", "qwen3.5-397b-fp8-tp4",
+                    "--yes").returncode == 0
+    imported = sparkctl("recipes", "import", str(FOREIGN / "eugr-four-node.yaml"), "--force")
+    assert imported.returncode == 0, imported.stderr
+    plan = launch("eugr-four-node", "--dry-run", "--json")  # by name, from the user folder
+    assert "--tensor-parallel-size 4" in plan, plan[-2000:]
+    sparkctl("down", "--inventory", inventory, "--yes")
+
+
 @pytest.mark.parametrize(("topology", "nodes"), [("ring", 3), ("switch", 4)])
 def test_up_and_netcheck_beyond_two_nodes(topology: str, nodes: int) -> None:
     if os.geteuid() != 0:
@@ -99,6 +135,7 @@ def test_up_and_netcheck_beyond_two_nodes(topology: str, nodes: int) -> None:
         pinged = {(c["node"], c["peer"]) for c in checks if c["check"] == "ping"}
         if topology == "switch":  # every node reaches every other node
             assert len(pinged) == nodes * (nodes - 1)
+            switch_engines(inventory)
         else:  # each node reaches its two ring neighbours
             assert len(pinged) == nodes * 2
             ring_engines(inventory)

@@ -298,3 +298,10 @@ def docker_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[...
         return modules
 
     return load
+
+
+@pytest.fixture(autouse=True)
+def _no_user_recipes(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user recipe folder ($XDG_CONFIG_HOME/sparkctl/recipes) of whoever runs the tests
+    must not leak into them: every test starts with an empty configuration folder."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))

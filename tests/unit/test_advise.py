@@ -30,6 +30,8 @@ EXPECTED = {
     ("vllm", "nvidia/MiniMax-M2.7-NVFP4", "tp2", 1): 24.3,
     ("sglang", "Qwen/Qwen3.6-27B-FP8", "single", 1): 22.6,
     ("sglang", "Qwen/Qwen3.6-27B-FP8", "single", 8): 95.0,
+    ("llamacpp", "ggml-org/gpt-oss-120b-GGUF", "single", 1): 59.02,
+    ("llamacpp", "ggml-org/gpt-oss-120b-GGUF", "single", 4): 95.08,
 }
 
 
@@ -131,14 +133,39 @@ def test_replicas_share_the_concurrency_and_add_up() -> None:
     assert two.tg_aggregate == pytest.approx(2 * one.tg_aggregate)
 
 
-def test_an_unknown_model_is_assumed_and_said_to_be(tmp_path: Path) -> None:
+def test_a_model_that_cannot_be_read_is_refused_not_assumed(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = tmp_path / "mine.yml"
     path.write_text("name: mine\nengine: sglang\nmodel: someone/Unknown-14B\nmemory:\n"
                     "  weights_gb: 28\n  kv_cache_fraction: 0.5\n")
     result = CliRunner().invoke(cli, ["advise", str(path), "--explain"])
+    assert result.exit_code == 2, result.output
+    assert "cannot read the architecture of someone/Unknown-14B" in result.output
+    assert "HF_HUB_OFFLINE" in result.output and "will not guess" in result.output
+    assert "Traceback" not in result.output and "ASSUMED" not in result.output
+
+
+def test_no_builtin_recipe_is_advised_on_an_assumption(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the facts table must know them all
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for name in builtin_names():
+        result = CliRunner().invoke(cli, ["advise", name, "--json"])
+        assert result.exit_code in (0, 1), (name, result.output)
+        assert "assumed" not in result.output.lower(), name
+
+
+def test_gpt_oss_gguf_on_one_spark_is_near_llama_cpps_own_figure() -> None:
+    # llama.cpp's benches/dgx-spark.md: llama-bench tg32 59.02 t/s on one Spark (issue 35: the
+    # model was "assumed dense" and predicted at 2.6 t/s)
+    result = CliRunner().invoke(cli, ["advise", "gpt-oss-120b-gguf", "--nodes", "1", "--json"])
     assert result.exit_code == 0, result.output
-    assert "[ASSUMED]" in result.output and "low confidence" in result.output
-    assert "not in the facts table" in result.output and "/ 273 GB/s" in result.output
+    single = json.loads(result.output)["layouts"][0]
+    assert single["layout"] == "single"
+    assert abs(single["predicted"]["tg_c1"] / 59.02 - 1) <= 0.35, single["predicted"]
 
 
 def test_the_fabric_comes_from_a_saved_netcheck(tmp_path: Path) -> None:
@@ -195,3 +222,15 @@ def test_layouts_narrows_the_choice_and_refuses_what_is_not_offered() -> None:
     bad = CliRunner().invoke(cli, ["advise", "qwen3.6-27b", "--layouts", "pp"])
     assert bad.exit_code == 2 and "pp is not a layout SGLang offers" in bad.output
     assert "offered: single, tp, replicas" in bad.output
+
+
+def test_a_context_no_node_can_hold_does_not_fit() -> None:
+    # issue 41: `advise --context 10000000` said "fits" (only the weights were weighed)
+    from orchestrator.advise.advice import advise
+    from orchestrator.engines import engine_of, load_recipe
+
+    recipe = load_recipe("qwen3-8b")
+    assert all(a.fits for a in advise(recipe, engine_of(recipe), 2).layouts)
+    huge = advise(recipe, engine_of(recipe), 2, context=10_000_000)
+    assert not any(a.fits for a in huge.layouts) and huge.pick is None
+    assert "one request of 10,000,000 tokens" in huge.layouts[0].memory

@@ -28,7 +28,7 @@ def test_llamacpp_offers_single_the_rpc_split_and_replicas() -> None:
     assert support is not None
     advice = advise(recipe, engine_of(recipe), 2)
     assert [a.layout.label for a in advice.layouts] == ["single", "pp2", "replicas x2"]
-    assert advice.facts_known and all(a.fits for a in advice.layouts)
+    assert advice.facts.layers == 8 and all(a.fits for a in advice.layouts)
     split = support.recipe_for(recipe, Layout("pp", pp=2), ["spark-a", "spark-b"])
     assert split.node_count == 2 and split.placement == ["spark-a", "spark-b"]
     one = support.recipe_for(recipe, Layout("single"), ["spark-b"])
@@ -90,7 +90,7 @@ def test_the_copy_script_reports_bytes_read_and_written_per_second() -> None:
     assert json.loads(done.stdout)["gbs"] > 0 and json.loads(done.stdout)["mb"] == 8
 
 
-@pytest.mark.parametrize("value", ["fast", "0", "-3"])
+@pytest.mark.parametrize("value", ["fast", "0", "-3", "inf", "nan", "1e999"])
 def test_a_bad_memory_bandwidth_is_bad_input(value: str) -> None:
     result = CliRunner().invoke(cli, ["advise", "lab-tiny-llama-rpc", "--memory-bandwidth", value])
-    assert result.exit_code == 2 and "give GB/s (a number, at least 1) or `measure`" in result.output
+    assert result.exit_code == 2 and "give GB/s (a number from 1 to 100,000) or `measure`" in result.output

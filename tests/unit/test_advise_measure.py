@@ -7,6 +7,7 @@ and that it never runs unattended without --yes."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,12 +28,16 @@ class Cluster:
         self.configs: list[Any] = []
         self.stopped: list[str] = []
         self.persisted: list[str] = []
+        self.restored_as: list[tuple[str, str, str | None, Any]] = []
+        self.keys: dict[str, Any] = {}
         self.fail = fail
 
     def launch(self, inventory: Any, recipe: Any, name: str | None, timeout: float, token: Any,
-               note: Callable[[str], None], persist: bool = False) -> None:
+               note: Callable[[str], None], persist: bool = False, host: str | None = None,
+               key: Any = None) -> None:
         server = name or recipe.name
         self.persisted += [server] if persist else []
+        self.restored_as.append((server, recipe.source, host, key))
         if self.fail and recipe.tp_size == 2:
             raise SparkctlError(self.fail)
         nodes = recipe.placement or [n.name for n in inventory.ordered_nodes()][:recipe.world_size]
@@ -59,7 +64,8 @@ def cluster(monkeypatch: pytest.MonkeyPatch, inventory: Callable[..., Any]) -> C
                             lambda option: (fake.inventory, "inv.yml"))
         monkeypatch.setattr(advise_measure, "_launch", fake.launch)
         monkeypatch.setattr(advise_measure, "_bench", fake.bench)
-        monkeypatch.setattr(advise_measure, "_servers", lambda inv: list(fake.running))
+        monkeypatch.setattr(advise_measure, "_servers",
+                            lambda inv, nodes: (list(fake.running), dict(fake.keys)))
         monkeypatch.setattr(advise_measure, "_stop", fake.stop)
         monkeypatch.setattr("orchestrator.cli.launch.read_hf_token", lambda path: None)
         return fake
@@ -170,3 +176,55 @@ def test_servers_elsewhere_keep_running_and_requests_are_dealt_evenly(cluster: A
     by = {a.layout.label: a.measured for a in advice.layouts}
     assert by["replicas x2"] is not None and by["replicas x2"].tg_aggregate == 30.0
     assert {tuple(c.concurrency) for c in fake.configs} >= {(1, 2), (1,), (1, 3)}
+
+
+def test_a_ctrl_c_inside_a_launch_exits_130_and_measures_no_more(cluster: Any,
+                                                                monkeypatch: Any) -> None:
+    # issue 41: a Ctrl-C during a layout's launch came back as the plan's Interrupted (a
+    # SparkctlError): counted as a failed layout, the next ones measured, exit 1
+    from orchestrator.core.executor import Interrupted
+
+    recipe = load_recipe("qwen3-8b")
+    fake = cluster([])
+    launch = fake.launch
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        if args[1].tp_size == 2:
+            raise Interrupted("interrupted by the user; changes made: none")
+        launch(*args, **kwargs)
+
+    monkeypatch.setattr(advise_measure, "_launch", interrupted)
+    advice = advise(recipe, engine_of(recipe), 2)
+    assert advise_measure.measure(advice, OPTS, lambda line: None) == 130
+    by = {a.layout.label: a.measured for a in advice.layouts}
+    assert by["tp2"] is not None and by["tp2"].error == "interrupted" and by["pp2"] is None
+
+
+def test_what_ran_comes_back_from_its_recipe_file_bound_and_keyed_as_it_was(
+        cluster: Any, tmp_path: Any) -> None:
+    # issue 41: a server launched from a recipe file came back from the built-in recipe, on
+    # loopback and without its key
+    from orchestrator.commands import Secret
+
+    file = tmp_path / "mine.yml"
+    recipe = load_recipe("qwen3-8b")
+    file.write_text(Path(recipe.source).read_text())
+    fake = cluster([{"name": "mine", "recipe": "qwen3-8b", "recipe_file": str(file),
+                     "nodes": ["spark-a"], "port": 30001, "host": "192.168.200.12",
+                     "api_key_file": "/run/k", "persistent": True}])
+    fake.keys = {"mine": Secret("sk-recorded-1")}
+    advice = advise(recipe, engine_of(recipe), 2)
+    advise_measure.measure(advice, OPTS, lambda line: None)
+    name, source, host, key = fake.restored_as[-1]
+    assert (name, source, host) == ("mine", str(file), "192.168.200.12")
+    assert key is not None and key.reveal() == "sk-recorded-1" and "mine" in fake.persisted
+
+
+def test_a_record_names_the_recipe_file_a_server_was_launched_from(tmp_path: Path) -> None:
+    from orchestrator.engines import recipe_origin
+
+    built_in = load_recipe("qwen3-8b")
+    file = tmp_path / "mine.yml"
+    file.write_text(Path(built_in.source).read_text())
+    assert recipe_origin(built_in) == {}
+    assert recipe_origin(load_recipe(str(file))) == {"recipe_file": str(file.resolve())}

@@ -33,11 +33,41 @@ def test_key_file_rules(tmp_path: Path) -> None:
     assert read_api_key(str(key_file(tmp_path))).reveal() == "sk-local-123"
     with pytest.raises(InputError, match="readable by group or others"):
         read_api_key(str(key_file(tmp_path, mode=0o644)))
-    with pytest.raises(InputError, match="one line without spaces") as bad:
+    with pytest.raises(InputError, match="printable ASCII without spaces") as bad:
         read_api_key(str(key_file(tmp_path, "two words")))
     assert "two" not in str(bad.value)
     with pytest.raises(InputError, match="not found"):
         read_api_key(str(tmp_path / "none"))
+
+
+@pytest.mark.parametrize("text", ["#sk-local-123\n", "sk-lökal-123\n", "sk-local\u00a0123\n",
+                                  "sk-one\nsk-two\n", "\n", "sk-\x7flocal-123\n"])
+def test_one_key_rule_for_launch_and_the_gateway(tmp_path: Path, text: str) -> None:
+    # issue 41: a `#` line is a comment to llama-server's --api-key-file (it then ran with no
+    # key while status said "with API key"); a non-ASCII key was accepted, then readiness
+    # waited the whole --timeout (no client can send it in a header)
+    from orchestrator.cli.gateway import read_key_file
+
+    for reader in (read_api_key, read_key_file):
+        with pytest.raises(InputError) as bad:
+            reader(str(key_file(tmp_path, text)))
+        assert bad.value.exit_code == 2 and str(tmp_path / "key") in str(bad.value)
+        assert "local" not in str(bad.value)
+
+
+def test_a_recorded_key_breaking_the_rule_is_refused_when_read_from_its_node() -> None:
+    from orchestrator.engines.apikey import read_node_key
+    from orchestrator.errors import SparkctlError
+
+    class Node:
+        node = "spark-a"
+
+        def run(self, *args: object, **kwargs: object) -> object:
+            return type("R", (), {"ok": True, "stdout": "#sk-commented\n", "stderr": ""})()
+
+    with pytest.raises(SparkctlError, match="must not start with '#'") as bad:
+        read_node_key(Node(), {"name": "s", "api_key_file": "/run/k"})  # type: ignore[arg-type]
+    assert "commented" not in str(bad.value)
 
 
 def test_bind_rules(tmp_path: Path) -> None:

@@ -176,3 +176,17 @@ def test_compare_plot_and_a_file_that_is_not_a_result(saved: tuple[Path, Path], 
     junk.write_text("[1]")
     refused = CliRunner().invoke(cli, ["bench", "plot", str(junk)])
     assert refused.exit_code == 2 and "not a `sparkctl bench` result" in refused.output
+
+
+def test_a_speed_that_could_not_be_measured_is_said_why() -> None:
+    # issue 41: `bench --format md` left the pp t/s cell blank without a word
+    from orchestrator.bench.format import markdown
+
+    figure = {"mean": 20.0, "std": 1.0}
+    doc = {"server": {"model": "m"}, "settings": {"runs": 1}, "started": "now", "cells": [
+        {"depth": 0, "pp": 8, "tg": 32, "concurrency": 1,
+         "figures": {"pp_throughput": None, "tg_throughput": figure, "ttfr_ms": figure,
+                     "error_count": 0, "requests": 1}}]}
+    text = markdown(doc)
+    assert "| m | pp8 | n/a |" in text and "| m | tg32 | 20.00 ± 1.00 |" in text
+    assert "n/a (pp8): the first token came back within the latency" in text

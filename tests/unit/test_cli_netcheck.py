@@ -14,8 +14,9 @@ from test_netcheck import PING_OK, healthy_facts, healthy_probe, inventory
 
 from orchestrator.cli import netcheck as cli_netcheck
 from orchestrator.inventory import Inventory
+from orchestrator.netcheck.bandwidth import throughput_links
 from orchestrator.netcheck.checks import CheckResult
-from orchestrator.netcheck.probes import IPERF_PORT_BASE, throughput_links
+from orchestrator.netcheck.probes import IPERF_PORT_BASE
 
 
 def answering(inv: Inventory, name: str, probe: Callable[[str], Any] = healthy_probe) -> Callable[..., Any]:
@@ -66,7 +67,7 @@ def test_deep_measures_each_link_once_one_at_a_time(fake_cluster: Callable[..., 
     links = throughput_links(inv)
     assert len(throughput) == len(links) == 2
     assert [(r.value, r.status) for r in throughput] == [(190.0, "pass"), (90.0, "fail")]
-    assert all(r.unit == "Gb/s" and r.threshold == 175.0 for r in throughput)
+    assert all(r.unit == "Gb/s" and r.threshold == 184.0 for r in throughput)
     servers = [c for c in cluster.commands("spark-b") if "iperf3 -s" in c]
     assert [f"-p {IPERF_PORT_BASE + i}" in s for i, s in enumerate(servers)] == [True, True]
     # the server starts before its client, link after link
@@ -81,14 +82,14 @@ def test_deep_reports_a_server_that_would_not_start_and_skips_unreachable_ends(
     cluster = fake_cluster(inv)
     cluster["spark-b"].on("iperf3 -s", 127, "", "iperf3: command not found")
 
-    results = cli_netcheck.measure_throughput(cluster.session("netcheck"))
+    results = cli_netcheck.measure_throughput(cluster.session("netcheck"), {})
 
     assert [r.status for r in results] == ["fail", "fail"]
     assert "did not run (exit 1)" in results[0].message and "iperf3: command not found" in results[0].message
     assert not any("iperf3 -c" in c for c in cluster.commands("spark-a"))
 
     cluster = fake_cluster(inv, unreachable={"spark-b": "down"})
-    assert cli_netcheck.measure_throughput(cluster.session("netcheck")) == []
+    assert cli_netcheck.measure_throughput(cluster.session("netcheck"), {}) == []
     assert cluster.commands() == []
 
 

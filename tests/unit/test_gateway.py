@@ -261,3 +261,26 @@ def test_status_summarises_the_gateway_from_the_probe_facts() -> None:
     inventory = make_inventory()
     assert "gateway_probe" in json.dumps(status_facts(inventory, inventory.head)) or \
         '"dir"' in status_facts(inventory, inventory.head)["commands"]["gateway"]
+
+
+def test_litellm_runs_without_an_access_log(tmp_path: Any) -> None:
+    # issue 41: uvicorn's access log (LiteLLM's) wrote a query-string key in clear
+    import json
+    import logging
+    import logging.config
+
+    from orchestrator.phases import gateway_spec as gs
+
+    spec = type("Spec", (), {"host": "127.0.0.1", "port": 4000, "image": "litellm:x"})()
+    assert f"--log_config {gs.LOG_CONFIG_FILE}" in gs.run_cmd(spec, "c")  # type: ignore[arg-type]
+    assert gs.LOG_CONFIG_FILE.endswith(".json")  # (uvicorn reads a .json file as dictConfig)
+    manager = logging.Manager(logging.RootLogger(logging.WARNING))
+    config = json.loads(json.dumps(gs.LOG_CONFIG))
+    saved = logging.Logger.manager
+    logging.Logger.manager = manager
+    try:
+        logging.config.dictConfig(config)
+        assert not logging.getLogger("uvicorn.access").isEnabledFor(logging.CRITICAL - 1)
+        assert logging.getLogger("uvicorn.error").isEnabledFor(logging.INFO)
+    finally:
+        logging.Logger.manager = saved

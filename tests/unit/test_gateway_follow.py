@@ -50,7 +50,7 @@ def test_the_new_config_keeps_the_key_on_the_node_and_the_fingerprint_of_up(
     path.write_text(old.config_text())
     new = spec_of(server("a", "spark-a"), server("b", "spark-b"))
     request = {"path": str(path), "model_list": new.config()["model_list"],
-               "extra": [new.host, new.port, new.image, new.node]}
+               "extra": new.fingerprinted()}
     assert KEY not in json.dumps(request)
     out = subprocess.run([sys.executable, "-c", script("gateway_config.py")], check=True,
                          input=json.dumps(request), capture_output=True, text=True).stdout

@@ -10,6 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from orchestrator.cli import cli
+from orchestrator.cli.init import Probed
 from orchestrator.errors import InputError
 from orchestrator.inventory_checks import inventory_from_data, load_inventory
 from orchestrator.netcheck.cabling import (
@@ -20,6 +21,18 @@ from orchestrator.netcheck.cabling import (
     node_names,
     parse_ibdev2netdev,
 )
+from orchestrator.netcheck.layout import Layout, Reach, choose_layout
+
+UNPROBED = Reach([], probed=False)
+
+
+def layout(nodes: list[NodeLinks]) -> Layout:
+    """The layout without a link-local probe (the port Up everywhere)."""
+    return choose_layout(nodes, UNPROBED)
+
+
+def unprobed(nodes: list[NodeLinks]) -> Probed:
+    return Probed(nodes, [{} for _ in nodes], [{} for _ in nodes])
 
 SPARK = """rocep1s0f0 port 1 ==> enp1s0f0np0 ({p0})
 rocep1s0f1 port 1 ==> enp1s0f1np1 ({p1})
@@ -79,7 +92,7 @@ def test_written_inventory_loads_with_one_subnet_per_twin(tmp_path: Path) -> Non
              node("10.0.0.12", p0="Up", hostname="spark-b", management="eth0"),
              node("10.0.0.13", p0="Up", hostname="spark-c", management="eth0")]
     settings = InitSettings("lab", "nvidia", "/keys/id: x", "~/kh")
-    text = inventory_text(settings, nodes, choose_port(nodes))
+    text = inventory_text(settings, nodes, layout(nodes))
     assert text.startswith("# Written by `sparkctl init`")
     path = tmp_path / "inv.yml"
     path.write_text(text)
@@ -94,7 +107,7 @@ def test_written_inventory_loads_with_one_subnet_per_twin(tmp_path: Path) -> Non
 def test_mixed_management_interfaces_leave_the_default() -> None:
     nodes = [node("a", p1="Up", management="eth0"), node("b", p1="Up", management="")]
     data = yaml.safe_load(inventory_text(InitSettings("x", None, None, None), nodes,
-                                         choose_port(nodes)))
+                                         layout(nodes)))
     assert "management_interface" not in data["cluster"]
     assert inventory_from_data(data, "t").topology == "b2b"
 
@@ -103,7 +116,7 @@ def test_mixed_management_interfaces_leave_the_default() -> None:
 def probed(monkeypatch: pytest.MonkeyPatch) -> list[NodeLinks]:
     found = [node("10.0.0.11", p0="Up", hostname="spark-a"),
              node("10.0.0.12", p0="Up", hostname="spark-b")]
-    monkeypatch.setattr("orchestrator.cli.init._probe", lambda *args: list(found))
+    monkeypatch.setattr("orchestrator.cli.init._probe", lambda *args: unprobed(found))
     return found
 
 
@@ -125,7 +138,7 @@ def test_cli_refuses_without_a_terminal_and_without_yes(probed: list[NodeLinks],
 def test_cli_inconsistent_cabling_exits_2_and_writes_nothing(monkeypatch: pytest.MonkeyPatch,
                                                              tmp_path: Path) -> None:
     monkeypatch.setattr("orchestrator.cli.init._probe",
-                        lambda *args: [node("a", p1="Up"), node("b", p0="Up")])
+                        lambda *args: unprobed([node("a", p1="Up"), node("b", p0="Up")]))
     out = tmp_path / "inv.yml"
     result = CliRunner().invoke(cli, ["init", "a", "b", "-o", str(out), "--yes"])
     assert result.exit_code == 2 and "different ports" in result.output and not out.exists()
@@ -168,3 +181,42 @@ def test_verbosity_flags_reach_the_renderer() -> None:
     for args, level in (([], 0), (["-v"], 1), (["-q"], -1), (["-vv"], 2)):
         assert runner.invoke(probe, args).exit_code == 0
         assert seen.pop() == level
+
+
+def test_cli_never_writes_through_a_symlink(probed: list[NodeLinks], tmp_path: Path) -> None:
+    # issue 41: `init -o LINK --yes` wrote the inventory into whatever LINK pointed at
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    link = tmp_path / "inv.yml"
+    link.symlink_to(target)
+    result = CliRunner().invoke(cli, ["init", "10.0.0.11", "10.0.0.12", "-o", str(link), "--yes"])
+    assert result.exit_code == 2 and "symbolic link" in result.output, result.output
+    assert target.read_text() == "keep me\n" and link.is_symlink()
+
+
+def test_overwriting_an_existing_inventory_defaults_to_no(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 41: the question defaulted to yes, so Enter overwrote hours of edits
+    import io
+
+    from orchestrator.cli import init
+
+    asked: list[tuple[str, bool]] = []
+
+    def confirm(text: str, default: bool, err: bool) -> bool:
+        asked.append((text, default))
+        return default  # the user pressed Enter
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(init.sys, "stdin", Terminal())
+    monkeypatch.setattr(init.click, "confirm", confirm)
+    out = tmp_path / "inv.yml"
+    out.write_text("mine\n")
+    assert init._write(out, "new\n", yes=False) is False
+    assert asked == [(f"Overwrite {out}?", False)] and out.read_text() == "mine\n"
+    fresh = tmp_path / "fresh.yml"
+    assert init._write(fresh, "new\n", yes=False) is True and fresh.read_text() == "new\n"
+    assert asked[-1] == (f"Write {fresh}?", True)

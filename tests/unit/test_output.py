@@ -267,3 +267,16 @@ def test_the_cli_options_set_the_settings_for_one_command_only() -> None:
     assert CliRunner().invoke(probe, []).exit_code == 0
     assert seen == [(True, 0), (False, 0)]
     assert (output.SETTINGS.full_diff, output.SETTINGS.verbosity) == (False, 0)
+
+
+def test_quiet_silences_a_steps_progress_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 41: `up -q` still printed `docker pull` progress (steps say it through RunOptions.note)
+    from orchestrator.core import output
+    from orchestrator.core.context import RunOptions
+
+    said: list[str] = []
+    options = RunOptions(progress_note=said.append)
+    options.note("pulling 1.2 GB / 9 GB")
+    monkeypatch.setattr(output.SETTINGS, "verbosity", -1)
+    options.note("pulling 2.4 GB / 9 GB")
+    assert said == ["pulling 1.2 GB / 9 GB"]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from conftest import make_inventory
 
@@ -69,10 +71,34 @@ def test_the_node_guard_command_starts_one_detached_guard_watching_the_container
 
     command = node_guard_cmd("/var/lib/sparkctl/run/servers/q", "spark-b", 2.0, ["sparkctl-sglang-q"])
     assert "rm -f /var/lib/sparkctl/run/servers/q/memguard-stopped.json" in command
-    assert "kill -0" in command and "setsid python3 -c" in command and command.endswith("& fi")
+    assert "grep -qsa sparkctl-memguard" in command and "setsid python3 -c" in command
+    assert command.endswith("& }")
     args = json.loads(shlex.split(command.split("setsid ", 1)[1].split(" </dev/null")[0])[-1])
     assert args == {"run": "/var/lib/sparkctl/run/servers/q", "node": "spark-b",
                     "min_available_gb": 2.0, "containers": ["sparkctl-sglang-q"]}
+
+
+def test_a_relaunch_stops_the_guard_an_earlier_launch_left_running(tmp_path: Any) -> None:
+    # issue 41: a relaunch left the previous memory guard running beside the new one
+    import subprocess
+    import sys
+
+    from orchestrator.phases.memory import stop_guard_cmd
+
+    guard = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                              "sparkctl-memguard", "{}"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "memguard.pid").write_text(f"{guard.pid}\n")
+        subprocess.run(["sh", "-c", stop_guard_cmd(str(tmp_path))], check=True, timeout=30)
+        assert guard.wait(timeout=10) != 0 and not (tmp_path / "memguard.pid").exists()
+        (tmp_path / "memguard.pid").write_text(f"{other.pid}\n")  # a pid reused: not a guard
+        subprocess.run(["sh", "-c", stop_guard_cmd(str(tmp_path))], check=True, timeout=30)
+        assert other.poll() is None
+    finally:
+        for process in (guard, other):
+            process.kill()
+            process.wait()
 
 
 def test_the_default_nodes_named_are_the_same_server_as_none_named() -> None:

@@ -47,8 +47,10 @@ def test_builtins_are_the_mission_and_nvidias_single_node_recipes() -> None:
     assert builtin_names() == ["gpt-oss-120b", "gpt-oss-120b-gguf", "gpt-oss-120b-vllm",
                                "lab-tiny-llama", "lab-tiny-llama-rpc", "lab-tiny-llama-vllm",
                                "lab-tiny-llama-vllm-pp2", "lab-tiny-llama-vllm-tp2", "llama-3.3-70b",
-                               "minimax-m2.7", "minimax-m2.7-mp", "qwen3-235b",
-                               "qwen3-235b-gguf-rpc", "qwen3-8b", "qwen3.6-27b", "qwen3.6-27b-tp2"]
+                               "minimax-m2.7", "minimax-m2.7-mp", "nemotron-3-ultra-tp4",
+                               "qwen3-235b", "qwen3-235b-fp8-pp3", "qwen3-235b-gguf-rpc",
+                               "qwen3-8b", "qwen3.5-397b-fp8-tp4", "qwen3.5-397b-int4-pp3",
+                               "qwen3.6-27b", "qwen3.6-27b-tp2"]
     qwen = load_recipe("qwen3-235b")
     assert (qwen.model, qwen.tp_size, qwen.node_count, qwen.port, qwen.max_num_tokens) == (
         "nvidia/Qwen3-235B-A22B-FP4", 2, 2, 8355, 1024)
@@ -144,3 +146,21 @@ def test_config_hash_changes_with_the_recipe(tmp_path: Path) -> None:
     assert config_hash(one, ["a"], "x") == config_hash(one, ["a"], "x")
     assert config_hash(one, ["a"], "x") != config_hash(other, ["a"], "x")
     assert config_hash(one, ["a"], "x") != config_hash(one, ["a"], "y")
+
+
+@pytest.mark.parametrize(("name", "engine", "nodes"), [
+    ("qwen3.5-397b-int4-pp3", "vllm", 3), ("qwen3-235b-fp8-pp3", "sglang", 3),
+    ("nemotron-3-ultra-tp4", "vllm", 4), ("qwen3.5-397b-fp8-tp4", "sglang", 4)])
+def test_builtins_beyond_two_sparks_need_them_and_fit(name: str, engine: str, nodes: int) -> None:
+    """Three (ring) and four (switch) Sparks, for two engines: each fits one rank per node, and
+    one node fewer would leave its weights next to no KV cache (the model needs them)."""
+    from orchestrator.engines import engine_of
+
+    recipe = load_recipe(name)
+    assert (recipe.engine, recipe.node_count) == (engine, nodes)
+    check_against_inventory(recipe, inventory(nodes))
+    with pytest.raises(InputError, match=f"needs {nodes} nodes"):
+        check_against_inventory(recipe, inventory(nodes - 1))
+    assert engine_of(recipe).estimate_memory(recipe).fits
+    m = recipe.memory  # on one node fewer, under 10 GB of KV cache would be left
+    assert m.weights_gb / (nodes - 1) + m.runtime_gb > m.kv_cache_fraction * 128 - 10

@@ -35,7 +35,8 @@ def test_the_builtin_recipe_is_the_asked_command_bound_to_localhost() -> None:
     assert argv[:5] == ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3.6-27B-FP8"]
     text = " ".join(argv)
     for part in ("--tp-size 1", "--speculative-algorithm NEXTN", "--speculative-num-steps 5",
-                 "--speculative-eagle-topk 4", "--mem-fraction-static 0.82", "--trust-remote-code",
+                 "--speculative-eagle-topk 4", "--speculative-num-draft-tokens 20",
+                 "--mem-fraction-static 0.75", "--trust-remote-code",
                  "--host 127.0.0.1"):
         assert part in text
     assert "--tp " not in text and "0.0.0.0" not in text
@@ -71,6 +72,56 @@ def test_what_sglang_refuses_is_refused_with_the_reason(over: dict[str, Any], wo
         recipe(**over)
     for word in words:
         assert word in str(caught.value)
+
+
+def test_eagle_trees_without_draft_tokens_are_refused_naming_the_value(tmp_path: Path) -> None:
+    # SGLang 0.5.12 fills num_draft_tokens only for topk 1: topk 4 without it is max(20, None)
+    # in tokenizer_manager.py l.281 at start-up (issue 35); the refusal names the value to set
+    for algorithm in ("NEXTN", "EAGLE", "eagle3"):
+        with pytest.raises(ValueError) as caught:
+            recipe(speculative={"algorithm": algorithm, "num_steps": 5, "eagle_topk": 4})
+        text = str(caught.value)
+        assert "needs num_draft_tokens" in text and "speculative.num_draft_tokens: 20" in text
+        assert "tokenizer_manager.py l.281" in text
+    with pytest.raises(ValueError, match="needs eagle_topk"):
+        recipe(speculative={"algorithm": "NEXTN", "num_steps": 5})
+    with pytest.raises(ValueError, match="set at most 69"):
+        recipe(speculative={"algorithm": "NEXTN", "num_steps": 5, "eagle_topk": 4,
+                            "num_draft_tokens": 70})
+    # what SGLang accepts: topk 1 (it sets num_steps + 1 itself), no num_steps (it picks all
+    # three), STANDALONE (not an EAGLE tree in the tokenizer), or the tokens given
+    recipe(speculative={"algorithm": "NEXTN", "num_steps": 5, "eagle_topk": 1})
+    recipe(speculative={"algorithm": "NEXTN"})
+    recipe(speculative={"algorithm": "NEXTN", "num_steps": 5, "eagle_topk": 4, "num_draft_tokens": 69})
+    drafted = recipe(speculative={"algorithm": "EAGLE3", "num_steps": 3, "eagle_topk": 1,
+                                  "draft_model": "org/draft"})
+    assert drafted.repos == [("Qwen/Qwen3-8B", "main", None), ("org/draft", "main", None)]
+    # a recipe file: exit 2, naming the key
+    path = tmp_path / "r.yml"
+    path.write_text(json.dumps({"name": "r", "engine": "sglang", "model": "Qwen/Qwen3.6-27B-FP8",
+                                "memory": {"weights_gb": 28}, "speculative": {
+                                    "algorithm": "NEXTN", "num_steps": 5, "eagle_topk": 4}}))
+    with pytest.raises(InputError) as refused:
+        load_recipe(str(path))
+    assert refused.value.exit_code == 2 and "num_draft_tokens: 20" in str(refused.value)
+
+
+def test_the_builtin_nextn_recipes_leave_room_for_the_draft_worker() -> None:
+    from orchestrator.engines.sglang.recipe import estimate_memory
+
+    for name in ("qwen3.6-27b", "qwen3.6-27b-tp2"):
+        r = load_recipe(name)
+        assert r.speculative and r.speculative.num_draft_tokens == 20
+        estimate = estimate_memory(r)
+        assert estimate.verdict == "fits" and estimate.free_after_kv_gb >= 8, estimate.explanation
+    # the seed's 0.82 with what SGLang allocates outside the pool for NEXTN (draft worker,
+    # its KV pool, CUDA graphs: runtime 18 GB) leaves less than the system's reserve
+    builtin = load_recipe("qwen3.6-27b")
+    seed = builtin.model_copy(update={"memory": builtin.memory.model_copy(
+        update={"kv_cache_fraction": 0.82})})
+    assert estimate_memory(seed).free_after_kv_gb < seed.memory.system_reserve_gb
+    text = estimate_memory(load_recipe("qwen3.6-27b")).explanation
+    assert "+ 0 GB draft + 18 GB runtime outside it" in text
 
 
 def test_placement_picks_the_nodes_and_unknown_nodes_are_refused() -> None:
@@ -198,5 +249,17 @@ def test_the_simulated_server_fails_as_sglang_fails(tmp_path: Path) -> None:
     radix = sim(tmp_path, "--model-path", "Qwen/Qwen3.6-27B-FP8", "--speculative-algorithm",
                 "NEXTN", "--speculative-num-steps", "3")
     assert "not compatible with radix cache" in radix.stderr, radix.stderr
+    nextn = ("--model-path", "Qwen/Qwen3.6-27B-FP8", "--speculative-algorithm", "NEXTN",
+             "--speculative-num-steps", "5", "--speculative-eagle-topk", "4",
+             "--disable-radix-cache")
+    tree = sim(tmp_path, *nextn)  # the seed blog's command (issue 35)
+    assert tree.returncode == 1, tree.stderr
+    assert "tokenizer_manager.py\", line 281" in tree.stderr
+    assert "TypeError: '>' not supported between instances of 'NoneType' and 'int'" in tree.stderr
+    no_topk = sim(tmp_path, *nextn[:6], "--disable-radix-cache")
+    assert "server_args.py\", line 3838" in no_topk.stderr and "TypeError" in no_topk.stderr
+    given = sim(tmp_path, *nextn, "--speculative-num-draft-tokens", "20",
+                "--mem-fraction-static", "0.01")
+    assert "TypeError" not in given.stderr and "Not enough memory" in given.stderr, given.stderr
     small = sim(tmp_path, "--model-path", "Qwen/Qwen3.6-27B-FP8", "--mem-fraction-static", "0.2")
     assert "Not enough memory. Please try to increase --mem-fraction-static" in small.stderr

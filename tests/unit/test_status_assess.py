@@ -13,7 +13,7 @@ from conftest import FakeCluster
 from test_status import INVENTORY, NOW, SERVER, node_facts
 
 from orchestrator.errors import SparkctlError
-from orchestrator.paths import SERVER_JSON
+from orchestrator.paths import NETPLAN_FILE, SERVER_JSON
 from orchestrator.status import assess as status
 
 BOTH = ("spark-a", "spark-b")
@@ -175,7 +175,7 @@ def test_a_head_container_restarted_after_the_server_started_is_named(
         assert result["state"] == "down"
         assert result["problem"].startswith("the head's container sparkctl-vllm restarted at ")
         assert result["problem"].endswith(
-            "the server did not come back with it: run `sparkctl launch qwen3` again")
+            "the server did not come back with it: run `sparkctl launch qwen3 --port 8355` again")
     else:
         assert "restarted" not in result["problem"]
         assert result["state"] == ("healthy" if restarted is None else "down")
@@ -249,3 +249,14 @@ def test_the_recorded_server_has_one_verdict_in_status_and_in_the_servers_list()
     assert entry["state"] == "loading"
     (entry,) = status.server_list(INVENTORY, facts)  # nothing assessed: its own probe
     assert entry["state"] == "healthy"
+
+
+def test_an_adopted_network_counts_as_configured_without_sparkctls_file() -> None:
+    """fabric.network: adopted (issue 36): NVIDIA Sync's file holds the network, not sparkctl's."""
+    adopted = INVENTORY.model_copy(update={"fabric": INVENTORY.fabric.model_copy(
+        update={"network": "adopted"})})
+    facts = node_facts("spark-a", container=None)  # addresses live, from Sync's file
+    facts["files"][NETPLAN_FILE] = {"exists": False}
+    assert status.assess_node(INVENTORY, INVENTORY.node("spark-a"), facts)["state"] == "not-set-up"
+    found = status.assess_node(adopted, adopted.node("spark-a"), facts)
+    assert found["state"] == "network-only" and found["network"]["configured"] is True

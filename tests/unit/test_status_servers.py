@@ -55,3 +55,40 @@ def test_the_header_lists_the_servers(capsys: pytest.CaptureFixture[str]) -> Non
 
     line = servers_line("servers", [entry("healthy"), entry("dead", name="b", engine="vllm")])
     assert line.startswith("servers: 2: q (sglang on spark-b,") and "b (vllm on spark-b," in line
+
+
+def test_the_relaunch_hint_starts_the_server_as_it_was_recorded() -> None:
+    # issue 41: the hint omitted the recorded --port (and host, key, persist): following it
+    # started the server on the recipe's port, open, and not persistent
+    found = result(entry("dead", port=30123, host="192.168.200.12",
+                         api_key_file="/run/k", persistent=True))
+    add_server_problems(found)
+    [problem] = found["nodes"]["spark-b"]["problems"]
+    assert ("`sparkctl launch qwen3.6-27b --name q --nodes spark-b --port 30123 --host "
+            "192.168.200.12 --api-key-file FILE --persist` starts it again") in problem
+
+
+@pytest.mark.parametrize(("keyless", "words", "problem"), [
+    (401, ", 192.168.200.12 with API key)", False),
+    (200, "API key NOT enforced", True),
+    (None, "API key set (not verified", False),
+])
+def test_status_says_with_api_key_only_when_the_server_refuses_without_it(
+        keyless: int | None, words: str, problem: bool) -> None:
+    # issue 41: a `#` key made llama-server run with no key while status said "with API key"
+    from orchestrator.status.render import servers_line
+
+    server = entry("healthy", host="192.168.200.12", api_key_file="/run/k", keyless=keyless)
+    assert words in servers_line("servers", [server])
+    found = result(server)
+    add_server_problems(found)
+    assert (found["ok"] is False) is problem
+    if problem:
+        assert "answers /v1/models without it" in found["nodes"]["spark-b"]["problems"][0]
+
+
+def test_the_listed_address_is_where_the_server_binds(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli.status import _render_servers
+
+    _render_servers([{**entry("healthy"), "host": "192.168.200.12"}])
+    assert "192.168.200.12:30000" in capsys.readouterr().out

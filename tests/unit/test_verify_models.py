@@ -118,3 +118,18 @@ def test_the_phase_runs_first_only_when_asked() -> None:
     assert [p.name for p in with_checks(engine, recipe, inventory)] == ["port-check", "server-check"]
     assert [p.name for p in with_checks(engine, recipe, inventory, verify_models=True)] == [
         "port-check", "verify-models", "server-check"]
+
+
+def test_status_deep_says_so_when_every_hash_matches() -> None:
+    # issue 41: `status --deep` printed nothing when every file matched (read as "not checked")
+    from orchestrator.status.models import verified_lines
+
+    checked = [{"server": "q", "nodes": {"spark-a": {"files": 3, "differ": [], "misnamed": []},
+                                         "spark-b": {"files": 3, "differ": [], "misnamed": []}}},
+               {"server": "r", "nodes": {"spark-a": {"files": 2, "differ": [], "misnamed": []},
+                                         "spark-b": {"error": "unreachable"}}}]
+    assert verified_lines(checked) == [
+        "models of q: 3 file(s) re-hashed, identical on spark-a, spark-b",
+        "models of r: 2 file(s) re-hashed, identical on spark-a; differ or not checked on "
+        "spark-b (see the problems above)"]
+    assert verified_lines([]) == ["models: no running server to check"]

@@ -132,7 +132,8 @@ def container_init(cid: str) -> None:
         for m in lab.get("image_mounts") or []:
             if not os.path.isdir(m["source"]):
                 raise OSError(f"sparklab: image {lab['image_name']} needs {m['source']} on the "
-                              "node (`lab up` installs it); recreate the lab")
+                              "node (`lab up` installs it; llama.cpp's binaries: `lab up --llamacpp`); "
+                              "recreate the lab")
             make_mountpoint(m["destination"], m["source"])
             bind(m["source"], m["destination"], readonly=True)
         argv = lab["argv"]

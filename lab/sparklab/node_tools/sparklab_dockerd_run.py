@@ -36,6 +36,10 @@ RUN_VALUE_FLAGS = {"--name", "-e", "--env", "--env-file", "-v", "--volume", "--l
                    "--platform", "--add-host", "-p", "--publish", "--tmpfs", "--stop-signal"}
 
 
+COLLECTED = "collected"
+"""Marker an attached `docker run --rm` client leaves once it has the exit code."""
+ATTACHED_CLIENT_WAIT = 30.0
+
 RUN_BOOL_FLAGS = {"-d", "--detach", "--rm", "-i", "--interactive", "-t", "--tty", "--privileged",
                   "--init", "-it", "-dit", "-ti", "-di", "-id"}
 
@@ -161,7 +165,9 @@ def cmd_run(args: list[str]) -> int:
                        "WorkingDir": workdir if workdir != "/" else "", "Labels": labels},
             "HostConfig": {"NetworkMode": network, "Binds": [v for f, v in opts
                                                              if f in ("-v", "--volume")],
-                           "AutoRemove": "--rm" in flags and detached,
+                           # dockerd removes a --rm container itself, attached or not: a
+                           # client killed mid-run leaves nothing behind
+                           "AutoRemove": "--rm" in flags,
                            "Privileged": "--privileged" in flags,
                            "RestartPolicy": {"Name": next((v for f, v in opts
                                                            if f == "--restart"), "no")},
@@ -172,6 +178,7 @@ def cmd_run(args: list[str]) -> int:
                            "DeviceRequests": [v for f, v in opts if f == "--gpus"]},
             "Mounts": mounts,
             "sparklab": {"argv": argv, "workdir": workdir, "image_dir": image_dir(),
+                         "attached": not detached,
                          "image_name": image_name,
                          "image_mounts": catalog_entry(image_name).get("mounts") or [],
                          "image_lacks": catalog_entry(image_name).get("lacks") or []},
@@ -225,6 +232,9 @@ def run_attached(cid: str, remove: bool, stdin: bool = False) -> int:
         if state.get("Status") == "exited":
             break
         time.sleep(0.05)
+    # the exit code is ours now: the monitor may remove the container (AutoRemove)
+    with contextlib.suppress(OSError), open(cdir(cid) + "/" + COLLECTED, "w"):
+        pass
     if remove:
         remove_dir(cid)
     return int(state.get("ExitCode", 0))
@@ -342,6 +352,19 @@ def monitor(cid: str) -> None:
             code = 128 + int(f.read() or 9)
         os.unlink(d + "/killed")
     set_state(cid, Status="exited", Running=False, ExitCode=code, FinishedAt=now_iso())
+    reap(cid)
+
+
+def reap(cid: str, wait_for_client: float = ATTACHED_CLIENT_WAIT) -> None:
+    """An exited container with AutoRemove goes, as dockerd removes it: an attached client
+    first collects its output and exit code (it marks COLLECTED); a client that is gone (killed
+    under load) is waited for WAIT_FOR_CLIENT seconds, then the container goes all the same."""
+    d = cdir(cid)
     config = read_json(d + "/config.json") or {}
-    if isinstance(config, dict) and config["HostConfig"].get("AutoRemove"):
-        remove_dir(cid)
+    if not isinstance(config, dict) or not config["HostConfig"].get("AutoRemove"):
+        return
+    if (config.get("sparklab") or {}).get("attached"):
+        deadline = time.monotonic() + wait_for_client
+        while time.monotonic() < deadline and not os.path.exists(d + "/" + COLLECTED):
+            time.sleep(0.05)
+    remove_dir(cid)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.apikey import KeyWay
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
+from orchestrator.engines.llamacpp.importer import LlamacppImporter
 from orchestrator.engines.llamacpp.layouts import LlamacppLayouts
 from orchestrator.engines.llamacpp.ready import READY_LINE
 from orchestrator.engines.llamacpp.recipe import Recipe
@@ -35,6 +36,7 @@ class LlamacppEngine:
     log_label = "llamacpp"  # `sparkctl logs`: its per-server containers
     health_paths = ("/health", "/v1/models")
     layouts = LlamacppLayouts()  # `sparkctl advise`: one node, the RPC layer split, replicas
+    importer = LlamacppImporter()  # `recipes import`: sparkrun's and eugr's recipes of this engine
 
     @property
     def spec_meter(self) -> type:

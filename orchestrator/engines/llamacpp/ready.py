@@ -42,6 +42,14 @@ def errors(log: str, limit: int = 3) -> list[str]:
     return sorted(found, key=lambda text: not ("/" in text or "port" in text))[:limit]
 
 
+BROKEN_GGUF = ("model is corrupted or incomplete", "corrupted model:", "failed to read magic",
+               "failed to read header", "failed to read tensor info", "failed to read tensor data",
+               "failed to read key-value pairs")
+"""What llama.cpp logs for a GGUF file cut short or damaged, at the pinned version
+(src/llama-model-loader.h: a tensor's data beyond the file's end; ggml/src/gguf.cpp's
+gguf_init_from_reader: a part of the file it cannot read)."""
+
+
 def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note, reason: str) -> None:
     from orchestrator.engines.servers import stop_server
 
@@ -49,6 +57,14 @@ def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note
     said = errors(tails.get(spec.first, ""))
     if said:
         reason += ": " + "; ".join(said)
+    broken = [node for node, tail in tails.items() if any(w in tail for w in BROKEN_GGUF)]
+    if broken:  # the models phase trusts its hash cache; only a re-hash finds a cut-off file
+        from orchestrator.engines import recipe_origin
+
+        recipe = recipe_origin(spec.recipe).get("recipe_file", spec.recipe.name)
+        reason += (f" (the GGUF file on {', '.join(broken)} is truncated or corrupt: `sparkctl "
+                   f"launch {recipe} --verify-models` re-hashes it against the head's and "
+                   "repairs it)")
     note(f"{reason}; stopping {spec.name}")
     left = ""
     try:

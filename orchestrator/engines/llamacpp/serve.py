@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Phase, Step
-from orchestrator.engines import apikey, config_hash, servers, serving_nodes
+from orchestrator.engines import apikey, config_hash, recipe_origin, servers, serving_nodes
 from orchestrator.engines.apikey import CONTAINER_KEY
 from orchestrator.engines.base import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
 from orchestrator.engines.llamacpp.recipe import Recipe, estimate_memory
@@ -76,8 +76,24 @@ def shell_line(argv: list[str]) -> str:
     return "exec " + " ".join(words)
 
 
+RPC_BINARIES = ("ggml-rpc-server", "rpc-server")
+"""llama.cpp's RPC server by build: `ggml-rpc-server` from about b9824 (PR #25045, the one
+the pinned image installs), `rpc-server` before (images such as b8192-cu131)."""
+RPC_LAUNCH = (
+    "for b in " + " ".join(RPC_BINARIES) + "; do "
+    'if command -v "$b" >/dev/null 2>&1; then exec "$b" "$@"; fi; done; '
+    "echo \"sparkctl: neither ggml-rpc-server (llama.cpp b9824 and later) nor rpc-server "
+    "(earlier builds) is on this image's PATH\" >&2; exit 127")
+"""sh -c script starting whichever name the image's build has, with the arguments after it."""
+
+
 def rpc_argv(recipe: Recipe, address: str) -> list[str]:
     return ["-H", address, "-p", str(recipe.rpc_port), *recipe.rpc_args]
+
+
+def rpc_command(recipe: Recipe, address: str) -> list[str]:
+    """The rpc container's command under `--entrypoint /bin/sh`: the launcher, then argv."""
+    return ["-c", RPC_LAUNCH, "rpc-server", *rpc_argv(recipe, address)]
 
 
 class ServeSpec:
@@ -115,6 +131,8 @@ class ServeSpec:
                 "rpc": self.rpc_endpoints(), "draft_model": r.draft.model if r.draft else None,
                 "memory_gb": self.estimate.total_gb, "config_hash": self.digest,
                 "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                "persistent": self.options.persist,  # (a rolling relaunch keeps it)
+                **recipe_origin(r),
                 **apikey.record_fields(self.name, self.key)}
 
     def labels(self, node: Node, role: str) -> dict[str, str]:
@@ -126,9 +144,9 @@ class ServeSpec:
         address = self.address(node.name)
         port = self.recipe.rpc_port
         return ContainerSpec(
-            name=self.container, image=self.recipe.image, command=rpc_argv(self.recipe, address),
+            name=self.container, image=self.recipe.image, command=rpc_command(self.recipe, address),
             env=dict(self.recipe.env), labels=self.labels(node, "rpc-server"),
-            flags=["--gpus", "all", "--entrypoint", "rpc-server"],
+            flags=["--gpus", "all", "--entrypoint", "/bin/sh"],
             ready=f"ss -Hltn 'sport = :{port}' | grep -q {quote(f'{address}:{port}')}",
             ready_what=f"rpc-server listening on {address}:{port} in {self.container}",
             restart=containers.RESTART_POLICY if self.options.persist else None,

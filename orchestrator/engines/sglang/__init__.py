@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.apikey import KeyWay
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
+from orchestrator.engines.sglang.importer import SglangImporter
 from orchestrator.engines.sglang.layouts import SglangLayouts
 from orchestrator.engines.sglang.meter import SglangMeter
 from orchestrator.engines.sglang.ready import READY_LINE
@@ -29,6 +30,7 @@ class SglangEngine:
     log_label = "sglang"  # `sparkctl logs`: its per-server containers
     health_paths = ("/health", "/v1/models")
     layouts = SglangLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
+    importer = SglangImporter()  # `recipes import`: sparkrun's and eugr's recipes of this engine
     settings_type = NoSettings  # nothing to set in the inventory's engines.sglang
     process_words = ()  # status: its pid files' command lines
     several_servers = True

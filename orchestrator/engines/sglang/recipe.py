@@ -155,6 +155,7 @@ class Recipe(BaseRecipe):
                              f"--attention-backend flashinfer or fa3 ({SOURCE} l.3837)")
         if spec.name == "DFLASH" and not spec.draft_model:
             raise ValueError(f"speculative: DFLASH requires a draft_model ({SOURCE} l.3600)")
+        check_draft_tokens(spec)
 
     @property
     def repos(self) -> list[tuple[str, str, str | None]]:
@@ -164,24 +165,57 @@ class Recipe(BaseRecipe):
         return found
 
 
+def check_draft_tokens(spec: Speculative) -> None:
+    """EAGLE's draft tree with num_steps given: ServerArgs picks nothing itself (l.3807-3816
+    only runs without num_steps) and fixes num_draft_tokens only for eagle_topk 1 (l.3828-3835,
+    to num_steps + 1), so topk > 1 without it reaches tokenizer_manager.py l.281,
+    `max(eagle_topk * num_steps, num_draft_tokens)`: `max(20, None)`, a TypeError at start-up."""
+    if spec.name not in ("EAGLE", "EAGLE3", "NEXTN") or spec.num_steps is None:
+        return
+    if spec.eagle_topk is None:
+        # l.3838 compares speculative_eagle_topk > 1: None there is a TypeError too
+        raise ValueError(f"speculative: {spec.name} with num_steps needs eagle_topk (1 for a "
+                         f"chain of drafts; SGLang compares it at {SOURCE} l.3838)")
+    topk, steps = spec.eagle_topk, spec.num_steps
+    # the draft tree's candidates: topk after the first step, topk x topk after each other one;
+    # verification takes the best num_draft_tokens - 1 of them (eagle_utils.py l.28, topk > 1
+    # running spec v1: server_args.py l.3749)
+    candidates = topk + (steps - 1) * topk * topk
+    if topk > 1 and spec.num_draft_tokens is None:
+        raise ValueError(
+            f"speculative: {spec.name} with eagle_topk {topk} > 1 needs num_draft_tokens: "
+            f"SGLang 0.5.12 sets it itself only for eagle_topk 1 ({SOURCE} l.3828) and then "
+            f"fails at start-up in tokenizer_manager.py l.281 (TypeError from max({topk} x "
+            f"{steps}, None)); set speculative.num_draft_tokens: {topk * steps} (eagle_topk x "
+            f"num_steps, the tokens SGLang reserves anyway; any value 2..{candidates + 1})")
+    if topk > 1 and spec.num_draft_tokens is not None and spec.num_draft_tokens - 1 > candidates:
+        raise ValueError(
+            f"speculative: num_draft_tokens {spec.num_draft_tokens} exceeds what an eagle_topk "
+            f"{topk}, num_steps {steps} tree proposes ({candidates} candidates + the root): "
+            f"SGLang's torch.topk over them fails (eagle_utils.py l.28); set at most "
+            f"{candidates + 1}")
+
+
 def estimate_memory(recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
-    """Per node: SGLang's static pool (--mem-fraction-static of the whole memory) holds the
-    weights and the KV cache; activations and CUDA graphs (runtime_gb) come on top; the rest is
-    the system's."""
+    """Per node: SGLang's static pool (--mem-fraction-static of the memory) holds the target
+    model's weights and its KV cache; a draft worker (EAGLE/NEXTN) loads after the pool is sized
+    and allocates its own weights and KV pool on top (model_runner_kv_cache_mixin.py: the draft
+    reuses the target's pool size without profiling), like activations and CUDA graphs
+    (runtime_gb); the rest is the system's."""
     m = recipe.memory
     weights = m.weights_gb / recipe.world_size
     pool = m.kv_cache_fraction * node_memory_gb
-    kv = pool - weights - m.draft_gb
-    total = pool + m.runtime_gb
+    kv = pool - weights
+    total = pool + m.draft_gb + m.runtime_gb
     free = node_memory_gb - total
     loaded = weights + m.draft_gb + m.runtime_gb
     fits, verdict = verdict_of(node_memory_gb - loaded, free, m.system_reserve_gb)
     if kv <= 0:
         fits, verdict = False, "does not fit"
     explanation = (
-        f"per node {weights:.1f} GB weights + {m.draft_gb:g} GB draft inside SGLang's static "
-        f"pool {m.kv_cache_fraction:g} x {node_memory_gb:g} GB = {pool:.1f} GB "
-        f"(--mem-fraction-static), leaving {kv:.1f} GB KV cache; + {m.runtime_gb:g} GB runtime = "
+        f"per node {weights:.1f} GB weights inside SGLang's static pool {m.kv_cache_fraction:g} "
+        f"x {node_memory_gb:g} GB = {pool:.1f} GB (--mem-fraction-static), leaving {kv:.1f} GB "
+        f"KV cache; + {m.draft_gb:g} GB draft + {m.runtime_gb:g} GB runtime outside it = "
         f"{total:.1f} GB; {free:.1f} GB left for the system (reserve {m.system_reserve_gb:g} GB): "
         f"{verdict}")
     if kv <= 0:

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Phase, Step
-from orchestrator.engines import apikey, config_hash, placed, servers, serving_nodes
+from orchestrator.engines import (
+    apikey,
+    config_hash,
+    placed,
+    recipe_origin,
+    servers,
+    serving_nodes,
+)
 from orchestrator.engines.base import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
 from orchestrator.engines.lifecycle import ServerRecord
 from orchestrator.engines.sglang.recipe import Recipe, estimate_memory
@@ -112,7 +119,7 @@ class ServeSpec:
             extra={"tp_size": r.tp_size, "pp_size": r.pp_size, "image": r.image,
                    "dist_port": r.dist_port if len(self.nodes) > 1 else None,
                    "speculative": r.speculative.name if r.speculative else None,
-                   **apikey.record_fields(self.name, self.key)}).to_dict()
+                   **recipe_origin(r), **apikey.record_fields(self.name, self.key)}).to_dict()
 
     def env(self, node: Node, roce: list[str]) -> dict[str, str]:
         """The fabric environment, all of it as the other engines get it (phases/container.fabric_env,

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from orchestrator.commands import docker_exec_cmd
-from orchestrator.engines import apikey, config_hash, lifecycle, serving_nodes
+from orchestrator.engines import apikey, config_hash, lifecycle, recipe_origin, serving_nodes
 from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.lifecycle import Decision, Running, ServerRecord
 from orchestrator.engines.liveness import dead_ranks as ranks_ended
@@ -205,7 +205,7 @@ class LaunchSpec:
             memory_gb=self.memory_gb, container=self.container, **when,
             extra={"draft_model": draft, "tp_size": r.tp_size, "main": MAIN, "ours": list(OURS),
                    "memory_gb_per_node": self.memory_gb,
-                   **apikey.record_fields(self.name, self.key)}).to_dict()
+                   **recipe_origin(r), **apikey.record_fields(self.name, self.key)}).to_dict()
 
     def running(self, ctx_facts: dict[str, dict[str, Any]]) -> Running:
         return Running.from_status(status_from_facts(ctx_facts.get(self.first, {})), MAIN)

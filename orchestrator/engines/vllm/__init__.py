@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.apikey import KeyWay
 from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
+from orchestrator.engines.vllm.importer import VllmImporter
 from orchestrator.engines.vllm.layouts import VllmLayouts
 from orchestrator.engines.vllm.meter import VllmMeter
 from orchestrator.engines.vllm.recipe import Recipe
@@ -53,6 +54,7 @@ class VllmEngine:
     log_label = "ray"  # `sparkctl logs`: its Ray containers
     health_paths = ("/health", "/v1/models")  # no /health_generate
     layouts = VllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
+    importer = VllmImporter()  # `recipes import`: sparkrun's and eugr's recipes of this engine
     settings_type = NoSettings  # nothing to set in the inventory's engines.vllm
     process_words = ("vllm",)  # status: its pid files' command lines
     several_servers = True  # each its own containers, ports and record

@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.commands import docker_exec_cmd, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines import apikey, config_hash, servers, serving_nodes
+from orchestrator.engines import apikey, config_hash, recipe_origin, servers, serving_nodes
 from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.lifecycle import ServerRecord
 from orchestrator.engines.serverctl import node_call, node_cmd
@@ -118,7 +118,7 @@ class ServeSpec:
                    "pid_file": f"{self.directory}/{MAIN}",
                    "listen_ports": self.ports.bound(self.backend, len(self.nodes)),
                    "ray_port": self.ports.ray if self.backend == "ray" else None,
-                   **apikey.record_fields(self.name, self.key)}).to_dict()
+                   **recipe_origin(r), **apikey.record_fields(self.name, self.key)}).to_dict()
         if started:
             record["started"] = started
         return record

@@ -20,11 +20,21 @@ KNOWN_REPOS = {
     "nvidia/MiniMax-M2.7-NVFP4": ("MiniMaxM2ForCausalLM", 4),
     "Qwen/Qwen3.6-27B-FP8": ("Qwen3_5ForConditionalGeneration", 3),
     "Qwen/Qwen3-8B": ("Qwen3ForCausalLM", 2),
+    # the recipes built in for three and four Sparks (and the four-node eugr test recipe)
+    "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-NVFP4": ("NemotronHForCausalLM", 4),
+    "Intel/Qwen3.5-397B-A17B-int4-AutoRound": ("Qwen3_5MoeForConditionalGeneration", 4),
+    "Qwen/Qwen3.5-397B-A17B-FP8": ("Qwen3_5MoeForConditionalGeneration", 4),
+    "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": ("Qwen3MoeForCausalLM", 4),
 }
 CONFIG_EXTRAS = {
     # the real config.json has an MTP (NextN) layer: SGLang's NEXTN drafts with it
     "Qwen/Qwen3.6-27B-FP8": {"mtp_num_hidden_layers": 1, "sparklab_weights_gb": 28.0},
     "Qwen/Qwen3-8B": {"sparklab_weights_gb": 16.4},
+    "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-NVFP4": {"sparklab_weights_gb": 308.0},
+    "Intel/Qwen3.5-397B-A17B-int4-AutoRound": {"mtp_num_hidden_layers": 1,
+                                               "sparklab_weights_gb": 222.0},
+    "Qwen/Qwen3.5-397B-A17B-FP8": {"mtp_num_hidden_layers": 1, "sparklab_weights_gb": 400.0},
+    "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": {"sparklab_weights_gb": 236.0},
 }
 """More config.json keys per repo: MTP heads (what NEXTN needs) and the real weights' size in GB
 (the lab's shards are small; the simulated engines check memory against this)."""

@@ -4,7 +4,8 @@ The command line is checked against SGLang's real option table (the one sparkctl
 recipes with, extracted from the pinned wheel): unknown flags and bad values exit 2 like its
 argparse. Then it fails where SGLang 0.5.12 fails for what sparkctl depends on: the model missing
 from the cache (offline), the checks of ServerArgs it mirrors (line numbers of
-sglang/srt/server_args.py), NEXTN on a model without MTP layers, weights that do not fit in
+sglang/srt/server_args.py), EAGLE/NEXTN with eagle_topk > 1 and no num_draft_tokens (the
+TypeError of tokenizer_manager.py l.281), NEXTN on a model without MTP layers, weights that do not fit in
 --mem-fraction-static of the node's memory, and a multi-node rendezvous (--dist-init-addr) that
 cannot be reached. It prints SGLang's start-up and ready lines and serves the OpenAI API
 (sparklab_engine/server.py, paced by perf_model.py), /health, /health_generate, /get_model_info,
@@ -119,6 +120,9 @@ def check_server_args(opts: dict, config: dict) -> None:
     topk = int(opts.get("topk") or 1)
     if algo and topk > 1 and opts.get("attention") == "trtllm_mha":
         raise ValueError("trtllm_mha backend only supports topk = 1 for speculative decoding.")
+    if algo in ("EAGLE", "EAGLE3") and opts.get("steps") is not None and opts.get("topk") is None:
+        # l.3838 compares speculative_eagle_topk > 1 with the value still None
+        raise SourceTypeError("sglang/srt/server_args.py", 3838, "self.speculative_eagle_topk > 1")
     if (opts["tp"] * opts["pp"]) % opts["nnodes"]:
         raise AssertionError("tp_size must be divisible by number of nodes")  # l.7231
     if opts["pp"] > 1 and algo:
@@ -127,6 +131,28 @@ def check_server_args(opts: dict, config: dict) -> None:
     if opts["tp"] * opts["pp"] != opts["nnodes"]:
         raise RuntimeError(f"CUDA error: invalid device ordinal (sparklab: a Spark has one GPU; "
                            f"tp x pp = {opts['tp'] * opts['pp']} over {opts['nnodes']} node(s))")
+
+
+class SourceTypeError(TypeError):
+    """A TypeError SGLang's own code raises, printed as its traceback's last frame."""
+
+    def __init__(self, path: str, line: int, code: str) -> None:
+        super().__init__("'>' not supported between instances of 'NoneType' and 'int'")
+        self.frame = f'  File "{path}", line {line}, in __init__\n    {code}'
+
+
+def init_tokenizer_manager(opts: dict) -> None:
+    """Rank 0's TokenizerManager (engine.py starts it after the scheduler processes; the other
+    ranks only wait for their schedulers): tokenizer_manager.py l.281 reserves output slots for
+    EAGLE's drafts as max(eagle_topk x num_steps, num_draft_tokens). ServerArgs fills
+    num_draft_tokens itself only without --speculative-num-steps or with topk 1 (l.3807-3835),
+    so topk > 1 and no --speculative-num-draft-tokens is max(20, None): a TypeError."""
+    algo = str(opts.get("algo") or "").upper()
+    if algo not in ("EAGLE", "EAGLE3", "NEXTN") or opts.get("steps") is None:
+        return
+    if int(opts.get("topk") or 1) > 1 and opts.get("draft_tokens") is None:
+        raise SourceTypeError("sglang/srt/managers/tokenizer_manager.py", 281,
+                              "self.num_reserved_tokens = max(")
 
 
 def check_memory(opts: dict, config: dict) -> None:
@@ -231,6 +257,8 @@ def main(argv: list[str]) -> int:
         with open(os.path.join(snapshot, "config.json")) as f:
             config = json.load(f)
         check_server_args(opts, config)
+        if opts["rank"] == 0:
+            init_tokenizer_manager(opts)
         conns: list[socket.socket] = []
         if opts["nnodes"] > 1:
             if not opts.get("dist"):
@@ -256,6 +284,10 @@ def main(argv: list[str]) -> int:
         print("INFO:     Shutting down\nINFO:     Application shutdown complete.", file=sys.stderr,
               flush=True)
         return 0
+    except SourceTypeError as exc:
+        print(f"Traceback (most recent call last):\n{exc.frame}\nTypeError: {exc}",
+              file=sys.stderr, flush=True)
+        return 1
     except AssertionError as exc:
         print(f"Traceback (most recent call last):\n  File \"sglang/srt/server_args.py\"\n"
               f"AssertionError: {exc}", file=sys.stderr, flush=True)
