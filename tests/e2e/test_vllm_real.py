@@ -65,8 +65,8 @@ def launched(result: subprocess.CompletedProcess[str]) -> None:
 def lab(lab_session: list[Lab]) -> Iterator[Lab]:
     """The session's lab brought up again with room for the real vLLM; taken down at the end, so
     the next module gets the default lab back (conftest.healthy_lab)."""
-    lab_cli("up", "--force", "--node-memory", "5G", "--memory-scale", "25", check=True,
-            timeout=900)
+    lab_cli("up", "--force", "--node-memory", "5G", "--memory-scale", "25", "--vllm", "--llamacpp",
+            check=True, timeout=1800)
     here = Lab.load(lab_session[0].lab_id)
     lab_session[0] = here
     up = sparkctl("up", *inv(here), "--yes")
@@ -142,20 +142,6 @@ def test_a_port_already_taken_is_named_before_anything_loads(lab: Lab) -> None:
     assert vllm_processes(lab, head) == []
 
 
-def test_the_second_node_unreachable_is_refused_before_loading(lab: Lab) -> None:
-    _, other = lab.nodes
-    lab.cli("fault", "cut-cable", "--node", other, "--interface", "enp1s0f1np1", check=True)
-    try:
-        cut = sparkctl("launch", TP2, *inv(lab), "--yes", "--timeout", "120")
-    finally:
-        lab.cli("fault", "restore")
-    assert cut.returncode != 0
-    said = cut.stdout + cut.stderr
-    assert other in said and "192.168.200.13" in said, said[-3000:]
-    for node in lab.nodes:
-        assert vllm_processes(lab, node) == [], node
-
-
 def test_two_nodes_run_a_real_rank_each_and_a_dead_rank_is_seen(lab: Lab) -> None:
     head, other = lab.nodes
     # each node has its own /dev/shm, as two machines do: vLLM takes ranks that see each other's
@@ -191,7 +177,23 @@ def test_two_nodes_run_a_real_rank_each_and_a_dead_rank_is_seen(lab: Lab) -> Non
 
 
 def test_down_leaves_no_vllm_process(lab: Lab) -> None:
+    assert vllm_processes(lab, lab.nodes[1])  # the relaunched two-node server
     down = sparkctl("down", *inv(lab), "--yes")
     assert down.returncode == 0, down.stdout + down.stderr
+    for node in lab.nodes:
+        assert vllm_processes(lab, node) == [], node
+
+
+def test_the_second_node_unreachable_is_refused_before_loading(lab: Lab) -> None:
+    _, other = lab.nodes
+    # after `down`: the model is on both nodes already, so the launch gets to the fabric check
+    lab.cli("fault", "cut-cable", "--node", other, "--interface", "enp1s0f1np1", check=True)
+    try:
+        cut = sparkctl("launch", TP2, *inv(lab), "--yes", "--timeout", "120")
+    finally:
+        lab.cli("fault", "restore")
+    assert cut.returncode != 0
+    said = cut.stdout + cut.stderr
+    assert f"{other}: " in said and "enp1s0f1np1" in said, said[-3000:]
     for node in lab.nodes:
         assert vllm_processes(lab, node) == [], node

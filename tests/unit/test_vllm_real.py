@@ -203,8 +203,8 @@ def test_a_failed_load_says_vllms_root_cause_and_the_broken_file(fake_transport:
         "(EngineCore pid=99) safetensors._safetensors_rust.SafetensorError: Error while "
         "deserializing header: incomplete metadata, file not fully covered\n"
         "RuntimeError: Engine core initialization failed. See root cause above.\n"))
-    node.on("hub/models--sparklab--tiny-llama", stdout="/root/.cache/huggingface/hub/models--sparklab--tiny-llama/"
-                                    "snapshots/c/model.safetensors: header of 9 bytes but ...\n")
+    repo = "/root/.cache/huggingface/hub/models--sparklab--tiny-llama"
+    node.on(repo, stdout=f"{repo}/snapshots/c/model.safetensors: header of 9 bytes but ...\n")
     node.on("tail -n 30", stdout="...")
     node.on("docker", stdout="")
     notes: list[str] = []
