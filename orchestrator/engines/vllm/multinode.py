@@ -82,7 +82,8 @@ def mp_spec(spec: ServeSpec, node: Node, roce: list[str], hf_cache: str, infinib
         *serve_argv(recipe, "", rank, head_ip, spec.ports.master)]
     env = ray.engine_env(inventory, node, roce, recipe)
     if recipe.omp_threads_bind:  # each rank's own cores (vLLM on CPUs reads it; CUDA does not)
-        env["VLLM_CPU_OMP_THREADS_BIND"] = recipe.omp_threads_bind[rank]
+        binds = recipe.omp_threads_bind
+        env["VLLM_CPU_OMP_THREADS_BIND"] = binds[rank % len(binds)]
     if not head:
         env["HF_HUB_OFFLINE"] = "1"  # the models are on every node already (models phase)
     return ContainerSpec(

@@ -82,7 +82,9 @@ class Recipe(BaseRecipe):
     platform reads them (VLLM_CPU_OMP_THREADS_BIND in that rank's container: `0`, `0-3`, `auto`).
     Empty (the default, right for a Spark): unset. vLLM's CUDA platform never reads it, and its
     mp workers limit their own torch threads; it matters where vLLM runs on CPUs, as in the lab,
-    whose nodes share the host's cores: each rank gets its own (docs/engines.md)."""
+    whose nodes share the host's cores: each rank gets its own (docs/engines.md). A list shorter
+    than the ranks repeats (rank R takes entry R modulo its length), so `advise` may try other
+    parallelisms of the same recipe."""
     master_port: int = Field(default=29501, ge=1024, le=65535)
     """vLLM's --master-port base with the mp executor: rank 0 listens on the first node's fabric
     address at this plus the server's offset (engines/vllm/ports.py; 29501 on API port 8000)
@@ -128,11 +130,6 @@ class Recipe(BaseRecipe):
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
-        if self.omp_threads_bind and len(self.omp_threads_bind) != self.world_size:
-            raise ValueError(
-                f"omp_threads_bind has {len(self.omp_threads_bind)} entries but the server has "
-                f"{self.world_size} rank(s) (tensor_parallel_size x pipeline_parallel_size): "
-                "give one CPU list per rank, in rank order")
         if self.nodes is not None and self.nodes != self.world_size:
             raise ValueError(
                 f"nodes is {self.nodes} but tensor_parallel_size x pipeline_parallel_size is "
