@@ -201,9 +201,10 @@ def test_a_failed_load_says_vllms_root_cause_and_the_broken_file(fake_transport:
 
     spec = serve.ServeSpec(load_recipe(ONE), inventory(), LaunchOptions())
     node = fake_transport(spec.first)
-    node.on("grep -E", stdout=(
-        "(EngineCore pid=99) safetensors._safetensors_rust.SafetensorError: Error while "
-        "deserializing header: incomplete metadata, file not fully covered\n"
+    node.on("grep -E", stdout=(  # as vLLM 0.31.0 logs a worker's traceback, line by line
+        "(Worker pid=239) ERROR 11-28 03:25:23 [multiproc_executor.py:948] safetensors._safetens"
+        "ors_rust.SafetensorError: Error while deserializing header: incomplete metadata, file "
+        "not fully covered\n"
         "RuntimeError: Engine core initialization failed. See root cause above.\n"))
     repo = "/root/.cache/huggingface/hub/models--sparklab--tiny-llama"
     node.on(repo, stdout=f"{repo}/snapshots/c/model.safetensors: header of 9 bytes but ...\n")

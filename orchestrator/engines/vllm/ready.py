@@ -93,7 +93,10 @@ def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note
     raise LaunchFailed(f"{reason}; {spec.name} stopped{left} (log tails below)", "\n".join(parts))
 
 
-CAUSE = r"^(\([^)]*\) )?[A-Za-z_.]*[A-Za-z](Error|Exception): "
+PREFIX = r"^(\([^)]*\) )?([A-Z]+ [0-9-]+ [0-9:]+ \[[^]]*\] )?"
+"""What vLLM puts before a line of its processes: "(Worker pid=9) ERROR 11-28 03:25:23
+[multiproc_executor.py:948] " (a traceback logged line by line), or "(EngineCore pid=9) "."""
+CAUSE = PREFIX + r"[A-Za-z_.]*[A-Za-z](Error|Exception): "
 """The last line of a Python traceback: the exception and its message (vLLM logs the root
 cause's traceback, then its own "Engine core initialization failed" on top)."""
 
@@ -104,8 +107,7 @@ def root_causes(transport: Transport, log: str) -> list[str]:
                           sudo=True, timeout=60, display="the errors in server.log").stdout
     causes: list[str] = []
     for line in found.splitlines():
-        # vLLM prefixes its processes' lines: "(EngineCore pid=99) "
-        line = re.sub(r"^\([^)]*\) ", "", line.strip())
+        line = re.sub(PREFIX, "", line.strip())
         if line and line not in causes and not line.startswith("RuntimeError: Engine core"):
             causes.append(line)
     return causes
