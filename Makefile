@@ -5,8 +5,9 @@ BIN     := $(VENV)/bin
 # What the lab and the tests need from Debian (real OpenSSH, real OpenMPI, iproute2, ...).
 APT_PACKAGES := openssh-server openssh-client openmpi-bin iperf3 sudo iproute2 iputils-ping \
                 procps python3 python3-yaml python3-netifaces python3-dbus socat util-linux \
-                tmux cmake ninja-build g++
-# (cmake, ninja-build, g++: the lab builds the real llama.cpp from source once, see docs/lab.md)
+                tmux cmake ninja-build g++ chromium
+# (cmake, ninja-build, g++: the lab builds the real llama.cpp from source once, see docs/lab.md;
+#  chromium: the dashboard's e2e tests drive the page in it, headless)
 
 .PHONY: install system-deps llamacpp vllm demo test unit e2e lint bench clean
 
@@ -16,7 +17,7 @@ $(VENV)/.installed: pyproject.toml lab/pyproject.toml
 	@$(MAKE) --no-print-directory system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]' -e ./lab
+	$(BIN)/pip install --quiet -e '.[test,dashboard]' -e ./lab
 	touch $@
 
 # The real llama.cpp for the lab's llama.cpp image (PyPI source, cmake; ~15-20 min cold on 2

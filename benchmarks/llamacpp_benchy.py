@@ -30,13 +30,15 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from sparklab import llamacpp_install
+
 from benchmarks.labctl import SPARKCTL, BenchError, Lab
 
 BENCHY = "0.4.0"
 BENCHY_VENV = Path(f"/var/lib/sparklab/cache/llama-benchy-{BENCHY}")
 BOOK_URL = "sparklab://seeded-corpus/20261125"
 """Never fetched: the corpus is already where llama-benchy caches a downloaded book."""
-HUB = Path("/var/lib/sparklab/cache/llamacpp/11434.0.0/root/usr/lib/sparklab/hub")
+HUB = llamacpp_install.ROOT / "usr" / "lib" / "sparklab" / "hub"
 MODEL = "sparklab/tiny-llama-gguf"
 AGREE = 0.25
 OUT = Path(__file__).resolve().parent / "results" / "llamacpp-benchy.json"

@@ -49,6 +49,11 @@ _fault_command("rank-die", "A simulated engine rank dies (flag file in the node)
 _fault_command("block-registry", "The node cannot reach any container registry: `docker pull` "
                "fails as with no DNS/route to it (flag file in the node); `docker save`/`load` "
                "still work. Undo: `fault restore --node NODE`.")
+_fault_command("gpu-throttle", "The GPU falls into the GB10's low-power state: nvidia-smi answers "
+               "97 % busy at 702 of 3003 MHz, no throttle reason (simulated; the real one needs a "
+               "full power cycle). Undo: `fault restore --node NODE`.")
+_fault_command("gpu-hot", "The GPU runs hot: nvidia-smi answers 93 °C under load with the SW "
+               "thermal slowdown active (simulated). Undo: `fault restore --node NODE`.")
 _fault_command("change-address", "Replace an interface's addresses by hand.", _IFACE,
                click.option("--address", required=True, help="e.g. 192.168.200.99/24"))
 _fault_command("set-mtu", "Change an interface's MTU by hand.", _IFACE,

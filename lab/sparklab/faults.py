@@ -323,6 +323,8 @@ FAULTS: dict[str, tuple[Apply, Undo]] = {
     "engine-hang": (_flag, _undo_flag),
     "rank-die": (_flag, _undo_flag),
     "block-registry": (_flag, _undo_flag),
+    "gpu-throttle": (_flag, _undo_flag),  # read by the node's simulated nvidia-smi
+    "gpu-hot": (_flag, _undo_flag),
     "change-address": (_change_address, _undo_change_address),
     "set-mtu": (_set_mtu, _undo_set_mtu),
     "switch-mtu": (_switch_mtu, _undo_switch_mtu),

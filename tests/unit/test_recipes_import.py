@@ -257,3 +257,16 @@ def test_a_recipe_real_sglang_cannot_start_is_refused_at_import(tmp_path: Path) 
     result = CliRunner().invoke(cli, ["recipes", "import", str(source), "-o", str(tmp_path / "o.yml")])
     assert result.exit_code == 2
     assert "eagle_topk" in result.output and "Traceback" not in result.output
+
+
+def test_llamacpp_flags_the_pinned_build_takes_are_carried_as_they_are(tmp_path: Path) -> None:
+    """--no-mmap and --mlock exist at the pinned b10456: carried word for word, not rewritten
+    to a later build's --load-mode (which the pinned image would not take as written)."""
+    text = (FIXTURES / "sparkrun-llamacpp-solo.yaml").read_text()
+    source = tmp_path / "mmap.yaml"
+    source.write_text(text.replace("      --no-webui", "      --no-webui \\\n      --no-mmap --mlock"))
+    result = run("recipes", "import", str(source), "--name", "mmap-test")
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load((user_dir() / "mmap-test.yml").read_text())
+    assert data["serve_args"][-2:] == ["--no-mmap", "--mlock"]
+    assert "--load-mode" not in result.output

@@ -33,7 +33,7 @@ def facts(gpu: str = GB10, plan: dict[str, Any] | None = None) -> dict[str, Any]
 def test_a_gb10_reports_available_memory_and_utilisation_not_gpu_memory() -> None:
     memory = node_memory(facts(plan={"guard_min_available_gb": 4.0}))
     assert memory == {"total_gb": 119.6, "available_gb": 114.0, "gpu_utilization_pct": 35.0,
-                      "guard_min_available_gb": 4.0, "guard_source": "launch"}
+                      "guard_min_available_gb": 4.0, "guard_source": "launch", "gpu": {}}
     assert memory_text(memory) == "114 of 119.6 GB available (guard: 4 GB), GPU 35 %"
 
 

@@ -21,14 +21,15 @@ MAX_LINES = 400
 JUDGES = ("netcheck", "status")
 """Read-only judges over gathered facts; bench sits above them (it relaunches servers)."""
 FORBIDDEN = {
-    "remote": {"core", "phases", "engines", *JUDGES, "bench", "cli"},
-    "core": {"phases", "engines", *JUDGES, "bench", "cli"},
-    "phases": {*JUDGES, "bench", "cli"},
-    "engines": {"bench", "cli"},
-    "netcheck": {"bench", "cli"},
-    "status": {"bench", "cli"},
-    "bench": {"cli"},
-    "advise": {"cli"},
+    "remote": {"core", "phases", "engines", *JUDGES, "bench", "dashboard", "cli"},
+    "core": {"phases", "engines", *JUDGES, "bench", "dashboard", "cli"},
+    "phases": {*JUDGES, "bench", "dashboard", "cli"},
+    "engines": {"bench", "dashboard", "cli"},
+    "netcheck": {"bench", "dashboard", "cli"},
+    "status": {"bench", "dashboard", "cli"},
+    "bench": {"dashboard", "cli"},
+    "advise": {"dashboard", "cli"},
+    "dashboard": {"bench", "cli"},  # the web page over status's judges
 }
 # Modules allowed to break the rule above, with what they may import: core/plan.py assembles
 # the plans out of the phases and the engine. Anything else found is a failure to fix.

@@ -1,6 +1,6 @@
 """`sparkctl recipes import` for llama-server commands (sparkrun's `llama-cpp` runtime).
 
-`llama-server ...` parsed with llama.cpp b11434's option table (its aliases: -hf, -ngl, -c, -np).
+`llama-server ...` parsed with the pinned llama.cpp build's option table (its aliases: -hf, -ngl, -c, -np).
 sparkrun names a GGUF as `repo:QUANT` (`-hf {model}`); a sparkctl recipe names the file in the
 repo, so the import derives it from llama.cpp's usual naming (`<repo without -GGUF>-<QUANT>.gguf`)
 and says so: check it against the repo's file list. A local `-m` path or draft file cannot be
@@ -22,11 +22,9 @@ ALL_LAYERS = 999  # the recipe's default: more layers than any model has
 class LlamacppImporter:
     runtimes = frozenset({"llama-cpp"})
     programs = (("llama-server",),)
-    # flags of earlier llama.cpp builds that b11434 replaced by one option: `--load-mode`
-    # (mmap | mlock | dio | none) took over --mmap, --no-mmap, --mlock and --direct-io
-    renamed = {"--mmap": ["--load-mode", "mmap"], "--no-mmap": ["--load-mode", "none"],
-               "--mlock": ["--load-mode", "mlock"], "--direct-io": ["--load-mode", "dio"],
-               "-dio": ["--load-mode", "dio"]}
+    # none: the pinned build (b10456, docs/option-tables.md) still takes --mmap, --no-mmap,
+    # --mlock and --direct-io as they are (later builds folded them into `--load-mode`)
+    renamed: dict[str, list[str]] = {}
 
     def table(self) -> OptionTable:
         from orchestrator.engines.llamacpp.options import table

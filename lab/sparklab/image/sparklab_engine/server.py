@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from . import perf_model
 from .common import image_version, trt_log
 from .llm_args import draft_model
+from .token_stats import TokenStats
 
 WORDS = ("the", "city", "light", "river", "bread", "museum", "evening", "streets", "art",
          "history", "cafe", "people", "walk", "bridge", "market", "music", "quiet", "old",
@@ -30,6 +31,7 @@ class Job:
         self.sent = 0
         self.steps = 0
         self.offset = offset
+        self.last = time.monotonic()  # arrival, then each emit: TTFT and inter-token latency
         self.chunks: queue.Queue[list[str] | None] = queue.Queue()
 
     @property
@@ -68,6 +70,7 @@ class EngineState:
         self.cond = threading.Condition()
         self.pending: list[Job] = []
         self.active: list[Job] = []
+        self.tokens = TokenStats()  # what /metrics publishes where the engine has them
         threading.Thread(target=self.loop, daemon=True).start()
 
     def healthy(self) -> bool:
@@ -112,15 +115,19 @@ class EngineState:
             clock = (clock if decoding and now - clock < 0.5 else now) + seconds
             if clock > now:
                 time.sleep(clock - now)
+            emitted = time.monotonic()
             for job in new:
                 job.emit(1)  # the context phase yields the first token
+                self.tokens.first_token(job.prompt_tokens, emitted - job.last)
+                job.last = emitted
             accepted = 0
             for job in decoding:
                 draw = (job.offset + job.steps * perf_model.ACCEPT_SEQUENCE) % 1.0
                 hit = perf_model.accepted_draw(self.draft_len, draw) if self.draft_len else 0
                 job.steps += 1
                 accepted += hit
-                job.emit(1 + hit)
+                self.tokens.tokens(job.emit(1 + hit), emitted - job.last)
+                job.last = emitted
             self.record(len(new) + len(decoding), len(new), len(decoding), accepted, seconds)
             with self.cond:
                 self.active = [j for j in decoding + new if not j.done]

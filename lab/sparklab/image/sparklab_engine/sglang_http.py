@@ -4,7 +4,8 @@
 http_server.py l.505-526); /v1/models lists the served model ("owned_by": "sglang");
 /get_model_info; with --enable-metrics, /metrics in Prometheus text with SGLang's names for
 speculative decoding (sglang:spec_accept_length, sglang:spec_accept_rate; metrics_collector.py
-l.341-347), computed from the drafts the performance model accepted. With --api-key (or
+l.341-347), computed from the drafts the performance model accepted, token counters and the
+TTFT and inter-token latency histograms (token_stats.py). With --api-key (or
 `api-key:` in a --config YAML), every route but /health* and /metrics* needs `Authorization:
 Bearer KEY`, else 401 {"error": "Unauthorized"} (srt/utils/auth.py).
 """
@@ -51,7 +52,9 @@ class SglangState(EngineState):
             f"sglang:num_running_reqs{{{labels}}} {len(self.active)}\n"
             "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n"
             "# TYPE sglang:num_queue_reqs gauge\n"
-            f"sglang:num_queue_reqs{{{labels}}} {len(self.pending)}\n")
+            f"sglang:num_queue_reqs{{{labels}}} {len(self.pending)}\n"
+            # token counters, TTFT and inter-token latency histograms (token_stats.py)
+            + self.tokens.prometheus("sglang", labels))
 
 
 class SglangHandler(Handler):
