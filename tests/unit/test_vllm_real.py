@@ -215,5 +215,6 @@ def test_a_failed_load_says_vllms_root_cause_and_the_broken_file(fake_transport:
         ready.fail_and_clean({spec.first: node}, spec, notes.append, "vllm serve exited")
     said = str(failed.value)
     assert "exited: safetensors._safetensors_rust.SafetensorError: Error while deserializing" in said
-    assert "models--sparklab--tiny-llama/snapshots/c/model.safetensors: header of 9 bytes" in said
+    assert ("HF cache of spark-a: ~/.cache/huggingface/hub/models--sparklab--tiny-llama/snapshots/c/"
+            "model.safetensors: header of 9 bytes") in said
     assert "Engine core initialization failed" not in said.split(";")[0]

@@ -77,8 +77,8 @@ def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note
         reason += f": {causes[-1]}"
         broken = broken_weights(first, spec) if "safetensor" in " ".join(causes).lower() else []
         if broken:
-            reason += ("; broken weights file(s), download the model again (`sparkctl down "
-                       f"--server {spec.name}`, remove them, relaunch): " + "; ".join(broken))
+            reason += ("; broken weights file(s) in the HF cache of " + spec.first + ": "
+                       + "; ".join(broken) + " (remove them; the next launch downloads them again)")
     what = "Ray" if spec.backend == "ray" else "rank"
     for name in spec.nodes:
         if name in transports:
@@ -123,4 +123,6 @@ def broken_weights(transport: Transport, spec: ServeSpec) -> list[str]:
     repo = f"{CONTAINER_HF_HOME}/hub/models--{spec.recipe.model.replace('/', '--')}"
     command = docker_exec_cmd(spec.container, ["python3", "-c", script("weights_check.py"), repo])
     found = transport.run(command, sudo=True, timeout=120, display="check the weights files")
-    return [line for line in found.stdout.splitlines() if line.strip()] if found.ok else []
+    node_cache = spec.inventory.cluster.hf_cache.rstrip("/")  # where the container's is mounted
+    return [line.replace(CONTAINER_HF_HOME, node_cache, 1)
+            for line in found.stdout.splitlines() if line.strip()] if found.ok else []
