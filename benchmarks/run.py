@@ -21,11 +21,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks import engines, scenarios
+from benchmarks import engines, launch_overhead, scenarios
 from benchmarks.labctl import BenchError
 from benchmarks.stats import Target, results_table, targets_table
 
-SCENARIOS = ("help", "two-node", "fanout", "engines", "delay", "scale")
+SCENARIOS = ("help", "two-node", "fanout", "engines", "delay", "scale", "launch")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
 MIB = 2**20
 
@@ -56,6 +56,12 @@ TARGETS = [
            "fan-out node script: not verified (sha256 no-op), 4 streams", 0.70,
            "iperf3 raw TCP head->peer (probe)", at_least=True),
     Target("sparkctl --help < 0.2 s", "sparkctl --help", 0.2),
+    Target("no-change up, 2 nodes <= 1.2x floor", "up no-change, 2 nodes", 1.2,
+           "floor: up no-change, 2 nodes"),
+    Target("cold up <= 1.2x floor", "up cold, 2 nodes", 1.2, "floor: up cold, 2 nodes"),
+    Target("launch (real llama-server, model in place) <= 1.3x by hand",
+           f"launch {launch_overhead.RECIPE} (real llama-server), model in place", 1.3,
+           f"floor: the same docker run by hand + /health, {launch_overhead.RECIPE}"),
 ]
 
 
@@ -131,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                     engines.bench_engines(settings, results, workdir)
                 elif name == "delay":
                     scenarios.bench_delay(settings, results, workdir)
+                elif name == "launch":
+                    launch_overhead.bench_launch(settings, results, workdir)
                 else:
                     scenarios.bench_scale(settings, results, workdir)
             except BenchError as exc:

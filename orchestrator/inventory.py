@@ -260,6 +260,16 @@ class Inventory(_Model):
         return found if found is not None else settings_type(engine)()
 
     @property
+    def up_image(self) -> str | None:
+        """The image of the container `up` keeps on every node (a served engine's, its
+        UpStage capability), or None: an inventory naming only engines that bring their own
+        images at launch pulls nothing at `up`."""
+        from orchestrator.engines import up_container
+
+        found = up_container(self)
+        return found.settings.image if found else None
+
+    @property
     def container(self) -> ContainerSettings:
         """The container `up` keeps on every node for the default engine (its section's
         `container`): what the code paths of that container read."""

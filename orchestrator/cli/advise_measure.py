@@ -17,19 +17,19 @@ Note = Callable[[str], None]
 
 def _launch(inventory: Any, recipe: Any, name: str | None, timeout: float, token: Any,
             note: Note, persist: bool = False, host: str | None = None, key: Any = None) -> None:
-    """The plan `sparkctl launch RECIPE --replace --yes` runs, under the cluster lock."""
+    """The plan `sparkctl launch RECIPE --replace --yes` runs (cli/launch_plan.py: every
+    check), under the cluster lock."""
+    from orchestrator.cli.launch_plan import checked_recipe, launch_plan
     from orchestrator.core.lock import ClusterLock
     from orchestrator.core.session import open_session, run_plan
-    from orchestrator.core.step import Plan, RunOptions
-    from orchestrator.engines import check_against_inventory, engine_of
-    from orchestrator.engines.base import DEFAULT_HOST, LaunchOptions
+    from orchestrator.core.step import RunOptions
     from orchestrator.errors import SparkctlError
+    from orchestrator.recipe import DEFAULT_HOST, LaunchOptions
 
-    check_against_inventory(recipe, inventory)
-    engine = engine_of(recipe)
+    recipe = checked_recipe(recipe, inventory)
     options = LaunchOptions(replace=True, timeout=timeout, name=name, persist=persist,
                             api_key=key, host=host or DEFAULT_HOST)
-    plan = Plan("launch", engine.launch_phases(recipe, inventory, options))
+    plan = launch_plan(recipe, inventory, options)
     with open_session(inventory, "launch", quiet=True) as session:
         head = inventory.head_name
         if head not in session.transports or session.unreachable:

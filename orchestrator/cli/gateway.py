@@ -91,7 +91,7 @@ def _up(inventory_path: str | None, host: str, port: int, key_file: str | None,
     from orchestrator.cli.launch import _server_on_head
     from orchestrator.core.report import print_json
     from orchestrator.errors import InputError
-    from orchestrator.phases import gateway
+    from orchestrator.gateway import control as gateway
 
     key = read_key_file(key_file) if key_file else None
     _check_host(host, key)
@@ -115,7 +115,7 @@ def _up(inventory_path: str | None, host: str, port: int, key_file: str | None,
 
 
 def status_doc(session: Any, inventory: Any) -> dict[str, Any]:
-    from orchestrator.phases import gateway
+    from orchestrator.gateway import control as gateway
 
     return gateway.status(session.transports, inventory)
 
@@ -146,17 +146,21 @@ def _status(inventory_path: str | None, as_json: bool) -> int:
     manager, inventory = _server_on_head(inventory_path, "gateway status")
     with manager as session:
         doc = status_doc(session, inventory)
+    closed = [r["server"] for r in doc.get("replicas") or [] if not r["in_gateway"]]
     if as_json:
-        print_json({"command": "gateway status", "ok": True, **doc})
+        print_json({"command": "gateway status", "ok": not closed, **doc})
     else:
         _render(doc)
-    return 0
+        if closed:
+            click.echo(f"{', '.join(closed)} out of the rotation: `sparkctl gateway up` puts "
+                       "it back", err=True)
+    return 1 if closed else 0
 
 
 def _down(inventory_path: str | None, as_json: bool, break_lock: bool = False) -> int:
     from orchestrator.cli.launch import _server_on_head
     from orchestrator.core.report import print_json
-    from orchestrator.phases import gateway
+    from orchestrator.gateway import control as gateway
 
     manager, inventory = _server_on_head(inventory_path, "gateway down")
     with manager as session, _locked(session, inventory, "gateway down", break_lock):
@@ -209,7 +213,8 @@ def up(inventory_path: str | None, host: str, port: int, api_key_file: str | Non
 @inventory_option
 @json_option
 def status(inventory_path: str | None, as_json: bool) -> None:
-    """The gateway's address, key, models, replicas and their health."""
+    """The gateway's address, key, models, replicas and their health (exit 1 when a replica
+    is out of the rotation)."""
     run_command(lambda: _status(inventory_path, as_json))
 
 
@@ -230,8 +235,9 @@ def bench_gateway(opts: dict[str, Any]) -> int:
     from orchestrator.commands import quote
     from orchestrator.core.report import print_json
     from orchestrator.errors import SparkctlError
+    from orchestrator.gateway import control as gateway
     from orchestrator.node import script
-    from orchestrator.phases import gateway, gateway_spec
+    from orchestrator.phases import gateway_spec
 
     manager, _ = _server_on_head(opts["inventory_path"], "bench --gateway")
     with manager as session:

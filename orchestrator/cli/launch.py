@@ -72,32 +72,25 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             no_drop_caches: bool = False, persist: bool = False, distribute_image: bool = False,
             api_key_file: str | None = None, verify_models: bool = False) -> int:
     from orchestrator.cli.api_key import check_bind
+    from orchestrator.cli.launch_plan import checked_recipe, launch_plan
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.step import Plan, RunOptions
-    from orchestrator.engines import (
-        check_against_inventory,
-        default_placement,
-        engine_of,
-        load_recipe,
-        serving_nodes,
-    )
-    from orchestrator.engines.apikey import relayed_port  # (an engine behind the key relay)
-    from orchestrator.engines.base import LaunchOptions
+    from orchestrator.engines import capabilities, engine_of, load_recipe
     from orchestrator.errors import InputError
+    from orchestrator.recipe import LaunchOptions, serving_nodes
 
     recipe = load_recipe(recipe_name)
     engine = engine_of(recipe)
-    api_key = check_bind(host, api_key_file, engine.api_key, engine.title)  # before anything else
+    api_key = check_bind(host, api_key_file, capabilities.api_key_way(engine),
+                         engine.title)  # before anything else
     inventory, _ = load_inventory_option(inventory_path)
-    recipe = _placed(recipe, placed, name, port)
-    check_against_inventory(recipe, inventory)
-    recipe = default_placement(recipe, inventory)
+    recipe = checked_recipe(_placed(recipe, placed, name, port), inventory)
     estimate = engine.estimate_memory(recipe)
     _note(f"memory: {estimate.explanation}")
     if estimate.verdict == "does not fit" and not ignore_memory:
         raise InputError(f"recipe {recipe.name} does not fit in a Spark's memory (see above); "
                          "--ignore-memory launches it anyway")
-    for warning in engine.warnings(recipe):
+    for warning in capabilities.warnings(engine, recipe):
         _note(f"warning: {warning}")
     token = read_hf_token(hf_token_file)
     options = LaunchOptions(host=host, replace=replace, drop_caches=drop_caches, timeout=timeout,
@@ -106,14 +99,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
                             persist=persist or recipe.persist, api_key=api_key)
     head, server = serving_nodes(recipe, inventory)[0], name or recipe.name
     endpoint = f"http://{host}:{recipe.port}"
-
-    from orchestrator.phases import hub_token
-    from orchestrator.phases.launch_checks import with_checks
-    # the models' image, then the token: a missing or refused one stops before any download
-    plan = Plan("launch", with_checks([*hub_token.phases(recipe, inventory),
-                                       *engine.launch_phases(recipe, inventory, options)],
-                                      recipe, inventory, verify_models, host,
-                                      relayed_port(engine.api_key, api_key, recipe.port), server))
+    plan = launch_plan(recipe, inventory, options, verify_models)
 
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,
@@ -125,7 +111,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             report.notes.append(f"Serving {recipe.model} at {endpoint} on {head} (server {server}). "
                                 f"Try `sparkctl chat --server {server} \"Hello\"`, or `sparkctl "
                                 f"tunnel --server {server}` for other clients.")
-            from orchestrator.phases.gateway_follow import after_change
+            from orchestrator.gateway.follow import after_change
 
             after_change(session, inventory, _note)  # a gateway that runs routes to it too
 

@@ -66,14 +66,15 @@ def show_recipe(name: str, as_json: bool) -> None:
         import yaml
 
         from orchestrator.core.report import print_json
-        from orchestrator.engines import engine_of, load_recipe
+        from orchestrator.engines import capabilities, engine_of, load_recipe
 
         recipe = load_recipe(name)
         engine = engine_of(recipe)
         estimate = engine.estimate_memory(recipe)
         if as_json:
             print_json({"recipe": recipe.model_dump(mode="json"), "engine": engine.name,
-                        "memory": estimate.model_dump(mode="json"), **engine.config_preview(recipe)})
+                        "memory": estimate.model_dump(mode="json"),
+                        **capabilities.config_preview(engine, recipe)})
             return 0
         click.echo(f"# {recipe.source}")
         click.echo(yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))

@@ -11,6 +11,7 @@ back into the gateway, then the next. With one replica it would mean downtime: r
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -97,9 +98,7 @@ def rolling(recipe_name: str, inventory_path: str | None, allow_downtime: bool,
     from orchestrator.core.runner import load_inventory_option
     from orchestrator.core.session import open_session
     from orchestrator.engines import load_recipe, servers
-    from orchestrator.errors import SparkctlError
-    from orchestrator.phases import gateway
-    from orchestrator.phases.gateway_spec import COOLDOWN_SECONDS
+    from orchestrator.gateway import control as gateway
 
     recipe = load_recipe(recipe_name)
     inventory, _ = load_inventory_option(inventory_path)
@@ -115,36 +114,106 @@ def rolling(recipe_name: str, inventory_path: str | None, allow_downtime: bool,
         note(f"rolling: {len(replicas)} replica(s) of {recipe.name}: "
              + ", ".join(f"{s['name']} on {s['node']}" for s in replicas))
         started = time.monotonic()
-        for index, server in enumerate(replicas, 1):
-            name, node = str(server["name"]), str(server["node"])
-            transport = session.transports.get(node)
-            if transport is None:
-                raise SparkctlError(f"cannot reach {node}, where replica {name} runs")
-            on_node = probes.get(node)
-            routed = on_node is not None and name in on_node.relays
-            if not allow_downtime and not others_serve(session, inventory, recipe.name, name):
-                raise SparkctlError(
-                    f"rolling: no other replica of {recipe.name} answers now, so taking {name} "
-                    "out would stop serving: relaunch the others first, or pass --allow-downtime")
-            if routed:
-                note(f"rolling [{index}/{len(replicas)}] {name}: out of the gateway, draining")
-                gateway.drain(transport, name, DRAIN_TIMEOUT, note)
-            note(f"rolling [{index}/{len(replicas)}] {name}: relaunching on {node}")
-            code = relaunch(server, transport)
-            if code != 0:
-                raise SparkctlError(
-                    f"rolling: relaunching {name} on {node} failed (exit {code}; see above); "
-                    f"{'it stays out of the gateway; ' if routed else ''}the replicas not yet "
-                    "replaced keep serving")
-            if routed:
-                gateway.set_in_rotation(transport, name, True)
-                # LiteLLM cooled it down when its door closed: wait that out so the next
-                # replica leaves only once this one takes requests again
-                time.sleep(COOLDOWN_SECONDS + 1)
-                note(f"rolling [{index}/{len(replicas)}] {name}: back in the gateway")
+        progress = Progress()
+        previous = signal.signal(signal.SIGINT, progress.on_interrupt)
+        try:
+            for index, server in enumerate(replicas, 1):
+                _roll_one(session, inventory, recipe.name, server, probes, allow_downtime,
+                          relaunch, note, f"[{index}/{len(replicas)}]", progress)
+        except BaseException as exc:
+            # launch turns Ctrl-C into its own errors (a failed readiness step, exit 130):
+            # the signal itself says whether the user stopped the run
+            note(progress.stopped(reopen=progress.interrupted or isinstance(exc, KeyboardInterrupt)))
+            raise
+        finally:
+            signal.signal(signal.SIGINT, previous)
         note(f"rolling: {len(replicas)} replica(s) of {recipe.name} replaced in "
              f"{time.monotonic() - started:.0f} s")
     return 0
+
+
+class Progress:
+    """What a rolling run changed so far, for the message when it stops part way: the replicas
+    relaunched, and the one whose door is closed right now. Interrupted (Ctrl-C), that door
+    opens again: the replica serves as before, or its refused connections are retried on the
+    others. After a failed relaunch it stays closed (the server may answer wrongly) and the
+    message says so; `gateway up` and `status` see it closed."""
+
+    def __init__(self) -> None:
+        self.replaced: list[str] = []
+        self.out: tuple[str, Any] | None = None  # (server, its node's transport)
+        self.relaunching = ""
+        self.interrupted = False
+
+    def on_interrupt(self, signum: int, frame: Any) -> None:
+        """SIGINT: remembered, then Python's own KeyboardInterrupt."""
+        self.interrupted = True
+        signal.default_int_handler(signum, frame)
+
+    def stopped(self, reopen: bool) -> str:
+        from orchestrator.gateway import control as gateway
+
+        reopened = ""
+        if self.out is not None and not reopen:
+            reopened = (f"; {self.out[0]} is OUT of the gateway's rotation until `sparkctl "
+                        "gateway up` puts it back")
+        elif self.out is not None:
+            name, transport = self.out
+            try:
+                gateway.set_in_rotation(transport, name, True)
+                reopened = f"; {name} is back in the gateway's rotation"
+            except Exception as exc:  # the node may be what failed: say what to run
+                reopened = (f"; {name} is still OUT of the gateway's rotation ({exc}): "
+                            "`sparkctl gateway up` puts it back")
+        replaced = ", ".join(self.replaced) or "none"
+        during = (f"; stopped while relaunching {self.relaunching} (it may be down or half "
+                  "replaced: `sparkctl status`)") if self.relaunching else ""
+        return f"rolling: stopped part way: replaced {replaced}{during}{reopened}"
+
+
+def _roll_one(session: Any, inventory: Any, recipe: str, server: dict[str, Any],
+              probes: dict[str, Any], allow_downtime: bool,
+              relaunch: Callable[[dict[str, Any], Any], int], note: Callable[[str], None],
+              step: str, progress: Progress) -> None:
+    """One replica: out of the gateway and drained, relaunched, back in."""
+    from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
+    from orchestrator.gateway import control as gateway
+    from orchestrator.phases.gateway_spec import COOLDOWN_SECONDS
+
+    name, node = str(server["name"]), str(server["node"])
+    transport = session.transports.get(node)
+    if transport is None:
+        raise SparkctlError(f"cannot reach {node}, where replica {name} runs")
+    on_node = probes.get(node)
+    routed = on_node is not None and name in on_node.relays
+    if not allow_downtime and not others_serve(session, inventory, recipe, name):
+        raise SparkctlError(
+            f"rolling: no other replica of {recipe} answers now, so taking {name} "
+            "out would stop serving: relaunch the others first, or pass --allow-downtime")
+    if routed:
+        note(f"rolling {step} {name}: out of the gateway, draining")
+        progress.out = (name, transport)
+        gateway.drain(transport, name, DRAIN_TIMEOUT, note)
+    note(f"rolling {step} {name}: relaunching on {node}")
+    progress.relaunching = name
+    code = relaunch(server, transport)
+    if code != 0 and progress.interrupted:
+        raise SparkctlError(f"rolling: interrupted while relaunching {name} on {node}",
+                            EXIT_INTERRUPTED)
+    if code != 0:
+        raise SparkctlError(
+            f"rolling: relaunching {name} on {node} failed (exit {code}; see above); "
+            f"{'it stays out of the gateway; ' if routed else ''}the replicas not yet "
+            "replaced keep serving")
+    progress.relaunching = ""
+    progress.replaced.append(name)
+    if routed:
+        gateway.set_in_rotation(transport, name, True)
+        progress.out = None
+        # LiteLLM cooled it down when its door closed: wait that out so the next
+        # replica leaves only once this one takes requests again
+        time.sleep(COOLDOWN_SECONDS + 1)
+        note(f"rolling {step} {name}: back in the gateway")
 
 
 def rolling_launch(opts: dict[str, Any], _launch: Callable[..., int]) -> None:

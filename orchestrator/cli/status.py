@@ -163,6 +163,7 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
     from orchestrator.core.runner import RunRequest, execute, load_inventory_option
     from orchestrator.core.session import Session
     from orchestrator.core.step import Plan
+    from orchestrator.engines.serverctl import down_parts
     from orchestrator.phases.teardown import build_down_plan
 
     inventory, _ = load_inventory_option(inventory_path)
@@ -184,11 +185,11 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
                 "still in place; run `sparkctl down` again once it is reachable."
             )
         if oom_guard:
-            return build_down_plan(inventory, network, oom_guard_only=True)
+            return build_down_plan(inventory, network, down_parts(), oom_guard_only=True)
         notes.append("Kept: the Hugging Face model cache on every node (see docs/operate.md to remove it).")
         if not network:
             notes.append("Kept: the fabric network config (`sparkctl down --network` removes it).")
-        return build_down_plan(inventory, network, keep_logs=keep_logs)
+        return build_down_plan(inventory, network, down_parts(), keep_logs=keep_logs)
 
     request = RunRequest(
         command="down", inventory=inventory, build=build, dry_run=dry_run, yes=yes, as_json=as_json,
@@ -199,7 +200,7 @@ def _down(inventory_path: str | None, network: bool, dry_run: bool, yes: bool, a
 
 
 def follow_gateway(session: object, inventory: object) -> None:
-    from orchestrator.phases.gateway_follow import after_change
+    from orchestrator.gateway.follow import after_change
 
     after_change(session, inventory, lambda line: click.echo(line, err=True))  # type: ignore[arg-type]
 

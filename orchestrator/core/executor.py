@@ -62,14 +62,16 @@ class Executor:
         self.current: tuple[str, str, list[str]] | None = None
         self.current_hint: str | None = None
         self.prefetched: dict[str, dict[str, Any]] | None = None
+        self._lock_guard = threading.Lock()
+        self._lock_error: SparkctlError | None = None
         self.phase_names: set[str] = set()
 
     def run(self, plan: Plan) -> Report:
         self.phase_names = {phase.name for phase in plan.phases}
         try:
             self.prefetched = self._prefetch(plan)
-            if self.lock is not None:
-                self.lock.ensure()
+            if self.lock is not None and self.prefetched is None:
+                self.lock.ensure()  # a one-phase plan: taken at once, as before
             for index, phase in enumerate(plan.phases):
                 self._run_phase(phase)
                 if self.failed:
@@ -151,14 +153,30 @@ class Executor:
                     requests.setdefault(node.name, []).append(phase.facts(self.inventory, node))
         head = self.inventory.head_name
         if self.lock is not None and head in requests:
-            requests[head].append(self.lock.request())
+            # only a look: the lock is taken before the first change (_ensure_lock), so a run
+            # that changes nothing costs no lock and no release round trip
+            requests[head].append(self.lock.peek_request())
         merged = Phase("facts", [], lambda inventory, node: merge_requests(requests[node.name]))
         nodes = [n for n in self.inventory.nodes if n.name in requests]
         self.progress.phase("facts", len(nodes))
         facts = self._gather(merged, nodes)
         if self.lock is not None and head in facts:
-            self.lock.accept(facts[head].get("lock", {}))
+            self.lock.judge_peek(facts[head].get("lock", {}))
         return facts
+
+    def _ensure_lock(self) -> None:
+        """Take the cluster lock before the first change (once; a failure stays for every
+        step that would change something, so none does)."""
+        if self.lock is None:
+            return
+        with self._lock_guard:
+            if self._lock_error is not None:
+                raise self._lock_error
+            try:
+                self.lock.ensure()
+            except SparkctlError as exc:
+                self._lock_error = exc
+                raise
 
     def _refuse_full_disks(self, facts: dict[str, dict[str, Any]]) -> None:
         """Before anything changes: a node whose disk is full (or read-only) where sparkctl
@@ -254,6 +272,7 @@ class Executor:
         if self.options.dry_run:
             return StepResult(phase.name, step.name, "planned", message=outcome.summary,
                               diff=outcome.diff, commands=outcome.commands)
+        self._ensure_lock()
         for command in outcome.commands:
             log.info("%s %s/%s runs: %s", ctx.node.name, phase.name, step.name, command)
         message = step.apply(ctx, outcome)

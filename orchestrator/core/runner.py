@@ -145,6 +145,8 @@ def execute(request: RunRequest) -> int:
         try:
             run_plan(session, plan, options, lock)
             if request.after and session.report.ok:
+                if lock is not None:
+                    lock.ensure()  # what runs after may change things (the gateway follows)
                 request.after(session, session.report)
         except Interrupted:
             _finish(request, session.finish(), run_log)

@@ -19,11 +19,14 @@ from orchestrator.errors import InputError
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from orchestrator.engines.base import BaseRecipe, Engine, UpContainer
+    from orchestrator.engines.base import Engine, UpContainer
     from orchestrator.inventory import Inventory
+    from orchestrator.recipe import BaseRecipe
 
 ENGINES_DIR = Path(__file__).parent
 DEFAULT_ENGINE = "trtllm"
+"""The engine of a recipe (and a server record) that names none: recipes written before there
+were several engines keep working."""
 
 
 def _engine_folders() -> dict[str, str]:
@@ -46,29 +49,30 @@ def get_engine(name: str) -> Engine:
 
 def ready_lines() -> dict[str, str]:
     """Each engine's ready line, by engine name: what the node scripts look for in its logs."""
-    return {name: get_engine(name).ready_line for name in sorted(REGISTRY)}
-
-
-def one_server_engines() -> frozenset[str]:
-    """The engines that run one server per cluster (`several_servers` False)."""
-    return frozenset(name for name in REGISTRY if not get_engine(name).several_servers)
+    return {name: get_engine(name).readiness.ready_line for name in sorted(REGISTRY)}
 
 
 def server_containers(server: str) -> set[str]:
-    """The containers a server of that name may run in, whichever engine (Engine.containers)."""
-    return {c for name in REGISTRY for c in get_engine(name).containers(server)}
+    """The containers a server of that name may run in, whichever engine (OwnContainers)."""
+    from orchestrator.engines import capabilities
+
+    return {c for name in REGISTRY for c in capabilities.containers(get_engine(name), server)}
 
 
 def settings_type(name: str) -> type[BaseModel]:
-    """The model of the engine's section of the inventory's `engines:`."""
-    return get_engine(name).settings_type
+    """The model of the engine's section of the inventory's `engines:` (HasSettings)."""
+    from orchestrator.engines import capabilities
+
+    return capabilities.settings_type(get_engine(name))
 
 
 def up_container(inventory: Inventory) -> UpContainer | None:
     """The container `up` keeps on every node for an engine the inventory serves, or None
     (an inventory naming only engines that bring their own containers at launch)."""
+    from orchestrator.engines import capabilities
+
     for name in inventory.served_engines:
-        found = get_engine(name).up_container(inventory)
+        found = capabilities.up_container(get_engine(name), inventory)
         if found is not None:
             return found
     return None
@@ -76,7 +80,10 @@ def up_container(inventory: Inventory) -> UpContainer | None:
 
 def process_words() -> list[str]:
     """Every engine's server-process words (status: which pid files are a server's)."""
-    return sorted({word for name in REGISTRY for word in get_engine(name).process_words})
+    from orchestrator.engines import capabilities
+
+    return sorted({word for name in REGISTRY
+                   for word in capabilities.process_words(get_engine(name))})
 
 
 def recipe_files() -> dict[str, Path]:
@@ -200,6 +207,8 @@ def check_against_inventory(recipe: BaseRecipe, inventory: Inventory) -> None:
                          f"inventory {inventory.source} does not list under engines: (it lists "
                          f"{', '.join(inventory.served_engines)}); add `{recipe.engine}: {{}}` "
                          "there and run `sparkctl up`")
+    from orchestrator.recipe import serving_nodes
+
     nodes = serving_nodes(recipe, inventory)
     problem = engine_of(recipe).placement_problem(recipe, nodes, inventory)
     if problem:
@@ -214,13 +223,6 @@ def default_placement(recipe: Any, inventory: Inventory) -> Any:
     if recipe.placement and list(recipe.placement) == default:
         return recipe.model_copy(update={"placement": None})
     return recipe
-
-
-def serving_nodes(recipe: BaseRecipe, inventory: Inventory) -> list[str]:
-    """The nodes the server runs on, in rank order (head first unless placed elsewhere)."""
-    if recipe.placement:
-        return list(recipe.placement)
-    return [n.name for n in inventory.ordered_nodes()[: recipe.node_count]]
 
 
 def config_hash(recipe: BaseRecipe, argv: list[str], config_text: str) -> str:

@@ -44,12 +44,13 @@ class Imported:
 def importers() -> dict[str, RecipeImporter]:
     """engine name -> its importer, for every engine that has one."""
     from orchestrator.engines import REGISTRY, get_engine
+    from orchestrator.engines.capabilities import Imports
 
     found = {}
     for name in sorted(REGISTRY):
-        importer = getattr(get_engine(name), "importer", None)
-        if importer is not None:
-            found[name] = importer
+        engine = get_engine(name)
+        if isinstance(engine, Imports):
+            found[name] = engine.importer
     return found
 
 

@@ -73,8 +73,9 @@ class LayoutSupport(Protocol):
 
 
 def support_of(engine: Any) -> LayoutSupport | None:
-    found: LayoutSupport | None = getattr(engine, "layouts", None)
-    return found
+    from orchestrator.engines.capabilities import Advisable
+
+    return engine.layouts if isinstance(engine, Advisable) else None
 
 
 def revalidated(recipe: Any, **update: Any) -> Any:

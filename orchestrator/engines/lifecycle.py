@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from orchestrator.engines import DEFAULT_ENGINE
-from orchestrator.engines.base import DEFAULT_HOST
 from orchestrator.engines.liveness import judge, was_ready
+from orchestrator.recipe import DEFAULT_HOST
 
 Decision = Literal["noop", "loading", "start", "replace", "restart", "refuse"]
 

@@ -5,7 +5,7 @@ answers is not loading: it is *stalled* (an engine that lost a rank or its fabri
 /health 503 and never comes back). A rank process that ended makes the server *dead*, whatever
 /health says. "Was ready" comes from the server record's `ready_at` (written by `launch` when its
 readiness check passes, see `mark_ready`) or from the engine's own ready line in its log
-(`Engine.ready_line`, which the node scripts get as an argument).
+(`Engine.readiness.ready_line`, which the node scripts get as an argument).
 `status` reports these verdicts and `launch` of the same recipe restarts a stalled or dead server
 instead of calling it "already running" or waiting out its deadline.
 """

@@ -105,8 +105,9 @@ class CounterMeter(SpecMeter):
 def meter_class(engine: str) -> type[SpecMeter]:
     """The engine's meter (Engine.spec_meter); an unknown engine's reads nothing."""
     from orchestrator.engines import REGISTRY, get_engine
+    from orchestrator.engines.capabilities import spec_meter
 
-    return get_engine(engine).spec_meter if engine in REGISTRY else SpecMeter
+    return (spec_meter(get_engine(engine)) if engine in REGISTRY else None) or SpecMeter
 
 
 def meter_for(engine: str, fetch: Fetch) -> SpecMeter:

@@ -1,111 +1,32 @@
 """What every engine whose servers are named and placed shares (one container per server and
 node, several servers at once: SGLang, llama.cpp), so engines never import each other: the
-server-check phase (this server judged against every node's servers), the record step, the
-probe of a server on its first node, one real chat completion, and the persist phase.
+server-check phase (this server judged against every node's servers), the record step, a
+failed start stopped, one real chat completion, and the persist phase.
 
-Each engine's launch spec (engines/NAME/serve.py ServeSpec) has the members `PlacedSpec` lists.
+Each engine's launch spec (engines/NAME/serve.py ServeSpec) is an engines/serverspec.ServerSpec.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands import docker_cmd, join, quote
+from orchestrator.commands import docker_cmd, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import lifecycle, servers
 from orchestrator.engines.lifecycle import Running, ServerRecord
+from orchestrator.engines.readiness import parse_lines, probe_cmd
+from orchestrator.engines.serverspec import ServerSpec
 from orchestrator.errors import SparkctlError
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import BaseRecipe, LaunchOptions, MemoryEstimate
     from orchestrator.inventory import Inventory, Node
+    from orchestrator.recipe import BaseRecipe, LaunchOptions
     from orchestrator.remote.transport import Transport
 
 
-class PlacedSpec(Protocol):
-    """One launch of one placed server (its engine's ServeSpec)."""
-
-    recipe: Any
-    inventory: Inventory
-    options: LaunchOptions
-    name: str
-    host: str
-    key_file: str | None
-    """The server's API key file on its first node (the probe reads it there), or None."""
-    nodes: list[str]
-    first: str
-    container: str
-    estimate: MemoryEstimate
-    digest: str
-
-    def wanted(self) -> servers.Wanted: ...
-
-    def record(self) -> dict[str, Any]: ...
-
-
-PROBE = r"""
-import json, sys, urllib.error, urllib.request
-port, host, key_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-headers = {"Content-Type": "application/json"}
-if key_file:  # the server's API key, read here as root (never on a command line)
-    with open(key_file) as f:
-        headers["Authorization"] = "Bearer " + f.read().strip()
-def get(path, body=None, timeout=5):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request("http://%s:%d%s" % (host, port, path), data=data,
-                                 headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode(errors="replace")[:20000]
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")[:2000]
-    except Exception as e:
-        return 0, str(e)[:300]
-out = {}
-if len(sys.argv) > 4:
-    started = __import__("time").time()
-    out["code"], out["body"] = get("/v1/chat/completions", json.loads(sys.argv[4]), 300)
-    out["seconds"] = __import__("time").time() - started
-else:
-    out["health"] = get("/health")[0]
-    if out["health"] == 200:
-        code, body = get("/v1/models")
-        out["models"] = [m.get("id") for m in json.loads(body).get("data", [])] if code == 200 else []
-print(json.dumps(out))
-"""
-"""A server's /health and /v1/models (or, with a request body, one chat completion), asked on
-its first node over loopback; one JSON line."""
-
-
-def probe_cmd(port: int, host: str, key_file: str | None, body: dict[str, Any] | None = None) -> str:
-    """PROBE on the serving node: HOST:PORT as the server binds it, with the server's key (its
-    node file, read by the probe) when it has one."""
-    from orchestrator.engines.apikey import probe_host
-
-    words = [str(port), probe_host(host), key_file or ""]
-    if body is not None:
-        words.append(json.dumps(body))
-    return f"python3 -c {quote(PROBE)} {join(words)}"
-
-
-def running_cmd(container: str) -> str:
-    return f"{docker_cmd('inspect', '-f', '{{.State.Running}}', container)} 2>/dev/null || echo gone"
-
-
-def parse_poll(out: str) -> dict[str, Any]:
-    """`running=`, `fired=` lines and the probe's JSON line, as one dict."""
-    state: dict[str, Any] = {}
-    for line in out.splitlines():
-        if line.startswith("running="):
-            state["running"] = line.partition("=")[2].strip() == "true"
-        elif line.startswith("fired="):
-            state["fired"] = line.partition("=")[2].strip() not in ("", "0")
-        elif line.startswith("{"):
-            with contextlib.suppress(ValueError):
-                state.update(json.loads(line))
-    return state
+PlacedSpec = ServerSpec
+"""One launch of one placed server (its engine's ServeSpec)."""
 
 
 def log_tail(transport: Transport | None, container: str, lines: int = 25) -> str:
@@ -135,7 +56,7 @@ class Smoke(Step):
         command = probe_cmd(self.spec.recipe.port, self.spec.host, self.spec.key_file, body)
         result = ctx.transports[self.spec.first].run(command, sudo=True, timeout=360,
                                                      display="one chat completion")
-        answer = parse_poll(result.stdout)
+        answer = parse_lines(result.stdout)
         if answer.get("code") != 200:
             raise SparkctlError(f"{self.spec.first}: the chat completion failed (HTTP "
                                 f"{answer.get('code')}): {str(answer.get('body'))[:300]}")
@@ -220,7 +141,6 @@ def persist_phase(spec: PlacedSpec, options: LaunchOptions, engine: str, rank: s
     """`launch --persist` for a server whose containers are the server (phases/persist.py):
     docker restarts every node's container at boot; the first node's boot unit waits for
     /health 200, each other node's for its container (RANK names what runs there)."""
-    from orchestrator.engines import one_server_engines
     from orchestrator.phases import persist
     from orchestrator.phases.memory import guard_threshold
 
@@ -237,5 +157,4 @@ def persist_phase(spec: PlacedSpec, options: LaunchOptions, engine: str, rank: s
     return persist.phase(persist.PersistSpec(
         server=spec.name, engine=engine, recipe=recipe, inventory=spec.inventory,
         nodes=nodes, part=part, guard_gb=guard_threshold(options.guard_min_available_gb, recipe),
-        loaded_gb=e.weights_gb + e.draft_gb + e.runtime_gb, deadline=options.timeout,
-        one_per_cluster=one_server_engines()))
+        loaded_gb=e.weights_gb + e.draft_gb + e.runtime_gb, deadline=options.timeout))

@@ -11,12 +11,13 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import docker_exec_cmd
-from orchestrator.engines import DEFAULT_ENGINE, REGISTRY, get_engine, ready_lines
+from orchestrator.engines import DEFAULT_ENGINE, process_words, ready_lines
 from orchestrator.errors import SparkctlError
 from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
 
 if TYPE_CHECKING:
+    from orchestrator.phases.teardown import EngineParts
     from orchestrator.remote.transport import Transport
 
 NODE_SCRIPT = script("serverctl.py")
@@ -25,10 +26,23 @@ stop (what the pid files name, with descendants), started (record the server onc
 launcher wrote its pid), chat (one completion, for the smoke test)."""
 
 
-def process_words() -> list[str]:
-    """The words in the command lines of the processes engines start inside a shared container
-    (Engine.process_words, where an engine has them): which recorded pids are ours."""
-    return sorted({w for name in REGISTRY for w in getattr(get_engine(name), "process_words", ())})
+
+
+def pid_wrapper(pid_file: str, log: str) -> str:
+    """The `bash -c` body that starts a server process (its argv in "$@") with its pid in
+    PID_FILE and its output in LOG: what serverctl's status and stop read. Both paths are shell
+    words as given (a rank's may hold "$r")."""
+    return f'echo $$ > {pid_file}; exec "$@" > {log} 2>&1'
+
+
+def down_parts() -> EngineParts:
+    """What `down` (phases/teardown.py) needs from the engines: their fixed server containers
+    and how a server's recorded processes are stopped in a container."""
+    from orchestrator.engines import server_containers
+    from orchestrator.phases.teardown import EngineParts
+
+    return EngineParts(sorted(server_containers("")), lambda container, ours, grace: node_cmd(
+        container, action="stop", grace=grace, ours=ours))
 
 
 def node_cmd(container: str, **args: Any) -> str:

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.engines import DEFAULT_ENGINE, ready_lines
-from orchestrator.engines.base import SPARK_MEMORY_GB
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.paths import RUN_DIR
+from orchestrator.recipe import SPARK_MEMORY_GB
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -325,7 +325,7 @@ def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:
     stopped on each of its nodes."""
     from orchestrator.commands import docker_cmd
     from orchestrator.engines.serverctl import node_cmd
-    from orchestrator.phases.teardown import managed_filter_args
+    from orchestrator.phases.managed import managed_filter_args
 
     engine = str(running["engine"])
     if running.get("container") in (None, inventory.container.name):  # in the `up` container

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING
 
 from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Step
-from orchestrator.engines.base import LaunchFailed, Note, Ready
+from orchestrator.engines.base import LaunchFailed, Ready
 from orchestrator.errors import SparkctlError
+from orchestrator.recipe import Note
 
 if TYPE_CHECKING:
+    from orchestrator.engines.readiness import Readiness, Target
     from orchestrator.inventory import Inventory
     from orchestrator.remote.transport import Transport
 
@@ -53,6 +55,19 @@ class WaitReady(Step):
         failed = self.mark(ctx.transports) if self.mark is not None else None
         return (f"answering: {', '.join(ready.models)} ({ready.seconds:.1f}s)"
                 + (f"; {failed}" if failed else ""))
+
+
+def wait_step(target: Target, readiness: Readiness, timeout: float, what: str) -> WaitReady:
+    """The one wait (engines/readiness.py) as the step every engine's launch ends with; once
+    ready, the server's record says so (liveness.mark_ready)."""
+    from orchestrator.engines.liveness import mark_ready
+    from orchestrator.engines.readiness import wait_until_ready
+    from orchestrator.engines.servers import record_dir
+
+    return WaitReady(lambda transports, seconds, note: wait_until_ready(
+        transports, target, readiness, seconds, note), timeout, what,
+        mark=lambda transports: mark_ready(transports[target.first],
+                                           f"{record_dir(target.name)}/server.json"))
 
 
 class SmokeTest(Step):

@@ -2,6 +2,7 @@
 gateway's run folder, "host": address, "port": port, "liveliness": bool}).
 
 Prints {"state": the gateway record or null, "port_free": whether HOST:PORT can be bound now,
+"address_missing": whether HOST is no address of this node (binding it fails: EADDRNOTAVAIL),
 "relays": {server: relay state + "alive"}, "live": LiteLLM's /health/liveliness answered 200}.
 Standard library only.
 """
@@ -42,14 +43,15 @@ def is_relay(pid):
         return False
 
 
-def port_free(host, port):
+def bind_error(host, port):
+    """None when HOST:PORT can be bound now, else the errno."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, int(port)))
-        return True
+        return None
     except OSError as exc:
-        return exc.errno != errno.EADDRINUSE
+        return exc.errno
     finally:
         sock.close()
 
@@ -73,7 +75,9 @@ for path in sorted(glob.glob(os.path.join(a["dir"], "relay-*.json"))):
 state = load(os.path.join(a["dir"], "gateway.json"))
 mine = state or {}
 port = a.get("port") or mine.get("port")
+error = bind_error(a.get("host") or "127.0.0.1", a["port"]) if a.get("port") else None
 out = {"state": state, "relays": relays,
-       "port_free": port_free(a.get("host") or "127.0.0.1", a["port"]) if a.get("port") else None,
+       "port_free": error != errno.EADDRINUSE if a.get("port") else None,
+       "address_missing": error == errno.EADDRNOTAVAIL,
        "live": bool(a.get("liveliness") and port and live(a.get("host") or mine.get("host"), port))}
 print(json.dumps(out, sort_keys=True))

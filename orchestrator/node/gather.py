@@ -219,12 +219,42 @@ def os_error(exc, where):
     return {"error": exc.strerror or str(exc), "errno": exc.errno, "path": path, "free_bytes": free}
 
 
+LOCK_BASE = "/var/lib/sparkctl"
+
+
+def _generation(base):
+    """How many times the lock was taken on this head (0 before the first): a run that looked
+    at the cluster without the lock takes it only if this did not move since (nobody changed
+    anything in between)."""
+    try:
+        with open(os.path.join(base, "lock-generation")) as handle:
+            return int(handle.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def peek_lock():
+    """Who holds the lock, without taking it (a run that may change nothing needs no lock)."""
+    lock = os.path.join(LOCK_BASE, "lock")
+    answer = {"free": not os.path.isdir(lock), "generation": _generation(LOCK_BASE)}
+    if not answer["free"]:
+        try:
+            with open(os.path.join(lock, "owner")) as handle:
+                answer["holder"] = json.load(handle)
+        except (OSError, ValueError):
+            answer["holder"] = {}
+        try:
+            answer["age"] = time.time() - os.stat(lock).st_mtime
+        except OSError:
+            answer["age"] = 0
+    return answer
+
+
 def take_lock(owner, stale_seconds):
     """mkdir is atomic: the first run to create the directory holds the lock."""
-    base = "/var/lib/sparkctl"
-    lock = os.path.join(base, "lock")
+    lock = os.path.join(LOCK_BASE, "lock")
     try:
-        return _take_lock(base, lock, owner, stale_seconds)
+        return _take_lock(LOCK_BASE, lock, owner, stale_seconds)
     except OSError as exc:
         return {"held": False, "error": os_error(exc, lock)}
 
@@ -249,11 +279,20 @@ def _take_lock(base, lock, owner, stale_seconds):
                 subprocess.run(["rm", "-rf", lock])
                 continue
             return {"held": False, "holder": holder, "age": age}
+        generation = _generation(base)
+        expected = owner.get("generation")
+        if expected is not None and generation != expected:
+            os.rmdir(lock)  # another run took it (and changed things) since this one looked
+            return {"held": False, "moved": True, "generation": generation}
         try:
             with open(os.path.join(lock, "owner"), "w") as handle:
                 json.dump(owner, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
+            with open(os.path.join(base, "lock-generation.new"), "w") as handle:
+                handle.write(str(generation + 1))
+            os.replace(os.path.join(base, "lock-generation.new"),
+                       os.path.join(base, "lock-generation"))
         except OSError:
             subprocess.run(["rm", "-rf", lock])  # never leave a lock without its owner
             raise
@@ -317,6 +356,8 @@ def main():
     facts = {"hostname": socket.gethostname(), "time": time.time(), "space": space()}
     if "lock" in request:
         facts["lock"] = take_lock(request["lock"], request.get("lock_stale_seconds", 7200))
+    elif request.get("lock_peek"):
+        facts["lock"] = peek_lock()
     tasks = collectors(request)
     with ThreadPoolExecutor(max_workers=8) as pool:
         results = [(key, pool.submit(function)) for key, function in tasks]

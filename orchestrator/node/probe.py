@@ -1,45 +1,92 @@
-"""The server's HTTP health as the node sees it (runs on the node as `python3 -c`; arguments:
-the path of server.json, and JSON {"paths": {engine: its health paths}, "default": the engine of
-records that name none}): works with the container down. A server with an API key gets it in
-the `Authorization` header, read here (as root) from the node file its record names
-("api_key_file"), so the second probe (/v1/models) passes its check. Standard library only.
+"""A server's HTTP answers as its node sees them (runs on the node as `python3 -c`), the one HTTP
+probe program of every engine's server that answers on the node itself. Standard library only.
+
+Two ways to call it:
+- `probe.py RECORD ENGINES` (`status`): RECORD is the path of server.json, ENGINES the JSON
+  {"paths": {engine: its health paths}, "default": the engine of records that name none}; the
+  server is probed where its record says it binds; prints {path: code} and stops at the first
+  path that does not answer 200. Works with the container down.
+- `probe.py --at PORT HOST KEY_FILE [BODY]` (readiness and the smoke test while launching): /health,
+  then /v1/models' model ids ({"health": code, "models": [...]}); with BODY (JSON) one chat
+  completion instead ({"code", "body", "seconds"}).
+
+A server with an API key gets it in the `Authorization` header, read here (as root) from its
+node file (the record's "api_key_file", or KEY_FILE), never from a command line.
 """
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 
-try:
-    with open(sys.argv[1]) as handle:
-        server = json.load(handle)
-except Exception as exc:
-    print(json.dumps({"error": f"no server record: {exc}"}))
-    sys.exit(0)
-host = server.get("host") or "127.0.0.1"
-if host in ("0.0.0.0", "::", "localhost"):
-    host = "127.0.0.1"
-headers = {}
-if server.get("api_key_file"):
+
+def key_headers(key_file):
+    headers = {"Content-Type": "application/json"}
+    if key_file:
+        try:
+            with open(key_file) as handle:
+                headers["Authorization"] = "Bearer " + handle.read().strip()
+        except OSError:
+            pass  # the probe then says 401: the key file is gone
+    return headers
+
+
+def loopback(host):
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "localhost", "") else host
+
+
+def ask(host, port, path, headers, body=None, timeout=5):
+    """(HTTP status, body) of one request; (0, why) when nothing answered."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request("http://%s:%d%s" % (host, port, path), data=data,
+                                     headers=headers)
     try:
-        with open(server["api_key_file"]) as handle:
-            headers["Authorization"] = "Bearer " + handle.read().strip()
-    except OSError:
-        pass  # the probe then says 401: the key file is gone
-out = {}
-engines = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
-paths = (engines.get("paths") or {}).get(server.get("engine") or engines.get("default")) or [
-    "/health", "/v1/models"]
-for index, path in enumerate(paths[:2]):
-    timeout = 5 if index == 0 else 20
-    try:
-        request = urllib.request.Request(
-            "http://{}:{}{}".format(host, server.get("port", 8000), path), headers=headers)
         with urllib.request.urlopen(request, timeout=timeout) as answer:
-            out[path] = answer.status
+            return answer.status, answer.read().decode(errors="replace")[:20000]
     except urllib.error.HTTPError as exc:
-        out[path] = exc.code
+        return exc.code, exc.read().decode(errors="replace")[:2000]
     except Exception as exc:
-        out[path] = str(getattr(exc, "reason", exc))[:200]
-    if out[path] != 200:
-        break
-print(json.dumps(out))
+        return 0, str(getattr(exc, "reason", exc))[:300]
+
+
+def launching(argv):
+    """--at PORT HOST KEY_FILE [BODY]: readiness, or one chat completion."""
+    port, host, headers = int(argv[0]), loopback(argv[1]), key_headers(argv[2])
+    out = {}
+    if len(argv) > 3:
+        started = time.time()
+        out["code"], out["body"] = ask(host, port, "/v1/chat/completions", headers,
+                                       json.loads(argv[3]), 300)
+        out["seconds"] = time.time() - started
+        return out
+    out["health"] = ask(host, port, "/health", headers)[0]
+    if out["health"] == 200:
+        code, body = ask(host, port, "/v1/models", headers)
+        out["models"] = [m.get("id") for m in json.loads(body).get("data", [])] if code == 200 else []
+    return out
+
+
+def recorded(argv):
+    """RECORD ENGINES: the recorded server's health paths, in order."""
+    try:
+        with open(argv[0]) as handle:
+            server = json.load(handle)
+    except Exception as exc:
+        return {"error": f"no server record: {exc}"}
+    headers = key_headers(server.get("api_key_file"))
+    headers.pop("Content-Type")
+    engines = json.loads(argv[1]) if len(argv) > 1 else {}
+    paths = (engines.get("paths") or {}).get(server.get("engine") or engines.get("default")) or [
+        "/health", "/v1/models"]
+    out = {}
+    host, port = loopback(server.get("host") or "127.0.0.1"), int(server.get("port", 8000))
+    for index, path in enumerate(paths[:2]):
+        code, why = ask(host, port, path, headers, timeout=5 if index == 0 else 20)
+        out[path] = code if code else why[:200]
+        if out[path] != 200:
+            break
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(launching(sys.argv[2:]) if sys.argv[1:2] == ["--at"] else recorded(sys.argv[1:])))

@@ -1,6 +1,11 @@
 """The gateway's door to one replica (runs detached on the replica's node as `python3 -c`; one
 JSON argument: {"listen": fabric IP, "port": P, "target": engine port on 127.0.0.1,
-"state": path of its state file, "pidfile": path}).
+"state": path of its state file, "pidfile": path, "allow": [the gateway node's address]}).
+
+Only the gateway's node gets in: a connection from any other address is closed before a byte
+reaches the engine. The engine behind it may run without a key on its loopback (the safe
+default), and the relay binds the fabric address, so without this it would answer every
+fabric host with no key while the gateway demands one (issue 41.2).
 
 Engines bind their node's loopback; the gateway on the head reaches a replica at its node's
 fabric address through this TCP relay, which is also the switch a rolling relaunch turns:
@@ -26,6 +31,7 @@ import sys
 import time
 
 a = json.loads(sys.argv[1])
+ALLOW = set(a["allow"]) if a.get("allow") is not None else None
 QUIET = 1.0  # seconds without answer bytes after which a finished exchange counts as idle
 
 
@@ -58,6 +64,10 @@ class Relay:
             self.server = None
 
     async def serve(self, reader, writer):
+        peer = (writer.get_extra_info("peername") or ("",))[0]
+        if ALLOW is not None and peer not in ALLOW:
+            writer.close()  # not the gateway: no door around its key
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", int(a["target"]))
         except OSError:
@@ -96,6 +106,7 @@ class Relay:
         now = time.monotonic()
         busy = sum(1 for p in self.pipes if p.busy(now))
         state = {"pid": os.getpid(), "accepting": self.server is not None,
+                 "allow": sorted(ALLOW) if ALLOW is not None else None,
                  "connections": len(self.pipes), "busy": busy}
         if state != self.last:
             tmp = a["state"] + ".tmp"

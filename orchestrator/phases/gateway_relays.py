@@ -26,6 +26,7 @@ class Probe:
     relays: dict[str, dict[str, Any]]
     port_free: bool | None
     live: bool
+    address_missing: bool = False
 
 
 def probe(transport: Transport, host: str | None = None, port: int | None = None,
@@ -37,7 +38,7 @@ def probe(transport: Transport, host: str | None = None, port: int | None = None
     except ValueError:
         data = {}
     return Probe(transport.node, data.get("state"), data.get("relays") or {},
-                 data.get("port_free"), bool(data.get("live")))
+                 data.get("port_free"), bool(data.get("live")), bool(data.get("address_missing")))
 
 
 def set_in_rotation(transport: Transport, server: str, inside: bool) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,11 @@ GATEWAY_RUN = f"{RUN_DIR}/gateway"
 """gateway.json (the gateway's record, no secret) and relay-<server>.{json,pid,log}."""
 GATEWAY_CONFIG_DIR = f"{CONFIG_DIR}/gateway"
 CONFIG_FILE = f"{GATEWAY_CONFIG_DIR}/config.yaml"
+RECORD_MODE = 0o600
+"""gateway.json: private (its fingerprint is derived from the config, which holds the key)."""
+FINGERPRINT_ROUNDS = 200_000
+"""PBKDF2-SHA256 rounds over the config and a random salt: the record's fingerprint is no
+offline oracle for guessing the master key (about 0.1 s per guess, a new salt per record)."""
 LOG_CONFIG_FILE = f"{GATEWAY_CONFIG_DIR}/logging.json"
 LOG_CONFIG = {
     "version": 1, "disable_existing_loggers": False,
@@ -84,6 +90,9 @@ class GatewaySpec:
     replicas: tuple[Replica, ...]
     key: Secret | None = field(default=None, compare=False)
     image: str = IMAGE
+    client: str = ""
+    """The gateway node's fabric address: the only peer a replica's relay lets in, so nothing
+    the gateway fronts answers another host without the gateway's key (issue 41.2)."""
 
     def models(self) -> dict[str, list[Replica]]:
         out: dict[str, list[Replica]] = {}
@@ -123,20 +132,39 @@ class GatewaySpec:
         log is restarted into the one without."""
         return [self.host, self.port, self.image, self.node, LOG_CONFIG]
 
-    def fingerprint(self) -> str:
-        """Changes when anything the running gateway was started with changes (the key too:
-        only its hash is stored)."""
-        text = self.config_text() + json.dumps(self.fingerprinted())
-        return hashlib.sha256(text.encode()).hexdigest()
+    def fingerprint(self, salt: str) -> str:
+        """Changes when anything the running gateway was started with changes (the key too):
+        a salted slow hash (config_fingerprint), never the key."""
+        return config_fingerprint(self.config_text(), self.fingerprinted(), salt)
 
-    def record(self) -> dict[str, Any]:
-        """gateway.json: what `status` shows; no secret."""
+    def record(self, salt: str | None = None) -> dict[str, Any]:
+        """gateway.json (0600): what `status` shows; no secret, a fingerprint under a new salt."""
+        salt = salt or new_salt()
         return {"node": self.node, "host": self.host, "port": self.port, "image": self.image,
-                "key": self.key is not None, "fingerprint": self.fingerprint(),
-                "litellm": LITELLM_VERSION,
+                "key": self.key is not None, "salt": salt, "fingerprint": self.fingerprint(salt),
+                "litellm": LITELLM_VERSION, "client": self.client,
                 "replicas": [{"server": r.server, "model": r.model, "node": r.node,
                               "address": r.address, "port": r.port, "recipe": r.recipe}
                              for r in self.replicas]}
+
+
+def new_salt() -> str:
+    return secrets.token_hex(16)
+
+
+def config_fingerprint(config_text: str, extra: list[Any], salt: str) -> str:
+    """PBKDF2-SHA256 over the config text (the key is in it) and what else the gateway was
+    started with; orchestrator/node/gateway_config.py computes the same on the node."""
+    text = config_text + json.dumps(extra)
+    return hashlib.pbkdf2_hmac("sha256", text.encode(), salt.encode(),
+                               FINGERPRINT_ROUNDS).hex()
+
+
+def matches(record: dict[str, Any], spec: GatewaySpec) -> bool:
+    """Whether the record was written for SPEC (a record without a salt, from before the
+    salted fingerprint, never matches: the next `up` rewrites it)."""
+    salt = record.get("salt")
+    return isinstance(salt, str) and bool(salt) and record.get("fingerprint") == spec.fingerprint(salt)
 
 
 def is_loopback(host: str) -> bool:
@@ -168,14 +196,16 @@ def relay_paths(server: str) -> dict[str, str]:
     return {"state": f"{base}.json", "pidfile": f"{base}.pid", "log": f"{base}.log"}
 
 
-def relay_start_cmd(replica: Replica) -> str:
-    """Start the replica's relay, detached, unless one for it already runs."""
+def relay_start_cmd(replica: Replica, client: str) -> str:
+    """Start the replica's relay, detached, unless one for it already runs. It lets in only
+    CLIENT (the gateway node's fabric address): a replica bound to loopback without a key must
+    not answer other hosts through it."""
     from orchestrator.node import script
 
     paths = relay_paths(replica.server)
     args = json.dumps({"listen": replica.address, "port": replica.port,
                        "target": replica.port, "state": paths["state"],
-                       "pidfile": paths["pidfile"]}, sort_keys=True)
+                       "pidfile": paths["pidfile"], "allow": [client]}, sort_keys=True)
     start = join(["setsid", "python3", "-c", script("relay.py"), args])
     pid = quote(paths["pidfile"])
     # a live pid that is a relay's (after a reboot the pid file's number may be another's)

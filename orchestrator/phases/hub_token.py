@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.model_tools import ModelTools, model_tools
 from orchestrator.phases.models import ServingPhase, download_cmd, manifest_cmd, manifests_from_facts
+from orchestrator.recipe import BaseRecipe as Recipe
 
 DEFAULT_HUB = "https://huggingface.co"
 CHECK_SECONDS = 60
@@ -81,15 +81,15 @@ class HubToken(Step):
     name = "hf-token"
     scope = "head"
 
-    def __init__(self, recipe: Recipe) -> None:
-        self.recipe = recipe
+    def __init__(self, recipe: Recipe, tools: ModelTools) -> None:
+        self.recipe, self.tools = recipe, tools
 
     def check(self, ctx: NodeContext) -> Outcome:
-        manifests = manifests_from_facts(ctx, ctx.node.name, self.recipe)
+        manifests = manifests_from_facts(ctx, ctx.node.name, self.recipe, self.tools)
         missing = [repo for repo, _, _ in self.recipe.repos if not manifests[repo]["present"]]
         if not missing:
             return Unchanged("no model to download: no token needed")
-        tools = model_tools(self.recipe, ctx.inventory)
+        tools = self.tools
         if any(manifests[repo].get("no_image") for repo in missing):
             return Unchanged(f"HF token not checked yet: {tools.image} is not on {ctx.node.name} "
                              "(the model-image phase brings it first)")
@@ -132,21 +132,21 @@ class HubToken(Step):
         return None
 
 
-def phase(recipe: Recipe, inventory: Inventory) -> Phase:
-    """launch's check before any download: on the head, in a models container, from the models'
-    facts (after the model-image phase)."""
-    tools = model_tools(recipe, inventory)
+def phase(recipe: Recipe, image: str, inventory: Inventory) -> Phase:
+    """launch's check before any download: on the head, in a models container of IMAGE, from the
+    models' facts (after the model-image phase)."""
+    tools = model_tools(image, inventory)
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         return {"commands": {"models": tools.when_present(manifest_cmd(tools, recipe))},
                 "timeout": 3600}
 
-    return ServingPhase("hf-token", [HubToken(recipe)], facts, serving=[inventory.head_name])
+    return ServingPhase("hf-token", [HubToken(recipe, tools)], facts, serving=[inventory.head_name])
 
 
-def phases(recipe: Recipe, inventory: Inventory) -> list[Phase]:
-    """launch's first phases: the models' image on the nodes (phases/model_image.py: where hf
-    runs), then the token check."""
+def phases(recipe: Recipe, nodes: list[str], image: str, inventory: Inventory) -> list[Phase]:
+    """launch's first phases: the models' IMAGE on the head and NODES (phases/model_image.py:
+    where hf runs), then the token check."""
     from orchestrator.phases.model_image import image_phase
 
-    return [image_phase(recipe, inventory), phase(recipe, inventory)]
+    return [image_phase(image, nodes, inventory), phase(recipe, image, inventory)]

@@ -46,7 +46,8 @@ GIB = 1024**3
 
 
 class Spec(Protocol):
-    serving: Any
+    nodes: list[str]
+    """The serving nodes, the first first."""
     first: str
     """The server's first node (where its record and main process are)."""
     run_dir: str
@@ -168,7 +169,7 @@ class MemoryPreflight(Step):
         self.status_of = status_of
 
     def check(self, ctx: NodeContext) -> Outcome:
-        if ctx.node.name not in self.spec.serving:
+        if ctx.node.name not in self.spec.nodes:
             return Unchanged("not a serving node")
         decision = self.spec.decision(ctx)
         if decision in ("noop", "loading"):
@@ -228,7 +229,7 @@ class StartGuard(Step):
         self.recipe = recipe
 
     def check(self, ctx: NodeContext) -> Outcome:
-        if ctx.node.name not in self.spec.serving:
+        if ctx.node.name not in self.spec.nodes:
             return Unchanged("not a serving node")
         if self.spec.decision(ctx) in ("noop", "loading"):
             return Unchanged("the server already runs (with its guard)")

@@ -6,23 +6,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.step import Phase
-from orchestrator.phases.model_tools import model_tools
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import BaseRecipe
     from orchestrator.inventory import Inventory, Node
 
 
-def image_phase(recipe: BaseRecipe, inventory: Inventory) -> Phase:
-    """launch's first phase: the models' image on the head (it downloads) and the serving nodes
+def image_phase(image: str, serving: list[str], inventory: Inventory) -> Phase:
+    """launch's first phase: the models' IMAGE on the head (it downloads) and the SERVING nodes
     (they hash and receive), pulled or sent over the fabric, before anything reads the models."""
-    from orchestrator.engines import serving_nodes
     from orchestrator.phases.image_share import image_steps
     from orchestrator.phases.models import ServingPhase
     from orchestrator.phases.registry import RegistryCheck, with_probe
 
-    image = model_tools(recipe, inventory).image
-    serving = serving_nodes(recipe, inventory)
     nodes = [inventory.head_name, *(n for n in serving if n != inventory.head_name)]
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import env_args, join, quote
-from orchestrator.engines.base import CONTAINER_HF_HOME
 from orchestrator.paths import TOKEN_PATH
+from orchestrator.recipe import CONTAINER_HF_HOME
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import BaseRecipe
     from orchestrator.inventory import Inventory
 
 SECRETS_DIR = TOKEN_PATH.rsplit("/", 1)[0]
@@ -62,8 +61,6 @@ class ModelTools:
         return f"docker run --rm {self.image} {what}"
 
 
-def model_tools(recipe: BaseRecipe, inventory: Inventory) -> ModelTools:
-    from orchestrator.engines import engine_of
-
-    return ModelTools(engine_of(recipe).model_image(recipe, inventory), inventory.cluster.hf_cache,
-                      inventory.cluster.user)
+def model_tools(image: str, inventory: Inventory) -> ModelTools:
+    """The models' commands in short-lived containers of IMAGE (the engine's `model_image`)."""
+    return ModelTools(image, inventory.cluster.hf_cache, inventory.cluster.user)

@@ -19,15 +19,14 @@ from typing import Any
 
 from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines import serving_nodes
-from orchestrator.engines.base import CONTAINER_HF_HOME, Note
-from orchestrator.engines.base import BaseRecipe as Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import TOKEN_PATH
 from orchestrator.phases import fanout
 from orchestrator.phases.files import check_written
 from orchestrator.phases.model_tools import NO_IMAGE, ModelTools, model_tools
+from orchestrator.recipe import CONTAINER_HF_HOME, Note
+from orchestrator.recipe import BaseRecipe as Recipe
 from orchestrator.remote.cluster import parallel
 from orchestrator.remote.stream import stream_run
 from orchestrator.remote.transport import Transport
@@ -111,12 +110,13 @@ def dry_run_bytes(output: str) -> int | None:
     return int(float(found.group(1)) * SIZE_UNITS[found.group(2)]) if found else None
 
 
-def check_space(ctx: NodeContext, recipe: Recipe, nodes: list[str], need: int) -> None:
+def check_space(ctx: NodeContext, recipe: Recipe, tools: ModelTools, nodes: list[str],
+                need: int) -> None:
     """Before downloading: every serving node must have room for what will be fetched (the
     head downloads it, the peers get a copy)."""
     short = []
     for node in nodes:
-        manifests = manifests_from_facts(ctx, node, recipe)
+        manifests = manifests_from_facts(ctx, node, recipe, tools)
         free = min((int(m.get("free") or 0) for m in manifests.values()), default=0)
         if need > free:
             short.append(fanout.space_error(node, HUB_DIR, need, free,
@@ -125,13 +125,14 @@ def check_space(ctx: NodeContext, recipe: Recipe, nodes: list[str], need: int) -
         raise SparkctlError("\n".join(short))
 
 
-def manifests_from_facts(ctx: NodeContext, node: str, recipe: Recipe) -> dict[str, Any]:
+def manifests_from_facts(ctx: NodeContext, node: str, recipe: Recipe,
+                         tools: ModelTools) -> dict[str, Any]:
     """The node's manifests; before the models' image is on the node (a dry run), every model
     counts as missing there."""
     answer = ctx.cluster_facts.get(node, {}).get("commands", {}).get("models", {})
     if answer.get("rc") != 0:
         raise SparkctlError(
-            f"{node}: cannot look at the models with {model_tools(recipe, ctx.inventory).image}: "
+            f"{node}: cannot look at the models with {tools.image}: "
             f"{answer.get('err', '')[-300:]}")
     if answer.get("out", "").strip() == NO_IMAGE:
         return {repo: {"present": False, "bytes": 0, "files": {}, "free": 0, "no_image": True}
@@ -145,11 +146,11 @@ class Download(Step):
     name = "download"
     scope = "head"
 
-    def __init__(self, recipe: Recipe) -> None:
-        self.recipe = recipe
+    def __init__(self, recipe: Recipe, nodes: list[str], tools: ModelTools) -> None:
+        self.recipe, self.nodes, self.tools = recipe, nodes, tools
 
     def check(self, ctx: NodeContext) -> Outcome:
-        manifests = manifests_from_facts(ctx, ctx.node.name, self.recipe)
+        manifests = manifests_from_facts(ctx, ctx.node.name, self.recipe, self.tools)
         missing = [repo for repo, _, _ in self.recipe.repos if not manifests[repo]["present"]]
         leftover = ctx.facts.get("files", {}).get(TOKEN_PATH, {}).get("exists", False)
         if not missing:
@@ -164,7 +165,7 @@ class Download(Step):
     def _check_space(self, ctx: NodeContext, missing: list[str], with_token: bool) -> None:
         """What the downloads will fetch (`hf download --dry-run`, exact) against every serving
         node's free space; an hf without --dry-run only skips the check (said so)."""
-        tools = model_tools(self.recipe, ctx.inventory)
+        tools = self.tools
         note = ctx.options.note
         need = 0
         for repo, revision, local in self.recipe.repos:
@@ -180,7 +181,7 @@ class Download(Step):
                      "free space not checked before the download")
                 return
             need += size
-        check_space(ctx, self.recipe, serving_nodes(self.recipe, ctx.inventory), need)
+        check_space(ctx, self.recipe, tools, self.nodes, need)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         token = ctx.options.hf_token
@@ -213,7 +214,7 @@ class Download(Step):
     def _download(self, ctx: NodeContext, progress: Note, repo: str, revision: str,
                   local: str | None, with_token: bool) -> tuple[int, str]:
         """`hf download`, its progress lines throttled; a line at least every heartbeat."""
-        tools = model_tools(self.recipe, ctx.inventory)
+        tools = self.tools
         with Heartbeat(progress, f"{ctx.node.name}: hf download {repo}") as beat:
             beat.say(f"        ↓ {ctx.node.name}: hf download {repo} ({revision})")
             last = [0.0]
@@ -236,16 +237,16 @@ class Distribute(Step):
     name = "distribute"
     scope = "head"
 
-    def __init__(self, recipe: Recipe) -> None:
-        self.recipe = recipe
+    def __init__(self, recipe: Recipe, nodes: list[str], tools: ModelTools) -> None:
+        self.recipe, self.nodes, self.tools = recipe, nodes, tools
 
     def check(self, ctx: NodeContext) -> Outcome:
-        peers = [n for n in serving_nodes(self.recipe, ctx.inventory) if n != ctx.node.name]
-        head = manifests_from_facts(ctx, ctx.node.name, self.recipe)
+        peers = [n for n in self.nodes if n != ctx.node.name]
+        head = manifests_from_facts(ctx, ctx.node.name, self.recipe, self.tools)
         todo = []
         for repo, _, _ in self.recipe.repos:
             for peer in peers:
-                theirs = manifests_from_facts(ctx, peer, self.recipe)[repo]
+                theirs = manifests_from_facts(ctx, peer, self.recipe, self.tools)[repo]
                 if not head[repo]["present"] or comparable(theirs) != comparable(head[repo]):
                     todo.append(f"{repo} -> {peer}")
         if todo:
@@ -253,7 +254,7 @@ class Distribute(Step):
         return Unchanged(summary(self.recipe, head, [ctx.node.name, *peers]))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        tools = model_tools(self.recipe, ctx.inventory)
+        tools = self.tools
         note = ctx.options.note
         peers: list[str] = change.payload
         # the chunk hashes of a model not hashed before take minutes: said while they run
@@ -300,7 +301,7 @@ class Distribute(Step):
                 + summary(self.recipe, head, [ctx.node.name, *peers]))
 
     def _peer_manifests(self, ctx: NodeContext, peers: list[str]) -> dict[str, dict[str, Any]]:
-        tools = model_tools(self.recipe, ctx.inventory)
+        tools = self.tools
         answers = parallel(lambda p: read_manifests(ctx.transports[p], tools, self.recipe), peers)
         return {p: outcome.get() for p, outcome in answers.items()}
 
@@ -323,8 +324,10 @@ class ServingPhase(Phase):
         return [inventory.node(name) for name in self.serving]
 
 
-def phase(recipe: Recipe, inventory: Inventory) -> Phase:
-    tools = model_tools(recipe, inventory)
+def phase(recipe: Recipe, nodes: list[str], image: str, inventory: Inventory) -> Phase:
+    """The recipe's models (its repos and files) on NODES, the serving nodes in rank order,
+    fetched, hashed and copied with IMAGE's tools (the engine's `model_image`)."""
+    tools = model_tools(image, inventory)
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         return {
@@ -334,6 +337,6 @@ def phase(recipe: Recipe, inventory: Inventory) -> Phase:
         }
 
     # the head fetches (in a models container) even when the server is placed on other nodes
-    serving = serving_nodes(recipe, inventory)
-    nodes = [inventory.head_name, *(n for n in serving if n != inventory.head_name)]
-    return ServingPhase("models", [Download(recipe), Distribute(recipe)], facts, serving=nodes)
+    where = [inventory.head_name, *(n for n in nodes if n != inventory.head_name)]
+    return ServingPhase("models", [Download(recipe, nodes, tools), Distribute(recipe, nodes, tools)],
+                        facts, serving=where)

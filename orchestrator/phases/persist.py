@@ -73,9 +73,6 @@ class PersistSpec:
     loaded_gb: float
     """What the recipe holds on each node before its KV cache (weights share, draft, runtime)."""
     deadline: float = 1800.0
-    one_per_cluster: frozenset[str] = frozenset()
-    """The engines that run one server per cluster (Engine.several_servers False): launching
-    one of them replaced any other of them."""
 
 
 def hub_dir(hf_cache: str, repo: str) -> str:
@@ -84,7 +81,7 @@ def hub_dir(hf_cache: str, repo: str) -> str:
 
 def model_dirs(recipe: Any, hf_cache: str) -> list[str]:
     """Where the node keeps the recipe's models (HF cache layout, or a local dir under it)."""
-    from orchestrator.engines.base import CONTAINER_HF_HOME
+    from orchestrator.recipe import CONTAINER_HF_HOME
 
     out = []
     for repo, _, local in recipe.repos:
@@ -209,14 +206,11 @@ def enable_cmd(server: str) -> str:
             f"{join(['systemctl', 'restart', unit])}")
 
 
-def stale(server: str, engine: str, persist: bool,
-          one_per_cluster: frozenset[str] = frozenset()) -> Callable[[dict[str, str]], list[str]]:
-    """Which boot units a launch makes stale ({server: engine} -> servers): this server's when
-    it is launched without --persist; any other server of a one-server engine when this is one
-    (that server was replaced: its unit would start it again at boot)."""
+def stale(server: str) -> Callable[[dict[str, str]], list[str]]:
+    """The boot unit a launch without --persist makes stale ({server: engine} -> servers):
+    this server's own (every engine runs named servers side by side, so no other's)."""
     def pick(units: dict[str, str]) -> list[str]:
-        return sorted(s for s, e in units.items() if (s == server and not persist) or (
-            s != server and engine in one_per_cluster and e in one_per_cluster))
+        return sorted(s for s in units if s == server)
     return pick
 
 
@@ -235,20 +229,15 @@ def phase(spec: PersistSpec) -> Phase:
         own["commands"]["unit_enabled"] = enabled_cmd(spec.server)
         return merge_requests([own, persist_down.facts(inv)])
 
-    cleanup = persist_down.RemoveBootUnits(select=stale(spec.server, spec.engine, True,
-                                                        spec.one_per_cluster),
-                                           name="stale-boot-units")
-    return Phase("persist", [cleanup, ManagedFiles("boot-files", render(spec)), EnableUnit(spec)],
-                 facts)
+    return Phase("persist", [ManagedFiles("boot-files", render(spec)), EnableUnit(spec)], facts)
 
 
-def not_persistent_phase(server: str, engine: str,
-                         one_per_cluster: frozenset[str] = frozenset()) -> Phase:
-    """A launch without --persist: a boot unit this launch made stale goes (see `stale`)."""
+def not_persistent_phase(server: str) -> Phase:
+    """A launch without --persist: the server's own boot unit, left by an earlier launch with
+    --persist, goes (see `stale`)."""
     from orchestrator.phases import persist_down
 
-    step = persist_down.RemoveBootUnits(select=stale(server, engine, False, one_per_cluster),
-                                        name="stale-boot-units")
+    step = persist_down.RemoveBootUnits(select=stale(server), name="stale-boot-units")
     return Phase("persist", [step], lambda inv, node: persist_down.facts(inv))
 
 

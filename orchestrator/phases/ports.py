@@ -16,26 +16,15 @@ launch never stops a server of another name, so that one is in the way, named wi
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import quote
 from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.errors import SparkctlError
+from orchestrator.recipe import ListenPort
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
-
-
-class ListenPort(NamedTuple):
-    """One TCP port a server binds on one node, what it is for, and how to choose another."""
-
-    node: str
-    port: int
-    what: str
-    fix: str
-    address: str = "*"
-    """The address it binds: "*" for every address; a server bound to 127.0.0.1 shares its port
-    number with a listener on another address (the gateway's relay on the fabric address)."""
 
 
 WILDCARDS = {"*", "0.0.0.0", "[::]", "::", ""}

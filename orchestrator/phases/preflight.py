@@ -37,18 +37,9 @@ MIN_PYTHON = (3, 8)
 DOCKER_DIR = "/var/lib/docker"
 
 
-def up_image(inventory: Inventory) -> str | None:
-    """The image of the container `up` keeps on every node (a served engine's), or None: an
-    inventory naming only engines that bring their own images at launch pulls nothing here."""
-    from orchestrator.engines import up_container
-
-    found = up_container(inventory)
-    return found.settings.image if found else None
-
-
 def phase(inventory: Inventory) -> Phase:
     # then, on the head: every node can pull the image or gets it from one that has it
-    image = up_image(inventory)
+    image = inventory.up_image
     steps: list[Step] = [PreflightChecks()]
     if image:
         steps.append(RegistryCheck(lambda ctx: image))
@@ -57,7 +48,7 @@ def phase(inventory: Inventory) -> Phase:
 
 def preflight_request(inventory: Inventory, node: Node) -> dict[str, Any]:
     request = _base_request(inventory, node)
-    image = up_image(inventory)
+    image = inventory.up_image
     if inventory.topology == "ring" and image:
         request["commands"].update(ring_nccl_fact(image))
     return request
@@ -72,7 +63,7 @@ def groups_fact(user: str) -> Command:
 
 
 def _base_request(inventory: Inventory, node: Node) -> dict[str, Any]:
-    image = up_image(inventory)
+    image = inventory.up_image
     typed = request_of(DOCKER, NETPLAN, groups_fact(inventory.cluster.user),
                        *((DockerImage(image), probe_fact(image)) if image else ()),
                        LINKS, ROCE_PORTS,
@@ -110,7 +101,7 @@ def check_docker(inventory: Inventory, facts: dict[str, Any]) -> tuple[list[str]
         elif "docker" not in groups.out.split():
             problems.append(f"user {user} is not in the docker group: run `sudo usermod -aG docker "
                             f"{user}` on the node, then log in again")
-    image = up_image(inventory)
+    image = inventory.up_image
     if image is None:
         return problems, notes
     # (an inspect error reads as not present, said below)

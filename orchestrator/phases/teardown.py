@@ -16,6 +16,7 @@ cache (models are hundreds of GB; docs/operate.md says how to remove them).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,32 +28,32 @@ from orchestrator.paths import CONFIG_DIR, LEDGER, NETPLAN_FILE, RUN_DIR, SERVER
 from orchestrator.phases import adopted, oomguard
 from orchestrator.phases.boot_units import UNIT_DIR, UNIT_PREFIX
 from orchestrator.phases.files import ledger_answer, ledger_cmd, ledger_entries, ownership, undo_files_cmd
+from orchestrator.phases.managed import managed_containers, managed_ps_cmd
 from orchestrator.phases.persist_down import kept_text, logs_left_cmd
 from orchestrator.remote.facts import request_of
 from orchestrator.remote.node_facts import LINKS, NETPLAN_FILES, ContainerInfo, DockerContainer, LinkTable
 
-LOCK_NAME = "lock"
-"""The cluster lock lives in STATE_DIR on the head and is held while down runs: kept."""
+LOCK_NAME, LOCK_GENERATION = "lock", "lock-generation"
+"""On the head: the cluster lock (held while down runs) and core/lock.py's count of its takes."""
 SERVER_STOP_SECONDS = 20
 CONTAINER_STOP_SECONDS = 20
 
 
-def managed_filter_args(inventory: Inventory) -> list[str]:
-    """docker filters selecting only the containers sparkctl made for this cluster."""
-    return ["--filter", "label=sparkctl.managed=true",
-            "--filter", f"label=sparkctl.cluster={inventory.cluster.name}"]
+@dataclass(frozen=True)
+class EngineParts:
+    """What `down` needs from the engines, handed in by its caller (engines.serverctl.down_parts):
+    phases import no engine."""
+
+    containers: list[str]
+    """The engines' fixed server containers (an older single-server layout's), inspected too."""
+    stop_cmd: Callable[[str, list[str] | None, int], str]
+    """(container, the record's process words, grace seconds) -> the command that stops the
+    server processes its pid files name there (node/serverctl.py)."""
 
 
-def managed_ps_cmd(inventory: Inventory, fmt: str = r"{{.ID}}\t{{.Names}}\t{{.State}}") -> str:
-    """One line per managed container (default: full id, name, state)."""
-    return docker_cmd("ps", "-a", "--no-trunc", *managed_filter_args(inventory), "--format", fmt)
-
-
-def down_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
-    from orchestrator.engines import server_containers
-
+def down_facts(inventory: Inventory, node: Node, engines: EngineParts) -> dict[str, Any]:
     # the `up` container, and the engines' default server containers (server.json names one)
-    containers = map(DockerContainer, [inventory.container.name, *sorted(server_containers(""))])
+    containers = map(DockerContainer, [inventory.container.name, *engines.containers])
     return {
         "files": {NETPLAN_FILE: True, LEDGER: True, CONFIG_DIR: False, STATE_DIR: False,
                   SERVER_JSON: True},
@@ -63,28 +64,6 @@ def down_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
             "pid_files": f"ls {quote(RUN_DIR)} 2>/dev/null | grep '[.]pid$' || true",
         },
     }
-
-
-@dataclass(frozen=True)
-class ManagedContainer:
-    id: str
-    name: str
-    state: str
-
-
-def managed_containers(facts: dict[str, Any]) -> list[ManagedContainer]:
-    answer = (facts.get("commands") or {}).get("managed") or {}
-    if answer.get("rc", 0) != 0:
-        raise SparkctlError(
-            f"cannot list containers (`docker ps` exited {answer.get('rc')}): "
-            f"{answer.get('err', '').strip()[-300:]}; is docker running and the user in the docker group?"
-        )
-    out = []
-    for line in (answer.get("out") or "").splitlines():
-        parts = line.strip().split("\t")
-        if len(parts) >= 2 and parts[0]:
-            out.append(ManagedContainer(parts[0], parts[1], parts[2] if len(parts) > 2 else "?"))
-    return out
 
 
 def _is_ours(container: ContainerInfo | None, inventory: Inventory) -> bool:
@@ -110,6 +89,9 @@ class StopServer(Step):
 
     name = "stop-server"
 
+    def __init__(self, engines: EngineParts) -> None:
+        self.engines = engines
+
     def check(self, ctx: NodeContext) -> Outcome:
         record = _server_record(ctx)
         name = record.get("container") or ctx.inventory.container.name
@@ -124,11 +106,9 @@ class StopServer(Step):
                       payload={"container": name, "ours": record.get("ours")})
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        from orchestrator.engines.serverctl import node_cmd
-
         payload = change.payload or {}
-        command = node_cmd(payload.get("container") or ctx.inventory.container.name,
-                           action="stop", grace=SERVER_STOP_SECONDS, ours=payload.get("ours"))
+        command = self.engines.stop_cmd(payload.get("container") or ctx.inventory.container.name,
+                                        payload.get("ours"), SERVER_STOP_SECONDS)
         result = ctx.run(command, sudo=True, timeout=SERVER_STOP_SECONDS + 60,
                          display="stop the server (launch's pid files)")
         if not result.ok:
@@ -298,7 +278,7 @@ class RemoveFiles(Step):
         self.network = network
 
     def keep(self, ctx: NodeContext) -> set[str]:
-        keep = {LOCK_NAME}
+        keep = {LOCK_NAME, LOCK_GENERATION}
         if not self.network and NETPLAN_FILE in ledger_entries(ctx):
             keep |= {LEDGER.rsplit("/", 1)[-1], "originals"}
         return keep
@@ -325,7 +305,7 @@ class RemoveFiles(Step):
 
 def _state_entries(ctx: NodeContext) -> list[str]:
     answer = (ctx.facts.get("commands") or {}).get("state_entries") or {}
-    return sorted(e for e in (answer.get("out") or "").split() if e and e != LOCK_NAME)
+    return sorted(e for e in (answer.get("out") or "").split() if e)  # RemoveFiles.keep: the lock
 
 
 def remove_files_cmd(keep: list[str]) -> str:
@@ -377,24 +357,25 @@ def verify_cmd(inventory: Inventory, network: bool, keep_logs: bool = False) -> 
     return "; ".join(checks) + "; true"
 
 
-def down_phase(inventory: Inventory, network: bool, keep_logs: bool = False) -> Phase:
+def down_phase(inventory: Inventory, network: bool, engines: EngineParts,
+               keep_logs: bool = False) -> Phase:
     from orchestrator.phases import gateway_down, persist_down
     from orchestrator.remote.facts import merge_requests
 
-    steps: list[Step] = [persist_down.RemoveBootUnits(), StopServer(), RemoveContainers(),
+    steps: list[Step] = [persist_down.RemoveBootUnits(), StopServer(engines), RemoveContainers(),
                          gateway_down.StopRelays()]
     if network:
         steps.append(RemoveNetwork())
     steps += [oomguard.Remove(), RemoveFiles(network), persist_down.RemoveBootLogs(keep=keep_logs),
               VerifyDown(network, keep_logs)]
     return Phase("down", steps, lambda inv, node: merge_requests(
-        [down_facts(inv, node), persist_down.facts(inv), oomguard.down_facts(inv),
+        [down_facts(inv, node, engines), persist_down.facts(inv), oomguard.down_facts(inv),
          gateway_down.facts()]))
 
 
-def build_down_plan(inventory: Inventory, network: bool, oom_guard_only: bool = False,
-                    keep_logs: bool = False) -> Plan:
+def build_down_plan(inventory: Inventory, network: bool, engines: EngineParts,
+                    oom_guard_only: bool = False, keep_logs: bool = False) -> Plan:
     if oom_guard_only:  # `down --oom-guard`: only what `up --oom-guard` did
         return Plan("down", [Phase("down", [oomguard.Remove()],
                                    lambda inv, node: oomguard.down_facts(inv))])
-    return Plan("down", [down_phase(inventory, network, keep_logs)])
+    return Plan("down", [down_phase(inventory, network, engines, keep_logs)])

@@ -22,8 +22,8 @@ from orchestrator.phases.model_tools import ModelTools, model_tools
 from orchestrator.phases.models import HUB_DIR, ServingPhase, repo_requests
 
 if TYPE_CHECKING:
-    from orchestrator.engines.base import BaseRecipe
     from orchestrator.inventory import Inventory, Node
+    from orchestrator.recipe import BaseRecipe
 
 
 def rehash_cmd(tools: ModelTools, recipe: BaseRecipe, save: bool) -> str:
@@ -68,8 +68,8 @@ class VerifyModels(Step):
 
     name = "verify-models"
 
-    def __init__(self, recipe: BaseRecipe) -> None:
-        self.recipe = recipe
+    def __init__(self, recipe: BaseRecipe, tools: ModelTools) -> None:
+        self.recipe, self.tools = recipe, tools
 
     def manifests(self, ctx: NodeContext, node: str) -> dict[str, Any]:
         facts = ctx.cluster_facts.get(node) or {}
@@ -88,20 +88,19 @@ class VerifyModels(Step):
         differ = differences(self.manifests(ctx, ctx.inventory.head_name), mine)
         if not differ:
             return Unchanged(f"re-hashed {count} file(s): identical to the head's")
-        tools = model_tools(self.recipe, ctx.inventory)
+        tools = self.tools
         return Change(f"{len(differ)} file(s) differ from the head's though the hash cache said "
                       f"otherwise: {', '.join(differ[:5])}; the cache is corrected and the models "
                       "phase sends them again", commands=(rehash_cmd(tools, self.recipe, True),))
 
 
-def phase(recipe: BaseRecipe, inventory: Inventory) -> ServingPhase:
-    from orchestrator.engines import serving_nodes
-
-    tools = model_tools(recipe, inventory)
+def phase(recipe: BaseRecipe, serving: list[str], image: str, inventory: Inventory) -> ServingPhase:
+    """--verify-models: every file of the recipe's models re-hashed on the head and SERVING
+    nodes, in containers of IMAGE (the models' image)."""
+    tools = model_tools(image, inventory)
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         return {"commands": {"rehash": rehash_cmd(tools, recipe, False)}, "timeout": 3600}
 
-    serving = serving_nodes(recipe, inventory)
     nodes = [inventory.head_name, *(n for n in serving if n != inventory.head_name)]
-    return ServingPhase("verify-models", [VerifyModels(recipe)], facts, serving=nodes)
+    return ServingPhase("verify-models", [VerifyModels(recipe, tools)], facts, serving=nodes)

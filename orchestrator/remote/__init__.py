@@ -1,0 +1,34 @@
+"""One connection per node and what runs over it (see docs/architecture.md).
+
+paramiko's config module imports invoke at import time (only `Match exec` lines in
+~/.ssh/config use it), and invoke imports unittest.mock and asyncio: together about a tenth of
+a second of every run, most of which never read such a line. Until its first use, `invoke` is
+a stand-in module that imports the real one when paramiko first touches it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+from typing import Any
+
+
+class _ImportedOnFirstUse(types.ModuleType):
+    """A module whose first attribute lookup imports the real module of that name. (The
+    standard library's LazyLoader is loaded by the `import` statement itself, which reads the
+    module's __spec__.)"""
+
+    def __getattr__(self, attribute: str) -> Any:
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attribute)
+
+
+def _import_on_first_use(name: str) -> None:
+    if name not in sys.modules and importlib.util.find_spec(name) is not None:
+        sys.modules[name] = _ImportedOnFirstUse(name)
+
+
+_import_on_first_use("invoke")

@@ -48,7 +48,7 @@ def gather_facts(transport: Transport, request: Request, timeout: float = 120.0)
 _KEYED = ("commands",)  # key -> command: the same key must mean the same command
 _FLAGS = ("files",)  # path -> want content: asking for content wins over not asking
 _LISTS = ("containers", "images", "disk", "routes", "resolve", "users")
-_SWITCHES = ("netplan", "links", "ibdev2netdev", "python")
+_SWITCHES = ("netplan", "links", "ibdev2netdev", "python", "lock_peek")
 _MAX = ("timeout", "lock_stale_seconds")
 
 

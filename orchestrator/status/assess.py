@@ -19,12 +19,12 @@ from orchestrator.commands import quote
 from orchestrator.engines import up_container
 from orchestrator.engines.liveness import dead_ranks
 from orchestrator.errors import SparkctlError
+from orchestrator.gateway.control import attach_to_status as attach_gateway
 from orchestrator.inventory import Inventory, Node
 from orchestrator.node import script
 from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
-from orchestrator.phases.gateway import summary as gateway_summary
 from orchestrator.phases.gateway_spec import probe_cmd as gateway_probe_cmd
-from orchestrator.phases.teardown import managed_ps_cmd
+from orchestrator.phases.managed import managed_ps_cmd
 from orchestrator.remote.cluster import parallel
 from orchestrator.status.containers import check_server_containers
 from orchestrator.status.server import add_server_problems, assess_server, server_list
@@ -121,7 +121,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
                 facts[name] = value
         result = assess(inventory, facts, errors)
         result["servers"] = server_list(inventory, facts, result.get("server"))
-        result["gateway"] = gateway_summary(facts)
+        attach_gateway(result, facts)
         from orchestrator.status.memory import attach_metrics
 
         def run_on(node: str, command: str, sudo: bool = False) -> tuple[int, str]:

@@ -170,9 +170,10 @@ def sources_for(inventory: Inventory, node: Node, follow: bool, since: float | N
 def engine_log_labels() -> list[tuple[str, str]]:
     """(engine, the label its containers' lines get) for engines with server containers."""
     from orchestrator.engines import REGISTRY, get_engine
+    from orchestrator.engines.capabilities import log_label
 
-    return [(name, get_engine(name).log_label) for name in sorted(REGISTRY)
-            if get_engine(name).log_label]
+    return [(name, log_label(get_engine(name))) for name in sorted(REGISTRY)
+            if log_label(get_engine(name))]
 
 
 class LineTagger:

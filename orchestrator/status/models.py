@@ -14,7 +14,7 @@ from orchestrator.inventory import Inventory
 def verify_served_models(inventory: Inventory, result: dict[str, Any]) -> None:
     """Adds `models_verified` to `result` and a problem per node whose files differ."""
     from orchestrator.core.session import open_session
-    from orchestrator.engines import load_recipe
+    from orchestrator.engines import engine_of, load_recipe
     from orchestrator.phases.model_tools import model_tools
     from orchestrator.phases.verify_models import differences, parse, rehash_cmd
     from orchestrator.remote.cluster import parallel
@@ -35,7 +35,8 @@ def verify_served_models(inventory: Inventory, result: dict[str, Any]) -> None:
 
             def rehash(node: str, recipe: Any = recipe) -> dict[str, Any]:
                 answer = session.transports[node].run(
-                    rehash_cmd(model_tools(recipe, inventory), recipe, False), sudo=True, timeout=3600,
+                    rehash_cmd(model_tools(engine_of(recipe).model_image(recipe, inventory),
+                                           inventory), recipe, False), sudo=True, timeout=3600,
                     display="re-hash the model files (status --deep)")
                 return parse({"rc": answer.exit_status, "out": answer.stdout,
                               "err": answer.stderr}, node)

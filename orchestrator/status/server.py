@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator.engines import DEFAULT_ENGINE, REGISTRY, get_engine
 from orchestrator.engines.apikey import probe_host
+from orchestrator.engines.capabilities import ProbesStatus
 from orchestrator.engines.liveness import READY_KEY, judge, was_ready
 from orchestrator.inventory import Inventory
 from orchestrator.paths import SERVER_JSON
@@ -51,13 +52,14 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     }
     container_running = (head.get("container") or {}).get("status") == "running"
     health = probe.get("/health")
-    second = engine_of_record(engine).health_paths[1]  # after /health: the engine's own
+    second = engine_of_record(engine).readiness.status_paths[1]  # after /health: the engine's own
     pids = (processes or {}).get("pids") or {}
     main = pids.get(str(server.get("main") or "mpirun.pid"))
     ready = was_ready(server, bool((processes or {}).get("ready_log")))
     out["ready_at"] = server.get(READY_KEY)
     own = engine_of_record(engine)
-    probe_key = (own.status_probe() or ("", ""))[0] if own.name == engine else ""
+    probes = own.name == engine and isinstance(own, ProbesStatus)  # (not the default's)
+    probe_key = own.status_probe()[0] if probes else ""
     judged = own.judge_probe(server, commands.get(probe_key) or {}) if probe_key else {}
     if judged:  # the engine's own probe (vLLM over Ray: every serving node alive in Ray)
         out[probe_key] = judged
@@ -96,8 +98,8 @@ def named_problem(server: dict[str, Any]) -> str:
 
 
 def health_paths() -> dict[str, Any]:
-    """Every engine's health paths (Engine.health_paths) for the node's probe."""
-    return {"paths": {name: list(get_engine(name).health_paths) for name in sorted(REGISTRY)},
+    """Every engine's status paths (Engine.readiness.status_paths) for the node's probe."""
+    return {"paths": {name: list(get_engine(name).readiness.status_paths) for name in sorted(REGISTRY)},
             "default": DEFAULT_ENGINE}
 
 
@@ -110,8 +112,9 @@ def health_arg() -> str:
 
 def engine_probes() -> dict[str, tuple[str, str]]:
     """Each engine's own status probe (Engine.status_probe), by engine name."""
-    found = {name: get_engine(name).status_probe() for name in sorted(REGISTRY)}
-    return {name: probe for name, probe in found.items() if probe}
+    engines = {name: get_engine(name) for name in sorted(REGISTRY)}
+    return {name: engine.status_probe() for name, engine in engines.items()
+            if isinstance(engine, ProbesStatus)}
 
 
 RESTART_MARGIN_SECONDS = 5

@@ -96,6 +96,9 @@ def test_bad_input_is_refused_before_any_change(served: tuple[Lab, Path, str]) -
         (["--host", "0.0.0.0", "--api-key-file", str(key_file(tmp, "empty", "\n"))], "empty"),
         (["--host", "0.0.0.0", "--api-key-file", str(tmp / "missing")], "not found"),
         (["--port", "30000"], "port 30000 on spark-a"),  # r-a's engine listens there
+        # an address spark-a lacks: found by the first probe (41.7; it failed after 8 s as "did
+        # not answer within 180 s" and left the config with the key behind)
+        (["--host", "192.0.2.7", "--api-key-file", str(key)], "spark-a has no such address"),
     ]
     for args, message in cases:
         result = sparkctl("gateway", "up", *inv(lab), *args)
@@ -125,6 +128,18 @@ def test_up_serves_with_the_key_only_and_is_idempotent(served: tuple[Lab, Path, 
     again = sparkctl("gateway", "up", *inv(lab), "--host", "0.0.0.0", "--api-key-file",
                      str(key), "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["outcome"] == "unchanged"
+    # no door beside the gateway (41.2): r-a's relay answers the gateway's node only; r-a
+    # itself has no key, so any other fabric host would have had it for free
+    r_a = next(r for r in doc["replicas"] if r["server"] == "r-a")
+    probe = (f"curl -s -m 10 -o /dev/null -w '%{{http_code}}' "
+             f"http://{r_a['address']}:{r_a['port']}/v1/models; true")
+    assert lab.exec(lab.nodes[1], probe).stdout.strip() == "000"  # closed on
+    assert lab.exec(lab.nodes[0], probe).stdout.strip() == "200"  # the gateway's node
+    # the record is private (41.7): mode 0600, a salted slow fingerprint, no key
+    record = "/var/lib/sparkctl/run/gateway/gateway.json"
+    assert lab.exec(lab.nodes[0], f"stat -c %a {record}").stdout.strip() == "600"
+    text = lab.exec(lab.nodes[0], f"cat {record}").stdout
+    assert '"salt"' in text and secret not in text
     # the engines stay on their node's loopback; the gateway reaches them over the fabric
     args = lab.exec(lab.nodes[1], "docker inspect -f '{{json .Args}}' sparkctl-sglang-r-b").stdout
     assert "127.0.0.1" in args and "0.0.0.0" not in args

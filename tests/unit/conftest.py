@@ -300,6 +300,17 @@ def docker_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[...
     return load
 
 
+def model_args(recipe: Any, inventory: Inventory | None = None) -> tuple[list[str], Any]:
+    """(serving nodes, ModelTools of the engine's model image): what the models phases and
+    steps take explicitly (the launch plan works both out once)."""
+    from orchestrator.engines import engine_of
+    from orchestrator.phases.model_tools import model_tools
+    from orchestrator.recipe import serving_nodes
+
+    inv = inventory or make_inventory()
+    return serving_nodes(recipe, inv), model_tools(engine_of(recipe).model_image(recipe, inv), inv)
+
+
 @pytest.fixture(autouse=True)
 def _no_user_recipes(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """The user recipe folder ($XDG_CONFIG_HOME/sparkctl/recipes) of whoever runs the tests

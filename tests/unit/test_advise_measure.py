@@ -178,6 +178,51 @@ def test_servers_elsewhere_keep_running_and_requests_are_dealt_evenly(cluster: A
     assert {tuple(c.concurrency) for c in fake.configs} >= {(1, 2), (1,), (1, 3)}
 
 
+def test_each_launch_of_advise_measure_runs_launchs_own_plan_with_every_check(
+        monkeypatch: pytest.MonkeyPatch, inventory: Callable[..., Any]) -> None:
+    """Issue 39: `advise --measure` launched with the engine's phases alone (no token, port or
+    model-image check, no default placement); it runs cli/launch_plan.py's plan now, the one
+    `sparkctl launch` runs."""
+    import contextlib
+
+    from orchestrator.cli.launch_plan import launch_plan
+    from orchestrator.core.report import Report
+    from orchestrator.recipe import LaunchOptions
+
+    inv = inventory()
+    ran: list[Any] = []
+
+    class Session:
+        transports = {n.name: object() for n in inv.nodes}
+        unreachable: list[str] = []
+        report = Report("launch")
+
+    class Lock:
+        def __init__(self, *args: Any) -> None:
+            pass
+
+        def release(self) -> None:
+            pass
+
+    monkeypatch.setattr("orchestrator.core.session.open_session",
+                        lambda *args, **kwargs: contextlib.nullcontext(Session()))
+    monkeypatch.setattr("orchestrator.core.session.run_plan",
+                        lambda session, plan, options, lock: ran.append((plan, options)))
+    monkeypatch.setattr("orchestrator.core.lock.ClusterLock", Lock)
+    recipe = load_recipe("minimax-m2.7")
+    # the default nodes named: launched as without --nodes (the same server, no replacement)
+    placed = recipe.model_copy(update={"placement": [n.name for n in inv.ordered_nodes()[:2]]})
+    advise_measure._launch(inv, placed, "m-r1", 60.0, None, lambda line: None)
+    (plan, options), = ran
+    names = [p.name for p in plan.phases]
+    for check in ("port-check", "model-image", "hf-token"):
+        assert check in names, names
+    assert names.index("port-check") < names.index("model-image") < names.index("hf-token")
+    expected = launch_plan(recipe, inv, LaunchOptions(replace=True, timeout=60.0, name="m-r1"))
+    assert names == [p.name for p in expected.phases]
+    assert options.command == "launch" and options.hf_token is None
+
+
 def test_a_ctrl_c_inside_a_launch_exits_130_and_measures_no_more(cluster: Any,
                                                                 monkeypatch: Any) -> None:
     # issue 41: a Ctrl-C during a layout's launch came back as the plan's Interrupted (a

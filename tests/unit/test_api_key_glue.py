@@ -20,8 +20,8 @@ from conftest import make_context, make_inventory
 from orchestrator.commands import Secret
 from orchestrator.core.step import Change
 from orchestrator.engines import apikey, get_engine, load_recipe
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.phases.files import FileSpec
+from orchestrator.recipe import LaunchOptions
 
 SENTINEL = "sk-unit-sentinel-7f3a"
 KEY = Secret(SENTINEL)
@@ -267,7 +267,8 @@ def test_the_port_behind_the_relay_is_proven_free_first() -> None:
     assert apikey.relayed_port(get_engine("llamacpp").api_key, KEY, 8080) is None  # its own
     inner = apikey.relayed_port(way, KEY, recipe.port)
     assert inner == 18355
-    (check,) = with_checks([], recipe, inventory, False, "10.0.0.5", inner)
+    (check,) = with_checks([], recipe, ["spark-a", "spark-b"], "img", inventory, False,
+                           "10.0.0.5", inner)
     wanted = {(p.port, p.address) for p in check.steps[0].wanted}  # type: ignore[attr-defined]
     assert (8355, "10.0.0.5") in wanted and (18355, "127.0.0.1") in wanted
 

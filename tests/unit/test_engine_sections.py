@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import TWO_SPARKS
+from conftest import TWO_SPARKS, model_args
 
 from orchestrator.core.plan import build_up_plan
 from orchestrator.engines import REGISTRY, check_against_inventory, load_recipe, up_container
@@ -100,9 +100,9 @@ def test_launch_refuses_an_engine_the_inventory_does_not_serve() -> None:
 def test_models_are_fetched_with_the_recipes_own_image(recipe: str) -> None:
     loaded = load_recipe(recipe)
     inv = inventory()
-    tools = models.model_tools(loaded, inv)
+    nodes, tools = model_args(loaded, inv)
     assert tools.image == loaded.image
-    fact = models.phase(loaded, inv).facts(inv, inv.nodes[0])["commands"]["models"]
+    fact = models.phase(loaded, nodes, tools.image, inv).facts(inv, inv.nodes[0])["commands"]["models"]
     words = shlex.split(fact)
     assert words[:5] == ["if", "docker", "image", "inspect", loaded.image]
     run = words[words.index("then"):words.index("python3")]  # (the script's own text aside)
@@ -112,13 +112,13 @@ def test_models_are_fetched_with_the_recipes_own_image(recipe: str) -> None:
 
 def test_tensorrt_llm_models_use_the_up_image() -> None:
     inv = inventory(engines={"trtllm": {"container": {"image": "registry.local/trt:1"}}})
-    assert models.model_tools(load_recipe("qwen3-235b"), inv).image == "registry.local/trt:1"
+    assert model_args(load_recipe("qwen3-235b"), inv)[1].image == "registry.local/trt:1"
 
 
 def test_status_calls_a_set_up_node_up_without_an_up_container() -> None:
     from test_status import INVENTORY, node_facts
 
-    from orchestrator.engines.base import NoSettings
+    from orchestrator.engines.capabilities import NoSettings
     from orchestrator.status.assess import assess_node
 
     inv = INVENTORY.model_copy(update={"engines": {"sglang": NoSettings()}})
@@ -169,7 +169,7 @@ def test_the_model_image_phase_checks_the_registry_then_brings_the_image() -> No
 
     inv = inventory()
     placed = load_recipe("qwen3-8b").model_copy(update={"placement": ["spark-b"]})
-    phase = image_phase(placed, inv)
+    phase = image_phase(placed.image, ["spark-b"], inv)
     assert [s.name for s in phase.steps] == ["registry", "image", "image-share", "image-digest"]
     # the head fetches the models (and hashes, sends them) even when the server is elsewhere
     assert [n.name for n in phase.nodes(inv)] == ["spark-a", "spark-b"]

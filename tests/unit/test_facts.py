@@ -90,7 +90,7 @@ def test_every_plan_of_every_recipe_merges_its_facts_without_conflict(recipe_nam
 
     from orchestrator.core.plan import build_up_plan
     from orchestrator.engines import get_engine, load_recipe
-    from orchestrator.engines.base import LaunchOptions
+    from orchestrator.recipe import LaunchOptions
 
     inventory = make_inventory()
     recipe = load_recipe(recipe_name)

@@ -19,8 +19,8 @@ from orchestrator.cli import gateway as cli_gateway
 from orchestrator.cli import rolling
 from orchestrator.commands import Secret
 from orchestrator.errors import InputError, SparkctlError
+from orchestrator.gateway import control as gateway
 from orchestrator.node import script
-from orchestrator.phases import gateway
 from orchestrator.phases import gateway_spec as gs
 
 KEY = "sk-unit-sentinel-0123456789"
@@ -59,7 +59,7 @@ def test_the_key_is_only_in_the_config_file() -> None:
     assert f"ghcr.io/berriai/litellm@{gs.IMAGE_DIGEST}" in command  # pinned by digest
     assert "--entrypoint litellm" in command and f"{gs.GATEWAY_CONFIG_DIR}:" in command
     assert s.record()["key"] is True and KEY in s.config_text()
-    assert s.fingerprint() != spec("sk-another-key-0123456").fingerprint()
+    assert s.fingerprint("salt") != spec("sk-another-key-0123456").fingerprint("salt")
 
 
 def test_a_replica_with_an_api_key_gets_it_in_the_config_file_only() -> None:
@@ -77,7 +77,7 @@ def test_a_replica_with_an_api_key_gets_it_in_the_config_file_only() -> None:
     (read,) = transports["spark-b"].calls
     assert read.sudo and replica_key not in read.command and "servers/r-k/api_key" in read.command
     assert replica_key not in gs.run_cmd(s, "c") + json.dumps(s.record())
-    assert replica_key not in gs.relay_start_cmd(s.replicas[1])
+    assert replica_key not in gs.relay_start_cmd(s.replicas[1], s.client)
 
 
 def test_no_server_no_gateway() -> None:
@@ -151,10 +151,10 @@ def test_a_taken_port_is_refused_before_any_change() -> None:
 
 def test_up_twice_is_a_no_op() -> None:
     s = spec()
-    relays = {"r-a": {"alive": True, "accepting": True}}
+    door = {"alive": True, "accepting": True, "allow": [s.client]}
     state = {**s.record()}
-    ts = transports(answers(state, port_free=False, live=True, relays=relays),
-                    answers(relays={"r-b": {"alive": True, "accepting": True}}))
+    ts = transports(answers(state, port_free=False, live=True, relays={"r-a": door}),
+                    answers(relays={"r-b": door}))
     assert gateway.up(ts, make_inventory(), s, lambda line: None) == "unchanged"  # type: ignore[arg-type]
     assert not any("docker" in c for t in ts.values() for c in t.commands)
 
@@ -253,7 +253,8 @@ def test_status_summarises_the_gateway_from_the_probe_facts() -> None:
     doc = gateway.summary(facts)
     assert doc == {"running": True, "node": "spark-a", "host": "0.0.0.0", "port": 4000,
                    "key": True, "live": True,
-                   "models": {"Qwen/Qwen3-8B": {"replicas": 2, "in_rotation": 1}}}
+                   "models": {"Qwen/Qwen3-8B": {"replicas": 2, "in_rotation": 1}},
+                   "out_of_rotation": ["r-b"]}
     assert gateway.summary({"spark-a": {"commands": {"gateway": {"out": "garbage"}}}}) == {
         "running": False}
     from orchestrator.status.assess import status_facts

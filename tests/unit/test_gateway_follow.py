@@ -15,8 +15,11 @@ import pytest
 from conftest import FakeTransport, make_inventory
 
 from orchestrator.commands import Secret
+from orchestrator.engines.serverctl import down_parts
+from orchestrator.gateway import control as gateway
+from orchestrator.gateway import follow as gateway_follow
 from orchestrator.node import script
-from orchestrator.phases import gateway, gateway_down, gateway_follow, teardown
+from orchestrator.phases import gateway_down, teardown
 from orchestrator.phases import gateway_spec as gs
 
 KEY = "sk-unit-follow-0123456789"
@@ -50,11 +53,13 @@ def test_the_new_config_keeps_the_key_on_the_node_and_the_fingerprint_of_up(
     path.write_text(old.config_text())
     new = spec_of(server("a", "spark-a"), server("b", "spark-b"))
     request = {"path": str(path), "model_list": new.config()["model_list"],
-               "extra": new.fingerprinted()}
+               "extra": new.fingerprinted(), "salt": "s4lt", "rounds": gs.FINGERPRINT_ROUNDS}
     assert KEY not in json.dumps(request)
     out = subprocess.run([sys.executable, "-c", script("gateway_config.py")], check=True,
                          input=json.dumps(request), capture_output=True, text=True).stdout
-    assert json.loads(out)["fingerprint"] == new.fingerprint()  # `gateway up` finds it unchanged
+    fingerprint = json.loads(out)["fingerprint"]
+    assert fingerprint == new.fingerprint("s4lt")  # `gateway up` finds it unchanged
+    assert gs.matches({"salt": "s4lt", "fingerprint": fingerprint}, new)
     assert path.read_text() == new.config_text() and path.stat().st_mode & 0o777 == 0o600
 
 
@@ -100,6 +105,7 @@ def test_a_leaving_replica_needs_no_restart(monkeypatch: pytest.MonkeyPatch) -> 
     doc = json.loads(str([c for c in ts["spark-a"].calls if "gateway.json" in c.command][-1].stdin))
     assert [r["server"] for r in doc["replicas"]] == ["a"]
     assert doc["fingerprint"] == record["fingerprint"]  # LiteLLM still runs that config
+    assert doc["salt"] == record["salt"]  # under the salt it was computed with
 
 
 def test_no_gateway_nothing_to_follow() -> None:
@@ -136,5 +142,5 @@ def test_down_stops_relays_and_its_verify_names_any_left() -> None:
     assert gateway_down.StopRelays().check(Ctx()).reason == "no gateway relay"  # type: ignore[arg-type]
     verify = teardown.verify_cmd(make_inventory(), network=False)
     assert gs.RELAY_PATTERN in verify and "gateway relay: pid" in verify
-    names = [s.name for s in teardown.down_phase(make_inventory(), network=False).steps]
+    names = [s.name for s in teardown.down_phase(make_inventory(), False, down_parts()).steps]
     assert names.index("gateway-relays") < names.index("files")  # before the pid files go

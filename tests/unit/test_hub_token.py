@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import FakeCluster
+from conftest import FakeCluster, model_args
 from test_models import DRAFT, MODEL, RECIPE, facts_of, head_manifests, hub_entry, local_entry
 
 from orchestrator.commands import Secret
@@ -48,7 +48,7 @@ def test_whoami_answers(status: int, output: str, state: str, hub: str) -> None:
 def test_nothing_to_download_asks_nothing(fake_cluster: Callable[..., FakeCluster]) -> None:
     cluster = fake_cluster(facts={"spark-a": facts_of(head_manifests())})
     ctx = cluster.context("spark-a", options=options(hf_token=Secret("hf_x")))
-    outcome = hub_token.HubToken(RECIPE).check(ctx)
+    outcome = hub_token.HubToken(RECIPE, model_args(RECIPE)[1]).check(ctx)
     assert isinstance(outcome, Unchanged) and "no token needed" in outcome.reason
     assert cluster["spark-a"].calls == []
 
@@ -62,7 +62,7 @@ def test_a_refused_token_stops_before_any_download_naming_the_hub(
     ctx = cluster.context("spark-a", options=options(hf_token=Secret("hf_wrong")))
     with pytest.raises(SparkctlError, match=r"spark-a: the HF token .* rejected by the hub "
                                             r"https://huggingface.co \(.*401") as caught:
-        hub_token.HubToken(RECIPE).check(ctx)
+        hub_token.HubToken(RECIPE, model_args(RECIPE)[1]).check(ctx)
     assert not isinstance(caught.value, InputError)  # exit 1: the input was there, the hub said no
     (call,) = head.calls
     # the token only on stdin: never on the command line or in the container's environment
@@ -81,7 +81,7 @@ def test_before_the_models_image_is_on_the_head_the_token_waits(
     facts["spark-a"]["commands"]["models"] = {"rc": 0, "out": NO_IMAGE + "\n", "err": ""}
     cluster = fake_cluster(facts=facts)
     ctx = cluster.context("spark-a", options=options(hf_token=Secret("hf_x")))
-    outcome = hub_token.HubToken(RECIPE).check(ctx)  # a dry run: nothing pulled yet
+    outcome = hub_token.HubToken(RECIPE, model_args(RECIPE)[1]).check(ctx)  # a dry run: nothing pulled yet
     assert isinstance(outcome, Unchanged) and "is not on spark-a" in outcome.reason
     assert not cluster["spark-a"].calls
 
@@ -90,14 +90,14 @@ def test_an_accepted_token_and_an_unreachable_hub(fake_cluster: Callable[..., Fa
     cluster = fake_cluster(facts=missing_facts())
     cluster["spark-a"].on("whoami", stdout="hub=https://huggingface.co\nuser: someone\n")
     ctx = cluster.context("spark-a", options=options(hf_token=Secret("hf_ok")))
-    outcome = hub_token.HubToken(RECIPE).check(ctx)
+    outcome = hub_token.HubToken(RECIPE, model_args(RECIPE)[1]).check(ctx)
     assert isinstance(outcome, Unchanged)
     assert outcome.reason == "HF token accepted by https://huggingface.co (user: someone)"
 
     cluster = fake_cluster(facts=missing_facts())
     cluster["spark-a"].on("whoami", status=1, stdout="hub=https://huggingface.co\n"
                           "requests.exceptions.ConnectionError: Max retries exceeded")
-    outcome = hub_token.HubToken(RECIPE).check(cluster.context(
+    outcome = hub_token.HubToken(RECIPE, model_args(RECIPE)[1]).check(cluster.context(
         "spark-a", options=options(hf_token=Secret("hf_ok"))))
     assert isinstance(outcome, Unchanged) and "cannot be reached from spark-a" in outcome.reason
 
@@ -108,7 +108,7 @@ def test_no_token_for_a_gated_repo_is_bad_input(fake_cluster: Callable[..., Fake
     head.on("--dry-run", status=1, stderr=GATED)
     ctx = cluster.context("spark-a", options=options())
     with pytest.raises(InputError, match=rf"{MODEL} is gated on the hub and no HF token was given"):
-        hub_token.HubToken(RECIPE).check(ctx)
+        hub_token.HubToken(RECIPE, model_args(RECIPE)[1]).check(ctx)
     assert ctx.options.token_missing is True
     (call,) = head.calls  # the draft is present: only the missing repo is asked about
     assert "--dry-run" in call.command and "HF_TOKEN_PATH" not in call.command
@@ -118,7 +118,7 @@ def test_no_token_for_a_public_repo_is_fine(fake_cluster: Callable[..., FakeClus
     cluster = fake_cluster(facts=missing_facts())
     cluster["spark-a"].on("--dry-run", stdout="[dry-run] Will download 3 files totalling 1.2G.")
     ctx = cluster.context("spark-a", options=options())
-    outcome = hub_token.HubToken(RECIPE).check(ctx)
+    outcome = hub_token.HubToken(RECIPE, model_args(RECIPE)[1]).check(ctx)
     assert isinstance(outcome, Unchanged) and "need none" in outcome.reason
     assert not ctx.options.token_missing
 

@@ -19,11 +19,12 @@ from test_status import INVENTORY, SERVER, node_facts
 
 from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import liveness, load_recipe, serverctl, verify
-from orchestrator.engines.base import LaunchOptions, Ready
+from orchestrator.engines.base import Ready
 from orchestrator.engines.placed import Placement
 from orchestrator.engines.sglang.serve import ServeSpec
 from orchestrator.engines.trtllm import steps
 from orchestrator.engines.vllm import serve as vllm_serve
+from orchestrator.recipe import LaunchOptions
 from orchestrator.status import assess as status
 from orchestrator.status.server import server_state
 

@@ -13,7 +13,6 @@ from conftest import FakeTransport, make_context, make_inventory
 
 from orchestrator.core.step import Change
 from orchestrator.engines import get_engine, load_recipe, servers
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.llamacpp import options
 from orchestrator.engines.llamacpp.ready import errors
 from orchestrator.engines.llamacpp.recipe import DEFAULT_IMAGE, Recipe, estimate_memory
@@ -25,6 +24,7 @@ from orchestrator.engines.llamacpp.serve import (
     snapshot_path,
 )
 from orchestrator.errors import InputError, SparkctlError
+from orchestrator.recipe import LaunchOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -198,7 +198,7 @@ def test_the_engine_is_placed_and_other_engines_check_their_rank_rules() -> None
     from orchestrator.engines import check_against_inventory
 
     engine = get_engine("llamacpp")
-    assert engine.several_servers and engine.title == "llama.cpp"
+    assert engine.title == "llama.cpp"
     r = load_recipe("lab-tiny-llama")
     assert _placed(r, ("spark-b",), "x", 8100).placement == ["spark-b"]
     vllm = load_recipe("minimax-m2.7")  # tp 2: two nodes, whichever of the inventory's
@@ -269,21 +269,26 @@ def rpc_server_spec() -> ServeSpec:
     return ServeSpec(load_recipe("lab-tiny-llama-rpc"), make_inventory(), LaunchOptions())
 
 
-def test_readiness_waits_for_health_and_the_model() -> None:
-    from orchestrator.engines.llamacpp.ready import wait_until_ready
+def wait_until_ready(transports: dict[str, Any], spec: ServeSpec, timeout: float, note: Any) -> Any:
+    from orchestrator.engines import readiness
+    from orchestrator.engines.llamacpp import ready
 
+    return readiness.wait_until_ready(transports, ready.target(spec), ready.READINESS, timeout, note)
+
+
+def test_readiness_waits_for_health_and_the_model() -> None:
     spec = rpc_server_spec()
     probe = json.dumps({"health": 200, "models": ["sparklab/tiny-llama-gguf"]})
     transports = {"spark-a": FakeTransport("spark-a").on("/health", stdout=f"running=true\n{probe}\n"),
                   "spark-b": FakeTransport("spark-b").on("State.Running", stdout="true\n")}
     notes: list[str] = []
     ready = wait_until_ready(transports, spec, 60, notes.append)  # type: ignore[arg-type]
-    assert ready.models == ["sparklab/tiny-llama-gguf"] and "ready: /health 200" in notes[-1]
+    assert ready.models == ["sparklab/tiny-llama-gguf"]
+    assert "ready: /health and /v1/models answer" in notes[-1]
 
 
 def test_an_exit_while_loading_names_llama_cpps_error_and_stops_the_server() -> None:
     from orchestrator.engines.base import LaunchFailed
-    from orchestrator.engines.llamacpp.ready import wait_until_ready
 
     spec = rpc_server_spec()
     log = "0.00.021.150 E llama_model_load: error loading model: failed to load model from /x.gguf\n"
@@ -306,7 +311,6 @@ def test_a_truncated_gguf_points_at_verify_models() -> None:
     # issue 41: a GGUF cut short passed the models phase (its hash cache trusts the file), and
     # the failed load said nothing of `--verify-models`, which finds and repairs it
     from orchestrator.engines.base import LaunchFailed
-    from orchestrator.engines.llamacpp.ready import wait_until_ready
 
     spec = rpc_server_spec()
     log = ("0.00.021.150 E llama_model_load: error loading model: tensor 'blk.0.ffn_up.weight' "

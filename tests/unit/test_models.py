@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Call, FakeCluster, make_inventory
+from conftest import Call, FakeCluster, model_args
 
 from orchestrator.commands import Secret
 from orchestrator.core.step import Change, RunOptions, Unchanged
 from orchestrator.engines import load_recipe
-from orchestrator.engines.base import FileFilter
 from orchestrator.errors import CommandError, SparkctlError
 from orchestrator.node import ledger as node_ledger
 from orchestrator.node import script
 from orchestrator.phases import fanout, models
+from orchestrator.recipe import FileFilter
 from orchestrator.remote import pipe
 
 RECIPE = load_recipe("qwen3-235b")
@@ -35,7 +35,8 @@ FOLDER = "models--" + MODEL.replace("/", "--")
 PATTERNED = RECIPE.model_copy(update={"files": FileFilter(allow=["*.safetensors", "*.json"],
                                                           deny=["original/"])})
 MANIFEST = re.escape("python3 -c") + ".* manifest "
-TOOLS = models.model_tools(RECIPE, make_inventory())
+ARGS = model_args(RECIPE)
+TOOLS = ARGS[1]
 """Where the models' commands run: a short-lived container of the recipe's engine image."""
 
 
@@ -173,7 +174,8 @@ def remotes(monkeypatch: pytest.MonkeyPatch) -> Remotes:
 def test_the_phase_runs_on_the_serving_nodes_and_asks_for_manifests(
         fake_cluster: Callable[..., FakeCluster]) -> None:
     cluster = fake_cluster()
-    phase = models.phase(PATTERNED, cluster.inventory)
+    phase = models.phase(PATTERNED, *model_args(PATTERNED, cluster.inventory)[:1],
+                         TOOLS.image, cluster.inventory)
     assert phase.name == "models" and [s.name for s in phase.steps] == ["download", "distribute"]
     assert [n.name for n in phase.nodes(cluster.inventory)] == ["spark-a", "spark-b"]
     request = phase.facts(cluster.inventory, cluster.inventory.node("spark-a"))
@@ -201,7 +203,7 @@ def test_the_phase_runs_on_the_serving_nodes_and_asks_for_manifests(
 
 def test_unchanged_download_names_what_is_there(fake_cluster: Callable[..., FakeCluster]) -> None:
     cluster = fake_cluster(facts={"spark-a": facts_of(head_manifests())})
-    outcome = models.Download(RECIPE).check(cluster.context("spark-a"))
+    outcome = models.Download(RECIPE, *ARGS).check(cluster.context("spark-a"))
     assert isinstance(outcome, Unchanged)
     assert outcome.reason == f"already on spark-a: {MODEL} (300.00 GB), {DRAFT} (5.0 MB)"
 
@@ -223,7 +225,7 @@ def test_download_writes_the_token_streams_progress_and_always_removes_the_token
     ctx = cluster.context("spark-a",
                           options=options(hf_token=Secret("hf_secret"), progress_note=notes.append))
 
-    message = models.Download(PATTERNED).apply(ctx, Change("download", payload=[MODEL]))
+    message = models.Download(PATTERNED, *ARGS).apply(ctx, Change("download", payload=[MODEL]))
 
     assert message == f"downloaded {MODEL}"
     token_call, dry_run, download, cleanup = head.calls
@@ -255,7 +257,7 @@ def test_too_little_space_anywhere_stops_the_download_with_the_numbers(
     ctx = cluster.context("spark-a", options=options(hf_token=Secret("t")))
 
     with pytest.raises(SparkctlError) as raised:
-        models.Download(RECIPE).apply(ctx, Change("download", payload=[MODEL]))
+        models.Download(RECIPE, *ARGS).apply(ctx, Change("download", payload=[MODEL]))
 
     assert str(raised.value) == (
         f"spark-b: not enough disk space for the download: need 130.50 GB at {models.HUB_DIR}, "
@@ -268,7 +270,7 @@ def test_too_little_space_anywhere_stops_the_download_with_the_numbers(
     cluster["spark-a"].on("--dry-run", 2, "", "No such option: --dry-run")
     notes: list[str] = []
     ctx = cluster.context("spark-a", options=options(progress_note=notes.append))
-    assert models.Download(RECIPE).apply(ctx, Change("download", payload=[MODEL])) == \
+    assert models.Download(RECIPE, *ARGS).apply(ctx, Change("download", payload=[MODEL])) == \
         f"downloaded {MODEL}"
     assert notes[0] == (f"        ! spark-a: `hf download --dry-run` gave no size for {MODEL}; "
                         "free space not checked before the download")
@@ -281,7 +283,7 @@ def test_a_failed_download_says_why_and_hints_at_the_token(fake_cluster: Callabl
     ctx = cluster.context("spark-a", options=options())
 
     with pytest.raises(SparkctlError) as raised:
-        models.Download(RECIPE).apply(ctx, Change("download", payload=[MODEL, DRAFT]))
+        models.Download(RECIPE, *ARGS).apply(ctx, Change("download", payload=[MODEL, DRAFT]))
 
     text = str(raised.value)
     assert text.startswith(f"spark-a: download of {MODEL} failed (exit 1) (no HF token was given")
@@ -296,7 +298,7 @@ def test_a_failed_download_says_why_and_hints_at_the_token(fake_cluster: Callabl
     head.on("hf download", 2, "", "disk full")
     ctx = cluster.context("spark-a", options=options(hf_token=Secret("t")))
     with pytest.raises(SparkctlError, match=r"failed \(exit 2\):\ndisk full") as raised:
-        models.Download(RECIPE).apply(ctx, Change("download", payload=[MODEL]))
+        models.Download(RECIPE, *ARGS).apply(ctx, Change("download", payload=[MODEL]))
     assert "no HF token" not in str(raised.value)
     assert head.commands[-1] == models.token_remove_cmd()
 
@@ -305,7 +307,8 @@ def test_a_leftover_token_is_only_removed(fake_cluster: Callable[..., FakeCluste
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = fake_cluster()
     ctx = cluster.context("spark-a", options=options(hf_token=Secret("t")))
-    assert models.Download(RECIPE).apply(ctx, Change("rm", payload=[])) == "removed a leftover HF token file"
+    assert models.Download(RECIPE, *ARGS).apply(ctx, Change("rm", payload=[])) == \
+        "removed a leftover HF token file"
     assert cluster["spark-a"].commands == [models.token_remove_cmd()]
 
     # the removal is the node's ledger `undo` of exactly the token path: it removes sparkctl's
@@ -334,7 +337,7 @@ def test_distribute_copies_only_what_differs_and_verifies(
     # spark-b has the draft and the model's config, not its weights
     before = {MODEL: hub_entry({"config.json": 10}), DRAFT: local_entry()}
     cluster = fake_cluster(facts={"spark-a": facts_of(head), "spark-b": facts_of(before)})
-    outcome = models.Distribute(RECIPE).check(cluster.context("spark-a"))
+    outcome = models.Distribute(RECIPE, *ARGS).check(cluster.context("spark-a"))
     assert isinstance(outcome, Change) and outcome.payload == ["spark-b"]
     assert outcome.summary == f"copy over the fabric: {MODEL} -> spark-b"
 
@@ -344,7 +347,7 @@ def test_distribute_copies_only_what_differs_and_verifies(
     notes: list[str] = []
     ctx = cluster.context("spark-a", options=options(progress_note=notes.append))
 
-    message = models.Distribute(RECIPE).apply(ctx, outcome)
+    message = models.Distribute(RECIPE, *ARGS).apply(ctx, outcome)
 
     # the head's manifest with chunk hashes (the receiver checks every chunk against them)
     (head_manifest,) = cluster["spark-a"].calls
@@ -404,7 +407,7 @@ def test_a_local_dir_model_is_copied_into_its_dir(
                               sha("model.safetensors", 7000),
                               sha(".cache/huggingface/download/x.metadata", 9)}
 
-    models.Distribute(RECIPE).apply(cluster.context("spark-a", options=options()),
+    models.Distribute(RECIPE, *ARGS).apply(cluster.context("spark-a", options=options()),
                                     Change("copy", payload=["spark-b"]))
 
     draft = remotes.of("recv")[0].stdin["repos"][1]
@@ -427,7 +430,7 @@ def test_a_copy_that_did_not_take_is_an_error(
 
     with pytest.raises(SparkctlError, match=rf"spark-b: {MODEL} still differs from spark-a after the "
                                             r"copy \(1 vs 2 files\); run launch again"):
-        models.Distribute(RECIPE).apply(cluster.context("spark-a", options=options()),
+        models.Distribute(RECIPE, *ARGS).apply(cluster.context("spark-a", options=options()),
                                         Change("copy", payload=["spark-b"]))
     assert remotes.of("send")  # the copy ran, and said it was done
 
@@ -437,7 +440,7 @@ def test_a_copy_that_did_not_take_is_an_error(
     cluster["spark-b"].rules.clear()
     cluster["spark-b"].on(MANIFEST, stdout=json.dumps({MODEL: wrong, DRAFT: head[DRAFT]}))
     with pytest.raises(SparkctlError, match="still differs"):
-        models.Distribute(RECIPE).apply(cluster.context("spark-a", options=options()),
+        models.Distribute(RECIPE, *ARGS).apply(cluster.context("spark-a", options=options()),
                                         Change("copy", payload=["spark-b"]))
 
 
@@ -447,7 +450,7 @@ def distribute_error(fake_cluster: Callable[..., FakeCluster], remotes: Remotes,
     cluster["spark-a"].on(MANIFEST, stdout=json.dumps(head or head_manifests()))
     cluster["spark-b"].on(MANIFEST, stdout=json.dumps(head_manifests()))
     with pytest.raises(SparkctlError) as raised:
-        models.Distribute(RECIPE).apply(cluster.context("spark-a", options=options()),
+        models.Distribute(RECIPE, *ARGS).apply(cluster.context("spark-a", options=options()),
                                         Change("copy", payload=["spark-b"]))
     assert all(r.closed for r in remotes.started)  # receiver and sender always ended
     assert not [c for c in cluster["spark-b"].calls if "manifest" in c.command]  # no verify
@@ -503,7 +506,7 @@ def test_a_failing_copy_or_manifest_fails_the_step(
     cluster = fake_cluster()
     cluster["spark-a"].on(MANIFEST, answer=lambda call: (1, "", "Error: No such container"))
     with pytest.raises(CommandError, match="No such container"):
-        models.Distribute(RECIPE).apply(cluster.context("spark-a", options=options()),
+        models.Distribute(RECIPE, *ARGS).apply(cluster.context("spark-a", options=options()),
                                         Change("copy", payload=["spark-b"]))
     assert [c.display for c in cluster["spark-a"].calls] == [
         f"docker run --rm {TOOLS.image} python3 -c <model manifest>"]
@@ -514,13 +517,13 @@ def test_a_head_without_the_model_is_copied_from_after_download(
     head = head_manifests()
     missing = dict(head, **{MODEL: hub_entry({}, present=False, commit=None)})
     cluster = fake_cluster(facts={"spark-a": facts_of(missing), "spark-b": facts_of(missing)})
-    outcome = models.Distribute(RECIPE).check(cluster.context("spark-a"))
+    outcome = models.Distribute(RECIPE, *ARGS).check(cluster.context("spark-a"))
     # equal but absent on both: still a copy (after the download, the head has it)
     assert isinstance(outcome, Change) and outcome.payload == ["spark-b"]
     assert outcome.summary == f"copy over the fabric: {MODEL} -> spark-b"
 
     same = facts_of(head)
-    outcome = models.Distribute(RECIPE).check(cluster.context("spark-a", {"spark-a": same,
+    outcome = models.Distribute(RECIPE, *ARGS).check(cluster.context("spark-a", {"spark-a": same,
                                                                           "spark-b": same}))
     assert isinstance(outcome, Unchanged) and outcome.reason.startswith("identical on spark-a, spark-b")
 

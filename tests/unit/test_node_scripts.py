@@ -255,6 +255,29 @@ def test_probe_without_a_server_or_a_record(tmp_path: Path, monkeypatch: pytest.
     assert out["error"].startswith("no server record:")
 
 
+def test_probe_at_a_port_asks_health_then_the_models_with_the_servers_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launching half of the one probe program (engines/readiness.py: readiness and the
+    smoke test of SGLang's and llama.cpp's servers): the key read from its file, never argv."""
+    key = tmp_path / "api_key"
+    key.write_text("sk-probe\n")
+    models = json.dumps({"data": [{"id": "org/m"}]})
+    with http_server({"/health": (200, "ok"), "/v1/models": (200, models)}) as (port, seen):
+        ran = run_node_script("probe.py", ["--at", str(port), "0.0.0.0", str(key)], monkeypatch)
+    assert ran.json == {"health": 200, "models": ["org/m"]}
+    assert [path for _, path, _ in seen] == ["/health", "/v1/models"]
+    with http_server({"/health": (503, "loading")}) as (port, seen):
+        ran = run_node_script("probe.py", ["--at", str(port), "127.0.0.1", ""], monkeypatch)
+    assert ran.json == {"health": 503} and len(seen) == 1
+    body = {"model": "org/m", "messages": []}
+    answer = json.dumps({"usage": {"completion_tokens": 3}})
+    with http_server({"/v1/chat/completions": (200, answer)}) as (port, seen):
+        ran = run_node_script("probe.py", ["--at", str(port), "127.0.0.1", "", json.dumps(body)],
+                              monkeypatch)
+    assert ran.json["code"] == 200 and json.loads(ran.json["body"]) == json.loads(answer)
+    assert json.loads(seen[0][2]) == body
+
+
 # --- serverctl.py ---------------------------------------------------------------------------
 
 def serverctl(args: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
@@ -424,3 +447,16 @@ def test_started_records_the_server_with_the_launcher_pid(
     (run / "server.log").unlink()
     out = serverctl({"action": "started", "run": str(run), "settle": 0, "server": {}}, monkeypatch)
     assert out["alive"] is False and out["log"] == ""
+
+
+def test_ray_every_says_whether_every_node_is_alive_in_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """node/ray_every.py (a vLLM-over-Ray boot unit's ready condition), fed ray_nodes.py's line."""
+    import io
+
+    answer = json.dumps({"nodes": [{"ip": "10.0.0.1", "alive": True},
+                                   {"ip": "10.0.0.2", "alive": False}]})
+    for wanted, code in ((["10.0.0.1"], 0), (["10.0.0.1", "10.0.0.2"], 1), ([], 0)):
+        monkeypatch.setattr("sys.stdin", io.StringIO(f"noise\n{answer}\n"))
+        assert run_node_script("ray_every.py", wanted, monkeypatch).code == code
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"error": "no cluster"}\n'))
+    assert run_node_script("ray_every.py", ["10.0.0.1"], monkeypatch).code == 1

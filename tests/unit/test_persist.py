@@ -14,13 +14,11 @@ from conftest import make_context, make_inventory
 from nodescript import run_node_script
 
 from orchestrator.core.step import Change, Unchanged
-from orchestrator.engines import get_engine, load_recipe, one_server_engines
-from orchestrator.engines.base import LaunchOptions
+from orchestrator.engines import get_engine, load_recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.phases import boot_units, oomguard, persist, persist_down
 from orchestrator.phases.container import ContainerSpec
-
-ONE = one_server_engines()  # none today: every engine runs named servers side by side
+from orchestrator.recipe import LaunchOptions
 
 HOME = {"commands": {"home": {"rc": 0, "out": "/home/nvidia\n"}}}
 
@@ -30,7 +28,7 @@ def persist_spec(recipe: str, **options: Any) -> persist.PersistSpec:
     phases = get_engine(r.engine).launch_phases(r, make_inventory(), LaunchOptions(persist=True,
                                                                                    **options))
     assert phases[-1].name == "persist"
-    step = phases[-1].steps[2]
+    step = phases[-1].steps[1]
     assert isinstance(step, persist.EnableUnit)
     return step.spec
 
@@ -43,26 +41,14 @@ def test_without_persist_no_boot_unit_only_a_stale_one_removed() -> None:
     assert "--restart" not in args
 
 
-def test_a_launch_makes_its_own_unit_stale_without_persist_and_a_replaced_servers_unit() -> None:
-    assert frozenset() == ONE
+def test_a_launch_without_persist_makes_only_its_own_unit_stale() -> None:
     units = {"trt": "trtllm", "vl": "vllm", "sgl": "sglang", "ll": "llamacpp"}
-    for server, engine in units.items():  # only its own unit, and only without --persist
-        assert persist.stale(server, engine, persist=True, one_per_cluster=ONE)(units) == []
-        assert persist.stale(server, engine, persist=False, one_per_cluster=ONE)(units) == [server]
-    # an engine that ran one server per cluster would replace the other's unit too
-    units = {"mine": "vllm", "old-vllm": "vllm", "sgl": "sglang"}
-    one = frozenset({"vllm"})
-    assert persist.stale("mine", "vllm", persist=True, one_per_cluster=one)(units) == ["old-vllm"]
-    assert persist.stale("mine", "vllm", persist=False, one_per_cluster=one)(units) == [
-        "mine", "old-vllm"]
-    inv = make_inventory()
-    facts = {n.name: {"commands": {"boot_units": {
-        "out": "sparkctl-serve-old-vllm.service enabled vllm\n"}}} for n in inv.nodes}
-    step = persist.phase(persist_spec("minimax-m2.7").__class__(**{
-        **persist_spec("minimax-m2.7").__dict__, "one_per_cluster": one})).steps[0]
-    change = step.check(make_context(inv, inv.head_name, facts))
-    assert isinstance(change, Change)
-    assert change.summary.startswith("disable and remove sparkctl-serve-old-vllm.service")
+    for server in units:  # every engine runs named servers side by side: never another's unit
+        assert persist.stale(server)(units) == [server]
+    assert persist.stale("other")(units) == []
+    r = load_recipe("minimax-m2.7")
+    phase = get_engine("vllm").launch_phases(r, make_inventory(), LaunchOptions(persist=True))[-1]
+    assert [type(s) for s in phase.steps] == [persist.ManagedFiles, persist.EnableUnit]
 
 
 def test_restart_policy_is_in_the_docker_run_argv_before_the_image() -> None:
@@ -302,8 +288,7 @@ def test_a_launch_removing_the_last_stale_unit_removes_the_boot_script_too() -> 
 
     def stale_check(lines: str, persistent: bool) -> Any:
         facts = {inv.head_name: {"commands": {"boot_units": {"rc": 0, "out": lines}}}}
-        step = persist_down.RemoveBootUnits(select=persist.stale(
-            "mine", "vllm", persist=persistent, one_per_cluster=ONE))
+        step = persist_down.RemoveBootUnits(select=persist.stale("mine"))
         return step.check(make_context(inv, inv.head_name, facts))
 
     only_mine = "sparkctl-serve-mine.service enabled vllm\n"

@@ -17,7 +17,8 @@ from orchestrator.core.step import NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import load_recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.phases import ports
-from orchestrator.phases.ports import ListenPort, PortsFree
+from orchestrator.phases.ports import PortsFree
+from orchestrator.recipe import ListenPort
 
 INVENTORY = make_inventory()
 
@@ -107,7 +108,8 @@ def test_the_launch_checks_bind_only_the_http_port_to_the_launch_host() -> None:
     from orchestrator.phases.launch_checks import with_checks
 
     recipe = load_recipe("qwen3.6-27b")
-    check = with_checks([], recipe, INVENTORY, host="127.0.0.1")[0].steps[0]
+    check = with_checks([], recipe, ["spark-a"], recipe.image, INVENTORY,
+                        host="127.0.0.1")[0].steps[0]
     assert isinstance(check, PortsFree)
     assert {p.what: p.address for p in check.wanted} == {"HTTP": "127.0.0.1"}
 

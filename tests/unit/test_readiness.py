@@ -1,7 +1,9 @@
-"""engines/trtllm/readiness.py: waiting for the server, and cleaning up when it never comes."""
+"""engines/readiness.py's one wait loop, driven by TensorRT-LLM's readiness (engines/trtllm/
+readiness.py): waiting for the server, and cleaning up when it never comes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any
@@ -9,10 +11,12 @@ from typing import Any
 import pytest
 
 from orchestrator.engines import load_recipe, serverctl
-from orchestrator.engines.base import LaunchFailed, LaunchOptions, Ready
+from orchestrator.engines import readiness as shared
+from orchestrator.engines.base import LaunchFailed, Ready
 from orchestrator.engines.trtllm import readiness
 from orchestrator.engines.trtllm.serve import LaunchSpec
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
+from orchestrator.recipe import LaunchOptions
 
 RECIPE = load_recipe("qwen3-235b")
 MODEL = RECIPE.model
@@ -25,7 +29,8 @@ def action(name: str) -> str:
 
 @pytest.fixture
 def cluster(fake_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(readiness, "POLL_SECONDS", 0.0)
+    monkeypatch.setattr(readiness, "READINESS", dataclasses.replace(readiness.READINESS,
+                                                                    poll_seconds=0.0))
     c = fake_cluster()
     for name in ("spark-a", "spark-b"):
         c[name].on(action("stop"), answer={"stopped": ["mpirun.pid"], "left": []})
@@ -45,7 +50,8 @@ def statuses(c: Any, *answers: dict[str, Any]) -> None:
 def wait(c: Any, timeout: float = 60.0) -> tuple[Any, list[str]]:
     notes: list[str] = []
     spec = LaunchSpec(RECIPE, c.inventory, LaunchOptions())
-    result = readiness.wait_until_ready(c.transports, spec, timeout, notes.append)
+    result = shared.wait_until_ready(c.transports, readiness.target(spec), readiness.READINESS,
+                                     timeout, notes.append)
     return result, notes
 
 
@@ -67,7 +73,8 @@ def test_a_dead_mpirun_ends_the_wait_with_every_log_tail_and_stops_every_rank(cl
     with pytest.raises(LaunchFailed) as raised:
         wait(cluster)
     failure = raised.value
-    assert "the server stopped while loading" in failure.reason and "every rank was stopped" in failure.reason
+    assert "mpirun exited on spark-a while loading" in failure.reason
+    assert "every rank was stopped" in failure.reason
     assert "spark-a says bye" in failure.details and "spark-b says bye" in failure.details
     assert called(cluster, "spark-a", "stop") == called(cluster, "spark-b", "stop") == 1
     # the server's own directory only: other servers in the container keep running

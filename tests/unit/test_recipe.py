@@ -11,11 +11,11 @@ from orchestrator.engines import (
     check_against_inventory,
     config_hash,
     load_recipe,
-    serving_nodes,
 )
 from orchestrator.engines.trtllm.recipe import estimate_memory
 from orchestrator.errors import InputError
 from orchestrator.inventory import Inventory
+from orchestrator.recipe import serving_nodes
 
 GOOD = """
 name: mine

@@ -20,13 +20,13 @@ from conftest import make_context, make_inventory
 
 from orchestrator.core.step import Change, RunOptions, Unchanged
 from orchestrator.engines import load_recipe
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.sglang import ENGINE as SGLANG
 from orchestrator.errors import SparkctlError
 from orchestrator.phases import container as c
 from orchestrator.phases import image_share as share
 from orchestrator.phases import preflight, registry
 from orchestrator.phases.registry import Reach, reach, registry_of, supply
+from orchestrator.recipe import LaunchOptions
 
 IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"
 NO_HOST = 'Get "https://nvcr.io/v2/": dial tcp: lookup nvcr.io: no such host'

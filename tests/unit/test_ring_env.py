@@ -11,11 +11,11 @@ import pytest
 from conftest import make_inventory
 
 from orchestrator.engines import load_recipe
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.sglang.serve import ServeSpec
 from orchestrator.engines.trtllm.serve import LaunchSpec
 from orchestrator.engines.vllm import ray
 from orchestrator.phases.nccl_env import RING_ENV, fabric_variable_names
+from orchestrator.recipe import LaunchOptions
 
 ROCE = ["rocep1s0f1", "roceP2p1s0f1"]
 

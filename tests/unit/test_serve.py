@@ -7,14 +7,15 @@ import shlex
 from typing import Any
 
 import pytest
+from conftest import model_args
 
 from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import load_recipe
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.trtllm import serve, steps
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory
 from orchestrator.phases import models
+from orchestrator.recipe import LaunchOptions
 
 INVENTORY = Inventory.model_validate({
     "cluster": {"name": "lab"},
@@ -80,7 +81,7 @@ def test_the_hostfile_lists_the_servers_nodes_in_rank_order() -> None:
     assert spec().hostfile.splitlines()[1:] == ["192.168.200.12 slots=1", "192.168.200.13 slots=1"]
     placed = RECIPE.model_copy(update={"placement": ["spark-b", "spark-a"]})
     reverse = spec(recipe=placed)
-    assert reverse.first == "spark-b" and reverse.serving == ["spark-b", "spark-a"]
+    assert reverse.first == "spark-b" and reverse.nodes == ["spark-b", "spark-a"]
     assert reverse.hostfile.splitlines()[1:] == ["192.168.200.13 slots=1", "192.168.200.12 slots=1"]
     files = reverse.files()
     assert json.loads(files[f"{DIR}/processes.json"]) == {
@@ -161,18 +162,18 @@ def test_models_download_only_what_the_head_lacks() -> None:
     repos = [r for r, _, _ in RECIPE.repos]
     facts = model_facts({repos[0]: manifest(True), repos[1]: manifest(False)},
                         {repos[0]: manifest(True), repos[1]: manifest(True)})
-    change = models.Download(RECIPE).check(ctx("spark-a", facts))
+    change = models.Download(RECIPE, *model_args(RECIPE)).check(ctx("spark-a", facts))
     assert isinstance(change, Change) and change.payload == [repos[1]]
     facts = model_facts({r: manifest(True) for r in repos}, {r: manifest(True) for r in repos})
-    assert isinstance(models.Download(RECIPE).check(ctx("spark-a", facts)), Unchanged)
-    assert isinstance(models.Distribute(RECIPE).check(ctx("spark-a", facts)), Unchanged)
+    assert isinstance(models.Download(RECIPE, *model_args(RECIPE)).check(ctx("spark-a", facts)), Unchanged)
+    assert isinstance(models.Distribute(RECIPE, *model_args(RECIPE)).check(ctx("spark-a", facts)), Unchanged)
 
 
 def test_a_leftover_token_file_is_removed_even_when_nothing_is_downloaded() -> None:
     repos = [r for r, _, _ in RECIPE.repos]
     facts = model_facts({r: manifest(True) for r in repos}, {r: manifest(True) for r in repos},
                         token=True)
-    change = models.Download(RECIPE).check(ctx("spark-a", facts))
+    change = models.Download(RECIPE, *model_args(RECIPE)).check(ctx("spark-a", facts))
     assert isinstance(change, Change) and change.payload == []
 
 
@@ -180,7 +181,7 @@ def test_a_peer_with_different_files_gets_a_copy() -> None:
     repos = [r for r, _, _ in RECIPE.repos]
     facts = model_facts({r: manifest(True) for r in repos},
                         {repos[0]: manifest(True, {"config.json": [11, "abd"]}), repos[1]: manifest(True)})
-    change = models.Distribute(RECIPE).check(ctx("spark-a", facts))
+    change = models.Distribute(RECIPE, *model_args(RECIPE)).check(ctx("spark-a", facts))
     assert isinstance(change, Change) and change.payload == ["spark-b"]
     assert repos[0] in change.summary and repos[1] not in change.summary
 
@@ -188,7 +189,7 @@ def test_a_peer_with_different_files_gets_a_copy() -> None:
 def test_a_stopped_container_is_a_clear_error() -> None:
     facts = {"spark-a": {"commands": {"models": {"rc": 1, "out": "", "err": "not running"}}}}
     with pytest.raises(SparkctlError, match=r"cannot look at the models with .*: not running"):
-        models.Download(RECIPE).check(ctx("spark-a", facts))
+        models.Download(RECIPE, *model_args(RECIPE)).check(ctx("spark-a", facts))
 
 
 def test_download_reads_the_token_from_a_file_never_from_argv() -> None:

@@ -13,12 +13,12 @@ import pytest
 from conftest import make_context, make_inventory
 
 from orchestrator.core.step import Change, Unchanged
-from orchestrator.engines import load_recipe, servers, serving_nodes
-from orchestrator.engines.base import LaunchOptions
+from orchestrator.engines import load_recipe, servers
 from orchestrator.engines.placed import Placement
 from orchestrator.engines.sglang.recipe import Recipe
 from orchestrator.engines.sglang.serve import ServeSpec, launch_argv
 from orchestrator.errors import InputError, SparkctlError
+from orchestrator.recipe import LaunchOptions, serving_nodes
 
 IMAGE = Path(__file__).resolve().parents[2] / "lab" / "sparklab" / "image"
 
@@ -263,3 +263,37 @@ def test_the_simulated_server_fails_as_sglang_fails(tmp_path: Path) -> None:
     assert "TypeError" not in given.stderr and "Not enough memory" in given.stderr, given.stderr
     small = sim(tmp_path, "--model-path", "Qwen/Qwen3.6-27B-FP8", "--mem-fraction-static", "0.2")
     assert "Not enough memory. Please try to increase --mem-fraction-static" in small.stderr
+
+
+def test_the_one_wait_loop_waits_for_sglangs_ready_line_and_a_dead_rank_stops_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's readiness as data: /health 200 is not enough until its log says it is fired up
+    (its warm-up request went through); a rank's container that ends stops the server."""
+    import dataclasses
+
+    from conftest import FakeTransport
+
+    from orchestrator.engines import readiness
+    from orchestrator.engines.base import LaunchFailed
+    from orchestrator.engines.sglang import ready
+
+    fast = dataclasses.replace(ready.READINESS, poll_seconds=0.0)
+    recipe = load_recipe("qwen3.6-27b-tp2")
+    spec = ServeSpec(recipe, make_inventory(), LaunchOptions())
+    assert spec.nodes == ["spark-a", "spark-b"]
+    up = json.dumps({"health": 200, "models": [recipe.model]})
+    answers = iter([f"running=true\nfired=0\n{up}\n", f"running=true\nfired=1\n{up}\n"])
+    head = FakeTransport("spark-a").on("/health", answer=lambda call: (0, next(answers), ""))
+    other = FakeTransport("spark-b").on("State.Running", stdout="true\n")
+    notes: list[str] = []
+    done = readiness.wait_until_ready({"spark-a": head, "spark-b": other}, ready.target(spec),
+                                      fast, 60, notes.append)
+    assert done.models == [recipe.model]
+    assert 'not yet "The server is fired up and ready to roll!"' in notes[0]
+    assert "fired up" in notes[-1] and len([c for c in head.commands if "fired=" in c]) == 2
+    gone = FakeTransport("spark-b").on("State.Running", stdout="gone\n")
+    head = FakeTransport("spark-a").on("/health", stdout='running=true\nfired=0\n{"health": 503}\n')
+    with pytest.raises(LaunchFailed, match=r"SGLang's rank exited on spark-b while spark-a loaded"):
+        readiness.wait_until_ready({"spark-a": head, "spark-b": gone}, ready.target(spec), fast,
+                                   60, lambda line: None)
+    assert any("label=sparkctl.server=" in c for c in gone.commands)  # stopped on every node

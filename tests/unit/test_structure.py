@@ -21,10 +21,11 @@ MAX_LINES = 400
 JUDGES = ("netcheck", "status")
 """Read-only judges over gathered facts; bench sits above them (it relaunches servers)."""
 FORBIDDEN = {
-    "remote": {"core", "phases", "engines", *JUDGES, "bench", "dashboard", "cli"},
-    "core": {"phases", "engines", *JUDGES, "bench", "dashboard", "cli"},
-    "phases": {*JUDGES, "bench", "dashboard", "cli"},
-    "engines": {"bench", "dashboard", "cli"},
+    "remote": {"core", "phases", "engines", "gateway", *JUDGES, "bench", "dashboard", "cli"},
+    "core": {"phases", "engines", "gateway", *JUDGES, "bench", "dashboard", "cli"},
+    "phases": {"engines", "gateway", *JUDGES, "bench", "dashboard", "cli"},
+    "engines": {"gateway", "bench", "dashboard", "cli"},
+    "gateway": {"bench", "dashboard", "cli"},
     "netcheck": {"bench", "dashboard", "cli"},
     "status": {"bench", "dashboard", "cli"},
     "bench": {"dashboard", "cli"},
@@ -322,21 +323,41 @@ def test_the_engine_import_rule_sees_a_crossing() -> None:
 
 
 def test_the_documented_engine_members_are_the_protocols() -> None:
-    """docs/architecture.md's Engine table lists exactly the members of engines.base.Engine
-    (and the optional `layouts` and `importer`), each implemented by every registered engine."""
+    """docs/architecture.md's Engine table lists exactly the members of engines.base.Engine (the
+    core, at most 10), each implemented by every registered engine; its capability table lists
+    exactly the protocols of engines/capabilities.py with their members, and an engine that has
+    a member of a capability implements the whole capability (never half of one)."""
     import re
 
-    from orchestrator.engines import REGISTRY, get_engine
+    from orchestrator.engines import REGISTRY, capabilities, get_engine
     from orchestrator.engines.base import Engine
 
     text = (ROOT / "docs" / "architecture.md").read_text()
-    table = text[text.index("| member | what it gives |"):].split("\n\n", 1)[0]
-    documented = {name for row in table.splitlines()[2:]
-                  for name in re.findall(r"`([a-z_]+)(?:\([^`]*\))?`", row.split(" | ")[0])}
-    members = {name for name in {*Engine.__annotations__, *vars(Engine)}
-               if not name.startswith("_")}
-    optional = {"layouts", "importer"}
-    assert documented == members | optional, (documented ^ (members | optional))
-    for name in REGISTRY:
-        missing = sorted(m for m in members if not hasattr(get_engine(name), m))
-        assert not missing, f"{name} lacks Engine members {missing}"
+
+    def table(header: str) -> list[list[str]]:
+        rows = text[text.index(header):].split("\n\n", 1)[0].splitlines()[2:]
+        return [row.split(" | ") for row in rows]
+
+    def names(cell: str) -> set[str]:
+        return set(re.findall(r"`([a-z_]+)(?:\([^`]*\))?`", cell))
+
+    def members(protocol: type) -> set[str]:
+        return {name for name in {*getattr(protocol, "__annotations__", {}), *vars(protocol)}
+                if not name.startswith("_")}
+
+    core = members(Engine)
+    assert set().union(*(names(row[0]) for row in table("| member | what it gives |"))) == core
+    assert len(core) <= 10, core
+    found = {row[0].strip("| `"): names(row[2]) for row in table("| capability | who has it |")}
+    protocols = {name: cls for name, cls in vars(capabilities).items() if isinstance(cls, type)
+                 and getattr(cls, "_is_protocol", False) and name != "Protocol"}
+    assert set(found) == set(protocols)
+    for name, cls in protocols.items():
+        assert members(cls) <= found[name], (name, members(cls), found[name])
+    for engine_name in REGISTRY:
+        engine = get_engine(engine_name)
+        missing = sorted(m for m in core if not hasattr(engine, m))
+        assert not missing, f"{engine_name} lacks Engine members {missing}"
+        for cls in protocols.values():
+            has = {m for m in members(cls) if hasattr(engine, m)}
+            assert has in (set(), members(cls)), f"{engine_name}: half of {cls.__name__}: {has}"

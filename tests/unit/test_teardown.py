@@ -11,6 +11,7 @@ from orchestrator.core.executor import Executor
 from orchestrator.core.progress import Progress
 from orchestrator.core.report import Report
 from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
+from orchestrator.engines.serverctl import down_parts
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.phases import teardown
@@ -87,7 +88,7 @@ def ctx_for(facts: dict[str, Any], node: str = "spark-a") -> NodeContext:
 
 def test_every_step_changes_a_node_that_was_set_up() -> None:
     ctx = ctx_for(up_facts())
-    phase = teardown.down_phase(INVENTORY, network=True)
+    phase = teardown.down_phase(INVENTORY, True, down_parts())
     outcomes = {s.name: s.check(ctx) for s in phase.steps if s.kind == "change"}
     assert all(isinstance(o, Change) for o in outcomes.values()), outcomes
     assert "mpirun.pid" in outcomes["stop-server"].summary
@@ -108,16 +109,16 @@ def test_every_step_changes_a_node_that_was_set_up() -> None:
 
 def test_a_clean_node_needs_nothing_so_down_twice_is_fine() -> None:
     ctx = ctx_for(clean_facts())
-    for step in teardown.down_phase(INVENTORY, network=True).steps:
+    for step in teardown.down_phase(INVENTORY, True, down_parts()).steps:
         if step.kind == "change":
             assert isinstance(step.check(ctx), Unchanged), step.name
 
 
 def test_without_network_the_plan_has_no_network_step() -> None:
-    names = [s.name for s in teardown.down_phase(INVENTORY, network=False).steps]
+    names = [s.name for s in teardown.down_phase(INVENTORY, False, down_parts()).steps]
     assert names == ["boot-units", "stop-server", "containers", "gateway-relays", "oom-guard",
                      "files", "boot-logs", "verify"]
-    assert teardown.build_down_plan(INVENTORY, False).phases[0].name == "down"
+    assert teardown.build_down_plan(INVENTORY, False, down_parts()).phases[0].name == "down"
 
 
 def test_a_foreign_container_with_our_name_is_left_alone() -> None:
@@ -184,7 +185,7 @@ def test_files_command_keeps_the_held_lock() -> None:
 def test_server_not_stopped_when_its_container_is_gone() -> None:
     facts = up_facts()
     facts["containers"]["trtllm-multinode"] = None
-    assert isinstance(teardown.StopServer().check(ctx_for(facts)), Unchanged)
+    assert isinstance(teardown.StopServer(down_parts()).check(ctx_for(facts)), Unchanged)
 
 
 @pytest.fixture
@@ -203,7 +204,7 @@ def test_an_unreachable_node_does_not_stop_the_others_cleaning(node: Any) -> Non
     report.fail_host("spark-b", "cannot reach b:22")
     executor = Executor(INVENTORY, {"spark-a": node("spark-a", up_facts(), journal)},
                         RunOptions("down"), report, Progress(quiet=True))
-    executor.run(teardown.build_down_plan(INVENTORY, network=True))
+    executor.run(teardown.build_down_plan(INVENTORY, True, down_parts()))
     statuses = {s.step: s.status for s in report.hosts["spark-a"].steps}
     assert statuses == {"boot-units": "changed", "stop-server": "changed", "containers": "changed",
                         "gateway-relays": "changed", "network": "changed", "oom-guard": "changed",
@@ -222,7 +223,7 @@ def test_dry_run_changes_nothing(node: Any) -> None:
     for name in transports:
         report.host(name)
     Executor(INVENTORY, transports, RunOptions("down", dry_run=True), report, Progress(quiet=True)).run(
-        teardown.build_down_plan(INVENTORY, network=True))
+        teardown.build_down_plan(INVENTORY, True, down_parts()))
     assert all(line.startswith("python3 - ") for _, line in journal), journal
     assert report.count("planned") == 16  # 8 changes on each of the 2 nodes
 
@@ -259,7 +260,8 @@ def test_without_network_the_ledger_stays_for_a_later_down_network() -> None:
     outcome = teardown.RemoveFiles(network=False).check(ctx_for(facts))
     assert isinstance(outcome, Change)
     assert "ledger.json" not in outcome.summary
-    assert outcome.commands == (teardown.remove_files_cmd(["ledger.json", "lock", "originals"]),)
+    assert outcome.commands == (teardown.remove_files_cmd(
+        ["ledger.json", "lock", "lock-generation", "originals"]),)
     outcome = teardown.RemoveFiles(network=True).check(ctx_for(facts))
     assert "ledger.json" in outcome.summary
 

@@ -20,12 +20,12 @@ from test_serve import INVENTORY, ctx
 
 from orchestrator.core.step import Change, Unchanged
 from orchestrator.engines import DEFAULT_ENGINE, load_recipe, ready_lines, servers
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.trtllm.serve import OURS, LaunchSpec
 from orchestrator.engines.trtllm.steps import Placement
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.node import script
 from orchestrator.paths import RUN_DIR, SERVER_JSON
+from orchestrator.recipe import LaunchOptions
 
 GPT = load_recipe("gpt-oss-120b")
 LLAMA = load_recipe("llama-3.3-70b")

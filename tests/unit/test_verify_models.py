@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_inventory
+from conftest import make_inventory, model_args
 
 from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import load_recipe
@@ -89,7 +89,8 @@ def test_the_step_names_the_files_that_differ_on_their_node(tmp_path: Path) -> N
     peer = manifest(peer_hub, rehash=True, save=False)
     inventory = make_inventory()
     cluster = {"spark-a": facts_of(head), "spark-b": facts_of(peer)}
-    step = verify_models.VerifyModels(load_recipe("qwen3-235b"))
+    recipe = load_recipe("qwen3-235b")
+    step = verify_models.VerifyModels(recipe, model_args(recipe)[1])
 
     def ctx(name: str) -> NodeContext:
         return NodeContext(inventory, inventory.node(name), cluster[name], cluster, None,
@@ -115,8 +116,11 @@ def test_the_phase_runs_first_only_when_asked() -> None:
     inventory = make_inventory()
     recipe = load_recipe("qwen3-235b")
     engine = [Phase("server-check", [], lambda i, n: {})]
-    assert [p.name for p in with_checks(engine, recipe, inventory)] == ["port-check", "server-check"]
-    assert [p.name for p in with_checks(engine, recipe, inventory, verify_models=True)] == [
+    nodes, tools = model_args(recipe, inventory)
+    assert [p.name for p in with_checks(engine, recipe, nodes, tools.image, inventory)] == [
+        "port-check", "server-check"]
+    assert [p.name for p in with_checks(engine, recipe, nodes, tools.image, inventory,
+                                        verify_models=True)] == [
         "port-check", "verify-models", "server-check"]
 
 

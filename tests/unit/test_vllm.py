@@ -14,11 +14,11 @@ from conftest import make_inventory as inventory
 
 from orchestrator.core.step import Change, Unchanged
 from orchestrator.engines import engine_of, load_recipe
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.optiontable import load_table
 from orchestrator.engines.vllm import ray, serve
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.phases import container as c
+from orchestrator.recipe import LaunchOptions
 
 IBDEV = {
     "enp1s0f1np1": {"device": "rocep1s0f1", "state": "Up"},

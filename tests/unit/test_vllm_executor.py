@@ -50,7 +50,7 @@ def test_forcing_ray_on_an_image_without_it_is_refused_naming_the_image_and_the_
 def test_mp_serve_commands_carry_the_rendezvous_and_headless_on_the_other_ranks() -> None:
     recipe = load_recipe("minimax-m2.7-mp")
     inv = inventory()
-    from orchestrator.engines.base import LaunchOptions
+    from orchestrator.recipe import LaunchOptions
 
     spec = serve.ServeSpec(recipe, inv, LaunchOptions())
     argv = spec.argv
@@ -103,7 +103,7 @@ def test_worker_nccl_device_names_must_match_the_heads_before_a_ray_launch() -> 
     recipe = load_recipe("minimax-m2.7")
     inv = inventory()
     facts = {"spark-a": node_facts("spark-a"), "spark-b": node_facts("spark-b")}
-    from orchestrator.engines.base import LaunchOptions
+    from orchestrator.recipe import LaunchOptions
 
     step = multinode.SameNcclDevices(serve.ServeSpec(recipe, inv, LaunchOptions()))
     assert isinstance(step.check(context(inv, "spark-a", facts)), Unchanged)
@@ -187,7 +187,7 @@ def test_ray_forced_on_an_image_pulled_for_it_says_the_pull_is_the_only_change()
 def test_an_unknown_image_forced_to_ray_is_looked_into_before_the_models(
         tmp_path: Path, image: str, executor: str, probed: bool) -> None:
     from orchestrator.engines import get_engine
-    from orchestrator.engines.base import LaunchOptions
+    from orchestrator.recipe import LaunchOptions
 
     recipe = load_recipe(recipe_file(tmp_path, image=image, executor=executor))
     names = [p.name for p in get_engine("vllm").launch_phases(recipe, inventory(), LaunchOptions())]

@@ -15,12 +15,14 @@ from conftest import make_context as context
 from conftest import make_inventory as inventory
 
 from orchestrator.core.step import Change, RunOptions, RunState, Unchanged
-from orchestrator.engines import config_hash, load_recipe
-from orchestrator.engines.base import LaunchFailed, LaunchOptions, Ready
+from orchestrator.engines import capabilities, config_hash, load_recipe
+from orchestrator.engines import readiness as shared
+from orchestrator.engines.base import LaunchFailed, Ready
 from orchestrator.engines.verify import SmokeTest, WaitReady
 from orchestrator.engines.vllm import ENGINE, ray, ready, serve
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 from orchestrator.paths import RUN_DIR
+from orchestrator.recipe import LaunchOptions
 
 HEAD_IP, WORKER_IP = "192.168.200.12", "192.168.200.13"
 CONTAINER = "sparkctl-vllm-minimax-m2.7"
@@ -110,7 +112,8 @@ def test_the_verify_steps_of_the_plan_reach_the_first_node(
 
 
 def test_describe_preview_and_the_rest_of_the_engine(recipe: Any) -> None:
-    assert ENGINE.up_phases(inventory()) == [] and ENGINE.warnings(recipe) == []
+    assert capabilities.up_phases(ENGINE, inventory()) == []
+    assert capabilities.warnings(ENGINE, recipe) == []
     (ray_title, ray_text), (serve_title, serve_text) = ENGINE.describe(recipe)
     assert f"{CONTAINER} on 2 node(s): the head first" in ray_title and recipe.image in ray_title
     assert "--port 6379 --dashboard-agent-listen-port 25000" in ray_text
@@ -120,7 +123,7 @@ def test_describe_preview_and_the_rest_of_the_engine(recipe: Any) -> None:
     assert preview["serve_argv"] == serve.serve_argv(recipe, "127.0.0.1")
     assert preview["container"] == CONTAINER and preview["image"] == recipe.image
     assert ENGINE.estimate_memory(recipe).fits
-    assert ENGINE.several_servers and ENGINE.containers("q") == ["sparkctl-vllm-q"]
+    assert ENGINE.containers("q") == ["sparkctl-vllm-q"]
     assert ENGINE.containers("") == ["sparkctl-vllm"]  # the single-server layout's, for `down`
 
 
@@ -208,7 +211,7 @@ def test_start_server_that_exits_at_once_shows_the_log_end(recipe: Any) -> None:
 
 # ------------------------------------------------------------------ readiness
 class Clock:
-    """Stands in for ready.time / ray.time: sleeping advances it."""
+    """Stands in for the wait loop's time (engines/readiness.py) / ray.time: sleeping advances it."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -220,6 +223,11 @@ class Clock:
     def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.now += seconds
+
+
+def wait(cluster: FakeCluster, recipe: Any, timeout: float, note: Any) -> Ready:
+    return shared.wait_until_ready(cluster.transports, ready.target(spec(recipe)), ready.READINESS,
+                                   timeout, note)
 
 
 def head_cluster(statuses: list[Any]) -> FakeCluster:
@@ -239,18 +247,18 @@ def head_cluster(statuses: list[Any]) -> FakeCluster:
 def test_wait_until_ready_polls_until_health_and_the_model(recipe: Any,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
-    monkeypatch.setattr(ready, "time", clock)
+    monkeypatch.setattr(shared, "time", clock)
     loading = {"pids": {"vllm.pid": {"alive": True}}, "health": None}
     up_wrong_model = {"pids": {"vllm.pid": {"alive": True}}, "health": 200, "models": ["x", None]}
     answering = {"pids": {"vllm.pid": {"alive": True}}, "health": 200, "models": [recipe.model]}
     cluster = head_cluster([loading, loading, up_wrong_model, answering])
     notes: list[str] = []
 
-    result = ready.wait_until_ready(cluster.transports, spec(recipe), 600, notes.append)
+    result = wait(cluster, recipe, 600, notes.append)
 
     assert result == Ready(9.0, [recipe.model]) and clock.slept == [3.0, 3.0, 3.0]
     assert notes[0].endswith("minimax-m2.7 on spark-a: loading (/health no answer); deadline in 600s")
-    assert "loading (/health 200)" in notes[1] and len(notes) == 3  # repeated stages said once
+    assert "listing models (/v1/models)" in notes[1] and len(notes) == 3  # stages said once
     assert notes[-1] == "[   9.0s] ready: /health and /v1/models answer"
     status_call = cluster["spark-a"].calls[0]
     assert '"deep": true' in status_call.command and '"generate": false' in status_call.command
@@ -259,19 +267,20 @@ def test_wait_until_ready_polls_until_health_and_the_model(recipe: Any,
 
 def test_a_server_that_exits_while_loading_fails_with_every_nodes_log(
         recipe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ready, "time", Clock())
+    monkeypatch.setattr(shared, "time", Clock())
     cluster = head_cluster([{"pids": {"vllm.pid": {"alive": False}}}])
     notes: list[str] = []
     with pytest.raises(LaunchFailed) as failed:
-        ready.wait_until_ready(cluster.transports, spec(recipe), 600, notes.append)
+        wait(cluster, recipe, 600, notes.append)
     reason, details = failed.value.reason, failed.value.details
-    assert reason == ("vllm serve of minimax-m2.7 exited while loading (after 0s); minimax-m2.7 "
-                      "stopped (log tails below)")
+    assert reason == ("vllm serve of minimax-m2.7 exited on spark-a while loading (after 0s); "
+                      "minimax-m2.7 stopped (log tails below)")
     assert f"--- spark-a: last lines of {SERVE_DIR}/server.log\nLoading safetensors\nCUDA out of memory" \
         in details
     assert f"--- spark-a: Ray ({CONTAINER})\nraylet on spark-a" in details
     assert f"--- spark-b: Ray ({CONTAINER})\nraylet on spark-b" in details
-    assert notes == ["vllm serve of minimax-m2.7 exited while loading (after 0s); stopping minimax-m2.7"]
+    assert notes == ["vllm serve of minimax-m2.7 exited on spark-a while loading (after 0s); "
+                     "stopping minimax-m2.7"]
     for name in ("spark-a", "spark-b"):  # the server's containers and record, on each node
         (stop,) = [c for c in cluster[name].commands if "label=sparkctl.server=minimax-m2.7" in c]
         assert f"rm -rf -- {RUN_DIR}/servers/minimax-m2.7" in stop
@@ -279,7 +288,7 @@ def test_a_server_that_exits_while_loading_fails_with_every_nodes_log(
 
 def test_not_ready_by_the_deadline_stops_the_server_and_says_what_is_left(
         recipe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ready, "time", Clock())
+    monkeypatch.setattr(shared, "time", Clock())
     loading = {"pids": {"vllm.pid": {"alive": True}}, "health": 503}
     cluster = head_cluster([loading] * 5)
     cluster["spark-a"].rules = [r for r in cluster["spark-a"].rules if "sparkctl.server" not in
@@ -287,10 +296,10 @@ def test_not_ready_by_the_deadline_stops_the_server_and_says_what_is_left(
     cluster["spark-a"].on(r"label=sparkctl.server", 1, "", "Error: docker is busy")
     del cluster.transports["spark-b"]  # unreachable: its Ray log is simply not there
     with pytest.raises(LaunchFailed) as failed:
-        ready.wait_until_ready(cluster.transports, spec(recipe), 5, lambda line: None)
+        wait(cluster, recipe, 5, lambda line: None)
     assert failed.value.reason.startswith(
-        "vllm serve of minimax-m2.7 was not ready within 5s (--timeout); minimax-m2.7 stopped "
-        "(could not stop it: ")
+        "minimax-m2.7 was not ready within 5s (--timeout); last state: loading (/health 503); "
+        "minimax-m2.7 stopped (could not stop it: ")
     assert "spark-b" not in failed.value.details
 
 
@@ -310,12 +319,12 @@ def test_a_stop_that_fails_is_reported_with_the_reason(recipe: Any) -> None:
 
 def test_ctrl_c_while_waiting_leaves_the_server_loading_and_exits_130(
         recipe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ready, "time", Clock())
+    monkeypatch.setattr(shared, "time", Clock())
     cluster = head_cluster([KeyboardInterrupt])
     with pytest.raises(SparkctlError) as stopped:
-        ready.wait_until_ready(cluster.transports, spec(recipe), 600, lambda line: None)
+        wait(cluster, recipe, 600, lambda line: None)
     assert stopped.value.exit_code == EXIT_INTERRUPTED
-    assert str(stopped.value).startswith("stopped waiting; vLLM (minimax-m2.7) keeps loading on "
+    assert str(stopped.value).startswith("stopped waiting; minimax-m2.7 keeps loading on "
                                          "spark-a.")
     assert "`sparkctl down --server minimax-m2.7`" in str(stopped.value)
     assert not any("sparkctl.server" in c for c in cluster["spark-a"].commands)

@@ -18,11 +18,11 @@ from nodescript import run_node_script
 
 from orchestrator.core.step import Change, Unchanged
 from orchestrator.engines import load_recipe, servers
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.vllm import ENGINE, check, serve
 from orchestrator.engines.vllm.ports import ServerPorts
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.paths import RUN_DIR, SERVER_JSON
+from orchestrator.recipe import LaunchOptions
 
 LEGACY = {"name": "gpt-oss-120b-vllm", "engine": "vllm", "recipe": "gpt-oss-120b-vllm",
           "model": "openai/gpt-oss-120b", "port": 8000, "nodes": ["spark-a"],

@@ -6,14 +6,14 @@ the fabric from the first node). GGUF models; one container per server and node,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.engines.apikey import KeyWay
-from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
 from orchestrator.engines.llamacpp.importer import LlamacppImporter
 from orchestrator.engines.llamacpp.layouts import LlamacppLayouts
-from orchestrator.engines.llamacpp.ready import READY_LINE
+from orchestrator.engines.llamacpp.ready import READINESS
 from orchestrator.engines.llamacpp.recipe import Recipe
+from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
@@ -23,18 +23,14 @@ if TYPE_CHECKING:
 class LlamacppEngine:
     name = "llamacpp"
     title = "llama.cpp"
-    ready_line = READY_LINE
     recipe_type = Recipe
-    settings_type = NoSettings  # nothing to set in the inventory's engines.llamacpp
-    process_words = ()  # status: its pid files' command lines
-    several_servers = True
+    readiness = READINESS  # /health 200 and the model listed; rpc-server containers running
+    # capabilities (engines/capabilities.py)
     # llama-server's own --api-key-file (common/arg.cpp); /health, /v1/health and the web UI's
     # assets stay open (tools/server/server-http.cpp, get_public_endpoints)
     api_key = KeyWay("llama-server --api-key-file (it reads the mounted file itself)",
                      ("/health", "/v1/health", "/"))
-    """Servers are named and placed (`launch --nodes/--name`), several at once."""
     log_label = "llamacpp"  # `sparkctl logs`: its per-server containers
-    health_paths = ("/health", "/v1/models")
     layouts = LlamacppLayouts()  # `sparkctl advise`: one node, the RPC layer split, replicas
     importer = LlamacppImporter()  # `recipes import`: sparkrun's and eugr's recipes of this engine
 
@@ -51,18 +47,6 @@ class LlamacppEngine:
     def containers(self, server: str) -> list[str]:
         return [f"sparkctl-llamacpp-{server}"] if server else []
 
-    def status_probe(self) -> tuple[str, str] | None:
-        return None
-
-    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
-        return {}
-
-    def up_phases(self, inventory: Inventory) -> list[Phase]:
-        return []
-
-    def up_container(self, inventory: Inventory) -> None:
-        return None
-
     def model_image(self, recipe: Recipe, inventory: Inventory) -> str:
         return recipe.image  # the models are fetched with the image that serves them
 
@@ -71,24 +55,18 @@ class LlamacppEngine:
         node, the rpc-servers (reachable from the first node), llama-server, its record,
         readiness and one real chat completion."""
         from orchestrator.engines import verify
-        from orchestrator.engines.liveness import mark_ready
         from orchestrator.engines.llamacpp import ready, serve
         from orchestrator.engines.placed import Smoke, check_phase
-        from orchestrator.engines.servers import record_dir
         from orchestrator.phases import models, registry
         from orchestrator.phases.persist import not_persistent_phase
 
         spec = serve.ServeSpec(recipe, inventory, options)
-        steps = [verify.WaitReady(lambda transports, timeout, note: ready.wait_until_ready(
-                     transports, spec, timeout, note), options.timeout, f"llama.cpp ({spec.name})",
-                     mark=lambda transports: mark_ready(
-                         transports[spec.first], f"{record_dir(spec.name)}/server.json")),
-                 Smoke(spec)]
+        steps = [verify.wait_step(ready.target(spec), self.readiness, options.timeout,
+                                  f"llama.cpp ({spec.name})"), Smoke(spec)]
         # only llama-server reads the GGUF: the rpc-servers get their layers from it over RPC
-        first_only = recipe.model_copy(update={"placement": [spec.first], "nodes": 1})
         phases = [check_phase(spec),
                   registry.phase(recipe.image, spec.nodes, inventory.head_name),
-                  models.phase(first_only, inventory), serve.rpc_phase(spec),
+                  models.phase(recipe, [spec.first], recipe.image, inventory), serve.rpc_phase(spec),
                   serve.serve_phase(spec, steps)]
         if options.persist:
             from orchestrator.engines.placed import persist_phase
@@ -98,7 +76,7 @@ class LlamacppEngine:
             # (one that comes up later makes it exit, and the boot unit starts it again)
             phases.append(persist_phase(spec, options, self.name, "rpc-server"))
         else:
-            phases.append(not_persistent_phase(spec.name, self.name))
+            phases.append(not_persistent_phase(spec.name))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:

@@ -13,17 +13,16 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from orchestrator.engines.base import (
+from orchestrator.engines.base import EnvVars, verdict_of
+from orchestrator.recipe import (
     REPO_PATTERN,
     REVISION_PATTERN,
     SPARK_MEMORY_GB,
     BaseRecipe,
     MemoryEstimate,
     StrictModel,
-    check_env_names,
-    verdict_of,
 )
 
 DEFAULT_IMAGE = "scitrera/dgx-spark-llama-cpp:b10456-cu131"
@@ -81,7 +80,7 @@ class Recipe(BaseRecipe):
     """More llama-server flags, verbatim (each item one argv word), checked against the table."""
     rpc_args: list[str] = Field(default_factory=list)
     """More rpc-server flags (e.g. `--cache`, `-t 8`), checked against its table."""
-    env: dict[str, str] = Field(default_factory=dict)
+    env: EnvVars = Field(default_factory=dict)
 
     @property
     def drafting(self) -> str | None:
@@ -90,11 +89,6 @@ class Recipe(BaseRecipe):
     @property
     def node_count(self) -> int:
         return self.nodes or (len(self.placement) if self.placement else 1)
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        return check_env_names(env)
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:

@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Phase, Step
-from orchestrator.engines import apikey, config_hash, recipe_origin, servers, serving_nodes
+from orchestrator.engines import apikey, config_hash, recipe_origin, servers
 from orchestrator.engines.apikey import CONTAINER_KEY
-from orchestrator.engines.base import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
-from orchestrator.engines.llamacpp.recipe import Recipe, estimate_memory
+from orchestrator.engines.llamacpp.recipe import Recipe
+from orchestrator.engines.serverspec import ServerSpec
 from orchestrator.errors import SparkctlError
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import ContainerSpec
+from orchestrator.recipe import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
 from orchestrator.remote.node_facts import DockerContainer
 
 if TYPE_CHECKING:
@@ -96,19 +97,13 @@ def rpc_command(recipe: Recipe, address: str) -> list[str]:
     return ["-c", RPC_LAUNCH, "rpc-server", *rpc_argv(recipe, address)]
 
 
-class ServeSpec:
-    """One launch of one llama.cpp server: its name, nodes, containers, record and judgement."""
+class ServeSpec(ServerSpec):
+    """One launch of one llama.cpp server: its rpc-servers, containers, record and judgement."""
+
+    recipe: Recipe
 
     def __init__(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> None:
-        self.recipe, self.inventory, self.options = recipe, inventory, options
-        self.name = options.name or recipe.name
-        self.host = options.host
-        self.nodes = serving_nodes(recipe, inventory)
-        self.first = self.nodes[0]
-        self.container = f"sparkctl-llamacpp-{self.name}"
-        self.estimate = estimate_memory(recipe)
-        self.key = options.api_key
-        self.key_file = apikey.node_key_file(self.name) if self.key is not None else None
+        super().__init__(recipe, inventory, options, "sparkctl-llamacpp-{name}")
         self.digest = config_hash(recipe, server_argv(recipe, self.host, self.rpc_endpoints(),
                                                       self.key is not None), self.name)
 
@@ -118,10 +113,6 @@ class ServeSpec:
 
     def address(self, node: str) -> str:
         return self.inventory.mpi_address(self.inventory.node(node))
-
-    def wanted(self) -> servers.Wanted:
-        return servers.Wanted(self.name, ENGINE, self.recipe.model, self.nodes, [self.recipe.port],
-                              self.estimate.total_gb, self.digest)
 
     def record(self) -> dict[str, Any]:
         r = self.recipe

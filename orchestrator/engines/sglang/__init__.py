@@ -6,15 +6,15 @@ with the fabric environment the other engines use. See docs/engines.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.engines.apikey import KeyWay
-from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
 from orchestrator.engines.sglang.importer import SglangImporter
 from orchestrator.engines.sglang.layouts import SglangLayouts
 from orchestrator.engines.sglang.meter import SglangMeter
-from orchestrator.engines.sglang.ready import READY_LINE
+from orchestrator.engines.sglang.ready import READINESS
 from orchestrator.engines.sglang.recipe import Recipe
+from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
@@ -24,16 +24,13 @@ if TYPE_CHECKING:
 class SglangEngine:
     name = "sglang"
     title = "SGLang"
-    ready_line = READY_LINE  # logged after its warm-up request
     recipe_type = Recipe
+    readiness = READINESS  # /health 200 and its ready line, logged after its warm-up request
+    # capabilities (engines/capabilities.py)
     spec_meter = SglangMeter  # its speculative-decoding figures in /metrics (bench)
     log_label = "sglang"  # `sparkctl logs`: its per-server containers
-    health_paths = ("/health", "/v1/models")
     layouts = SglangLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
     importer = SglangImporter()  # `recipes import`: sparkrun's and eugr's recipes of this engine
-    settings_type = NoSettings  # nothing to set in the inventory's engines.sglang
-    process_words = ()  # status: its pid files' command lines
-    several_servers = True
     # SGLang 0.5.12 takes the key only as --api-key VALUE (server_args.py), or from a YAML
     # `--config` file it merges into its arguments in-process (server_args_config_parser.py):
     # an entry wrapper writes that file inside the container from the mounted key. /health*
@@ -51,46 +48,29 @@ class SglangEngine:
     def containers(self, server: str) -> list[str]:
         return [f"sparkctl-sglang-{server}"] if server else []
 
-    def status_probe(self) -> tuple[str, str] | None:
-        return None
-
-    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
-        return {}
-
-    def up_phases(self, inventory: Inventory) -> list[Phase]:
-        return []
-
-    def up_container(self, inventory: Inventory) -> None:
-        return None
-
     def model_image(self, recipe: Recipe, inventory: Inventory) -> str:
         return recipe.image  # the models are fetched with the image that serves them
 
     def launch_phases(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> list[Phase]:
         """Judge this server against every node's servers (from facts), the models, then the
         server's containers, its record, readiness and one real chat completion."""
-        from orchestrator.engines import one_server_engines, placed, verify
-        from orchestrator.engines.liveness import mark_ready
-        from orchestrator.engines.servers import record_dir
+        from orchestrator.engines import placed, verify
         from orchestrator.engines.sglang import ready, serve
         from orchestrator.phases import models, registry
         from orchestrator.phases.persist import not_persistent_phase
 
         spec = serve.ServeSpec(recipe, inventory, options)
-        steps = [verify.WaitReady(lambda transports, timeout, note: ready.wait_until_ready(
-                     transports, spec, timeout, note), options.timeout, f"SGLang ({spec.name})",
-                     mark=lambda transports: mark_ready(
-                         transports[spec.first], f"{record_dir(spec.name)}/server.json")),
-                 placed.Smoke(spec)]
+        steps = [verify.wait_step(ready.target(spec), self.readiness, options.timeout,
+                                  f"SGLang ({spec.name})"), placed.Smoke(spec)]
         phases = [placed.check_phase(spec),
                   registry.phase(recipe.image, spec.nodes, inventory.head_name),
-                  models.phase(recipe, inventory), serve.serve_phase(spec, steps)]
+                  models.phase(recipe, spec.nodes, recipe.image, inventory), serve.serve_phase(spec, steps)]
         # --persist: each rank's container is the server, restarted by docker at boot; the
         # ranks meet at the first node's --dist-init-addr again (torch.distributed waits for
         # all of them, so the order docker starts them in does not matter)
         phases.append(placed.persist_phase(spec, options, self.name, "SGLang rank {index}")
                       if options.persist else
-                      not_persistent_phase(spec.name, self.name, one_server_engines()))
+                      not_persistent_phase(spec.name))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
@@ -106,9 +86,6 @@ class SglangEngine:
         where = ", ".join(recipe.placement) if recipe.placement else "the head"
         return [(f"launch command (container sparkctl-sglang-{recipe.name} of {recipe.image} on "
                  f"{where}; flags checked against SGLang {version()})", join(preview(recipe)))]
-
-    def warnings(self, recipe: Recipe) -> list[str]:
-        return []
 
     def config_preview(self, recipe: Recipe) -> dict[str, object]:
         from orchestrator.engines.sglang.serve import preview

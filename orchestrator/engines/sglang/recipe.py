@@ -12,19 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from orchestrator.engines.base import (
-    SPARK_MEMORY_GB,
-    BaseRecipe,
-    MemoryEstimate,
-    StrictModel,
-    check_env_names,
-    verdict_of,
-)
+from orchestrator.engines.base import EnvVars, verdict_of
+from orchestrator.recipe import SPARK_MEMORY_GB, BaseRecipe, MemoryEstimate, StrictModel
 
 if TYPE_CHECKING:
-    from orchestrator.phases.ports import ListenPort
+    from orchestrator.recipe import ListenPort
 
 DEFAULT_IMAGE = "scitrera/dgx-spark-sglang:0.5.12"
 """A community SGLang build for DGX Spark (aarch64, CUDA 13, sm_121) at the version the option
@@ -78,7 +72,7 @@ class Recipe(BaseRecipe):
     """Port of --dist-init-addr on the first serving node's fabric address (multi-node only)."""
     serve_args: list[str] = Field(default_factory=list)
     """More launch_server flags, verbatim (each item one argv word), checked against the table."""
-    env: dict[str, str] = Field(default_factory=dict)
+    env: EnvVars = Field(default_factory=dict)
 
     @property
     def drafting(self) -> str | None:
@@ -97,16 +91,11 @@ class Recipe(BaseRecipe):
         return self.nodes or (len(self.placement) if self.placement else self.world_size)
 
     def listen_ports(self, nodes: list[str]) -> list[ListenPort]:
-        from orchestrator.phases.ports import ListenPort
+        from orchestrator.recipe import ListenPort
 
         # rank 0 listens for the others' torch.distributed rendezvous (--dist-init-addr)
         extra = [ListenPort(nodes[0], self.dist_port, "dist-init", "set dist_port in the recipe")]
         return [*super().listen_ports(nodes), *(extra if self.node_count > 1 else [])]
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        return check_env_names(env)
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:

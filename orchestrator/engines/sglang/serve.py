@@ -18,22 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Phase, Step
-from orchestrator.engines import (
-    apikey,
-    config_hash,
-    placed,
-    recipe_origin,
-    servers,
-    serving_nodes,
-)
-from orchestrator.engines.base import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
+from orchestrator.engines import apikey, config_hash, placed, recipe_origin, servers
 from orchestrator.engines.lifecycle import ServerRecord
-from orchestrator.engines.sglang.recipe import Recipe, estimate_memory
+from orchestrator.engines.serverspec import ServerSpec
+from orchestrator.engines.sglang.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
 from orchestrator.phases.memory import DropCaches, NodeGuard, guard_threshold
+from orchestrator.recipe import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
 from orchestrator.remote.node_facts import has_infiniband
 
 if TYPE_CHECKING:
@@ -84,29 +78,21 @@ def launch_argv(recipe: Recipe, host: str, rank: int = 0, dist_addr: str | None 
     return [*argv, "--host", host, "--port", str(recipe.port), *recipe.serve_args]
 
 
-class ServeSpec:
-    """One launch of one SGLang server: its name, nodes, container, record and judgement."""
+class ServeSpec(ServerSpec):
+    """One launch of one SGLang server: its rendezvous, containers, record and judgement."""
+
+    recipe: Recipe
 
     def __init__(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> None:
-        self.recipe, self.inventory, self.options = recipe, inventory, options
-        self.name = options.name or recipe.name
-        self.host = options.host
-        self.nodes = serving_nodes(recipe, inventory)
-        self.first = self.nodes[0]
-        self.container = f"sparkctl-sglang-{self.name}"
-        self.estimate = estimate_memory(recipe)
-        self.key = options.api_key
-        self.key_file = apikey.node_key_file(self.name) if self.key is not None else None
+        super().__init__(recipe, inventory, options, "sparkctl-sglang-{name}")
         keyed = ["--config", key_config(self.name)] if self.key is not None else []
         self.digest = config_hash(recipe, launch_argv(recipe, self.host) + keyed, self.name)
 
     def dist_addr(self) -> str:
         return f"{self.inventory.mpi_address(self.inventory.node(self.first))}:{self.recipe.dist_port}"
 
-    def wanted(self) -> servers.Wanted:
-        ports = [self.recipe.port] + ([self.recipe.dist_port] if len(self.nodes) > 1 else [])
-        return servers.Wanted(self.name, "sglang", self.recipe.model, self.nodes, ports,
-                              self.estimate.total_gb, self.digest)
+    def listen_ports(self) -> list[int]:
+        return [self.port] + ([self.recipe.dist_port] if len(self.nodes) > 1 else [])
 
     def record(self) -> dict[str, Any]:
         r = self.recipe

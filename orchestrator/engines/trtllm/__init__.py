@@ -10,16 +10,17 @@ at once on other nodes, or on one node when its memory and ports allow.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 
-from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 from orchestrator.engines.trtllm import keyrelay
 from orchestrator.engines.trtllm.layouts import TrtllmLayouts
 from orchestrator.engines.trtllm.meter import TrtllmMeter
-from orchestrator.engines.trtllm.recipe import Recipe
+from orchestrator.engines.trtllm.readiness import READINESS
+from orchestrator.engines.trtllm.recipe import Recipe, estimate_memory
 from orchestrator.engines.trtllm.settings import Settings
+from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
@@ -30,14 +31,13 @@ if TYPE_CHECKING:
 class TrtllmEngine:
     name = "trtllm"
     title = "TensorRT-LLM"
-    ready_line = "Application startup complete."  # uvicorn's, under trtllm-serve
     recipe_type = Recipe
+    readiness = READINESS  # /health, /health_generate (a token through every rank), /v1/models
+    # capabilities (engines/capabilities.py); `sparkctl logs`: its server logs are the `up`
+    # container's and the run files, so no log label of its own
     spec_meter = TrtllmMeter  # its speculative-decoding figures in /metrics (bench)
-    log_label = ""  # `sparkctl logs`: its server logs are the `up` container's and the run files
-    health_paths = ("/health", "/health_generate")  # one token through every rank
     layouts = TrtllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
     settings_type = Settings  # engines.trtllm in the inventory: its `up` container
-    several_servers = True
     api_key = keyrelay.WAY  # trtllm-serve takes no key: sparkctl's relay checks it
     process_words = ("mpirun", "trtllm", "orted", "sparkctl-memguard")  # (serve.OURS)
 
@@ -48,15 +48,6 @@ class TrtllmEngine:
         # which reaches every other node's container sshd (the same cluster key, ssh_config and
         # pinned host keys on every node) with the server's own hostfile
         return ranks_problem(recipe.tp_size, f"tp_size {recipe.tp_size}", nodes)
-
-    def containers(self, server: str) -> list[str]:
-        return []  # its servers run in the `up` container, which stays
-
-    def status_probe(self) -> tuple[str, str] | None:
-        return None
-
-    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
-        return {}
 
     def up_phases(self, inventory: Inventory) -> list[Phase]:
         """SSH trust (with its MPI hostfile), its container with sshd, then the MPI proof."""
@@ -79,7 +70,6 @@ class TrtllmEngine:
         models and the server, verified ready by a real token through every rank and one chat
         completion."""
         from orchestrator.engines import verify
-        from orchestrator.engines.liveness import mark_ready
         from orchestrator.engines.serverctl import smoke_test
         from orchestrator.engines.trtllm import readiness, steps
         from orchestrator.engines.trtllm.serve import LaunchSpec
@@ -89,38 +79,34 @@ class TrtllmEngine:
         # readiness as the shared verify steps: /health, /health_generate (a token through
         # every rank), /v1/models, then one real chat completion
         ready = [
-            verify.WaitReady(lambda transports, timeout, note: readiness.wait_until_ready(
-                transports, spec, timeout, note), options.timeout, f"the server {spec.name}",
-                mark=lambda transports: mark_ready(transports[spec.first],
-                                                   f"{spec.run_dir}/server.json")),
+            verify.wait_step(readiness.target(spec), self.readiness, options.timeout,
+                             f"the server {spec.name}"),
             steps.Smoke(lambda first: smoke_test(first, spec.container, recipe.model, recipe.port,
                                                  run=spec.run_dir),
                         spec.first),
         ]
+        image = self.model_image(recipe, inventory)
         phases = [steps.check_phase(spec), steps.memory_phase(spec), steps.stop_phase(spec),
-                  models.phase(recipe, inventory), steps.serve_phase(spec, ready)]
-        from orchestrator.engines import one_server_engines
+                  models.phase(recipe, spec.nodes, image, inventory), steps.serve_phase(spec, ready)]
         from orchestrator.engines.trtllm.persist import persist_phase
         from orchestrator.phases.persist import not_persistent_phase
 
         phases.append(persist_phase(spec, options) if options.persist else
-                      not_persistent_phase(spec.name, self.name, one_server_engines()))
+                      not_persistent_phase(spec.name))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
-        from orchestrator.engines.trtllm.recipe import estimate_memory
-
         return estimate_memory(recipe, node_memory_gb)
 
     def describe(self, recipe: Recipe) -> list[tuple[str, str]]:
         from orchestrator.commands import join
-        from orchestrator.engines.base import DEFAULT_HOST
         from orchestrator.engines.trtllm.serve import (
             CONFIG_NAME,
             render_llm_api_config,
             serve_argv,
             server_dir,
         )
+        from orchestrator.recipe import DEFAULT_HOST
 
         where = ", ".join(recipe.placement) if recipe.placement else "the head"
         return [(f"extra LLM API config ({server_dir(recipe.name)}/{CONFIG_NAME})",

@@ -11,7 +11,6 @@ from typing import Any
 
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines.base import CONTAINER_HF_HOME
 from orchestrator.engines.trtllm.mpi_env import (
     detect_and_record_cmd,
     guess_major_from_tag,
@@ -43,6 +42,7 @@ from orchestrator.phases.ssh_keys import (
     fabric_addresses,
     sshd_config_content,
 )
+from orchestrator.recipe import CONTAINER_HF_HOME
 from orchestrator.remote.node_facts import has_infiniband
 from orchestrator.render import sha256
 

@@ -13,20 +13,19 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.core.step import Phase
-from orchestrator.engines import one_server_engines
-from orchestrator.engines.base import LaunchOptions
 from orchestrator.engines.serverctl import node_cmd
 from orchestrator.engines.trtllm.serve import MAIN, OURS, LaunchSpec, node_plan
 from orchestrator.inventory import Node
 from orchestrator.node.boot import BOOT_TIME  # the boot script's start time goes there
 from orchestrator.phases import persist
 from orchestrator.phases.memory import guard_cmd
+from orchestrator.recipe import LaunchOptions
 
 
 def persist_phase(spec: LaunchSpec, options: LaunchOptions) -> Phase:
     recipe, inventory = spec.recipe, spec.inventory
     container, directory = spec.container, spec.run_dir
-    nodes = list(spec.serving)  # rank order: mpirun runs on the first
+    nodes = list(spec.nodes)  # rank order: mpirun runs on the first
     port = inventory.container.ssh_port
     guard = spec.guard_min_available_gb
 
@@ -55,4 +54,4 @@ def persist_phase(spec: LaunchSpec, options: LaunchOptions) -> Phase:
     return persist.phase(persist.PersistSpec(
         server=spec.name, engine=recipe.engine, recipe=recipe, inventory=inventory,
         nodes=nodes, part=part, guard_gb=guard, loaded_gb=node_plan(recipe).loaded_gb,
-        deadline=options.timeout, one_per_cluster=one_server_engines()))
+        deadline=options.timeout))

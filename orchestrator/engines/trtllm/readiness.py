@@ -1,4 +1,5 @@
-"""After the server is started: wait until it answers, smoke-test it, or clean up after it.
+"""Readiness of a TensorRT-LLM server, as data (engines/readiness.py waits), and the clean-up
+after one that never comes.
 
 Readiness is judged over HTTP on the server's first node (through the existing SSH connection,
 from inside its `up` container over 127.0.0.1), never by process liveness alone: /health, then
@@ -9,75 +10,38 @@ mpirun ends the wait: each of the server's nodes shows its log tail and every ra
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from orchestrator.commands import quote
-from orchestrator.engines.base import LaunchFailed, Ready
+from orchestrator.engines.base import LaunchFailed
+from orchestrator.engines.readiness import Readiness
 from orchestrator.engines.serverctl import node_call
-from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
+from orchestrator.errors import SparkctlError
 from orchestrator.remote.cluster import Cluster
 from orchestrator.remote.transport import Transport
 
 if TYPE_CHECKING:
+    from orchestrator.engines.readiness import Target
     from orchestrator.engines.trtllm.serve import LaunchSpec
 
-POLL_SECONDS = 3.0
-PRINT_EVERY = 10.0
 LOG_TAIL_LINES = 25
+READINESS = Readiness("Application startup complete.",  # uvicorn's, under trtllm-serve
+                      paths=("/health", "/health_generate"), poll_seconds=3.0,
+                      dead_ranks="launcher")
+"""/health, /health_generate (one real token through every rank), then /v1/models; a rank that
+dies ends mpirun, so mpirun's pid file in the `up` container is the dead-rank check."""
 
 
-def _stage(status: dict[str, object]) -> str:
-    if status.get("health") != 200:
-        return f"loading (/health {status.get('health') or 'no answer'})"
-    if status.get("health_generate") != 200:
-        return f"warming up (/health_generate {status.get('health_generate') or 'no answer'})"
-    return "listing models (/v1/models)"
+def target(spec: LaunchSpec) -> Target:
+    from orchestrator.engines.trtllm.serve import MAIN, OURS
 
+    def own(transports: dict[str, Transport]) -> dict[str, Transport]:
+        return {name: t for name, t in transports.items() if name in spec.nodes}
 
-def wait_until_ready(transports: dict[str, Transport], spec: LaunchSpec, timeout: float,
-                     note: Callable[[str], None]) -> Ready:
-    from orchestrator.engines.trtllm.serve import MAIN
-
-    transports = {name: t for name, t in transports.items() if name in spec.serving}
-    first = transports[spec.first]
-    model, port = spec.recipe.model, spec.recipe.port
-    started = time.monotonic()
-    deadline = started + timeout
-    last_stage, last_print = "", 0.0
-    try:
-        while True:
-            status = node_call(first, spec.container, timeout=120, action="status", port=port,
-                               deep=True, run=spec.run_dir)
-            elapsed = time.monotonic() - started
-            if not status.get("pids", {}).get(MAIN, {}).get("alive"):
-                guarded = guard_stops(transports, spec)
-                reason = ("; ".join(guarded) if guarded
-                          else f"mpirun exited after {elapsed:.0f}s; a rank died or failed")
-                fail_and_clean(transports, spec, note,
-                               f"the server stopped while loading ({reason})")
-            models = [m for m in status.get("models") or [] if m]
-            if status.get("health_generate") == 200 and model in models:
-                note(f"[{elapsed:6.1f}s] ready: /health, /health_generate and /v1/models answer")
-                return Ready(elapsed, models)
-            if time.monotonic() > deadline:
-                fail_and_clean(transports, spec, note,
-                               f"the server was not ready within {timeout:.0f}s (--timeout); last "
-                               f"state: {_stage(status)}")
-            stage = _stage(status)
-            if stage != last_stage or time.monotonic() - last_print > PRINT_EVERY:
-                left = deadline - time.monotonic()
-                note(f"[{elapsed:6.1f}s] {stage}; deadline in {left:.0f}s")
-                last_stage, last_print = stage, time.monotonic()
-            time.sleep(POLL_SECONDS)
-    except KeyboardInterrupt:
-        raise SparkctlError(
-            f"stopped waiting; {spec.name} keeps loading on {spec.first}. Follow it with "
-            f"`sparkctl logs --server {spec.name} --follow` or `sparkctl status`; stop it with "
-            f"`sparkctl down --server {spec.name}`",
-            EXIT_INTERRUPTED,
-        ) from None
+    return spec.target("mpirun", "a rank", lambda transports, note, reason: fail_and_clean(
+        own(transports), spec, note, reason), run_dir=spec.run_dir, main=MAIN, ours=OURS,
+        why_dead=lambda transports: guard_stops(own(transports), spec))
 
 
 def guard_stops(transports: dict[str, Transport], spec: LaunchSpec) -> list[str]:
@@ -126,7 +90,7 @@ def stop_everywhere(transports: dict[str, Transport], spec: LaunchSpec) -> dict[
 
 
 def fail_and_clean(transports: dict[str, Transport], spec: LaunchSpec,
-                   note: Callable[[str], None], reason: str) -> None:
+                   note: Callable[[str], None], reason: str) -> NoReturn:
     tails = log_tails(transports, spec.run_dir)
     note(f"{reason}; stopping every rank")
     left = stop_everywhere(transports, spec)

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from orchestrator.engines.base import (
+from orchestrator.engines.base import verdict_of
+from orchestrator.recipe import (
     CONTAINER_HF_HOME,
     REPO_PATTERN,
     REVISION_PATTERN,
@@ -24,7 +25,6 @@ from orchestrator.engines.base import (
     BaseRecipe,
     MemoryEstimate,
     StrictModel,
-    verdict_of,
 )
 
 NEEDS_DRAFT = ("Eagle", "Eagle3", "Draft_Target")

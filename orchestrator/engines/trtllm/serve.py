@@ -24,15 +24,16 @@ from typing import Any
 import yaml
 
 from orchestrator.commands import docker_exec_cmd
-from orchestrator.engines import apikey, config_hash, lifecycle, recipe_origin, serving_nodes
-from orchestrator.engines.base import LaunchOptions
+from orchestrator.engines import apikey, config_hash, lifecycle, recipe_origin
 from orchestrator.engines.lifecycle import Decision, Running, ServerRecord
 from orchestrator.engines.liveness import dead_ranks as ranks_ended
-from orchestrator.engines.serverctl import node_cmd
-from orchestrator.engines.servers import Wanted, record_dir
+from orchestrator.engines.serverctl import node_cmd, pid_wrapper
+from orchestrator.engines.servers import record_dir
+from orchestrator.engines.serverspec import ServerSpec
 from orchestrator.engines.trtllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory
+from orchestrator.recipe import LaunchOptions
 from orchestrator.render import render
 
 CONFIG_NAME = "extra-llm-api-config.yml"
@@ -75,8 +76,8 @@ def rank_wrapper(directory: str, bootstrap: Sequence[str] | None) -> str:
     a ring, preceded by each rank's own NCCL_SOCKET_IFNAME (exact name, `=`): -x forwards the
     first node's value to every rank, but a ring's bootstrap interface differs per node
     (phases/nccl_env.bootstrap_interfaces)."""
-    wrapper = (f'r="${{OMPI_COMM_WORLD_RANK:-0}}"; echo $$ > {directory}/rank-"$r".pid; '
-               f'exec "$@" > {directory}/rank-"$r".log 2>&1')
+    wrapper = ('r="${OMPI_COMM_WORLD_RANK:-0}"; '
+               + pid_wrapper(f'{directory}/rank-"$r".pid', f'{directory}/rank-"$r".log'))
     if not bootstrap:
         return wrapper
     cases = " ".join(f"{rank}) export NCCL_SOCKET_IFNAME=={name};;"
@@ -111,7 +112,7 @@ def start_cmd(container: str, argv: list[str], directory: str, relay: str = "") 
     """Detached (docker exec -d), mpirun's own output in server.log, its pid in mpirun.pid, the
     server's own hostfile as mpirun's default one; RELAY: the key-checking relay's start
     (keyrelay.relay_prefix) when the server has a key."""
-    wrapper = f'echo $$ > {directory}/{MAIN}; exec "$@" > {directory}/server.log 2>&1'
+    wrapper = pid_wrapper(f"{directory}/{MAIN}", f"{directory}/server.log")
     hostfile = f"{directory}/{HOSTFILE_NAME}"
     return docker_exec_cmd(container, ["bash", "-c", relay + wrapper, "sparkctl-server", *argv],
                            env={"HF_HUB_OFFLINE": "1", **dict.fromkeys(HOSTFILE_VARS, hostfile)},
@@ -143,29 +144,26 @@ def node_plan(recipe: Recipe) -> Any:
                     tp_size=recipe.tp_size, total_weights_gb=recipe.memory.weights_gb)
 
 
-class LaunchSpec:
-    """Everything the serve steps of one server share, computed once (pure)."""
+class LaunchSpec(ServerSpec):
+    """Everything the serve steps of one server share, computed once (pure): its MPI hostfile,
+    config, argv (behind the key relay with a key), files and record; in the `up` container."""
+
+    recipe: Recipe
 
     def __init__(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> None:
-        from orchestrator.engines.trtllm.recipe import estimate_memory
         from orchestrator.phases.memory import guard_threshold
         from orchestrator.phases.nccl_env import bootstrap_interfaces, fabric_variable_names
 
-        self.recipe, self.inventory, self.options = recipe, inventory, options
-        self.name = options.name or recipe.name
-        self.host = options.host
+        super().__init__(recipe, inventory, options, inventory.container.name)
         self.replace = options.replace
         self.drop_caches = options.drop_caches
         self.persistent = options.persist
         self.guard_min_available_gb = guard_threshold(options.guard_min_available_gb, recipe)
-        self.serving = serving_nodes(recipe, inventory)
-        self.first = self.serving[0]
         self.run_dir = server_dir(self.name)
-        self.container = inventory.container.name
         self.config_text = render_llm_api_config(recipe)
-        self.hostfile = hostfile_text(inventory, self.serving)
+        self.hostfile = hostfile_text(inventory, self.nodes)
         self.argv = serve_argv(recipe, self.host, fabric_variable_names(inventory),
-                               bootstrap_interfaces(inventory, self.serving), self.name)
+                               bootstrap_interfaces(inventory, self.nodes), self.name)
         self.key, self.relay = options.api_key, ""
         if self.key is not None:  # trtllm-serve takes no key: the relay binds host:port instead
             from orchestrator.engines.trtllm import keyrelay
@@ -175,7 +173,7 @@ class LaunchSpec:
                                                apikey.node_key_file(self.name), self.run_dir)
         keyed = ["api-key", apikey.key_digest(self.key, self.name)] if self.key is not None else []
         self.digest = config_hash(recipe, self.argv + keyed, self.config_text)
-        self.memory_gb = estimate_memory(recipe).total_gb
+        self.memory_gb = self.estimate.total_gb
 
     def files(self) -> dict[str, str]:
         """The server's files on each of its nodes, by path."""
@@ -190,17 +188,13 @@ class LaunchSpec:
         return node_cmd(self.container, action="status", run=self.run_dir, ours=list(OURS),
                         main=MAIN, port=port)
 
-    def wanted(self) -> Wanted:
-        return Wanted(self.name, self.recipe.engine, self.recipe.model, self.serving,
-                      [self.recipe.port], self.memory_gb, self.digest)
-
     def record(self, started: str | None = None) -> dict[str, Any]:
         r = self.recipe
         draft = r.speculative.draft_model if r.speculative else None
         when = {"started": started} if started else {}
         return ServerRecord(
             name=self.name, engine=r.engine, recipe=r.name, model=r.model, port=r.port,
-            nodes=list(self.serving), config_hash=self.digest, host=self.host, ranks=r.tp_size,
+            nodes=list(self.nodes), config_hash=self.digest, host=self.host, ranks=r.tp_size,
             guard_min_available_gb=self.guard_min_available_gb, persistent=self.persistent,
             memory_gb=self.memory_gb, container=self.container, **when,
             extra={"draft_model": draft, "tp_size": r.tp_size, "main": MAIN, "ours": list(OURS),
@@ -214,7 +208,7 @@ class LaunchSpec:
         """The shared judgement (engines/lifecycle.py) over the first node's status and the
         ranks that ended on any of the server's nodes."""
         running = self.running(ctx.cluster_facts)
-        dead = dead_ranks(ctx.cluster_facts, list(self.serving))
+        dead = dead_ranks(ctx.cluster_facts, list(self.nodes))
         decision = lifecycle.decide(running, self.digest, self.replace, dead)
         if decision == "refuse":
             raise SparkctlError(lifecycle.refusal(running, self.name))
@@ -222,4 +216,4 @@ class LaunchSpec:
 
     def restart_reason(self, ctx: Any) -> str:
         return lifecycle.restart_reason(self.running(ctx.cluster_facts),
-                                        dead_ranks(ctx.cluster_facts, list(self.serving)))
+                                        dead_ranks(ctx.cluster_facts, list(self.nodes)))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from orchestrator.engines.base import StrictModel
 from orchestrator.inventory import CONTAINER_NAME_PATTERN, IMAGE_PATTERN, ContainerSettings
+from orchestrator.recipe import StrictModel
 
 DEFAULT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"
 

@@ -43,7 +43,7 @@ class Placement(Step):
                         and s.get("engine") == spec.recipe.engine), None)
         single = next((s for s in every if s.get("legacy") and s.get("alive")
                        and s.get("engine") != spec.recipe.engine
-                       and set(s.get("nodes") or []) & set(spec.serving)), None)
+                       and set(s.get("nodes") or []) & set(spec.nodes)), None)
         refusal = other_engine_refusal(single, spec.recipe)
         if single is not None and refusal:  # a one-server engine's (vLLM's): as it always was
             if not spec.replace:
@@ -64,8 +64,8 @@ class Placement(Step):
                       and not s.get("legacy") and s.get("node") != spec.first), None)
         if moved is not None:  # its record would stay there, dead, beside the new one
             return Change(f"remove what is left of {spec.name} on {moved.get('node')} (not "
-                          f"running; it starts again on {', '.join(spec.serving)})", payload=moved)
-        where = ", ".join(spec.serving)
+                          f"running; it starts again on {', '.join(spec.nodes)})", payload=moved)
+        where = ", ".join(spec.nodes)
         if decision == "same":
             return Unchanged(f"{spec.name} already runs on {where} (config {spec.digest})")
         others = [s for s in running if s.get("name") != spec.name]
@@ -89,7 +89,7 @@ class StopPrevious(Step):
         self.spec = spec
 
     def check(self, ctx: NodeContext) -> Outcome:
-        if ctx.node.name not in self.spec.serving:
+        if ctx.node.name not in self.spec.nodes:
             return Unchanged("not a serving node")
         decision = self.spec.decision(ctx)
         if decision in ("noop", "loading"):
@@ -118,7 +118,7 @@ class ServerFiles(Step):
         self.spec = spec
 
     def check(self, ctx: NodeContext) -> Outcome:
-        if ctx.node.name not in self.spec.serving:
+        if ctx.node.name not in self.spec.nodes:
             return Unchanged("not a serving node")
         facts = ctx.facts.get("files") or {}
         stale = [path for path, text in self.spec.files().items()
@@ -150,7 +150,7 @@ class StartServer(Step):
             return Unchanged(f"{spec.name} (config {spec.digest}) is already starting")
         verb = {"replace": "replace the running server with",
                 "restart": f"restart ({spec.restart_reason(ctx)})"}.get(decision, "start")
-        return Change(f"{verb} {spec.recipe.model} as {spec.name} on {', '.join(spec.serving)} "
+        return Change(f"{verb} {spec.recipe.model} as {spec.name} on {', '.join(spec.nodes)} "
                       f"(tp {spec.recipe.tp_size}) at {spec.host}:{spec.recipe.port}",
                       diff=join(spec.argv) + "\n", commands=(spec.start_cmd(),))
 
@@ -184,7 +184,7 @@ class Smoke(SmokeTest):
 def cold_start_reason(spec: LaunchSpec) -> Callable[[NodeContext], str | None]:
     """Why a node needs no page-cache drop before this launch (None: it is a cold start)."""
     def reason(ctx: NodeContext) -> str | None:
-        if ctx.node.name not in spec.serving:
+        if ctx.node.name not in spec.nodes:
             return "not a serving node"
         if not spec.drop_caches:
             return "skipped (--no-drop-caches)"
@@ -197,7 +197,7 @@ def cold_start_reason(spec: LaunchSpec) -> Callable[[NodeContext], str | None]:
 def status_facts(spec: LaunchSpec) -> Callable[[Inventory, Node], dict[str, Any]]:
     """Each serving node's view of the server's directory (its /health on the first node)."""
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        if node.name not in spec.serving:
+        if node.name not in spec.nodes:
             return {}
         port = spec.recipe.port if node.name == spec.first else None
         return {"commands": {"serve": spec.status_cmd(port)}}
@@ -238,7 +238,7 @@ def serve_phase(spec: LaunchSpec, ready_steps: list[Step]) -> Phase:
     from orchestrator.remote.facts import merge_requests
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        own = {"files": files_request(list(spec.files()))} if node.name in spec.serving else {}
+        own = {"files": files_request(list(spec.files()))} if node.name in spec.nodes else {}
         # the key's node file where its relay runs (sha256 and mode, never the content)
         key = apikey.key_facts(spec.name) if spec.key is not None and node.name == spec.first else {}
         return merge_requests([own, key, status_facts(spec)(inv, node)])

@@ -19,11 +19,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.apikey import KeyWay
-from orchestrator.engines.base import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate, NoSettings
 from orchestrator.engines.vllm.importer import VllmImporter
 from orchestrator.engines.vllm.layouts import VllmLayouts
 from orchestrator.engines.vllm.meter import VllmMeter
+from orchestrator.engines.vllm.ready import READINESS
 from orchestrator.engines.vllm.recipe import Recipe
+from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase, Step
@@ -48,16 +49,14 @@ def memory_guard(spec: ServeSpec) -> Step:
 class VllmEngine:
     name = "vllm"
     title = "vLLM"
-    ready_line = "Application startup complete."  # uvicorn's, under vllm serve
     recipe_type = Recipe
+    readiness = READINESS  # /health, /v1/models; vllm serve's pid file the dead-rank check
+    # capabilities (engines/capabilities.py)
     spec_meter = VllmMeter  # its speculative-decoding figures in /metrics (bench)
     log_label = "ray"  # `sparkctl logs`: its Ray containers
-    health_paths = ("/health", "/v1/models")  # no /health_generate
     layouts = VllmLayouts()  # `sparkctl advise`: layouts and this engine's efficiency
     importer = VllmImporter()  # `recipes import`: sparkrun's and eugr's recipes of this engine
-    settings_type = NoSettings  # nothing to set in the inventory's engines.vllm
     process_words = ("vllm",)  # status: its pid files' command lines
-    several_servers = True  # each its own containers, ports and record
     # vLLM reads VLLM_API_KEY when --api-key is not given (entrypoints/openai/api_server.py);
     # its AuthenticationMiddleware guards /v1 paths only: /health, /metrics, /version, /ping
     # and the other non-/v1 routes stay open
@@ -80,7 +79,7 @@ class VllmEngine:
         # (an earlier sparkctl's), which `down` still inspects and removes
         return [f"{DEFAULT_CONTAINER}-{server}"] if server else [DEFAULT_CONTAINER]
 
-    def status_probe(self) -> tuple[str, str] | None:
+    def status_probe(self) -> tuple[str, str]:
         from orchestrator.engines.vllm.ray import RAY_PROBE
 
         return "ray", RAY_PROBE
@@ -90,12 +89,6 @@ class VllmEngine:
 
         return judge_probe(server, answer)
 
-    def up_phases(self, inventory: Inventory) -> list[Phase]:
-        return []
-
-    def up_container(self, inventory: Inventory) -> None:
-        return None
-
     def model_image(self, recipe: Recipe, inventory: Inventory) -> str:
         return recipe.image  # the models are fetched with the image that serves them
 
@@ -103,30 +96,25 @@ class VllmEngine:
         """This server judged against every node's servers (from facts), the image, the models,
         the server's containers (its Ray cluster or mp ranks, the memory guard first), `vllm
         serve`, and verify steps: ready over HTTP, then one real chat completion."""
-        from orchestrator.engines import one_server_engines, verify
-        from orchestrator.engines.liveness import mark_ready
-        from orchestrator.engines.servers import record_dir
+        from orchestrator.engines import verify
         from orchestrator.engines.vllm import check, multinode, ready, serve
         from orchestrator.phases import models, registry
         from orchestrator.phases.container import RESTART_POLICY
         from orchestrator.phases.persist import not_persistent_phase
 
         spec = serve.ServeSpec(recipe, inventory, options)
-        steps = [verify.WaitReady(lambda transports, timeout, note: ready.wait_until_ready(
-                     transports, spec, timeout, note), options.timeout, f"vLLM ({spec.name})",
-                     mark=lambda transports: mark_ready(
-                         transports[spec.first], f"{record_dir(spec.name)}/server.json")),
-                 serve.Smoke(spec)]
+        steps = [verify.wait_step(ready.target(spec), self.readiness, options.timeout,
+                                  f"vLLM ({spec.name})"), serve.Smoke(spec)]
         restart = RESTART_POLICY if options.persist else None
         probe = multinode.ray_probe_phase(spec)  # an unknown image forced to Ray: look first
         phases = [check.check_phase(spec),
                   registry.phase(recipe.image, spec.nodes, inventory.head_name),
-                  *([probe] if probe else []), models.phase(recipe, inventory),
+                  *([probe] if probe else []), models.phase(recipe, spec.nodes, recipe.image, inventory),
                   multinode.phase(spec, restart, memory_guard(spec)), serve.serve_phase(spec, steps)]
         from orchestrator.engines.vllm.persist import persist_phase
 
         phases.append(persist_phase(spec, options) if options.persist else
-                      not_persistent_phase(spec.name, self.name, one_server_engines()))
+                      not_persistent_phase(spec.name))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
@@ -136,10 +124,10 @@ class VllmEngine:
 
     def describe(self, recipe: Recipe) -> list[tuple[str, str]]:
         from orchestrator.commands import join
-        from orchestrator.engines.base import DEFAULT_HOST
         from orchestrator.engines.vllm.options import version
         from orchestrator.engines.vllm.ports import ServerPorts
         from orchestrator.engines.vllm.serve import FIRST_IP, serve_argv
+        from orchestrator.recipe import DEFAULT_HOST
 
         ports = ServerPorts.of(recipe)
         if recipe.backend == "ray":
@@ -161,12 +149,9 @@ class VllmEngine:
                 (f"serve command (in the first node's {container}; flags checked against "
                  f"vLLM {version()})", join(serve_argv(recipe, DEFAULT_HOST)))]
 
-    def warnings(self, recipe: Recipe) -> list[str]:
-        return []
-
     def config_preview(self, recipe: Recipe) -> dict[str, object]:
-        from orchestrator.engines.base import DEFAULT_HOST
         from orchestrator.engines.vllm.serve import serve_argv
+        from orchestrator.recipe import DEFAULT_HOST
 
         return {"serve_argv": serve_argv(recipe, DEFAULT_HOST), "image": recipe.image,
                 "container": f"{recipe.container_name}-{recipe.name}"}

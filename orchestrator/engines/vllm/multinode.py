@@ -20,13 +20,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.step import NodeContext, Outcome, Step, Unchanged
-from orchestrator.engines.base import CONTAINER_HF_HOME
 from orchestrator.engines.vllm import images, ray
 from orchestrator.errors import EXIT_BAD_INPUT, SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
+from orchestrator.recipe import CONTAINER_HF_HOME
 from orchestrator.remote.node_facts import has_infiniband
 
 if TYPE_CHECKING:

@@ -12,21 +12,19 @@ from __future__ import annotations
 
 from orchestrator.commands import join
 from orchestrator.core.step import Phase
-from orchestrator.engines import one_server_engines, servers
-from orchestrator.engines.base import LaunchOptions
+from orchestrator.engines import servers
 from orchestrator.engines.serverctl import node_cmd
 from orchestrator.engines.vllm.ray import probe_cmd
 from orchestrator.engines.vllm.serve import MAIN, OURS, ServeSpec, start_cmd
 from orchestrator.inventory import Node
+from orchestrator.node import script
 from orchestrator.node.boot import BOOT_TIME
 from orchestrator.phases import persist
+from orchestrator.recipe import LaunchOptions
 
 # reads the Ray probe's JSON on stdin: exit 0 when every wanted IP is alive
-EVERY_NODE = ("import json,sys\n"
-              "lines=[l for l in sys.stdin.read().splitlines() if l.startswith('{')]\n"
-              "nodes=json.loads(lines[-1]).get('nodes') or [] if lines else []\n"
-              "alive={n.get('ip') for n in nodes if n.get('alive')}\n"
-              "sys.exit(0 if set(sys.argv[1:]) <= alive else 1)\n")
+EVERY_NODE = script("ray_every.py")
+"""Whether every serving node is alive in Ray, from RAY_PROBE's answer (node/ray_every.py)."""
 
 
 def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
@@ -58,5 +56,4 @@ def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
     return persist.phase(persist.PersistSpec(
         server=spec.name, engine="vllm", recipe=recipe, inventory=spec.inventory,
         nodes=nodes, part=part, guard_gb=spec.guard_gb,
-        loaded_gb=e.weights_gb + e.draft_gb + e.runtime_gb, deadline=options.timeout,
-        one_per_cluster=one_server_engines()))
+        loaded_gb=e.weights_gb + e.draft_gb + e.runtime_gb, deadline=options.timeout))

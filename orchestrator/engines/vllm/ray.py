@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import docker_cmd, docker_exec_cmd, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
-from orchestrator.engines.base import CONTAINER_HF_HOME
 from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
+from orchestrator.recipe import CONTAINER_HF_HOME
 from orchestrator.remote.node_facts import container_started, has_infiniband
 from orchestrator.timestamps import parse_time
 
@@ -38,20 +39,9 @@ SPREAD = '{"placement_group_options":{"strategy":"SPREAD"}}'
 READY_LOG_LINE = "Ray runtime started"
 STARTED_LINE = READY_LOG_LINE.replace(" ", "[ ]")  # no literal of the marker in our argv
 
-# Runs in the head container with its python3 (the image's, which has Ray): the nodes Ray knows.
-RAY_PROBE = r"""
-import json, os, sys
-try:
-    import ray
-    ray.init(address="auto", logging_level="ERROR", log_to_driver=False, configure_logging=False)
-    nodes = [{"ip": n.get("NodeManagerAddress"), "alive": bool(n.get("Alive")),
-              "host": n.get("NodeManagerHostname"),
-              "gpus": (n.get("Resources") or {}).get("GPU", 0)} for n in ray.nodes()]
-    ray.shutdown()
-    print(json.dumps({"nodes": nodes}))
-except Exception as exc:
-    print(json.dumps({"error": ("%s: %s" % (type(exc).__name__, exc))[:600]}))
-"""
+RAY_PROBE = script("ray_nodes.py")
+"""Runs in the head container with its python3 (the image's, which has Ray): the nodes Ray
+knows (orchestrator/node/ray_nodes.py)."""
 
 
 def node_ip(inventory: Inventory, node: Node) -> str:

@@ -1,70 +1,40 @@
-"""Readiness of a vLLM server, on its first node: /health, then /v1/models naming the model, with
-progress and a deadline. vllm serve exiting while it loads, or the deadline, stops the server
-(its containers and record, engines/servers.py) and shows vllm serve's log and every node's Ray
-log tail.
+"""Readiness of a vLLM server, as data (engines/readiness.py waits): /health, then /v1/models
+naming the model. vllm serve exiting while it loads, or the deadline, stops the server (its
+containers and record, engines/servers.py) and shows vllm serve's log and every node's Ray log
+tail.
 """
 
 from __future__ import annotations
 
 import re
-import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from orchestrator.commands import quote
-from orchestrator.engines.base import LaunchFailed, Note, Ready
-from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
+from orchestrator.engines.readiness import Readiness, stop_and_fail
 
 if TYPE_CHECKING:
+    from orchestrator.engines.readiness import Target
     from orchestrator.engines.vllm.serve import ServeSpec
+    from orchestrator.recipe import Note
     from orchestrator.remote.transport import Transport
 
-POLL_SECONDS = 3.0
+READINESS = Readiness("Application startup complete.",  # uvicorn's, under vllm serve
+                      paths=("/health",), poll_seconds=3.0, dead_ranks="launcher")
+"""/health, then /v1/models naming the model (no /health_generate); a rank that dies takes
+`vllm serve` down, so its pid file in the first node's container is the dead-rank check."""
 
 
-def running(status: dict[str, object]) -> bool:
-    from orchestrator.engines.vllm.serve import MAIN
+def target(spec: ServeSpec) -> Target:
+    from orchestrator.engines.vllm.serve import MAIN, OURS
 
-    pids = status.get("pids") or {}
-    return bool(isinstance(pids, dict) and (pids.get(MAIN) or {}).get("alive"))
-
-
-def wait_until_ready(transports: dict[str, Transport], spec: ServeSpec, timeout: float,
-                     note: Note) -> Ready:
-    first = transports[spec.first]
-    started = time.monotonic()
-    deadline = started + timeout
-    last = ""
-    try:
-        while True:
-            current = spec.status(first, deep=True)
-            elapsed = time.monotonic() - started
-            if not running(current):
-                fail_and_clean(transports, spec, note,
-                               f"vllm serve of {spec.name} exited while loading (after {elapsed:.0f}s)")
-            models = [m for m in current.get("models") or [] if m]
-            if current.get("health") == 200 and spec.recipe.model in models:
-                note(f"[{elapsed:6.1f}s] ready: /health and /v1/models answer")
-                return Ready(elapsed, models)
-            if time.monotonic() > deadline:
-                fail_and_clean(transports, spec, note,
-                               f"vllm serve of {spec.name} was not ready within {timeout:.0f}s "
-                               "(--timeout)")
-            stage = f"loading (/health {current.get('health') or 'no answer'})"
-            if stage != last:
-                note(f"[{elapsed:6.1f}s] {spec.name} on {spec.first}: {stage}; deadline in "
-                     f"{deadline - time.monotonic():.0f}s")
-                last = stage
-            time.sleep(POLL_SECONDS)
-    except KeyboardInterrupt:
-        raise SparkctlError(
-            f"stopped waiting; vLLM ({spec.name}) keeps loading on {spec.first}. Follow it with "
-            f"`sparkctl logs --server {spec.name}` or `sparkctl status`; stop it with `sparkctl "
-            f"down --server {spec.name}`", EXIT_INTERRUPTED) from None
+    return spec.target(f"vllm serve of {spec.name}", "Ray" if spec.backend == "ray" else "rank",
+                       lambda transports, note, reason: fail_and_clean(transports, spec, note,
+                                                                       reason),
+                       run_dir=spec.directory, main=MAIN, ours=tuple(OURS))
 
 
 def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note,
-                   reason: str) -> None:
-    from orchestrator.engines.servers import stop_server
+                   reason: str) -> NoReturn:
     from orchestrator.engines.vllm.ray import ray_log_tail
 
     log = f"{spec.directory}/server.log"
@@ -84,13 +54,8 @@ def fail_and_clean(transports: dict[str, Transport], spec: ServeSpec, note: Note
         if name in transports:
             parts.append(f"--- {name}: {what} ({spec.container})\n"
                          + ray_log_tail(transports[name], spec.container, 8))
-    note(f"{reason}; stopping {spec.name}")
-    left = ""
-    try:
-        stop_server(transports, spec.inventory, {"name": spec.name, "nodes": spec.nodes})
-    except SparkctlError as exc:
-        left = f" (could not stop it: {exc})"
-    raise LaunchFailed(f"{reason}; {spec.name} stopped{left} (log tails below)", "\n".join(parts))
+    stop_and_fail(transports, spec.inventory, spec.name, spec.nodes, note, reason,
+                  "\n".join(parts))
 
 
 PREFIX = r"^(\([^)]*\) )?([A-Z]+ [0-9-]+ [0-9:]+ \[[^]]*\] )?"
@@ -115,10 +80,10 @@ def root_causes(transport: Transport, log: str) -> list[str]:
 
 def broken_weights(transport: Transport, spec: ServeSpec) -> list[str]:
     """The model's safetensors files that are not whole (node/weights_check.py, in the server's
-    container, where the HF cache is mounted), as "PATH: what is wrong"."""
+    container, where the HF cache is mounted), as "PATH: what is wrong" at the node's path."""
     from orchestrator.commands import docker_exec_cmd
-    from orchestrator.engines.base import CONTAINER_HF_HOME
     from orchestrator.node import script
+    from orchestrator.recipe import CONTAINER_HF_HOME
 
     repo = f"{CONTAINER_HF_HOME}/hub/models--{spec.recipe.model.replace('/', '--')}"
     command = docker_exec_cmd(spec.container, ["python3", "-c", script("weights_check.py"), repo])

@@ -10,19 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from orchestrator.engines.base import (
-    SPARK_MEMORY_GB,
-    BaseRecipe,
-    MemoryEstimate,
-    StrictModel,
-    check_env_names,
-    verdict_of,
-)
+from orchestrator.engines.base import EnvVars, verdict_of
+from orchestrator.recipe import SPARK_MEMORY_GB, BaseRecipe, MemoryEstimate, StrictModel
 
 if TYPE_CHECKING:
-    from orchestrator.phases.ports import ListenPort
+    from orchestrator.recipe import ListenPort
 
 DEFAULT_IMAGE = "nvcr.io/nvidia/vllm:26.10-py3"
 """NVIDIA's vLLM container, release 26.10: vLLM 0.31.0 (the version the option table was
@@ -69,7 +63,7 @@ class Recipe(BaseRecipe):
     pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
     serve_args: list[str] = Field(default_factory=list)
     """More `vllm serve` flags, verbatim (each item one argv word), checked against vLLM's table."""
-    env: dict[str, str] = Field(default_factory=dict)
+    env: EnvVars = Field(default_factory=dict)
     """Extra environment of the containers (e.g. VLLM_* switches)."""
     ray: RayOptions = Field(default_factory=RayOptions)
     executor: Literal["auto", "ray", "mp"] = "auto"
@@ -107,7 +101,7 @@ class Recipe(BaseRecipe):
 
     def listen_ports(self, nodes: list[str]) -> list[ListenPort]:
         from orchestrator.engines.vllm.ports import ServerPorts
-        from orchestrator.phases.ports import ListenPort
+        from orchestrator.recipe import ListenPort
 
         # on the first node, next to vllm serve: the Ray head's GCS (the dashboard agent on
         # every node), or (mp, several nodes) rank 0's --master-port; each the recipe's
@@ -122,11 +116,6 @@ class Recipe(BaseRecipe):
         else:
             extra = []
         return [*super().listen_ports(nodes), *extra]
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        return check_env_names(env)
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:

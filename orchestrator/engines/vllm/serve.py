@@ -15,14 +15,15 @@ from typing import Any
 
 from orchestrator.commands import docker_exec_cmd, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
-from orchestrator.engines import apikey, config_hash, recipe_origin, servers, serving_nodes
-from orchestrator.engines.base import LaunchOptions
+from orchestrator.engines import apikey, config_hash, recipe_origin, servers
 from orchestrator.engines.lifecycle import ServerRecord
-from orchestrator.engines.serverctl import node_call, node_cmd
+from orchestrator.engines.serverctl import node_call, node_cmd, pid_wrapper
+from orchestrator.engines.serverspec import ServerSpec
 from orchestrator.engines.vllm.ports import ServerPorts
 from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.recipe import LaunchOptions
 
 ENGINE = "vllm"
 MAIN = "vllm.pid"
@@ -62,34 +63,27 @@ def start_cmd(container: str, directory: str, argv: list[str], key_file: str | N
     KEY_FILE: the wrapper sets VLLM_API_KEY from it (vLLM reads that variable when --api-key is
     not given: vllm/entrypoints/openai/api_server.py), so the key is in no argv or Env."""
     wrapper = ((apikey.env_from_file("VLLM_API_KEY", key_file) if key_file else "")
-               + f"mkdir -p {quote(directory)}; echo $$ > {quote(directory + '/' + MAIN)}; "
-               f"exec \"$@\" > {quote(directory + '/server.log')} 2>&1")
+               + f"mkdir -p {quote(directory)}; "
+               + pid_wrapper(quote(f"{directory}/{MAIN}"), quote(f"{directory}/server.log")))
     return docker_exec_cmd(container, ["bash", "-c", wrapper, "sparkctl-server", *argv],
                            env={"HF_HUB_OFFLINE": "1"}, detach=True)
 
 
-class ServeSpec:
-    """One launch of one vLLM server: its name, nodes, containers, ports, record, judgement."""
+class ServeSpec(ServerSpec):
+    """One launch of one vLLM server: its ports, executor, containers, record, judgement."""
+
+    recipe: Recipe
 
     def __init__(self, recipe: Recipe, inventory: Inventory, options: LaunchOptions) -> None:
-        from orchestrator.engines.vllm.recipe import estimate_memory
         from orchestrator.phases.memory import guard_threshold
 
-        self.recipe, self.inventory, self.options = recipe, inventory, options
-        self.name = options.name or recipe.name
-        self.host = options.host
-        self.nodes = serving_nodes(recipe, inventory)
-        self.first = self.nodes[0]
-        self.container = f"{recipe.container_name}-{self.name}"
+        super().__init__(recipe, inventory, options, recipe.container_name + "-{name}")
         self.ports = ServerPorts.of(recipe)
         self.backend = recipe.backend
         self.argv = serve_argv(recipe, self.host, 0, self.node_ip(self.first), self.ports.master)
-        self.key = options.api_key
-        self.key_file = apikey.node_key_file(self.name) if self.key is not None else None
         # a new key restarts the server (a slow salted digest of it, never the key)
         keyed = ["api-key", apikey.key_digest(self.key, self.name)] if self.key is not None else []
         self.digest = config_hash(recipe, self.argv + keyed, self.name)
-        self.estimate = estimate_memory(recipe)
         self.guard_gb = guard_threshold(options.guard_min_available_gb, recipe)
         self.directory = serve_dir(self.name)
 
@@ -100,10 +94,8 @@ class ServeSpec:
     def is_first(self, node: Node) -> bool:
         return node.name == self.first
 
-    def wanted(self) -> servers.Wanted:
-        return servers.Wanted(self.name, ENGINE, self.recipe.model, self.nodes,
-                              self.ports.bound(self.backend, len(self.nodes)),
-                              self.estimate.total_gb, self.digest)
+    def listen_ports(self) -> list[int]:
+        return self.ports.bound(self.backend, len(self.nodes))
 
     def record(self, started: str | None = None) -> dict[str, Any]:
         r = self.recipe

@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands import docker_cmd, install_file_cmd, quote
-from orchestrator.phases import gateway
+from orchestrator.commands import docker_cmd, quote
+from orchestrator.gateway import control as gateway
 from orchestrator.phases import gateway_spec as gs
 
 if TYPE_CHECKING:
@@ -64,10 +64,11 @@ def follow(transports: dict[str, Transport], inventory: Inventory, note: gateway
     if not joined and not left:
         return "unchanged"
     spec = gs.GatewaySpec(gw.node, str(state["host"]), int(state["port"]), now,
-                          image=str(state.get("image") or gs.IMAGE))
+                          image=str(state.get("image") or gs.IMAGE),
+                          client=inventory.mpi_address(inventory.node(gw.node)))
     gateway._sync_relays(transports, spec, probes, note)
     head = transports[gw.node]
-    fingerprint = state.get("fingerprint")
+    fingerprint, salt = state.get("fingerprint"), str(state.get("salt") or "")
     if left:
         note(f"gateway: {', '.join(left)} left the routing table (no restart: LiteLLM retries "
              "its address's refused connections on the other replicas)")
@@ -76,24 +77,23 @@ def follow(transports: dict[str, Transport], inventory: Inventory, note: gateway
              f"finishes its requests in flight (up to {DRAIN_SECONDS} s), then its port "
              "refuses connections until it answers again (LiteLLM changes its table at runtime "
              "only with a database)")
-        fingerprint = _swap_config(head, spec)
+        salt = gs.new_salt()
+        fingerprint = _swap_config(head, spec, salt)
         head.run(docker_cmd("stop", "-t", DRAIN_SECONDS, gs.CONTAINER) + " >/dev/null 2>&1; true",
                  sudo=True, timeout=DRAIN_SECONDS + 60, display="stop the gateway (graceful)")
         head.run(docker_cmd("start", gs.CONTAINER), sudo=True, timeout=120,
                  display=f"start {gs.CONTAINER}").check()
         gateway._wait_live(head, spec, note)
-    record = {**spec.record(), "key": bool(state.get("key")), "fingerprint": fingerprint}
-    head.run(install_file_cmd(f"{gs.GATEWAY_RUN}/gateway.json", 0o644),
-             stdin=json.dumps(record, indent=1, sort_keys=True) + "\n", sudo=True, timeout=60,
-             display="write gateway.json").check()
+    gateway.write_record(head, {**spec.record(salt or None), "key": bool(state.get("key")),
+                                "salt": salt, "fingerprint": fingerprint})
     return "restarted" if joined else "followed"
 
 
-def _swap_config(head: Transport, spec: gs.GatewaySpec) -> str:
+def _swap_config(head: Transport, spec: gs.GatewaySpec, salt: str) -> str:
     from orchestrator.node import script
 
     request = {"path": gs.CONFIG_FILE, "model_list": spec.config()["model_list"],
-               "extra": spec.fingerprinted()}
+               "extra": spec.fingerprinted(), "salt": salt, "rounds": gs.FINGERPRINT_ROUNDS}
     result = head.run("python3 -c " + quote(script("gateway_config.py")), stdin=json.dumps(request),
                       sudo=True, timeout=60, display=f"new model list in {gs.CONFIG_FILE}").check()
     return str(json.loads(result.stdout)["fingerprint"])

@@ -67,12 +67,12 @@ def desired(inventory: Inventory, node: str, host: str, port: int, key: Any,
                             "`sparkctl launch RECIPE` (several of one recipe with --nodes/--name "
                             "are replicas; --host beyond loopback serves without the gateway), "
                             "then `sparkctl gateway up`")
-    return gs.GatewaySpec(node, host, port, replicas, key)
+    return gs.GatewaySpec(node, host, port, replicas, key, client=address_of(node))
 
 
 def up(transports: dict[str, Transport], inventory: Inventory, spec: gs.GatewaySpec,
        note: Note) -> str:
-    """Make the gateway be `spec`: "unchanged", "started" or "restarted"."""
+    """Make the gateway be `spec`: "unchanged", "relays", "started" or "restarted"."""
     if spec.node not in transports:
         raise SparkctlError(f"cannot reach {spec.node}, where the gateway runs")
     probes = probe_all(transports, liveliness=True)
@@ -81,16 +81,20 @@ def up(transports: dict[str, Transport], inventory: Inventory, spec: gs.GatewayS
     if other is not None:
         raise InputError(f"a gateway already runs on {other.node}: `sparkctl gateway down` first")
     ours = here.state or {}
-    same_address = ours.get("host") == spec.host and ours.get("port") == spec.port
-    if not here.port_free and not same_address:
+    if here.address_missing:
+        raise InputError(f"--host {spec.host}: {spec.node} has no such address (use 127.0.0.1, "
+                         f"0.0.0.0 or one of {spec.node}'s own addresses; `ip -4 addr` there "
+                         "lists them)")
+    # our own gateway holds its port: a new --host on that port replaces it (not "taken")
+    own_port = bool(ours) and ours.get("port") == spec.port
+    if not here.port_free and not own_port:
         raise InputError(f"port {spec.port} on {spec.node} ({spec.host}) is taken by another "
                          "program: choose another with --port")
-    relays_ok = all(probes.get(r.node) and (probes[r.node].relays.get(r.server) or {}).get("alive")
-                    for r in spec.replicas)
-    if ours.get("fingerprint") == spec.fingerprint() and here.live and relays_ok:
+    same = gs.matches(ours, spec)
+    if same and here.live and all(_door_open(probes, r, spec.client) for r in spec.replicas):
         return "unchanged"
     _sync_relays(transports, spec, probes, note)
-    if ours.get("fingerprint") == spec.fingerprint() and here.live:
+    if same and here.live:
         return "relays"
     head = transports[spec.node]
     head.run(install_file_cmd(gs.CONFIG_FILE, 0o600), stdin=spec.config_text(), sudo=True,
@@ -102,17 +106,38 @@ def up(transports: dict[str, Transport], inventory: Inventory, spec: gs.GatewayS
              display=f"remove container {gs.CONTAINER}").check()
     note(f"gateway: starting LiteLLM {gs.LITELLM_VERSION} ({gs.IMAGE}) on {spec.node} "
          f"{spec.host}:{spec.port}")
-    head.run(gs.run_cmd(spec, inventory.cluster.name), sudo=True, timeout=1800,
-             display=f"docker run {gs.CONTAINER}").check()
-    _wait_live(head, spec, note)
-    record = json.dumps(spec.record(), indent=1, sort_keys=True) + "\n"
-    head.run(install_file_cmd(f"{gs.GATEWAY_RUN}/gateway.json", 0o644), stdin=record,
-             sudo=True, timeout=60, display="write gateway.json").check()
+    try:
+        head.run(gs.run_cmd(spec, inventory.cluster.name), sudo=True, timeout=1800,
+                 display=f"docker run {gs.CONTAINER}").check()
+        _wait_live(head, spec, note)
+    except BaseException:
+        # no gateway runs now: its config (the key) and record go too, so nothing is left
+        # that `gateway down` would have to find
+        head.run(gs.remove_container_cmd() + "; " + join(
+            ["rm", "-rf", "--", gs.GATEWAY_CONFIG_DIR, f"{gs.GATEWAY_RUN}/gateway.json"]),
+            sudo=True, timeout=120)
+        raise
+    write_record(head, spec.record())
     return "restarted" if ours else "started"
+
+
+def write_record(head: Transport, record: dict[str, Any]) -> None:
+    text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+    head.run(install_file_cmd(f"{gs.GATEWAY_RUN}/gateway.json", gs.RECORD_MODE), stdin=text,
+             sudo=True, timeout=60, display="write gateway.json (0600)").check()
+
+
+def _door_open(probes: dict[str, Probe], replica: gs.Replica, client: str) -> bool:
+    """The replica's relay runs, lets the gateway's node in and has its door open (a door left
+    closed, e.g. by an interrupted rolling relaunch, is not "unchanged")."""
+    relay = (probes[replica.node].relays.get(replica.server) or {}) if replica.node in probes else {}
+    return bool(relay.get("alive") and relay.get("accepting") and relay.get("allow") == [client])
 
 
 def _sync_relays(transports: dict[str, Transport], spec: gs.GatewaySpec,
                  probes: dict[str, Probe], note: Note) -> None:
+    """Every replica's relay running, letting in the gateway's node, with its door open; the
+    relays of servers no longer behind the gateway stopped."""
     wanted = {r.server for r in spec.replicas}
     for node, p in probes.items():
         for server in sorted(set(p.relays) - wanted):
@@ -120,10 +145,19 @@ def _sync_relays(transports: dict[str, Transport], spec: gs.GatewaySpec,
     for r in spec.replicas:
         if r.node not in transports:
             raise SparkctlError(f"cannot reach {r.node}, where replica {r.server} runs")
-        out = transports[r.node].run(gs.relay_start_cmd(r), sudo=True, timeout=30,
+        relay = (probes[r.node].relays.get(r.server) or {}) if r.node in probes else {}
+        if relay.get("alive") and relay.get("allow") != [spec.client]:
+            # started for another gateway node (or before relays checked their peer)
+            transports[r.node].run(gs.relay_signal_cmd(r.server, "TERM"), sudo=True, timeout=30)
+        elif relay.get("alive") and not relay.get("accepting"):
+            note(f"gateway: {r.server} on {r.node} was out of the rotation (its door closed, "
+                 "e.g. by an interrupted rolling relaunch): back in")
+            set_in_rotation(transports[r.node], r.server, True)
+        out = transports[r.node].run(gs.relay_start_cmd(r, spec.client), sudo=True, timeout=30,
                                      display=f"relay for {r.server} on {r.node}").check()
         if "started" in out.stdout:
-            note(f"gateway: {r.server} on {r.node} reachable at {r.address}:{r.port} (relay)")
+            note(f"gateway: {r.server} on {r.node} reachable at {r.address}:{r.port} (relay, "
+                 f"from {spec.client} only)")
 
 
 def _wait_live(head: Transport, spec: gs.GatewaySpec, note: Note) -> None:
@@ -206,10 +240,34 @@ def summary(cluster_facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     node, probe_doc = found
     state = probe_doc["state"]
     models: dict[str, dict[str, int]] = {}
+    out: list[str] = []
     for r in state.get("replicas") or []:
         relay = (probes.get(r["node"], {}).get("relays") or {}).get(r["server"]) or {}
         entry = models.setdefault(r["model"], {"replicas": 0, "in_rotation": 0})
         entry["replicas"] += 1
-        entry["in_rotation"] += int(bool(relay.get("alive") and relay.get("accepting")))
+        inside = bool(relay.get("alive") and relay.get("accepting"))
+        entry["in_rotation"] += int(inside)
+        if not inside:
+            out.append(str(r["server"]))
     return {"running": True, "node": node, "host": state.get("host"), "port": state.get("port"),
-            "key": bool(state.get("key")), "live": bool(probe_doc.get("live")), "models": models}
+            "key": bool(state.get("key")), "live": bool(probe_doc.get("live")), "models": models,
+            "out_of_rotation": out}
+
+
+def attach_to_status(result: dict[str, Any], facts: dict[str, dict[str, Any]]) -> None:
+    """`sparkctl status`: the gateway's summary, and a closed door as a problem (exit 1)."""
+    doc = result["gateway"] = summary(facts)
+    closed = problem(doc)
+    if closed and doc["node"] in result["nodes"]:
+        result["nodes"][doc["node"]]["problems"].append(closed)
+        result["ok"] = False
+
+
+def problem(doc: dict[str, Any]) -> str | None:
+    """What `status` says (and exits 1 for) when a replica behind the gateway takes no
+    requests: its door closed (a rolling relaunch under way or interrupted) or its relay gone."""
+    out = doc.get("out_of_rotation") or []
+    if not doc.get("running") or not out:
+        return None
+    return (f"gateway: {', '.join(out)} out of the rotation (door closed or relay gone): "
+            "`sparkctl gateway up` puts it back")
