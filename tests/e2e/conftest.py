@@ -162,10 +162,10 @@ def run_sparkctl(state: str, *args: str, timeout: float = 600,
                           text=True, timeout=timeout, env=env, cwd=REPO)
 
 
-# Modules that take minutes (reboots, several launches): handed out first under --dist loadfile,
-# which gives workers whole modules in collection order.
-LONGEST_FIRST = ("test_hostile.py", "test_servers.py", "test_advise.py", "test_gateway.py",
-                 "test_topologies.py", "test_vllm.py")
+# Modules that take minutes (the real vLLM, reboots, several launches): handed out first under
+# --dist loadfile, which gives workers whole modules in collection order.
+LONGEST_FIRST = ("test_vllm_real.py", "test_hostile.py", "test_servers.py", "test_advise.py",
+                 "test_gateway.py", "test_topologies.py", "test_vllm.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

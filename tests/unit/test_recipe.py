@@ -45,7 +45,8 @@ def inventory(nodes: int) -> Inventory:
 
 def test_builtins_are_the_mission_and_nvidias_single_node_recipes() -> None:
     assert builtin_names() == ["gpt-oss-120b", "gpt-oss-120b-gguf", "gpt-oss-120b-vllm",
-                               "lab-tiny-llama", "lab-tiny-llama-rpc", "llama-3.3-70b",
+                               "lab-tiny-llama", "lab-tiny-llama-rpc", "lab-tiny-llama-vllm",
+                               "lab-tiny-llama-vllm-pp2", "lab-tiny-llama-vllm-tp2", "llama-3.3-70b",
                                "minimax-m2.7", "minimax-m2.7-mp", "nemotron-3-ultra-tp4",
                                "qwen3-235b", "qwen3-235b-fp8-pp3", "qwen3-235b-gguf-rpc",
                                "qwen3-8b", "qwen3.5-397b-fp8-tp4", "qwen3.5-397b-int4-pp3",

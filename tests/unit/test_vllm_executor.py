@@ -64,7 +64,9 @@ def test_mp_serve_commands_carry_the_rendezvous_and_headless_on_the_other_ranks(
     worker = multinode.mp_spec_for(spec)(context(inv, "spark-b", facts))
     assert head is not None and worker is not None
     assert head.command == ["sleep", "infinity"]  # rank 0 is started in it by the serve phase
-    rank1 = worker.command[worker.command.index("sparkctl-rank") + 1:]
+    master = worker.command[worker.command.index("sparkctl-rank") + 1:][:2]
+    assert master == [HEAD_IP, "29501"]  # the loop's own: is rank 0 still there?
+    rank1 = worker.command[worker.command.index("sparkctl-rank") + 3:]
     assert rank1[:3] == ["vllm", "serve", recipe.model] and "--headless" in rank1
     assert rank1[rank1.index("--node-rank") + 1] == "1" and rank1[rank1.index("--nnodes") + 1] == "2"
     assert rank1[rank1.index("--master-addr") + 1] == HEAD_IP and "--port" not in rank1

@@ -34,9 +34,15 @@ if TYPE_CHECKING:
     from orchestrator.engines.vllm.serve import ServeSpec
 
 # A headless rank exits with rank 0; started again, it waits for the next rank 0 (`down` removes
-# the container, which ends the loop).
-REJOIN = ('while :; do "$@"; echo "sparkctl: headless rank ended ($?); rejoining in 2 s" >&2; '
-          "sleep 2; done")
+# the container, which ends the loop). A rank that ends while rank 0 still listens on its master
+# port died on its own (killed, out of memory): rank 0 cannot serve without it, yet the real vLLM
+# keeps answering /health 200 until the next request. Then the loop ends, and the container with
+# it, so status sees the server dead on this node at once (engines/servers.py attach_members).
+REJOIN = ('master=$1 port=$2; shift 2; while :; do "$@"; rc=$?; '
+          'if timeout 3 bash -c \': < /dev/tcp/$0/$1\' "$master" "$port" 2>/dev/null; then '
+          'echo "sparkctl: headless rank ended ($rc) while rank 0 runs ($master:$port): the '
+          'server lost this rank" >&2; exit "$rc"; fi; '
+          'echo "sparkctl: headless rank ended ($rc); rejoining in 2 s" >&2; sleep 2; done')
 
 
 def head_address_for(inventory: Inventory, node: Node, first: str | None = None) -> str:
@@ -72,9 +78,12 @@ def mp_spec(spec: ServeSpec, node: Node, roce: list[str], hf_cache: str, infinib
     if infiniband:
         flags += ["--device", f"{INFINIBAND}:{INFINIBAND}"]
     command = ["sleep", "infinity"] if head else [
-        "bash", "-c", REJOIN, "sparkctl-rank",
+        "bash", "-c", REJOIN, "sparkctl-rank", head_ip, str(spec.ports.master),
         *serve_argv(recipe, "", rank, head_ip, spec.ports.master)]
     env = ray.engine_env(inventory, node, roce, recipe)
+    if recipe.omp_threads_bind:  # each rank's own cores (vLLM on CPUs reads it; CUDA does not)
+        binds = recipe.omp_threads_bind
+        env["VLLM_CPU_OMP_THREADS_BIND"] = binds[rank % len(binds)]
     if not head:
         env["HF_HUB_OFFLINE"] = "1"  # the models are on every node already (models phase)
     return ContainerSpec(

@@ -71,6 +71,14 @@ class Recipe(BaseRecipe):
     multi-node: --nnodes/--node-rank/--master-addr/--master-port, --headless on the ranks > 0, no
     Ray) or `auto`: Ray where the image is known to ship it, else mp (engines/vllm/images.py).
     Forcing `ray` on an image without Ray is refused."""
+    omp_threads_bind: list[str] = Field(default_factory=list)
+    """Per rank, in rank order, the cores that rank's OpenMP threads run on, as vLLM's CPU
+    platform reads them (VLLM_CPU_OMP_THREADS_BIND in that rank's container: `0`, `0-3`, `auto`).
+    Empty (the default, right for a Spark): unset. vLLM's CUDA platform never reads it, and its
+    mp workers limit their own torch threads; it matters where vLLM runs on CPUs, as in the lab,
+    whose nodes share the host's cores: each rank gets its own (docs/engines.md). A list shorter
+    than the ranks repeats (rank R takes entry R modulo its length), so `advise` may try other
+    parallelisms of the same recipe."""
     master_port: int = Field(default=29501, ge=1024, le=65535)
     """vLLM's --master-port base with the mp executor: rank 0 listens on the first node's fabric
     address at this plus the server's offset (engines/vllm/ports.py; 29501 on API port 8000)

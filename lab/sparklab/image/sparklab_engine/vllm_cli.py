@@ -80,6 +80,9 @@ def _interrupt(*_: object) -> None:
 
 
 def main(argv: list[str]) -> int:
+    from .vllm_real import exec_if_real
+
+    exec_if_real(argv)  # a real model: the real vLLM 0.31.0 serves it (docs/lab.md)
     if argv[:1] in (["--version"], ["-v"]):
         print(VERSION)
         return 0
