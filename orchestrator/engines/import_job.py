@@ -38,9 +38,6 @@ class RecipeImporter(Protocol):
     """sparkrun `runtime:` values whose commands this engine runs."""
     programs: tuple[tuple[str, ...], ...]
     """How its serve commands start (`python` is read as `python3`, paths by their last part)."""
-    renamed: dict[str, list[str]]
-    """Flags of earlier releases the pinned one replaced, with what replaces them: carried over
-    as the replacement, with a note (a flag with no replacement is refused by the table)."""
 
     def table(self) -> OptionTable: ...
 

@@ -96,14 +96,13 @@ def import_recipe(path: Path, *, out: Path | None, user_dir: Path, name: str | N
     foreign = read(path)
     engine, importer, argv = pick_engine(foreign)
     table = importer.table()
-    argv, renamed = _rename(argv, importer.renamed, table.label)
     parsed = table.parse(argv)
     if parsed.problems:
         raise InputError(f"{path}: command: " + "; ".join(str(p) for p in parsed.problems))
     _refuse_unsupported(foreign)
     default_image = str(engine.recipe_type.model_fields["image"].default)
     job = ImportJob(foreign, parsed, default_image, weights_gb=weights_gb, image_override=image,
-                    notes=renamed)
+                    notes=[])
     recipe_name = name or _slug((out.stem if out else None) or foreign.path.stem)
     if not NAME.match(recipe_name):
         raise InputError(f"{path}: {recipe_name!r} cannot name a recipe: use --name with "
@@ -140,19 +139,6 @@ def import_recipe(path: Path, *, out: Path | None, user_dir: Path, name: str | N
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text)
     return Imported(recipe_name, engine.name, target, fields, job.notes, str(path))
-
-
-def _rename(argv: list[str], renamed: dict[str, list[str]], label: str) -> tuple[list[str], list[str]]:
-    """The words with each flag the pinned engine replaced written as its replacement."""
-    words: list[str] = []
-    notes: list[str] = []
-    for word in argv:
-        if word in renamed:
-            words += renamed[word]
-            notes.append(f"{word}: {label} replaced it, carried over as {' '.join(renamed[word])}")
-        else:
-            words.append(word)
-    return words, notes
 
 
 def _refuse_unsupported(foreign: ForeignRecipe) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.engines.llamacpp import options
+
 if TYPE_CHECKING:
     from orchestrator.engines.import_job import ImportJob
     from orchestrator.engines.optiontable import OptionTable
@@ -22,14 +24,9 @@ ALL_LAYERS = 999  # the recipe's default: more layers than any model has
 class LlamacppImporter:
     runtimes = frozenset({"llama-cpp"})
     programs = (("llama-server",),)
-    # none: the pinned build (b10456, docs/option-tables.md) still takes --mmap, --no-mmap,
-    # --mlock and --direct-io as they are (later builds folded them into `--load-mode`)
-    renamed: dict[str, list[str]] = {}
 
     def table(self) -> OptionTable:
-        from orchestrator.engines.llamacpp.options import table
-
-        result: OptionTable = table()
+        result: OptionTable = options.table()
         return result
 
     def convert(self, job: ImportJob) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.engines.sglang import options
+
 if TYPE_CHECKING:
     from orchestrator.engines.import_job import ImportJob
     from orchestrator.engines.optiontable import OptionTable
@@ -25,12 +27,9 @@ class SglangImporter:
     runtimes = frozenset({"sglang"})
     programs = (("python3", "-m", "sglang.launch_server"), ("sglang", "serve"))
 
-    renamed: dict[str, list[str]] = {}
 
     def table(self) -> OptionTable:
-        from orchestrator.engines.sglang.options import table
-
-        result: OptionTable = table()
+        result: OptionTable = options.table()
         return result
 
     def convert(self, job: ImportJob) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.engines.vllm import options
+
 if TYPE_CHECKING:
     from orchestrator.engines.import_job import ImportJob
     from orchestrator.engines.optiontable import OptionTable
@@ -21,12 +23,9 @@ class VllmImporter:
     runtimes = frozenset({"vllm", "vllm-distributed", "vllm-ray", "eugr-vllm"})
     programs = (("vllm", "serve"), ("python3", "-m", "vllm.entrypoints.openai.api_server"))
 
-    renamed: dict[str, list[str]] = {}
 
     def table(self) -> OptionTable:
-        from orchestrator.engines.vllm.options import table
-
-        result: OptionTable = table()
+        result: OptionTable = options.table()
         return result
 
     def convert(self, job: ImportJob) -> dict[str, Any]:
