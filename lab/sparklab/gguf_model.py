@@ -20,6 +20,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -174,19 +175,27 @@ GGUF's vocabulary.
 
 def publish(hub: Path, source: Path, shape: Shape = Shape()) -> Path:
     """The repo folder under `hub` (HUB_IN_NODE in the nodes), written when missing or stale."""
-    target = hub / REPO
-    digest = inputs_digest(source, shape)
-    marker = target / ".sparklab-inputs"
-    if marker.is_file() and marker.read_text().strip() == digest:
-        return target
-    vocab = _vocab(source)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-llama.", dir=target.parent))
-    try:
+    def write(staging: Path) -> None:
+        vocab = _vocab(source)
         write_gguf(staging / GGUF_FILE, vocab, shape)
         (staging / "tokenizer.json").write_text(json.dumps(tokenizer_json(vocab), ensure_ascii=False))
         (staging / "config.json").write_text(json.dumps(hf_config(vocab, shape), indent=2) + "\n")
         (staging / "README.md").write_text(README)
+
+    return publish_repo(hub / REPO, inputs_digest(source, shape), write)
+
+
+def publish_repo(target: Path, digest: str, write: Callable[[Path], None]) -> Path:
+    """TARGET as WRITE fills it, unless it already holds what DIGEST (its inputs' digest) says:
+    written into a staging folder beside it and renamed into place whole, so a node never sees
+    a half-written repo and an interrupted write leaves the old one."""
+    marker = target / ".sparklab-inputs"
+    if marker.is_file() and marker.read_text().strip() == digest:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write(staging)
         (staging / ".sparklab-inputs").write_text(digest + "\n")
         staging.chmod(0o755)
         if target.exists():

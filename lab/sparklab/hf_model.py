@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sparklab.gguf_model import CHAT_TEMPLATE, VOCAB, Shape, _vocab, tokenizer_json
+from sparklab.gguf_model import CHAT_TEMPLATE, VOCAB, Shape, _vocab, publish_repo, tokenizer_json
 
 REPO = "sparklab/tiny-llama"
 WEIGHTS = "model.safetensors"
@@ -108,26 +106,12 @@ def publish(hub: Path, source: Path, shape: Shape = DEFAULT_SHAPE) -> Path:
     """The repo folder under `hub`, written when missing or stale."""
     from safetensors.numpy import save_file
 
-    target = hub / REPO
-    digest = inputs_digest(source, shape)
-    marker = target / ".sparklab-inputs"
-    if marker.is_file() and marker.read_text().strip() == digest:
-        return target
-    vocab = _vocab(source)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-llama-hf.", dir=target.parent))
-    try:
+    def write(staging: Path) -> None:
+        vocab = _vocab(source)
         save_file(tensors(len(vocab["tokens"]), shape), str(staging / WEIGHTS),
                   metadata={"format": "pt"})
         (staging / WEIGHTS).chmod(0o644)  # safetensors writes 0600; the hub is read by anyone
         for name, text in repo_files(vocab, shape).items():
             (staging / name).write_text(text)
-        (staging / ".sparklab-inputs").write_text(digest + "\n")
-        staging.chmod(0o755)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
+
+    return publish_repo(hub / REPO, inputs_digest(source, shape), write)
