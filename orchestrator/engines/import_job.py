@@ -11,10 +11,13 @@ over is refused (InputError, exit 2) naming the file and the option or field.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 from orchestrator.errors import InputError
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from orchestrator.engines.foreign import ForeignRecipe
@@ -100,22 +103,10 @@ class ImportJob:
 
     def whole(self, flag: str) -> int | None:
         """An integer option's value (the last one given), None when absent."""
-        raw = self.value(flag)
-        if raw is None:
-            return None
-        try:
-            return int(raw)
-        except ValueError:
-            self.refuse(f"command: {flag} {raw!r} is not a whole number")
+        return self._read(flag, int, "a whole number")
 
     def port(self, flag: str = "--port") -> int | None:
-        raw = self.value(flag)
-        if raw is None:
-            return None
-        try:
-            return int(raw)
-        except ValueError:
-            self.refuse(f"command: {flag} {raw!r} is not a port number")
+        return self._read(flag, int, "a port number")
 
     def host(self, flag: str = "--host") -> None:
         """sparkctl binds servers to 127.0.0.1; a wider bind is `launch --host` with a key."""
@@ -126,13 +117,17 @@ class ImportJob:
                       "serves beyond the node, with a key)")
 
     def fraction(self, flag: str) -> float | None:
+        return self._read(flag, float, "a number")
+
+    def _read(self, flag: str, kind: Callable[[str], T], what: str) -> T | None:
+        """FLAG's value (the last one given) as KIND, None when absent; refused naming it."""
         raw = self.value(flag)
         if raw is None:
             return None
         try:
-            return float(raw)
+            return kind(raw)
         except ValueError:
-            self.refuse(f"command: {flag} {raw!r} is not a number")
+            self.refuse(f"command: {flag} {raw!r} is not {what}")
 
     def image(self) -> str:
         """The recipe's container, or the engine's default image in place of one built

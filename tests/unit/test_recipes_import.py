@@ -270,3 +270,11 @@ def test_llamacpp_flags_the_pinned_build_takes_are_carried_as_they_are(tmp_path:
     data = yaml.safe_load((user_dir() / "mmap-test.yml").read_text())
     assert data["serve_args"][-2:] == ["--no-mmap", "--mlock"]
     assert "--load-mode" not in result.output
+
+
+def test_a_value_that_is_not_a_number_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    text = (FIXTURES / "sparkrun-llamacpp-solo.yaml").read_text()
+    source = tmp_path / "bad-ctx.yaml"
+    source.write_text(text.replace("--ctx-size {ctx_size}", "--ctx-size lots"))
+    # the engine's own table types it first, as llama-server's parser would
+    assert "command: --ctx-size: 'lots' is not an integer in llama.cpp b10456" in refused(source)
