@@ -51,7 +51,9 @@ class Smoke(Step):
         self.spec = spec
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        body = {"model": self.spec.recipe.model, "max_tokens": 8,
+        from orchestrator.engines.serverctl import SMOKE_TOKENS
+
+        body = {"model": self.spec.recipe.model, "max_tokens": SMOKE_TOKENS,
                 "messages": [{"role": "user", "content": "Say hello."}]}
         command = probe_cmd(self.spec.recipe.port, self.spec.host, self.spec.key_file, body)
         result = ctx.transports[self.spec.first].run(command, sudo=True, timeout=360,

@@ -28,6 +28,11 @@ launcher wrote its pid), chat (one completion, for the smoke test)."""
 
 
 
+SMOKE_TOKENS = 2
+"""The smoke test's reply length: one real chat completion through the loaded model (template,
+prompt processing, sampling) proves it serves; more tokens add only decode time to every launch."""
+
+
 def pid_wrapper(pid_file: str, log: str) -> str:
     """The `bash -c` body that starts a server process (its argv in "$@") with its pid in
     PID_FILE and its output in LOG: what serverctl's status and stop read. Both paths are shell
@@ -66,7 +71,7 @@ def node_call(transport: Transport, container: str, timeout: float = 120, **args
 
 
 def smoke_test(head: Transport, container: str, model: str, port: int,
-               prompt: str = "Paris is great because", max_tokens: int = 32,
+               prompt: str = "Paris is great because", max_tokens: int = SMOKE_TOKENS,
                run: str | None = None) -> str:
     """One real chat completion on the serving node; returns a one-line summary. RUN: the
     server's own directory (its record says where it binds and its key), default RUN_DIR."""

@@ -23,11 +23,12 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import docker_cmd, quote
+from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.gateway import control as gateway
 from orchestrator.phases import gateway_spec as gs
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Inventory
+    from orchestrator.inventory import Inventory, Node
     from orchestrator.remote.transport import Transport
 
 DRAIN_SECONDS = 60
@@ -99,11 +100,43 @@ def _swap_config(head: Transport, spec: gs.GatewaySpec, salt: str) -> str:
     return str(json.loads(result.stdout)["fingerprint"])
 
 
-def after_change(session: Any, inventory: Inventory, note: gateway.Note) -> None:
+RECORD = f"{gs.GATEWAY_RUN}/gateway.json"
+"""The gateway's record on the node it runs on: where there is none, no gateway runs."""
+
+
+class GatewaySeen(Step):
+    """Which nodes hold a gateway record, from the facts a launch gathers anyway (one file
+    fact per node): with none, the launch ends without probing every node for a gateway."""
+
+    name = "gateway"
+    scope = "head"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        nodes = sorted(name for name, facts in ctx.cluster_facts.items()
+                       if ((facts.get("files") or {}).get(RECORD) or {}).get("exists"))
+        ctx.options.gateway_nodes = nodes
+        return Unchanged(f"a gateway's record on {', '.join(nodes)}: it follows the servers"
+                         if nodes else "no gateway runs: nothing to follow")
+
+
+def seen_phase() -> Phase:
+    """The launch's look for a gateway (its last phase): nothing in a launch writes a gateway
+    record (a gateway change takes the cluster lock), so the facts gathered up front serve."""
+    def facts(inventory: Inventory, node: Node) -> dict[str, Any]:
+        return {"files": {RECORD: False}}
+
+    return Phase("gateway-check", [GatewaySeen()], facts, stale_after=())
+
+
+def after_change(session: Any, inventory: Inventory, note: gateway.Note,
+                 seen: list[str] | None = None) -> None:
     """For launch and `down --server` (lock held): follow, and say what changed. A gateway
-    that cannot follow does not fail the launch or down that already succeeded."""
+    that cannot follow does not fail the launch or down that already succeeded. SEEN: the
+    nodes whose gateway record the run's facts showed (GatewaySeen; [] skips the probes)."""
     from orchestrator.errors import SparkctlError
 
+    if seen == []:
+        return  # no gateway record on any node: no gateway to follow
     try:
         outcome = follow(session.transports, inventory, note)
     except (SparkctlError, ValueError, KeyError, OSError) as exc:  # an odd answer from a node

@@ -238,7 +238,10 @@ def not_persistent_phase(server: str) -> Phase:
     from orchestrator.phases import persist_down
 
     step = persist_down.RemoveBootUnits(select=stale(server), name="stale-boot-units")
-    return Phase("persist", [step], lambda inv, node: persist_down.facts(inv))
+    # its step reads only the boot units, and no earlier phase of a launch writes one (stopping
+    # a server removes its containers and record, not its unit): the facts gathered up front
+    # stay valid through the serve phase's changes, so this costs no second round trip
+    return Phase("persist", [step], lambda inv, node: persist_down.facts(inv), stale_after=())
 
 
 # ---------------------------------------------------------------- the parts engines share
