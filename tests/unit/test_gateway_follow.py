@@ -144,3 +144,36 @@ def test_down_stops_relays_and_its_verify_names_any_left() -> None:
     assert gs.RELAY_PATTERN in verify and "gateway relay: pid" in verify
     names = [s.name for s in teardown.down_phase(make_inventory(), False, down_parts()).steps]
     assert names.index("gateway-relays") < names.index("files")  # before the pid files go
+
+
+def test_a_launch_probes_for_a_gateway_only_when_a_node_holds_its_record() -> None:
+    """The launch's gateway check reads the facts gathered up front (one file per node) and
+    the follow that ends a launch then costs no probe of every node when none holds a record."""
+    from types import SimpleNamespace
+
+    from orchestrator.core.executor import Executor
+    from orchestrator.core.progress import Progress
+    from orchestrator.core.report import Report
+    from orchestrator.core.step import Plan, RunOptions
+
+    inventory = make_inventory()
+
+    def seen(record_on: set[str]) -> list[str] | None:
+        ts = {n.name: FakeTransport(n.name, facts={"files": {gateway_follow.RECORD: {
+            "exists": n.name in record_on}}}) for n in inventory.nodes}
+        report, options = Report("launch"), RunOptions()
+        for name in ts:
+            report.host(name)
+        Executor(inventory, ts, options, report, Progress(quiet=True)).run(  # type: ignore[arg-type]
+            Plan("launch", [gateway_follow.seen_phase()]))
+        assert report.ok and all(len(t.calls) == 1 for t in ts.values())  # the facts alone
+        return options.gateway_nodes
+
+    assert seen(set()) == []
+    assert seen({"spark-b"}) == ["spark-b"]
+    probed = FakeTransport("spark-a").on('"dir"', stdout=json.dumps({"state": None, "relays": {}}))
+    session = SimpleNamespace(transports={"spark-a": probed})
+    gateway_follow.after_change(session, inventory, print, [])
+    assert probed.calls == []
+    gateway_follow.after_change(session, inventory, print, ["spark-a"])
+    assert any("gateway_probe" in c or '"dir"' in c for c in probed.commands)
