@@ -22,6 +22,7 @@ import click
 
 from orchestrator.cli import CONTEXT, run_command
 from orchestrator.cli.verbosity import verbosity_option
+from orchestrator.remote.gathered import NodeFacts
 
 if TYPE_CHECKING:
     from orchestrator.netcheck.cabling import NodeLinks
@@ -47,7 +48,7 @@ class Probed:
     nodes: list[NodeLinks]
     peers: list[dict[str, Any]]
     """node/peers.py's answer per node: which MACs answered on each fabric interface."""
-    facts: list[dict[str, Any]]
+    facts: list[NodeFacts]
     """The gatherer's answer per node: netplan files and links."""
 
     def reach(self) -> Reach:
@@ -105,8 +106,7 @@ def _probe(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
 
         fabric = [name for twins in PORTS.values() for name in twins]
 
-        def read(name: str, transport: Transport) -> tuple[NodeLinks, dict[str, Any],
-                                                           dict[str, Any]]:
+        def read(name: str, transport: Transport) -> tuple[NodeLinks, dict[str, Any], NodeFacts]:
             click.echo(f"  {by_name[name]}: ibdev2netdev, link-local peers, netplan", err=True)
             links = transport.run("ibdev2netdev", timeout=30).check()
             hostname = transport.run("hostname", timeout=30).check().stdout.strip()
@@ -127,7 +127,7 @@ def _probe(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
                            f"({str(exc).strip()[-200:]}); a network NVIDIA Sync or a hand "
                            "configured cannot be adopted without it: judging the cabling only",
                            err=True)
-                facts = {}
+                facts = NodeFacts(by_name[name])
             return (NodeLinks(by_name[name], hostname or by_name[name],
                               parse_ibdev2netdev(links.stdout),
                               management=where.stdout.strip() if where.ok else ""),
