@@ -17,6 +17,7 @@ from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.paths import SERVER_JSON
+from orchestrator.remote.facts import Request
 from orchestrator.remote.gathered import NodeFacts
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def running_from_output(output: str) -> dict[str, Any] | None:
 
 def guard_phase(recipe: Any, inventory: Inventory, replace: bool,
                 same_engine: list[Step] | None = None,
-                more_facts: dict[str, Any] | None = None) -> Phase:
+                more_facts: Request | None = None) -> Phase:
     """First phase of every launch, judged from facts (planning makes no remote call): another
     engine's server is refused unless --replace (then it is stopped here), and the engine's own
     guard steps judge a running server of the same engine."""
