@@ -294,8 +294,7 @@ class ImageDigest(Step):
         ids: dict[str, str | None] = {}
         for name, node_facts in sorted(ctx.cluster_facts.items()):
             pulled = ctx.shared.image_facts.get(name)
-            info = ImageInfo.of(pulled) if pulled else DockerImage(image).read(
-                node_facts, strict=False)
+            info = ImageInfo.of(pulled) if pulled else DockerImage(image).read(node_facts, strict=False)
             digests[name] = digest_of(info, image)
             ids[name] = (info.id or None) if info else None
         if any(d and d == ids.get(n) for n, d in digests.items()):
@@ -315,8 +314,7 @@ class ImageDigest(Step):
 
 
 def node_home(ctx: NodeContext) -> str:
-    home = ctx.facts.command("home")
-    return home.out.strip() if home else ""
+    return ctx.facts.output("home").strip()
 
 
 def node_hf_cache(ctx: NodeContext) -> str:
