@@ -113,7 +113,7 @@ class GatewaySeen(Step):
 
     def check(self, ctx: NodeContext) -> Outcome:
         nodes = sorted(name for name, facts in ctx.cluster_facts.items()
-                       if ((facts.get("files") or {}).get(RECORD) or {}).get("exists"))
+                       if (record := facts.file(RECORD)) is not None and record.exists)
         ctx.options.gateway_nodes = nodes
         return Unchanged(f"a gateway's record on {', '.join(nodes)}: it follows the servers"
                          if nodes else "no gateway runs: nothing to follow")

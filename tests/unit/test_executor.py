@@ -213,9 +213,9 @@ def test_a_phase_gathers_again_only_after_a_change_of_a_phase_it_names(run: Any)
                                Phase("persist", [Recorder("s1")], facts_request,
                                      stale_after=stale_after)])
 
-    _, journal = run(plan(()), {"spark-a": {"have": 1, "want": 2}})
+    _, journal = run(plan(()), {"spark-a": said(1, 2)})
     assert len([cmd for _, cmd in journal if cmd.startswith("python3 - ")]) == 1
-    _, journal = run(plan(("serve",)), {"spark-a": {"have": 1, "want": 2}})
+    _, journal = run(plan(("serve",)), {"spark-a": said(1, 2)})
     assert len([cmd for _, cmd in journal if cmd.startswith("python3 - ")]) == 2
 
 
