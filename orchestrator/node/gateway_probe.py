@@ -74,11 +74,13 @@ def live(host, port):
         return False
 
 
-def router_workers(host, port):
+def router_workers():
+    """The router's own worker list, asked at the address and with the key of its config."""
     try:
         with open(a["config"]) as handle:
-            key = json.load(handle).get("api_key")
-        listed = json.loads(ask(host, port, "/workers", key)[1]).get("workers") or []
+            config = json.load(handle)
+        answer = ask(config["host"], config["port"], "/workers", config.get("api_key"))
+        listed = json.loads(answer[1]).get("workers") or []
     except Exception:
         return None
     return {w["url"]: {"healthy": bool(w.get("is_healthy")), "load": w.get("load", 0)}
@@ -99,6 +101,6 @@ out = {"state": state, "relays": relays,
        "port_free": error != errno.EADDRINUSE if a.get("port") else None,
        "address_missing": error == errno.EADDRNOTAVAIL,
        "live": bool(a.get("liveliness") and port and live(a.get("host") or mine.get("host"), port))}
-if out["live"] and state and a.get("config"):
-    out["workers"] = router_workers(mine.get("host"), mine.get("port"))
+if out["live"] and a.get("config") and os.path.exists(a["config"]):
+    out["workers"] = router_workers()
 print(json.dumps(out, sort_keys=True))
