@@ -41,7 +41,8 @@ def _locked(session: Any, inventory: Any, command: str, break_lock: bool) -> Ite
 
 def read_key_file(path: str) -> Any:
     """The master key from FILE: a regular file only its owner can read, one line of printable
-    ASCII starting with sk- (sparkctl's rule for the gateway's key). Never echoed; registered for redaction."""
+    ASCII starting with sk- (sparkctl's rule for the gateway's key). Never echoed; registered
+    for redaction."""
     from orchestrator.commands import Secret
     from orchestrator.errors import InputError
     from orchestrator.state import register_secret

@@ -8,7 +8,7 @@ The master key never leaves the node: it is read from the config here. A replica
 on stdin (from sparkctl, which read it from the replica's node) and goes only into the config
 (0600) and the router's `POST /workers` body on loopback. A worker whose key changed (a key
 rotation) is removed and added again. Prints {"added", "removed": URLs, "workers": [{"url",
-"healthy", "load"}], "fingerprint": when "workers" was given}. Standard library only.
+"healthy", "load"}], "fingerprint": when "workers" was given, else null}. Standard library only.
 """
 import hashlib
 import json
@@ -40,7 +40,8 @@ def listed():
 
 
 old_keys = {w["url"]: w.get("api_key") for w in config.get("workers") or []}
-out = {"added": [], "removed": []}
+added, removed = [], []
+fingerprint = None
 if a.get("workers") is not None:
     config["workers"] = a["workers"]
     text = json.dumps(config, indent=1, sort_keys=True) + "\n"
@@ -49,7 +50,7 @@ if a.get("workers") is not None:
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
     os.replace(temporary, a["config"])
-    out["fingerprint"] = hashlib.pbkdf2_hmac(
+    fingerprint = hashlib.pbkdf2_hmac(
         "sha256", (text + json.dumps(a["extra"])).encode(), a["salt"].encode(),
         int(a["rounds"])).hex()
     rotated = {w["url"] for w in a["workers"] if old_keys.get(w["url"], w.get("api_key"))
@@ -62,11 +63,11 @@ now = listed()
 for url, worker in now.items():
     if url not in wanted or url in rotated:
         call("DELETE", "/workers/" + worker["id"])
-        out["removed"].append(url)
+        removed.append(url)
 for url, worker in wanted.items():
     if url not in now or url in rotated:
         call("POST", "/workers", worker)
-        out["added"].append(url)
+        added.append(url)
 deadline = time.monotonic() + float(a.get("wait") or 0)
 while True:
     now = listed()
@@ -75,6 +76,7 @@ while True:
     if done or time.monotonic() >= deadline:
         break
     time.sleep(0.2)
-out["workers"] = [{"url": url, "healthy": bool(w.get("is_healthy")), "load": w.get("load", 0)}
-                  for url, w in sorted(now.items())]
+workers = [{"url": url, "healthy": bool(w.get("is_healthy")), "load": w.get("load", 0)}
+           for url, w in sorted(now.items())]
+out = {"added": added, "removed": removed, "workers": workers, "fingerprint": fingerprint}
 print(json.dumps(out, sort_keys=True))

@@ -56,8 +56,8 @@ try:
         if not os.path.isfile(wheel):
             fail("could not download %s (%s): %s" % (name, a["requirement"],
                                                      (pip.stderr or pip.stdout).strip()[-600:]))
-    with open(wheel, "rb") as handle:
-        got = hashlib.sha256(handle.read()).hexdigest()
+    with open(wheel, "rb") as data:
+        got = hashlib.sha256(data.read()).hexdigest()
     if got != digest:
         fail("%s has sha256 %s, not the pinned %s: refused" % (wheel, got, digest))
     os.makedirs(os.path.dirname(a["tree"]), mode=0o755, exist_ok=True)

@@ -1,7 +1,8 @@
 """The gateway on the simulated lab: the REAL SGLang Model Gateway (PyPI sglang-router, its
-pinned wheel unpacked by `gateway up`) in front of one SGLang replica per node. Bad input refused before any change; `gateway up
---host 0.0.0.0 --api-key-file K` serving /v1/models and chat completions from the controller
-with the key (completions 401 without); a second `up` changing nothing; requests at concurrency 4 through
+pinned wheel unpacked by `gateway up`) in front of one SGLang replica per node. Bad input
+refused before any change; `gateway up --host 0.0.0.0 --api-key-file K` serving /v1/models and
+chat completions from the controller with the key (completions 401 without); a second `up`
+changing nothing; requests at concurrency 4 through
 a `launch --rolling` with a changed config (none fails, both replicas replaced); a replica's
 container killed (requests still succeed 10 s later); the key in no argv, log, JSON output or
 `docker inspect`; `gateway down` removing it all.

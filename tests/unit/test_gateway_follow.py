@@ -18,7 +18,6 @@ from orchestrator.commands import Secret
 from orchestrator.engines.serverctl import down_parts
 from orchestrator.gateway import control as gateway
 from orchestrator.gateway import follow as gateway_follow
-from orchestrator.node import script
 from orchestrator.phases import gateway_down, teardown
 from orchestrator.phases import gateway_spec as gs
 

@@ -49,19 +49,19 @@ class FakeRouter:
                 outer.calls.append((self.command, self.path,
                                     self.headers.get("Authorization"), body))
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 self.note()
                 listed = [{"id": i, "url": w["url"], "is_healthy": True, "load": 0}
                           for i, w in outer.workers.items()]
                 self.answer(200, {"workers": listed} if self.path == "/workers" else {})
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 self.note(body)
                 outer.workers[f"id-{len(outer.calls)}"] = body
                 self.answer(202, {"status": "accepted"})
 
-            def do_DELETE(self) -> None:  # noqa: N802
+            def do_DELETE(self) -> None:
                 self.note()
                 outer.workers.pop(self.path.rsplit("/", 1)[1], None)
                 self.answer(202, {"status": "accepted"})
