@@ -248,3 +248,29 @@ def test_the_pins_name_the_wheels_of_the_version() -> None:
     for machine, (name, digest) in gs.WHEELS.items():
         assert name.startswith(f"sglang_router-{gs.ROUTER_VERSION}-") and machine in name
         assert len(digest) == 64 and int(digest, 16) >= 0
+
+
+def test_a_leaving_replica_is_deleted_from_the_router_before_its_relay_drains() -> None:
+    """`down --server b` and a rolling relaunch: `DELETE /workers/ID` through the router's
+    node (found by its record) first, then the relay's door closes and its requests drain."""
+    from conftest import FakeTransport, make_inventory
+
+    from orchestrator.gateway import control as gateway
+    from orchestrator.phases import gateway_relays
+
+    spec = gateway.desired(make_inventory(), "spark-a", "127.0.0.1", 4000, None, [
+        {"name": n, "node": node, "model": "m", "port": 30000, "alive": True}
+        for n, node in (("a", "spark-a"), ("b", "spark-b"))])
+    head, other = FakeTransport("spark-a"), FakeTransport("spark-b")
+    head.on('"dir"', stdout=json.dumps({"state": spec.record(), "relays": {}}))
+    order: list[str] = []
+    head.on("old_keys", answer=lambda _c: order.append("router") or {"added": [], "workers": []})
+    drained = {"alive": True, "accepting": False, "busy": 0}
+    other.on("kill -USR1", answer=lambda _c: order.append("door") or {})
+    other.on('"dir"', stdout=json.dumps({"state": None, "relays": {"b": drained}}))
+    ts = {"spark-a": head, "spark-b": other}
+    assert gateway_relays.drain(other, "b", 5, print, ts)  # type: ignore[arg-type]
+    (delete,) = [c for c in head.calls if "old_keys" in c.command]
+    request = json.loads(str(delete.stdin))
+    assert request["remove"] == ["http://192.168.200.13:30000"] and request["workers"] is None
+    assert order == ["router", "door"]  # out of the router first, then the relay's door
