@@ -128,7 +128,8 @@ def up(transports: dict[str, Transport], inventory: Inventory, spec: gs.GatewayS
     head.run(install_file_cmd(gs.CONFIG_FILE, 0o600), stdin=spec.config_text(), sudo=True,
              timeout=60, display=f"write {gs.CONFIG_FILE} (0600; holds the keys)").check()
     head.run(f"chmod 700 {quote(gs.GATEWAY_CONFIG_DIR)}", sudo=True, timeout=30).check()
-    head.run(gs.stop_router_cmd(), sudo=True, timeout=60, display="stop the router").check()
+    head.run(gs.stop_router_cmd() + "; " + gs.remove_legacy_cmd(), sudo=True, timeout=120,
+             display="stop the router (and an older sparkctl's LiteLLM container)").check()
     note(f"gateway: starting {gs.ROUTER} on {spec.node} {spec.host}:{spec.port}")
     try:
         head.run(gs.start_cmd(), sudo=True, timeout=60, display="start the router").check()
@@ -242,7 +243,7 @@ def down(transports: dict[str, Transport]) -> list[str]:
     for node, p in sorted(probes.items()):
         commands = [gs.relay_signal_cmd(server, "TERM") for server in sorted(p.relays)]
         if p.state:
-            commands += [gs.stop_router_cmd(),
+            commands += [gs.stop_router_cmd(), gs.remove_legacy_cmd(),
                          join(["rm", "-rf", "--", gs.GATEWAY_CONFIG_DIR,
                                f"{gs.GATEWAY_RUN}/gateway.json", gs.ROUTER_LOG])]
             done.append(f"gateway on {node} removed")

@@ -23,7 +23,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.commands import Secret, join, quote
+from orchestrator.commands import Secret, docker_cmd, join, quote
 from orchestrator.paths import CONFIG_DIR, RUN_DIR
 
 ROUTER_VERSION = "0.3.2"
@@ -205,6 +205,15 @@ def stop_router_cmd() -> str:
     return (f"if {alive}; then kill -TERM $(cat {pid}) 2>/dev/null; for i in $(seq 50); do "
             f"{alive} || break; sleep 0.1; done; {alive} && kill -KILL $(cat {pid}); fi; "
             f"rm -f {pid}; true")
+
+
+LEGACY_CONTAINER = "sparkctl-gateway"
+"""The LiteLLM container an sparkctl before issue 40 ran the gateway in: removed when the router
+takes its place (it would hold the port)."""
+
+
+def remove_legacy_cmd() -> str:
+    return docker_cmd("rm", "-f", LEGACY_CONTAINER) + " >/dev/null 2>&1 || true"
 
 
 def workers_cmd() -> str:
