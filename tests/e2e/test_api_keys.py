@@ -148,8 +148,9 @@ def test_the_key_is_nowhere_but_its_files(served: Served) -> None:
 
 
 def test_the_gateway_sends_a_replicas_key_to_it(served: Served) -> None:
-    """A replica on its node's loopback with its own key: LiteLLM gets that key from the
-    gateway's 0600 config and its requests pass; the fabric-bound servers are no replicas."""
+    """A replica on its node's loopback with its own key: the router gets that key from the
+    gateway's 0600 config (in its `POST /workers`) and its requests pass; the fabric-bound
+    servers are no replicas."""
     lab, secret, _, key = served
     node = lab.nodes[1]
     launch = sparkctl("launch", "qwen3-8b", *inv(lab), "--nodes", node, "--name", "keyed-loop",
