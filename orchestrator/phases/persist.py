@@ -31,6 +31,7 @@ from typing import Any
 from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.inventory import Inventory, Node
+from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases.boot_units import (
     BOOT_LOG_DIR,
@@ -244,9 +245,7 @@ def not_persistent_phase(server: str) -> Phase:
 # ---------------------------------------------------------------- the parts engines share
 def tcp_cmd(host: str, port: int) -> str:
     """A shell condition: something accepts TCP connections at host:port."""
-    probe = ("import socket,sys; s=socket.socket(); s.settimeout(3); "
-             "sys.exit(s.connect_ex((sys.argv[1], int(sys.argv[2]))))")
-    return join(["python3", "-c", probe, host, str(port)])
+    return join(["python3", "-c", script("tcp_open.py"), host, str(port)])
 
 
 def running_cmd(container: str) -> str:
