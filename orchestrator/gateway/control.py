@@ -14,6 +14,7 @@ from orchestrator.commands import install_file_cmd, join, quote
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.phases import gateway_spec as gs
 from orchestrator.phases.gateway_relays import Note, Probe, drain, probe, set_in_rotation
+from orchestrator.remote.container import ContainerCommands, ContainerTransport
 
 __all__ = ["Note", "Probe", "drain", "probe", "set_in_rotation"]  # where rolling and status look
 
@@ -166,12 +167,11 @@ def _wait_live(head: Transport, spec: gs.GatewaySpec, note: Note) -> None:
         p = probe(head, spec.host, spec.port, liveliness=True)
         if p.live:
             return
-        state = head.run(join(["docker", "inspect", "-f", "{{.State.Running}}", gs.CONTAINER]),
-                         sudo=True, timeout=60)
+        state = head.run(ContainerCommands(gs.CONTAINER).running_cmd(), sudo=True, timeout=60)
         if state.ok and state.stdout.strip() == "false":
             break
         time.sleep(1.0)
-    logs = head.run(f"docker logs --tail 30 {gs.CONTAINER} 2>&1", sudo=True, timeout=60).stdout
+    logs = ContainerTransport(head, gs.CONTAINER).logs(30, sudo=True, timeout=60)
     head.run(gs.remove_container_cmd(), sudo=True, timeout=120)
     raise SparkctlError(f"the gateway on {spec.node} did not answer on {spec.host}:{spec.port} "
                         f"within {LIVE_TIMEOUT:.0f} s; its log ends:\n{logs.strip()[-2000:]}")

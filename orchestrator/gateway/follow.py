@@ -22,9 +22,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands import docker_cmd, quote
+from orchestrator.commands import quote
 from orchestrator.gateway import control as gateway
 from orchestrator.phases import gateway_spec as gs
+from orchestrator.remote.container import ContainerCommands
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
@@ -79,9 +80,10 @@ def follow(transports: dict[str, Transport], inventory: Inventory, note: gateway
              "only with a database)")
         salt = gs.new_salt()
         fingerprint = _swap_config(head, spec, salt)
-        head.run(docker_cmd("stop", "-t", DRAIN_SECONDS, gs.CONTAINER) + " >/dev/null 2>&1; true",
+        litellm = ContainerCommands(gs.CONTAINER)
+        head.run(litellm.stop_cmd(DRAIN_SECONDS) + " >/dev/null 2>&1; true",
                  sudo=True, timeout=DRAIN_SECONDS + 60, display="stop the gateway (graceful)")
-        head.run(docker_cmd("start", gs.CONTAINER), sudo=True, timeout=120,
+        head.run(litellm.start_cmd(), sudo=True, timeout=120,
                  display=f"start {gs.CONTAINER}").check()
         gateway._wait_live(head, spec, note)
     gateway.write_record(head, {**spec.record(salt or None), "key": bool(state.get("key")),

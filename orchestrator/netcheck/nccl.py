@@ -17,10 +17,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.commands import docker_exec_cmd, join
+from orchestrator.commands import join
 from orchestrator.inventory import Inventory
 from orchestrator.netcheck.results import CheckResult, _link
 from orchestrator.phases.nccl_env import fabric_variable_names, min_nccl_busbw
+from orchestrator.remote.container import ContainerCommands
 
 BINARY = "all_gather_perf"
 SEARCH_PATHS = ("/workspace/nccl-tests/build", "/opt/nccl-tests/build", "/root/nccl-tests/build")
@@ -56,7 +57,7 @@ def all_gather_cmd(inventory: Inventory) -> str:
     mpirun = mpirun.replace("'$bin'", '"$bin"')
     script = (f"bin=$(command -v {BINARY} || ls {search} 2>/dev/null | head -n 1); "
               f"if [ -z \"$bin\" ]; then echo '{NOT_FOUND}' >&2; exit 127; fi; exec {mpirun}")
-    return docker_exec_cmd(inventory.container.name, ["bash", "-c", script])
+    return ContainerCommands(inventory.container.name).exec_cmd(["bash", "-c", script])
 
 
 # ---------------------------------------------------------------- parsing

@@ -41,6 +41,7 @@ from orchestrator.phases.boot_units import (
     unit_path,
 )
 from orchestrator.phases.files import FileSpec, ManagedFiles, files_request
+from orchestrator.remote.container import ContainerCommands
 
 
 @dataclass(frozen=True)
@@ -249,5 +250,4 @@ def tcp_cmd(host: str, port: int) -> str:
 
 
 def running_cmd(container: str) -> str:
-    return (f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {quote(container)} 2>/dev/null)\" "
-            "= true ]")
+    return ContainerCommands(container).is_running_cmd()

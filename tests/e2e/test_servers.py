@@ -144,9 +144,10 @@ def start_the_previous_way(lab: Lab, node: str) -> None:
     """gpt-oss-120b as the previous version started it: its record RUN_DIR/server.json (no name,
     no engine, no nodes), mpirun's and the rank's pid files and logs directly in RUN_DIR, the
     cluster's hostfile (head first)."""
-    from orchestrator.commands import docker_exec_cmd, quote
+    from orchestrator.commands import quote
     from orchestrator.engines import load_recipe
     from orchestrator.engines.trtllm.serve import render_llm_api_config, serve_argv, server_dir
+    from orchestrator.remote.container import ContainerCommands
 
     run = "/var/lib/sparkctl/run"
     recipe = load_recipe("gpt-oss-120b")
@@ -157,9 +158,8 @@ def start_the_previous_way(lab: Lab, node: str) -> None:
     record = {"recipe": recipe.name, "model": recipe.model, "port": recipe.port,
               "tp_size": 1, "config_hash": "previous", "host": "127.0.0.1"}
     lab.exec(node, f"printf '%s' {quote(json.dumps(record))} > {run}/server.json")
-    lab.exec(node, docker_exec_cmd("trtllm-multinode", ["bash", "-c", wrapper, "sparkctl-server",
-                                                        *argv], env={"HF_HUB_OFFLINE": "1"},
-                                   detach=True))
+    lab.exec(node, ContainerCommands("trtllm-multinode").exec_cmd(
+        ["bash", "-c", wrapper, "sparkctl-server", *argv], env={"HF_HUB_OFFLINE": "1"}, detach=True))
 
 
 def test_a_server_of_the_previous_version_is_seen_and_replaced_by_one_per_server(two: Lab) -> None:
