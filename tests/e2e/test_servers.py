@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import Lab, healthy_lab, run_sparkctl
+from conftest import Lab, Sparkctl, fresh_up
 
 pytestmark = pytest.mark.lab
 
@@ -27,8 +27,7 @@ SENTINEL = "hf_SENTINELserversToken5120"
 SGLANG = "sparkctl-sglang-qwen3.6-27b"
 
 
-def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return run_sparkctl("servers", *args, timeout=timeout, token=SENTINEL)
+sparkctl = Sparkctl("servers", token=SENTINEL)
 
 
 def inv(lab: Lab) -> list[str]:
@@ -89,10 +88,8 @@ def wait_stopped(lab: Lab, node: str, container: str, seconds: float = 60) -> bo
 
 @pytest.fixture(scope="module")
 def two(lab_session: list[Lab]) -> Iterator[Lab]:
-    lab = healthy_lab(lab_session)
-    sparkctl("down", *inv(lab), "--yes")  # start from no server at all
-    up = sparkctl("up", *inv(lab), "--yes")
-    assert up.returncode == 0, up.stdout + up.stderr
+    # start from no server at all
+    lab = fresh_up(lab_session, sparkctl)
     head, other = lab.nodes
     launch(lab, "gpt-oss-120b", "--nodes", head)
     launch(lab, "qwen3.6-27b", "--nodes", other)
