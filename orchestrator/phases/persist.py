@@ -234,6 +234,12 @@ def phase(spec: PersistSpec) -> Phase:
     return Phase("persist", [ManagedFiles("boot-files", render(spec)), EnableUnit(spec)], facts)
 
 
+def persistence_phase(server: str, persist: bool, persistent: Callable[[], Phase]) -> Phase:
+    """The last phase of every engine's launch: with --persist the engine's own (PERSISTENT
+    makes it), else the one that takes a stale boot unit of SERVER away."""
+    return persistent() if persist else not_persistent_phase(server)
+
+
 def not_persistent_phase(server: str) -> Phase:
     """A launch without --persist: the server's own boot unit, left by an earlier launch with
     --persist, goes (see `stale`)."""

@@ -5,6 +5,7 @@ is written. Commands are checked word by word (shlex), run through a recording t
 from __future__ import annotations
 
 import ast
+import itertools
 import os
 import re
 import shlex
@@ -129,7 +130,7 @@ def docker_execs_in(path: Path) -> list[int]:
             lines.add(node.lineno)
         elif isinstance(node, (ast.List, ast.Tuple)):
             words = [e.value for e in node.elts if isinstance(e, ast.Constant)]
-            if any(a == "docker" and b in ("exec", "logs") for a, b in zip(words, words[1:])):
+            if any(a == "docker" and b in ("exec", "logs") for a, b in itertools.pairwise(words)):
                 lines.add(node.lineno)
         elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "docker_cmd" and (
                 node.args and isinstance(node.args[0], ast.Constant)
