@@ -155,9 +155,8 @@ def run_container_cmd(spec: ContainerSpec, args: list[str], user: str, hf_cache:
     A container that exits meanwhile fails at once with the tail of its log; so does one whose
     readiness condition does not hold within its deadline.
     """
-    name = spec.name
+    name, inside = spec.name, ContainerCommands(spec.name)
     too_slow = f"{spec.ready_what} within {spec.ready_deadline}s; its log:"
-    inside = ContainerCommands(name)
     logs = f"{inside.logs_cmd('30')} 2>&1 | sed 's/^/  | /' >&2"
     steps = [f"install -d -m 0755 {quote(d)}" for d in spec.dirs]
     steps.append(f"runuser -u {quote(user)} -- mkdir -p -- {quote(hf_cache)}")
@@ -174,8 +173,7 @@ def run_container_cmd(spec: ContainerSpec, args: list[str], user: str, hf_cache:
         f"if {ready}; then exit 0; fi; "
         f"i=$((i+1)); if [ $i -ge {spec.ready_deadline * 2} ]; then "
         f"echo {quote(too_slow)} >&2; "
-        f"{logs}; exit 4; fi; sleep 0.5; done"
-    )
+        f"{logs}; exit 4; fi; sleep 0.5; done")
     return " && ".join(steps) + " && { " + wait + "; }"
 
 

@@ -84,8 +84,7 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
 
 
 RECORD_CONTAINER = script("record_container.py")
-RECORDED = ContainerCommands("$c")
-"""The container the server record names, as record_container_cmd's shell variable."""
+RECORDED = ContainerCommands("$c")  # the server record's container: record_container_cmd's $c
 
 
 def record_container_cmd(inventory: Inventory, command: str, engine: str = "") -> str:
@@ -128,8 +127,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
         from orchestrator.status.memory import attach_metrics
 
         def run_on(node: str, command: str, sudo: bool = False) -> tuple[int, str]:
-            done = session.transports[node].run(command, sudo=sudo, timeout=15,
-                                                display="GET /metrics")
+            done = session.transports[node].run(command, sudo=sudo, timeout=15, display="GET /metrics")
             return done.exit_status, done.stdout
 
         attach_metrics([s for s in result["servers"] if s.get("node") in session.transports], run_on)
