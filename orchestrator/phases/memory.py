@@ -254,7 +254,7 @@ class StartGuard(Step):
         inside.run(["sh", "-c", stop_guard_cmd(self.spec.run_dir)], timeout=60,
                    display=f"stop the earlier memory guard in {container}").check()
         ctx.run(change.commands[0], timeout=60,
-                display=inside.shown("-d python3 -c <sparkctl memguard>")).check()
+                display=inside.shown("python3 -c <sparkctl memguard>", detach=True)).check()
         return f"memory guard started (stops the server below {guard:g} GB available)"
 
 

@@ -58,9 +58,9 @@ class ContainerCommands:
         """A shell condition: the container exists and runs."""
         return f"[ \"$({self.running_cmd()} 2>/dev/null)\" = true ]"
 
-    def shown(self, what: str) -> str:
-        """`docker exec NAME WHAT`: how the run log shows an exec whose words are too long."""
-        return f"docker exec {self.name} {what}"
+    def shown(self, what: str, detach: bool = False) -> str:
+        """`docker exec [-d] NAME WHAT`: how the run log shows an exec whose words are too long."""
+        return f"docker exec {'-d ' if detach else ''}{self.name} {what}"
 
     def remove_cmd(self) -> str:
         return docker_cmd("rm", "-f", self.name)
@@ -91,9 +91,9 @@ class ContainerTransport:
     def name(self) -> str:
         return self.container.name
 
-    def shown(self, what: str) -> str:
+    def shown(self, what: str, detach: bool = False) -> str:
         """How the run log shows a command whose program is too long to print."""
-        return self.container.shown(what)
+        return self.container.shown(what, detach)
 
     def run(self, argv: Iterable[Any], *, stdin: bytes | str | None = None, sudo: bool = False,
             timeout: float | None = None, display: str | None = None,

@@ -55,6 +55,7 @@ def test_logs_inspect_and_lifecycle_commands() -> None:
     assert box.remove_cmd() == "docker rm -f c1" and box.start_cmd() == "docker start c1"
     assert box.stop_cmd(10) == "docker stop -t 10 c1"
     assert box.shown("python3 -c <probe>") == "docker exec c1 python3 -c <probe>"
+    assert box.shown("vllm serve m", detach=True) == "docker exec -d c1 vllm serve m"
 
 
 def test_run_hands_the_command_and_its_options_to_the_node_transport() -> None:

@@ -159,7 +159,7 @@ class StartServer(Step):
         spec = self.spec
         first = ctx.transports[spec.first]
         display = ContainerCommands(spec.container).shown(
-            f"-d mpirun ... trtllm-serve {spec.recipe.model} on {spec.first}")
+            f"mpirun ... trtllm-serve {spec.recipe.model} on {spec.first}", detach=True)
         first.run(change.commands[0], timeout=60, display=display).check()
         answer = node_call(first, spec.container, action="started", run=spec.run_dir, main=MAIN,
                            server=spec.record())

@@ -165,9 +165,8 @@ class StartServer(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         spec = self.spec
-        ctx.run(change.commands[0], timeout=60,
-                display=ContainerCommands(spec.container).shown(f"-d vllm serve {spec.recipe.model}")
-                ).check()
+        shown = ContainerCommands(spec.container).shown(f"vllm serve {spec.recipe.model}", detach=True)
+        ctx.run(change.commands[0], timeout=60, display=shown).check()
         answer = node_call(ctx.transport, spec.container, action="started",  # type: ignore[arg-type]
                            server=spec.record(), main=MAIN, ours=OURS, run=spec.directory)
         if not answer.get("alive"):
