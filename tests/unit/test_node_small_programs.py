@@ -23,6 +23,7 @@ from orchestrator.engines.vllm import images
 from orchestrator.node import image_record
 from orchestrator.phases import image_records
 from orchestrator.phases.persist import tcp_cmd
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.status.memory import metrics_cmd, server_metrics
 
 IMAGE, IMAGE_ID = "example.org/engine:1.0", "sha256:" + "ab" * 32
@@ -64,7 +65,7 @@ def test_the_open_mpi_record_is_parsed_stored_and_printed_by_the_node_program(
     assert Path(mpi_env.record_path(IMAGE)).parent == record_dir
     assert (tmp_path / "argv").read_text().split() == ["run", "--rm", "--network", "none", IMAGE,
                                                        "mpirun", "--version"]
-    facts = {"commands": {mpi_env.FACT_KEY: {"out": ran.stdout}}}
+    facts = NodeFacts.parse({"commands": {mpi_env.FACT_KEY: {"rc": 0, "out": ran.stdout}}})
     assert mpi_env.recorded(facts, IMAGE_ID) == record
 
 
@@ -89,7 +90,7 @@ def test_the_ray_record_says_which_ray_or_none(tmp_path: Path, record_dir: Path,
     assert ran.returncode == 0, ran.stderr
     record = json.loads(ran.stdout)
     assert record["ray"] == ray and record["image_id"] == IMAGE_ID
-    facts = {"commands": {images.FACT_KEY: {"out": ran.stdout}}}
+    facts = NodeFacts.parse({"commands": {images.FACT_KEY: {"rc": 0, "out": ran.stdout}}})
     assert images.recorded(facts, IMAGE_ID) == record
     assert images.recorded(facts, "sha256:other") is None
 
