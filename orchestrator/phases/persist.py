@@ -31,6 +31,7 @@ from typing import Any
 from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.inventory import Inventory, Node
+from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases.boot_units import (
     BOOT_LOG_DIR,
@@ -40,6 +41,7 @@ from orchestrator.phases.boot_units import (
     unit_path,
 )
 from orchestrator.phases.files import FileSpec, ManagedFiles, files_request
+from orchestrator.remote.container import ContainerCommands
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,12 @@ def phase(spec: PersistSpec) -> Phase:
     return Phase("persist", [ManagedFiles("boot-files", render(spec)), EnableUnit(spec)], facts)
 
 
+def persistence_phase(server: str, persist: bool, persistent: Callable[[], Phase]) -> Phase:
+    """The last phase of every engine's launch: with --persist the engine's own (PERSISTENT
+    makes it), else the one that takes a stale boot unit of SERVER away."""
+    return persistent() if persist else not_persistent_phase(server)
+
+
 def not_persistent_phase(server: str) -> Phase:
     """A launch without --persist: the server's own boot unit, left by an earlier launch with
     --persist, goes (see `stale`)."""
@@ -247,11 +255,8 @@ def not_persistent_phase(server: str) -> Phase:
 # ---------------------------------------------------------------- the parts engines share
 def tcp_cmd(host: str, port: int) -> str:
     """A shell condition: something accepts TCP connections at host:port."""
-    probe = ("import socket,sys; s=socket.socket(); s.settimeout(3); "
-             "sys.exit(s.connect_ex((sys.argv[1], int(sys.argv[2]))))")
-    return join(["python3", "-c", probe, host, str(port)])
+    return join(["python3", "-c", script("tcp_open.py"), host, str(port)])
 
 
 def running_cmd(container: str) -> str:
-    return (f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {quote(container)} 2>/dev/null)\" "
-            "= true ]")
+    return ContainerCommands(container).is_running_cmd()

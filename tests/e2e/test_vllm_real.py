@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Lab, e2e_state, lab_cli, run_sparkctl
+from conftest import REPO, Lab, Sparkctl, e2e_state, lab_cli
 
 pytestmark = pytest.mark.lab
 
@@ -40,8 +40,7 @@ PROCESSES = ("cli=vllm.entrypoints.'cli.main'; for p in /proc/[0-9]*; do "
              "echo \"${p#/proc/} $m $c\";; esac; done")
 
 
-def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return run_sparkctl("vllm-real", *args, timeout=timeout)
+sparkctl = Sparkctl("vllm-real")
 
 
 def inv(lab: Lab) -> list[str]:
