@@ -57,6 +57,10 @@ class Part:
     """(what, shell condition): this node's part is up (checked last, and first: already up?)."""
     health_port: int | None = None
     """The node answers here (127.0.0.1): /health 200 means served (the server's first node)."""
+    ranks: str | None = None
+    """The first node of a server whose /health outlives a lost rank (vLLM's mp multi-node): a
+    command printing the connections its processes hold to each peer (node/rank_links.py); the
+    watcher restarts the server when a rank that died comes back."""
     restart: list[tuple[str, str]] | None = None
     """(what, shell command) that stops a stalled server here before `start` runs again (the
     first node's watcher, node/boot.py); None: `docker restart` of the containers."""
@@ -113,6 +117,7 @@ def boot_plan(spec: PersistSpec, node: Node, hf_cache: str) -> dict[str, Any]:
         "start": [{"what": w, "cmd": c} for w, c in part.start],
         "ready": [{"what": w, "cmd": c} for w, c in part.ready],
         "health_port": part.health_port, "deadline_seconds": int(spec.deadline),
+        "ranks": {"cmd": part.ranks} if part.ranks else None,
         "log": f"{BOOT_LOG_DIR}/boot-{spec.server}.log",
         # the unit stays to watch: one node rebooting alone must not leave the server stalled
         "watch": True, "guard_record": f"{RUN_DIR}/memguard-stopped.json",
