@@ -320,8 +320,10 @@ class StopNamed(Step):
         command = stop_commands(server, ctx.inventory).get(ctx.node.name)
         if command is None:
             return Unchanged(f"{self.server} does not run here")
+        gone = "its record" + (f" and its port guard (firewall chain {server['port_guard']})"
+                               if server.get("port_guard") else "")
         return Change(f"stop {self.server} ({server.get('engine')}, {server.get('model')}) and "
-                      "remove its record", commands=(command,))
+                      f"remove {gone}", commands=(command,))
 
 
 def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:

@@ -63,8 +63,8 @@ def test_launch_phases_judge_first_then_models_ray_and_serve_with_verify_steps(r
 
     assert [n.name for n in models.nodes(inv)] == ["spark-a", "spark-b"]
     assert [type(s).__name__ for s in ray_phase.steps] == [
-        "NodeGuard", "Image", "ImageShare", "ImageDigest", "RayInImage", "SameNcclDevices", "GuardRayPorts", "RayHead",
-        "RayWorker", "RayCluster"]
+        "NodeGuard", "Image", "ImageShare", "ImageDigest", "RayInImage", "SameNcclDevices",
+        "GuardRayPorts", "RayHead", "RayWorker", "RayCluster"]
     guard = ray_phase.steps[0]
     assert guard.containers == [CONTAINER] and guard.record_dir.endswith("/servers/minimax-m2.7")
     head_req = ray_phase.facts(inv, inv.node("spark-a"))
