@@ -138,8 +138,8 @@ def ready(plan):
 
 
 def run_first(plan):
-    """What must hold before anything of the server runs here (vLLM over Ray: its port guard,
-    which docker's restart policy may already need): every boot, idempotent."""
+    """What must hold before anything of the server serves here (a port guard: firewall rules
+    do not survive a reboot, the containers' restart policy does): every boot, idempotent."""
     for item in plan.get("first") or []:
         rc, out = sh(item["cmd"], timeout=120)
         if rc != 0:

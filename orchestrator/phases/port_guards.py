@@ -2,7 +2,7 @@
 leave with their server: one server's chain when it stops (`down --server`, a replace: the
 record's `port_guard` names it, engines/servers.py), every one at `down`, checked gone after.
 
-An engine installs its own (vLLM over Ray: engines/vllm/guard.py); this module only removes,
+An engine installs its own (an engine folder under engines/); this module only removes,
 so `down` needs no engine. A node without iptables has no chain to remove: nothing to do.
 """
 
