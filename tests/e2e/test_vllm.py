@@ -86,7 +86,8 @@ def test_launch_serves_over_ray_on_both_nodes(launched: tuple[Lab, subprocess.Co
     assert "2 node(s) alive" in steps["ray-cluster"]["message"]
     server = json.loads(lab.exec(head, f"cat {RECORD}/server.json").stdout)
     assert (server["engine"], server["container"], server["tp_size"]) == ("vllm", CONTAINER, 2)
-    assert server["nodes"] == [head, other] and server["listen_ports"] == [8000, 6379, 25000]
+    assert server["nodes"] == [head, other] and server["listen_ports"] == [
+        8000, 6379, 21000, 22000, 23000, 24000, 25000, 26000, *range(10002, 10052)]
     log = lab.exec(head, f"cat {RECORD}/serve/server.log").stdout
     # rank 0 on the head, rank 1 on the other node, both on the fabric
     assert f"rank 0 on {head} (192.168.200.12" in log and f"rank 1 on {other} (192.168.200.13" in log

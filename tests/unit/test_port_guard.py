@@ -75,6 +75,7 @@ def test_every_ray_port_is_fixed_and_given_to_ray_start() -> None:
     closed = set(config["ports"]) | {p for low, high in config["ranges"]
                                      for p in range(low, high + 1)}
     assert given <= closed and 8000 not in closed  # the API port is --host's business
+    assert 10001 in closed  # Ray's client server, where the image's Ray starts it
     assert config["interfaces"] == ["enp1s0f1np1", "enP2p1s0f1np1"]
 
 
@@ -120,7 +121,7 @@ def test_install_is_atomic_idempotent_and_refuses_beyond_the_fabric(
         assert table[CHAIN] == [
             f"-A {CHAIN} -i lo -j RETURN", f"-A {CHAIN} -i enp1s0f1np1 -j RETURN",
             f"-A {CHAIN} -i enP2p1s0f1np1 -j RETURN",
-            f"-A {CHAIN} -p tcp -m multiport --dports 6379,21000,22000,23000,24000,25000,26000 "
+            f"-A {CHAIN} -p tcp -m multiport --dports 6379,10001,21000,22000,23000,24000,25000,26000 "
             "-j REJECT --reject-with tcp-reset",
             f"-A {CHAIN} -p tcp -m tcp --dport 10002:10051 -j REJECT --reject-with tcp-reset"]
     assert node_guard("state", config, monkeypatch).json["current"] is True
@@ -186,7 +187,7 @@ def test_the_step_installs_keeps_and_cleans_from_the_nodes_answer() -> None:
     step = guard.GuardRayPorts(spec())
     fresh = step.check(guard_ctx({"rc": 0, "out": '{"current": false, "leftovers": []}'}))
     assert isinstance(fresh, Change) and CHAIN in fresh.summary
-    assert "6379,21000,22000,23000,24000,25000,26000,10002-10051" in fresh.summary
+    assert "6379,10001,21000,22000,23000,24000,25000,26000,10002-10051" in fresh.summary
     assert "enp1s0f1np1, enP2p1s0f1np1" in fresh.summary
     argv = shlex.split(fresh.commands[0])
     assert argv[:2] == ["python3", "-c"] and argv[3] == "install"

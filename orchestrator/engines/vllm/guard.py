@@ -21,6 +21,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
+from orchestrator.engines.vllm.ports import RAY_CLIENT
 from orchestrator.errors import SparkctlError
 from orchestrator.phases.port_guards import answer_of, guard_cmd
 
@@ -49,7 +50,8 @@ def guard_config(spec: ServeSpec) -> dict[str, Any]:
     low, high = spec.ports.ray_node.workers
     return {"chain": chain_name(spec.name), "container": spec.container,
             "interfaces": list(spec.inventory.fabric.interfaces),
-            "ports": [spec.ports.ray, *spec.ports.ray_node.singles()], "ranges": [[low, high]],
+            "ports": [spec.ports.ray, RAY_CLIENT, *spec.ports.ray_node.singles()],
+            "ranges": [[low, high]],
             "prefix": PREFIX}
 
 

@@ -21,8 +21,11 @@ it, phases/ports.py and engines/servers.py). The blocks, all below Linux's ephem
     dashboard agent gRPC 24000+o | dashboard agent HTTP 25000+o | metrics export 26000+o
     workers: 50 ports from 10002 + 50 x (o % 199) (Ray's own default range, cut in slots)
 
-(The Ray client server, 10001 on the head, is not started: the image's Ray lacks `ray[client]`,
-and `--ray-client-server-port` is refused without it. The dashboard is off.)
+The Ray client server (`ray://`, the head's) is left at Ray's 10001: Ray starts it only where
+its `ray[client]` dependencies are installed, and refuses `--ray-client-server-port` where they
+are not (the lab's Ray), so no option can move it on every image; the port guard closes 10001
+on every node all the same (it is how a Ray client on another network would connect). The
+dashboard is off (`--include-dashboard=false`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ RUNTIME_ENV_AGENT_BASE = 23000
 RAY_AGENT_GRPC_BASE = 24000
 RAY_AGENT_BASE = 25000
 METRICS_EXPORT_BASE = 26000
+RAY_CLIENT = 10001
+"""Ray's client server on the head, where the image's Ray has `ray[client]` (Ray's own default:
+ray/scripts/scripts.py picks it when no port is given)."""
 WORKER_BASE = 10002
 WORKER_PORTS = 50
 """Worker processes per Ray node of one server: vLLM's driver and its one GPU worker per node,
