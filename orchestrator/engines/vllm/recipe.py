@@ -103,20 +103,17 @@ class Recipe(BaseRecipe):
         from orchestrator.engines.vllm.ports import ServerPorts
         from orchestrator.recipe import ListenPort
 
-        # on the first node, next to vllm serve: the Ray head's GCS (every Ray node's own ports
-        # on every node), or (mp, several nodes) rank 0's --master-port; each the recipe's
-        # base plus the server's offset (engines/vllm/ports.py)
+        # on the first node, next to vllm serve: the Ray head's GCS (the dashboard agent on
+        # every node), or (mp, several nodes) rank 0's --master-port; each the recipe's
+        # base plus the server's offset (engines/vllm/ports.py). The other fixed Ray ports
+        # (raylet, workers, ...) are in the record and judged against other servers, not
+        # pre-checked here: a worker's raylet still exiting after its head restarted is not
+        # told from a stranger's (in the lab) and would refuse the relaunch that replaces it
         ports = ServerPorts.of(self)
         fix = "launch with another --port (it moves every port of the server)"
         if self.backend == "ray":
-            own = ports.ray_node
-            named = [(own.node_manager, "Ray raylet"), (own.object_manager, "Ray object manager"),
-                     (own.runtime_env_agent, "Ray runtime-env agent"),
-                     (own.agent_grpc, "Ray dashboard agent (gRPC)"),
-                     (own.agent_http, "Ray dashboard agent"), (own.metrics, "Ray metrics export"),
-                     *((p, "Ray worker port") for p in own.worker_range())]
             extra = [ListenPort(nodes[0], ports.ray, "Ray GCS", fix),
-                     *(ListenPort(n, port, what, fix) for n in nodes for port, what in named)]
+                     *(ListenPort(n, ports.ray_agent, "Ray dashboard agent", fix) for n in nodes)]
         elif self.node_count > 1:
             extra = [ListenPort(nodes[0], ports.master, "master-port", fix)]
         else:
