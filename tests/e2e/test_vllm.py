@@ -295,7 +295,8 @@ def test_ray_answers_on_the_fabric_only_and_its_guard_goes_with_the_server(
 
     lab.exec(peer, LEFTOVER)
     stop = sparkctl("down", "--server", NAME, *inv(lab), "--yes")
-    assert stop.returncode == 0 and f"port guard (firewall chain {GUARD})" in stop.stdout, stop.stdout
+    said = stop.stdout + stop.stderr
+    assert stop.returncode == 0 and f"port guard (firewall chain {GUARD})" in said, said
     for node in lab.nodes:
         assert GUARD not in lab.exec(node, CHAINS).stdout, node
     assert "sparkctl-ray-gone" in lab.exec(peer, CHAINS).stdout  # another server's: not its own
