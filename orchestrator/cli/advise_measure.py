@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from orchestrator.remote.fact_records import CommandResult
+
 Note = Callable[[str], None]
 
 
@@ -79,7 +81,7 @@ def _servers(inventory: Any, nodes: list[str]) -> tuple[list[dict[str, Any]], di
     keys: dict[str, Any] = {}
     with open_session(inventory, "advise", quiet=True) as session:
         found = servers.gather(session.transports, inventory)
-        units = {name: parse_units({"out": t.run(units_cmd(), timeout=30).stdout})
+        units = {name: parse_units(CommandResult(0, t.run(units_cmd(), timeout=30).stdout, ""))
                  for name, t in session.transports.items()} if found else {}
         for server in found:
             transport = session.transports.get(str(server.get("node")))

@@ -17,6 +17,8 @@ from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.paths import SERVER_JSON
+from orchestrator.remote.facts import Request
+from orchestrator.remote.gathered import NodeFacts
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
@@ -31,7 +33,7 @@ def current_server(transport: Transport, inventory: Inventory) -> dict[str, Any]
                            display="which server runs (server.json, its main process)")
     if not result.ok:
         return None
-    return running_from_facts({"commands": {"running": {"rc": 0, "out": result.stdout}}})
+    return running_from_output(result.stdout)
 
 
 def other_engine_refusal(running: dict[str, Any] | None, recipe: Any) -> str | None:
@@ -59,11 +61,15 @@ def running_cmd(inventory: Inventory) -> str:
         DEFAULT_ENGINE, json.dumps(process_words())))
 
 
-def running_from_facts(facts: dict[str, Any]) -> dict[str, Any] | None:
-    """The running server's record from running_cmd's answer, or None."""
-    answer = (facts.get("commands") or {}).get("running") or {}
+def running_from_facts(facts: NodeFacts) -> dict[str, Any] | None:
+    """The running server's record from running_cmd's answer in the facts, or None."""
+    return running_from_output(facts.output("running"))
+
+
+def running_from_output(output: str) -> dict[str, Any] | None:
+    """The running server's record from running_cmd's output, or None."""
     try:
-        found = json.loads(answer.get("out") or "{}")
+        found = json.loads(output or "{}")
     except ValueError:
         return None
     return found.get("server") if found.get("alive") else None
@@ -71,7 +77,7 @@ def running_from_facts(facts: dict[str, Any]) -> dict[str, Any] | None:
 
 def guard_phase(recipe: Any, inventory: Inventory, replace: bool,
                 same_engine: list[Step] | None = None,
-                more_facts: dict[str, Any] | None = None) -> Phase:
+                more_facts: Request | None = None) -> Phase:
     """First phase of every launch, judged from facts (planning makes no remote call): another
     engine's server is refused unless --replace (then it is stopped here), and the engine's own
     guard steps judge a running server of the same engine."""

@@ -23,6 +23,7 @@ from orchestrator.engines import DEFAULT_ENGINE, ready_lines
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.paths import RUN_DIR
 from orchestrator.recipe import SPARK_MEMORY_GB
+from orchestrator.remote.gathered import NodeFacts
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -102,16 +103,15 @@ def attach_members(servers: list[dict[str, Any]], by_node: dict[str, dict[str, A
             server["dead_nodes"] = gone
 
 
-def from_facts(cluster_facts: dict[str, dict[str, Any]], inventory: Inventory,
+def from_facts(cluster_facts: dict[str, NodeFacts], inventory: Inventory,
                alive_only: bool = True) -> list[dict[str, Any]]:
     """Every (live) server from each node's `servers` command fact."""
     out, by_node = [], {}
     for node, facts in sorted(cluster_facts.items()):
-        answer = (facts.get("commands") or {}).get("servers") or {}
-        found = members(answer.get("out") or "")
+        found = members(facts.output("servers"))
         if found is not None:
             by_node[node] = found
-        out += parse(answer.get("out") or "", node, inventory)
+        out += parse(facts.output("servers"), node, inventory)
     attach_members(out, by_node)
     return [s for s in out if s.get("alive") or not alive_only]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import cluster_of
 from nodescript import run_node_script
 from test_node_running import FAKE_DOCKER
 from test_serve import INVENTORY, ctx
@@ -92,7 +93,7 @@ def test_a_server_of_the_previous_version_is_stopped_and_started_again_per_serve
     here and started again below."""
     old = LEGACY
     facts = {"spark-a": listing(old), "spark-b": listing()}
-    listed = servers.from_facts(facts, INVENTORY, alive_only=False)
+    listed = servers.from_facts(cluster_of(facts), INVENTORY, alive_only=False)
     assert [(s["name"], s["nodes"], s["legacy"]) for s in listed] == [
         ("gpt-oss-120b", ["spark-a"], True)]
     facts["spark-a"] = listing({**old, "name": "gpt-oss-120b"})
