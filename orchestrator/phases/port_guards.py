@@ -34,13 +34,20 @@ def facts() -> dict[str, Any]:
     return {"commands": {FACT: guard_cmd("list", {})}}
 
 
-def answer_of(answer: dict[str, Any]) -> dict[str, Any]:
-    for line in reversed((answer.get("out") or "").strip().splitlines()):
+def answer_of(out: str, err: str = "") -> dict[str, Any]:
+    """portguard.py's JSON line from its output, or {"error": what it printed instead}."""
+    for line in reversed(out.strip().splitlines()):
         try:
             return dict(json.loads(line))
         except (json.JSONDecodeError, TypeError, ValueError):
             continue
-    return {"error": (answer.get("err") or answer.get("out") or "no answer").strip()[-300:]}
+    return {"error": (err or out or "no answer").strip()[-300:]}
+
+
+def fact_of(ctx: NodeContext, key: str) -> dict[str, Any]:
+    """The node's answer to the command its facts ran under KEY."""
+    answer = ctx.facts.command(key)
+    return answer_of(answer.out, answer.err) if answer is not None else {"error": "no answer"}
 
 
 class RemovePortGuards(Step):
@@ -49,7 +56,7 @@ class RemovePortGuards(Step):
     name = "port-guards"
 
     def check(self, ctx: NodeContext) -> Outcome:
-        found = answer_of((ctx.facts.get("commands") or {}).get(FACT) or {})
+        found = fact_of(ctx, FACT)
         if found.get("missing"):
             return Unchanged("no iptables here, so no port guard")
         if "error" in found:  # down goes on: the removal says what it finds
@@ -64,7 +71,7 @@ class RemovePortGuards(Step):
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         result = ctx.run(change.commands[0], sudo=True, timeout=120,
                          display="python3 -c <portguard> remove every sparkctl chain")
-        found = answer_of({"out": result.stdout, "err": result.stderr})
+        found = answer_of(result.stdout, result.stderr)
         if not result.ok or "error" in found:
             raise SparkctlError(f"{ctx.node.name}: could not remove its port guards: "
                                 f"{found.get('error') or result.stderr.strip()[-300:]}")

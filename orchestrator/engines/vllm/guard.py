@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.engines.vllm.ports import RAY_CLIENT
 from orchestrator.errors import SparkctlError
-from orchestrator.phases.port_guards import answer_of, guard_cmd
+from orchestrator.phases.port_guards import answer_of, fact_of, guard_cmd
 
 if TYPE_CHECKING:
     from orchestrator.engines.vllm.serve import ServeSpec
@@ -90,8 +90,7 @@ class GuardRayPorts(Step):
         node, spec = ctx.node.name, self.spec
         if node not in spec.nodes:
             return Unchanged(f"{spec.name} does not run here")
-        answer = (ctx.facts.get("commands") or {}).get("portguard") or {}
-        found = answer_of(answer)
+        found = fact_of(ctx, "portguard")
         if found.get("missing"):
             raise SparkctlError(missing_message(node, list(found["missing"]), spec.name))
         if "error" in found:
@@ -108,7 +107,7 @@ class GuardRayPorts(Step):
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         result = ctx.run(change.commands[0], sudo=True, timeout=120,
                          display=f"python3 -c <portguard> install {chain_name(self.spec.name)}")
-        found = answer_of({"out": result.stdout, "err": result.stderr})
+        found = answer_of(result.stdout, result.stderr)
         if found.get("missing"):
             raise SparkctlError(missing_message(ctx.node.name, list(found["missing"]),
                                                 self.spec.name))
