@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,11 +53,15 @@ def read_host_keys(lab: Lab) -> dict[str, str]:
 
 
 def bench_help(s: Settings, res: Results) -> None:
+    """`sparkctl --help` (target < 0.1 s), beside the interpreter's own start-up, alternating:
+    on a busy machine the second says how much of the first is Python starting at all."""
     row = res.row("sparkctl --help", note="python start-up + click")
+    bare = res.row("floor: python start-up alone (python -c pass)", note="same interpreter")
     for _ in range(max(5, s.runs)):
-        started = time.perf_counter()
-        subprocess.run([SPARKCTL, "--help"], capture_output=True, check=True)
-        row.runs.append(time.perf_counter() - started)
+        for argv, into in (([SPARKCTL, "--help"], row), ([sys.executable, "-c", "pass"], bare)):
+            started = time.perf_counter()
+            subprocess.run(argv, capture_output=True, check=True)
+            into.runs.append(time.perf_counter() - started)
 
 
 def bench_two_node(s: Settings, res: Results, workdir: Path) -> None:

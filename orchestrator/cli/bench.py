@@ -14,6 +14,7 @@ import click
 from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
 from orchestrator.cli.bench_inputs import RUNS, TIMEOUT, check_outputs, int_list, keep_outputs
 from orchestrator.cli.completion import complete_server
+from orchestrator.remote.container import ContainerCommands
 
 
 def _note(line: str) -> None:
@@ -46,8 +47,7 @@ def _server_info(session: Any, inventory: Any, transport: Any, server: dict[str,
     # the image of the container the server runs in (vLLM's and SGLang's are the recipe's, not
     # `up`'s); `up`'s image when that container cannot be inspected
     container = server.get("container") or inventory.container.name
-    found = transport.run(docker_cmd("inspect", "--type", "container", "--format",
-                                     "{{.Config.Image}}", container), timeout=30)
+    found = transport.run(ContainerCommands(container).inspect_cmd("{{.Config.Image}}"), timeout=30)
     image = server.get("image") or (found.stdout.strip() if found.ok else "") or inventory.container.image
     result = transport.run(docker_cmd("image", "inspect", image), timeout=30)
     facts = None

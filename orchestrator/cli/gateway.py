@@ -1,4 +1,5 @@
-"""`sparkctl gateway up|status|down`: one OpenAI-compatible address for every server (LiteLLM)."""
+"""`sparkctl gateway up|status|down`: one OpenAI-compatible address for every server (the SGLang
+Model Gateway)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _locked(session: Any, inventory: Any, command: str, break_lock: bool) -> Ite
 
 def read_key_file(path: str) -> Any:
     """The master key from FILE: a regular file only its owner can read, one line of printable
-    ASCII starting with sk- (LiteLLM's rule). Never echoed; registered for redaction."""
+    ASCII starting with sk- (sparkctl's rule for the gateway's key). Never echoed; registered
+    for redaction."""
     from orchestrator.commands import Secret
     from orchestrator.errors import InputError
     from orchestrator.state import register_secret
@@ -62,7 +64,7 @@ def read_key_file(path: str) -> Any:
     if problem:
         raise InputError(f"API key file {file}: {problem} (its content is not shown)")
     if not value.startswith("sk-") or len(value) < 12:
-        raise InputError(f"API key file {file}: LiteLLM's master key starts with sk- and has "
+        raise InputError(f"API key file {file}: the gateway's master key starts with sk- and has "
                          "at least 12 characters (its content is not shown)")
     secret = Secret(value)
     register_secret(secret)
@@ -125,8 +127,7 @@ def _render(doc: dict[str, Any]) -> None:
         click.echo("gateway: not running (`sparkctl gateway up`)")
         return
     click.echo(f"gateway  {doc['address']} on {doc['node']}  key {'on' if doc['key'] else 'off'}  "
-               f"LiteLLM {doc.get('litellm')}  {'live' if doc.get('live') else 'NOT ANSWERING'}")
-    click.echo(f"image    {doc.get('image')}")
+               f"{doc.get('router')}  {'live' if doc.get('live') else 'NOT ANSWERING'}")
     models: dict[str, list[dict[str, Any]]] = {}
     for r in doc.get("replicas") or []:
         models.setdefault(r["model"], []).append(r)
@@ -179,16 +180,18 @@ BREAK_LOCK = click.option("--break-lock", is_flag=True,
 
 @click.group(context_settings=CONTEXT)
 def gateway() -> None:
-    """One OpenAI-compatible address for every server: LiteLLM's proxy on the head.
+    """One OpenAI-compatible address for every server: the SGLang Model Gateway
+    (sglang-router 0.3.2, pinned wheel) on the head.
 
     \b
-    up      route every served model name to each live server serving it (replicas),
-            least-busy, retried on another replica, a failing one out for 5 s
-    status  address, key on/off, models, replicas, their health and rotation
-    down    remove the gateway, its config (the key) and its relays
-    `launch` and `down --server` update a running gateway's table (a new replica
-    restarts LiteLLM gracefully; one leaving is drained first). up/down take the
-    cluster lock. See docs/gateway.md.
+    up      route requests to every live replica of the served model: least busy,
+            retried on another replica, a replica failing /health out until it answers
+    status  address, key on/off, the replicas, their health and rotation
+    down    stop the router, remove its config (the keys) and its relays
+    `launch` and `down --server` change a running router's workers through its own
+    API (POST /workers, DELETE /workers/ID): no restart; one leaving is drained
+    first. No key on any command line. up/down take the cluster lock.
+    See docs/gateway.md.
     """
 
 

@@ -100,6 +100,9 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
     head, server = serving_nodes(recipe, inventory)[0], name or recipe.name
     endpoint = f"http://{host}:{recipe.port}"
     plan = launch_plan(recipe, inventory, options, verify_models)
+    from orchestrator.gateway.follow import seen_phase
+
+    plan.phases.append(seen_phase())  # whether a gateway runs, from the facts gathered up front
 
     def build(session: Any) -> Plan:
         session.report.extra.update(endpoint=endpoint, node=head, model=recipe.model,
@@ -113,7 +116,8 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
                                 f"tunnel --server {server}` for other clients.")
             from orchestrator.gateway.follow import after_change
 
-            after_change(session, inventory, _note)  # a gateway that runs routes to it too
+            # a gateway that runs routes to it too
+            after_change(session, inventory, _note, request.options.gateway_nodes)
 
     request = RunRequest(
         command="launch", inventory=inventory, build=build, dry_run=dry_run, yes=yes,

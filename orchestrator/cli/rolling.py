@@ -1,7 +1,7 @@
 """`launch RECIPE --rolling`: replace the replicas of RECIPE one at a time, dropping nothing.
 
-Each replica in turn: out of the gateway (its relay stops taking connections, so LiteLLM
-retries new requests on another replica), its requests in flight drain, it is relaunched with
+Each replica in turn: out of the gateway (`DELETE /workers/ID` in the router, and its relay's
+door closes), its requests in flight drain, it is relaunched with
 the recipe as it is now (a changed config or image: `launch --replace` on its own nodes, under
 its own name and port, bound where it was, with its own API key and --persist as recorded: a
 rolling command naming other ones is refused; launch's readiness wait and smoke test), then
@@ -144,6 +144,7 @@ class Progress:
         self.out: tuple[str, Any] | None = None  # (server, its node's transport)
         self.relaunching = ""
         self.interrupted = False
+        self.transports: dict[str, Any] = {}
 
     def on_interrupt(self, signum: int, frame: Any) -> None:
         """SIGINT: remembered, then Python's own KeyboardInterrupt."""
@@ -161,6 +162,7 @@ class Progress:
             name, transport = self.out
             try:
                 gateway.set_in_rotation(transport, name, True)
+                gateway.router_request(self.transports, {"workers": None, "wait": 10})
                 reopened = f"; {name} is back in the gateway's rotation"
             except Exception as exc:  # the node may be what failed: say what to run
                 reopened = (f"; {name} is still OUT of the gateway's rotation ({exc}): "
@@ -178,7 +180,7 @@ def _roll_one(session: Any, inventory: Any, recipe: str, server: dict[str, Any],
     """One replica: out of the gateway and drained, relaunched, back in."""
     from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
     from orchestrator.gateway import control as gateway
-    from orchestrator.phases.gateway_spec import COOLDOWN_SECONDS
+    from orchestrator.gateway.follow import follow
 
     name, node = str(server["name"]), str(server["node"])
     transport = session.transports.get(node)
@@ -193,7 +195,8 @@ def _roll_one(session: Any, inventory: Any, recipe: str, server: dict[str, Any],
     if routed:
         note(f"rolling {step} {name}: out of the gateway, draining")
         progress.out = (name, transport)
-        gateway.drain(transport, name, DRAIN_TIMEOUT, note)
+        progress.transports = session.transports
+        gateway.drain(transport, name, DRAIN_TIMEOUT, note, session.transports)
     note(f"rolling {step} {name}: relaunching on {node}")
     progress.relaunching = name
     code = relaunch(server, transport)
@@ -209,10 +212,10 @@ def _roll_one(session: Any, inventory: Any, recipe: str, server: dict[str, Any],
     progress.replaced.append(name)
     if routed:
         gateway.set_in_rotation(transport, name, True)
+        # back into the router (POST /workers, its key read again: a rolling relaunch may
+        # rotate it); this waits until the router lists it healthy
+        follow(session.transports, inventory, note)
         progress.out = None
-        # LiteLLM cooled it down when its door closed: wait that out so the next
-        # replica leaves only once this one takes requests again
-        time.sleep(COOLDOWN_SECONDS + 1)
         note(f"rolling {step} {name}: back in the gateway")
 
 

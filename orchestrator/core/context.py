@@ -37,6 +37,8 @@ class RunOptions:
     """Notes already printed through progress_note (the preview and the run say each once)."""
     token_missing: bool = False
     """Set by launch's token check when the launch stopped for want of a token (exit 2)."""
+    gateway_nodes: list[str] | None = None
+    """Set by launch's gateway check: the nodes holding a gateway record (None: not looked)."""
 
     def note(self, line: str) -> None:
         """One progress line through progress_note (nothing without one, nothing under -q:

@@ -125,7 +125,7 @@ class Executor:
             return
         self.progress.phase(phase.name, len(nodes))
         self.current = (phase.name, "facts", [n.name for n in nodes])
-        if self.prefetched is not None and self._facts_still_valid():
+        if self.prefetched is not None and self._facts_still_valid(phase.stale_after):
             facts = {n.name: self.prefetched[n.name] for n in nodes if n.name in self.prefetched}
         else:
             facts = self._gather(phase, nodes)
@@ -143,7 +143,8 @@ class Executor:
 
         They stay valid until something changes: a no-change run and any dry run then cost one
         round trip per node in all, instead of one per phase. After the first change, each later
-        phase gathers its own fresh facts again.
+        phase gathers its own fresh facts again, unless it names the phases whose changes can
+        touch its facts (Phase.stale_after) and none of them changed anything.
         """
         if len(plan.phases) < 2:
             return None
@@ -194,9 +195,11 @@ class Executor:
             raise SparkctlError("; ".join(problems) + ". Free some space on the node (or remount "
                                 f"it read-write) and run the command again; {done}")
 
-    def _facts_still_valid(self) -> bool:
+    def _facts_still_valid(self, stale_after: tuple[str, ...] | None = None) -> bool:
+        """No change since the facts were gathered up front (STALE_AFTER: by those phases)."""
         return self.options.dry_run or not any(
-            s.status == "changed" for host in self.report.hosts.values() for s in host.steps
+            s.status == "changed" and (stale_after is None or s.phase in stale_after)
+            for host in self.report.hosts.values() for s in host.steps
         )
 
     def _in_scope(self, step: Step, node: Node) -> bool:

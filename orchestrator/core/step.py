@@ -131,6 +131,10 @@ class Phase:
     facts: FactsSpec
     """Builds the facts request for a node; the node-side gatherer answers it in one command."""
     head_only: bool = False
+    stale_after: tuple[str, ...] | None = None
+    """The earlier phases whose changes can touch what its facts ask (None: any phase's). A
+    run gathers every phase's facts once, up front; after a change, a phase gathers its own
+    again only when a phase named here changed something (docs/architecture.md)."""
 
     def nodes(self, inventory: Inventory) -> list[Node]:
         if self.head_only:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands import docker_cmd, quote
+from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import lifecycle, servers
 from orchestrator.engines.lifecycle import Running, ServerRecord
 from orchestrator.engines.readiness import parse_lines, probe_cmd
 from orchestrator.engines.serverspec import ServerSpec
 from orchestrator.errors import SparkctlError
+from orchestrator.remote.container import ContainerTransport
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -33,9 +34,8 @@ def log_tail(transport: Transport | None, container: str, lines: int = 25) -> st
     if transport is None:
         return "(node unreachable)"
     try:
-        result = transport.run(f"{docker_cmd('logs', '--tail', lines, container)} 2>&1; true",
-                               sudo=True, timeout=60, display=f"docker logs {container}")
-        return result.stdout.strip() or "(empty)"
+        out = ContainerTransport(transport, container).logs(lines, sudo=True, timeout=60)
+        return out.strip() or "(empty)"
     except SparkctlError as exc:
         return f"(could not read its log: {exc})"
 
@@ -51,7 +51,9 @@ class Smoke(Step):
         self.spec = spec
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        body = {"model": self.spec.recipe.model, "max_tokens": 8,
+        from orchestrator.engines.serverctl import SMOKE_TOKENS
+
+        body = {"model": self.spec.recipe.model, "max_tokens": SMOKE_TOKENS,
                 "messages": [{"role": "user", "content": "Say hello."}]}
         command = probe_cmd(self.spec.recipe.port, self.spec.host, self.spec.key_file, body)
         result = ctx.transports[self.spec.first].run(command, sudo=True, timeout=360,

@@ -16,11 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
-from orchestrator.commands import docker_cmd, join, quote
+from orchestrator.commands import join, quote
 from orchestrator.engines.base import LaunchFailed, Ready
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 from orchestrator.node import script
 from orchestrator.recipe import Note
+from orchestrator.remote.container import ContainerCommands
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
@@ -33,6 +34,8 @@ the server's container on one of its nodes no longer runs (one container per ran
 MODELS = "/v1/models"
 PRINT_EVERY = 10.0
 """A note at least this often (seconds) while nothing changes, so a long load is seen alive."""
+WAIT_SLICE = PRINT_EVERY
+"""Seconds the node-side wait (node/probe.py --wait) may look before it answers unchanged."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,8 @@ class Poll:
     codes: dict[str, Any]
     models: list[str]
     logged_ready: bool
+    waited: bool = False
+    """The node looked until something changed (node/probe.py --wait): no pause before the next."""
 
 
 def probe_cmd(port: int, host: str, key_file: str | None, body: dict[str, Any] | None = None) -> str:
@@ -109,8 +114,19 @@ def probe_cmd(port: int, host: str, key_file: str | None, body: dict[str, Any] |
     return f"python3 -c {quote(script('probe.py'))} {join(words)}"
 
 
+def wait_cmd(seconds: float, container: str, seen: str, port: int, host: str,
+             key_file: str | None) -> str:
+    """node/probe.py --wait: the look of probe_cmd repeated on the node until its /health
+    code differs from SEEN (what the controller saw last, "" at first), CONTAINER stops or
+    SECONDS pass."""
+    from orchestrator.engines.apikey import probe_host
+
+    words = ["--wait", f"{seconds:g}", container, seen, str(port), probe_host(host), key_file or ""]
+    return f"python3 -c {quote(script('probe.py'))} {join(words)}"
+
+
 def running_cmd(container: str) -> str:
-    return f"{docker_cmd('inspect', '-f', '{{.State.Running}}', container)} 2>/dev/null || echo gone"
+    return f"{ContainerCommands(container).running_cmd()} 2>/dev/null || echo gone"
 
 
 def parse_lines(out: str) -> dict[str, Any]:
@@ -129,8 +145,12 @@ def parse_lines(out: str) -> dict[str, Any]:
     return state
 
 
-def poll(transports: dict[str, Transport], target: Target, readiness: Readiness) -> Poll:
-    """The first node's answers, and which ranks died, as the readiness's dead-rank check says."""
+def poll(transports: dict[str, Transport], target: Target, readiness: Readiness,
+         wait: float = 0.0, seen: Poll | None = None) -> Poll:
+    """The first node's answers, and which ranks died, as the readiness's dead-rank check says.
+    WAIT > 0: the first node looks for up to WAIT seconds itself, until its answer differs from
+    SEEN (the last poll) (one round trip per change; not for an engine whose readiness needs
+    its log line)."""
     first = transports[target.first]
     if readiness.dead_ranks == "launcher":
         from orchestrator.engines.serverctl import node_call
@@ -143,18 +163,24 @@ def poll(transports: dict[str, Transport], target: Target, readiness: Readiness)
         codes = {"/health": status.get("health"), "/health_generate": status.get("health_generate")}
         return Poll(alive, [], codes, [m for m in status.get("models") or [] if m],
                     bool(status.get("ready_log")))
-    fired = quote(readiness.ready_line.replace("!", "[!]"))
-    command = (f"echo \"running=$({running_cmd(target.container)})\"; "
-               + (f"echo \"fired=$({docker_cmd('logs', target.container)} 2>&1 | grep -c {fired})\"; "
-                  if readiness.needs_ready_line else "")
-               + probe_cmd(target.port, target.host, target.key_file))
-    state = parse_lines(first.run(command, sudo=True, timeout=120,
+    waited = wait > 0 and not readiness.needs_ready_line
+    if waited:
+        last = "" if seen is None else str(seen.codes.get("/health"))
+        command = wait_cmd(wait, target.container, last, target.port, target.host, target.key_file)
+    else:
+        fired = quote(readiness.ready_line.replace("!", "[!]"))
+        log = ContainerCommands(target.container).logs_cmd()
+        command = (f"echo \"running=$({running_cmd(target.container)})\"; "
+                   + (f"echo \"fired=$({log} 2>&1 | grep -c {fired})\"; "
+                      if readiness.needs_ready_line else "")
+                   + probe_cmd(target.port, target.host, target.key_file))
+    state = parse_lines(first.run(command, sudo=True, timeout=120 + wait,
                                   display=f"{target.container}: /health").stdout)
     dead = [n for n in target.nodes[1:] if n in transports and "true" not in transports[n].run(
         running_cmd(target.container), sudo=True, timeout=60,
         display=f"{target.container} running?").stdout]
     return Poll(bool(state.get("running")), dead, {"/health": state.get("health")},
-                [m for m in state.get("models") or [] if m], bool(state.get("fired")))
+                [m for m in state.get("models") or [] if m], bool(state.get("fired")), waited)
 
 
 def stop_and_fail(transports: dict[str, Transport], inventory: Inventory, name: str,
@@ -194,11 +220,15 @@ def wait_until_ready(transports: dict[str, Transport], target: Target, readiness
     started = time.monotonic()
     deadline = started + timeout
     last_stage, last_print = "", 0.0
+    state: Poll | None = None
     try:
         if readiness.initial_delay:
             time.sleep(readiness.initial_delay)
         while True:
-            state = poll(transports, target, readiness)
+            # other nodes' ranks are looked at between the first node's waits: as often as before
+            slice_ = WAIT_SLICE if len(target.nodes) == 1 else readiness.poll_seconds
+            state = poll(transports, target, readiness,
+                         max(0.0, min(slice_, deadline - time.monotonic())), state)
             elapsed = time.monotonic() - started
             if not state.running:
                 why = "; ".join(target.why_dead(transports))
@@ -218,7 +248,8 @@ def wait_until_ready(transports: dict[str, Transport], target: Target, readiness
                 note(f"[{elapsed:6.1f}s] {target.name} on {target.first}: {now}; deadline in "
                      f"{deadline - time.monotonic():.0f}s")
                 last_stage, last_print = now, time.monotonic()
-            time.sleep(readiness.poll_seconds)
+            if not state.waited:
+                time.sleep(readiness.poll_seconds)
     except KeyboardInterrupt:
         raise SparkctlError(
             f"stopped waiting; {target.name} keeps loading on {target.first}. Follow it with "

@@ -13,18 +13,27 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.commands import install_file_cmd, join, quote
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.phases import gateway_spec as gs
-from orchestrator.phases.gateway_relays import Note, Probe, drain, probe, set_in_rotation
+from orchestrator.phases.gateway_relays import (
+    Note,
+    Probe,
+    drain,
+    leave_router,
+    probe,
+    router_request,
+    set_in_rotation,
+)
 from orchestrator.remote.gathered import NodeFacts
 
-__all__ = ["Note", "Probe", "drain", "probe", "set_in_rotation"]  # where rolling and status look
+__all__ = ["Note", "Probe", "drain", "leave_router", "probe", "router_request",
+           "set_in_rotation"]  # where rolling and status look
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
     from orchestrator.remote.transport import Transport
 
-LIVE_TIMEOUT = 180.0
-"""Seconds for LiteLLM to answer /health/liveliness after its container starts (a few on a
-Spark; its import of the provider SDKs dominates)."""
+LIVE_TIMEOUT = 60.0
+"""Seconds for the router to answer /health and list its workers after it starts (under a
+second on an idle machine)."""
 
 
 def probe_all(transports: dict[str, Transport], liveliness: bool = True) -> dict[str, Probe]:
@@ -68,12 +77,19 @@ def desired(inventory: Inventory, node: str, host: str, port: int, key: Any,
                             "`sparkctl launch RECIPE` (several of one recipe with --nodes/--name "
                             "are replicas; --host beyond loopback serves without the gateway), "
                             "then `sparkctl gateway up`")
+    models = sorted({r.model for r in replicas})
+    if len(models) > 1:
+        raise InputError(f"the live servers serve {len(models)} models ({', '.join(models)}): "
+                         f"the gateway ({gs.ROUTER}) routes a request to any of its replicas "
+                         "whatever model it names, so it fronts the replicas of one model; stop "
+                         "the others (`sparkctl down --server NAME`) or reach them directly")
     return gs.GatewaySpec(node, host, port, replicas, key, client=address_of(node))
 
 
 def up(transports: dict[str, Transport], inventory: Inventory, spec: gs.GatewaySpec,
        note: Note) -> str:
-    """Make the gateway be `spec`: "unchanged", "relays", "started" or "restarted"."""
+    """Make the gateway be `spec`: "unchanged", "relays" (relays or router workers put back),
+    "started" or "restarted"."""
     if spec.node not in transports:
         raise SparkctlError(f"cannot reach {spec.node}, where the gateway runs")
     probes = probe_all(transports, liveliness=True)
@@ -92,29 +108,37 @@ def up(transports: dict[str, Transport], inventory: Inventory, spec: gs.GatewayS
         raise InputError(f"port {spec.port} on {spec.node} ({spec.host}) is taken by another "
                          "program: choose another with --port")
     same = gs.matches(ours, spec)
-    if same and here.live and all(_door_open(probes, r, spec.client) for r in spec.replicas):
+    registered = set(here.workers or {})
+    if same and here.live and all(_door_open(probes, r, spec.client) and r.url in registered
+                                  for r in spec.replicas):
         return "unchanged"
     _sync_relays(transports, spec, probes, note)
-    if same and here.live:
-        return "relays"
     head = transports[spec.node]
+    if same and here.live:
+        back = router_request(transports, {"workers": None, "wait": 30}) or {}
+        for url in back.get("added") or []:
+            note(f"gateway: {url} was missing from the router: added back")
+        return "relays"
+    installed = head.run(gs.install_cmd(), sudo=True, timeout=600,
+                         display=f"{gs.ROUTER} on {spec.node}")
+    if not installed.ok:
+        raise SparkctlError(f"{spec.node}: could not put {gs.ROUTER} in place: "
+                            f"{installed.stderr.strip()[-800:]}")
+    if "installed" in installed.stdout:
+        note(f"gateway: {gs.ROUTER} unpacked on {spec.node} in {gs.ROUTER_TREE} (sha256 checked)")
     head.run(install_file_cmd(gs.CONFIG_FILE, 0o600), stdin=spec.config_text(), sudo=True,
-             timeout=60, display=f"write {gs.CONFIG_FILE} (0600; holds the key)").check()
-    head.run(install_file_cmd(gs.LOG_CONFIG_FILE, 0o600), stdin=json.dumps(gs.LOG_CONFIG),
-             sudo=True, timeout=60, display=f"write {gs.LOG_CONFIG_FILE} (no access log)").check()
+             timeout=60, display=f"write {gs.CONFIG_FILE} (0600; holds the keys)").check()
     head.run(f"chmod 700 {quote(gs.GATEWAY_CONFIG_DIR)}", sudo=True, timeout=30).check()
-    head.run(gs.remove_container_cmd(), sudo=True, timeout=120,
-             display=f"remove container {gs.CONTAINER}").check()
-    note(f"gateway: starting LiteLLM {gs.LITELLM_VERSION} ({gs.IMAGE}) on {spec.node} "
-         f"{spec.host}:{spec.port}")
+    head.run(gs.stop_router_cmd() + "; " + gs.remove_legacy_cmd(), sudo=True, timeout=120,
+             display="stop the router (and an older sparkctl's LiteLLM container)").check()
+    note(f"gateway: starting {gs.ROUTER} on {spec.node} {spec.host}:{spec.port}")
     try:
-        head.run(gs.run_cmd(spec, inventory.cluster.name), sudo=True, timeout=1800,
-                 display=f"docker run {gs.CONTAINER}").check()
-        _wait_live(head, spec, note)
+        head.run(gs.start_cmd(), sudo=True, timeout=60, display="start the router").check()
+        _wait_live(head, spec)
     except BaseException:
-        # no gateway runs now: its config (the key) and record go too, so nothing is left
+        # no gateway runs now: its config (the keys) and record go too, so nothing is left
         # that `gateway down` would have to find
-        head.run(gs.remove_container_cmd() + "; " + join(
+        head.run(gs.stop_router_cmd() + "; " + join(
             ["rm", "-rf", "--", gs.GATEWAY_CONFIG_DIR, f"{gs.GATEWAY_RUN}/gateway.json"]),
             sudo=True, timeout=120)
         raise
@@ -161,21 +185,25 @@ def _sync_relays(transports: dict[str, Transport], spec: gs.GatewaySpec,
                  f"from {spec.client} only)")
 
 
-def _wait_live(head: Transport, spec: gs.GatewaySpec, note: Note) -> None:
-    deadline = time.monotonic() + LIVE_TIMEOUT
+def _wait_live(head: Transport, spec: gs.GatewaySpec) -> None:
+    """Until the router answers /health and lists every replica as a worker."""
+    started = time.monotonic()
+    deadline = started + LIVE_TIMEOUT
+    urls = {r.url for r in spec.replicas}
     while time.monotonic() < deadline:
         p = probe(head, spec.host, spec.port, liveliness=True)
-        if p.live:
+        if p.live and urls <= set(p.workers or {}):
             return
-        state = head.run(join(["docker", "inspect", "-f", "{{.State.Running}}", gs.CONTAINER]),
-                         sudo=True, timeout=60)
-        if state.ok and state.stdout.strip() == "false":
+        pid = quote(gs.ROUTER_PID)
+        running = head.run(f"[ -f {pid} ] && grep -qsa -- {quote(gs.ROUTER_PATTERN)} "
+                           f"/proc/$(cat {pid})/cmdline", sudo=True, timeout=60)
+        if not running.ok and time.monotonic() > started + 5:  # its pid file is written at once
             break
-        time.sleep(1.0)
-    logs = head.run(f"docker logs --tail 30 {gs.CONTAINER} 2>&1", sudo=True, timeout=60).stdout
-    head.run(gs.remove_container_cmd(), sudo=True, timeout=120)
+        time.sleep(0.5)
+    logs = head.run(f"tail -n 30 {quote(gs.ROUTER_LOG)} 2>&1", sudo=True, timeout=60).stdout
     raise SparkctlError(f"the gateway on {spec.node} did not answer on {spec.host}:{spec.port} "
-                        f"within {LIVE_TIMEOUT:.0f} s; its log ends:\n{logs.strip()[-2000:]}")
+                        f"with its {len(urls)} worker(s) within {LIVE_TIMEOUT:.0f} s; its log "
+                        f"ends:\n{logs.strip()[-2000:]}")
 
 
 def _probe_with_gateway(transports: dict[str, Transport]) -> tuple[dict[str, Probe], Probe | None]:
@@ -196,27 +224,29 @@ def status(transports: dict[str, Transport], inventory: Inventory) -> dict[str, 
         on_node = probes.get(r["node"])
         relay = (on_node.relays if on_node else {}).get(r["server"]) or {}
         code = health.get((r["server"], r["node"]))
+        worker = (gw.workers or {}).get(f"http://{r['address']}:{r['port']}")
         replicas.append({**r, "health": "healthy" if code == 200 else (
             "down" if not code else f"HTTP {code}"),
-            "in_gateway": bool(relay.get("alive") and relay.get("accepting")),
+            "in_gateway": bool(relay.get("alive") and relay.get("accepting") and worker),
+            "router_healthy": bool(worker and worker.get("healthy")),
             "in_flight": relay.get("busy", 0)})
     host = state.get("host")
     shown = inventory.node(gw.node).host if host == "0.0.0.0" else host
     return {"running": True, "live": gw.live, "node": gw.node,
             "address": f"http://{shown}:{state.get('port')}/v1", "key": bool(state.get("key")),
-            "image": state.get("image"), "litellm": state.get("litellm"), "replicas": replicas}
+            "router": state.get("router"), "replicas": replicas}
 
 
 def down(transports: dict[str, Transport]) -> list[str]:
-    """Remove the gateway container, its config (the key) and record, and every relay."""
+    """Stop the router, remove its config (the keys) and record, and every relay."""
     probes = probe_all(transports, liveliness=False)
     done = []
     for node, p in sorted(probes.items()):
         commands = [gs.relay_signal_cmd(server, "TERM") for server in sorted(p.relays)]
         if p.state:
-            commands += [gs.remove_container_cmd(),
+            commands += [gs.stop_router_cmd(), gs.remove_legacy_cmd(),
                          join(["rm", "-rf", "--", gs.GATEWAY_CONFIG_DIR,
-                               f"{gs.GATEWAY_RUN}/gateway.json"])]
+                               f"{gs.GATEWAY_RUN}/gateway.json", gs.ROUTER_LOG])]
             done.append(f"gateway on {node} removed")
         if p.relays:
             done.append(f"{len(p.relays)} relay(s) on {node} stopped")

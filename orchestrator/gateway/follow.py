@@ -1,20 +1,17 @@
-"""The gateway follows the servers: `launch` and `down --server` end here (issue 29).
+"""The gateway follows the servers: `launch` and `down --server` end here (issue 29), and a
+rolling relaunch puts a replica back this way.
 
-LiteLLM 1.80.11 changes its routing table at runtime only through its management API
-(`/model/new`, `/model/delete`), and both answer "No DB Connected" without a database; the
-gateway runs without one (nothing to keep, no outbound calls). So:
-
-- a replica that LEAVES needs no restart: `down --server` first closes its relay's door and
-  waits for its requests in flight (gateway_down.LeaveGateway), then its relay stops; LiteLLM
-  keeps the deployment but every connection to it is refused, so each request is retried on
-  another replica (num_retries) and the address cools down. The record (what `gateway status`
-  shows) drops it at once; LiteLLM's own list drops it at its next restart.
-- a replica that JOINS (a new name, or a server moved to another node or port) needs LiteLLM
-  restarted with the new table: the config's model list is swapped on the node (the key never
-  leaves it), the container is stopped gracefully (uvicorn finishes the requests in flight,
-  up to DRAIN_SECONDS) and started again; while it starts (seconds on a Spark, about a minute
-  in the lab) the gateway's port refuses connections. That is said before it happens.
-- a relaunch in place (same name, node and port) changes nothing: its relay carries on.
+The router (the SGLang Model Gateway) changes its workers at runtime through its own API, so
+nothing restarts:
+- a replica that LEAVES: `down --server` first takes it out of the router (`DELETE
+  /workers/ID`: no new request goes to it), waits for its requests in flight through its relay
+  (gateway_down.LeaveGateway), then the relay stops; here the config and the record drop it.
+- a replica that JOINS (a new name, or a server moved to another node or port): its relay
+  starts, the config (0600, on the gateway's node) gets it and the router gets `POST /workers`
+  with its key; this waits until the router lists it healthy.
+- a relaunch in place (same name, node and port) changes nothing, unless its key changed (a
+  rolling key rotation): the router's worker is then replaced with the new key.
+Only replicas of the model the gateway fronts join: the router 0.3.2 does not route by model.
 """
 
 from __future__ import annotations
@@ -22,16 +19,16 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands import docker_cmd, quote
+from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.gateway import control as gateway
 from orchestrator.phases import gateway_spec as gs
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Inventory
+    from orchestrator.inventory import Inventory, Node
     from orchestrator.remote.transport import Transport
 
-DRAIN_SECONDS = 60
-"""`docker stop -t`: how long LiteLLM may finish the requests in flight before it restarts."""
+JOIN_WAIT = 60
+"""Seconds to wait for the router to list a joining replica healthy (its first /health)."""
 
 
 def _key(r: dict[str, Any] | gs.Replica) -> tuple[str, str, int]:
@@ -50,64 +47,84 @@ def changes(before: list[dict[str, Any]], now: tuple[gs.Replica, ...]) -> tuple[
 
 
 def follow(transports: dict[str, Transport], inventory: Inventory, note: gateway.Note) -> str:
-    """Bring a running gateway's table to the live servers: "none" (no gateway), "unchanged",
-    "followed" (a replica left: no restart) or "restarted" (a replica joined)."""
+    """Bring a running gateway's workers to the live servers: "none" (no gateway),
+    "unchanged" or "followed" (a replica joined or left, or the router's list was put right)."""
     probes = gateway.probe_all(transports, liveliness=True)
     gw = gateway.find_gateway(probes)
     if gw is None or not gw.state:
         return "none"
     state = gw.state
-    now = gs.replicas_from(gateway.live_servers(transports, inventory),
-                           lambda n: inventory.mpi_address(inventory.node(n)),
-                           gateway.key_reader(transports))
+    found = gs.replicas_from(gateway.live_servers(transports, inventory),
+                             lambda n: inventory.mpi_address(inventory.node(n)),
+                             gateway.key_reader(transports))
+    fronted = {str(r.get("model")) for r in state.get("replicas") or []}
+    model = sorted(fronted)[0] if fronted else (found[0].model if found else "")
+    now = tuple(r for r in found if r.model == model)
+    for other in sorted({r.server for r in found if r.model != model}):
+        note(f"gateway: {other} serves another model than {model}: not behind the gateway "
+             f"({gs.ROUTER} does not route by model)")
     joined, left = changes(state.get("replicas") or [], now)
-    if not joined and not left:
-        return "unchanged"
     spec = gs.GatewaySpec(gw.node, str(state["host"]), int(state["port"]), now,
-                          image=str(state.get("image") or gs.IMAGE),
                           client=inventory.mpi_address(inventory.node(gw.node)))
     gateway._sync_relays(transports, spec, probes, note)
     head = transports[gw.node]
-    fingerprint, salt = state.get("fingerprint"), str(state.get("salt") or "")
+    salt = gs.new_salt()
+    answer = head.run(gs.workers_cmd(), stdin=json.dumps({
+        "config": gs.CONFIG_FILE, "workers": [r.worker() for r in now], "wait": JOIN_WAIT,
+        "extra": spec.fingerprinted(), "salt": salt, "rounds": gs.FINGERPRINT_ROUNDS}),
+        sudo=True, timeout=JOIN_WAIT + 60, display="the router's workers").check()
+    result = json.loads(answer.stdout)
     if left:
-        note(f"gateway: {', '.join(left)} left the routing table (no restart: LiteLLM retries "
-             "its address's refused connections on the other replicas)")
+        note(f"gateway: {', '.join(left)} left the router (DELETE /workers; no restart)")
     if joined:
-        note(f"gateway: restarting LiteLLM on {gw.node} so {', '.join(joined)} joins: it "
-             f"finishes its requests in flight (up to {DRAIN_SECONDS} s), then its port "
-             "refuses connections until it answers again (LiteLLM changes its table at runtime "
-             "only with a database)")
-        salt = gs.new_salt()
-        fingerprint = _swap_config(head, spec, salt)
-        head.run(docker_cmd("stop", "-t", DRAIN_SECONDS, gs.CONTAINER) + " >/dev/null 2>&1; true",
-                 sudo=True, timeout=DRAIN_SECONDS + 60, display="stop the gateway (graceful)")
-        head.run(docker_cmd("start", gs.CONTAINER), sudo=True, timeout=120,
-                 display=f"start {gs.CONTAINER}").check()
-        gateway._wait_live(head, spec, note)
-    gateway.write_record(head, {**spec.record(salt or None), "key": bool(state.get("key")),
-                                "salt": salt, "fingerprint": fingerprint})
-    return "restarted" if joined else "followed"
+        note(f"gateway: {', '.join(joined)} joined the router (POST /workers; no restart)")
+    gateway.write_record(head, {**spec.record(salt), "key": bool(state.get("key")),
+                                "salt": salt, "fingerprint": result["fingerprint"]})
+    changed = joined or left or result.get("added") or result.get("removed")
+    return "followed" if changed else "unchanged"
 
 
-def _swap_config(head: Transport, spec: gs.GatewaySpec, salt: str) -> str:
-    from orchestrator.node import script
-
-    request = {"path": gs.CONFIG_FILE, "model_list": spec.config()["model_list"],
-               "extra": spec.fingerprinted(), "salt": salt, "rounds": gs.FINGERPRINT_ROUNDS}
-    result = head.run("python3 -c " + quote(script("gateway_config.py")), stdin=json.dumps(request),
-                      sudo=True, timeout=60, display=f"new model list in {gs.CONFIG_FILE}").check()
-    return str(json.loads(result.stdout)["fingerprint"])
+RECORD = f"{gs.GATEWAY_RUN}/gateway.json"
+"""The gateway's record on the node it runs on: where there is none, no gateway runs."""
 
 
-def after_change(session: Any, inventory: Inventory, note: gateway.Note) -> None:
+class GatewaySeen(Step):
+    """Which nodes hold a gateway record, from the facts a launch gathers anyway (one file
+    fact per node): with none, the launch ends without probing every node for a gateway."""
+
+    name = "gateway"
+    scope = "head"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        nodes = sorted(name for name, facts in ctx.cluster_facts.items()
+                       if (record := facts.file(RECORD)) is not None and record.exists)
+        ctx.options.gateway_nodes = nodes
+        return Unchanged(f"a gateway's record on {', '.join(nodes)}: it follows the servers"
+                         if nodes else "no gateway runs: nothing to follow")
+
+
+def seen_phase() -> Phase:
+    """The launch's look for a gateway (its last phase): nothing in a launch writes a gateway
+    record (a gateway change takes the cluster lock), so the facts gathered up front serve."""
+    def facts(inventory: Inventory, node: Node) -> dict[str, Any]:
+        return {"files": {RECORD: False}}
+
+    return Phase("gateway-check", [GatewaySeen()], facts, stale_after=())
+
+
+def after_change(session: Any, inventory: Inventory, note: gateway.Note,
+                 seen: list[str] | None = None) -> None:
     """For launch and `down --server` (lock held): follow, and say what changed. A gateway
-    that cannot follow does not fail the launch or down that already succeeded."""
+    that cannot follow does not fail the launch or down that already succeeded. SEEN: the
+    nodes whose gateway record the run's facts showed (GatewaySeen; [] skips the probes)."""
     from orchestrator.errors import SparkctlError
 
+    if seen == []:
+        return  # no gateway record on any node: no gateway to follow
     try:
         outcome = follow(session.transports, inventory, note)
     except (SparkctlError, ValueError, KeyError, OSError) as exc:  # an odd answer from a node
         note(f"gateway: could not follow the change ({exc}); `sparkctl gateway up` again")
         return
-    if outcome in ("followed", "restarted"):
-        note(f"gateway: routing table updated ({outcome}); `sparkctl gateway status` shows it")
+    if outcome == "followed":
+        note("gateway: routing table updated (no restart); `sparkctl gateway status` shows it")

@@ -116,7 +116,7 @@ def manifest(args):
             if local:
                 scan_local(entry, local, allow, deny)
             else:
-                scan_hub(entry, args["hub"], key, rev, allow, deny)
+                scan_hub(entry, os.path.expanduser(args["hub"]), key, rev, allow, deny)
             cache = HashCache(cache_path(entry["root"], entry["folder"]))
             for rel in list(entry["blobs"]):
                 path = os.path.join(entry["root"], rel)
@@ -133,7 +133,7 @@ def manifest(args):
             entry["free"] = free_bytes(entry["root"])
         except OSError as exc:
             entry["error"] = str(exc)
-            entry["free"] = free_bytes(entry["root"] or args["hub"])
+            entry["free"] = free_bytes(entry["root"] or os.path.expanduser(args["hub"]))
         entry["bytes"] = sum(b["size"] for b in entry["blobs"].values() if b)  # (None: not hashed)
         entry["present"] = "config.json" in entry["files"] and not entry["partial"] and "error" not in entry
         result[key] = entry

@@ -1,11 +1,11 @@
 """What the gateway costs, measured on the gateway's own node (runs as `python3 -c`; one JSON
-argument: {"gateway": "http://127.0.0.1:PORT", "config": LiteLLM config path, "model": name,
+argument: {"gateway": "http://127.0.0.1:PORT", "config": the router's config path, "model": name,
 "direct": [base URLs of every replica], "requests": N, "seconds": S, "concurrency": C,
 "max_tokens": T}).
 
 Both paths start here, so no SSH tunnel or controller noise enters either: "direct" sends each
 request straight to a replica (round robin over all of them, as the gateway spreads them),
-"gateway" sends it through LiteLLM. Latency: N requests one at a time, the two paths
+"gateway" sends it through the router. Latency: N requests one at a time, the two paths
 interleaved (so drift in the node's load hits both alike), medians compared. Throughput: C
 requests at a time for S seconds per path, completed requests and completion tokens per second.
 The master key is read from the gateway's config here (root only), never passed in. Prints the
@@ -24,7 +24,7 @@ a = json.loads(sys.argv[1])
 def master_key():
     try:
         with open(a["config"]) as handle:
-            return (json.load(handle).get("general_settings") or {}).get("master_key")
+            return json.load(handle).get("api_key")
     except (OSError, ValueError):
         return None
 

@@ -1,10 +1,12 @@
 """What the gateway has on this node (runs as `python3 -c`; one JSON argument: {"dir": the
-gateway's run folder, "host": address, "port": port, "liveliness": bool}).
+gateway's run folder, "host": address, "port": port, "liveliness": bool, "config": the
+router's config file}).
 
 Prints {"state": the gateway record or null, "port_free": whether HOST:PORT can be bound now,
 "address_missing": whether HOST is no address of this node (binding it fails: EADDRNOTAVAIL),
-"relays": {server: relay state + "alive"}, "live": LiteLLM's /health/liveliness answered 200}.
-Standard library only.
+"relays": {server: relay state + "alive"}, "live": the router's /health answered 200,
+"workers": the router's own list ({url: {"healthy", "load"}}, asked with the master key read
+here from its config; only with "liveliness" on the gateway's node)}. Standard library only.
 """
 import errno
 import glob
@@ -56,14 +58,33 @@ def bind_error(host, port):
         sock.close()
 
 
-def live(host, port):
+def ask(host, port, path, key=None):
     host = "127.0.0.1" if host in (None, "", "0.0.0.0") else host
+    request = urllib.request.Request("http://%s:%d%s" % (host, int(port), path))
+    if key:
+        request.add_header("Authorization", "Bearer " + key)
+    with urllib.request.urlopen(request, timeout=3) as answer:
+        return answer.status, answer.read()
+
+
+def live(host, port):
     try:
-        with urllib.request.urlopen("http://%s:%d/health/liveliness" % (host, int(port)),
-                                    timeout=3) as answer:
-            return answer.status == 200
+        return ask(host, port, "/health")[0] == 200
     except Exception:
         return False
+
+
+def router_workers():
+    """The router's own worker list, asked at the address and with the key of its config."""
+    try:
+        with open(a["config"]) as handle:
+            config = json.load(handle)
+        answer = ask(config["host"], config["port"], "/workers", config.get("api_key"))
+        listed = json.loads(answer[1]).get("workers") or []
+    except Exception:
+        return None
+    return {w["url"]: {"healthy": bool(w.get("is_healthy")), "load": w.get("load", 0)}
+            for w in listed}
 
 
 relays = {}
@@ -80,4 +101,6 @@ out = {"state": state, "relays": relays,
        "port_free": error != errno.EADDRINUSE if a.get("port") else None,
        "address_missing": error == errno.EADDRNOTAVAIL,
        "live": bool(a.get("liveliness") and port and live(a.get("host") or mine.get("host"), port))}
+if out["live"] and a.get("config") and os.path.exists(a["config"]):
+    out["workers"] = router_workers()
 print(json.dumps(out, sort_keys=True))

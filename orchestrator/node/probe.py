@@ -9,11 +9,21 @@ Two ways to call it:
 - `probe.py --at PORT HOST KEY_FILE [BODY]` (readiness and the smoke test while launching): /health,
   then /v1/models' model ids ({"health": code, "models": [...]}); with BODY (JSON) one chat
   completion instead ({"code", "body", "seconds"}).
+- `probe.py --wait SECONDS CONTAINER SEEN PORT HOST KEY_FILE` (readiness while launching): the
+  look of `--at` repeated here on the node every LOOK_EVERY s, plus whether CONTAINER runs
+  ("running"), until the answer differs from what the controller last saw (SEEN: its /health
+  code, "" at first), the model is listed, the container stops or SECONDS pass; prints the last
+  look. One SSH round trip per change instead of one per look,
+  and a server that becomes ready is seen within LOOK_EVERY s, as a person's `curl` loop sees it.
+- `probe.py --metrics PORT HOST [KEY_FILE]` (`status`'s server figures): GET /metrics; prints its
+  Content-Type on the first line, then the body as it came; exits 1 (the reason on stderr) when
+  it does not answer 200.
 
 A server with an API key gets it in the `Authorization` header, read here (as root) from its
 node file (the record's "api_key_file", or KEY_FILE), never from a command line.
 """
 import json
+import subprocess
 import sys
 import time
 import urllib.error
@@ -66,6 +76,36 @@ def launching(argv):
     return out
 
 
+LOOK_EVERY = 0.1
+"""Seconds between two looks at a loading server (each is one local HTTP request)."""
+INSPECT_EVERY = 1.0
+"""Seconds between two `docker inspect`s of its container (costlier than a look)."""
+
+
+def container_running(container):
+    try:
+        proc = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", container],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return True  # docker cannot tell now: the next look asks again
+    return proc.stdout.decode().strip() == "true"
+
+
+def waiting(argv):
+    """--wait SECONDS CONTAINER SEEN PORT HOST KEY_FILE: looks until something changes (above)."""
+    deadline = time.time() + float(argv[0])
+    container, seen, inspected, running = argv[1], argv[2], 0.0, True
+    while True:
+        out = launching(argv[3:6])
+        if time.time() - inspected >= INSPECT_EVERY or out.get("models"):
+            running, inspected = container_running(container), time.time()
+        out["running"] = running
+        changed = str(out["health"]) != seen
+        if not running or out.get("models") or changed or time.time() >= deadline:
+            return out
+        time.sleep(LOOK_EVERY)
+
+
 def recorded(argv):
     """RECORD ENGINES: the recorded server's health paths, in order."""
     try:
@@ -88,5 +128,26 @@ def recorded(argv):
     return out
 
 
+def metrics(argv):
+    """--metrics PORT HOST [KEY_FILE]: the exposition whole (it may be long), or exit 1."""
+    port, host = int(argv[0]), loopback(argv[1])
+    headers = key_headers(argv[2] if len(argv) > 2 else None)
+    headers.pop("Content-Type")
+    request = urllib.request.Request("http://%s:%d/metrics" % (host, port), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            body = answer.read().decode("utf-8", "replace")
+            sys.stdout.write(answer.headers.get("Content-Type", "") + "\n" + body)
+    except Exception as exc:  # HTTP Error 401: Unauthorized; or why nothing answered
+        why = exc if isinstance(exc, urllib.error.HTTPError) else getattr(exc, "reason", exc)
+        sys.stderr.write("GET /metrics: %s\n" % str(why)[:300])
+        sys.exit(1)
+
+
 if __name__ == "__main__":
-    print(json.dumps(launching(sys.argv[2:]) if sys.argv[1:2] == ["--at"] else recorded(sys.argv[1:])))
+    if sys.argv[1:2] == ["--wait"]:
+        print(json.dumps(waiting(sys.argv[2:])))
+    elif sys.argv[1:2] == ["--metrics"]:
+        metrics(sys.argv[2:])
+    else:
+        print(json.dumps(launching(sys.argv[2:]) if sys.argv[1:2] == ["--at"] else recorded(sys.argv[1:])))

@@ -9,8 +9,8 @@ fabric host with no key while the gateway demands one (issue 41.2).
 
 Engines bind their node's loopback; the gateway on the head reaches a replica at its node's
 fabric address through this TCP relay, which is also the switch a rolling relaunch turns:
-SIGUSR1 closes the door (the listener stops: new connections are refused, so LiteLLM retries
-them on another replica and cools this one down; connections in flight carry on), SIGUSR2 opens
+SIGUSR1 closes the door (the listener stops: new connections are refused, so the router retries
+them on another replica; connections in flight carry on), SIGUSR2 opens
 it again, SIGTERM ends it. Bytes pass untouched: no HTTP is parsed, no key is seen here.
 
 The state file says {"pid", "accepting", "connections", "busy", "requests", "errors"}:
@@ -22,7 +22,7 @@ request went up and no answer came back since, or while answer bytes flowed with
 second (a stream): `drain` waits for busy == 0 before the engine is stopped. While the door is
 closed, a kept-alive connection that starts a NEW request (request bytes after answer bytes:
 HTTP/1.1 clients send the next request only once the answer is in) is closed before a byte of
-it reaches the engine, so LiteLLM retries that request on another replica; without this, its
+it reaches the engine, so the router retries that request on another replica; without this, its
 pooled connections would keep a draining replica busy forever. Standard library only
 (Python 3.8+).
 """

@@ -1,9 +1,9 @@
 """What `sparkctl down` (the whole cluster) does about the gateway.
 
-The gateway's container goes with the other labelled containers and its config (the key) with
-/etc/sparkctl; its relays are plain processes (orchestrator/node/relay.py, detached with
-setsid), so without this step they outlived `down`: found by their command line and stopped
-here, and the verify step names any relay still running.
+The gateway's config (the keys) goes with /etc/sparkctl; its router and relays are plain
+processes (orchestrator/node/gateway_router.py and relay.py, detached with setsid), so without
+this step they would outlive `down`: found by their pid files and command lines and stopped
+here, and the verify step names any still running.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ def server_relay_facts(server: str) -> dict[str, Any]:
 
 
 class LeaveGateway(Step):
-    """`down --server NAME`, before its engine stops: close its relay's door (LiteLLM retries
-    new requests on another replica), wait for its requests in flight, stop the relay."""
+    """`down --server NAME`, before its engine stops: take it out of the router (`DELETE
+    /workers/ID`) and close its relay's door, wait for its requests in flight, stop the
+    relay."""
 
     name = "gateway-leave"
 
@@ -71,8 +72,9 @@ class LeaveGateway(Step):
 
         if ctx.transport is None:  # only a dry run has none, and it applies nothing
             return None
-        drained = drain(ctx.transport, self.server, DRAIN_TIMEOUT, lambda _line: None)
+        drained = drain(ctx.transport, self.server, DRAIN_TIMEOUT, lambda _line: None,
+                        ctx.transports or {ctx.node.name: ctx.transport})
         ctx.run(gs.relay_signal_cmd(self.server, "TERM"), sudo=True, timeout=30,
                 display=f"stop the relay of {self.server}").check()
         return "drained" if drained else (f"requests still in flight after {DRAIN_TIMEOUT:.0f} s "
-                                          "(LiteLLM retries them on another replica)")
+                                          "(the router retries them on another replica)")

@@ -27,6 +27,8 @@ class Probe:
     port_free: bool | None
     live: bool
     address_missing: bool = False
+    workers: dict[str, dict[str, Any]] | None = None
+    """On the gateway's node: the router's own worker list by URL ({"healthy", "load"})."""
 
 
 def probe(transport: Transport, host: str | None = None, port: int | None = None,
@@ -38,7 +40,8 @@ def probe(transport: Transport, host: str | None = None, port: int | None = None
     except ValueError:
         data = {}
     return Probe(transport.node, data.get("state"), data.get("relays") or {},
-                 data.get("port_free"), bool(data.get("live")), bool(data.get("address_missing")))
+                 data.get("port_free"), bool(data.get("live")), bool(data.get("address_missing")),
+                 data.get("workers"))
 
 
 def set_in_rotation(transport: Transport, server: str, inside: bool) -> None:
@@ -47,8 +50,46 @@ def set_in_rotation(transport: Transport, server: str, inside: bool) -> None:
                   f"{server}").check()
 
 
-def drain(transport: Transport, server: str, timeout: float, note: Note) -> bool:
-    """Take SERVER out of the gateway and wait until none of its requests is in flight."""
+def router_request(transports: dict[str, Transport], request: dict[str, Any]
+                   ) -> dict[str, Any] | None:
+    """Run gateway_workers.py with REQUEST on the node whose router runs (None: no gateway)."""
+    for node in sorted(transports):
+        found = probe(transports[node])
+        if found.state:
+            answer = transports[node].run(
+                gs.workers_cmd(), stdin=json.dumps({"config": gs.CONFIG_FILE, **request}),
+                sudo=True, timeout=60 + float(request.get("wait") or 0),
+                display="the router's workers").check()
+            return dict(json.loads(answer.stdout))
+    return None
+
+
+def worker_url(transports: dict[str, Transport], server: str) -> str | None:
+    """SERVER's worker URL in the router, from the gateway's record (None: not behind it)."""
+    for node in sorted(transports):
+        state = probe(transports[node]).state
+        if state:
+            return next((f"http://{r['address']}:{r['port']}" for r in state.get("replicas") or []
+                         if r.get("server") == server), None)
+    return None
+
+
+def leave_router(transports: dict[str, Transport], server: str) -> bool:
+    """Take SERVER out of the router through its own API (`DELETE /workers/ID`): no new
+    request goes to it; its requests in flight carry on. False when it is not behind it."""
+    url = worker_url(transports, server)
+    if url is None:
+        return False
+    router_request(transports, {"workers": None, "remove": [url], "wait": 10})
+    return True
+
+
+def drain(transport: Transport, server: str, timeout: float, note: Note,
+          transports: dict[str, Transport] | None = None) -> bool:
+    """Take SERVER out of the router (TRANSPORTS: every node's, to find it) and close its
+    relay's door, then wait until none of its requests is in flight."""
+    if transports:
+        leave_router(transports, server)
     set_in_rotation(transport, server, False)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -1,14 +1,17 @@
-"""The gateway as data: which LiteLLM, its routing table, its container, the relays (pure).
+"""The gateway as data: which router, its routing table, its process, the relays (pure).
 
-One OpenAI-compatible address for the cluster is LiteLLM's proxy (the router Spark users
-already run), in a container on one node (the head by default), pinned by digest. Its
-`model_list` comes from the servers sparkctl runs: every served model name maps to each live
-server serving it (replicas are deployments of one model name). Engines keep binding their
-node's loopback; the gateway reaches each one at its node's fabric address through a relay
-(orchestrator/node/relay.py), which is also how a rolling relaunch takes a replica out.
+One OpenAI-compatible address for the cluster is the SGLang Model Gateway (PyPI
+`sglang-router`, pinned ROUTER_VERSION: a Rust router behind a small Python package), run as a
+plain process on one node (the head by default) by orchestrator/node/gateway_router.py. It
+adds and removes backends at runtime through its own API (`POST /workers`, `DELETE
+/workers/ID`): a replica joins or leaves with no restart (issue 40). Its workers come from the
+servers sparkctl runs: every live replica is one worker. Engines keep binding their node's
+loopback; the router reaches each one at its node's fabric address through a relay
+(orchestrator/node/relay.py), which lets in only the gateway's node.
 
-The master key lives only in the config file (0600, in a 0700 folder mounted read-only):
-never on argv, in the container's environment (`docker inspect` shows it), or in a log.
+The master key and the replicas' keys live only in the router's config file (0600, in a 0700
+folder): the launcher reads it and builds the router's arguments itself, so no key is on a
+command line, in `ps`, or in a log.
 """
 
 from __future__ import annotations
@@ -23,44 +26,52 @@ from typing import Any
 from orchestrator.commands import Secret, docker_cmd, join, quote
 from orchestrator.paths import CONFIG_DIR, RUN_DIR
 
-LITELLM_VERSION = "1.80.11"
-IMAGE_TAG = f"ghcr.io/berriai/litellm:v{LITELLM_VERSION}-stable.1"
-IMAGE_DIGEST = "sha256:311eba8a74364c1303ddbaf1752395bd9b43b83290cb9a506e36ecd020466ab7"
-"""The linux/arm64 manifest of IMAGE_TAG (a DGX Spark is arm64), as GitHub's package page for
-berriai/litellm lists it (github.com/berriai/litellm/pkgs/container/litellm). The lab serves
-the same reference (lab/sparklab/image/catalog.json) with the real proxy from PyPI inside."""
-IMAGE = f"ghcr.io/berriai/litellm@{IMAGE_DIGEST}"
-CONTAINER = "sparkctl-gateway"
+ROUTER_VERSION = "0.3.2"
+ROUTER = f"sglang-router {ROUTER_VERSION}"
+"""What `status` shows. The PyPI distribution; its import name is ROUTER_MODULE."""
+ROUTER_MODULE = "sglang_router"
+WHEELS = {
+    # a DGX Spark is aarch64; x86_64 for the lab and other machines. The sha256 of each
+    # wheel as PyPI lists it for the release: the installer refuses any other bytes
+    "aarch64": ("sglang_router-0.3.2-cp38-abi3-manylinux_2_17_aarch64.manylinux2014_aarch64.whl",
+                "40a10f3817b80377c2ceb326b625f24bd06eb97426e5044de722295ec7fa79c0"),
+    "x86_64": ("sglang_router-0.3.2-cp38-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+               "ba5a24951e5e0357fe390782fcd1abd861448a87216832dbf2e501a1dd1548eb"),
+}
+ROUTER_TREE = f"/opt/sparkctl/sglang-router-{ROUTER_VERSION}"
+"""The wheel unpacked on the gateway's node (its Rust router needs none of the package's
+Python dependencies: the launcher imports only its router and its arguments)."""
+WHEELHOUSE = "/usr/local/share/sparkctl/wheels"
+"""Where the installer looks for the pinned wheel before asking pip's index: a Spark without
+internet access (and the lab, whose nodes have none) puts the file there."""
 GATEWAY_RUN = f"{RUN_DIR}/gateway"
-"""gateway.json (the gateway's record, no secret) and relay-<server>.{json,pid,log}."""
+"""gateway.json (the gateway's record, no secret), router.{pid,log}, relay-<server>.{json,pid,log}."""
 GATEWAY_CONFIG_DIR = f"{CONFIG_DIR}/gateway"
-CONFIG_FILE = f"{GATEWAY_CONFIG_DIR}/config.yaml"
+CONFIG_FILE = f"{GATEWAY_CONFIG_DIR}/router.json"
+ROUTER_PID = f"{GATEWAY_RUN}/router.pid"
+ROUTER_LOG = f"{GATEWAY_RUN}/router.log"
 RECORD_MODE = 0o600
 """gateway.json: private (its fingerprint is derived from the config, which holds the key)."""
 FINGERPRINT_ROUNDS = 200_000
 """PBKDF2-SHA256 rounds over the config and a random salt: the record's fingerprint is no
 offline oracle for guessing the master key (about 0.1 s per guess, a new salt per record)."""
-LOG_CONFIG_FILE = f"{GATEWAY_CONFIG_DIR}/logging.json"
-LOG_CONFIG = {
-    "version": 1, "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain",
-                            "stream": "ext://sys.stderr"}},
-    "loggers": {"uvicorn": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
-                "uvicorn.access": {"handlers": [], "level": "CRITICAL", "propagate": False}},
+NO_KEY = "sparkctl-replica-without-key"
+"""The key the router sends a replica launched without one. Without a key of its own per
+worker, the router 0.3.2 sends its MASTER key to the worker (measured): the master key must
+never leave the gateway's node, and an engine without --api-key ignores the header."""
+POLICY = {
+    # least busy: cache_aware with both balance thresholds at their floor picks the replica
+    # with the fewest requests in flight whenever the loads differ (and, between equally busy
+    # ones, the one whose prefix cache matches): power_of_two needs two workers at start
+    "policy": "cache_aware", "balance_abs_threshold": 0, "balance_rel_threshold": 1.0,
+    # a request that fails on one replica (refused, reset, 5xx) is retried, on another one
+    "retry_max_retries": 3, "retry_initial_backoff_ms": 50, "retry_max_backoff_ms": 1000,
+    # a replica whose /health fails twice (5 s apart) is out of the rotation until it answers
+    "health_check_interval_secs": 5, "health_check_timeout_secs": 3,
+    "health_failure_threshold": 2, "health_success_threshold": 1,
+    "request_timeout_secs": 600, "log_level": "warn",
 }
-"""LiteLLM's `--log_config` (uvicorn's logging, at the pinned version): everything as before
-but the access log, whose request lines hold the query string, and a client may put its key
-there (`?api_key=...`): a key must never sit in clear in `docker logs`."""
-COOLDOWN_SECONDS = 5
-"""How long LiteLLM keeps a replica out after a failed call: retried on another one meanwhile,
-then tried again (put back when it answers)."""
-ENVIRONMENT = {
-    # no outbound calls: the model price map is the one inside the package, no telemetry
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "LITELLM_TELEMETRY": "False",
-    "LITELLM_LOG": "INFO",
-}
+"""The router's settings (its RouterArgs fields at ROUTER_VERSION), besides host, port, key."""
 
 
 @dataclass(frozen=True)
@@ -74,12 +85,18 @@ class Replica:
     port: int      # the engine's port on 127.0.0.1 of its node; the relay's on `address`
     recipe: str = ""
     key: Secret | None = field(default=None, compare=False)
-    """The server's API key (`launch --api-key-file`), read from its node's file: LiteLLM sends
-    it to this replica (it is in the 0600 config file only)."""
+    """The server's API key (`launch --api-key-file`), read from its node's file: the router
+    sends it to this replica (it is in the 0600 config file only)."""
 
     @property
-    def api_base(self) -> str:
-        return f"http://{self.address}:{self.port}/v1"
+    def url(self) -> str:
+        """The router's worker URL: the replica's relay."""
+        return f"http://{self.address}:{self.port}"
+
+    def worker(self) -> dict[str, Any]:
+        """The router's worker entry (`POST /workers` body; holds the replica's key)."""
+        return {"url": self.url, "model_id": self.model,
+                "api_key": self.key.reveal() if self.key else NO_KEY}
 
 
 @dataclass(frozen=True)
@@ -89,7 +106,6 @@ class GatewaySpec:
     port: int
     replicas: tuple[Replica, ...]
     key: Secret | None = field(default=None, compare=False)
-    image: str = IMAGE
     client: str = ""
     """The gateway node's fabric address: the only peer a replica's relay lets in, so nothing
     the gateway fronts answers another host without the gateway's key (issue 41.2)."""
@@ -101,36 +117,19 @@ class GatewaySpec:
         return out
 
     def config(self) -> dict[str, Any]:
-        """LiteLLM's config (JSON is YAML): one deployment per replica, least-busy routing,
-        retries on another replica, a short cooldown for one that fails."""
-        deployments = [{
-            "model_name": r.model,
-            "litellm_params": {"model": f"openai/{r.model}", "api_base": r.api_base,
-                               "api_key": r.key.reveal() if r.key else "none",
-                               "timeout": 600, "stream_timeout": 600},
-            "model_info": {"id": r.server},
-        } for r in self.replicas]
-        general: dict[str, Any] = {}
-        if self.key is not None:
-            general["master_key"] = self.key.reveal()
-        return {
-            "model_list": deployments,
-            "router_settings": {"routing_strategy": "least-busy", "num_retries": 3,
-                                "retry_after": 0, "allowed_fails": 0,
-                                "cooldown_time": COOLDOWN_SECONDS},
-            "litellm_settings": {"telemetry": False, "drop_params": True,
-                                 "request_timeout": 600},
-            "general_settings": general,
-        }
+        """The router's config (router.json, read by orchestrator/node/gateway_router.py):
+        its address, its master key, its policy and one worker per replica."""
+        return {"host": self.host, "port": self.port,
+                "api_key": self.key.reveal() if self.key is not None else None,
+                "settings": POLICY, "workers": [r.worker() for r in self.replicas]}
 
     def config_text(self) -> str:
         return json.dumps(self.config(), indent=1, sort_keys=True) + "\n"
 
     def fingerprinted(self) -> list[Any]:
-        """What the fingerprint covers besides the config (the node's gateway_config.py gets
-        the same list as "extra"): the log config too, so a gateway running with an access
-        log is restarted into the one without."""
-        return [self.host, self.port, self.image, self.node, LOG_CONFIG]
+        """What the fingerprint covers besides the config (the node's gateway_workers.py gets
+        the same list as "extra")."""
+        return [self.host, self.port, ROUTER, self.node]
 
     def fingerprint(self, salt: str) -> str:
         """Changes when anything the running gateway was started with changes (the key too):
@@ -140,9 +139,9 @@ class GatewaySpec:
     def record(self, salt: str | None = None) -> dict[str, Any]:
         """gateway.json (0600): what `status` shows; no secret, a fingerprint under a new salt."""
         salt = salt or new_salt()
-        return {"node": self.node, "host": self.host, "port": self.port, "image": self.image,
+        return {"node": self.node, "host": self.host, "port": self.port, "router": ROUTER,
                 "key": self.key is not None, "salt": salt, "fingerprint": self.fingerprint(salt),
-                "litellm": LITELLM_VERSION, "client": self.client,
+                "client": self.client,
                 "replicas": [{"server": r.server, "model": r.model, "node": r.node,
                               "address": r.address, "port": r.port, "recipe": r.recipe}
                              for r in self.replicas]}
@@ -174,21 +173,54 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def run_cmd(spec: GatewaySpec, cluster: str) -> str:
-    """The container: host network (it binds HOST:PORT itself), the config folder read-only,
-    LiteLLM's CLI as entrypoint (the image's own entrypoint script takes the same arguments)."""
-    env = [f"--env={k}={v}" for k, v in sorted(ENVIRONMENT.items())]
-    return docker_cmd(
-        "run", "-d", "--name", CONTAINER, "--network", "host", "--restart", "unless-stopped",
-        "--label", "sparkctl.managed=true", "--label", f"sparkctl.cluster={cluster}",
-        "--label", "sparkctl.gateway=true", *env,
-        "-v", f"{GATEWAY_CONFIG_DIR}:{GATEWAY_CONFIG_DIR}:ro", "--entrypoint", "litellm",
-        spec.image, "--config", CONFIG_FILE, "--host", spec.host, "--port", spec.port,
-        "--num_workers", 1, "--log_config", LOG_CONFIG_FILE)
+def install_cmd() -> str:
+    """Unpack the pinned wheel into ROUTER_TREE unless it is there (orchestrator/node/
+    router_install.py: the sha256 checked before a byte is unpacked)."""
+    from orchestrator.node import script
+
+    args = {"tree": ROUTER_TREE, "module": ROUTER_MODULE, "version": ROUTER_VERSION,
+            "requirement": f"sglang-router=={ROUTER_VERSION}", "wheels": WHEELS,
+            "wheelhouse": WHEELHOUSE}
+    return "python3 -c " + quote(script("router_install.py")) + " " + quote(
+        json.dumps(args, sort_keys=True))
 
 
-def remove_container_cmd() -> str:
-    return docker_cmd("rm", "-f", CONTAINER) + " >/dev/null 2>&1 || true"
+def start_cmd() -> str:
+    """Start the router detached (setsid) through its launcher; its argument names files,
+    never a key: the launcher reads the keys from CONFIG_FILE (0600) itself."""
+    from orchestrator.node import script
+
+    args = json.dumps({"config": CONFIG_FILE, "tree": ROUTER_TREE, "pidfile": ROUTER_PID},
+                      sort_keys=True)
+    start = join(["setsid", "python3", "-c", script("gateway_router.py"), args])
+    return (f"mkdir -p {quote(GATEWAY_RUN)} && rm -f {quote(ROUTER_PID)} && "
+            f"{{ {start} >{quote(ROUTER_LOG)} 2>&1 </dev/null & }}")
+
+
+def stop_router_cmd() -> str:
+    """TERM the router (found by its pid file, kept only while that pid is still the
+    router's), KILL it after 5 s, remove its pid file."""
+    pid = quote(ROUTER_PID)
+    alive = (f"[ -f {pid} ] && grep -qsa -- {quote(ROUTER_PATTERN)} /proc/$(cat {pid})/cmdline")
+    return (f"if {alive}; then kill -TERM $(cat {pid}) 2>/dev/null; for i in $(seq 50); do "
+            f"{alive} || break; sleep 0.1; done; {alive} && kill -KILL $(cat {pid}); fi; "
+            f"rm -f {pid}; true")
+
+
+LEGACY_CONTAINER = "sparkctl-gateway"
+"""The LiteLLM container an sparkctl before issue 40 ran the gateway in: removed when the router
+takes its place (it would hold the port)."""
+
+
+def remove_legacy_cmd() -> str:
+    return docker_cmd("rm", "-f", LEGACY_CONTAINER) + " >/dev/null 2>&1 || true"
+
+
+def workers_cmd() -> str:
+    """The node script that reads and changes the router's workers (stdin: its request)."""
+    from orchestrator.node import script
+
+    return "python3 -c " + quote(script("gateway_workers.py"))
 
 
 def relay_paths(server: str) -> dict[str, str]:
@@ -229,7 +261,8 @@ def relay_signal_cmd(server: str, signal: str) -> str:
 def probe_cmd(host: str | None = None, port: int | None = None, liveliness: bool = False) -> str:
     from orchestrator.node import script
 
-    args = {"dir": GATEWAY_RUN, "host": host, "port": port, "liveliness": liveliness}
+    args = {"dir": GATEWAY_RUN, "host": host, "port": port, "liveliness": liveliness,
+            "config": CONFIG_FILE}
     return "python3 -c " + quote(script("gateway_probe.py")) + " " + quote(
         json.dumps(args, sort_keys=True))
 
@@ -252,6 +285,8 @@ def replicas_from(servers: list[dict[str, Any]], address_of: Any,
     return tuple(sorted(out, key=lambda r: (r.model, r.server)))
 
 
+ROUTER_PATTERN = "/run/gateway/router[.]pid"
+"""Matches the router's command line (its pid file's path is in its argument)."""
 RELAY_PATTERN = "/run/gateway/relay[-]"
 """Matches a relay's command line (its state path) in /proc/PID/cmdline; the bracket keeps the
 pattern from matching the grep (or sh -c) that carries it."""
@@ -265,14 +300,18 @@ def relay_pids_cmd(run_dir: str = GATEWAY_RUN) -> str:
     this node's."""
     return (f"for f in {quote(run_dir)}/relay-*.pid; do [ -f \"$f\" ] || continue; "
             "p=$(cat \"$f\"); case $p in ''|*[!0-9]*) continue;; esac; "
-            f"grep -qsa -- {quote(RELAY_PATTERN)} /proc/$p/cmdline && echo $p; done; true")
+            f"grep -qsa -- {quote(RELAY_PATTERN)} /proc/$p/cmdline && echo $p; done; "
+            # the router too: `sparkctl down` stops it with the relays, verify names it
+            f"f={quote(run_dir)}/router.pid; [ -f \"$f\" ] && p=$(cat \"$f\") && "
+            f"grep -qsa -- {quote(ROUTER_PATTERN)} /proc/$p/cmdline 2>/dev/null && echo $p; true")
 
 
 def stop_relays_cmd() -> str:
-    """TERM every relay, wait for them to end (KILL after 3 s), remove their files."""
+    """TERM every relay and the router, wait for them to end (KILL after 3 s), remove their
+    files."""
     pids = f"$({relay_pids_cmd()})"
     return (f"p={pids}; [ -z \"$p\" ] || kill -TERM $p 2>/dev/null; for i in $(seq 30); do "
             f"p={pids}; [ -z \"$p\" ] && break; sleep 0.1; done; "
             f"[ -z \"$p\" ] || kill -KILL $p 2>/dev/null; "
             # relay[-]*, not the plain name: this very command must not match RELAY_PATTERN
-            f"rm -f {quote(GATEWAY_RUN)}/relay[-]*; true")
+            f"rm -f {quote(GATEWAY_RUN)}/relay[-]* {quote(ROUTER_PID)}; true")

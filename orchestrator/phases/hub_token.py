@@ -21,7 +21,12 @@ from orchestrator.core.step import NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.model_tools import ModelTools, model_tools
-from orchestrator.phases.models import ServingPhase, download_cmd, manifest_cmd, manifests_from_facts
+from orchestrator.phases.models import (
+    ServingPhase,
+    download_cmd,
+    manifest_fact_cmd,
+    manifests_from_facts,
+)
 from orchestrator.recipe import BaseRecipe as Recipe
 
 DEFAULT_HUB = "https://huggingface.co"
@@ -138,7 +143,7 @@ def phase(recipe: Recipe, image: str, inventory: Inventory) -> Phase:
     tools = model_tools(image, inventory)
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        return {"commands": {"models": tools.when_present(manifest_cmd(tools, recipe))},
+        return {"commands": {"models": manifest_fact_cmd(tools, recipe)},
                 "timeout": 3600}
 
     return ServingPhase("hf-token", [HubToken(recipe, tools)], facts, serving=[inventory.head_name])

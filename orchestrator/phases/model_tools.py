@@ -40,6 +40,13 @@ class ModelTools:
             return f"~{self.user}" + (f"/{quote(self.hf_cache[2:])}" if self.hf_cache[2:] else "")
         return quote(self.hf_cache)
 
+    def host_hub(self) -> str:
+        """The cache's hub folder as a node-side script reads it (os.path.expanduser there:
+        ~user, never the caller's ~)."""
+        if self.hf_cache == "~" or self.hf_cache.startswith("~/"):
+            return f"~{self.user}{self.hf_cache[1:]}/hub"
+        return f"{self.hf_cache.rstrip('/')}/hub"
+
     def cmd(self, argv: list[Any], env: dict[str, str] | None = None, interactive: bool = False,
             token: bool = False) -> str:
         """`argv` in a fresh container of the image, removed when it ends; with `token`, the

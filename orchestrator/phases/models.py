@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.commands import join
 from orchestrator.core.progress import Heartbeat
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.core.transfers import Transfers
@@ -50,6 +51,19 @@ def manifest_cmd(tools: ModelTools, recipe: Recipe, chunks: bool = False) -> str
     """Each model's files on the node, with sha256 (cached beside the model; node/fanout.py)."""
     return fanout.node_script_cmd(tools, "manifest", {"hub": HUB_DIR, "chunks": chunks,
                                                       "repos": repo_requests(recipe)})
+
+
+def manifest_fact_cmd(tools: ModelTools, recipe: Recipe) -> str:
+    """The manifest as a fact (what every launch gathers up front): manifest_cmd's node script
+    run by the node's own python3 over the same files (the cache a models container mounts is
+    that folder), without starting a container, about a second of the node's CPU; a model in a
+    local folder (a path in the container) still in a models container. Either way NO_IMAGE
+    while the image is not on the node (the models' tools, the token check, need it next)."""
+    if any(local is not None for _, _, local in recipe.repos):
+        return tools.when_present(manifest_cmd(tools, recipe))
+    args = {"hub": tools.host_hub(), "chunks": False, "repos": repo_requests(recipe)}
+    return tools.when_present(join(["python3", "-c", fanout.FANOUT_SCRIPT, "manifest",
+                                    json.dumps(args, sort_keys=True)]))
 
 
 def download_cmd(tools: ModelTools, repo: str, revision: str, local_dir: str | None,
@@ -343,11 +357,8 @@ def phase(recipe: Recipe, nodes: list[str], image: str, inventory: Inventory) ->
     tools = model_tools(image, inventory)
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        return {
-            "files": {TOKEN_PATH: False},
-            "commands": {"models": tools.when_present(manifest_cmd(tools, recipe))},
-            "timeout": 3600,
-        }
+        return {"files": {TOKEN_PATH: False}, "commands": {"models": manifest_fact_cmd(tools, recipe)},
+                "timeout": 3600}
 
     # the head fetches (in a models container) even when the server is placed on other nodes
     where = [inventory.head_name, *(n for n in nodes if n != inventory.head_name)]

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab, run_sparkctl
+from conftest import REPO, Lab, Sparkctl, e2e_state, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -42,8 +42,7 @@ RAY_PROCESSES = ("ps -eo pid,args | grep -E 'raylet|gcs_server|ray start|vllm se
                  "| grep -v grep || true")
 
 
-def sparkctl(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    return run_sparkctl("vllm", *args, timeout=timeout, token=SENTINEL)
+sparkctl = Sparkctl("vllm", token=SENTINEL, timeout=400)
 
 
 REFUSED: list[subprocess.CompletedProcess[str]] = []

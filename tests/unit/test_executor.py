@@ -204,6 +204,21 @@ def test_after_a_change_later_phases_gather_fresh_facts(run: Any) -> None:
     assert len(gathers) == 3
 
 
+def test_a_phase_gathers_again_only_after_a_change_of_a_phase_it_names(run: Any) -> None:
+    """Phase.stale_after: the facts gathered up front serve a later phase as long as none of
+    the phases it names changed anything (a launch's persist and gateway checks after its
+    serve phase started the server), and a change of a named phase still refreshes them."""
+    def plan(stale_after: tuple[str, ...]) -> Plan:
+        return Plan("launch", [Phase("serve", [Recorder("s0")], facts_request),
+                               Phase("persist", [Recorder("s1")], facts_request,
+                                     stale_after=stale_after)])
+
+    _, journal = run(plan(()), {"spark-a": said(1, 2)})
+    assert len([cmd for _, cmd in journal if cmd.startswith("python3 - ")]) == 1
+    _, journal = run(plan(("serve",)), {"spark-a": said(1, 2)})
+    assert len([cmd for _, cmd in journal if cmd.startswith("python3 - ")]) == 2
+
+
 def test_merge_requests_answers_every_phase() -> None:
     from orchestrator.remote.facts import merge_requests
 

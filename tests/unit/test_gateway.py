@@ -1,4 +1,4 @@
-"""The gateway: LiteLLM's config and container from the live servers, the key's handling, the
+"""The gateway: the router's config and process from the live servers, the key's handling, the
 refusals before any change, idempotence, the relay's drain switch, and the rolling rules."""
 
 from __future__ import annotations
@@ -37,33 +37,72 @@ def spec(key: str | None = KEY, host: str = "0.0.0.0", port: int = 4000) -> gs.G
     return gateway.desired(inventory, "spark-a", host, port, Secret(key) if key else None, found)
 
 
-def test_every_live_server_of_a_model_is_one_deployment_of_it() -> None:
+def test_every_live_server_of_a_model_is_one_worker_of_the_router() -> None:
     config = spec().config()
-    deployments = config["model_list"]
-    assert [d["model_info"]["id"] for d in deployments] == ["r-a", "r-b"]  # the dead one: out
-    assert {d["model_name"] for d in deployments} == {"Qwen/Qwen3-8B"}
-    bases = [d["litellm_params"]["api_base"] for d in deployments]
-    assert all(b.startswith("http://192.168.") and b.endswith(":30000/v1") for b in bases)
-    router = config["router_settings"]
-    assert router["routing_strategy"] == "least-busy" and router["num_retries"] >= 1
-    assert router["cooldown_time"] == gs.COOLDOWN_SECONDS
-    assert config["general_settings"]["master_key"] == KEY
-    assert "master_key" not in spec(None, "127.0.0.1").config()["general_settings"]
+    workers = config["workers"]
+    assert [w["url"] for w in workers] == ["http://192.168.200.12:30000",
+                                           "http://192.168.200.13:30000"]  # the dead one: out
+    assert {w["model_id"] for w in workers} == {"Qwen/Qwen3-8B"}
+    settings = config["settings"]
+    # least busy: cache_aware picks the less loaded replica whenever the loads differ
+    assert settings["policy"] == "cache_aware" and settings["balance_abs_threshold"] == 0
+    assert settings["balance_rel_threshold"] == 1.0 and settings["retry_max_retries"] >= 1
+    assert settings["health_check_interval_secs"] <= 5
+    assert config["api_key"] == KEY and config["host"] == "0.0.0.0" and config["port"] == 4000
+    assert spec(None, "127.0.0.1").config()["api_key"] is None
+
+
+def test_the_settings_are_the_routers_own_arguments(tmp_path: Path) -> None:
+    """Every key of POLICY is a field of the router's RouterArgs at the pinned version (the
+    launcher passes them as keyword arguments): a typo would stop the router at start."""
+    fields = {"policy", "balance_abs_threshold", "balance_rel_threshold", "retry_max_retries",
+              "retry_initial_backoff_ms", "retry_max_backoff_ms", "health_check_interval_secs",
+              "health_check_timeout_secs", "health_failure_threshold",
+              "health_success_threshold", "request_timeout_secs", "log_level"}
+    assert set(gs.POLICY) <= fields
+    import glob
+    import zipfile
+
+    # the pinned wheel as the lab caches it (lab/sparklab/router_wheel.py), unpacked here
+    wheels = glob.glob("/var/lib/sparklab/cache/sglang-router/wheelhouse-*/root/usr/local/"
+                       f"share/sparkctl/wheels/sglang_router-{gs.ROUTER_VERSION}-*.whl")
+    if not wheels:
+        pytest.skip(f"no {gs.ROUTER} wheel cached here (the lab downloads it)")
+    with zipfile.ZipFile(wheels[0]) as archive:
+        archive.extractall(tmp_path)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from sglang_router.router_args import RouterArgs  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(tmp_path))
+    RouterArgs(host="127.0.0.1", port=1, worker_urls=[], api_key=None, **gs.POLICY)
 
 
 def test_the_key_is_only_in_the_config_file() -> None:
     s = spec()
-    command = gs.run_cmd(s, "cluster")
-    assert KEY not in command and KEY not in json.dumps(s.record())
-    assert "--env=LITELLM_LOCAL_MODEL_COST_MAP=True" in command  # no outbound price-map fetch
-    assert f"ghcr.io/berriai/litellm@{gs.IMAGE_DIGEST}" in command  # pinned by digest
-    assert "--entrypoint litellm" in command and f"{gs.GATEWAY_CONFIG_DIR}:" in command
+    commands = gs.start_cmd() + gs.install_cmd() + gs.stop_router_cmd()
+    assert KEY not in commands and KEY not in json.dumps(s.record())
+    assert gs.CONFIG_FILE in gs.start_cmd() and "setsid" in gs.start_cmd()
     assert s.record()["key"] is True and KEY in s.config_text()
     assert s.fingerprint("salt") != spec("sk-another-key-0123456").fingerprint("salt")
 
 
+def test_a_replica_without_a_key_never_gets_the_master_key() -> None:
+    """The router 0.3.2 sends its own --api-key to a worker that has none: every worker gets
+    one, NO_KEY for a replica launched without."""
+    workers = spec().config()["workers"]
+    assert {w["api_key"] for w in workers} == {gs.NO_KEY} and KEY not in json.dumps(workers)
+
+
+def test_one_model_only() -> None:
+    other = {**server("o", "spark-b"), "model": "other/model"}
+    with pytest.raises(InputError, match="routes a request to any of its replicas"):
+        gateway.desired(make_inventory(), "spark-a", "127.0.0.1", 4000, None,
+                        [server("r-a", "spark-a"), other])
+
+
 def test_a_replica_with_an_api_key_gets_it_in_the_config_file_only() -> None:
-    """A server launched with --api-key-file: LiteLLM sends that key to it (read from its
+    """A server launched with --api-key-file: the router sends that key to it (read from its
     node's file over SSH, on stdout), from the 0600 config; a server bound beyond loopback
     is no replica (its relay would need the address it holds)."""
     replica_key = "sk-replica-sentinel-42"
@@ -72,11 +111,12 @@ def test_a_replica_with_an_api_key_gets_it_in_the_config_file_only() -> None:
     transports = {"spark-b": FakeTransport("spark-b").on("cat ", stdout=replica_key + "\n")}
     s = gateway.desired(make_inventory(), "spark-a", "0.0.0.0", 4000, Secret(KEY),
                         [server("r-a", "spark-a"), keyed, exposed], gateway.key_reader(transports))
-    keys = {d["model_info"]["id"]: d["litellm_params"]["api_key"] for d in s.config()["model_list"]}
-    assert keys == {"r-a": "none", "r-k": replica_key}
+    keys = {w["url"]: w["api_key"] for w in s.config()["workers"]}
+    assert keys == {"http://192.168.200.12:30000": gs.NO_KEY,
+                    "http://192.168.200.13:30000": replica_key}
     (read,) = transports["spark-b"].calls
     assert read.sudo and replica_key not in read.command and "servers/r-k/api_key" in read.command
-    assert replica_key not in gs.run_cmd(s, "c") + json.dumps(s.record())
+    assert replica_key not in gs.start_cmd() + json.dumps(s.record())
     assert replica_key not in gs.relay_start_cmd(s.replicas[1], s.client)
 
 
@@ -129,14 +169,17 @@ def answers(state: dict[str, Any] | None = None, port_free: bool = True, live: b
 
 def transports(head: dict[str, Any], other: dict[str, Any]) -> dict[str, FakeTransport]:
     """Both nodes answer the gateway probe (its JSON argument names "dir"); the head answers
-    live once a container was started on it."""
+    live, listing every replica as a worker, once the router was started on it."""
     a, b = FakeTransport("spark-a"), FakeTransport("spark-b")
+    urls = ["http://192.168.200.12:30000", "http://192.168.200.13:30000"]
 
     def head_probe(call: Any) -> dict[str, Any]:
-        started = any("docker run" in c for c in a.commands)
-        return {**head, "live": head["live"] or started}
+        if any("gateway_router" in c or "Router.from_args" in c for c in a.commands):
+            return {**head, "live": True, "workers": {u: {"healthy": True} for u in urls}}
+        return head
 
     a.on('"dir"', answer=head_probe)
+    a.on("old_keys", stdout=json.dumps({"added": [], "removed": [], "workers": []}))
     b.on('"dir"', answer=other)
     return {"spark-a": a, "spark-b": b}
 
@@ -153,20 +196,27 @@ def test_up_twice_is_a_no_op() -> None:
     s = spec()
     door = {"alive": True, "accepting": True, "allow": [s.client]}
     state = {**s.record()}
-    ts = transports(answers(state, port_free=False, live=True, relays={"r-a": door}),
-                    answers(relays={"r-b": door}))
+    listed = {r.url: {"healthy": True} for r in s.replicas}
+    ts = transports({**answers(state, port_free=False, live=True, relays={"r-a": door}),
+                     "workers": listed}, answers(relays={"r-b": door}))
     assert gateway.up(ts, make_inventory(), s, lambda line: None) == "unchanged"  # type: ignore[arg-type]
-    assert not any("docker" in c for t in ts.values() for c in t.commands)
+    assert all('"dir"' in c for t in ts.values() for c in t.commands)  # probes only
 
 
-def test_up_writes_the_key_on_stdin_then_starts_the_container() -> None:
+def test_up_writes_the_keys_on_stdin_then_starts_the_router() -> None:
     ts = transports(answers(), answers())
     outcome = gateway.up(ts, make_inventory(), spec(), lambda line: None)  # type: ignore[arg-type]
     assert outcome == "started"
     head = ts["spark-a"]
     writes = [c for c in head.calls if gs.CONFIG_FILE in c.command and c.stdin]
     assert writes and KEY in str(writes[0].stdin) and KEY not in writes[0].command
-    assert any("docker run -d --name sparkctl-gateway" in c for c in head.commands)
+    order = [c for c in head.commands if '"dir"' not in c and (
+        "\"wheelhouse\"" in c or "Router.from_args" in c or gs.CONFIG_FILE in c)]
+    assert "sha256" in order[0] and "Router.from_args" in order[-1]  # unpacked, written, run
+    assert not any("docker run" in c for c in head.commands)
+    # an older sparkctl's LiteLLM container would hold the port: removed before the router starts
+    stop = next(i for i, c in enumerate(head.commands) if gs.remove_legacy_cmd() in c)
+    assert stop < next(i for i, c in enumerate(head.commands) if "Router.from_args" in c)
     assert all(KEY not in c for t in ts.values() for c in t.commands)
     assert any("relay" in c and "setsid" in c for c in ts["spark-b"].commands)
 
@@ -265,26 +315,3 @@ def test_status_summarises_the_gateway_from_the_probe_facts() -> None:
     inventory = make_inventory()
     assert "gateway_probe" in json.dumps(status_facts(inventory, inventory.head)) or \
         '"dir"' in status_facts(inventory, inventory.head)["commands"]["gateway"]
-
-
-def test_litellm_runs_without_an_access_log(tmp_path: Any) -> None:
-    # issue 41: uvicorn's access log (LiteLLM's) wrote a query-string key in clear
-    import json
-    import logging
-    import logging.config
-
-    from orchestrator.phases import gateway_spec as gs
-
-    spec = type("Spec", (), {"host": "127.0.0.1", "port": 4000, "image": "litellm:x"})()
-    assert f"--log_config {gs.LOG_CONFIG_FILE}" in gs.run_cmd(spec, "c")  # type: ignore[arg-type]
-    assert gs.LOG_CONFIG_FILE.endswith(".json")  # (uvicorn reads a .json file as dictConfig)
-    manager = logging.Manager(logging.RootLogger(logging.WARNING))
-    config = json.loads(json.dumps(gs.LOG_CONFIG))
-    saved = logging.Logger.manager
-    logging.Logger.manager = manager
-    try:
-        logging.config.dictConfig(config)
-        assert not logging.getLogger("uvicorn.access").isEnabledFor(logging.CRITICAL - 1)
-        assert logging.getLogger("uvicorn.error").isEnabledFor(logging.INFO)
-    finally:
-        logging.Logger.manager = saved

@@ -203,7 +203,7 @@ def test_gateway_status_exits_1_for_a_closed_door(monkeypatch: pytest.MonkeyPatc
     from orchestrator.cli import launch
 
     doc = {"running": True, "live": True, "node": "spark-a", "address": "http://x:4000/v1",
-           "key": True, "image": "i", "litellm": "1", "replicas": [
+           "key": True, "router": "r 1", "replicas": [
                {"server": "r-b", "model": "m", "node": "spark-b", "address": "a", "port": 1,
                 "health": "healthy", "in_gateway": False, "in_flight": 0}]}
     monkeypatch.setattr(launch, "_server_on_head",
@@ -273,7 +273,9 @@ def test_a_running_gateway_moves_to_another_host() -> None:
                     answers(relays={"r-b": door}))
     moved = spec(host="127.0.0.1")
     assert gateway.up(ts, make_inventory(), moved, quiet) == "restarted"  # type: ignore[arg-type]
-    assert any("--host 127.0.0.1" in c for c in ts["spark-a"].commands)
+    written = [c for c in ts["spark-a"].calls if gs.CONFIG_FILE in c.command and c.stdin]
+    assert json.loads(str(written[-1].stdin))["host"] == "127.0.0.1"
+    assert any("Router.from_args" in c for c in ts["spark-a"].commands)
     other = spec(port=4001)
     ts = transports(answers(s.record(), port_free=False, live=True), answers())
     with pytest.raises(InputError, match="taken by another program"):

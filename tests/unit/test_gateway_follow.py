@@ -1,7 +1,7 @@
-"""The gateway's gaps of issue 29: it follows launch and `down --server` (a leaver without a
-restart, a joiner by a graceful restart whose new config keeps the key on the node), `down`
-finds and stops every relay by process and verifies none is left, `gateway up/down` take the
-cluster lock."""
+"""The gateway follows launch and `down --server` through the router's own API (issue 29, 40:
+a joiner by `POST /workers`, a leaver by `DELETE /workers/ID`, no restart, the keys staying on
+the gateway's node), `down` finds and stops every relay and the router by process and verifies
+none is left, `gateway up/down` take the cluster lock."""
 
 from __future__ import annotations
 
@@ -19,12 +19,11 @@ from orchestrator.commands import Secret
 from orchestrator.engines.serverctl import down_parts
 from orchestrator.gateway import control as gateway
 from orchestrator.gateway import follow as gateway_follow
-from orchestrator.node import script
 from orchestrator.phases import gateway_down, teardown
 from orchestrator.phases import gateway_spec as gs
 
 KEY = "sk-unit-follow-0123456789"
-SWAP = 'a["model_list"]'  # in the node script that swaps the model list
+WORKERS = "old_keys"  # in the node script that changes the router's workers
 
 
 def server(name: str, node: str) -> dict[str, Any]:
@@ -47,66 +46,61 @@ def test_changes_name_who_joined_and_who_left() -> None:
         "b", "spark-b")).replicas) == ([], [])
 
 
-def test_the_new_config_keeps_the_key_on_the_node_and_the_fingerprint_of_up(
-        tmp_path: Path) -> None:
-    old = spec_of(server("a", "spark-a"))
-    path = tmp_path / "config.yaml"
-    path.write_text(old.config_text())
-    new = spec_of(server("a", "spark-a"), server("b", "spark-b"))
-    request = {"path": str(path), "model_list": new.config()["model_list"],
-               "extra": new.fingerprinted(), "salt": "s4lt", "rounds": gs.FINGERPRINT_ROUNDS}
-    assert KEY not in json.dumps(request)
-    out = subprocess.run([sys.executable, "-c", script("gateway_config.py")], check=True,
-                         input=json.dumps(request), capture_output=True, text=True).stdout
-    fingerprint = json.loads(out)["fingerprint"]
-    assert fingerprint == new.fingerprint("s4lt")  # `gateway up` finds it unchanged
-    assert gs.matches({"salt": "s4lt", "fingerprint": fingerprint}, new)
-    assert path.read_text() == new.config_text() and path.stat().st_mode & 0o777 == 0o600
-
-
-def gateway_nodes(record: dict[str, Any], relays_b: dict[str, Any]) -> dict[str, FakeTransport]:
+def gateway_nodes(record: dict[str, Any], relays_b: dict[str, Any],
+                  answer: dict[str, Any]) -> dict[str, FakeTransport]:
     a, b = FakeTransport("spark-a"), FakeTransport("spark-b")
     a.on('"dir"', stdout=json.dumps({"state": record, "live": True, "port_free": False,
                                       "relays": {"a": {"alive": True, "accepting": True}}}))
     b.on('"dir"', stdout=json.dumps({"state": None, "relays": relays_b}))
-    a.on(r'a\["model_list"\]', stdout=json.dumps({"fingerprint": "f2"}))
+    a.on(WORKERS, stdout=json.dumps({"fingerprint": "f2", **answer}))
     return {"spark-a": a, "spark-b": b}
 
 
-def test_a_joining_replica_restarts_litellm_gracefully_without_the_key_leaving(
+def test_a_joining_replica_is_added_through_the_routers_api_without_a_restart(
         monkeypatch: pytest.MonkeyPatch) -> None:
     record = spec_of(server("a", "spark-a")).record()
-    ts = gateway_nodes(record, {})
+    ts = gateway_nodes(record, {}, {"added": ["http://192.168.200.13:30000"], "removed": []})
     monkeypatch.setattr(gateway, "live_servers", lambda *_: [server("a", "spark-a"),
                                                               server("b", "spark-b")])
     notes: list[str] = []
     outcome = gateway_follow.follow(ts, make_inventory(), notes.append)  # type: ignore[arg-type]
-    assert outcome == "restarted" and any("so b joins" in n for n in notes)
+    assert outcome == "followed" and any("b joined the router" in n for n in notes)
     head = ts["spark-a"]
-    order = [c for c in head.commands if "docker stop" in c or "docker start" in c
-             or SWAP in c]
-    assert SWAP in order[0] and "docker stop -t 60" in order[1]
-    assert "docker start" in order[2] and not any("docker run" in c for c in head.commands)
+    (change,) = [c for c in head.calls if WORKERS in c.command]
+    request = json.loads(str(change.stdin))
+    assert [w["url"] for w in request["workers"]] == ["http://192.168.200.12:30000",
+                                                      "http://192.168.200.13:30000"]
+    assert request["wait"] > 0  # until the router lists it healthy
+    assert not any("Router.from_args" in c or gs.ROUTER_PID in c for c in head.commands)  # no restart
     assert all(KEY not in c.command + str(c.stdin) for c in head.calls)
     written = [c for c in head.calls if "gateway.json" in c.command and c.stdin]
     doc = json.loads(str(written[-1].stdin))
     assert [r["server"] for r in doc["replicas"]] == ["a", "b"]
-    assert doc["key"] is True and doc["fingerprint"] == "f2"
+    assert doc["key"] is True and doc["fingerprint"] == "f2" and doc["salt"] == request["salt"]
     assert any("setsid" in c for c in ts["spark-b"].commands)  # b's relay started
 
 
-def test_a_leaving_replica_needs_no_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_leaving_replica_is_removed_without_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
     record = spec_of(server("a", "spark-a"), server("b", "spark-b")).record()
-    ts = gateway_nodes(record, {"b": {"alive": True, "accepting": False}})
+    ts = gateway_nodes(record, {"b": {"alive": True, "accepting": False}},
+                       {"added": [], "removed": ["http://192.168.200.13:30000"]})
     monkeypatch.setattr(gateway, "live_servers", lambda *_: [server("a", "spark-a")])
     outcome = gateway_follow.follow(ts, make_inventory(), lambda _l: None)  # type: ignore[arg-type]
     assert outcome == "followed"
-    assert not any("docker" in c for c in ts["spark-a"].commands)
+    assert not any("Router.from_args" in c for c in ts["spark-a"].commands)
     assert any("kill -TERM" in c and "relay-b" in c for c in ts["spark-b"].commands)
     doc = json.loads(str([c for c in ts["spark-a"].calls if "gateway.json" in c.command][-1].stdin))
     assert [r["server"] for r in doc["replicas"]] == ["a"]
-    assert doc["fingerprint"] == record["fingerprint"]  # LiteLLM still runs that config
-    assert doc["salt"] == record["salt"]  # under the salt it was computed with
+
+
+def test_a_replica_of_another_model_does_not_join(monkeypatch: pytest.MonkeyPatch) -> None:
+    record = spec_of(server("a", "spark-a")).record()
+    ts = gateway_nodes(record, {}, {"added": [], "removed": []})
+    other = {**server("o", "spark-b"), "model": "other/model"}
+    monkeypatch.setattr(gateway, "live_servers", lambda *_: [server("a", "spark-a"), other])
+    notes: list[str] = []
+    assert gateway_follow.follow(ts, make_inventory(), notes.append) == "unchanged"  # type: ignore[arg-type]
+    assert any("o serves another model" in n for n in notes)
 
 
 def test_no_gateway_nothing_to_follow() -> None:
@@ -145,3 +139,36 @@ def test_down_stops_relays_and_its_verify_names_any_left() -> None:
     assert gs.RELAY_PATTERN in verify and "gateway relay: pid" in verify
     names = [s.name for s in teardown.down_phase(make_inventory(), False, down_parts()).steps]
     assert names.index("gateway-relays") < names.index("files")  # before the pid files go
+
+
+def test_a_launch_probes_for_a_gateway_only_when_a_node_holds_its_record() -> None:
+    """The launch's gateway check reads the facts gathered up front (one file per node) and
+    the follow that ends a launch then costs no probe of every node when none holds a record."""
+    from types import SimpleNamespace
+
+    from orchestrator.core.executor import Executor
+    from orchestrator.core.progress import Progress
+    from orchestrator.core.report import Report
+    from orchestrator.core.step import Plan, RunOptions
+
+    inventory = make_inventory()
+
+    def seen(record_on: set[str]) -> list[str] | None:
+        ts = {n.name: FakeTransport(n.name, facts={"files": {gateway_follow.RECORD: {
+            "exists": n.name in record_on}}}) for n in inventory.nodes}
+        report, options = Report("launch"), RunOptions()
+        for name in ts:
+            report.host(name)
+        Executor(inventory, ts, options, report, Progress(quiet=True)).run(  # type: ignore[arg-type]
+            Plan("launch", [gateway_follow.seen_phase()]))
+        assert report.ok and all(len(t.calls) == 1 for t in ts.values())  # the facts alone
+        return options.gateway_nodes
+
+    assert seen(set()) == []
+    assert seen({"spark-b"}) == ["spark-b"]
+    probed = FakeTransport("spark-a").on('"dir"', stdout=json.dumps({"state": None, "relays": {}}))
+    session = SimpleNamespace(transports={"spark-a": probed})
+    gateway_follow.after_change(session, inventory, print, [])
+    assert probed.calls == []
+    gateway_follow.after_change(session, inventory, print, ["spark-a"])
+    assert any("gateway_probe" in c or '"dir"' in c for c in probed.commands)

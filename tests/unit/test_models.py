@@ -561,3 +561,19 @@ def test_several_peers_get_a_total_beside_their_own_lines() -> None:
     idle = fanout.PeerCopy("spark-c", total=2 * GB)
     assert fanout.copied_line([b, idle], 2.5) == b.line() + "; " + idle.line()
     assert idle.line() == "spark-c: nothing to copy (2.00 GB already there)"
+
+
+def test_the_models_fact_hashes_with_the_nodes_python_not_a_container() -> None:
+    """Every launch gathers the manifest up front: in the HF cache it is the node's python3 over
+    the cluster user's cache (no `docker run`, about a second of a node's CPU), still NO_IMAGE
+    while the image is absent (the token check needs it next); a model in a local folder, a
+    path in the models container, is still read there."""
+    hf_only = load_recipe("lab-tiny-llama")
+    command = models.manifest_fact_cmd(TOOLS, hf_only)
+    inside = command.split("; then ", 1)[1]
+    assert command.startswith(f"if docker image inspect {TOOLS.image} ")
+    assert inside.startswith("python3 -c ") and "docker run" not in inside
+    args = json.loads(shlex.split(inside.rsplit("; else", 1)[0])[-1])
+    assert args["hub"] == f"~{TOOLS.user}/.cache/huggingface/hub"
+    assert [r["repo"] for r in args["repos"]] == [hf_only.model]
+    assert "docker run --rm" in models.manifest_fact_cmd(TOOLS, RECIPE)  # its draft: a local dir

@@ -169,6 +169,18 @@ def test_a_file_that_cannot_be_read_is_an_error_not_a_crash(tmp_path: Path,
     json.dumps(entry)  # still a manifest the controller can read
 
 
+def test_manifest_reads_a_hub_under_a_users_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch's models fact runs the manifest with the node's python3 on the host, where the
+    cache is `~USER/.cache/huggingface/hub` (expanded there, never by the controller)."""
+    hub = tmp_path / ".cache" / "huggingface" / "hub"
+    hf_repo(hub, "org/model", {"config.json": CONFIG, "w.bin": b"12345"})
+    monkeypatch.setenv("HOME", str(tmp_path))
+    entry = fanout_manifest.manifest({"hub": "~/.cache/huggingface/hub", "repos": [
+        {"repo": "org/model", "revision": "main"}]})["org/model"]
+    assert entry["present"] is True and entry["root"] == str(hub)
+    assert entry["bytes"] == len(CONFIG) + 5
+
+
 def test_manifest_of_a_local_dir_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     local = tmp_path / "models" / "my-model"
     (local / "sub").mkdir(parents=True)
@@ -460,3 +472,50 @@ def test_ray_every_says_whether_every_node_is_alive_in_ray(monkeypatch: pytest.M
         assert run_node_script("ray_every.py", wanted, monkeypatch).code == code
     monkeypatch.setattr("sys.stdin", io.StringIO('{"error": "no cluster"}\n'))
     assert run_node_script("ray_every.py", ["10.0.0.1"], monkeypatch).code == 1
+
+
+def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, running: str) -> Path:
+    """A `docker` first on PATH whose `inspect` prints the content of a file (true/false)."""
+    state = tmp_path / "running"
+    state.write_text(running)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    docker = bin_dir / "docker"
+    docker.write_text(f"#!/bin/sh\ncat {state}\n")
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return state
+
+
+def test_probe_waits_on_the_node_until_the_answer_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """readiness's node-side wait (engines/readiness.py): what the controller saw comes back at
+    once when the node sees something else; the same answer is looked at again, on the node,
+    until it changes (here: 503 three times, then 200 with the model listed)."""
+    fake_docker(tmp_path, monkeypatch, "true")
+    answers = iter([(503, "loading")] * 3)
+    models = json.dumps({"data": [{"id": "org/m"}]})
+    routes = {"/health": lambda body: next(answers, (200, "ok")), "/v1/models": (200, models)}
+    with http_server(routes) as (port, seen):  # type: ignore[arg-type]
+        first = run_node_script("probe.py", ["--wait", "30", "c", "", str(port), "127.0.0.1", ""],
+                                monkeypatch)
+        assert first.json == {"health": 503, "running": True} and len(seen) == 1
+        ready = run_node_script("probe.py", ["--wait", "30", "c", "503", str(port), "127.0.0.1", ""],
+                                monkeypatch)
+    assert ready.json == {"health": 200, "models": ["org/m"], "running": True}
+    assert [path for _, path, _ in seen] == ["/health"] * 4 + ["/v1/models"]
+
+
+def test_probe_wait_ends_when_the_container_stops_or_the_time_is_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = fake_docker(tmp_path, monkeypatch, "false")
+    with http_server({"/health": (503, "loading")}) as (port, seen):
+        gone = run_node_script("probe.py", ["--wait", "30", "c", "503", str(port), "127.0.0.1", ""],
+                               monkeypatch)
+        assert gone.json == {"health": 503, "running": False} and len(seen) == 1
+        state.write_text("true")
+        started = time.monotonic()
+        late = run_node_script("probe.py", ["--wait", "0.5", "c", "503", str(port), "127.0.0.1", ""],
+                               monkeypatch)
+    assert late.json == {"health": 503, "running": True}
+    assert 0.5 <= time.monotonic() - started < 5 and len(seen) > 2

@@ -239,6 +239,18 @@ def engine_words() -> tuple[str, ...]:
     from orchestrator.engines import REGISTRY
 
     return (*REGISTRY, "tensorrt")
+NOT_ENGINES = ("sglang_router", "sglang-router", "sglang model gateway")
+"""Names of the gateway's router (PyPI sglang-router, the SGLang Model Gateway: issue 40), which
+is no engine and runs whatever engines serve behind it: the counter skips them."""
+
+
+def without_router_names(text: str) -> str:
+    text = text.lower()
+    for name in NOT_ENGINES:
+        text = text.replace(name, "")
+    return text
+
+
 KNOWN_LEAKS = {
     # What is left to move behind the Engine seam (issue 24); this list only shrinks. Target: {}.
 }
@@ -258,7 +270,7 @@ def engine_names_in(path: Path) -> list[str]:
             prose.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
     return [token.string for token in tokenize.generate_tokens(io.StringIO(text).readline)
             if token.type in (tokenize.NAME, tokenize.STRING) and token.start[0] not in prose
-            and any(word in token.string.lower() for word in engine_words())]
+            and any(word in without_router_names(token.string) for word in engine_words())]
 
 
 def engine_name_counts() -> dict[str, int]:
@@ -290,6 +302,8 @@ def test_the_engine_name_counter_sees_code_and_not_prose(tmp_path: Path) -> None
     sample.write_text('"""TensorRT-LLM and vLLM in prose."""\n# sglang in a comment\n'
                       'X = "vllm"\nif engine == "trtllm":\n    pass\n')
     assert engine_names_in(sample) == ['"vllm"', '"trtllm"']
+    sample.write_text('import sglang_router\nX = "sglang-router 0.3.2"\nY = "sglang"\n')
+    assert engine_names_in(sample) == ['"sglang"']  # the router's names are no engine's
 
 
 def crossings(engine: str, imported: list[tuple[str, int]], where: str) -> list[str]:

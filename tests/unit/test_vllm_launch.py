@@ -547,7 +547,7 @@ def test_a_worker_is_replaced_when_the_head_it_joined_restarted(recipe: Any, fak
     # the head step records its new start time for the workers
     head_ctx = context(inv, "spark-a", facts(t0, None), shared={},
                        transports={"spark-a": fake_transport("spark-a").on(
-                           r"inspect -f", 0, "2026-11-23T20:41:28.5Z\n", "")})
+                           r"inspect --type container -f", 0, "2026-11-23T20:41:28.5Z\n", "")})
     head_step = ray.RayHead(server)
     head_step.apply(head_ctx, Change("run container", payload={"args": ["run"], "remove_old": False}))
     assert head_ctx.shared.engine[ray.HEAD_STARTED] == "2026-11-23T20:41:28.5Z"

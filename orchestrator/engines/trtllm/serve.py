@@ -23,7 +23,6 @@ from typing import Any
 
 import yaml
 
-from orchestrator.commands import docker_exec_cmd
 from orchestrator.engines import apikey, config_hash, lifecycle, recipe_origin
 from orchestrator.engines.lifecycle import Decision, Running, ServerRecord
 from orchestrator.engines.liveness import dead_ranks as ranks_ended
@@ -34,6 +33,7 @@ from orchestrator.engines.trtllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory
 from orchestrator.recipe import LaunchOptions
+from orchestrator.remote.container import ContainerCommands
 from orchestrator.remote.gathered import NodeFacts
 from orchestrator.render import render
 
@@ -115,9 +115,9 @@ def start_cmd(container: str, argv: list[str], directory: str, relay: str = "") 
     (keyrelay.relay_prefix) when the server has a key."""
     wrapper = pid_wrapper(f"{directory}/{MAIN}", f"{directory}/server.log")
     hostfile = f"{directory}/{HOSTFILE_NAME}"
-    return docker_exec_cmd(container, ["bash", "-c", relay + wrapper, "sparkctl-server", *argv],
-                           env={"HF_HUB_OFFLINE": "1", **dict.fromkeys(HOSTFILE_VARS, hostfile)},
-                           detach=True)
+    return ContainerCommands(container).exec_cmd(
+        ["bash", "-c", relay + wrapper, "sparkctl-server", *argv],
+        env={"HF_HUB_OFFLINE": "1", **dict.fromkeys(HOSTFILE_VARS, hostfile)}, detach=True)
 
 
 def status_from_facts(facts: NodeFacts) -> dict[str, Any]:

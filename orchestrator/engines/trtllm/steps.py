@@ -25,6 +25,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import SERVER_JSON
 from orchestrator.phases.memory import DropCaches
+from orchestrator.remote.container import ContainerCommands
 from orchestrator.remote.fact_records import FileInfo
 
 
@@ -157,8 +158,8 @@ class StartServer(Step):
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         spec = self.spec
         first = ctx.transports[spec.first]
-        display = (f"docker exec -d {spec.container} mpirun ... trtllm-serve {spec.recipe.model} "
-                   f"on {spec.first}")
+        display = ContainerCommands(spec.container).shown(
+            f"mpirun ... trtllm-serve {spec.recipe.model} on {spec.first}", detach=True)
         first.run(change.commands[0], timeout=60, display=display).check()
         answer = node_call(first, spec.container, action="started", run=spec.run_dir, main=MAIN,
                            server=spec.record())

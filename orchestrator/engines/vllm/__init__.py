@@ -101,7 +101,7 @@ class VllmEngine:
         from orchestrator.engines.vllm import check, multinode, ready, serve
         from orchestrator.phases import models, registry
         from orchestrator.phases.container import RESTART_POLICY
-        from orchestrator.phases.persist import not_persistent_phase
+        from orchestrator.phases.persist import persistence_phase
 
         spec = serve.ServeSpec(recipe, inventory, options)
         steps = [verify.wait_step(ready.target(spec), self.readiness, options.timeout,
@@ -114,8 +114,8 @@ class VllmEngine:
                   multinode.phase(spec, restart, memory_guard(spec)), serve.serve_phase(spec, steps)]
         from orchestrator.engines.vllm.persist import persist_phase
 
-        phases.append(persist_phase(spec, options) if options.persist else
-                      not_persistent_phase(spec.name))
+        phases.append(persistence_phase(spec.name, options.persist,
+                                        lambda: persist_phase(spec, options)))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:

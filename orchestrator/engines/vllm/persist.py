@@ -7,12 +7,18 @@ container when it cannot. Docker brings back the first node's
 head yet is started again by its node's boot unit); the first node's unit waits until Ray lists
 every node of the server (itself last), then runs the same `vllm serve` launch ran, records it,
 and waits for /health. Without Ray (mp) the other nodes' containers are their headless ranks,
-which wait for rank 0 by themselves; the first node's unit starts rank 0 at once.
+which wait for rank 0 by themselves; the first node's unit starts rank 0 at once, and its
+watcher judges every rank: rank 0 answers /health 200 after a rank died (the real vLLM), so it
+follows the connections rank 0's processes hold to each other node (node/rank_links.py) and
+restarts rank 0 when a rank that died comes back (its node rebooted: docker restarted its
+container, whose headless rank cannot join the running rank 0).
 """
 
 from __future__ import annotations
 
-from orchestrator.commands import join
+import json
+
+from orchestrator.commands import docker_exec_cmd, join
 from orchestrator.core.step import Phase
 from orchestrator.engines import servers
 from orchestrator.engines.serverctl import node_cmd
@@ -29,6 +35,15 @@ from orchestrator.recipe import LaunchOptions
 # reads the Ray probe's JSON on stdin: exit 0 when every wanted IP is alive
 EVERY_NODE = script("ray_every.py")
 """Whether every serving node is alive in Ray, from RAY_PROBE's answer (node/ray_every.py)."""
+RANK_LINKS = script("rank_links.py")
+
+
+def ranks_cmd(spec: ServeSpec) -> str:
+    """In the first node's container: the connections `vllm serve`'s processes hold to each
+    other node's rank (its fabric address: the rank's VLLM_HOST_IP)."""
+    peers = {name: spec.node_ip(name) for name in spec.nodes[1:]}
+    args = json.dumps({"pid_file": f"{spec.directory}/{MAIN}", "peers": peers}, sort_keys=True)
+    return docker_exec_cmd(spec.container, ["python3", "-c", RANK_LINKS, args])
 
 
 def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
@@ -60,6 +75,7 @@ def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
                    ("the server record", servers.record_cmd(spec.name, spec.record(BOOT_TIME)))],
             # a worker that rebooted alone rejoins Ray; the stalled vllm serve must go first
             restart=[("stop the stalled vllm serve", spec.stop_cmd())],
+            ranks=ranks_cmd(spec) if not ray and len(nodes) > 1 else None,
             health_port=recipe.port)
 
     e = spec.estimate

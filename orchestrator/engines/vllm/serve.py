@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.commands import docker_exec_cmd, join, quote
+from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import apikey, config_hash, recipe_origin, servers
 from orchestrator.engines.lifecycle import ServerRecord
@@ -25,6 +25,7 @@ from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.recipe import LaunchOptions
+from orchestrator.remote.container import ContainerCommands
 
 ENGINE = "vllm"
 MAIN = "vllm.pid"
@@ -66,8 +67,8 @@ def start_cmd(container: str, directory: str, argv: list[str], key_file: str | N
     wrapper = ((apikey.env_from_file("VLLM_API_KEY", key_file) if key_file else "")
                + f"mkdir -p {quote(directory)}; "
                + pid_wrapper(quote(f"{directory}/{MAIN}"), quote(f"{directory}/server.log")))
-    return docker_exec_cmd(container, ["bash", "-c", wrapper, "sparkctl-server", *argv],
-                           env={"HF_HUB_OFFLINE": "1"}, detach=True)
+    return ContainerCommands(container).exec_cmd(["bash", "-c", wrapper, "sparkctl-server", *argv],
+                                         env={"HF_HUB_OFFLINE": "1"}, detach=True)
 
 
 class ServeSpec(ServerSpec):
@@ -167,8 +168,8 @@ class StartServer(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         spec = self.spec
-        ctx.run(change.commands[0], timeout=60,
-                display=f"docker exec -d {spec.container} vllm serve {spec.recipe.model}").check()
+        shown = ContainerCommands(spec.container).shown(f"vllm serve {spec.recipe.model}", detach=True)
+        ctx.run(change.commands[0], timeout=60, display=shown).check()
         answer = node_call(ctx.transport, spec.container, action="started",  # type: ignore[arg-type]
                            server=spec.record(), main=MAIN, ours=OURS, run=spec.directory)
         if not answer.get("alive"):
