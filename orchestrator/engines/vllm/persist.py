@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.commands import docker_exec_cmd, join
+from orchestrator.commands import join
 from orchestrator.core.step import Phase
 from orchestrator.engines import servers
 from orchestrator.engines.serverctl import node_cmd
@@ -31,6 +31,7 @@ from orchestrator.node.boot import BOOT_TIME
 from orchestrator.phases import persist
 from orchestrator.phases.port_guards import guard_cmd
 from orchestrator.recipe import LaunchOptions
+from orchestrator.remote.container import ContainerCommands
 
 # reads the Ray probe's JSON on stdin: exit 0 when every wanted IP is alive
 EVERY_NODE = script("ray_every.py")
@@ -43,7 +44,7 @@ def ranks_cmd(spec: ServeSpec) -> str:
     other node's rank (its fabric address: the rank's VLLM_HOST_IP)."""
     peers = {name: spec.node_ip(name) for name in spec.nodes[1:]}
     args = json.dumps({"pid_file": f"{spec.directory}/{MAIN}", "peers": peers}, sort_keys=True)
-    return docker_exec_cmd(spec.container, ["python3", "-c", RANK_LINKS, args])
+    return ContainerCommands(spec.container).exec_cmd(["python3", "-c", RANK_LINKS, args])
 
 
 def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
