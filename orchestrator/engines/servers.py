@@ -270,6 +270,10 @@ def stop_commands(server: dict[str, Any], inventory: Inventory) -> dict[str, str
         stop = node_cmd(str(server.get("container") or inventory.container.name), action="stop",
                         run=record_dir(name), ours=server.get("ours"))
         remove = f"{{ {stop} >/dev/null 2>&1 || true; }}; {remove}"
+    if server.get("port_guard"):  # its firewall chain (phases/port_guards.py) goes with it
+        from orchestrator.phases.port_guards import remove_cmd
+
+        remove += f" && {remove_cmd(str(server['port_guard']))} >/dev/null"
     return {node: remove for node in server.get("nodes") or [server.get("node")]}
 
 
@@ -316,8 +320,10 @@ class StopNamed(Step):
         command = stop_commands(server, ctx.inventory).get(ctx.node.name)
         if command is None:
             return Unchanged(f"{self.server} does not run here")
+        gone = "its record" + (f" and its port guard (firewall chain {server['port_guard']})"
+                               if server.get("port_guard") else "")
         return Change(f"stop {self.server} ({server.get('engine')}, {server.get('model')}) and "
-                      "remove its record", commands=(command,))
+                      f"remove {gone}", commands=(command,))
 
 
 def stop_command(inventory: Inventory, running: dict[str, Any]) -> str:

@@ -4,8 +4,9 @@ sparkctl-serve-<server>.service; Python 3.8+, standard library only).
 Usage: python3 sparkctl-boot.py /etc/sparkctl/boot/<server>.json
 
 Does on this node what `sparkctl launch` did, with the same checks, in order (the plan is
-written by orchestrator/phases/persist.py): already serving? -> fabric up with its address ->
-containers running (`docker start` when docker's restart policy did not) -> models present ->
+written by orchestrator/phases/persist.py): what comes first (a port guard) -> already
+serving? -> fabric up with its address -> containers running (`docker start` when docker's
+restart policy did not) -> models present ->
 memory (MemAvailable >= what the recipe loads here + the guard's margin) -> wait for the peers
 (the head only: head last) -> the start commands -> this node's part answers. Every line goes
 to stdout (the journal) and to the plan's log file, and the last one says what was achieved
@@ -141,6 +142,16 @@ def ready(plan):
     conditions = [sh(c["cmd"], timeout=60)[0] == 0 for c in plan["ready"]]
     port = plan.get("health_port")
     return all(conditions) and (port is None or health(port) == 200)
+
+
+def run_first(plan):
+    """What must hold before anything of the server serves here (a port guard: firewall rules
+    do not survive a reboot, the containers' restart policy does): every boot, idempotent."""
+    for item in plan.get("first") or []:
+        rc, out = sh(item["cmd"], timeout=120)
+        if rc != 0:
+            fail("%s: exit %d: %s" % (item["what"], rc, out[-600:]))
+        say("in place: %s" % item["what"])
 
 
 def bring_up(plan, deadline):
@@ -318,6 +329,10 @@ def main(path):
     say("boot of server %s (%s) on %s, %s of %s" % (
         plan["server"], plan["engine"], plan["node"], plan["role"], ", ".join(plan["nodes"])))
     code = 0
+    try:
+        run_first(plan)
+    except Failed:
+        return 1  # nothing brought up, nothing watched: the part's own command says what it did
     marker = plan.get("launch_marker")
     if marker and os.path.exists(marker):  # in /run: gone after a reboot
         os.remove(marker)

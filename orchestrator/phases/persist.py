@@ -49,6 +49,9 @@ class Part:
     """What one node runs for the server at boot, after the shared checks, in order."""
 
     containers: list[str]
+    first: list[tuple[str, str]] = field(default_factory=list)
+    """(what, shell command) run before anything else at every boot, idempotent; a failure ends
+    the boot there (the command itself must leave nothing unsafe running)."""
     wait: list[tuple[str, str]] = field(default_factory=list)
     """(what, shell condition) that must hold before `start` (the head: its peers are up)."""
     start: list[tuple[str, str]] = field(default_factory=list)
@@ -113,6 +116,7 @@ def boot_plan(spec: PersistSpec, node: Node, hf_cache: str) -> dict[str, Any]:
         # server back (SGLang) it is loading already, and the check would race it
         "memory": ({"loaded_gb": round(spec.loaded_gb, 2), "guard_gb": spec.guard_gb}
                    if part.start else None),
+        "first": [{"what": w, "cmd": c} for w, c in part.first],
         "wait": [{"what": w, "cmd": c} for w, c in part.wait],
         "start": [{"what": w, "cmd": c} for w, c in part.start],
         "ready": [{"what": w, "cmd": c} for w, c in part.ready],

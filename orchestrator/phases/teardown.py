@@ -25,7 +25,7 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Plan, St
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import CONFIG_DIR, LEDGER, NETPLAN_FILE, RUN_DIR, SERVER_JSON, STATE_DIR
-from orchestrator.phases import adopted, oomguard
+from orchestrator.phases import adopted, oomguard, port_guards
 from orchestrator.phases.boot_units import UNIT_DIR, UNIT_PREFIX
 from orchestrator.phases.files import ledger_answer, ledger_cmd, ledger_entries, ownership, undo_files_cmd
 from orchestrator.phases.managed import managed_containers, managed_ps_cmd
@@ -348,7 +348,8 @@ def verify_cmd(inventory: Inventory, network: bool, keep_logs: bool = False) -> 
         managed_ps_cmd(inventory, "container: {{.Names}}"),
         f"ls {UNIT_DIR}/{UNIT_PREFIX}*.service 2>/dev/null | sed 's/^/boot unit: /'",
         f"[ ! -e {quote(CONFIG_DIR)} ] || echo 'directory: {CONFIG_DIR}'",
-        *([] if keep_logs else [logs_left_cmd()]), gateway_down.verify_line()]
+        *([] if keep_logs else [logs_left_cmd()]), gateway_down.verify_line(),
+        port_guards.verify_line()]
     if network:  # a file of the user's at our path was left alone on purpose: only ours counts
         probe = f"printf '%s' {quote(json.dumps([NETPLAN_FILE]))} | {ledger_cmd('check')}"
         checks.append(f"[ ! -e {quote(NETPLAN_FILE)} ] || {{ {probe} | grep -q '\"ours\"' && "
@@ -362,14 +363,14 @@ def down_phase(inventory: Inventory, network: bool, engines: EngineParts,
     from orchestrator.remote.facts import merge_requests
 
     steps: list[Step] = [persist_down.RemoveBootUnits(), StopServer(engines), RemoveContainers(),
-                         gateway_down.StopRelays()]
+                         port_guards.RemovePortGuards(), gateway_down.StopRelays()]
     if network:
         steps.append(RemoveNetwork())
     steps += [oomguard.Remove(), RemoveFiles(network), persist_down.RemoveBootLogs(keep=keep_logs),
               VerifyDown(network, keep_logs)]
     return Phase("down", steps, lambda inv, node: merge_requests(
         [down_facts(inv, node, engines), persist_down.facts(inv), oomguard.down_facts(inv),
-         gateway_down.facts()]))
+         gateway_down.facts(), port_guards.facts()]))
 
 
 def build_down_plan(inventory: Inventory, network: bool, engines: EngineParts,

@@ -19,7 +19,7 @@ from nodescript import run_node_script
 from orchestrator.core.step import Change, Unchanged
 from orchestrator.engines import load_recipe, servers
 from orchestrator.engines.vllm import ENGINE, check, serve
-from orchestrator.engines.vllm.ports import ServerPorts
+from orchestrator.engines.vllm.ports import RayPorts, ServerPorts
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.paths import RUN_DIR, SERVER_JSON
 from orchestrator.recipe import LaunchOptions
@@ -58,8 +58,15 @@ def test_each_server_has_its_containers_nodes_and_ports() -> None:
         "b", "sparkctl-vllm-b", ["spark-b"], "spark-b")
     assert placed.directory == f"{RUN_DIR}/servers/b/serve"
     # the API port moves the others: two servers on one node never share a Ray port
-    assert default.ports == ServerPorts(8000, 6379, 25000, 29501)
-    assert placed.ports == ServerPorts(8001, 6380, 25001, 29502)
+    assert default.ports == ServerPorts(8000, 6379, 25000, 29501, RayPorts(
+        21000, 22000, 23000, 24000, 25000, 26000, (10002, 10051)))
+    assert placed.ports == ServerPorts(8001, 6380, 25001, 29502, RayPorts(
+        21001, 22001, 23001, 24001, 25001, 26001, (10052, 10101)))
+    # the worker ports: 50 a server, in slots of Ray's own default range 10002-19999
+    last = ServerPorts.of(load_recipe("gpt-oss-120b-vllm").model_copy(update={"port": 8198}))
+    assert last.ray_node.workers == (19902, 19951)
+    assert ServerPorts.of(load_recipe("gpt-oss-120b-vllm").model_copy(
+        update={"port": 8199})).ray_node.workers == (10002, 10051)
     assert ServerPorts.of(load_recipe("gpt-oss-120b-vllm").model_copy(update={"port": 65535})
                           ).ray == 6379 + 535
     wrapped = load_recipe("gpt-oss-120b-vllm")

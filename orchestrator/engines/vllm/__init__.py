@@ -132,12 +132,14 @@ class VllmEngine:
 
         ports = ServerPorts.of(recipe)
         if recipe.backend == "ray":
+            own = join(ports.ray_node.args())
             nodes = (f"first node: ray start --head --node-ip-address {FIRST_IP} --port "
-                     f"{ports.ray} --dashboard-agent-listen-port {ports.ray_agent} --num-gpus 1 "
+                     f"{ports.ray} {own} --num-gpus 1 "
                      f"--object-store-memory {int(recipe.ray.object_store_gb * 1e9)}\n"
                      f"the others: ray start --address {FIRST_IP}:{ports.ray} --node-ip-address "
-                     f"<their fabric IP> --dashboard-agent-listen-port {ports.ray_agent} "
-                     "--num-gpus 1")
+                     f"<their fabric IP> {own} --num-gpus 1\n"
+                     "every node: its port guard (iptables chain sparkctl-ray-<server>) closes "
+                     "these ports on every interface but lo and the fabric")
             what = "its own Ray cluster"
         else:
             nodes = "\n".join(f"rank {r}: " + join(serve_argv(recipe, DEFAULT_HOST, r))

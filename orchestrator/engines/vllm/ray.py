@@ -86,8 +86,9 @@ def ray_args(spec: ServeSpec, node: Node) -> list[str]:
     else:
         head = spec.node_ip(spec.first)
         args = ["ray", "start", "--address", f"{head}:{ports.ray}", "--node-ip-address", ip]
-    # the server's own ports: another server's Ray node may run on this node too
-    args += ["--dashboard-agent-listen-port", str(ports.ray_agent)]
+    # every port fixed, the server's own: another server's Ray node may run on this node too,
+    # and the port guard (engines/vllm/guard.py) closes exactly these beyond the fabric
+    args += ports.ray_node.args()
     args += ["--num-gpus", "1", "--object-store-memory", store, "--disable-usage-stats"]
     if recipe.ray.num_cpus:
         args += ["--num-cpus", str(recipe.ray.num_cpus)]

@@ -105,7 +105,10 @@ class Recipe(BaseRecipe):
 
         # on the first node, next to vllm serve: the Ray head's GCS (the dashboard agent on
         # every node), or (mp, several nodes) rank 0's --master-port; each the recipe's
-        # base plus the server's offset (engines/vllm/ports.py)
+        # base plus the server's offset (engines/vllm/ports.py). The other fixed Ray ports
+        # (raylet, workers, ...) are in the record and judged against other servers, not
+        # pre-checked here: a worker's raylet still exiting after its head restarted is not
+        # told from a stranger's (in the lab) and would refuse the relaunch that replaces it
         ports = ServerPorts.of(self)
         fix = "launch with another --port (it moves every port of the server)"
         if self.backend == "ray":

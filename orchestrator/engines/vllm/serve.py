@@ -19,6 +19,7 @@ from orchestrator.engines import apikey, config_hash, recipe_origin, servers
 from orchestrator.engines.lifecycle import ServerRecord
 from orchestrator.engines.serverctl import node_call, node_cmd, pid_wrapper
 from orchestrator.engines.serverspec import ServerSpec
+from orchestrator.engines.vllm.guard import chain_name
 from orchestrator.engines.vllm.ports import ServerPorts
 from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
@@ -111,6 +112,8 @@ class ServeSpec(ServerSpec):
                    "pid_file": f"{self.directory}/{MAIN}",
                    "listen_ports": self.ports.bound(self.backend, len(self.nodes)),
                    "ray_port": self.ports.ray if self.backend == "ray" else None,
+                   # its firewall chain on every node, removed when it stops (engines/vllm/guard.py)
+                   "port_guard": chain_name(self.name) if self.backend == "ray" else None,
                    **recipe_origin(r), **apikey.record_fields(self.name, self.key)}).to_dict()
         if started:
             record["started"] = started
