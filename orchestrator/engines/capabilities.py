@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.records import ServerRecord
+
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
     from orchestrator.engines.apikey import KeyWay
@@ -88,7 +90,7 @@ class ProbesStatus(Protocol):
         """(key, a Python program) `status` runs in the recorded server's container."""
         ...
 
-    def judge_probe(self, server: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    def judge_probe(self, server: ServerRecord, answer: dict[str, Any]) -> dict[str, Any]:
         """That program's answer judged for `status` ("problem" when something is wrong)."""
         ...
 

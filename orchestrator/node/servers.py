@@ -1,6 +1,7 @@
 """The servers recorded on this node (runs on the node as `python3 -c`; one JSON argument:
-{"run": RUN_DIR, "probe": bool, "ready_lines": {engine: its ready line}, "legacy_container": name
-or null, "default_engine": the engine of a record that names none, "serverctl": the text of
+{"run": RUN_DIR, "probe": bool, "ready_lines": {engine: its ready line}, "migrate": null or, on
+the head, {"container": the `up` container, "engine": the engine of a record that names none,
+"ours": its process words, "nodes": the cluster's nodes in rank order}, "serverctl": the text of
 serverctl.py}).
 
 Every server has its directory RUN_DIR/servers/<name>/, with its record server.json on the
@@ -9,8 +10,11 @@ run (`docker inspect`); a server that is processes in a shared container (Tensor
 and ranks in the `up` container) has, on each of its nodes, processes.json ({"container",
 "ours"}) next to its pid files, which serverctl.py checks inside that container: the record's
 "main" pid file must live. With "probe" its /health on 127.0.0.1:<port> is asked (the server
-binds the node's loopback). The older single record RUN_DIR/server.json (a server launched
-before servers had names, on the head) is listed too, marked "legacy".
+binds the node's loopback).
+The one-time migration (with "migrate", on the head): the older single record RUN_DIR/server.json
+of a server an earlier sparkctl launched before servers had names (TensorRT-LLM's, vLLM's
+one-per-cluster server) becomes that server's record in RUN_DIR/servers/<name>/ before anything
+is listed, in the current format plus "migrated_from" (docs/launch.md).
 With "probe", a server that does not answer 200 also gets "ready_log": whether its engine
 logged that it served (stalled, not loading; orchestrator/engines/liveness.py).
 Also every member of a named server on this node, whichever node holds the record: containers
@@ -21,7 +25,7 @@ A record with a "pid_file" (a process started in its own container by `docker ex
 vllm serve in its Ray container) is alive only while that process is (node-side main_alive).
 A server with an API key that answers /health is also asked /v1/models without its key
 ("keyless": the HTTP code; 401 or 403 when the key is really enforced).
-Prints {"servers": [record + {"alive", "health", "legacy"}], "members": {...}}. Standard
+Prints {"servers": [record + {"alive", "health"}], "members": {...}}. Standard
 library only.
 """
 import json
@@ -123,9 +127,9 @@ def ready_log(record, directory):
     line = (a.get("ready_lines") or {}).get(record.get("engine") or a.get("default_engine"))
     if not line:
         return False
-    if record["legacy"] or record.get("pid_file") or record.get("main"):
+    if record.get("migrated_from") or record.get("pid_file") or record.get("main"):
         # a process started in a container: its log is beside its pid file (vLLM's vllm serve),
-        # or in the server's directory (TensorRT-LLM's mpirun and ranks, the older record)
+        # or in the server's directory (TensorRT-LLM's mpirun and ranks, a migrated record)
         where = os.path.dirname(record["pid_file"]) if record.get("pid_file") else directory
         for name in ("server.log", "rank-0.log"):
             try:
@@ -261,6 +265,59 @@ def members():
     return out
 
 
+MOVED_SUFFIXES = (".pid", ".log", ".yml")
+"""What an earlier sparkctl's server kept directly in RUN_DIR (pid files, logs, TensorRT-LLM's
+extra LLM API config): it moves into the server's directory with its record."""
+
+
+def migrate(how):
+    """One time: RUN_DIR/server.json (no name, engine or nodes in TensorRT-LLM's; vLLM's in its
+    own containers) becomes RUN_DIR/servers/<name>/server.json in the current format, its files
+    moving along (a rename: the running processes keep writing their logs). The old record goes
+    last, so an interrupted migration runs again on the next read."""
+    old = os.path.join(run, "server.json")
+    record = load(old)
+    if record is None:
+        return
+    record.setdefault("engine", how["engine"])
+    record.setdefault("container", how["container"])
+    name = str(record.get("name") or record.get("recipe") or "server")
+    record["name"] = name
+    if not record.get("nodes"):  # TensorRT-LLM's: the head and the next tp_size - 1 nodes
+        record["nodes"] = how["nodes"][:max(1, int(record.get("tp_size") or 1))]
+    record.setdefault("recipe", name)
+    record["migrated_from"] = old
+    directory = os.path.join(run, "servers", name)
+    os.makedirs(directory, exist_ok=True)
+    for entry in sorted(os.listdir(run)):
+        path = os.path.join(run, entry)
+        if entry.endswith(MOVED_SUFFIXES) and os.path.isfile(path):
+            os.replace(path, os.path.join(directory, entry))
+    if record["container"] == how["container"]:  # mpirun and ranks in the `up` container
+        record.setdefault("main", "mpirun.pid")
+        record.setdefault("ours", how["ours"])
+        write(os.path.join(directory, "processes.json"),
+              {"container": record["container"], "ours": record["ours"]})
+    else:  # its own containers (vLLM's sparkctl-vllm): alive while they run, as it always was
+        record.pop("main", None)
+    write(os.path.join(directory, "server.json"), record)
+    os.remove(old)
+
+
+def write(path, data):
+    with open(path + ".tmp", "w") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+if a.get("migrate"):
+    try:
+        migrate(a["migrate"])
+    except OSError as exc:  # (a read-only or full disk: listed as it is, said once)
+        sys.stderr.write("cannot migrate %s/server.json: %s\n" % (run, exc))
+
+
 found, own = [], {}
 base = os.path.join(run, "servers")
 for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
@@ -274,7 +331,6 @@ for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
     if record is None:
         continue
     record.setdefault("name", name)
-    record["legacy"] = False
     # the memory guard's stop record (node/memguard.py), if it stopped this server
     record["memguard"] = load(os.path.join(directory, "memguard-stopped.json"))
     if record.get("pid_file"):  # started in its own container by docker exec: both must live
@@ -286,23 +342,11 @@ for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
         record["alive"] = bool(running(record.get("container") or ""))
     record["directory"] = directory
     found.append(record)
-if a.get("legacy_container"):
-    record = load(os.path.join(run, "server.json"))
-    if record is not None:
-        record.setdefault("engine", a.get("default_engine"))
-        record.setdefault("container", a["legacy_container"])
-        record.setdefault("name", record.get("recipe"))
-        record["legacy"] = True
-        # a guard on the node itself (vLLM's) records its stop in the server's directory
-        record["memguard"] = load(os.path.join(base, str(record["name"]), "memguard-stopped.json"))
-        record["alive"] = bool(running(record["container"]))
-        record["directory"] = run
-        found.append(record)
 if a.get("probe"):
     for record in found:
         record["health"] = health(record) if record["alive"] else None
-        if record["legacy"] and not record["health"]:
-            record["alive"] = False  # the `up` container runs on, the server does not answer
+        if record.get("migrated_from") and not record.get("main") and not record["health"]:
+            record["alive"] = False  # its container runs on, the server does not answer
         if record.get("api_key_file") and record["health"] == 200:
             # a path every engine guards, asked without the key: only a refusal (401/403)
             # proves the key is enforced (status says "with API key" for nothing less)

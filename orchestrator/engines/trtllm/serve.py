@@ -191,12 +191,11 @@ class LaunchSpec(ServerSpec):
     def record(self, started: str | None = None) -> dict[str, Any]:
         r = self.recipe
         draft = r.speculative.draft_model if r.speculative else None
-        when = {"started": started} if started else {}
         return ServerRecord(
             name=self.name, engine=r.engine, recipe=r.name, model=r.model, port=r.port,
             nodes=list(self.nodes), config_hash=self.digest, host=self.host, ranks=r.tp_size,
             guard_min_available_gb=self.guard_min_available_gb, persistent=self.persistent,
-            memory_gb=self.memory_gb, container=self.container, **when,
+            memory_gb=self.memory_gb, container=self.container, started=started or lifecycle.now(),
             extra={"draft_model": draft, "tp_size": r.tp_size, "main": MAIN, "ours": list(OURS),
                    "memory_gb_per_node": self.memory_gb,
                    **recipe_origin(r), **apikey.record_fields(self.name, self.key)}).to_dict()

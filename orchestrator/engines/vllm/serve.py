@@ -24,6 +24,7 @@ from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.recipe import LaunchOptions
+from orchestrator.records import Server
 
 ENGINE = "vllm"
 MAIN = "vllm.pid"
@@ -115,15 +116,16 @@ class ServeSpec(ServerSpec):
             record["started"] = started
         return record
 
-    def mine(self, ctx: NodeContext, alive_only: bool = True) -> dict[str, Any] | None:
-        """This server as the nodes' `servers` facts list it (the older single record aside)."""
-        return next((s for s in servers.from_facts(ctx.cluster_facts, ctx.inventory, alive_only)
-                     if s.get("name") == self.name and not s.get("legacy")), None)
+    def mine(self, ctx: NodeContext, alive_only: bool = True) -> Server | None:
+        """This server as the nodes' `servers` facts list it (an earlier sparkctl's single
+        server of this name aside: the placement step replaces it)."""
+        return next((s for s in servers.from_facts(ctx.cluster_facts, alive_only)
+                     if s.name == self.name and not s.migrated), None)
 
     def runs(self, ctx: NodeContext) -> bool:
         """The same configuration already runs (serving or loading): nothing to start."""
         mine = self.mine(ctx)
-        return mine is not None and mine.get("config_hash") == self.digest
+        return mine is not None and mine.record.config_hash == self.digest
 
     def status(self, transport: Any, deep: bool = False, timeout: float = 120) -> dict[str, Any]:
         return node_call(transport, self.container, timeout=timeout, action="status",
