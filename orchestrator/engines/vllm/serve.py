@@ -16,7 +16,7 @@ from typing import Any
 from orchestrator.commands import docker_exec_cmd, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import apikey, config_hash, recipe_origin, servers
-from orchestrator.engines.lifecycle import ServerRecord
+from orchestrator.engines.lifecycle import ServerRecord, now
 from orchestrator.engines.serverctl import node_call, node_cmd, pid_wrapper
 from orchestrator.engines.serverspec import ServerSpec
 from orchestrator.engines.vllm.ports import ServerPorts
@@ -100,9 +100,9 @@ class ServeSpec(ServerSpec):
 
     def record(self, started: str | None = None) -> dict[str, Any]:
         r = self.recipe
-        record = ServerRecord(
+        return ServerRecord(
             name=self.name, engine=ENGINE, recipe=r.name, model=r.model, port=r.port,
-            nodes=self.nodes, config_hash=self.digest, host=self.host,
+            nodes=self.nodes, config_hash=self.digest, host=self.host, started=started or now(),
             ranks=r.tensor_parallel_size * r.pipeline_parallel_size,
             persistent=self.options.persist, guard_min_available_gb=self.guard_gb,
             memory_gb=self.estimate.total_gb, container=self.container,
@@ -112,9 +112,6 @@ class ServeSpec(ServerSpec):
                    "listen_ports": self.ports.bound(self.backend, len(self.nodes)),
                    "ray_port": self.ports.ray if self.backend == "ray" else None,
                    **recipe_origin(r), **apikey.record_fields(self.name, self.key)}).to_dict()
-        if started:
-            record["started"] = started
-        return record
 
     def mine(self, ctx: NodeContext, alive_only: bool = True) -> Server | None:
         """This server as the nodes' `servers` facts list it (an earlier sparkctl's single
