@@ -282,6 +282,10 @@ def migrate(how):
     record.setdefault("engine", how["engine"])
     record.setdefault("container", how["container"])
     name = str(record.get("name") or record.get("recipe") or "server")
+    if "/" in name or name.startswith("."):  # (sparkctl never wrote such a name)
+        name = "server"
+    if os.path.exists(os.path.join(run, "servers", name, "server.json")):
+        name += "-earlier"  # a named server of that name runs too: never overwrite its record
     record["name"] = name
     if not record.get("nodes"):  # TensorRT-LLM's: the head and the next tp_size - 1 nodes
         record["nodes"] = how["nodes"][:max(1, int(record.get("tp_size") or 1))]

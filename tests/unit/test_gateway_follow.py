@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeTransport, make_inventory
+from conftest import FakeTransport, as_servers, make_inventory
 
 from orchestrator.commands import Secret
 from orchestrator.engines.serverctl import down_parts
@@ -21,17 +21,19 @@ from orchestrator.gateway import follow as gateway_follow
 from orchestrator.node import script
 from orchestrator.phases import gateway_down, teardown
 from orchestrator.phases import gateway_spec as gs
+from orchestrator.records import Server
 
 KEY = "sk-unit-follow-0123456789"
 SWAP = 'a["model_list"]'  # in the node script that swaps the model list
 
 
-def server(name: str, node: str) -> dict[str, Any]:
-    return {"name": name, "node": node, "nodes": [node], "model": "Qwen/Qwen3-8B",
-            "port": 30000, "recipe": "qwen3-8b", "alive": True, "health": 200}
+def server(name: str, node: str) -> Server:
+    (found,) = as_servers([{"name": name, "node": node, "nodes": [node], "model": "Qwen/Qwen3-8B",
+                            "port": 30000, "recipe": "qwen3-8b", "alive": True, "health": 200}])
+    return found
 
 
-def spec_of(*servers: dict[str, Any], key: str | None = KEY) -> gs.GatewaySpec:
+def spec_of(*servers: Server, key: str | None = KEY) -> gs.GatewaySpec:
     return gateway.desired(make_inventory(), "spark-a", "0.0.0.0", 4000,
                            Secret(key) if key else None, list(servers))
 

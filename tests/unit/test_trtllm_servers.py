@@ -260,3 +260,16 @@ def test_a_one_server_engines_migrated_server_is_any_other_server_on_its_nodes()
     assert sorted(stop) == ["spark-a", "spark-b"]
     assert "name=^/sparkctl-vllm$" in stop["spark-b"]
     assert "label=sparkctl.server=minimax-m2.7" in stop["spark-b"]
+
+
+def test_the_migration_never_overwrites_a_named_servers_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Path) -> None:
+    run = tmp_path / "run"
+    named_dir = run / "servers" / "gpt-oss-120b"
+    named_dir.mkdir(parents=True)
+    mine = json.dumps(named("gpt-oss-120b", ["spark-a"], 8001))
+    (named_dir / "server.json").write_text(mine)
+    (run / "server.json").write_text(json.dumps({"recipe": "gpt-oss-120b", "port": 8000}))
+    listed = node_servers(run, monkeypatch)["servers"]
+    assert sorted(s["name"] for s in listed) == ["gpt-oss-120b", "gpt-oss-120b-earlier"]
+    assert (named_dir / "server.json").read_text() == mine
