@@ -6,7 +6,7 @@ container mounts RUN_DIR at the same path): the extra LLM API config, its MPI ho
 nodes' fabric addresses in rank order, what mpirun reads instead of the cluster's), processes.json
 (which container and command-line words make its processes: node/servers.py checks them there),
 the pid files (mpirun.pid, rank-N.pid, memguard.pid) and logs (server.log, rank-N.log), and on
-the first node its record server.json (engines/lifecycle.ServerRecord). Several servers run at
+the first node its record server.json (orchestrator/records.ServerRecord). Several servers run at
 once, on other nodes or on one node when ports and memory allow (engines/servers.py).
 
 A relaunch of the same server is a no-op (its record's config hash matches and /health is 200);
