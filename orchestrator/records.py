@@ -190,9 +190,6 @@ class Server:
         one-time migration converted its record)."""
         return self.record.migrated_from is not None
 
-    def describe(self) -> str:
-        return f"{self.name} ({self.engine}, {self.record.model})"
-
     def to_dict(self) -> dict[str, Any]:
         """The record and what was seen, flat (status's servers list, `--json`)."""
         return {**self.record.to_dict(), "node": self.node, "alive": self.alive,
