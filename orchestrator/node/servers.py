@@ -48,6 +48,32 @@ def load(path):
         return None
 
 
+def text(value):
+    return value if isinstance(value, str) else ""
+
+
+class Record:
+    """One server.json as this program reads it, typed once: the fields it uses (a field of
+    another type reads as absent: the controller's read names it, orchestrator/records.py);
+    `data` is the whole record, printed with what this node saw."""
+
+    def __init__(self, data, name):
+        data.setdefault("name", name)
+        self.data = data
+        self.engine = text(data.get("engine"))
+        port = data.get("port")
+        self.port = port if isinstance(port, int) and not isinstance(port, bool) else 0
+        self.host = text(data.get("host")) or "127.0.0.1"
+        self.container = text(data.get("container"))
+        self.main = text(data.get("main"))
+        self.pid_file = text(data.get("pid_file"))
+        ours = data.get("ours")
+        self.ours = [w for w in ours if isinstance(w, str)] if isinstance(ours, list) else []
+        self.api_key_file = text(data.get("api_key_file"))
+        self.ready_at = text(data.get("ready_at"))
+        self.migrated_from = text(data.get("migrated_from"))
+
+
 def running(container):
     try:
         proc = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", container],
@@ -69,10 +95,10 @@ def keyless(record):
 
 def answer(record, path):
     """The HTTP code of PATH where the server binds, asked without any key (0: no answer)."""
-    host = record.get("host") or "127.0.0.1"
+    host = record.host
     if host in ("0.0.0.0", "::", "localhost"):
         host = "127.0.0.1"
-    url = "http://%s:%d%s" % (host, int(record.get("port") or 0), path)
+    url = "http://%s:%d%s" % (host, record.port, path)
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
             return r.status
@@ -89,9 +115,9 @@ def main_alive(record):
     A restarted container has a new namespace whose numbers start again: the process must also
     be the server's (its command line holds one of the record's "ours" words)."""
     try:
-        with open(record["pid_file"]) as handle:
+        with open(record.pid_file) as handle:
             pid = int(handle.read().strip())
-        proc = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", record.get("container") or ""],
+        proc = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", record.container],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
         init = int(proc.stdout.decode().strip() or 0)
         namespace = os.readlink("/proc/%d/ns/pid" % init)
@@ -108,7 +134,7 @@ def main_alive(record):
                     os.readlink("/proc/%s/ns/pid" % entry) == namespace:
                 with open("/proc/%s/cmdline" % entry, "rb") as handle:
                     command = handle.read().replace(b"\0", b" ").decode(errors="replace")
-                return any(word in command for word in record.get("ours") or [""])
+                return any(word in command for word in record.ours or [""])
         except (OSError, ValueError):
             continue
     return False
@@ -124,13 +150,13 @@ def ready_log(record, directory):
     argument): in server.log / rank-0.log of its directory for a process server (and the older
     single record), in its container's log otherwise. Tells a stalled server from one still
     loading."""
-    line = (a.get("ready_lines") or {}).get(record.get("engine") or a.get("default_engine"))
+    line = (a.get("ready_lines") or {}).get(record.engine)
     if not line:
         return False
-    if record.get("migrated_from") or record.get("pid_file") or record.get("main"):
+    if record.migrated_from or record.pid_file or record.main:
         # a process started in a container: its log is beside its pid file (vLLM's vllm serve),
         # or in the server's directory (TensorRT-LLM's mpirun and ranks, a migrated record)
-        where = os.path.dirname(record["pid_file"]) if record.get("pid_file") else directory
+        where = os.path.dirname(record.pid_file) if record.pid_file else directory
         for name in ("server.log", "rank-0.log"):
             try:
                 with open(os.path.join(where, name), errors="replace") as handle:
@@ -140,7 +166,7 @@ def ready_log(record, directory):
                 continue
         return False
     try:
-        proc = subprocess.Popen(["docker", "logs", record.get("container") or ""],
+        proc = subprocess.Popen(["docker", "logs", record.container],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except OSError:
         return False
@@ -331,32 +357,31 @@ for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
         own[name] = process_member(procs)
         # a guard stops the whole server from any of its nodes: its record is on that node
         own[name]["memguard"] = load(os.path.join(directory, "memguard-stopped.json"))
-    record = load(os.path.join(directory, "server.json"))  # (a guard's directory alone: skip)
-    if record is None:
+    data = load(os.path.join(directory, "server.json"))  # (a guard's directory alone: skip)
+    if data is None:
         continue
-    record.setdefault("name", name)
+    record = Record(data, name)
     # the memory guard's stop record (node/memguard.py), if it stopped this server
-    record["memguard"] = load(os.path.join(directory, "memguard-stopped.json"))
-    if record.get("pid_file"):  # started in its own container by docker exec: both must live
-        record["alive"] = bool(running(record.get("container") or "")) and main_alive(record)
-    elif record.get("main"):  # processes in a shared container: its main process must live
-        main = ((procs or {}).get("pids") or {}).get(record["main"]) or {}
-        record["alive"] = bool(main.get("alive"))
+    data["memguard"] = load(os.path.join(directory, "memguard-stopped.json"))
+    if record.pid_file:  # started in its own container by docker exec: both must live
+        data["alive"] = bool(running(record.container)) and main_alive(record)
+    elif record.main:  # processes in a shared container: its main process must live
+        main = ((procs or {}).get("pids") or {}).get(record.main) or {}
+        data["alive"] = bool(main.get("alive"))
     else:
-        record["alive"] = bool(running(record.get("container") or ""))
-    record["directory"] = directory
-    found.append(record)
+        data["alive"] = bool(running(record.container))
+    found.append((record, directory))
 if a.get("probe"):
-    for record in found:
-        record["health"] = health(record) if record["alive"] else None
-        if record.get("migrated_from") and not record.get("main") and not record["health"]:
-            record["alive"] = False  # its container runs on, the server does not answer
-        if record.get("api_key_file") and record["health"] == 200:
+    for record, directory in found:
+        seen = record.data
+        seen["health"] = health(record) if seen["alive"] else None
+        if record.migrated_from and not record.main and not seen["health"]:
+            seen["alive"] = False  # its container runs on, the server does not answer
+        if record.api_key_file and seen["health"] == 200:
             # a path every engine guards, asked without the key: only a refusal (401/403)
             # proves the key is enforced (status says "with API key" for nothing less)
-            record["keyless"] = keyless(record)
-        if record["alive"] and record["health"] != 200 and not record.get("ready_at"):
-            record["ready_log"] = ready_log(record, record["directory"])
-for record in found:
-    del record["directory"]
-print(json.dumps({"servers": found, "members": {**members(), **own}}))
+            seen["keyless"] = keyless(record)
+        if seen["alive"] and seen["health"] != 200 and not record.ready_at:
+            seen["ready_log"] = ready_log(record, directory)
+print(json.dumps({"servers": [record.data for record, _ in found],
+                  "members": {**members(), **own}}))

@@ -294,7 +294,7 @@ def test_servers_script_reads_an_sglang_containers_log_for_sglangs_own_line(
         ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
             "def running(container):": "def running(container):\n    return True\n\ndef _unused(container):",
             "def health(record):": "def health(record):\n    return 503\n\ndef _unused2(record):",
-            '["docker", "logs", record.get("container") or ""]': '["cat", record["container"]]'})
+            '["docker", "logs", record.container]': '["cat", record.container]'})
         return typed(ran.json["servers"][0])
 
     log.write_text("INFO:     Application startup complete.\n")  # uvicorn's, before warm-up

@@ -211,8 +211,8 @@ def test_a_named_server_whose_vllm_serve_ended_is_dead_though_its_ray_container_
         ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
             "def running(container):": "def running(container):\n    return True\n\n"
                                        "def _unused(container):",
-            '["docker", "inspect", "-f", "{{.State.Pid}}", record.get("container") or ""]':
-                '["echo", record["container"]]',
+            '["docker", "inspect", "-f", "{{.State.Pid}}", record.container]':
+                '["echo", record.container]',
             "def members():": "def members():\n    return {}\n\ndef _unused3():"})
         return bool(ran.json["servers"][0]["alive"])
 
