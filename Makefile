@@ -48,7 +48,7 @@ UNIT_COV := --cov=orchestrator --cov-branch --cov-report=term:skip-covered --cov
 test: install llamacpp vllm
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest tests/unit -q $(UNIT_COV)
+	$(BIN)/python -m pytest tests/unit -q -n 2 $(UNIT_COV)
 	scripts/run-e2e $(BIN)/python
 
 unit: install

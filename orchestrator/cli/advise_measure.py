@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from orchestrator.remote.fact_records import CommandResult
+
 if TYPE_CHECKING:
     from orchestrator.records import Server
 
@@ -83,7 +85,7 @@ def _servers(inventory: Any, nodes: list[str]) -> tuple[list[Server], dict[str, 
     keys: dict[str, Any] = {}
     with open_session(inventory, "advise", quiet=True) as session:
         found = servers.gather(session.transports, inventory)
-        units = {name: parse_units({"out": t.run(units_cmd(), timeout=30).stdout})
+        units = {name: parse_units(CommandResult(0, t.run(units_cmd(), timeout=30).stdout, ""))
                  for name, t in session.transports.items()} if found else {}
         for server in found:
             transport = session.transports.get(server.node)

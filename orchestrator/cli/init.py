@@ -22,6 +22,7 @@ import click
 
 from orchestrator.cli import CONTEXT, run_command
 from orchestrator.cli.verbosity import verbosity_option
+from orchestrator.remote.gathered import NodeFacts
 
 if TYPE_CHECKING:
     from orchestrator.netcheck.cabling import NodeLinks
@@ -47,8 +48,8 @@ class Probed:
     nodes: list[NodeLinks]
     peers: list[dict[str, Any]]
     """node/peers.py's answer per node: which MACs answered on each fabric interface."""
-    facts: list[dict[str, Any]]
-    """The gatherer's answer per node: netplan files and links."""
+    facts: list[NodeFacts | None]
+    """The gatherer's answer per node: netplan files and links (None: not readable as root)."""
 
     def reach(self) -> Reach:
         from orchestrator.netcheck.layout import reach_from
@@ -62,8 +63,9 @@ class Probed:
 
         reach = self.reach()
         # a node whose netplan files could not be read (no sudo) leaves only the cabling to judge
-        adopted = (adopt([node.host for node in self.nodes], self.facts, reach)
-                   if all(self.facts) else None)
+        readable = [facts for facts in self.facts if facts is not None]
+        adopted = (adopt([node.host for node in self.nodes], readable, reach)
+                   if len(readable) == len(self.facts) else None)
         return adopted or choose_layout(self.nodes, reach)
 
 
@@ -105,8 +107,7 @@ def _probe(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
 
         fabric = [name for twins in PORTS.values() for name in twins]
 
-        def read(name: str, transport: Transport) -> tuple[NodeLinks, dict[str, Any],
-                                                           dict[str, Any]]:
+        def read(name: str, transport: Transport) -> tuple[NodeLinks, dict[str, Any], NodeFacts | None]:
             click.echo(f"  {by_name[name]}: ibdev2netdev, link-local peers, netplan", err=True)
             links = transport.run("ibdev2netdev", timeout=30).check()
             hostname = transport.run("hostname", timeout=30).check().stdout.strip()
@@ -127,7 +128,7 @@ def _probe(hosts: tuple[str, ...], user: str | None, ssh_key: str | None,
                            f"({str(exc).strip()[-200:]}); a network NVIDIA Sync or a hand "
                            "configured cannot be adopted without it: judging the cabling only",
                            err=True)
-                facts = {}
+                facts = None
             return (NodeLinks(by_name[name], hostname or by_name[name],
                               parse_ibdev2netdev(links.stdout),
                               management=where.stdout.strip() if where.ok else ""),

@@ -15,6 +15,7 @@ import click
 from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
 from orchestrator.netcheck.checks import CheckResult
 from orchestrator.remote.cluster import parallel
+from orchestrator.remote.gathered import NodeFacts
 
 PROBE_ROUND_TIMEOUT = 150.0
 
@@ -42,12 +43,12 @@ def run_netcheck(session: Any, deep: bool) -> list[CheckResult]:
     nodes = session.reachable_nodes()
     probes = {node.name: build_probes(inventory, node, deep) for node in nodes}
 
-    def one(node: Any) -> dict[str, Any]:
+    def one(node: Any) -> NodeFacts:
         request = {**facts_request(inventory, node), "probes": probe_request(probes[node.name])}
         return gather_facts(session.transports[node.name], request, timeout=PROBE_ROUND_TIMEOUT)
 
     session.progress.note(f"netcheck: probing {len(nodes)} node(s) and their links...")
-    facts_by_node: dict[str, dict[str, Any]] = {}
+    facts_by_node: dict[str, NodeFacts] = {}
     by_name = {node.name: node for node in nodes}
     for name, outcome in parallel(lambda name: one(by_name[name]), by_name).items():
         if isinstance(outcome.error, SparkctlError):
@@ -60,7 +61,7 @@ def run_netcheck(session: Any, deep: bool) -> list[CheckResult]:
         if facts is None:
             continue
         results += run_node_checks(inventory, node, facts)
-        results += judge_probes(inventory, node, probes[node.name], facts.get("probes") or {},
+        results += judge_probes(inventory, node, probes[node.name], facts.probes,
                                 facts_by_node)
     for check in CLUSTER_CHECKS:
         results += check(inventory, facts_by_node)
@@ -73,7 +74,7 @@ def run_netcheck(session: Any, deep: bool) -> list[CheckResult]:
     return apply_dependencies(results)
 
 
-def measure_nccl(session: Any, facts_by_node: dict[str, dict[str, Any]]) -> list[CheckResult]:
+def measure_nccl(session: Any, facts_by_node: dict[str, NodeFacts]) -> list[CheckResult]:
     """nccl-tests' all_gather_perf from the head's container, one rank per node."""
     from orchestrator.errors import SparkctlError
     from orchestrator.netcheck.container import container_running
@@ -84,7 +85,7 @@ def measure_nccl(session: Any, facts_by_node: dict[str, dict[str, Any]]) -> list
     transport = session.transports.get(head)
     if transport is None or len(inventory.nodes) < 2:
         return []
-    if not all(container_running(inventory, facts_by_node.get(n.name) or {})
+    if not all(container_running(inventory, facts_by_node.get(n.name) or NodeFacts(n.name))
                for n in inventory.nodes):
         return []  # the container rows already failed
     try:
@@ -95,7 +96,7 @@ def measure_nccl(session: Any, facts_by_node: dict[str, dict[str, Any]]) -> list
         return [judge_all_gather(inventory, 1, "", str(exc), facts_by_node)]
 
 
-def measure_throughput(session: Any, facts_by_node: dict[str, dict[str, Any]]) -> list[CheckResult]:
+def measure_throughput(session: Any, facts_by_node: dict[str, NodeFacts]) -> list[CheckResult]:
     """Each link once, one at a time: ib_write_bw (RDMA) where both ends have a RoCE device with
     the fabric address and ib_write_bw, else iperf3 (TCP); judged against the link's floor."""
     from orchestrator.errors import SparkctlError
@@ -120,10 +121,11 @@ def measure_throughput(session: Any, facts_by_node: dict[str, dict[str, Any]]) -
         client, server = session.transports.get(link.node), session.transports.get(link.peer)
         if client is None or server is None:
             continue
-        mine = facts_by_node.get(link.node) or {}
+        mine = facts_by_node.get(link.node) or NodeFacts(link.node)
         speed = negotiated_speed(mine, link.interface)
         here = rdma_device(inventory, mine, link.interface)
-        there = rdma_device(inventory, facts_by_node.get(link.peer) or {}, link.peer_interface)
+        there = rdma_device(inventory, facts_by_node.get(link.peer) or NodeFacts(link.peer),
+                             link.peer_interface)
         try:
             if here and there:
                 port = RDMA_PORT_BASE + index

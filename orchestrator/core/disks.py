@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 from typing import Any
 
+from orchestrator.remote.gathered import NodeFacts
+
 __all__ = ["MIN_FREE_BYTES", "describe_os_error", "format_bytes", "space_problems"]
 
 
@@ -28,17 +30,17 @@ MIN_FREE_BYTES = 1_000_000
 """Less free than this where sparkctl writes (state, config, netplan) counts as a full disk."""
 
 
-def space_problems(facts: dict[str, Any]) -> list[str]:
+def space_problems(facts: NodeFacts) -> list[str]:
     """A full disk or read-only filesystem where sparkctl writes, named with path and free space
     (from the `space` fact every facts gathering answers)."""
     problems: list[str] = []
     seen: set[str] = set()
-    for path, entry in sorted((facts.get("space") or {}).items()):
-        checked = entry.get("checked", path)
+    for path, entry in sorted(facts.space.items()):
+        checked = entry.checked
         if checked in seen:
             continue
-        free = entry.get("free_bytes")
-        if entry.get("readonly"):
+        free = entry.free_bytes
+        if entry.readonly:
             problems.append(f"the filesystem of {path} ({checked}) is read-only")
             seen.add(checked)
         elif isinstance(free, int) and free < MIN_FREE_BYTES:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import EXIT_BAD_INPUT, SparkctlError
 from orchestrator.remote.cluster import executor_pool
 from orchestrator.remote.facts import gather_facts, merge_requests
+from orchestrator.remote.gathered import NodeFacts
 
 if TYPE_CHECKING:
     from orchestrator.core.lock import ClusterLock
@@ -61,7 +62,7 @@ class Executor:
         # (phase, step, nodes) running now: what an interrupt may have left half-done
         self.current: tuple[str, str, list[str]] | None = None
         self.current_hint: str | None = None
-        self.prefetched: dict[str, dict[str, Any]] | None = None
+        self.prefetched: dict[str, NodeFacts] | None = None
         self._lock_guard = threading.Lock()
         self._lock_error: SparkctlError | None = None
         self.phase_names: set[str] = set()
@@ -137,7 +138,7 @@ class Executor:
             for future in futures:
                 future.result()
 
-    def _prefetch(self, plan: Plan) -> dict[str, dict[str, Any]] | None:
+    def _prefetch(self, plan: Plan) -> dict[str, NodeFacts] | None:
         """Gather every phase's facts in one round trip per node, up front.
 
         They stay valid until something changes: a no-change run and any dry run then cost one
@@ -161,7 +162,7 @@ class Executor:
         self.progress.phase("facts", len(nodes))
         facts = self._gather(merged, nodes)
         if self.lock is not None and head in facts:
-            self.lock.judge_peek(facts[head].get("lock", {}))
+            self.lock.judge_peek(facts[head].lock or {})
         return facts
 
     def _ensure_lock(self) -> None:
@@ -178,7 +179,7 @@ class Executor:
                 self._lock_error = exc
                 raise
 
-    def _refuse_full_disks(self, facts: dict[str, dict[str, Any]]) -> None:
+    def _refuse_full_disks(self, facts: dict[str, NodeFacts]) -> None:
         """Before anything changes: a node whose disk is full (or read-only) where sparkctl
         writes would fail half-way with a confusing error. `down` still runs: it frees space.
         Plans with a preflight phase (up) get it there, as a failed check in the report."""
@@ -201,10 +202,10 @@ class Executor:
     def _in_scope(self, step: Step, node: Node) -> bool:
         return step.scope == "node" or node.name == self.inventory.head_name
 
-    def _gather(self, phase: Phase, nodes: list[Node]) -> dict[str, dict[str, Any]]:
+    def _gather(self, phase: Phase, nodes: list[Node]) -> dict[str, NodeFacts]:
         pending = {node.name for node in nodes}
 
-        def one(node: Node) -> tuple[str, dict[str, Any] | str]:
+        def one(node: Node) -> tuple[str, NodeFacts | str]:
             try:
                 request = phase.facts(self.inventory, node)
                 return node.name, gather_facts(self.transports[node.name], request)
@@ -213,7 +214,7 @@ class Executor:
             finally:
                 pending.discard(node.name)
 
-        facts: dict[str, dict[str, Any]] = {}
+        facts: dict[str, NodeFacts] = {}
         # a first look at a model hashes every file (minutes for 100 GB): never a silent wait
         with Heartbeat(self.progress.note, f"facts ({phase.name})",
                        detail=lambda: "from " + ", ".join(sorted(pending))):
@@ -227,7 +228,7 @@ class Executor:
         return facts
 
     def _run_step(
-        self, phase: Phase, step: Step, node: Node, facts: dict[str, dict[str, Any]]
+        self, phase: Phase, step: Step, node: Node, facts: dict[str, NodeFacts]
     ) -> None:
         ctx = NodeContext(
             inventory=self.inventory, node=node, facts=facts[node.name], cluster_facts=facts,

@@ -74,7 +74,7 @@ class ClusterLock:
     def accept(self, answer: dict[str, Any]) -> None:
         """Judge the gatherer's answer to request(); raise LockError when another run holds it."""
         if not answer.get("held") and _holder_is_gone(answer.get("holder") or {}):
-            answer = gather_facts(self.transport, self.request(force=True)).get("lock", {})
+            answer = gather_facts(self.transport, self.request(force=True)).lock or {}
         if answer.get("moved"):
             raise LockError(
                 f"another sparkctl run took the cluster lock on {self.head} after this one "
@@ -92,7 +92,7 @@ class ClusterLock:
     def ensure(self) -> None:
         """Take the lock now, with its own round trip, unless a gathering already took it."""
         if not self.held:
-            self.accept(gather_facts(self.transport, self.request()).get("lock", {}))
+            self.accept(gather_facts(self.transport, self.request()).lock or {})
 
     def release(self) -> None:
         if not self.held:

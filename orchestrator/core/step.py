@@ -17,6 +17,7 @@ from orchestrator.core.context import RunOptions as RunOptions  # (re-exported: 
 from orchestrator.core.context import RunState as RunState
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.transport import Transport
 
 Scope = Literal["node", "head"]
@@ -63,8 +64,9 @@ class NodeContext:
 
     inventory: Inventory
     node: Node
-    facts: dict[str, Any]
-    cluster_facts: dict[str, dict[str, Any]]
+    facts: NodeFacts
+    """This node's facts of this phase, typed (remote/gathered.py)."""
+    cluster_facts: dict[str, NodeFacts]
     """Every node's facts of this phase, by node name (for cluster-wide steps)."""
     transport: Transport | None
     options: RunOptions

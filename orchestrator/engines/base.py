@@ -16,6 +16,7 @@ from pydantic import AfterValidator
 
 from orchestrator.errors import SparkctlError
 from orchestrator.recipe import SPARK_MEMORY_GB, BaseRecipe, LaunchOptions, MemoryEstimate, Verdict
+from orchestrator.remote.gathered import NodeFacts
 
 if TYPE_CHECKING:
     from orchestrator.core.step import NodeContext, Phase
@@ -38,10 +39,10 @@ class UpContainer:
     """What `spec_for` reads (the container step's facts)."""
     spec_for: Callable[[NodeContext], ContainerSpec]
     """The spec `up` starts it from: `status` compares the config hash (current or stale)."""
-    expected_env: Callable[[Inventory, dict[str, Any]], dict[str, str]]
+    expected_env: Callable[[Inventory, NodeFacts | None], dict[str, str]]
     """The variables netcheck compares with what the running container has (from the node's
     facts: which interfaces carry traffic, where its launcher finds its hostfile)."""
-    node_checks: tuple[Callable[[Inventory, Node, dict[str, Any]], list[CheckResult]], ...] = ()
+    node_checks: tuple[Callable[[Inventory, Node, NodeFacts], list[CheckResult]], ...] = ()
     """netcheck's own checks of what it depends on (its hostfile), per node."""
 
 

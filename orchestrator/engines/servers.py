@@ -25,6 +25,7 @@ from orchestrator.errors import InputError, SparkctlError
 from orchestrator.paths import RUN_DIR
 from orchestrator.recipe import SPARK_MEMORY_GB
 from orchestrator.records import Member, NodeAnswer, ProcessUse, Server, ServerRecord, read_server
+from orchestrator.remote.gathered import NodeFacts
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -110,14 +111,10 @@ def _collect(answers: dict[str, str], alive_only: bool) -> list[Server]:
     return [s for s in attach_members(out, by_node) if s.alive or not alive_only]
 
 
-def from_facts(cluster_facts: dict[str, dict[str, Any]], alive_only: bool = True) -> list[Server]:
+def from_facts(cluster_facts: dict[str, NodeFacts], alive_only: bool = True) -> list[Server]:
     """Every (live) server from each node's `servers` command fact."""
-    from orchestrator.remote.facts import Command
-
-    fact = Command("servers", "")
-    answers = {node: result.out for node, facts in cluster_facts.items()
-               if (result := fact.read(facts)) is not None}
-    return _collect(answers, alive_only)
+    return _collect({node: facts.output("servers") for node, facts in cluster_facts.items()},
+                    alive_only)
 
 
 def gather(transports: dict[str, Transport], inventory: Inventory, probe: bool = False,

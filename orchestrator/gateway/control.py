@@ -14,6 +14,7 @@ from orchestrator.commands import install_file_cmd, join, quote
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.phases import gateway_spec as gs
 from orchestrator.phases.gateway_relays import Note, Probe, drain, probe, set_in_rotation
+from orchestrator.remote.gathered import NodeFacts
 
 __all__ = ["Note", "Probe", "drain", "probe", "set_in_rotation"]  # where rolling and status look
 
@@ -223,12 +224,12 @@ def down(transports: dict[str, Transport]) -> list[str]:
     return done
 
 
-def summary(cluster_facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def summary(cluster_facts: dict[str, NodeFacts]) -> dict[str, Any]:
     """For `sparkctl status` (pure): the gateway from every node's probe fact ("gateway"), with
     each model's replicas and how many are in the rotation (their relay's door open)."""
     probes: dict[str, dict[str, Any]] = {}
     for node, facts in cluster_facts.items():
-        answer = ((facts.get("commands") or {}).get("gateway") or {}).get("out") or ""
+        answer = facts.output("gateway")
         try:
             probes[node] = json.loads(answer)
         except ValueError:
@@ -260,7 +261,7 @@ def summary(cluster_facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "out_of_rotation": out, "relays": counted}
 
 
-def attach_to_status(result: dict[str, Any], facts: dict[str, dict[str, Any]]) -> None:
+def attach_to_status(result: dict[str, Any], facts: dict[str, NodeFacts]) -> None:
     """`sparkctl status`: the gateway's summary, and a closed door as a problem (exit 1)."""
     doc = result["gateway"] = summary(facts)
     closed = problem(doc)

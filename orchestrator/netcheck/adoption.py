@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import ipaddress
 from collections import defaultdict
-from typing import Any
 
 from orchestrator.errors import InputError
 from orchestrator.netcheck.cabling import PORTS
 from orchestrator.netcheck.layout import Layout, Reach
 from orchestrator.phases.adopted import Addressing, addressing
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import LINKS, NETPLAN_FILES, LinkTable
 
 FABRIC_INTERFACES = PORTS["port 1"] + PORTS["port 0"]
@@ -34,7 +34,7 @@ def _refuse(what: str) -> InputError:
     return InputError(REFUSED + what + "." + FIX)
 
 
-def adopt(hosts: list[str], facts: list[dict[str, Any]], reach: Reach) -> Layout | None:
+def adopt(hosts: list[str], facts: list[NodeFacts], reach: Reach) -> Layout | None:
     """The adopted Layout (topology, interfaces, addresses, MTU, files), None when no file other
     than sparkctl's addresses a fabric interface on any node, or InputError naming what is
     inconsistent."""

@@ -19,6 +19,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.netcheck.results import CheckResult, _link
 from orchestrator.netcheck.roce import check_roce, roce_request
 from orchestrator.paths import NETPLAN_FILE, SSH_CONFIG
+from orchestrator.remote.gathered import NodeFacts
 
 EXPECTED_SPEED_MBPS = 200000  # a ConnectX-7 QSFP port on a DGX Spark
 
@@ -57,12 +58,12 @@ def fabric_links(inventory: Inventory) -> list[Link]:
 
 # ---------------------------------------------------------------- per-node checks
 
-NodeCheck = Callable[[Inventory, Node, dict[str, Any]], list[CheckResult]]
+NodeCheck = Callable[[Inventory, Node, NodeFacts], list[CheckResult]]
 
 
-def check_interface_up(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def check_interface_up(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     out = []
-    roce = ((facts.get("ibdev2netdev") or {}).get("devices")) or {}
+    roce = facts.roce.ports
     for interface in inventory.fabric.interfaces:
         link = _link(facts, interface)
         result = CheckResult("interface", node.name, "pass", "", interface=interface)
@@ -70,17 +71,17 @@ def check_interface_up(inventory: Inventory, node: Node, facts: dict[str, Any]) 
             result.status, result.message = "fail", f"{interface} does not exist on {node.name}."
             result.fix = (f"check fabric.interfaces in the inventory against `ip link` on {node.name} "
                           "(Spark port 1 is enp1s0f1np1 + enP2p1s0f1np1)")
-        elif not link.get("up"):
-            result.status, result.value = "fail", link.get("operstate")
-            state = roce.get(interface, {}).get("state")
+        elif not link.up:
+            result.status, result.value = "fail", link.operstate
+            state = port.state if (port := roce.get(interface)) else None
             shown = f", ibdev2netdev: {state}" if state else ""
             result.message = (f"{interface} on {node.name} is down (ip link: DOWN{shown}): it was "
                               "set down, or its cable was pulled and the port disabled.")
             result.fix = (f"check the QSFP cable in that port; `sudo ip link set {interface} up` on "
                           f"{node.name}, or re-run `sparkctl up`")
-        elif not link.get("carrier") or link.get("operstate") not in ("UP", "UNKNOWN"):
-            result.status, result.value = "fail", link.get("operstate")
-            state = roce.get(interface, {}).get("state")
+        elif not link.carrier or link.operstate not in ("UP", "UNKNOWN"):
+            result.status, result.value = "fail", link.operstate
+            state = port.state if (port := roce.get(interface)) else None
             shown = f" (ibdev2netdev: {state})" if state else ""
             result.message = (f"{interface} on {node.name} has no carrier{shown}: the cable is "
                               "unplugged or cut, or the peer's port is down.")
@@ -98,26 +99,24 @@ def _parse_speed(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def negotiated_speed(facts: dict[str, Any], interface: str) -> int | None:
+def negotiated_speed(facts: NodeFacts, interface: str) -> int | None:
     """Mb/s ethtool says INTERFACE negotiated (None: not gathered or no Speed: line)."""
-    answer = (facts.get("commands") or {}).get(f"ethtool:{interface}") or {}
-    return _parse_speed(answer.get("out", ""))
+    return _parse_speed(facts.output(f"ethtool:{interface}"))
 
 
-def check_speed(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def check_speed(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     out = []
-    commands = facts.get("commands") or {}
     for interface in inventory.fabric.interfaces:
-        answer = commands.get(f"ethtool:{interface}") or {}
-        speed = _parse_speed(answer.get("out", ""))
+        answer = facts.command(f"ethtool:{interface}")
+        speed = _parse_speed(answer.out if answer else "")
         result = CheckResult("speed", node.name, "pass", "", interface=interface, value=speed,
                              unit="Mb/s", threshold=EXPECTED_SPEED_MBPS)
         link = _link(facts, interface)
-        if link is None or not link.get("up") or not link.get("carrier"):
+        if link is None or not link.up or not link.carrier:
             continue  # the interface check already failed it; a down link has no speed
         if speed is None:
             result.status = "warn"
-            said = (answer.get("err") or "").strip()[-120:] or "no Speed: line"
+            said = (answer.err if answer else "").strip()[-120:] or "no Speed: line"
             result.message = f"ethtool reports no speed for {interface} ({said})."
             result.fix = "install ethtool on the node; a down link also has no speed"
         elif speed < EXPECTED_SPEED_MBPS:
@@ -132,14 +131,14 @@ def check_speed(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list
     return out
 
 
-def check_addresses(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def check_addresses(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     out = []
     for interface in inventory.fabric.interfaces:
         link = _link(facts, interface)
         if link is None:
             continue
         expected = (node.addresses or {}).get(interface)
-        found = list(link.get("addresses") or [])
+        found = list(link.addresses)
         result = CheckResult("address", node.name, "pass", "", interface=interface,
                              value=",".join(found) or None, threshold=expected)
         if expected not in found:
@@ -160,14 +159,14 @@ def check_addresses(inventory: Inventory, node: Node, facts: dict[str, Any]) -> 
     return out
 
 
-def check_mtu(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def check_mtu(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     out = []
     want = inventory.fabric.mtu
     for interface in inventory.fabric.interfaces:
         link = _link(facts, interface)
         if link is None:
             continue
-        mtu = link.get("mtu")
+        mtu = link.mtu
         result = CheckResult("mtu", node.name, "pass", f"{interface} MTU is {mtu}.",
                              interface=interface, value=mtu, threshold=want)
         if mtu != want:
@@ -179,7 +178,7 @@ def check_mtu(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[C
     return out
 
 
-def check_netplan(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def check_netplan(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     """Whether sparkctl's file configures each fabric interface, and whether another file sets
     addresses or DHCP on it (up's preflight rule: a file that only names it is harmless)."""
     from orchestrator.phases.netplan_conflicts import conflicts
@@ -187,10 +186,10 @@ def check_netplan(inventory: Inventory, node: Node, facts: dict[str, Any]) -> li
     if inventory.fabric.network == "adopted":
         return _check_adopted(inventory, node, facts)
     out = []
-    files = facts.get("netplan") or {}
+    ours_file = facts.netplan.get(NETPLAN_FILE)
     clashing = conflicts(inventory, node, facts)
     for interface in inventory.fabric.interfaces:
-        ours = interface in (files.get(NETPLAN_FILE) or {}).get("interfaces", [])
+        ours = interface in (ours_file.interfaces if ours_file else ())
         others = [(path, setting) for path, found, _ in clashing for setting in found
                   if setting.iface == interface]
         result = CheckResult("netplan", node.name, "pass", "", interface=interface,
@@ -212,7 +211,7 @@ def check_netplan(inventory: Inventory, node: Node, facts: dict[str, Any]) -> li
     return out
 
 
-def _check_adopted(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def _check_adopted(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     """fabric.network: adopted: another file gives each interface its inventory address."""
     from orchestrator.phases.adopted import addressing, adopted_problems
     from orchestrator.remote.node_facts import NETPLAN_FILES
@@ -239,12 +238,12 @@ def _check_adopted(inventory: Inventory, node: Node, facts: dict[str, Any]) -> l
     return out
 
 
-def check_twin_subnets(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def check_twin_subnets(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     """NVIDIA: twins on one subnet make routing ambiguous and NCCL fail."""
     networks: dict[str, list[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {}
     for interface in inventory.fabric.interfaces:
-        link = _link(facts, interface) or {}
-        networks[interface] = [ipaddress.ip_interface(a).network for a in link.get("addresses") or []]
+        link = _link(facts, interface)
+        networks[interface] = [ipaddress.ip_interface(a).network for a in (link.addresses if link else ())]
     clashes = []
     names = list(networks)
     for i, first in enumerate(names):
@@ -264,9 +263,9 @@ def check_twin_subnets(inventory: Inventory, node: Node, facts: dict[str, Any]) 
     return [CheckResult("twin-subnets", node.name, "pass", "each fabric interface has its own subnet.")]
 
 
-def check_routes(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def check_routes(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     out = []
-    routes = facts.get("routes") or {}
+    routes = facts.routes
     for link in fabric_links(inventory):
         if link.node != node.name:
             continue
@@ -286,7 +285,7 @@ def check_routes(inventory: Inventory, node: Node, facts: dict[str, Any]) -> lis
     return out
 
 
-def check_disk(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def check_disk(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     """A full disk or read-only filesystem where sparkctl writes (state, config, netplan)."""
     from orchestrator.core.disks import space_problems
 
@@ -301,7 +300,7 @@ NODE_CHECKS: list[NodeCheck] = [
 ]
 
 
-def run_node_checks(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def run_node_checks(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     from orchestrator.netcheck.container import CONTAINER_CHECKS
 
     out: list[CheckResult] = []

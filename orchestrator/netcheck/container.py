@@ -13,45 +13,45 @@ from typing import Any
 from orchestrator.engines import up_container
 from orchestrator.inventory import Inventory, Node
 from orchestrator.netcheck.results import CheckResult, Status, _link
+from orchestrator.remote.fact_records import ContainerInfo
+from orchestrator.remote.gathered import NodeFacts
 
 INTERFACE_LISTS = ("NCCL_SOCKET_IFNAME", "UCX_NET_DEVICES", "OMPI_MCA_btl_tcp_if_include",
                    "OMPI_MCA_oob_tcp_if_include", "PRTE_MCA_prte_if_include")
 
 
-def _container(inventory: Inventory, facts: dict[str, Any]) -> dict[str, Any] | None:
+def _container(inventory: Inventory, facts: NodeFacts) -> ContainerInfo | None:
     up = up_container(inventory)
-    entry = (facts.get("containers") or {}).get(up.settings.name) if up else None
-    return entry if isinstance(entry, dict) and "error" not in entry else None
+    return facts.container(up.settings.name, strict=False) if up else None
 
 
-def container_running(inventory: Inventory, facts: dict[str, Any]) -> bool:
+def container_running(inventory: Inventory, facts: NodeFacts) -> bool:
     container = _container(inventory, facts)
-    return bool(container and (container.get("State") or {}).get("Running"))
+    return bool(container and container.running)
 
 
-def container_env(container: dict[str, Any]) -> dict[str, str]:
-    pairs = (container.get("Config") or {}).get("Env") or []
+def container_env(container: ContainerInfo | None) -> dict[str, str]:
+    pairs = container.env if container else ()
     return dict(str(item).partition("=")[::2] for item in pairs)
 
 
-def check_container_running(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def check_container_running(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     up = up_container(inventory)
     if up is None:
         return []
     name = up.settings.name
-    raw = (facts.get("containers") or {}).get(name)
+    failed = facts.inspect_error("containers", name)
     container = _container(inventory, facts)
     result = CheckResult("container", node.name, "pass", f"{name} is running.")
     if container is None:
         result.status = "fail"
-        detail = raw.get("error") if isinstance(raw, dict) else "no such container"
+        detail = failed if failed is not None else "no such container"
         result.message = f"container {name} on {node.name}: {detail}."
         result.fix = "run `sparkctl up` (it creates the container with the fabric settings)"
-    elif not (container.get("State") or {}).get("Running"):
-        state = container.get("State") or {}
-        result.status, result.value = "fail", state.get("Status")
-        result.message = (f"container {name} on {node.name} is {state.get('Status', 'not running')} "
-                          f"(exit code {state.get('ExitCode')}): its entrypoint failed or the SSH "
+    elif not container.running:
+        result.status, result.value = "fail", container.status
+        result.message = (f"container {name} on {node.name} is {container.status} "
+                          f"(exit code {container.exit_code}): its entrypoint failed or the SSH "
                           f"port {up.settings.ssh_port} is taken.")
         result.fix = f"`docker logs {name}` on {node.name}, then `sparkctl up`"
     return [result]
@@ -64,7 +64,7 @@ def _named_interfaces(value: str) -> list[str]:
     return [part.split(":")[0] for part in value.lstrip("=").split(",") if part]
 
 
-def check_container_env(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def check_container_env(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     up = up_container(inventory)
     container = _container(inventory, facts)
     if container is None or up is None:
@@ -78,8 +78,7 @@ def check_container_env(inventory: Inventory, node: Node, facts: dict[str, Any])
         down = []
         if key in INTERFACE_LISTS and have:
             down = [i for i in _named_interfaces(have)
-                    if not (_link(facts, i) or {}).get("up")
-                    or not (_link(facts, i) or {}).get("carrier")]
+                    if not ((link := _link(facts, i)) and link.up and link.carrier)]
         if down:
             result.status = "fail"
             result.interface = down[0]
@@ -98,11 +97,11 @@ def check_container_env(inventory: Inventory, node: Node, facts: dict[str, Any])
     return out
 
 
-def _check_ib_hca(inventory: Inventory, node: Node, facts: dict[str, Any],
+def _check_ib_hca(inventory: Inventory, node: Node, facts: NodeFacts,
                   env: dict[str, str]) -> list[CheckResult]:
     """NCCL ran at ~3 GB/s until NCCL_IB_HCA covered both twins (REFERENCE.md 4.1)."""
-    devices = ((facts.get("ibdev2netdev") or {}).get("devices")) or {}
-    wanted = [devices[i]["device"] for i in inventory.fabric.interfaces if i in devices]
+    devices = facts.roce.ports
+    wanted = [devices[i].device for i in inventory.fabric.interfaces if i in devices]
     if not wanted:
         return []
     have = env.get("NCCL_IB_HCA", "")
@@ -118,7 +117,7 @@ def _check_ib_hca(inventory: Inventory, node: Node, facts: dict[str, Any],
     return [result]
 
 
-def check_engine_files(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def check_engine_files(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     """The engine's own checks of what its container depends on (TensorRT-LLM: the hostfile)."""
     up = up_container(inventory)
     return [result for check in (up.node_checks if up else ()) for result in
@@ -139,7 +138,7 @@ def facts_request(inventory: Inventory, node: Node) -> dict[str, Any]:
 CONTAINER_CHECKS = [check_container_running, check_container_env, check_engine_files]
 
 
-def check_image_digests(inventory: Inventory, facts_by_node: dict[str, dict[str, Any]]) -> list[CheckResult]:
+def check_image_digests(inventory: Inventory, facts_by_node: dict[str, NodeFacts]) -> list[CheckResult]:
     """Every node must run the same image, byte for byte (tags drift between nodes)."""
     up = up_container(inventory)
     if up is None:
@@ -147,10 +146,10 @@ def check_image_digests(inventory: Inventory, facts_by_node: dict[str, dict[str,
     images: dict[str, str] = {}
     for name, facts in facts_by_node.items():
         container = _container(inventory, facts)
-        image_id = (container or {}).get("Image")
+        image_id: str | None = container.image_id if container else None
         if not image_id:
-            local = (facts.get("images") or {}).get(up.settings.image) or {}
-            image_id = local.get("Id") if isinstance(local, dict) else None
+            local = facts.image(up.settings.image, strict=False)
+            image_id = local.id if local else None
         if image_id:
             images[name] = str(image_id)
     distinct = sorted(set(images.values()))

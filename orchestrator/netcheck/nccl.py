@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from orchestrator.commands import docker_exec_cmd, join
 from orchestrator.inventory import Inventory
 from orchestrator.netcheck.results import CheckResult, _link
 from orchestrator.phases.nccl_env import fabric_variable_names, min_nccl_busbw
+from orchestrator.remote.gathered import NodeFacts
 
 BINARY = "all_gather_perf"
 SEARCH_PATHS = ("/workspace/nccl-tests/build", "/opt/nccl-tests/build", "/root/nccl-tests/build")
@@ -121,16 +121,16 @@ def _mib(size: int) -> str:
     return f"{size // (1 << 20)}M" if size >= 1 << 20 else f"{size}B"
 
 
-def likely_causes(inventory: Inventory, facts_by_node: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+def likely_causes(inventory: Inventory, facts_by_node: dict[str, NodeFacts]) -> list[tuple[str, str]]:
     """(cause, fix) for what the facts show can slow NCCL down, most likely first."""
     from orchestrator.netcheck.container import _container, _named_interfaces, container_env
 
     causes: list[tuple[str, str]] = []
     fabric = list(inventory.fabric.interfaces)
     for name, facts in sorted(facts_by_node.items()):
-        env = container_env(_container(inventory, facts) or {})
-        devices = ((facts.get("ibdev2netdev") or {}).get("devices")) or {}
-        wanted = [devices[i]["device"] for i in fabric if i in devices]
+        env = container_env(_container(inventory, facts))
+        devices = facts.roce.ports
+        wanted = [devices[i].device for i in fabric if i in devices]
         hca = env.get("NCCL_IB_HCA", "")
         named = {p.split(":")[0] for p in hca.lstrip("=^").split(",") if p}
         missing = [d for d in wanted if d not in named]
@@ -140,7 +140,7 @@ def likely_causes(inventory: Inventory, facts_by_node: dict[str, dict[str, Any]]
                 f"the fabric's RoCE devices ({', '.join(wanted)} per ibdev2netdev): NCCL drives "
                 "one half of the port (NVIDIA's playbook: busbw stuck at ~3 GB/s)",
                 f"NCCL_IB_HCA={','.join(wanted)}: `sparkctl up` recreates the container with it"))
-        mtus = {i: (_link(facts, i) or {}).get("mtu") for i in fabric}
+        mtus = {i: link.mtu if (link := _link(facts, i)) else None for i in fabric}
         low = [f"{i} MTU {m}" for i, m in mtus.items() if isinstance(m, int) and m < JUMBO]
         if low:
             causes.append((
@@ -159,7 +159,7 @@ def likely_causes(inventory: Inventory, facts_by_node: dict[str, dict[str, Any]]
 
 
 def judge_all_gather(inventory: Inventory, rc: int, stdout: str, stderr: str,
-                     facts_by_node: dict[str, dict[str, Any]]) -> CheckResult:
+                     facts_by_node: dict[str, NodeFacts]) -> CheckResult:
     limit = min_nccl_busbw(inventory)
     head = inventory.head_name
     result = CheckResult("nccl-busbw", head, "pass", "", value=None, unit="GB/s", threshold=limit)

@@ -16,6 +16,7 @@ from typing import Any
 from orchestrator.inventory import Inventory, Node
 from orchestrator.netcheck.checks import CheckResult, Link, fabric_links
 from orchestrator.paths import SSH_CONFIG
+from orchestrator.remote.gathered import NodeFacts, ProbeResult
 
 MPIRUN_DEADLINE = 60
 DEEP_PINGS = 50
@@ -93,22 +94,22 @@ def parse_ping(text: str) -> tuple[int, int, float | None]:
 NOISE = ("Warning: source address might be selected",)
 
 
-def _tail(answer: dict[str, Any]) -> str:
+def _tail(answer: ProbeResult) -> str:
     """The most telling line of a probe's output (ping's loss summary beats its warnings)."""
-    out = (answer.get("out") or "").strip().splitlines()
-    err = [line for line in (answer.get("err") or "").strip().splitlines()
+    out = answer.out.strip().splitlines()
+    err = [line for line in answer.err.strip().splitlines()
            if line.strip() and not any(n in line for n in NOISE)]
     summary = [line for line in out if "packets transmitted" in line]
     lines = err or summary or out
-    return lines[-1].strip()[:200] if lines else f"exit {answer.get('rc')}"
+    return lines[-1].strip()[:200] if lines else f"exit {answer.rc}"
 
 
 def _base(kind: str, link: Link, **kwargs: Any) -> CheckResult:
     return CheckResult(kind, link.node, "pass", "", peer=link.peer, interface=link.interface, **kwargs)
 
 
-def judge_ping(inventory: Inventory, link: Link, answer: dict[str, Any]) -> CheckResult:
-    sent, received, avg = parse_ping(answer.get("out", ""))
+def judge_ping(inventory: Inventory, link: Link, answer: ProbeResult) -> CheckResult:
+    sent, received, avg = parse_ping(answer.out)
     limit = inventory.fabric.max_latency_ms
     result = _base("ping", link, value=avg, unit="ms", threshold=limit)
     route = f"{link.node} {link.interface} -> {link.peer} {link.peer_interface} ({link.peer_ip})"
@@ -132,9 +133,9 @@ def judge_ping(inventory: Inventory, link: Link, answer: dict[str, Any]) -> Chec
     return result
 
 
-def judge_mtu_ping(inventory: Inventory, link: Link, answer: dict[str, Any]) -> CheckResult:
+def judge_mtu_ping(inventory: Inventory, link: Link, answer: ProbeResult) -> CheckResult:
     mtu = inventory.fabric.mtu
-    _, received, avg = parse_ping(answer.get("out", ""))
+    _, received, avg = parse_ping(answer.out)
     result = _base("mtu-ping", link, value=avg, unit="ms", threshold=mtu)
     if received == 0 and inventory.topology == "switch":
         from orchestrator.phases.mtu_path import switch_mtu_message
@@ -176,16 +177,16 @@ SSH_CAUSES = [
 ]
 
 
-def judge_ssh(inventory: Inventory, link: Link, kind: str, answer: dict[str, Any]) -> CheckResult:
+def judge_ssh(inventory: Inventory, link: Link, kind: str, answer: ProbeResult) -> CheckResult:
     port = inventory.container.ssh_port
-    result = _base(kind, link, value=answer.get("seconds"), unit="s")
+    result = _base(kind, link, value=answer.seconds, unit="s")
     origin = f"{link.node}'s container" if kind == "ssh-container" else link.node
-    if answer.get("rc") == 0:
+    if answer.rc == 0:
         result.message = f"{origin} reaches {link.peer}:{port} ({link.peer_ip}) with pinned keys."
         return result
-    text = (answer.get("err") or "") + (answer.get("out") or "")
+    text = answer.err + answer.out
     cause, fix = "unknown", f"run `ssh -F {SSH_CONFIG} -v {link.peer_ip} true` on {link.node}"
-    if answer.get("rc") == 124:
+    if answer.rc == 124:
         cause, fix = "the connection hung", "fix the ping failures first"
     for marker, why, what in SSH_CAUSES:
         if marker.lower() in text.lower():
@@ -199,22 +200,22 @@ def judge_ssh(inventory: Inventory, link: Link, kind: str, answer: dict[str, Any
     return result
 
 
-def judge_mpirun(inventory: Inventory, answer: dict[str, Any],
+def judge_mpirun(inventory: Inventory, answer: ProbeResult,
                  hostnames: dict[str, str]) -> CheckResult:
     head = inventory.head_name
     want = sorted(hostnames.values())
-    seen = sorted(line.strip() for line in (answer.get("out") or "").splitlines() if line.strip())
-    result = CheckResult("mpirun", head, "pass", "", value=answer.get("seconds"), unit="s",
+    seen = sorted(line.strip() for line in answer.out.splitlines() if line.strip())
+    result = CheckResult("mpirun", head, "pass", "", value=answer.seconds, unit="s",
                          threshold=MPIRUN_DEADLINE)
-    if answer.get("rc") == 124 or (answer.get("seconds") or 0) >= MPIRUN_DEADLINE:
+    if answer.rc == 124 or (answer.seconds or 0) >= MPIRUN_DEADLINE:
         result.status = "fail"
         result.message = (f"`mpirun -np {len(inventory.nodes)} hostname` hung for {MPIRUN_DEADLINE}s in "
                           f"{inventory.container.name} on {head}.")
         result.fix = "hostfile IPs must be fabric IPs, and every ssh check must pass; fix those first"
-    elif answer.get("rc") != 0 or sorted(set(seen)) != sorted(set(want)):
+    elif answer.rc != 0 or sorted(set(seen)) != sorted(set(want)):
         result.status = "fail"
         result.message = (f"`mpirun -np {len(inventory.nodes)} hostname` on {head} exited "
-                          f"{answer.get('rc')} and printed {', '.join(seen) or 'nothing'} (expected "
+                          f"{answer.rc} and printed {', '.join(seen) or 'nothing'} (expected "
                           f"{', '.join(want)}): {_tail(answer)}.")
         result.fix = "fix the ssh-container and hostfile checks first; then `sparkctl up --verify`"
     else:
@@ -222,8 +223,8 @@ def judge_mpirun(inventory: Inventory, answer: dict[str, Any],
     return result
 
 
-def judge_latency(inventory: Inventory, link: Link, answer: dict[str, Any]) -> CheckResult:
-    sent, received, avg = parse_ping(answer.get("out", ""))
+def judge_latency(inventory: Inventory, link: Link, answer: ProbeResult) -> CheckResult:
+    sent, received, avg = parse_ping(answer.out)
     limit = inventory.fabric.max_latency_ms
     loss = 100.0 * (sent - received) / sent if sent else 100.0
     result = _base("latency", link, value=avg, unit="ms", threshold=limit)
@@ -245,18 +246,18 @@ def judge_latency(inventory: Inventory, link: Link, answer: dict[str, Any]) -> C
 
 
 def judge_probes(inventory: Inventory, node: Node, probes: list[Probe],
-                 answers: dict[str, Any], facts_by_node: dict[str, dict[str, Any]]) -> list[CheckResult]:
+                 answers: dict[str, ProbeResult], facts_by_node: dict[str, NodeFacts]) -> list[CheckResult]:
     from orchestrator.netcheck.container import container_running
 
     out: list[CheckResult] = []
-    running = container_running(inventory, facts_by_node.get(node.name) or {})
+    running = container_running(inventory, facts_by_node.get(node.name) or NodeFacts(node.name))
     for probe in probes:
-        answer = answers.get(probe.key) or {"rc": -1, "err": "the probe did not run"}
+        answer = answers.get(probe.key) or ProbeResult(-1, err="the probe did not run")
         link = probe.link
         if probe.kind in ("ssh-container", "mpirun") and not running:
             continue  # the container check already failed this node
         if probe.kind == "mpirun":
-            hostnames = {n: f.get("hostname", "?") for n, f in facts_by_node.items()}
+            hostnames = {n: f.hostname or "?" for n, f in facts_by_node.items()}
             out.append(judge_mpirun(inventory, answer, hostnames))
             continue
         assert link is not None

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from orchestrator.remote.fact_records import Link
+from orchestrator.remote.gathered import NodeFacts
+
 Status = Literal["pass", "warn", "fail", "skip"]
 """`skip`: the check depends on an earlier check that failed (the message says which)."""
 
@@ -36,10 +39,8 @@ class CheckResult:
         }
 
 
-def _link(facts: dict[str, Any], interface: str) -> dict[str, Any] | None:
-    links = facts.get("links") or {}
-    entry = links.get(interface)
-    return entry if isinstance(entry, dict) else None
+def _link(facts: NodeFacts, interface: str) -> Link | None:
+    return facts.links.links.get(interface) if facts.links else None
 
 
 __all__ = ["CheckResult", "Status", "_link"]

@@ -28,6 +28,7 @@ from orchestrator.netcheck.container import _container, container_env
 from orchestrator.netcheck.results import CheckResult, _link
 from orchestrator.node import script
 from orchestrator.remote.facts import Command, Request
+from orchestrator.remote.gathered import NodeFacts
 
 IB_MTUS = (4096, 2048, 1024, 512, 256)
 ROCE_HEADERS = 100
@@ -49,7 +50,7 @@ def roce_request(inventory: Inventory, node: Node) -> Request:
     return request_of(roce_fact(inventory), IB_WRITE_BW)
 
 
-def roce_answer(inventory: Inventory, facts: dict[str, Any]) -> dict[str, Any] | None:
+def roce_answer(inventory: Inventory, facts: NodeFacts) -> dict[str, Any] | None:
     """node/roce.py's JSON, or None when it was not gathered or printed none."""
     found = roce_fact(inventory).read(facts)
     if found is None:
@@ -73,7 +74,7 @@ def _gid_index(entry: dict[str, Any], address: str) -> int | None:
     return None
 
 
-def check_roce(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def check_roce(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     """Per fabric interface: its RoCE device's active MTU and the RoCEv2 GID index of its
     fabric address (against the engines' NCCL_IB_GID_INDEX when they are told one)."""
     answer = roce_answer(inventory, facts)
@@ -88,8 +89,8 @@ def check_roce(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[
     out = []
     for interface in inventory.fabric.interfaces:
         entry = (answer.get("interfaces") or {}).get(interface) or {}
-        link = _link(facts, interface) or {}
-        if not link.get("up") or not link.get("carrier"):
+        link = _link(facts, interface)
+        if not (link and link.up and link.carrier):
             continue  # the interface row already fails it
         device = entry.get("device") or "?"
         if "error" in entry:
@@ -145,7 +146,7 @@ def _gid_row(node: Node, interface: str, device: str, entry: dict[str, Any],
     return result
 
 
-def rdma_device(inventory: Inventory, facts: dict[str, Any], interface: str) -> tuple[str, int] | None:
+def rdma_device(inventory: Inventory, facts: NodeFacts, interface: str) -> tuple[str, int] | None:
     """(device, GID index) to run ib_write_bw on over INTERFACE, or None (no RDMA path here:
     no device, no RoCEv2 GID for the address, or no ib_write_bw on the node)."""
     found = IB_WRITE_BW.read(facts)
@@ -153,7 +154,7 @@ def rdma_device(inventory: Inventory, facts: dict[str, Any], interface: str) -> 
     entry = (answer.get("interfaces") or {}).get(interface) or {}
     if found is None or found.rc != 0 or not entry.get("device") or "ACTIVE" not in str(entry.get("state")):
         return None
-    address = ((_link(facts, interface) or {}).get("addresses") or [""])[0].split("/")[0]
+    address = ((link.addresses if (link := _link(facts, interface)) else ()) or ("",))[0].split("/")[0]
     index = _gid_index(entry, address)
     return (str(entry["device"]), index) if index is not None else None
 

@@ -17,6 +17,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import NETPLAN_FILE
 from orchestrator.phases.netplan_conflicts import targets_interface
 from orchestrator.remote.facts import request_of
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import LINKS, NETPLAN_FILES, LinkTable, NetplanFile
 
 
@@ -56,7 +57,7 @@ def addressing(files: dict[str, NetplanFile], iface: str) -> Addressing | None:
     return Addressing(tuple(dict.fromkeys(paths)), tuple(addresses), tuple(dhcp), mtu)
 
 
-def adopted_problems(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[str]:
+def adopted_problems(inventory: Inventory, node: Node, facts: NodeFacts) -> list[str]:
     """Why the adopted network does not hold on NODE (empty when it does): every fabric
     interface's inventory address must come from another netplan file and be live, at the MTU."""
     files = NETPLAN_FILES.read(facts)
@@ -94,7 +95,7 @@ def adopted_problems(inventory: Inventory, node: Node, facts: dict[str, Any]) ->
     return problems
 
 
-def adopted_files(inventory: Inventory, facts: dict[str, Any]) -> list[str]:
+def adopted_files(inventory: Inventory, facts: NodeFacts) -> list[str]:
     """The netplan files that give the adopted fabric its addresses."""
     files = NETPLAN_FILES.read(facts)
     return sorted({path for iface in inventory.fabric.interfaces

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.paths import CONFIG_DIR
+from orchestrator.remote.fact_records import CommandResult
 
 BOOT_DIR = f"{CONFIG_DIR}/boot"
 BOOT_SCRIPT = f"{BOOT_DIR}/sparkctl-boot.py"
@@ -47,10 +48,10 @@ def units_cmd() -> str:
             "echo \"$n ${s:-disabled} ${e:-?}\"; done")
 
 
-def parse_units(answer: dict[str, Any] | None, engines: bool = False) -> dict[str, Any]:
+def parse_units(answer: CommandResult | None, engines: bool = False) -> dict[str, Any]:
     """units_cmd's answer -> {server: enabled} (engines=True: {server: engine})."""
     out: dict[str, Any] = {}
-    for line in ((answer or {}).get("out") or "").splitlines():
+    for line in (answer.out if answer else "").splitlines():
         parts = line.split()
         server = server_of_unit(parts[0]) if parts else None
         if server:

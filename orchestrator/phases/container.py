@@ -26,6 +26,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.nccl_env import nccl_environment
 from orchestrator.phases.pull_progress import run_pull
 from orchestrator.phases.registry import receive, repo_digest, want
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import (
     INFINIBAND,
     ROCE_PORTS,
@@ -122,7 +123,7 @@ def fabric_env(inventory: Inventory, roce_devices: list[str]) -> dict[str, str]:
     return nccl_environment(inventory, roce_devices)
 
 
-def roce_devices(inventory: Inventory, node_facts: dict[str, Any], node: str) -> list[str]:
+def roce_devices(inventory: Inventory, node_facts: NodeFacts, node: str) -> list[str]:
     """The RoCE device of each fabric interface, from the node's ibdev2netdev."""
     devices = ROCE_PORTS.read(node_facts).ports
     missing = [name for name in inventory.fabric.interfaces if name not in devices]
@@ -244,7 +245,7 @@ class Image(Step):
         image = self.image_of(ctx)
         if image is None:
             return Unchanged("no container here")
-        if DockerImage(image).read(ctx.facts, ctx.node.name) is not None:
+        if DockerImage(image).read(ctx.facts) is not None:
             return Unchanged(f"{image} present")
         # over the fabric when the probe found the registry unreachable, or --distribute-image
         fabric = receive(ctx, image, self.targets) if self.share else None
@@ -293,8 +294,7 @@ class ImageDigest(Step):
         ids: dict[str, str | None] = {}
         for name, node_facts in sorted(ctx.cluster_facts.items()):
             pulled = ctx.shared.image_facts.get(name)
-            info = ImageInfo.of(pulled) if pulled else DockerImage(image).read(
-                node_facts, name, strict=False)
+            info = ImageInfo.of(pulled) if pulled else DockerImage(image).read(node_facts, strict=False)
             digests[name] = digest_of(info, image)
             ids[name] = (info.id or None) if info else None
         if any(d and d == ids.get(n) for n, d in digests.items()):
@@ -314,7 +314,7 @@ class ImageDigest(Step):
 
 
 def node_home(ctx: NodeContext) -> str:
-    return (((ctx.facts.get("commands") or {}).get("home") or {}).get("out") or "").strip()
+    return ctx.facts.output("home").strip()
 
 
 def node_hf_cache(ctx: NodeContext) -> str:
@@ -355,7 +355,7 @@ class Container(Step):
             return Unchanged("no container here")
         name = spec.name
         args, digest = spec.run_args(), spec.digest()
-        current = DockerContainer(name).read(ctx.facts, node.name)
+        current = DockerContainer(name).read(ctx.facts)
         payload = {"args": spec.with_hash(args, digest), "remove_old": current is not None}
         if current is None:
             return Change(f"run container {name}", payload=payload)
@@ -372,7 +372,7 @@ class Container(Step):
         if not current.running:
             return Change(f"replace container {name} ({current.status}, exit "
                           f"code {current.exit_code})", payload=payload)
-        image = DockerImage(spec.image).read(ctx.facts, node.name, strict=False)
+        image = DockerImage(spec.image).read(ctx.facts, strict=False)
         if image and image.id and current.image_id and current.image_id != image.id:
             return Change(f"replace container {name} (runs an older {spec.image})",
                           payload=payload)

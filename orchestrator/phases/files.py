@@ -21,6 +21,7 @@ from orchestrator.core.disks import describe_os_error
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.paths import LEDGER
+from orchestrator.remote.fact_records import FileInfo
 from orchestrator.remote.transport import Result
 from orchestrator.render import sha256, unified_diff
 
@@ -98,7 +99,7 @@ def _quote(text: str) -> str:
 def ledger_entries(ctx: NodeContext) -> dict[str, Any]:
     """The node's ledger of files sparkctl wrote (path -> {sha256, before})."""
     try:
-        data = json.loads(((ctx.facts.get("files") or {}).get(LEDGER) or {}).get("content") or "{}")
+        data = json.loads((ledger.content if (ledger := ctx.facts.file(LEDGER)) else None) or "{}")
     except json.JSONDecodeError:
         return {}
     return data if isinstance(data, dict) else {}
@@ -106,13 +107,13 @@ def ledger_entries(ctx: NodeContext) -> dict[str, Any]:
 
 def ownership(ctx: NodeContext, path: str) -> str:
     """ours | changed | unrecorded | absent, as orchestrator/node/ledger.py decides it."""
-    fact = (ctx.facts.get("files") or {}).get(path) or {}
-    if not fact.get("exists"):
+    fact = ctx.facts.file(path)
+    if fact is None or not fact.exists:
         return "absent"
     entry = ledger_entries(ctx).get(path)
     if entry is None:
         return "unrecorded"
-    return "ours" if entry.get("sha256") == fact.get("sha256") else "changed"
+    return "ours" if entry.get("sha256") == fact.sha256 else "changed"
 
 
 class ManagedFiles(Step):
@@ -126,18 +127,18 @@ class ManagedFiles(Step):
         changed: list[FileSpec] = []
         diffs: list[str] = []
         for spec in self.render(ctx):
-            fact = ctx.facts.get("files", {}).get(spec.path, {})
-            same_content = fact.get("sha256") == sha256(spec.content)
-            same_mode = fact.get("mode") == spec.mode
-            if fact.get("exists") and same_content and same_mode:
+            fact = ctx.facts.file(spec.path) or FileInfo(exists=False)
+            same_content = fact.sha256 == sha256(spec.content)
+            same_mode = fact.mode == spec.mode
+            if fact.exists and same_content and same_mode:
                 continue
             changed.append(spec)
             if spec.secret:
                 diffs.append(f"{spec.path}: secret content (not shown)\n")
             elif not same_content:
-                diffs.append(unified_diff(spec.path, fact.get("content"), spec.content))
+                diffs.append(unified_diff(spec.path, fact.content, spec.content))
             else:
-                diffs.append(f"{spec.path}: mode {fact.get('mode', 0):o} -> {spec.mode:o}\n")
+                diffs.append(f"{spec.path}: mode {fact.mode or 0:o} -> {spec.mode:o}\n")
         if not changed:
             return Unchanged("files up to date")
         names = ", ".join(spec.path.rsplit("/", 1)[-1] for spec in changed)

@@ -23,8 +23,7 @@ def facts() -> dict[str, Any]:
 
 
 def relay_pids(ctx: NodeContext) -> list[str]:
-    answer = (ctx.facts.get("commands") or {}).get("gateway_relays") or {}
-    return [p for p in (answer.get("out") or "").split() if p.isdigit()]
+    return [p for p in ctx.facts.output("gateway_relays").split() if p.isdigit()]
 
 
 class StopRelays(Step):
@@ -62,8 +61,7 @@ class LeaveGateway(Step):
         self.server = server
 
     def check(self, ctx: NodeContext) -> Outcome:
-        answer = (ctx.facts.get("commands") or {}).get(f"gateway_relay_{self.server}") or {}
-        if "alive" not in (answer.get("out") or ""):
+        if "alive" not in ctx.facts.output(f"gateway_relay_{self.server}"):
             return Unchanged(f"{self.server} is not behind the gateway here")
         return Change(f"take {self.server} out of the gateway and let its requests finish "
                       f"(up to {DRAIN_TIMEOUT:.0f} s)")

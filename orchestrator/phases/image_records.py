@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator.commands import quote
 from orchestrator.core.step import NodeContext
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import DockerImage
 
 RECORD_DIR = "/var/lib/sparkctl/images"
@@ -31,9 +32,10 @@ def record_fact(key: str, path: str) -> dict[str, str]:
     return {key: f"cat {quote(path)} 2>/dev/null || true"}
 
 
-def read_record(facts: dict[str, Any], key: str) -> dict[str, Any] | None:
+def read_record(facts: NodeFacts, key: str) -> dict[str, Any] | None:
     """The record under `key` in the facts' commands, or None when absent or unreadable."""
-    out = (((facts.get("commands") or {}).get(key) or {}).get("out") or "").strip()
+    answer = facts.command(key)
+    out = answer.out.strip() if answer else ""
     try:
         record = json.loads(out) if out else None
     except ValueError:
@@ -57,5 +59,5 @@ def image_id_now(ctx: NodeContext, image: str) -> str | None:
     pulled = ctx.shared.image_facts.get(ctx.node.name)
     if isinstance(pulled, dict) and pulled.get("Id"):
         return str(pulled["Id"])
-    found = DockerImage(image).read(ctx.facts, ctx.node.name, strict=False)
+    found = DockerImage(image).read(ctx.facts, strict=False)
     return found.id if found and found.id else None

@@ -25,6 +25,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.node import script
 from orchestrator.phases.registry import ImageOf, Targets, repo_digest, supply_for
 from orchestrator.remote.cluster import parallel
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import DockerImage, ImageInfo
 from orchestrator.remote.pipe import RemoteProcess
 from orchestrator.remote.transport import Transport
@@ -57,7 +58,7 @@ def image_fact(ctx: NodeContext, node: str, image: str) -> ImageInfo | None:
     """The node's image: pulled or received in this run, or from the facts."""
     pulled = ctx.shared.image_facts.get(node)
     info = ImageInfo.of(pulled) if pulled else DockerImage(image).read(
-        ctx.cluster_facts.get(node) or {}, node, strict=False)
+        ctx.cluster_facts.get(node) or NodeFacts(node), strict=False)
     return info if info is not None and info.id else None
 
 

@@ -5,10 +5,12 @@ sparkctl.cluster): how `docker ps` selects them and reads its answer. Shared by 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.commands import docker_cmd
 from orchestrator.errors import SparkctlError
+from orchestrator.remote.fact_records import CommandResult
+from orchestrator.remote.gathered import NodeFacts
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
@@ -32,15 +34,15 @@ class ManagedContainer:
     state: str
 
 
-def managed_containers(facts: dict[str, Any]) -> list[ManagedContainer]:
-    answer = (facts.get("commands") or {}).get("managed") or {}
-    if answer.get("rc", 0) != 0:
+def managed_containers(facts: NodeFacts) -> list[ManagedContainer]:
+    answer = facts.command("managed") or CommandResult(0, "", "")
+    if answer.rc != 0:
         raise SparkctlError(
-            f"cannot list containers (`docker ps` exited {answer.get('rc')}): "
-            f"{answer.get('err', '').strip()[-300:]}; is docker running and the user in the docker group?"
+            f"cannot list containers (`docker ps` exited {answer.rc}): "
+            f"{answer.err.strip()[-300:]}; is docker running and the user in the docker group?"
         )
     out = []
-    for line in (answer.get("out") or "").splitlines():
+    for line in answer.out.splitlines():
         parts = line.strip().split("\t")
         if len(parts) >= 2 and parts[0]:
             out.append(ManagedContainer(parts[0], parts[1], parts[2] if len(parts) > 2 else "?"))

@@ -31,6 +31,7 @@ from orchestrator.core.step import Change, NodeContext, NotDone, Outcome, Step, 
 from orchestrator.errors import InputError
 from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
+from orchestrator.remote.gathered import NodeFacts
 
 MEMINFO = "/proc/meminfo"
 PLAN_FILE = f"{RUN_DIR}/memory.json"
@@ -141,10 +142,10 @@ def facts(inventory: Any, node: Any) -> dict[str, Any]:
 
 
 def node_meminfo(ctx: NodeContext) -> dict[str, float] | None:
-    raw = (ctx.facts.get("files") or {}).get(MEMINFO) or {}
-    if not raw.get("content"):
+    meminfo = ctx.facts.file(MEMINFO)
+    if meminfo is None or not meminfo.content:
         return None
-    return parse_meminfo(raw["content"])
+    return parse_meminfo(meminfo.content)
 
 
 def freed_by_replaced(ctx: NodeContext, status: dict[str, Any], decision: str) -> float:
@@ -177,7 +178,7 @@ class MemoryPreflight(Step):
         info = node_meminfo(ctx)
         if info is None or "MemTotal" not in info:
             return Unchanged(f"could not read {MEMINFO}; memory not checked")
-        first = ctx.cluster_facts.get(self.spec.first, {})
+        first = ctx.cluster_facts.get(self.spec.first) or NodeFacts(self.spec.first)
         freed = freed_by_replaced(ctx, self.status_of(first), decision)
         verdict = judge(self.plan, info["MemTotal"], usable_gb(info, self.spec.drop_caches),
                         self.spec.guard_min_available_gb, freed, self.spec.drop_caches)

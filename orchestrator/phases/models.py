@@ -29,6 +29,7 @@ from orchestrator.phases.model_tools import NO_IMAGE, ModelTools, model_tools
 from orchestrator.recipe import CONTAINER_HF_HOME, Note
 from orchestrator.recipe import BaseRecipe as Recipe
 from orchestrator.remote.cluster import parallel
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.stream import stream_run
 from orchestrator.remote.transport import Transport
 
@@ -130,15 +131,15 @@ def manifests_from_facts(ctx: NodeContext, node: str, recipe: Recipe,
                          tools: ModelTools) -> dict[str, Any]:
     """The node's manifests; before the models' image is on the node (a dry run), every model
     counts as missing there."""
-    answer = ctx.cluster_facts.get(node, {}).get("commands", {}).get("models", {})
-    if answer.get("rc") != 0:
+    answer = (ctx.cluster_facts.get(node) or NodeFacts(node)).command("models")
+    if answer is None or answer.rc != 0:
         raise SparkctlError(
             f"{node}: cannot look at the models with {tools.image}: "
-            f"{answer.get('err', '')[-300:]}")
-    if answer.get("out", "").strip() == NO_IMAGE:
+            f"{(answer.err if answer else '')[-300:]}")
+    if answer.out.strip() == NO_IMAGE:
         return {repo: {"present": False, "bytes": 0, "files": {}, "free": 0, "no_image": True}
                 for repo, _, _ in recipe.repos}
-    return dict(json.loads(answer["out"]))
+    return dict(json.loads(answer.out))
 
 
 class Download(Step):
@@ -153,7 +154,7 @@ class Download(Step):
     def check(self, ctx: NodeContext) -> Outcome:
         manifests = manifests_from_facts(ctx, ctx.node.name, self.recipe, self.tools)
         missing = [repo for repo, _, _ in self.recipe.repos if not manifests[repo]["present"]]
-        leftover = ctx.facts.get("files", {}).get(TOKEN_PATH, {}).get("exists", False)
+        leftover = ctx.facts.exists(TOKEN_PATH)
         if not missing:
             if leftover:
                 return Change("remove a leftover HF token file", payload=[])

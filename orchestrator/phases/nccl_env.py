@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from orchestrator.inventory import Inventory
+from orchestrator.remote.gathered import NodeFacts
 
 RING_ENV = {
     "NCCL_IB_MERGE_NICS": "0",
@@ -89,11 +90,11 @@ def ring_nccl_fact(image: str) -> dict[str, str]:
     return {NCCL_FACT: f"if {inspect} >/dev/null 2>&1; then {probe}; else echo {quote('not-pulled')}; fi"}
 
 
-def ring_nccl_warning(inventory: Inventory, facts: dict) -> str | None:
+def ring_nccl_warning(inventory: Inventory, facts: NodeFacts) -> str | None:
     """A preflight note for a ring whose image's NCCL is not (known to be) ring-capable."""
     if inventory.topology != "ring":
         return None
-    out = (((facts.get("commands") or {}).get(NCCL_FACT) or {}).get("out") or "").strip()
+    out = facts.output(NCCL_FACT).strip()
     if out == "not-pulled":
         return None  # known after the pull; the next `up` or `netcheck --deep` tells
     found = [parse_nccl_version(line) for line in out.splitlines()]

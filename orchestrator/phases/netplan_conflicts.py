@@ -13,10 +13,10 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 from dataclasses import dataclass
-from typing import Any
 
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import NETPLAN_FILE
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import NETPLAN_FILES, NetplanDefinition
 
 
@@ -46,7 +46,7 @@ class Setting:
         return ", ".join([*self.addresses, *(f"{flag}: true" for flag in self.dhcp)])
 
 
-def conflicts(inventory: Inventory, node: Node, facts: dict[str, Any]
+def conflicts(inventory: Inventory, node: Node, facts: NodeFacts
               ) -> list[tuple[str, list[Setting], list[str]]]:
     """[(file, what it sets on fabric interfaces, the file's other definitions)] per
     conflicting file."""
@@ -87,7 +87,7 @@ def _shared_subnet(found: list[Setting]) -> str:
             if shared else "")
 
 
-def conflict_problems(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[str]:
+def conflict_problems(inventory: Inventory, node: Node, facts: NodeFacts) -> list[str]:
     """Preflight problems, one per file, naming the file, interfaces, addresses and the fix."""
     problems = []
     wanted = node.addresses or {}

@@ -23,6 +23,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import LEDGER, STATE_DIR
 from orchestrator.phases.files import check_written, ledger_answer, undo_files_cmd, write_files_cmd
 from orchestrator.phases.memory import GUARD_DEFAULT_GB
+from orchestrator.remote.fact_records import FileInfo
 from orchestrator.render import sha256, unified_diff
 
 DEFAULTS = "/etc/default/earlyoom"
@@ -68,14 +69,13 @@ def defaults_text(guard_gb: float = GUARD_DEFAULT_GB) -> str:
 
 
 def state(ctx: NodeContext) -> list[str]:
-    answer = (ctx.facts.get("commands") or {}).get("earlyoom") or {}
-    lines = [line.strip() for line in (answer.get("out") or "").splitlines() if line.strip()]
+    lines = [line.strip() for line in ctx.facts.output("earlyoom").splitlines() if line.strip()]
     return [*lines, "absent", "disabled", "inactive"][:3] if lines else [
         "absent", "disabled", "inactive"]
 
 
 def installed_by_us(ctx: NodeContext, marker: str = MARKER) -> bool:
-    return bool(((ctx.facts.get("files") or {}).get(marker) or {}).get("exists"))
+    return ctx.facts.exists(marker)
 
 
 def write_marker(ctx: NodeContext, path: str, text: str, step: str) -> None:
@@ -114,12 +114,12 @@ class Configure(Step):
     name = "earlyoom-config"
 
     def check(self, ctx: NodeContext) -> Outcome:
-        fact = (ctx.facts.get("files") or {}).get(DEFAULTS) or {}
+        fact = ctx.facts.file(DEFAULTS) or FileInfo(exists=False)
         want = defaults_text()
-        if fact.get("exists") and fact.get("sha256") == sha256(want):
+        if fact.exists and fact.sha256 == sha256(want):
             return Unchanged(f"{DEFAULTS} as sparkctl wrote it")
         return Change(f"write {DEFAULTS} (earlyoom below the memory guard)",
-                      diff=unified_diff(DEFAULTS, fact.get("content"), want),
+                      diff=unified_diff(DEFAULTS, fact.content, want),
                       commands=("systemctl try-restart earlyoom",))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:

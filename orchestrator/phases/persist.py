@@ -181,7 +181,7 @@ class EnableUnit(Step):
         if ctx.node.name not in self.spec.nodes:
             return Unchanged("not a serving node")
         unit = unit_name(self.spec.server)
-        state = (((ctx.facts.get("commands") or {}).get("unit_enabled") or {}).get("out") or "")
+        state = ctx.facts.output("unit_enabled")
         rewritten = f"{ctx.node.name}: persist/boot-files" in ctx.shared.changed_steps
         if state.split() == ["enabled", "active"] and not rewritten:
             return Unchanged(f"{unit} enabled and watching")

@@ -73,8 +73,7 @@ class RemoveBootLogs(Step):
         self.server, self.keep = server, keep
 
     def check(self, ctx: NodeContext) -> Outcome:
-        answer = (ctx.facts.get("commands") or {}).get("boot_logs") or {}
-        logs = [line.strip() for line in (answer.get("out") or "").splitlines()
+        logs = [line.strip() for line in ctx.facts.output("boot_logs").splitlines()
                 if line.strip() and (self.server is None or line.strip() == boot_log(self.server))]
         if not logs:
             return Unchanged("no boot log")
@@ -87,8 +86,7 @@ class RemoveBootLogs(Step):
 
 def restart_policies(ctx: NodeContext, containers: set[str] | None = None) -> list[str]:
     out = []
-    answer = (ctx.facts.get("commands") or {}).get("restart_policies") or {}
-    for line in (answer.get("out") or "").splitlines():
+    for line in ctx.facts.output("restart_policies").splitlines():
         parts = line.strip().lstrip("/").split()
         if len(parts) == 2 and parts[1] not in ("", "no") and (
                 containers is None or parts[0] in containers):
@@ -117,8 +115,7 @@ class RemoveBootUnits(Step):
         self.name = name
 
     def check(self, ctx: NodeContext) -> Outcome:
-        answer = (ctx.facts.get("commands") or {}).get("boot_units")
-        units = parse_units(answer, engines=True)
+        units = parse_units(ctx.facts.command("boot_units"), engines=True)
         if self.select is not None:  # launch: the units it made stale (persist.stale)
             servers = self.select(units)
             if not servers:

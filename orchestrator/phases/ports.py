@@ -72,11 +72,11 @@ class PortsFree(Step):
         mine = [p for p in self.wanted if p.node == ctx.node.name]
         if not mine:
             return Unchanged("the server binds no port here")
-        answer = (ctx.facts.get("commands") or {}).get("ports") or {}
+        answer = ctx.facts.command("ports")
         try:
-            found = json.loads(answer.get("out") or "")
+            found = json.loads(answer.out if answer else "")
         except ValueError:
-            found = {"error": (answer.get("err") or "no answer").strip()[-200:]}
+            found = {"error": ((answer.err if answer else "") or "no answer").strip()[-200:]}
         if "error" in found:
             return Unchanged(f"ports unknown ({found['error']}); the engine will say if one is taken")
         taken = []

@@ -29,6 +29,7 @@ from orchestrator.remote.facts import (
     merge_requests,
     request_of,
 )
+from orchestrator.remote.gathered import DiskEntry, NodeFacts
 from orchestrator.remote.node_facts import LINKS, NETPLAN_FILES, ROCE_PORTS, DockerImage, LinkTable
 
 MIN_FREE_BYTES = 20 * 10**9
@@ -75,7 +76,7 @@ def _base_request(inventory: Inventory, node: Node) -> dict[str, Any]:
     }])
 
 
-def _command(facts: dict[str, Any], fact: Command) -> CommandResult:
+def _command(facts: NodeFacts, fact: Command) -> CommandResult:
     return fact.read(facts) or CommandResult(127, "", "not run")
 
 
@@ -84,7 +85,7 @@ def _tail(result: CommandResult) -> str:
     return lines[-1] if lines else "no output"
 
 
-def check_docker(inventory: Inventory, facts: dict[str, Any]) -> tuple[list[str], list[str]]:
+def check_docker(inventory: Inventory, facts: NodeFacts) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     notes: list[str] = []
     docker = _command(facts, DOCKER)
@@ -114,7 +115,7 @@ def check_docker(inventory: Inventory, facts: dict[str, Any]) -> tuple[list[str]
     return problems, notes
 
 
-def check_fabric(inventory: Inventory, facts: dict[str, Any]) -> list[str]:
+def check_fabric(inventory: Inventory, facts: NodeFacts) -> list[str]:
     """Every fabric interface exists and its RoCE port is Up (the cable is in that port)."""
     problems: list[str] = []
     table = LINKS.read(facts) or LinkTable({})
@@ -148,9 +149,9 @@ def check_fabric(inventory: Inventory, facts: dict[str, Any]) -> list[str]:
     return problems
 
 
-def management_interface(node: Node, facts: dict[str, Any]) -> tuple[str | None, list[str]]:
+def management_interface(node: Node, facts: NodeFacts) -> tuple[str | None, list[str]]:
     """The interface holding the address node.host resolves to ON the node (None if unknown)."""
-    resolved = (facts.get("resolve") or {}).get(node.host) or []
+    resolved = list(facts.resolve.get(node.host) or [])
     wanted = set()
     for address in resolved:
         try:
@@ -164,7 +165,7 @@ def management_interface(node: Node, facts: dict[str, Any]) -> tuple[str | None,
     return None, resolved
 
 
-def check_management(inventory: Inventory, node: Node, facts: dict[str, Any]) -> tuple[list[str], list[str]]:
+def check_management(inventory: Inventory, node: Node, facts: NodeFacts) -> tuple[list[str], list[str]]:
     name, resolved = management_interface(node, facts)
     if name is None:
         where = f"resolves to {', '.join(resolved)}" if resolved else "does not resolve"
@@ -180,37 +181,38 @@ def check_management(inventory: Inventory, node: Node, facts: dict[str, Any]) ->
     return [], notes
 
 
-def check_system(facts: dict[str, Any], now: float) -> tuple[list[str], list[str]]:
+def check_system(facts: NodeFacts, now: float) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     notes: list[str] = []
     netplan = _command(facts, NETPLAN)
     if not netplan.ok or not netplan.out.strip():
         problems.append("netplan is not installed (needed for the fabric config): "
                         "`sudo apt-get install netplan.io`")
-    python = tuple(facts.get("python") or (0, 0, 0))
+    python = facts.python or (0, 0, 0)
     if python[:2] < MIN_PYTHON:
         problems.append(f"python3 {'.'.join(map(str, python))} is too old: sparkctl's node-side "
                         f"scripts need {'.'.join(map(str, MIN_PYTHON))} or newer")
-    space = (facts.get("disk") or {}).get(DOCKER_DIR) or {}
-    if "error" in space:
-        problems.append(f"cannot check free disk space for {DOCKER_DIR}: {space['error']}")
-    elif space.get("free_bytes", 0) < MIN_FREE_BYTES:
-        problems.append(f"only {space.get('free_bytes', 0) / 1e9:.1f} GB free on {space.get('checked')} "
+    space = facts.disk.get(DOCKER_DIR) or DiskEntry()
+    free = space.free_bytes or 0
+    if space.error is not None:
+        problems.append(f"cannot check free disk space for {DOCKER_DIR}: {space.error}")
+    elif free < MIN_FREE_BYTES:
+        problems.append(f"only {free / 1e9:.1f} GB free on {space.checked} "
                         f"(for {DOCKER_DIR}); the image and models need at least "
                         f"{MIN_FREE_BYTES / 1e9:.0f} GB")
     else:
-        notes.append(f"{space['free_bytes'] / 1e9:.0f} GB free")
+        notes.append(f"{free / 1e9:.0f} GB free")
     from orchestrator.core.disks import space_problems
 
     problems += space_problems(facts)  # where sparkctl itself writes: state, config, netplan
-    node_time = facts.get("time")
+    node_time = facts.time
     if isinstance(node_time, int | float) and abs(node_time - now) > MAX_CLOCK_SKEW_SECONDS:
         notes.append(f"WARNING: clock is {node_time - now:+.0f}s off the controller's (image pulls "
                      "fail with 'Root CA' errors on skewed clocks; enable NTP)")
     return problems, notes
 
 
-def preflight_problems(inventory: Inventory, node: Node, facts: dict[str, Any],
+def preflight_problems(inventory: Inventory, node: Node, facts: NodeFacts,
                        now: float | None = None) -> tuple[list[str], list[str]]:
     """(problems, notes) of one node; pure over its facts."""
     problems: list[str] = []

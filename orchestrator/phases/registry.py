@@ -21,6 +21,7 @@ from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.remote.facts import Command, Request, merge_requests
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import DockerImage
 
 PROBE_SECONDS = 10
@@ -86,7 +87,7 @@ class Reach:
     """A blocked node's reason is the network (DNS, route, TLS, proxy), not the image."""
 
 
-def reach(facts: dict[str, Any], image: str) -> Reach:
+def reach(facts: NodeFacts, image: str) -> Reach:
     """One node's answer: the image's inspect first (present), then the probe."""
     present = DockerImage(image).read(facts, strict=False)
     if present is not None and present.id:

@@ -30,6 +30,7 @@ from orchestrator.phases.files import (
     write_files_cmd,
 )
 from orchestrator.remote.facts import File, FileInfo, merge_requests, request_of
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.render import render
 
 HOST_KEY = f"{CONFIG_DIR}/ssh_host_ed25519_key"
@@ -128,7 +129,7 @@ HOST_KEY_FACT, HOST_PUB_FACT = File(HOST_KEY), File(HOST_PUB, content=True)
 CLUSTER_KEY_FACT, CLUSTER_PUB_FACT = File(CLUSTER_KEY), File(CLUSTER_PUB, content=True)
 
 
-def _file(facts: dict[str, Any], fact: File) -> FileInfo:
+def _file(facts: NodeFacts, fact: File) -> FileInfo:
     return fact.read(facts) or FileInfo(exists=False)
 
 
@@ -265,7 +266,7 @@ def _host_keys(ctx: NodeContext) -> dict[str, str]:
 
 
 def _cluster_public_key(ctx: NodeContext) -> str:
-    head = ctx.cluster_facts.get(ctx.inventory.head_name) or {}
+    head = ctx.cluster_facts.get(ctx.inventory.head_name) or NodeFacts(ctx.inventory.head_name)
     return (
         public_key_of(_file(head, CLUSTER_PUB_FACT).content)
         or ctx.shared.cluster_public_key

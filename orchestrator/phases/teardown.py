@@ -31,6 +31,7 @@ from orchestrator.phases.files import ledger_answer, ledger_cmd, ledger_entries,
 from orchestrator.phases.managed import managed_containers, managed_ps_cmd
 from orchestrator.phases.persist_down import kept_text, logs_left_cmd
 from orchestrator.records import ServerRecord
+from orchestrator.remote.fact_records import FileInfo
 from orchestrator.remote.facts import request_of
 from orchestrator.remote.node_facts import LINKS, NETPLAN_FILES, ContainerInfo, DockerContainer, LinkTable
 
@@ -71,8 +72,8 @@ def _is_ours(container: ContainerInfo | None, inventory: Inventory) -> bool:
     return container is not None and container.managed_by(inventory.cluster.name)
 
 
-def _file(ctx: NodeContext, path: str) -> dict[str, Any]:
-    return (ctx.facts.get("files") or {}).get(path) or {"exists": False}
+def _file(ctx: NodeContext, path: str) -> FileInfo:
+    return ctx.facts.file(path) or FileInfo(exists=False)
 
 
 def _server_record(ctx: NodeContext) -> ServerRecord | None:
@@ -80,7 +81,7 @@ def _server_record(ctx: NodeContext) -> ServerRecord | None:
     before anything read (and so migrated) it: which container it runs in, its process words."""
     fact = _file(ctx, SERVER_JSON)
     try:
-        data = json.loads(fact.get("content") or "{}") if fact.get("exists") else None
+        data = json.loads(fact.content or "{}") if fact.exists else None
     except (json.JSONDecodeError, TypeError, ValueError):
         return None
     return ServerRecord.from_dict(data) if isinstance(data, dict) else None
@@ -128,8 +129,7 @@ class StopServer(Step):
 
 
 def _pid_files(ctx: NodeContext) -> list[str]:
-    answer = (ctx.facts.get("commands") or {}).get("pid_files") or {}
-    return sorted(e.rsplit("/", 1)[-1] for e in (answer.get("out") or "").split() if e.endswith(".pid"))
+    return sorted(e.rsplit("/", 1)[-1] for e in ctx.facts.output("pid_files").split() if e.endswith(".pid"))
 
 
 class RemoveContainers(Step):
@@ -203,7 +203,7 @@ class RemoveNetwork(Step):
             parts.append("delete " + ", ".join(f"{a} on {i}" for i, a in addresses))
         diff = ""
         if remove_file:  # a unified diff to nothing (or to the file from before `up`)
-            lines = (fact.get("content") or "").splitlines()
+            lines = (fact.content or "").splitlines()
             target = f"{NETPLAN_FILE} (as before `up`)" if restore else "/dev/null"
             diff = (f"--- {NETPLAN_FILE} (on node)\n+++ {target}\n@@ -1,{len(lines)} +0,0 @@\n"
                     + "".join(f"-{line}\n" for line in lines))
@@ -287,7 +287,7 @@ class RemoveFiles(Step):
 
     def check(self, ctx: NodeContext) -> Outcome:
         targets = []
-        if _file(ctx, CONFIG_DIR).get("exists"):
+        if _file(ctx, CONFIG_DIR).exists:
             targets.append(f"{CONFIG_DIR}/")
         entries = [e for e in _state_entries(ctx) if e not in self.keep(ctx)]
         if entries:
@@ -306,8 +306,7 @@ class RemoveFiles(Step):
 
 
 def _state_entries(ctx: NodeContext) -> list[str]:
-    answer = (ctx.facts.get("commands") or {}).get("state_entries") or {}
-    return sorted(e for e in (answer.get("out") or "").split() if e)  # RemoveFiles.keep: the lock
+    return sorted(e for e in ctx.facts.output("state_entries").split() if e)  # RemoveFiles.keep: the lock
 
 
 def remove_files_cmd(keep: list[str]) -> str:

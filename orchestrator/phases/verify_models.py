@@ -20,6 +20,8 @@ from orchestrator.errors import SparkctlError
 from orchestrator.phases import fanout
 from orchestrator.phases.model_tools import ModelTools, model_tools
 from orchestrator.phases.models import HUB_DIR, ServingPhase, repo_requests
+from orchestrator.remote.fact_records import CommandResult
+from orchestrator.remote.gathered import NodeFacts
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -47,13 +49,13 @@ def differences(head: dict[str, Any], node: dict[str, Any]) -> list[str]:
     return out
 
 
-def parse(answer: dict[str, Any], node: str) -> dict[str, Any]:
+def parse(answer: CommandResult | None, node: str) -> dict[str, Any]:
     import json
 
-    if answer.get("rc") != 0:
+    if answer is None or answer.rc != 0:
         raise SparkctlError(f"{node}: could not re-hash the models: "
-                            + (answer.get("err") or answer.get("out") or "").strip()[-300:])
-    for line in reversed((answer.get("out") or "").splitlines()):
+                            + ((answer.err or answer.out) if answer else "").strip()[-300:])
+    for line in reversed(answer.out.splitlines()):
         try:
             found = json.loads(line)
         except ValueError:
@@ -72,8 +74,8 @@ class VerifyModels(Step):
         self.recipe, self.tools = recipe, tools
 
     def manifests(self, ctx: NodeContext, node: str) -> dict[str, Any]:
-        facts = ctx.cluster_facts.get(node) or {}
-        return parse((facts.get("commands") or {}).get("rehash") or {}, node)
+        facts = ctx.cluster_facts.get(node) or NodeFacts(node)
+        return parse(facts.command("rehash"), node)
 
     def check(self, ctx: NodeContext) -> Outcome:
         mine = self.manifests(ctx, ctx.node.name)

@@ -1,11 +1,11 @@
 """Facts: what sparkctl needs to know about a node, asked in one round trip, read as types.
 
 A fact is a small class (pyinfra's idea): `request()` is its part of the one JSON request the
-node-side gatherer (orchestrator/node/gather.py) answers, `read(answer)` turns the gatherer's
-JSON into a typed value. A phase asks for facts; the executor merges every phase's requests into
-one per node and sends them together. Merging is exact, never a guess: two facts that ask for
-the same command key with different commands are a bug and raise, instead of one silently
-winning.
+node-side gatherer (orchestrator/node/gather.py) answers, `read(facts)` its typed value from the
+node's answer, parsed once into a `NodeFacts` (remote/gathered.py) by `gather_facts`. A phase
+asks for facts; the executor merges every phase's requests into one per node and sends them
+together. Merging is exact, never a guess: two facts that ask for the same command key with
+different commands are a bug and raise, instead of one silently winning.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from typing import Any, Protocol
 from orchestrator.commands import python_script_cmd
 from orchestrator.errors import SparkctlError
 from orchestrator.node import script
+from orchestrator.remote.fact_records import CommandResult as CommandResult
+from orchestrator.remote.fact_records import FileInfo as FileInfo
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.transport import Transport
 
 Request = dict[str, Any]
@@ -26,8 +29,9 @@ def gather_script() -> str:
     return script("gather.py")
 
 
-def gather_facts(transport: Transport, request: Request, timeout: float = 120.0) -> dict[str, Any]:
-    """Run the node-side gatherer once and return its JSON answer."""
+def gather_facts(transport: Transport, request: Request, timeout: float = 120.0) -> NodeFacts:
+    """Run the node-side gatherer once and return its answer, parsed into a NodeFacts (a
+    malformed answer raises, naming the node and the section)."""
     result = transport.run(
         python_script_cmd(request), stdin=gather_script(), sudo=True, timeout=timeout,
         display="python3 - <facts gatherer>",
@@ -39,9 +43,7 @@ def gather_facts(transport: Transport, request: Request, timeout: float = 120.0)
             f"{transport.node}: the facts gatherer printed no JSON (is python3 installed on the "
             f"node?): {result.stdout[-200:]!r} {result.stderr[-300:]!r}"
         ) from None
-    if not isinstance(facts, dict):
-        raise SparkctlError(f"{transport.node}: the facts gatherer answered {type(facts).__name__}")
-    return facts
+    return NodeFacts.parse(facts, transport.node)
 
 
 # The gatherer's sections and how two requests for one section combine.
@@ -96,27 +98,6 @@ def _merge(section: str, old: Any, new: Any) -> Any:
 # ------------------------------------------------------------------ typed facts
 
 @dataclass(frozen=True)
-class CommandResult:
-    rc: int
-    out: str
-    err: str
-
-    @property
-    def ok(self) -> bool:
-        return self.rc == 0
-
-
-@dataclass(frozen=True)
-class FileInfo:
-    exists: bool
-    mode: int | None = None
-    uid: int | None = None
-    size: int | None = None
-    sha256: str | None = None
-    content: str | None = None
-
-
-@dataclass(frozen=True)
 class Command:
     """The output of one shell command run on the node (as root)."""
 
@@ -126,11 +107,8 @@ class Command:
     def request(self) -> Request:
         return {"commands": {self.key: self.command}}
 
-    def read(self, answer: dict[str, Any]) -> CommandResult | None:
-        raw = (answer.get("commands") or {}).get(self.key)
-        if raw is None:
-            return None
-        return CommandResult(int(raw.get("rc", 1)), str(raw.get("out", "")), str(raw.get("err", "")))
+    def read(self, facts: NodeFacts) -> CommandResult | None:
+        return facts.command(self.key)
 
 
 @dataclass(frozen=True)
@@ -143,31 +121,8 @@ class File:
     def request(self) -> Request:
         return {"files": {self.path: self.content}}
 
-    def read(self, answer: dict[str, Any]) -> FileInfo | None:
-        raw = (answer.get("files") or {}).get(self.path)
-        if raw is None:
-            return None
-        return FileInfo(exists=bool(raw.get("exists")), mode=raw.get("mode"), uid=raw.get("uid"),
-                        size=raw.get("size"), sha256=raw.get("sha256"), content=raw.get("content"))
-
-
-@dataclass(frozen=True)
-class DockerObject:
-    """`docker inspect` of a container (kind "containers") or an image ("images"): the
-    inspect document, None when it does not exist; an error is raised, naming the node."""
-
-    kind: str
-    name: str
-
-    def request(self) -> Request:
-        return {self.kind: [self.name]}
-
-    def read(self, answer: dict[str, Any], node: str = "node") -> dict[str, Any] | None:
-        raw = (answer.get(self.kind) or {}).get(self.name)
-        if isinstance(raw, dict) and "error" in raw:
-            what = "docker image inspect" if self.kind == "images" else "docker inspect"
-            raise SparkctlError(f"{node}: `{what} {self.name}` failed: {str(raw['error']).strip()}")
-        return raw if isinstance(raw, dict) else None
+    def read(self, facts: NodeFacts) -> FileInfo | None:
+        return facts.file(self.path)
 
 
 class Fact(Protocol):

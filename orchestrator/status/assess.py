@@ -26,6 +26,8 @@ from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
 from orchestrator.phases.gateway_spec import probe_cmd as gateway_probe_cmd
 from orchestrator.phases.managed import managed_ps_cmd
 from orchestrator.remote.cluster import parallel
+from orchestrator.remote.fact_records import CommandResult
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.status.containers import check_server_containers
 from orchestrator.status.server import add_server_problems, assess_server, server_list
 from orchestrator.timestamps import age
@@ -103,14 +105,14 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
     with open_session(inventory, "status", quiet=True) as session:
         errors = {name: host.error for name, host in session.report.hosts.items() if host.error}
 
-        def one(node: Node) -> tuple[str, dict[str, Any] | str]:
+        def one(node: Node) -> tuple[str, NodeFacts | str]:
             try:
                 return node.name, gather_facts(session.transports[node.name],
                                                status_facts(inventory, node), timeout=90)
             except SparkctlError as exc:
                 return node.name, str(exc)
 
-        facts: dict[str, dict[str, Any]] = {}
+        facts: dict[str, NodeFacts] = {}
         nodes = session.reachable_nodes()
         by_name = {node.name: node for node in nodes}
         answers = parallel(lambda name: one(by_name[name]), by_name, limit=16)
@@ -142,7 +144,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ assessment (pure)
 
-def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[str, str]
+def assess(inventory: Inventory, facts: dict[str, NodeFacts], errors: dict[str, str]
            ) -> dict[str, Any]:
     from orchestrator.phases.boot_units import parse_units, persistence
 
@@ -176,7 +178,7 @@ def assess(inventory: Inventory, facts: dict[str, dict[str, Any]], errors: dict[
         check_server_containers(nodes, facts, head, server)  # docker's facts before Ray's view
         _memory_guard(nodes, facts, server)
         server["persistence"] = persistence(
-            {name: parse_units((f.get("commands") or {}).get("boot_units")) for name, f in facts.items()},
+            {name: parse_units(f.command("boot_units")) for name, f in facts.items()},
             str(server.get("name") or server.get("recipe")))
     ok = all(not n["problems"] for n in nodes.values())
     return {
@@ -190,7 +192,7 @@ def _role(inventory: Inventory, node: Node) -> str:
     return "head" if node.name == inventory.head_name else "worker"
 
 
-def assess_node(inventory: Inventory, node: Node, facts: dict[str, Any]) -> dict[str, Any]:
+def assess_node(inventory: Inventory, node: Node, facts: NodeFacts) -> dict[str, Any]:
     from orchestrator.core.disks import space_problems
     from orchestrator.phases.boot_units import parse_units
 
@@ -199,12 +201,11 @@ def assess_node(inventory: Inventory, node: Node, facts: dict[str, Any]) -> dict
     container = assess_container(inventory, node, facts, problems)
     space = space_problems(facts)
     problems.extend(f"{p}: free some space on the node" if "full" in p else p for p in space)
-    managed = (facts.get("commands") or {}).get("managed") or {}
-    if container["status"] == "absent" and (space or managed.get("rc", 0) != 0):
+    managed = facts.command("managed") or CommandResult(0, "", "")
+    if container["status"] == "absent" and (space or managed.rc != 0):
         # "none" only when we could look: a full disk hides docker's state, a failing docker
         # answers nothing
-        why = "; ".join(space) or f"`docker ps` exited {managed.get('rc')}: " + str(
-            managed.get("err", "")).strip()[-200:]
+        why = "; ".join(space) or f"`docker ps` exited {managed.rc}: " + managed.err.strip()[-200:]
         container.update(status="unknown", why=why)
     if problems:
         state = "problem"
@@ -217,16 +218,16 @@ def assess_node(inventory: Inventory, node: Node, facts: dict[str, Any]) -> dict
     return {
         "name": node.name, "host": node.host, "role": _role(inventory, node), "reachable": True,
         "state": state, "problems": problems, "network": network, "container": container,
-        "boot_units": parse_units((facts.get("commands") or {}).get("boot_units")),
+        "boot_units": parse_units(facts.command("boot_units")),
     }
 
 
-def assess_network(inventory: Inventory, node: Node, facts: dict[str, Any],
+def assess_network(inventory: Inventory, node: Node, facts: NodeFacts,
                    problems: list[str]) -> dict[str, Any]:
-    ours = ((facts.get("files") or {}).get(NETPLAN_FILE) or {}).get("exists")
-    configured = bool(ours) or inventory.fabric.network == "adopted"  # (files not ours hold it)
-    links = facts.get("links") or {}
-    devices = (facts.get("ibdev2netdev") or {}).get("devices") or {}
+    ours = facts.exists(NETPLAN_FILE)
+    configured = ours or inventory.fabric.network == "adopted"  # (files not ours hold it)
+    links = facts.links.links if facts.links else {}
+    devices = facts.roce.ports
     interfaces: dict[str, Any] = {}
     for iface in inventory.fabric.interfaces:
         link = links.get(iface)
@@ -237,67 +238,68 @@ def assess_network(inventory: Inventory, node: Node, facts: dict[str, Any],
             if configured:
                 problems.append(f"fabric interface {iface} does not exist")
         else:
-            state = (devices.get(iface) or {}).get("state") or link.get("operstate", "?")
-            up = state.lower() == "up" or link.get("operstate") == "UP"
-            has_address = expected is None or expected in link.get("addresses", [])
-            mtu_ok = link.get("mtu") == inventory.fabric.mtu
-            entry = {"state": state, "device": (devices.get(iface) or {}).get("device"),
-                     "addresses": link.get("addresses", []), "mtu": link.get("mtu"),
+            port = devices.get(iface)
+            state = (port.state if port else None) or link.operstate
+            up = state.lower() == "up" or link.operstate == "UP"
+            has_address = expected is None or expected in link.addresses
+            mtu_ok = link.mtu == inventory.fabric.mtu
+            entry = {"state": state, "device": port.device if port else None,
+                     "addresses": list(link.addresses), "mtu": link.mtu,
                      "expected": expected, "ok": up and has_address and mtu_ok}
             if configured and not up:
                 problems.append(f"fabric link {iface} is {state} (cable in, peer powered on?)")
             if configured and not has_address:
                 problems.append(f"{iface} lacks its address {expected} (run `sparkctl up`)")
             if configured and has_address and not mtu_ok:
-                problems.append(f"{iface} MTU is {link.get('mtu')}, want {inventory.fabric.mtu}")
+                problems.append(f"{iface} MTU is {link.mtu}, want {inventory.fabric.mtu}")
         interfaces[iface] = entry
     return {"configured": configured, "interfaces": interfaces}
 
 
-def assess_container(inventory: Inventory, node: Node, facts: dict[str, Any],
+def assess_container(inventory: Inventory, node: Node, facts: NodeFacts,
                      problems: list[str]) -> dict[str, Any]:
     if (up := up_container(inventory)) is None:
         return {"name": None, "status": "absent", "digest": None}
     name = up.settings.name
-    info = (facts.get("containers") or {}).get(name)
-    image = (facts.get("images") or {}).get(up.settings.image) or {}
-    digests = image.get("RepoDigests") or []
+    failed = facts.inspect_error("containers", name)
+    info = facts.container(name, strict=False)
+    image = facts.image(up.settings.image, strict=False)
+    digests = image.repo_digests if image else ()
     out: dict[str, Any] = {"name": name, "status": "absent",
                            "digest": digests[0].split("@", 1)[-1] if digests else None}
-    if not info:
-        return out
-    if "error" in info:
-        problems.append(f"docker inspect {name} failed: {info['error']}")
+    if failed is not None:
+        problems.append(f"docker inspect {name} failed: {failed}")
         out["status"] = "unknown"
         return out
-    labels = (info.get("Config") or {}).get("Labels") or {}
-    if labels.get("sparkctl.managed") != "true" or labels.get("sparkctl.cluster") != inventory.cluster.name:
+    if info is None:
+        return out
+    labels = info.labels
+    if not info.managed_by(inventory.cluster.name):
         out["status"] = "foreign"
         problems.append(f"container {name} was not created by sparkctl for this cluster")
         return out
-    state = info.get("State") or {}
     out.update({
-        "status": state.get("Status") or ("running" if state.get("Running") else "exited"),
-        "image": (info.get("Config") or {}).get("Image"),
-        "image_id": info.get("Image"),
-        "started": state.get("StartedAt"),
-        "uptime_seconds": age(state.get("StartedAt"), facts.get("time")) if state.get("Running") else None,
+        "status": info.status or ("running" if info.running else "exited"),
+        "image": info.image,
+        "image_id": info.image_id,
+        "started": info.started_at if info.started_at != "?" else None,
+        "uptime_seconds": age(info.started_at, facts.time) if info.running else None,
         "config_hash": labels.get("sparkctl.config-hash"),
     })
-    if image.get("Id") and info.get("Image") and image["Id"] != info["Image"]:
+    if image and image.id and info.image_id and image.id != info.image_id:
         out["image_current"] = False
     desired = desired_config_hash(up, inventory, node, facts)
     out["config"] = "unknown" if desired is None else (
         "current" if desired == labels.get("sparkctl.config-hash") else "stale")
-    if not state.get("Running"):
-        problems.append(f"container {name} is {out['status']} (exit code {state.get('ExitCode')}; "
+    if not info.running:
+        problems.append(f"container {name} is {out['status']} (exit code {info.exit_code}; "
                         f"`sparkctl logs --node {node.name}` shows why; `sparkctl up` restarts it)")
     elif out["config"] == "stale" or out.get("image_current") is False:
         problems.append(f"container {name} runs an old configuration or image (run `sparkctl up`)")
     return out
 
 
-def desired_config_hash(up: Any, inventory: Inventory, node: Node, facts: dict[str, Any]) -> str | None:
+def desired_config_hash(up: Any, inventory: Inventory, node: Node, facts: NodeFacts) -> str | None:
     """The hash `up` would label its container (UpContainer `up`) with now, or None."""
     from orchestrator.core.step import NodeContext, RunOptions, RunState
     from orchestrator.phases.container import Container
@@ -320,25 +322,25 @@ def _compare_digests(nodes: dict[str, dict[str, Any]]) -> None:
             nodes[name]["state"] = "problem"
 
 
-def process_answer(facts: dict[str, Any]) -> dict[str, Any]:
+def process_answer(facts: NodeFacts) -> dict[str, Any]:
     """The node's server-control answer (pid files, whether the engine logged ready), or {}."""
-    answer = (facts.get("commands") or {}).get("processes") or {}
-    if answer.get("rc") != 0:
+    answer = facts.command("processes")
+    if answer is None or answer.rc != 0:
         return {}
     try:
-        found = json.loads(answer.get("out") or "{}")
+        found = json.loads(answer.out or "{}")
     except json.JSONDecodeError:
         return {}
     return found if isinstance(found, dict) else {}
 
 
-def server_processes(facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def server_processes(facts: NodeFacts) -> dict[str, dict[str, Any]]:
     """launch's pid files on a node ({"rank-1.pid": {"pid": 42, "alive": True}}), or {}."""
     pids = process_answer(facts).get("pids")
     return dict(pids) if isinstance(pids, dict) else {}
 
 
-def _check_processes(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]]) -> None:
+def _check_processes(nodes: dict[str, dict[str, Any]], facts: dict[str, NodeFacts]) -> None:
     """With a server recorded, every process launch recorded must still run."""
     for name, node_facts in facts.items():
         processes = server_processes(node_facts)
@@ -351,15 +353,14 @@ def _check_processes(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str
             nodes[name]["state"] = "problem"
 
 
-def _memory_guard(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]],
+def _memory_guard(nodes: dict[str, dict[str, Any]], facts: dict[str, NodeFacts],
                   server: dict[str, Any]) -> None:
     """A node where the memory guard stopped the server: say so, with its figures."""
     from orchestrator.phases.memory import describe_stop, stop_record
 
     for name, node_facts in facts.items():
-        answer = (node_facts.get("commands") or {}).get("processes") or {}
         try:
-            record = stop_record(json.loads(answer.get("out") or "{}"))
+            record = stop_record(json.loads(node_facts.output("processes") or "{}"))
         except (json.JSONDecodeError, AttributeError):
             record = None
         if record:

@@ -12,33 +12,33 @@ import json
 from typing import Any
 
 from orchestrator.paths import SERVER_JSON
+from orchestrator.remote.gathered import NodeFacts
 
 
-def _record(head_facts: dict[str, Any]) -> dict[str, Any]:
+def _record(head_facts: NodeFacts) -> dict[str, Any]:
+    record = head_facts.file(SERVER_JSON)
     try:
-        found = json.loads(((head_facts.get("files") or {}).get(SERVER_JSON) or {}).get("content")
-                           or "{}")
+        found = json.loads((record.content if record else None) or "{}")
     except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
 
 
-def container_states(node_facts: dict[str, Any]) -> dict[str, str]:
+def container_states(node_facts: NodeFacts) -> dict[str, str]:
     """{name: docker's state word} of the node's sparkctl containers (the `managed` fact)."""
-    answer = (node_facts.get("commands") or {}).get("managed") or {}
     out = {}
-    for line in (answer.get("out") or "").splitlines():
+    for line in node_facts.output("managed").splitlines():
         name, _, state = line.strip().partition("\t")
         if name:
             out[name] = state.strip() or "unknown"
     return out
 
 
-def check_server_containers(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]],
+def check_server_containers(nodes: dict[str, dict[str, Any]], facts: dict[str, NodeFacts],
                             head: str, server: dict[str, Any]) -> None:
     """Each node of the recorded server must run the server's container; where it does not,
     the node, the server and (vLLM) the Ray count say so now."""
-    record = _record(facts.get(head) or {})
+    record = _record(facts.get(head) or NodeFacts(head))
     container = record.get("container")
     if not container:  # (TensorRT-LLM runs in `up`'s container: assess_container judges it)
         return

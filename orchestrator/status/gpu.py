@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from orchestrator.remote.gathered import NodeFacts
+
 # the fields after status's memory ones, in this order (GPU_FIELDS[i] -> GpuReading field)
 GPU_FIELDS = ("clocks.sm", "clocks.max.sm", "temperature.gpu", "power.draw",
               "clocks_throttle_reasons.active")
@@ -152,15 +154,14 @@ def gpu_fields(gpu_section: str) -> list[str]:
     return line.split(",") if line else []
 
 
-def node_gpu(facts: dict[str, Any]) -> GpuReading:
+def node_gpu(facts: NodeFacts) -> GpuReading:
     """The node's GPU clock, temperature, power and throttle reasons from status's memory
     answer (memory.used, memory.total, utilization.gpu, then GPU_FIELDS)."""
-    answer = (facts.get("commands") or {}).get("memory") or {}
-    fields = gpu_fields(str(answer.get("out") or "").partition("--gpu")[2])
+    fields = gpu_fields(facts.output("memory").partition("--gpu")[2])
     return parse_reading(fields[2:]) if len(fields) >= 3 else GpuReading()
 
 
-def guard_nodes(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]]) -> None:
+def guard_nodes(nodes: dict[str, dict[str, Any]], facts: dict[str, NodeFacts]) -> None:
     """Each node's box-guard verdicts become its problems (status exits 1), kinds listed under
     "gpu_problems" for the dashboard."""
     for name, node_facts in facts.items():

@@ -10,6 +10,7 @@ from typing import Any
 
 from orchestrator.commands import join
 from orchestrator.inventory import Inventory
+from orchestrator.remote.gathered import NodeFacts
 
 SPEED = re.compile(r"Speed:\s*(\d+)\s*Mb/s")
 
@@ -18,13 +19,12 @@ def speed_commands(inventory: Inventory) -> dict[str, str]:
     return {f"ethtool:{i}": join(["ethtool", i]) for i in inventory.fabric.interfaces}
 
 
-def attach_speeds(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]]) -> None:
+def attach_speeds(nodes: dict[str, dict[str, Any]], facts: dict[str, NodeFacts]) -> None:
     """`speed_mbps` on every reached node's fabric interface that exists (None: ethtool said
     no speed, as for a link down)."""
     for name, node_facts in facts.items():
-        commands = node_facts.get("commands") or {}
         for iface, entry in ((nodes[name].get("network") or {}).get("interfaces") or {}).items():
             if entry.get("state") == "missing":
                 continue
-            found = SPEED.search(str((commands.get(f"ethtool:{iface}") or {}).get("out") or ""))
+            found = SPEED.search(node_facts.output(f"ethtool:{iface}"))
             entry["speed_mbps"] = int(found.group(1)) if found else None

@@ -18,6 +18,7 @@ from orchestrator.commands import join, quote
 from orchestrator.engines.meters import meter_class, parse_prometheus
 from orchestrator.inventory import Inventory
 from orchestrator.phases.memory import GUARD_DEFAULT_GB, PLAN_FILE
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.status.gpu import GPU_FIELDS, gpu_fields, gpu_text, guard_nodes, node_gpu
 from orchestrator.status.latency import latency_figures
 from orchestrator.status.links import attach_speeds, speed_commands
@@ -60,12 +61,11 @@ def _number(text: str) -> float | None:
         return None
 
 
-def node_memory(facts: dict[str, Any]) -> dict[str, Any]:
+def node_memory(facts: NodeFacts) -> dict[str, Any]:
     """{total_gb, available_gb, gpu_memory_used_gb, gpu_memory_total_gb, gpu_utilization_pct,
     guard_min_available_gb, gpu: {sm_clock_mhz, ...}, model_cache_free_gb}; a figure the
     node does not report is absent (not 0)."""
-    answer = (facts.get("commands") or {}).get("memory") or {}
-    meminfo, _, gpu = str(answer.get("out") or "").partition("--gpu")
+    meminfo, _, gpu = facts.output("memory").partition("--gpu")
     mem = dict(re.findall(r"^(\w+):\s+(\d+) kB", meminfo, re.M))
     out: dict[str, Any] = {}
     if "MemTotal" in mem:
@@ -78,7 +78,7 @@ def node_memory(facts: dict[str, Any]) -> dict[str, Any]:
                                  values, (1 / 1024, 1 / 1024, 1.0), strict=False):
         if value is not None:
             out[key] = round(value * scale, 1)
-    plan = ((facts.get("files") or {}).get(PLAN_FILE) or {}).get("content")
+    plan = found.content if (found := facts.file(PLAN_FILE)) else None
     try:
         guard = json.loads(plan).get("guard_min_available_gb") if plan else None
     except (ValueError, AttributeError):
@@ -88,14 +88,14 @@ def node_memory(facts: dict[str, Any]) -> dict[str, Any]:
     if guard is None:
         out["guard_min_available_gb"] = GUARD_DEFAULT_GB
     out["gpu"] = node_gpu(facts).as_dict()
-    cache = str(((facts.get("commands") or {}).get("model_cache") or {}).get("out") or "").strip()
+    cache = facts.output("model_cache").strip()
     if cache.isdigit():
         out["model_cache_free_gb"] = round(int(cache) / 1e9, 1)
     return out
 
 
 
-def attach_node_figures(nodes: dict[str, dict[str, Any]], facts: dict[str, dict[str, Any]]) -> None:
+def attach_node_figures(nodes: dict[str, dict[str, Any]], facts: dict[str, NodeFacts]) -> None:
     """Every reached node's "memory" (with its GPU figures), its links' speeds, and the box
     guard's verdicts."""
     for name, node_facts in facts.items():

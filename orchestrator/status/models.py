@@ -9,6 +9,7 @@ from typing import Any
 
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory
+from orchestrator.remote.fact_records import CommandResult
 
 
 def verify_served_models(inventory: Inventory, result: dict[str, Any]) -> None:
@@ -38,8 +39,7 @@ def verify_served_models(inventory: Inventory, result: dict[str, Any]) -> None:
                     rehash_cmd(model_tools(engine_of(recipe).model_image(recipe, inventory),
                                            inventory), recipe, False), sudo=True, timeout=3600,
                     display="re-hash the model files (status --deep)")
-                return parse({"rc": answer.exit_status, "out": answer.stdout,
-                              "err": answer.stderr}, node)
+                return parse(CommandResult(answer.exit_status, answer.stdout, answer.stderr), node)
 
             found = parallel(rehash, reach)
             entry: dict[str, Any] = {"server": server.get("name"), "nodes": {}}

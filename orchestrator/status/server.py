@@ -16,10 +16,12 @@ from orchestrator.engines.liveness import READY_KEY, judge, was_ready
 from orchestrator.inventory import Inventory
 from orchestrator.paths import SERVER_JSON
 from orchestrator.records import Server, ServerRecord
+from orchestrator.remote.fact_records import CommandResult
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.timestamps import age, parse_time
 
 
-def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict[str, Any],
+def assess_server(inventory: Inventory, facts: NodeFacts | None, head: dict[str, Any],
                   dead: list[str] | None = None, processes: dict[str, Any] | None = None,
                   ) -> dict[str, Any] | None:
     """The recorded server's state; `dead` names the rank processes that ended on any node and
@@ -27,17 +29,16 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     was ready)."""
     if facts is None:
         return None
-    record = ((facts.get("files") or {}).get(SERVER_JSON) or {})
-    if not record.get("exists"):
+    record = facts.file(SERVER_JSON)
+    if record is None or not record.exists:
         return None
     try:
-        server = json.loads(record.get("content") or "{}")
+        server = json.loads(record.content or "{}")
     except json.JSONDecodeError:
         server = {}
-    commands = facts.get("commands") or {}
-    log_tail = ((commands.get("server_log") or {}).get("out") or "").splitlines()
+    log_tail = facts.output("server_log").splitlines()
     try:
-        probe = json.loads((commands.get("probe") or {}).get("out") or "{}")
+        probe = json.loads(facts.output("probe") or "{}")
     except json.JSONDecodeError:
         probe = {"error": "the health probe printed no JSON"}
     port = server.get("port")
@@ -48,7 +49,7 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
         "draft_model": server.get("draft_model"), "port": port,
         "endpoint": f"http://{probe_host(str(server.get('host') or ''))}:{port}",
         "node": inventory.head_name,
-        "started": server.get("started"), "uptime_seconds": age(server.get("started"), facts.get("time")),
+        "started": server.get("started"), "uptime_seconds": age(server.get("started"), facts.time),
         "health": probe, "log_tail": log_tail, "problem": "",
     }
     container_running = (head.get("container") or {}).get("status") == "running"
@@ -61,7 +62,7 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
     own = engine_of_record(engine)
     probes = own.name == engine and isinstance(own, ProbesStatus)  # (not the default's)
     probe_key = own.status_probe()[0] if probes else ""
-    judged = (own.judge_probe(ServerRecord.from_dict(server), commands.get(probe_key) or {})
+    judged = (own.judge_probe(ServerRecord.from_dict(server), facts.command(probe_key))
               if probe_key else {})
     if judged:  # the engine's own probe (vLLM over Ray: every serving node alive in Ray)
         out[probe_key] = judged
@@ -69,7 +70,7 @@ def assess_server(inventory: Inventory, facts: dict[str, Any] | None, head: dict
         out["state"] = "down"
         out["problem"] = "server recorded but the head container is not running"
         return out
-    restarted = container_restarted(server, commands.get("server_container") or {},
+    restarted = container_restarted(server, facts.command("server_container"),
                                     bool(main.get("alive")) if isinstance(main, dict) else None)
     if restarted and not (health == 200 and probe.get(second) == 200):  # (answering: it came back)
         out["state"] = "down"
@@ -125,15 +126,15 @@ a restart counts only when the container started clearly later (and the server's
 gone), so a few seconds of clock skew never report a healthy server as restarted."""
 
 
-def container_restarted(server: dict[str, Any], answer: dict[str, Any],
+def container_restarted(server: dict[str, Any], answer: CommandResult | None,
                         server_alive: bool | None) -> str:
     """'the head's container X restarted at T, after the server started at S', or ''.
 
     A container restarted after launch (a node reboot with a restart policy, `docker restart`,
     the engine's container crashing and coming back) starts from its command: the server and,
     for vLLM, the Ray head it ran on are gone even though the container runs."""
-    name, _, started_at = ((answer.get("out") or "").strip()).partition(" ")
-    if server_alive or answer.get("rc") not in (0, None) or not started_at or not server.get("started"):
+    name, _, started_at = (answer.out.strip() if answer else "").partition(" ")
+    if server_alive or (answer is not None and answer.rc != 0) or not started_at or not server.get("started"):
         return ""
     container_up, server_up = parse_time(started_at), parse_time(server["started"])
     if container_up is None or server_up is None or container_up <= server_up + RESTART_MARGIN_SECONDS:
@@ -156,7 +157,7 @@ one; the metrics fetch uses both, and a reader sees the server is protected, nev
 LISTED_STATE = {"starting": "loading", "unhealthy": "not answering", "down": "stopped"}
 
 
-def server_list(inventory: Inventory, facts: dict[str, dict[str, Any]],
+def server_list(inventory: Inventory, facts: dict[str, NodeFacts],
                 recorded: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every server on every node (from the same facts round trip): name, engine, node(s),
     port, health as probed on its node, and a state word. A server an earlier sparkctl

@@ -3,7 +3,7 @@
 `lab`: a 2-node b2b lab (SPARKLAB_ID from the environment, default 0), brought up once per
 session and torn down at the end; if a test module took it down, the next use brings it back.
 
-Under pytest-xdist (`make test` runs the e2e tests in three workers, whole modules each) every
+Under pytest-xdist (`make test` runs the e2e tests in four workers, whole modules each) every
 worker gets its own set of lab ids, so two workers never share a lab: with W workers, worker N
 uses the main lab N, the sudo/topology lab N+W, the alternate lab N+2W, the jump-host lab N+3W and
 the trust lab N+4W (plus SPARKLAB_E2E_BASE). The longest modules are handed out first
@@ -31,8 +31,8 @@ def _worker_lab_ids() -> None:
     if not worker.startswith("gw"):
         return
     n, workers = int(worker[2:]), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    # SPARKLAB_E2E_BASE runs another full e2e run beside the first (0-14 for make test's three
-    # workers; 15 or 25 beside it)
+    # SPARKLAB_E2E_BASE runs another full e2e run beside the first (0-19 for make test's four
+    # workers; 20 beside it)
     main, sudo, alt, jump, trust = (int(os.environ.get("SPARKLAB_E2E_BASE", "0")) + n + workers * k
                                     for k in range(5))
     if trust > 39:

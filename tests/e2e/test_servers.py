@@ -259,7 +259,7 @@ def test_a_bench_sweep_of_a_placed_named_server_measures_and_restores_it(two: La
             "q2", other, 30001)
     code, doc = status(two)
     after = {s["name"]: s for s in doc["servers"]}
-    assert code == 0 and set(after) == {"gpt-oss-120b", "q2"}
+    assert code == 0 and set(after) == {"gpt-oss-120b", "q2"}, (problems(doc), after)
     assert (after["q2"]["nodes"], after["q2"]["port"]) == ([other], 30001)
 
 

@@ -31,6 +31,7 @@ from orchestrator.core.session import Session
 from orchestrator.core.step import NodeContext, RunOptions, RunState
 from orchestrator.inventory import Inventory
 from orchestrator.inventory_checks import inventory_from_data
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.transport import Result
 
 GOLDEN = Path(__file__).parent / "golden" / "up"
@@ -180,7 +181,17 @@ def make_inventory(data: dict[str, Any] | None = None, source: str = "two-sparks
     return inventory_from_data(data, source)
 
 
-def make_context(inv: Inventory, node: str, cluster_facts: dict[str, dict[str, Any]],
+def node_facts(raw: dict[str, Any] | NodeFacts, node: str = "node") -> NodeFacts:
+    """A gatherer's answer (as a test writes it) parsed as the executor parses it."""
+    return raw if isinstance(raw, NodeFacts) else NodeFacts.parse(raw, node)
+
+
+def cluster_of(raw: dict[str, Any]) -> dict[str, NodeFacts]:
+    """Every node's answer parsed, by node name."""
+    return {name: node_facts(facts, name) for name, facts in raw.items()}
+
+
+def make_context(inv: Inventory, node: str, cluster_facts: dict[str, Any],
                  shared: RunState | dict[str, Any] | None = None,
                  transports: dict[str, FakeTransport] | None = None,
                  options: RunOptions | None = None) -> NodeContext:
@@ -194,8 +205,9 @@ def make_context(inv: Inventory, node: str, cluster_facts: dict[str, dict[str, A
                 setattr(shared, key, value)
             else:
                 shared.engine[key] = value
+    cluster = cluster_of(cluster_facts)
     return NodeContext(
-        inventory=inv, node=inv.node(node), facts=cluster_facts[node], cluster_facts=cluster_facts,
+        inventory=inv, node=inv.node(node), facts=cluster[node], cluster_facts=cluster,
         transport=transports.get(node), options=options or RunOptions(),  # type: ignore[arg-type]
         shared=shared, transports=transports,  # type: ignore[arg-type]
     )

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import TWO_SPARKS, make_context, make_inventory
+from conftest import node_facts as as_facts
 from test_preflight import good_facts
 
 from orchestrator.core.plan import build_up_plan
@@ -83,12 +84,12 @@ def test_a_network_that_no_longer_matches_is_refused_before_anything(facts: Any,
 
 
 def test_netcheck_names_the_adopted_file_and_fails_a_missing_address() -> None:
-    rows = check_netplan(INV, INV.node("spark-a"), adopted_facts())
+    rows = check_netplan(INV, INV.node("spark-a"), as_facts(adopted_facts()))
     assert [(r.status, r.value) for r in rows] == [("pass", SYNC), ("pass", SYNC)]
     assert rows[0].message.startswith(f"adopted: {SYNC} gives enp1s0f1np1 10.100.32.1/24")
     broken = adopted_facts()
     del broken["netplan"][SYNC]["definitions"][IFS[1]]
-    rows = check_netplan(INV, INV.node("spark-a"), broken)
+    rows = check_netplan(INV, INV.node("spark-a"), as_facts(broken))
     assert [r.status for r in rows] == ["pass", "fail"]
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from conftest import cluster_of
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 from test_status import INVENTORY, node_facts
@@ -42,7 +43,7 @@ def look_of(b_gpu: str, server_state: str = "healthy") -> dict[str, Any]:
     facts["spark-a"]["commands"]["model_cache"] = {"rc": 0, "out": "812345678901\n"}
     facts["spark-a"]["commands"]["ethtool:enp1s0f1np1"] = {
         "rc": 0, "out": "Settings for enp1s0f1np1:\n\tSpeed: 200000Mb/s\n\tDuplex: Full\n"}
-    result = status.assess(INVENTORY, facts, {})
+    result = status.assess(INVENTORY, cluster_of(facts), {})
     result["servers"] = [{**SERVER, "state": server_state}]
     result["gateway"] = {"running": True, "node": "spark-a", "host": "127.0.0.1", "port": 4000,
                          "key": False, "live": True,

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import TWO_SPARKS, model_args
+from conftest import node_facts as as_facts
 
 from orchestrator.core.plan import build_up_plan
 from orchestrator.engines import REGISTRY, check_against_inventory, load_recipe, up_container
@@ -123,7 +124,7 @@ def test_status_calls_a_set_up_node_up_without_an_up_container() -> None:
 
     inv = INVENTORY.model_copy(update={"engines": {"sglang": NoSettings()}})
     facts = node_facts("spark-a")
-    node = assess_node(inv, inv.node("spark-a"), facts)
+    node = assess_node(inv, inv.node("spark-a"), as_facts(facts))
     assert node["container"] == {"name": None, "status": "absent", "digest": None}
     assert node["state"] == "up" and not node["problems"]
 

@@ -32,13 +32,18 @@ class Recorder(Step):
         self.command = command
 
     def check(self, ctx: NodeContext) -> Outcome:
-        if ctx.facts.get("have") == ctx.facts.get("want"):
+        if ctx.facts.output("have") == ctx.facts.output("want"):
             return Unchanged("already right")
         return Change(f"set {self.name}", diff="-old\n+new\n")
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         ctx.run(f"{self.command} {self.name}").check()
         return None
+
+
+def said(have: int, want: int) -> dict[str, Any]:
+    """A node's facts answer: what it has and what it should have (as two commands' output)."""
+    return {"commands": {"have": {"rc": 0, "out": str(have)}, "want": {"rc": 0, "out": str(want)}}}
 
 
 def facts_request(inventory: Any, node: Any) -> dict[str, Any]:
@@ -62,7 +67,7 @@ def run(fake_transport: Any) -> Any:
     return run_
 
 
-ALL_CHANGE = {n: {"have": 1, "want": 2} for n in ("spark-a", "spark-b", "spark-c")}
+ALL_CHANGE = {n: said(1, 2) for n in ("spark-a", "spark-b", "spark-c")}
 
 
 def test_phases_run_in_lock_step(run: Any) -> None:
@@ -77,7 +82,7 @@ def test_phases_run_in_lock_step(run: Any) -> None:
 
 
 def test_unchanged_steps_cost_only_the_facts_round_trip(run: Any) -> None:
-    same = {n: {"have": 1, "want": 1} for n in ("spark-a", "spark-b", "spark-c")}
+    same = {n: said(1, 1) for n in ("spark-a", "spark-b", "spark-c")}
     plan = Plan("up", [Phase("one", [Recorder("s1"), Recorder("s2")], facts_request)])
     report, journal = run(plan, same)
     assert report.count("changed") == 0 and report.count("ok") == 6
@@ -85,8 +90,8 @@ def test_unchanged_steps_cost_only_the_facts_round_trip(run: Any) -> None:
 
 
 def test_a_failed_node_stops_the_run_after_the_phase(run: Any) -> None:
-    failing = {"spark-a": {"have": 1, "want": 2}, "spark-b": {"have": 1, "want": 2},
-               "spark-c": {"have": 1, "want": 2}}
+    failing = {"spark-a": said(1, 2), "spark-b": said(1, 2),
+               "spark-c": said(1, 2)}
     plan = Plan("up", [
         Phase("one", [Recorder("s1"), Recorder("s2")], facts_request),
         Phase("two", [Recorder("s3")], facts_request),
@@ -179,12 +184,12 @@ def test_changed_steps_are_recorded_for_later_verification(run: Any) -> None:
 
     plan = Plan("up", [Phase("one", [Recorder("s1")], facts_request),
                        Phase("two", [Verify()], facts_request)])
-    run(plan, {"spark-a": {"have": 1, "want": 2}, "spark-b": {"have": 1, "want": 1}})
+    run(plan, {"spark-a": said(1, 2), "spark-b": said(1, 1)})
     assert shared_seen[0] == ["spark-a: one/s1"]
 
 
 def test_no_change_run_gathers_facts_once_per_node_for_all_phases(run: Any) -> None:
-    same = {n: {"have": 1, "want": 1} for n in ("spark-a", "spark-b", "spark-c")}
+    same = {n: said(1, 1) for n in ("spark-a", "spark-b", "spark-c")}
     plan = Plan("up", [Phase(f"p{i}", [Recorder(f"s{i}")], facts_request) for i in range(4)])
     report, journal = run(plan, same)
     assert report.count("ok") == 12
@@ -193,7 +198,7 @@ def test_no_change_run_gathers_facts_once_per_node_for_all_phases(run: Any) -> N
 
 def test_after_a_change_later_phases_gather_fresh_facts(run: Any) -> None:
     plan = Plan("up", [Phase(f"p{i}", [Recorder(f"s{i}")], facts_request) for i in range(3)])
-    _, journal = run(plan, {"spark-a": {"have": 1, "want": 2}})
+    _, journal = run(plan, {"spark-a": said(1, 2)})
     gathers = [cmd for _, cmd in journal if cmd.startswith("python3 - ")]
     # one prefetch; p0 uses it and changes something; p1 and p2 gather again
     assert len(gathers) == 3

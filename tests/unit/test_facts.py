@@ -9,13 +9,14 @@ from orchestrator.errors import SparkctlError
 from orchestrator.remote.facts import (
     Command,
     CommandResult,
-    DockerObject,
     FactConflict,
     File,
     FileInfo,
     merge_requests,
     request_of,
 )
+from orchestrator.remote.gathered import NodeFacts
+from orchestrator.remote.node_facts import DockerContainer, DockerImage
 
 
 def test_requests_merge_section_by_section() -> None:
@@ -54,27 +55,29 @@ def test_unknown_sections_must_agree() -> None:
 
 
 def test_typed_reads() -> None:
-    answer = {
+    answer = NodeFacts.parse({
         "commands": {"home": {"rc": 0, "out": "/home/nvidia\n", "err": ""}},
         "files": {"/etc/x": {"exists": True, "mode": 0o644, "uid": 0, "size": 3,
                              "sha256": "abc", "content": "hi\n"}, "/etc/y": {"exists": False}},
         "containers": {"c1": {"State": {"Running": True}}, "c2": None},
         "images": {"img": {"error": "permission denied"}},
-    }
+    }, "spark-a")
     home = Command("home", "getent passwd nvidia").read(answer)
     assert home == CommandResult(0, "/home/nvidia\n", "") and home.ok
     assert Command("absent", "true").read(answer) is None
     assert File("/etc/x", content=True).read(answer) == FileInfo(True, 0o644, 0, 3, "abc", "hi\n")
     assert File("/etc/y").read(answer) == FileInfo(False)
-    assert DockerObject("containers", "c1").read(answer) == {"State": {"Running": True}}
-    assert DockerObject("containers", "c2").read(answer) is None
+    found = DockerContainer("c1").read(answer)
+    assert found is not None and found.running
+    assert DockerContainer("c2").read(answer) is None
     with pytest.raises(SparkctlError, match="spark-a: `docker image inspect img` failed"):
-        DockerObject("images", "img").read(answer, "spark-a")
+        DockerImage("img").read(answer)
+    assert DockerImage("img").read(answer, strict=False) is None
 
 
 def test_request_of_builds_one_request_for_many_facts() -> None:
     request = request_of(Command("home", "getent passwd u"), File("/etc/x", content=True),
-                         DockerObject("containers", "c1"), DockerObject("images", "i"))
+                         DockerContainer("c1"), DockerImage("i"))
     assert request == {"commands": {"home": "getent passwd u"}, "files": {"/etc/x": True},
                        "containers": ["c1"], "images": ["i"]}
 

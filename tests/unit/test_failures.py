@@ -5,7 +5,8 @@ a `docker exec` into a missing container says to run `sparkctl up` first."""
 from __future__ import annotations
 
 import pytest
-from conftest import as_servers
+from conftest import as_servers, cluster_of
+from conftest import node_facts as as_facts
 from test_status import INVENTORY, SERVER, node_facts
 
 from orchestrator.core.disks import describe_os_error, space_problems
@@ -30,17 +31,17 @@ def test_a_lock_that_cannot_be_written_names_the_full_disk() -> None:
 
 
 def test_space_problems_name_path_and_free_space_and_read_only() -> None:
-    assert space_problems({"space": FULL}) == [
+    assert space_problems(as_facts({"space": FULL})) == [
         "disk full: 0 bytes free on the filesystem of /var/lib/sparkctl (/var/lib/sparkctl)"]
     readonly = {"/etc/netplan": {"free_bytes": 10**9, "checked": "/etc", "readonly": True}}
-    assert "read-only" in space_problems({"space": readonly})[0]
+    assert "read-only" in space_problems(as_facts({"space": readonly}))[0]
     assert "read-only" in describe_os_error({"errno": 30, "path": "/etc/x", "error": "Read-only"})
 
 
 def test_status_with_a_full_disk_says_unknown_not_none() -> None:
     head = node_facts("spark-a", container=None)
     head["space"] = FULL
-    result = status.assess(INVENTORY, {"spark-a": head, "spark-b": node_facts("spark-b")}, {})
+    result = status.assess(INVENTORY, cluster_of({"spark-a": head, "spark-b": node_facts("spark-b")}), {})
     node = result["nodes"]["spark-a"]
     assert node["container"]["status"] == "unknown" and "disk full" in node["container"]["why"]
     assert any("disk full" in p for p in node["problems"])
@@ -49,14 +50,14 @@ def test_status_with_a_full_disk_says_unknown_not_none() -> None:
 
 
 def test_status_with_the_head_unreachable_says_the_server_is_unknown() -> None:
-    result = status.assess(INVENTORY, {"spark-b": node_facts("spark-b")}, {"spark-a": "refused"})
+    result = status.assess(INVENTORY, cluster_of({"spark-b": node_facts("spark-b")}), {"spark-a": "refused"})
     assert "spark-a is unreachable" in result["server_unknown"]
 
 
 def test_server_endpoint_is_a_url_and_the_node_a_field() -> None:
     facts = {"spark-a": node_facts("spark-a", server=SERVER, probe={"/health": 200, "/health_generate": 200}),
              "spark-b": node_facts("spark-b")}
-    server = status.assess(INVENTORY, facts, {})["server"]
+    server = status.assess(INVENTORY, cluster_of(facts), {})["server"]
     assert server["endpoint"] == "http://127.0.0.1:8355" and server["node"] == "spark-a"
 
 
@@ -123,6 +124,6 @@ def test_tunnel_exits_130_on_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_netcheck_names_a_full_disk() -> None:
     from orchestrator.netcheck.checks import check_disk
 
-    results = check_disk(INVENTORY, INVENTORY.node("spark-a"), {"space": FULL})
+    results = check_disk(INVENTORY, INVENTORY.node("spark-a"), as_facts({"space": FULL}))
     assert [(r.check, r.status) for r in results] == [("disk", "fail")]
     assert "0 bytes free" in results[0].message and "/var/lib/sparkctl" in results[0].message

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeTransport, as_servers, make_inventory
+from conftest import FakeTransport, as_servers, cluster_of, make_inventory
 
 from orchestrator.cli import gateway as cli_gateway
 from orchestrator.cli import rolling
@@ -254,7 +254,7 @@ def test_status_summarises_the_gateway_from_the_probe_facts() -> None:
         "spark-b": {"commands": {"gateway": {"out": json.dumps(answers(
             relays={"r-b": {"alive": True, "accepting": False}}))}}},
     }
-    doc = gateway.summary(facts)
+    doc = gateway.summary(cluster_of(facts))
     assert doc == {"running": True, "node": "spark-a", "host": "0.0.0.0", "port": 4000,
                    "key": True, "live": True,
                    "models": {"Qwen/Qwen3-8B": {"replicas": 2, "in_rotation": 1,
@@ -262,7 +262,7 @@ def test_status_summarises_the_gateway_from_the_probe_facts() -> None:
                    "out_of_rotation": ["r-b"],  # a relay without counters (older): none
                    "relays": {"spark-a/r-a": {"model": "Qwen/Qwen3-8B", "requests": 7,
                                               "errors": 1}}}
-    assert gateway.summary({"spark-a": {"commands": {"gateway": {"out": "garbage"}}}}) == {
+    assert gateway.summary(cluster_of({"spark-a": {"commands": {"gateway": {"out": "garbage"}}}})) == {
         "running": False}
     from orchestrator.status.assess import status_facts
 

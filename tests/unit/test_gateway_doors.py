@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeTransport, make_inventory
+from conftest import FakeTransport, cluster_of, make_inventory
 from test_gateway import KEY, answers, free_port, server, spec, transports, wait_for
 
 from orchestrator.cli import gateway as cli_gateway
@@ -192,7 +192,7 @@ def test_status_exits_1_for_a_closed_door() -> None:
                  relays={"r-b": {"alive": True, "accepting": False}}))}}}}
     result: dict[str, Any] = {"ok": True, "nodes": {"spark-a": {"problems": []},
                                                     "spark-b": {"problems": []}}}
-    gateway.attach_to_status(result, facts)
+    gateway.attach_to_status(result, cluster_of(facts))
     assert result["ok"] is False
     assert "r-b out of the rotation" in result["nodes"]["spark-a"]["problems"][0]
 

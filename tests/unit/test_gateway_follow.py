@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import FakeTransport, as_servers, make_inventory
+from conftest import node_facts as parsed
 
 from orchestrator.commands import Secret
 from orchestrator.engines.serverctl import down_parts
@@ -136,11 +137,11 @@ def test_relays_are_found_by_their_pid_files_and_only_while_they_are_relays(tmp_
 
 def test_down_stops_relays_and_its_verify_names_any_left() -> None:
     class Ctx:
-        facts = {"commands": {"gateway_relays": {"out": "123\n456\n"}}}
+        facts = parsed({"commands": {"gateway_relays": {"out": "123\n456\n"}}})
 
     change = gateway_down.StopRelays().check(Ctx())  # type: ignore[arg-type]
     assert "2 gateway relay(s)" in change.summary and gs.stop_relays_cmd() in change.commands
-    Ctx.facts = {"commands": {"gateway_relays": {"out": ""}}}
+    Ctx.facts = parsed({"commands": {"gateway_relays": {"out": ""}}})
     assert gateway_down.StopRelays().check(Ctx()).reason == "no gateway relay"  # type: ignore[arg-type]
     verify = teardown.verify_cmd(make_inventory(), network=False)
     assert gs.RELAY_PATTERN in verify and "gateway relay: pid" in verify

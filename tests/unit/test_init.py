@@ -32,7 +32,7 @@ def layout(nodes: list[NodeLinks]) -> Layout:
 
 
 def unprobed(nodes: list[NodeLinks]) -> Probed:
-    return Probed(nodes, [{} for _ in nodes], [{} for _ in nodes])
+    return Probed(nodes, [{} for _ in nodes], [None for _ in nodes])  # netplan not read
 
 SPARK = """rocep1s0f0 port 1 ==> enp1s0f0np0 ({p0})
 rocep1s0f1 port 1 ==> enp1s0f1np1 ({p1})

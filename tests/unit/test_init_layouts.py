@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import FakeCluster, make_inventory
+from conftest import FakeCluster, make_inventory, node_facts
 from nodescript import run_node_script
 
 from orchestrator.cli import cli
@@ -24,11 +24,17 @@ from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.netcheck.adoption import adopt
 from orchestrator.netcheck.cabling import InitSettings, NodeLinks, inventory_text
 from orchestrator.netcheck.layout import Reach, choose_layout, reach_from
+from orchestrator.remote.gathered import NodeFacts
 
 GOLDEN = Path(__file__).parent / "golden" / "netplan-adopt"
 P1 = ("enp1s0f1np1", "enP2p1s0f1np1")
 P0 = ("enp1s0f0np0", "enP2p1s0f0np0")
 
+
+
+def parsed_all(answers: list[dict[str, Any]]) -> list[NodeFacts]:
+    """Each node's answer parsed as gather_facts parses it."""
+    return [node_facts(answer) for answer in answers]
 
 def links(host: str, *ports: tuple[str, str]) -> NodeLinks:
     up = {name for port in ports for name in port}
@@ -197,7 +203,7 @@ B2B = reach_from(answers({(n, i): [1 - n] for n in range(2) for i in P1}, 2), ["
 
 
 def test_a_sync_network_is_adopted_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    layout = adopt(["a", "b"], sync_facts(monkeypatch), B2B)
+    layout = adopt(["a", "b"], parsed_all(sync_facts(monkeypatch)), B2B)
     assert layout is not None
     assert (layout.topology, layout.interfaces, layout.mtu) == ("b2b", P1, 9000)
     assert layout.adopted == ("/etc/netplan/99-nvidia-sync-cluster.yaml",)
@@ -209,7 +215,7 @@ def test_a_sync_network_is_adopted_as_it_is(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_nothing_to_adopt_without_fabric_addresses_in_other_files() -> None:
-    assert adopt(["a", "b"], [{"netplan": {}}, {"netplan": {}}], B2B) is None
+    assert adopt(["a", "b"], parsed_all([{"netplan": {}}, {"netplan": {}}]), B2B) is None
 
 
 @pytest.mark.parametrize(("b_live", "said"), [
@@ -221,7 +227,7 @@ def test_nothing_to_adopt_without_fabric_addresses_in_other_files() -> None:
 ])
 def test_a_network_not_applied_is_refused(monkeypatch: pytest.MonkeyPatch, b_live: Any, said: str) -> None:
     with pytest.raises(InputError, match="cannot adopt it") as err:
-        adopt(["a", "b"], sync_facts(monkeypatch, b_live), B2B)
+        adopt(["a", "b"], parsed_all(sync_facts(monkeypatch, b_live)), B2B)
     assert said in str(err.value)
 
 
@@ -229,20 +235,20 @@ def test_inconsistent_networks_are_refused_naming_what(monkeypatch: pytest.Monke
     a, b = sync_facts(monkeypatch)
     only_a = [a, {"netplan": {}, "links": b["links"]}]
     with pytest.raises(InputError, match=r"address different fabric interfaces \(a: enp1s0f1np1 in "):
-        adopt(["a", "b"], only_a, B2B)
+        adopt(["a", "b"], parsed_all(only_a), B2B)
     # twins in one subnet
     b["netplan"]["/etc/netplan/99-nvidia-sync-cluster.yaml"]["definitions"]["enP2p1s0f1np1"][
         "addresses"] = ["10.100.32.3/24"]
     b["links"]["enP2p1s0f1np1"]["addresses"] = ["10.100.32.3/24"]
     with pytest.raises(InputError, match=re.escape("b: enp1s0f1np1, enP2p1s0f1np1 share 10.100.32.0/24")):
-        adopt(["a", "b"], [a, b], B2B)
+        adopt(["a", "b"], parsed_all([a, b]), B2B)
 
 
 def test_dhcp_is_not_a_fixed_address(monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = sync_facts(monkeypatch)
     b["netplan"]["/etc/netplan/99-nvidia-sync-cluster.yaml"]["definitions"]["enp1s0f1np1"]["dhcp4"] = True
     with pytest.raises(InputError, match="turns on dhcp4 for enp1s0f1np1"):
-        adopt(["a", "b"], [a, b], B2B)
+        adopt(["a", "b"], parsed_all([a, b]), B2B)
 
 
 def test_subnets_that_the_cables_do_not_join_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,7 +256,7 @@ def test_subnets_that_the_cables_do_not_join_are_refused(monkeypatch: pytest.Mon
                                  | {(0, "enp1s0f1np1"): [1], (1, "enp1s0f1np1"): [0]}, 2), ["a", "b"])
     with pytest.raises(InputError, match=re.escape("enP2p1s0f1np1 shares 10.100.33.0/24 with b, "
                                                    "but its cable does not reach b")):
-        adopt(["a", "b"], sync_facts(monkeypatch), crossed)
+        adopt(["a", "b"], parsed_all(sync_facts(monkeypatch)), crossed)
 
 
 def test_the_command_writes_the_adopted_inventory(monkeypatch: pytest.MonkeyPatch,
@@ -258,7 +264,7 @@ def test_the_command_writes_the_adopted_inventory(monkeypatch: pytest.MonkeyPatc
     facts = sync_facts(monkeypatch)
     probe = answers({(n, i): [1 - n] for n in range(2) for i in P1}, 2)
     monkeypatch.setattr("orchestrator.cli.init._probe", lambda *args: Probed(
-        [links("10.0.0.1", P1), links("10.0.0.2", P1)], probe, facts))
+        [links("10.0.0.1", P1), links("10.0.0.2", P1)], probe, parsed_all(facts)))
     out = tmp_path / "inv.yml"
     result = CliRunner().invoke(cli, ["init", "10.0.0.1", "10.0.0.2", "-o", str(out), "--yes"])
     assert result.exit_code == 0, result.output
@@ -293,7 +299,7 @@ def test_probe_reads_every_node_and_judges_the_cabling_without_sudo(
     found = init_cli._probe(("10.0.0.1", "10.0.0.2"), None, None, None, False)
     assert [n.hostname for n in found.nodes] == ["spark-a", "spark-b"]
     assert found.nodes[0].up_ports() == ["port 1"] and found.nodes[1].management == "eth0"
-    assert found.facts[1] == {} and "netplan" in found.facts[0]
+    assert found.facts[1] is None and found.facts[0] is not None and found.facts[0].netplan
     probe_call = next(c for c in cluster["host-1"].calls if '"interfaces": ' in c.command)
     assert "ff02::1" in str(probe_call.stdin)  # node/peers.py itself, on stdin
     layout = found.layout()  # without spark-b's files nothing is adopted: the cable decides

@@ -31,7 +31,7 @@ def two_phases() -> Plan:
 def head_facts(done: bool, peek: dict[str, Any] | None = None,
                take: dict[str, Any] | None = None) -> Any:
     def answer(request: dict[str, Any]) -> dict[str, Any]:
-        facts: dict[str, Any] = {"done": done}
+        facts: dict[str, Any] = {"files": {"/x": {"exists": done}}}
         if "lock" in request:
             facts["lock"] = take or {"held": True}
         elif request.get("lock_peek"):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import as_servers, make_context, make_inventory
+from conftest import as_servers, cluster_of, make_context, make_inventory
 from nodescript import run_node_script
 from test_serve import ctx as serve_ctx
 from test_serve import spec as serve_spec
@@ -25,6 +25,7 @@ from orchestrator.engines.sglang.serve import ServeSpec
 from orchestrator.engines.trtllm import steps
 from orchestrator.engines.vllm import serve as vllm_serve
 from orchestrator.recipe import LaunchOptions
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.status import assess as status
 from orchestrator.status.server import server_state
 
@@ -69,7 +70,8 @@ def test_dead_ranks_name_their_node() -> None:
 # --- status -----------------------------------------------------------------------------------
 
 def two(head: dict[str, Any], worker: dict[str, Any] | None = None) -> dict[str, Any]:
-    return status.assess(INVENTORY, {"spark-a": head, "spark-b": worker or node_facts("spark-b")}, {})
+    return status.assess(INVENTORY, cluster_of({"spark-a": head, "spark-b": worker or node_facts("spark-b")}),
+                         {})
 
 
 def test_a_ready_server_answering_503_is_stalled_with_its_log_tail() -> None:
@@ -206,8 +208,9 @@ def test_wait_ready_records_ready_and_says_when_it_could_not() -> None:
     step = verify.WaitReady(lambda transports, timeout, note: Ready(1.0, ["m"]), 60, "x",
                             mark=lambda transports: marked.append(transports) or None)
     inv = make_inventory()
-    context = NodeContext(inventory=inv, node=inv.node("spark-a"), facts={}, cluster_facts={},
-                          transport=None, options=RunOptions(), shared=RunState(), transports={})
+    context = NodeContext(inventory=inv, node=inv.node("spark-a"), facts=NodeFacts("spark-a"),
+                          cluster_facts={}, transport=None, options=RunOptions(), shared=RunState(),
+                          transports={})
     assert step.apply(context, Change("wait")) == "answering: m (1.0s)" and marked == [{}]
     step.mark = lambda transports: "could not record ready_at in /x: denied"
     assert step.apply(context, Change("wait")).endswith("; could not record ready_at in /x: denied")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from conftest import node_facts as as_facts
+
 from orchestrator.engines.trtllm.mpi_env import (
     FACT_KEY,
     guess_major_from_tag,
@@ -55,9 +57,9 @@ def test_guess_from_tag_only_for_previews() -> None:
 def test_record_only_counts_for_its_image_id() -> None:
     record = {"image": "x", "image_id": "sha256:aa", "version": "5.0.11", "major": 5}
     facts = {"commands": {FACT_KEY: {"out": json.dumps(record) + "\n"}}}
-    assert recorded(facts, "sha256:aa") == record
-    assert recorded(facts, "sha256:bb") is None  # a newer image: detect again
-    assert recorded({"commands": {FACT_KEY: {"out": ""}}}, "sha256:aa") is None
+    assert recorded(as_facts(facts), "sha256:aa") == record
+    assert recorded(as_facts(facts), "sha256:bb") is None  # a newer image: detect again
+    assert recorded(as_facts({"commands": {FACT_KEY: {"out": ""}}}), "sha256:aa") is None
 
 
 def _inventory(topology: str, nodes: int = 3) -> Inventory:
@@ -90,9 +92,9 @@ def test_ring_preflight_warns_with_the_version_found() -> None:
         return {"commands": {NCCL_FACT: {"out": out}}}
 
     ring = _inventory("ring")
-    old = ring_nccl_warning(ring, facts("/usr/lib/aarch64-linux-gnu/libnccl.so.2.27.7\n"))
+    old = ring_nccl_warning(ring, as_facts(facts("/usr/lib/aarch64-linux-gnu/libnccl.so.2.27.7\n")))
     assert old and "NCCL 2.27.7" in old and "not ring-capable" in old and "Fix:" in old
-    assert ring_nccl_warning(ring, facts("/usr/lib/aarch64-linux-gnu/libnccl.so.2.30.1\n")) is None
-    unknown = ring_nccl_warning(ring, facts(""))
+    assert ring_nccl_warning(ring, as_facts(facts("/usr/lib/aarch64-linux-gnu/libnccl.so.2.30.1\n"))) is None
+    unknown = ring_nccl_warning(ring, as_facts(facts("")))
     assert unknown and "could not tell the NCCL version" in unknown
-    assert ring_nccl_warning(_inventory("switch"), facts("libnccl.so.2.27.7")) is None
+    assert ring_nccl_warning(_inventory("switch"), as_facts(facts("libnccl.so.2.27.7"))) is None

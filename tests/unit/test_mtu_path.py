@@ -14,6 +14,7 @@ from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.netcheck.checks import Link
 from orchestrator.netcheck.probes import judge_mtu_ping
 from orchestrator.phases import mtu_path
+from orchestrator.remote.gathered import NodeFacts, ProbeResult
 from orchestrator.remote.transport import Result
 
 
@@ -75,7 +76,7 @@ class FakeTransport:
 
 
 def _ctx(inv: Any, transport: FakeTransport, shared: RunState, verify: bool = False) -> NodeContext:
-    return NodeContext(inv, inv.nodes[0], {}, {}, transport,  # type: ignore[arg-type]
+    return NodeContext(inv, inv.nodes[0], NodeFacts(inv.nodes[0].name), {}, transport,  # type: ignore[arg-type]
                        RunOptions(verify=verify), shared)
 
 
@@ -97,7 +98,7 @@ def test_step_runs_after_a_change_or_with_verify_and_raises_on_a_dropped_frame()
 def test_netcheck_mtu_row_names_the_switch_on_a_switch_and_the_mtu_rows_otherwise() -> None:
     link = Link("spark-a", "enp1s0f1np1", "192.168.200.12", "spark-b", "enp1s0f1np1",
                 "192.168.200.13")
-    dead = {"rc": 1, "out": "2 packets transmitted, 0 received, 100% packet loss\n", "err": ""}
+    dead = ProbeResult(1, "2 packets transmitted, 0 received, 100% packet loss\n", "")
     switch = judge_mtu_ping(inventory(2, topology="switch"), link, dead)
     assert switch.status == "fail"
     assert "frames of 9000 bytes do not pass between spark-a enp1s0f1np1 and 192.168.200.13" in switch.message

@@ -7,6 +7,7 @@ import copy
 import shlex
 from typing import Any
 
+from conftest import cluster_of
 from test_netcheck import healthy_facts, inventory
 
 from orchestrator.netcheck.nccl import (
@@ -87,7 +88,7 @@ def _facts(inv: Any) -> dict[str, dict[str, Any]]:
 
 def test_a_healthy_run_passes_and_shows_busbw_in_gb_and_gbit() -> None:
     inv = inventory(2)
-    result = judge_all_gather(inv, 0, _scaled(2.0), "", _facts(inv))
+    result = judge_all_gather(inv, 0, _scaled(2.0), "", cluster_of(_facts(inv)))
     assert result.status == "pass" and result.value == 23.76 and result.threshold == 21.875
     assert "23.76 GB/s (190 Gb/s) at 256M" in result.message
     assert "avg bus bandwidth 10.70 GB/s" in result.message and "spark-a, spark-b" in result.message
@@ -98,7 +99,7 @@ def test_low_busbw_names_a_half_nccl_ib_hca_with_the_fix() -> None:
     facts = _facts(inv)
     env = facts["spark-a"]["containers"][inv.container.name]["Config"]["Env"]
     env[:] = [e for e in env if not e.startswith("NCCL_IB_HCA=")] + ["NCCL_IB_HCA=rocep1s0f1"]
-    result = judge_all_gather(inv, 0, _scaled(0.25), "", facts)
+    result = judge_all_gather(inv, 0, _scaled(0.25), "", cluster_of(facts))
     assert result.status == "fail" and result.value is not None and result.value < 21.875
     assert "NCCL_IB_HCA=rocep1s0f1" in result.message and "spark-a" in result.message
     assert "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in result.fix
@@ -110,7 +111,7 @@ def test_low_busbw_names_a_small_mtu_and_a_non_fabric_socket_interface() -> None
     facts["spark-b"]["links"]["enP2p1s0f1np1"]["mtu"] = 1500
     env = facts["spark-b"]["containers"][inv.container.name]["Config"]["Env"]
     env[:] = [e for e in env if not e.startswith("NCCL_SOCKET_IFNAME=")] + ["NCCL_SOCKET_IFNAME=eth0"]
-    result = judge_all_gather(inv, 0, _scaled(0.5), "", facts)
+    result = judge_all_gather(inv, 0, _scaled(0.5), "", cluster_of(facts))
     assert result.status == "fail"
     assert "enP2p1s0f1np1 MTU 1500 on spark-b" in result.message
     assert "NCCL_SOCKET_IFNAME=eth0 on spark-b" in result.message
@@ -119,7 +120,7 @@ def test_low_busbw_names_a_small_mtu_and_a_non_fabric_socket_interface() -> None
 
 def test_low_busbw_without_a_config_cause_points_at_cable_and_nccl_build() -> None:
     inv = inventory(2)
-    result = judge_all_gather(inv, 0, _scaled(0.25), "", _facts(inv))
+    result = judge_all_gather(inv, 0, _scaled(0.25), "", cluster_of(_facts(inv)))
     assert result.status == "fail" and "look right" in result.message
     assert "release build" in result.fix
 
@@ -127,18 +128,18 @@ def test_low_busbw_without_a_config_cause_points_at_cable_and_nccl_build() -> No
 def test_ring_threshold_is_ten() -> None:
     inv = inventory(3, topology="ring")
     facts = {n.name: copy.deepcopy(healthy_facts(inventory(2), "spark-a")) for n in inv.nodes}
-    result = judge_all_gather(inv, 0, OUTPUT, "", facts)
+    result = judge_all_gather(inv, 0, OUTPUT, "", cluster_of(facts))
     assert result.threshold == 10.0 and result.status == "pass"
 
 
 def test_missing_binary_is_a_skip_with_the_build_steps() -> None:
     inv = inventory(2)
-    result = judge_all_gather(inv, 127, "", NOT_FOUND + "\n", _facts(inv))
+    result = judge_all_gather(inv, 127, "", NOT_FOUND + "\n", cluster_of(_facts(inv)))
     assert result.status == "skip" and "nccl-tests" in result.message
     assert "make MPI=1" in result.fix and "github.com/NVIDIA/nccl-tests" in result.fix
 
 
 def test_a_failed_run_fails_with_its_error() -> None:
     inv = inventory(2)
-    result = judge_all_gather(inv, 1, "", "NCCL error: remote process exited", _facts(inv))
+    result = judge_all_gather(inv, 1, "", "NCCL error: remote process exited", cluster_of(_facts(inv)))
     assert result.status == "fail" and "remote process exited" in result.message

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+from conftest import cluster_of, node_facts
 
 from orchestrator.engines.trtllm.up import expected_env
 from orchestrator.inventory import Inventory
@@ -29,6 +30,7 @@ from orchestrator.netcheck.probes import (
     parse_ping,
 )
 from orchestrator.paths import NETPLAN_FILE
+from orchestrator.remote.gathered import ProbeResult
 
 IFS = ["enp1s0f1np1", "enP2p1s0f1np1"]
 ROCE = {"enp1s0f1np1": "rocep1s0f1", "enP2p1s0f1np1": "roceP2p1s0f1"}
@@ -79,7 +81,7 @@ def failures(results: list[CheckResult]) -> list[CheckResult]:
 
 
 def node_results(inv: Inventory, name: str, facts: dict[str, Any]) -> list[CheckResult]:
-    return run_node_checks(inv, inv.node(name), facts)
+    return run_node_checks(inv, inv.node(name), node_facts(facts, name))
 
 
 # ---------------------------------------------------------------- links
@@ -245,9 +247,9 @@ def test_hostfile_with_management_addresses_fails() -> None:
 def test_image_digests_differ_fail_on_every_node_without_majority() -> None:
     inv = inventory()
     facts = {n.name: healthy_facts(inv, n.name) for n in inv.nodes}
-    assert all(r.status == "pass" for r in check_image_digests(inv, facts))
+    assert all(r.status == "pass" for r in check_image_digests(inv, cluster_of(facts)))
     facts["spark-b"]["containers"][inv.container.name]["Image"] = "sha256:" + "b" * 64
-    results = check_image_digests(inv, facts)
+    results = check_image_digests(inv, cluster_of(facts))
     assert [r.status for r in results] == ["fail", "fail"]
     assert "spark-b -> sha256:bbbb" in results[0].message
 
@@ -287,11 +289,11 @@ def link(node: str = "spark-a", interface: str = "enp1s0f1np1") -> Any:
 
 
 def test_ping_no_reply_fails_naming_both_ends() -> None:
-    result = judge_ping(inventory(), link(), {"rc": 1, "out": PING_DEAD,
-                                              "err": "ping: Warning: source address might be selected"})
+    result = judge_ping(inventory(), link(), ProbeResult(rc=1, out=PING_DEAD,
+                                              err="ping: Warning: source address might be selected"))
     assert result.status == "fail" and result.peer == "spark-b" and result.interface == "enp1s0f1np1"
     assert "100% packet loss" in result.message and "Warning" not in result.message
-    assert judge_ping(inventory(), link(), {"rc": 0, "out": PING_OK}).status == "pass"
+    assert judge_ping(inventory(), link(), ProbeResult(rc=0, out=PING_OK)).status == "pass"
 
 
 @pytest.mark.parametrize(("stderr", "cause"), [
@@ -300,7 +302,7 @@ def test_ping_no_reply_fails_naming_both_ends() -> None:
     ("Host key verification failed.", "pinned"),
 ])
 def test_ssh_failures_name_the_likely_cause(stderr: str, cause: str) -> None:
-    result = judge_ssh(inventory(), link(), "ssh-container", {"rc": 255, "out": "", "err": stderr})
+    result = judge_ssh(inventory(), link(), "ssh-container", ProbeResult(rc=255, out="", err=stderr))
     assert result.status == "fail" and cause in result.message and result.fix
     assert "2233" in result.message
 
@@ -308,11 +310,11 @@ def test_ssh_failures_name_the_likely_cause(stderr: str, cause: str) -> None:
 def test_mpirun_hang_and_missing_host() -> None:
     inv = inventory()
     names = {"spark-a": "spark-a", "spark-b": "spark-b"}
-    hang = judge_mpirun(inv, {"rc": 124, "out": "", "err": "", "seconds": 60.0}, names)
+    hang = judge_mpirun(inv, ProbeResult(rc=124, out="", err="", seconds=60.0), names)
     assert hang.status == "fail" and "fabric IPs" in hang.fix
-    missing = judge_mpirun(inv, {"rc": 1, "out": "spark-a\n", "err": "ORTE error", "seconds": 1}, names)
+    missing = judge_mpirun(inv, ProbeResult(rc=1, out="spark-a\n", err="ORTE error", seconds=1), names)
     assert missing.status == "fail" and "spark-a" in missing.message
-    ok = judge_mpirun(inv, {"rc": 0, "out": "spark-b\nspark-a\n", "err": "", "seconds": 0.6}, names)
+    ok = judge_mpirun(inv, ProbeResult(rc=0, out="spark-b\nspark-a\n", err="", seconds=0.6), names)
     assert ok.status == "pass"
 
 
@@ -324,10 +326,10 @@ def test_latency_and_loss_against_thresholds() -> None:
              "rtt min/avg/max/mdev = 0.03/0.05/0.08/0.01 ms\n")
     fine = ("50 packets transmitted, 50 received, 0% packet loss\n"
             "rtt min/avg/max/mdev = 0.03/0.05/0.08/0.01 ms")
-    assert judge_latency(inv, link(), {"rc": 0, "out": slow}).status == "fail"
-    lost = judge_latency(inv, link(), {"rc": 0, "out": lossy})
+    assert judge_latency(inv, link(), ProbeResult(rc=0, out=slow)).status == "fail"
+    lost = judge_latency(inv, link(), ProbeResult(rc=0, out=lossy))
     assert lost.status == "fail" and "10%" in lost.message
-    assert judge_latency(inv, link(), {"rc": 0, "out": fine}).status == "pass"
+    assert judge_latency(inv, link(), ProbeResult(rc=0, out=fine)).status == "pass"
 
 
 def test_throughput_against_min_link_gbps() -> None:
@@ -399,7 +401,7 @@ def test_judge_probes_reports_a_probe_that_did_not_run() -> None:
     inv = inventory()
     facts = {n.name: healthy_facts(inv, n.name) for n in inv.nodes}
     probes = build_probes(inv, inv.node("spark-b"), deep=False)
-    results = judge_probes(inv, inv.node("spark-b"), probes, {}, facts)
+    results = judge_probes(inv, inv.node("spark-b"), probes, {}, cluster_of(facts))
     assert results and all(r.status == "fail" for r in results)
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_inventory
+from conftest import make_inventory, node_facts
+from conftest import node_facts as as_facts
 from nodescript import run_node_script
 from test_preflight import good_facts
 
@@ -32,7 +33,7 @@ def netplan_fact(tree: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 
 def problems(tree: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    return conflict_problems(INV, NODE, {"netplan": netplan_fact(tree, monkeypatch)})
+    return conflict_problems(INV, NODE, as_facts({"netplan": netplan_fact(tree, monkeypatch)}))
 
 
 def test_nvidias_addressing_in_another_file_is_named_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,7 +48,7 @@ def test_nvidias_addressing_in_another_file_is_named_with_the_fix(monkeypatch: p
             "`sudo rm /etc/netplan/01-spark-fabric.yaml`") in text
     assert "then `sudo netplan apply`" in text and "the `addresses:` of node spark-a" in text
     assert NETPLAN_FILE not in [path for path, _, _ in conflicts(
-        INV, NODE, {"netplan": netplan_fact("nvidia-playbook", monkeypatch)})]
+        INV, NODE, as_facts({"netplan": netplan_fact("nvidia-playbook", monkeypatch)}))]
 
 
 def test_a_shared_file_keeps_its_other_definitions(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,11 +77,12 @@ def test_preflight_fails_before_anything_changes(monkeypatch: pytest.MonkeyPatch
     assert "netplan" in preflight.preflight_request(INV, NODE)
     facts = good_facts()
     facts["netplan"] = netplan_fact("nvidia-playbook", monkeypatch)
-    found, _ = preflight.preflight_problems(INV, NODE, facts, now=facts.get("time"))
+    found, _ = preflight.preflight_problems(INV, NODE, as_facts(facts), now=facts.get("time"))
     assert any("01-spark-fabric.yaml already configures the fabric" in p for p in found)
     from orchestrator.core.step import NodeContext, RunOptions, RunState
 
-    context = NodeContext(inventory=INV, node=NODE, facts=facts, cluster_facts={"spark-a": facts},
+    parsed = node_facts(facts, "spark-a")
+    context = NodeContext(inventory=INV, node=NODE, facts=parsed, cluster_facts={"spark-a": parsed},
                           transport=None, options=RunOptions(), shared=RunState())
     with pytest.raises(SparkctlError, match="nothing was changed"):
         preflight.PreflightChecks().check(context)

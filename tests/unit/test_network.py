@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import node_facts as parsed_facts
 
 from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.errors import SparkctlError
@@ -49,7 +50,8 @@ def facts(netplan_content: str | None = None, mode: int = 0o600, **extra: Any) -
 
 def ctx(node_facts: dict[str, Any], transport: Any = None, shared: RunState | None = None,
         dry_run: bool = False) -> NodeContext:
-    return NodeContext(INVENTORY, NODE_A, node_facts, {"spark-a": node_facts}, transport,
+    facts = parsed_facts(node_facts, "spark-a")
+    return NodeContext(INVENTORY, NODE_A, facts, {"spark-a": facts}, transport,
                        RunOptions(dry_run=dry_run), shared if shared is not None else RunState())
 
 

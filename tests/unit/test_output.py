@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import cluster_of
 from test_cli import INVENTORY, sparkctl
 from test_runner import node_facts, request
 from test_status import INVENTORY as STATUS_INVENTORY
@@ -181,7 +182,7 @@ def test_status_and_tables_off_a_terminal_are_plain_unwrapped_lines(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "40")
     facts = {"spark-a": status_facts("spark-a"), "spark-b": status_facts("spark-b")}
-    status_render.render_status({**status.assess(STATUS_INVENTORY, facts, {}), "seconds": 1.0})
+    status_render.render_status({**status.assess(STATUS_INVENTORY, cluster_of(facts), {}), "seconds": 1.0})
     out = capsys.readouterr().out
     assert not any(c in out for c in BOX), out
     lines = out.splitlines()

@@ -19,6 +19,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.phases import boot_units, oomguard, persist, persist_down
 from orchestrator.phases.container import ContainerSpec
 from orchestrator.recipe import LaunchOptions
+from orchestrator.remote.fact_records import CommandResult
 
 HOME = {"commands": {"home": {"rc": 0, "out": "/home/nvidia\n"}}}
 
@@ -132,8 +133,10 @@ def test_persist_files_go_through_the_ledger_and_the_unit_is_enabled() -> None:
     step = persist.EnableUnit(spec)
     assert isinstance(step.check(ctx), Change)
     facts[inv.head_name]["commands"]["unit_enabled"] = {"rc": 0, "out": "enabled\n"}
+    ctx = make_context(inv, inv.head_name, facts)
     assert isinstance(step.check(ctx), Change)  # enabled but not running: its watcher is not
     facts[inv.head_name]["commands"]["unit_enabled"] = {"rc": 0, "out": "enabled active\n"}
+    ctx = make_context(inv, inv.head_name, facts)
     assert step.check(ctx) == Unchanged("sparkctl-serve-qwen3-235b.service enabled and watching")
     ctx.shared.changed_steps = [f"{inv.head_name}: persist/boot-files"]  # a new plan: restart
     assert isinstance(step.check(ctx), Change)
@@ -142,7 +145,7 @@ def test_persist_files_go_through_the_ledger_and_the_unit_is_enabled() -> None:
 def test_status_reads_the_units_and_says_where_the_server_is_persistent() -> None:
     from orchestrator.status.render import persistence_text
 
-    answer = {"out": "sparkctl-serve-s1.service enabled\nsparkctl-serve-s2.service disabled\n"}
+    answer = CommandResult(0, "sparkctl-serve-s1.service enabled\nsparkctl-serve-s2.service disabled\n", "")
     units = {"a": boot_units.parse_units(answer), "b": {"s1": True}, "c": {}}
     assert units["a"] == {"s1": True, "s2": False}
     found = boot_units.persistence(units, "s1")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_inventory
+from conftest import make_inventory, node_facts
 from nodescript import run_node_script
 
 from orchestrator.core.step import NodeContext, RunOptions, RunState, Unchanged
@@ -50,7 +50,7 @@ def test_every_engine_declares_every_port_it_binds() -> None:
 
 
 def ctx(node: str, answer: dict[str, Any] | None) -> NodeContext:
-    facts = {"commands": {"ports": answer}} if answer is not None else {}
+    facts = node_facts({"commands": {"ports": answer}} if answer is not None else {}, node)
     return NodeContext(INVENTORY, INVENTORY.node(node), facts, {node: facts}, None,
                        RunOptions("launch"), RunState())
 

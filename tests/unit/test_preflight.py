@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import pytest
+from conftest import node_facts
 
 from orchestrator.core.step import NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.errors import SparkctlError
@@ -47,7 +48,8 @@ def good_facts() -> dict[str, Any]:
 
 
 def check(facts: dict[str, Any]) -> Any:
-    ctx = NodeContext(INVENTORY, NODE, facts, {NODE.name: facts}, None, RunOptions(), RunState())
+    parsed = node_facts(facts, NODE.name)
+    ctx = NodeContext(INVENTORY, NODE, parsed, {NODE.name: parsed}, None, RunOptions(), RunState())
     return preflight.PreflightChecks().check(ctx)
 
 

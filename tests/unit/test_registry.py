@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import make_context, make_inventory
+from conftest import node_facts as as_facts
 
 from orchestrator.core.step import Change, RunOptions, Unchanged
 from orchestrator.engines import load_recipe
@@ -54,23 +55,25 @@ def test_registry_of_reads_references_as_docker_does() -> None:
 
 
 def test_the_probe_answers_are_read() -> None:
-    assert reach(node(present=True, probe=None), IMAGE).state == "present"
-    assert reach(node(), IMAGE).state == "reachable"
-    assert reach(node(probe=None), IMAGE) == Reach("unknown", "not probed")
-    blocked = reach(node(probe=BLOCKED), IMAGE)
+    assert reach(as_facts(node(present=True, probe=None)), IMAGE).state == "present"
+    assert reach(as_facts(node()), IMAGE).state == "reachable"
+    assert reach(as_facts(node(probe=None)), IMAGE) == Reach("unknown", "not probed")
+    blocked = reach(as_facts(node(probe=BLOCKED)), IMAGE)
     assert (blocked.state, blocked.reason, blocked.network) == ("blocked", NO_HOST, True)
-    assert reach(node(probe=(124, "", "")), IMAGE) == Reach("blocked", "no answer within 10 s", True)
-    tag = reach(node(probe=(1, "", f"no such manifest: {IMAGE}")), IMAGE)
+    timed_out = reach(as_facts(node(probe=(124, "", ""))), IMAGE)
+    assert timed_out == Reach("blocked", "no answer within 10 s", True)
+    tag = reach(as_facts(node(probe=(1, "", f"no such manifest: {IMAGE}"))), IMAGE)
     assert (tag.state, tag.network) == ("blocked", False)
     assert registry.cannot(IMAGE, tag) == f"cannot pull {IMAGE} from nvcr.io (no such manifest: {IMAGE})"
-    old = reach(node(probe=(1, "", "docker: 'manifest' is not a docker command.")), IMAGE)
+    old = reach(as_facts(node(probe=(1, "", "docker: 'manifest' is not a docker command."))), IMAGE)
     assert old.state == "unknown"  # an old docker: the pull decides, as before
-    proxy = reach(node(probe=(0, "unknown: the docker daemon's proxy has credentials x\n", "")), IMAGE)
+    proxy = reach(as_facts(node(probe=(0, "unknown: the docker daemon's proxy has credentials x\n", ""))),
+                  IMAGE)
     assert proxy.state == "unknown"
 
 
 def test_a_blocked_peer_gets_the_image_from_a_node_that_has_it_or_pulls_it() -> None:
-    reaches = {"spark-a": Reach("reachable"), "spark-b": reach(node(probe=BLOCKED), IMAGE)}
+    reaches = {"spark-a": Reach("reachable"), "spark-b": reach(as_facts(node(probe=BLOCKED)), IMAGE)}
     plan = supply(IMAGE, reaches, ["spark-a", "spark-b"], "spark-a")
     assert (plan.pullers, plan.source, plan.error) == (["spark-a"], "spark-a", None)
     assert plan.notes() == [f"spark-b cannot reach nvcr.io ({NO_HOST}): it will get the image "
@@ -82,7 +85,7 @@ def test_a_blocked_peer_gets_the_image_from_a_node_that_has_it_or_pulls_it() -> 
 
 
 def test_distribute_image_pulls_once_on_a_node_that_can() -> None:
-    reaches = {"spark-a": reach(node(probe=BLOCKED), IMAGE), "spark-b": Reach("reachable"),
+    reaches = {"spark-a": reach(as_facts(node(probe=BLOCKED)), IMAGE), "spark-b": Reach("reachable"),
                "spark-c": Reach("unknown")}
     plan = supply(IMAGE, reaches, ["spark-a", "spark-b", "spark-c"], "spark-a", distribute=True)
     assert plan.pullers == ["spark-b"] and plan.source == "spark-b"
@@ -91,8 +94,8 @@ def test_distribute_image_pulls_once_on_a_node_that_can() -> None:
 
 
 def test_no_node_with_the_image_and_none_that_can_pull_is_an_error_naming_the_fix() -> None:
-    reaches = {"spark-a": reach(node(probe=BLOCKED), IMAGE),
-               "spark-b": reach(node(probe=(124, "", "")), IMAGE)}
+    reaches = {"spark-a": reach(as_facts(node(probe=BLOCKED)), IMAGE),
+               "spark-b": reach(as_facts(node(probe=(124, "", ""))), IMAGE)}
     plan = supply(IMAGE, reaches, ["spark-a", "spark-b"], "spark-a")
     assert plan.error is not None and plan.source is None
     same = supply(IMAGE, {n: reaches["spark-a"] for n in ("spark-a", "spark-b")},
@@ -220,14 +223,14 @@ def run_probe(tmp_path: Path, image: str = IMAGE, **env: str) -> tuple[dict[str,
 
 def test_the_probe_command_asks_the_registry_only_when_the_image_is_missing(tmp_path: Path) -> None:
     facts, log = run_probe(tmp_path, FAKE_PRESENT="1")
-    assert reach(facts, IMAGE).state == "present" and "manifest" not in log
+    assert reach(as_facts(facts), IMAGE).state == "present" and "manifest" not in log
     facts, log = run_probe(tmp_path, FAKE_PROXY="http://proxy:3128")
-    assert reach(facts, IMAGE).state == "reachable"
+    assert reach(as_facts(facts), IMAGE).state == "reachable"
     assert f"manifest inspect {IMAGE}" in log and "proxy=http://proxy:3128" in log
     facts, _ = run_probe(tmp_path, FAKE_BLOCKED=NO_HOST)
-    assert reach(facts, IMAGE) == Reach("blocked", NO_HOST, network=True)
+    assert reach(as_facts(facts), IMAGE) == Reach("blocked", NO_HOST, network=True)
     facts, log = run_probe(tmp_path, FAKE_PROXY="http://xxxxx:xxxxx@proxy:3128")
-    assert reach(facts, IMAGE).state == "unknown" and "manifest" not in log
+    assert reach(as_facts(facts), IMAGE).state == "unknown" and "manifest" not in log
 
 
 def test_a_docker_hub_image_behind_a_daemon_mirror_is_not_judged_by_the_client(
@@ -238,13 +241,13 @@ def test_a_docker_hub_image_behind_a_daemon_mirror_is_not_judged_by_the_client(
     hub = "scitrera/dgx-spark-sglang:0.5.12"
     facts, log = run_probe(tmp_path, hub, FAKE_MIRRORS='["https://mirror.example:5000/"]',
                            FAKE_BLOCKED=NO_HOST)
-    found = reach(facts, hub)
+    found = reach(as_facts(facts), hub)
     assert found.state == "unknown" and "mirror.example" in found.reason and "manifest" not in log
     facts, log = run_probe(tmp_path, hub, FAKE_BLOCKED=NO_HOST)  # no mirror: the client decides
-    assert reach(facts, hub).state == "blocked" and "manifest inspect" in log
+    assert reach(as_facts(facts), hub).state == "blocked" and "manifest inspect" in log
     facts, log = run_probe(tmp_path, IMAGE, FAKE_MIRRORS='["https://mirror.example:5000/"]',
                            FAKE_BLOCKED=NO_HOST)  # mirrors serve docker.io only
-    assert reach(facts, IMAGE).state == "blocked"
+    assert reach(as_facts(facts), IMAGE).state == "blocked"
 
 
 # ---------------------------------------------------------------- the lab's docker shim

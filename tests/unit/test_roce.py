@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import FakeCluster
+from conftest import node_facts as as_facts
 from nodescript import run_node_script
 from test_cli_netcheck import answering, deep_probe, iperf_json
 from test_netcheck import IFS, ROCE, healthy_facts, inventory
@@ -61,7 +62,7 @@ def with_roce(facts: dict[str, Any], inv: Any, name: str, mtu: dict[str, int] | 
 
 
 def roce_rows(inv: Any, facts: dict[str, Any]) -> list[Any]:
-    return [r for r in run_node_checks(inv, inv.node("spark-a"), facts)
+    return [r for r in run_node_checks(inv, inv.node("spark-a"), as_facts(facts))
             if r.check.startswith("roce")]
 
 

@@ -17,12 +17,12 @@ from orchestrator.errors import InputError, SparkctlError
 
 
 class Touch(Step):
-    """Changes a node whose facts do not say done; applying runs `touch /x`."""
+    """Changes a node whose facts do not show /x; applying runs `touch /x`."""
 
     name = "touch"
 
     def check(self, ctx: NodeContext) -> Outcome:
-        if ctx.facts.get("done"):
+        if ctx.facts.exists("/x"):
             return Unchanged("already done")
         return Change("touch /x", diff="+x\n")
 
@@ -42,7 +42,7 @@ def plan(step: Step | None = None) -> Plan:
 
 def node_facts(done: bool = False, held: bool = True) -> Any:
     def answer(request: dict[str, Any]) -> dict[str, Any]:
-        facts: dict[str, Any] = {"done": done}
+        facts: dict[str, Any] = {"files": {"/x": {"exists": done}}}
         if "lock" in request:
             facts["lock"] = {"held": held, "holder": {"command": "up", "user": "ann",
                                                       "controller": "elsewhere", "pid": 1}}
@@ -295,7 +295,8 @@ def test_open_session_on_some_nodes_only(fake_cluster: Any, monkeypatch: pytest.
 def test_run_plan_fills_the_sessions_report(fake_cluster: Any) -> None:
     from orchestrator.core.step import RunOptions
 
-    c = fake_cluster(facts={"spark-a": {"done": True}, "spark-b": {"done": False}})
+    c = fake_cluster(facts={"spark-a": {"files": {"/x": {"exists": True}}},
+                            "spark-b": {"files": {"/x": {"exists": False}}}})
     s = c.session()
     report = session.run_plan(s, plan(), RunOptions(dry_run=True))
     assert report is s.report

@@ -7,7 +7,7 @@ import shlex
 from typing import Any
 
 import pytest
-from conftest import model_args
+from conftest import cluster_of, model_args
 
 from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import load_recipe
@@ -36,8 +36,9 @@ def spec(replace: bool = False, host: str = "127.0.0.1", name: str | None = None
 
 
 def ctx(node: str, facts: dict[str, dict[str, Any]]) -> NodeContext:
-    return NodeContext(inventory=INVENTORY, node=INVENTORY.node(node), facts=facts[node],
-                       cluster_facts=facts, transport=None, options=RunOptions(), shared=RunState())
+    cluster = cluster_of(facts)
+    return NodeContext(inventory=INVENTORY, node=INVENTORY.node(node), facts=cluster[node],
+                       cluster_facts=cluster, transport=None, options=RunOptions(), shared=RunState())
 
 
 def status_facts(server: dict[str, Any] | None, alive: bool, health: int | None = None) -> dict[str, Any]:
@@ -112,7 +113,7 @@ def test_a_dead_rank_restarts_the_same_server_at_once() -> None:
                  {"pids": {"rank-1.pid": {"alive": False, "pid": 9}}})}}}}
     assert launch.decision(ctx("spark-a", facts)) == "restart"
     # in the words status uses for the same fact (engines/liveness.py)
-    assert serve.dead_ranks(facts, ["spark-b"]) == ("rank-1 on spark-b (pid 9)",)
+    assert serve.dead_ranks(cluster_of(facts), ["spark-b"]) == ("rank-1 on spark-b (pid 9)",)
 
 
 def test_relaunch_of_the_same_server_is_a_noop() -> None:

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+from conftest import cluster_of
 from test_serve import INVENTORY
 
 from orchestrator.engines import load_recipe, servers
@@ -33,8 +34,8 @@ def test_what_an_engine_writes_reads_back_typed_and_unchanged() -> None:
 
 
 def test_a_listed_server_is_its_record_and_what_the_node_saw() -> None:
-    (server,) = servers.from_facts({"spark-a": answer({**WRITTEN, "alive": True, "health": 200,
-                                                       "ready_log": False})})
+    (server,) = servers.from_facts(cluster_of({"spark-a": answer(
+        {**WRITTEN, "alive": True, "health": 200, "ready_log": False})}))
     assert (server.name, server.node, server.alive, server.health, server.migrated) == (
         "gpt-oss-120b", "spark-a", True, 200, False)
     assert server.record.port == 8000 and server.record.config_hash == WRITTEN["config_hash"]
@@ -50,7 +51,7 @@ def test_a_damaged_record_is_refused_naming_node_server_and_key(change: dict[str
                                                                  said: str) -> None:
     damaged = {**WRITTEN, **change, "alive": True}
     with pytest.raises(RecordError, match="the record was damaged") as refused:
-        servers.from_facts({"spark-a": answer(damaged)})
+        servers.from_facts(cluster_of({"spark-a": answer(damaged)}))
     assert said in str(refused.value)
     assert "`sparkctl down --server NAME` removes it" in str(refused.value)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from orchestrator.phases.ssh_keys import (
     public_from_private,
     trust_files,
 )
+from orchestrator.remote.fact_records import FileInfo
 from orchestrator.render import sha256
 
 PRIVATE_SHA = "aa" * 32
@@ -148,7 +150,8 @@ def test_ssh_port_change_touches_only_what_depends_on_it(trust_context: Any) -> 
 
 def test_trust_files_refuse_to_write_without_keys(trust_context: Any) -> None:
     ctx = trust_context()
-    ctx.cluster_facts["spark-b"]["files"][HOST_PUB] = {"exists": False}
+    peer = ctx.cluster_facts["spark-b"]
+    ctx.cluster_facts["spark-b"] = replace(peer, files={**peer.files, HOST_PUB: FileInfo(exists=False)})
     step = ssh_keys.TrustFiles("files", trust_files)
     outcome = step.check(ctx)
     assert isinstance(outcome, Change) and ssh_keys.PENDING_KEY in outcome.diff

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+from conftest import cluster_of
 
 from orchestrator.errors import InputError
 from orchestrator.inventory_checks import inventory_from_data
@@ -64,8 +65,8 @@ SERVER = {"recipe": "qwen3", "model": "Qwen/Qwen3", "port": 8355, "started": "20
 
 
 def test_nothing_set_up_is_healthy() -> None:
-    result = status.assess(INVENTORY, {n: node_facts(n, configured=False, container=None)
-                                       for n in ("spark-a", "spark-b")}, {})
+    result = status.assess(INVENTORY, cluster_of({n: node_facts(n, configured=False, container=None)
+                                       for n in ("spark-a", "spark-b")}), {})
     assert result["ok"] and result["state"] == "not-set-up"
     assert result["server"] is None
 
@@ -73,7 +74,7 @@ def test_nothing_set_up_is_healthy() -> None:
 def test_up_and_serving() -> None:
     facts = {"spark-a": node_facts("spark-a", server=SERVER, probe={"/health": 200, "/health_generate": 200}),
              "spark-b": node_facts("spark-b")}
-    result = status.assess(INVENTORY, facts, {})
+    result = status.assess(INVENTORY, cluster_of(facts), {})
     assert result["ok"], result
     assert result["state"] == "serving"
     assert result["server"]["uptime_seconds"] == int(NOW - 1749996000)
@@ -84,7 +85,7 @@ def test_a_crashed_server_is_unhealthy_and_shows_its_log() -> None:
     facts = {"spark-a": node_facts("spark-a", server=SERVER, probe={"/health": "Connection refused"},
                                    pids={"mpirun.pid": {"pid": 7, "alive": False}}),
              "spark-b": node_facts("spark-b", pids={"rank-1.pid": {"pid": 9, "alive": False}})}
-    result = status.assess(INVENTORY, facts, {})
+    result = status.assess(INVENTORY, cluster_of(facts), {})
     assert not result["ok"]
     assert result["server"]["state"] == "down"
     assert "Traceback: boom" in result["server"]["log_tail"]
@@ -95,18 +96,19 @@ def test_a_crashed_server_is_unhealthy_and_shows_its_log() -> None:
 def test_a_loading_server_is_starting() -> None:
     facts = {"spark-a": node_facts("spark-a", server=SERVER, probe={"/health": 503}),
              "spark-b": node_facts("spark-b")}
-    result = status.assess(INVENTORY, facts, {})
+    result = status.assess(INVENTORY, cluster_of(facts), {})
     assert result["server"]["state"] == "starting" and not result["ok"]
 
 
 def test_a_dead_rank_shows_as_failing_health_generate() -> None:
     facts = {"spark-a": node_facts("spark-a", server=SERVER, probe={"/health": 200, "/health_generate": 500}),
              "spark-b": node_facts("spark-b")}
-    assert status.assess(INVENTORY, facts, {})["server"]["state"] == "unhealthy"
+    assert status.assess(INVENTORY, cluster_of(facts), {})["server"]["state"] == "unhealthy"
 
 
 def test_an_unreachable_node_is_reported_and_fails() -> None:
-    result = status.assess(INVENTORY, {"spark-a": node_facts("spark-a")}, {"spark-b": "connection refused"})
+    result = status.assess(INVENTORY, cluster_of({"spark-a": node_facts("spark-a")}),
+                           {"spark-b": "connection refused"})
     assert not result["ok"]
     assert result["state"] == "degraded"
     assert result["nodes"]["spark-b"]["state"] == "unreachable"
@@ -115,24 +117,24 @@ def test_an_unreachable_node_is_reported_and_fails() -> None:
 
 def test_link_down_on_a_configured_fabric_is_a_problem() -> None:
     facts = {"spark-a": node_facts("spark-a", link="Down"), "spark-b": node_facts("spark-b")}
-    problems = status.assess(INVENTORY, facts, {})["nodes"]["spark-a"]["problems"]
+    problems = status.assess(INVENTORY, cluster_of(facts), {})["nodes"]["spark-a"]["problems"]
     assert any("enp1s0f1np1 is Down" in p for p in problems)
 
 
 def test_exited_container_and_half_set_up_cluster() -> None:
     facts = {"spark-a": node_facts("spark-a", container="exited"),
              "spark-b": node_facts("spark-b", container=None)}
-    result = status.assess(INVENTORY, facts, {})
+    result = status.assess(INVENTORY, cluster_of(facts), {})
     assert any("is exited" in p for p in result["nodes"]["spark-a"]["problems"])
     facts = {"spark-a": node_facts("spark-a"), "spark-b": node_facts("spark-b", container=None)}
-    result = status.assess(INVENTORY, facts, {})
+    result = status.assess(INVENTORY, cluster_of(facts), {})
     assert any("no container here" in p for p in result["nodes"]["spark-b"]["problems"])
 
 
 def test_foreign_container_is_flagged() -> None:
     facts = {"spark-a": node_facts("spark-a"), "spark-b": node_facts("spark-b")}
     facts["spark-b"]["containers"]["trtllm-multinode"]["Config"]["Labels"] = {}
-    result = status.assess(INVENTORY, facts, {})
+    result = status.assess(INVENTORY, cluster_of(facts), {})
     assert result["nodes"]["spark-b"]["container"]["status"] == "foreign"
 
 
@@ -150,7 +152,8 @@ def test_human_duration() -> None:
 
 def test_render_does_not_crash(capsys: pytest.CaptureFixture[str]) -> None:
     facts = {"spark-a": node_facts("spark-a", server=SERVER, probe={"/health": 503})}
-    status_render.render_status({**status.assess(INVENTORY, facts, {"spark-b": "down"}), "seconds": 1.0})
+    status_render.render_status({**status.assess(INVENTORY, cluster_of(facts), {"spark-b": "down"}),
+                                 "seconds": 1.0})
     out = capsys.readouterr().out
     assert "spark-b" in out and "UNHEALTHY" in out and "loading" in out
 
@@ -249,7 +252,7 @@ def test_a_vllm_workers_exited_container_is_known_at_once_not_after_ray_notices(
                                                              "sparkctl-vllm\trunning\n"}
     facts["spark-b"]["commands"]["managed"] = {"rc": 0, "out": "trtllm-multinode\trunning\n"
                                                              "sparkctl-vllm\texited\n"}
-    result = status.assess(INVENTORY, facts, {})
+    result = status.assess(INVENTORY, cluster_of(facts), {})
     assert not result["ok"]
     worker = result["nodes"]["spark-b"]
     assert worker["state"] == "problem"
@@ -263,7 +266,7 @@ def test_a_vllm_workers_exited_container_is_known_at_once_not_after_ray_notices(
     assert "ray: 1/2 node(s) alive" in out and "its container is not running on spark-b" in out
     # both containers running: Ray's count stands and nothing is said
     facts["spark-b"]["commands"]["managed"]["out"] = "sparkctl-vllm\trunning\n"
-    again = status.assess(INVENTORY, facts, {})
+    again = status.assess(INVENTORY, cluster_of(facts), {})
     assert again["ok"], again["nodes"]
     assert again["server"]["state"] == "healthy" and again["server"]["ray"]["alive"] == 2
 

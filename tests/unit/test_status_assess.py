@@ -9,7 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import FakeCluster
+from conftest import FakeCluster, cluster_of
+from conftest import node_facts as as_facts
 from test_status import INVENTORY, NOW, SERVER, node_facts
 
 from orchestrator.errors import SparkctlError
@@ -20,7 +21,7 @@ BOTH = ("spark-a", "spark-b")
 
 
 def assess(facts: dict[str, dict[str, Any]], errors: dict[str, str] | None = None) -> dict[str, Any]:
-    return status.assess(INVENTORY, facts, errors or {})
+    return status.assess(INVENTORY, cluster_of(facts), errors or {})
 
 
 def test_gather_status_asks_every_reachable_node_once(fake_cluster: Callable[..., FakeCluster],
@@ -184,13 +185,13 @@ def test_a_head_container_restarted_after_the_server_started_is_named(
 def test_process_answers_that_cannot_be_read_are_no_processes() -> None:
     facts = node_facts("spark-a")
     facts["commands"]["processes"] = {"rc": 0, "out": "not json"}
-    assert status.server_processes(facts) == {}
+    assert status.server_processes(as_facts(facts)) == {}
     facts["commands"]["processes"] = {"rc": 0, "out": "[1, 2]"}
-    assert status.server_processes(facts) == {}
+    assert status.server_processes(as_facts(facts)) == {}
     facts["commands"]["processes"] = {"rc": 1, "out": json.dumps({"pids": {"x.pid": {}}})}
-    assert status.server_processes(facts) == {}
+    assert status.server_processes(as_facts(facts)) == {}
     facts["commands"]["processes"] = {"rc": 0, "out": json.dumps({"pids": {"x.pid": {"pid": 1}}})}
-    assert status.server_processes(facts) == {"x.pid": {"pid": 1}}
+    assert status.server_processes(as_facts(facts)) == {"x.pid": {"pid": 1}}
 
 
 @pytest.mark.parametrize(("states", "server", "expected"), [
@@ -231,7 +232,7 @@ def test_the_server_list_comes_from_the_same_round_trip() -> None:
                             "health": 503, "nodes": ["spark-b"], "model": "Qwen/Qwen3.6-27B-FP8"}]}
     facts = {n: node_facts(n) for n in BOTH}
     facts["spark-b"]["commands"]["servers"] = {"rc": 0, "out": json.dumps(listing)}
-    (server,) = status.server_list(INVENTORY, facts)
+    (server,) = status.server_list(INVENTORY, cluster_of(facts))
     assert (server["name"], server["engine"], server["state"], server["node"]) == (
         "q36", "sglang", "loading", "spark-b")
 
@@ -245,11 +246,11 @@ def test_the_recorded_server_has_one_verdict_in_status_and_in_the_servers_list()
                             "migrated_from": "/var/lib/sparkctl/run/server.json"}]}
     facts = {n: node_facts(n) for n in BOTH}
     facts["spark-a"]["commands"]["servers"] = {"rc": 0, "out": json.dumps(listing)}
-    (entry,) = status.server_list(INVENTORY, facts, {"state": "dead"})
+    (entry,) = status.server_list(INVENTORY, cluster_of(facts), {"state": "dead"})
     assert entry["state"] == "dead"
-    (entry,) = status.server_list(INVENTORY, facts, {"state": "starting"})
+    (entry,) = status.server_list(INVENTORY, cluster_of(facts), {"state": "starting"})
     assert entry["state"] == "loading"
-    (entry,) = status.server_list(INVENTORY, facts)  # nothing assessed: its own probe
+    (entry,) = status.server_list(INVENTORY, cluster_of(facts))  # nothing assessed: its own probe
     assert entry["state"] == "healthy"
 
 
@@ -259,6 +260,6 @@ def test_an_adopted_network_counts_as_configured_without_sparkctls_file() -> Non
         update={"network": "adopted"})})
     facts = node_facts("spark-a", container=None)  # addresses live, from Sync's file
     facts["files"][NETPLAN_FILE] = {"exists": False}
-    assert status.assess_node(INVENTORY, INVENTORY.node("spark-a"), facts)["state"] == "not-set-up"
-    found = status.assess_node(adopted, adopted.node("spark-a"), facts)
+    assert status.assess_node(INVENTORY, INVENTORY.node("spark-a"), as_facts(facts))["state"] == "not-set-up"
+    found = status.assess_node(adopted, adopted.node("spark-a"), as_facts(facts))
     assert found["state"] == "network-only" and found["network"]["configured"] is True

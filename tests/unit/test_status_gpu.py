@@ -11,6 +11,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from conftest import cluster_of
+from conftest import node_facts as as_facts
 from test_status import INVENTORY, node_facts
 
 from orchestrator.status import assess as status
@@ -37,15 +39,15 @@ def test_the_memory_command_asks_the_guard_fields_once_and_falls_back_without_th
 
 def test_a_gb10_answer_is_read_with_n_a_left_out() -> None:
     facts = with_gpu({"commands": {}}, "[N/A], [N/A], 97, 702, 3003, 58, 31.05, 0x0000000000000000")
-    gpu = node_gpu(facts)
+    gpu = node_gpu(as_facts(facts))
     assert gpu == GpuReading(97.0, 702.0, 3003.0, 58.0, 31.05, 0)
-    memory = node_memory(facts)
+    memory = node_memory(as_facts(facts))
     assert memory["gpu"] == {"sm_clock_mhz": 702.0, "max_sm_clock_mhz": 3003.0,
                              "temperature_c": 58.0, "power_w": 31.05, "throttle_reasons": 0}
     assert memory_text(memory).endswith("GPU 97 %, SM 702/3003 MHz, 58 °C, 31.05 W")
     # the fallback answer (three fields) and no answer: nothing known, nothing judged
-    assert node_gpu(with_gpu({"commands": {}}, "[N/A], [N/A], 35")) == GpuReading(35.0)
-    assert node_gpu({"commands": {}}) == GpuReading() and judge(GpuReading()) == []
+    assert node_gpu(as_facts(with_gpu({"commands": {}}, "[N/A], [N/A], 35"))) == GpuReading(35.0)
+    assert node_gpu(as_facts({"commands": {}})) == GpuReading() and judge(GpuReading()) == []
     assert parse_reading(["[N/A]", "[N/A]", "[N/A]", "[N/A]", "[N/A]", "[N/A]"]) == GpuReading()
     assert gpu_text({}) == ""
 
@@ -68,7 +70,7 @@ def test_status_names_the_node_what_is_wrong_and_what_to_do() -> None:
     facts = {"spark-a": with_gpu(node_facts("spark-a"), "[N/A], [N/A], 12, 2418, 3003, 45, 20.1, 0x0"),
              "spark-b": with_gpu(node_facts("spark-b"),
                                  "[N/A], [N/A], 97, 702, 3003, 58, 31.05, 0x0000000000000000")}
-    result = status.assess(INVENTORY, facts, {})
+    result = status.assess(INVENTORY, cluster_of(facts), {})
     assert not result["ok"] and result["state"] == "degraded"
     assert result["nodes"]["spark-a"]["problems"] == []
     b = result["nodes"]["spark-b"]
@@ -78,8 +80,8 @@ def test_status_names_the_node_what_is_wrong_and_what_to_do() -> None:
         "low-power state: decode runs at about half speed): power-cycle the box fully: shut it "
         "down, unplug the power adapter from the wall and from the box, wait 60 s, plug it back "
         "in (a reboot does not clear this state)"]
-    hot = status.assess(INVENTORY, {"spark-a": facts["spark-a"], "spark-b": with_gpu(
-        node_facts("spark-b"), "[N/A], [N/A], 98, 1995, 3003, 93, 68.4, 0x0000000000000020")}, {})
+    hot = status.assess(INVENTORY, cluster_of({"spark-a": facts["spark-a"], "spark-b": with_gpu(
+        node_facts("spark-b"), "[N/A], [N/A], 98, 1995, 3003, 93, 68.4, 0x0000000000000020")}), {})
     assert hot["nodes"]["spark-b"]["problems"][0].startswith(
         "GPU thermal slowdown is active (1995 MHz, 93 °C): give it air")
 
@@ -112,7 +114,7 @@ def test_the_lab_gpu_answers_the_guard_fields_and_its_faults(
         0, "[N/A], [N/A], 0, 2418, 3003, 41, 4.12, 0x0000000000000001\n")
     (tmp_path / "faults" / "gpu-throttle").touch()
     rc, out = ask(smi, capsys, query, "--format=csv,noheader,nounits")
-    assert rc == 0 and [p.kind for p in judge(node_gpu(with_gpu({"commands": {}}, out)))] == [
+    assert rc == 0 and [p.kind for p in judge(node_gpu(as_facts(with_gpu({"commands": {}}, out))))] == [
         "stuck-clock"]
     (tmp_path / "faults" / "gpu-throttle").unlink()
     (tmp_path / "faults" / "gpu-hot").touch()
@@ -177,6 +179,6 @@ def test_the_model_cache_free_space_is_asked_where_the_inventory_keeps_it() -> N
     assert model_cache_cmd("/data/my hf", "nvidia").startswith("p='/data/my hf';")
     facts = with_gpu(node_facts("spark-a"), "[N/A], [N/A], 0")
     facts["commands"]["model_cache"] = {"rc": 0, "out": "74723581952\n"}
-    assert node_memory(facts)["model_cache_free_gb"] == 74.7
+    assert node_memory(as_facts(facts))["model_cache_free_gb"] == 74.7
     facts["commands"]["model_cache"] = {"rc": 1, "out": ""}
-    assert "model_cache_free_gb" not in node_memory(facts)
+    assert "model_cache_free_gb" not in node_memory(as_facts(facts))

@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from conftest import cluster_of
+from conftest import node_facts as as_facts
 
 from orchestrator.phases.memory import PLAN_FILE
 from orchestrator.status import assess as status
@@ -31,21 +33,21 @@ def facts(gpu: str = GB10, plan: dict[str, Any] | None = None) -> dict[str, Any]
 
 
 def test_a_gb10_reports_available_memory_and_utilisation_not_gpu_memory() -> None:
-    memory = node_memory(facts(plan={"guard_min_available_gb": 4.0}))
+    memory = node_memory(as_facts(facts(plan={"guard_min_available_gb": 4.0})))
     assert memory == {"total_gb": 119.6, "available_gb": 114.0, "gpu_utilization_pct": 35.0,
                       "guard_min_available_gb": 4.0, "guard_source": "launch", "gpu": {}}
     assert memory_text(memory) == "114 of 119.6 GB available (guard: 4 GB), GPU 35 %"
 
 
 def test_a_discrete_gpu_reports_its_memory_and_no_plan_means_the_default_guard() -> None:
-    memory = node_memory(facts(gpu="40960, 81920, 0\n"))
+    memory = node_memory(as_facts(facts(gpu="40960, 81920, 0\n")))
     assert memory["gpu_memory_used_gb"] == 40.0 and memory["gpu_memory_total_gb"] == 80.0
     assert memory["guard_min_available_gb"] == 2.0 and memory["guard_source"].startswith("default")
     assert "GPU memory 40/80 GB" in memory_text(memory)
 
 
 def test_no_answer_is_unknown_not_zero() -> None:
-    memory = node_memory({"commands": {}})
+    memory = node_memory(as_facts({"commands": {}}))
     assert "available_gb" not in memory and memory_text(memory) == "memory unknown"
 
 
@@ -116,7 +118,7 @@ def test_status_asks_for_memory_and_the_plan_and_assess_carries_it() -> None:
     assert request["files"][PLAN_FILE] is True
     found = {name: {**node_facts(name), "commands": {"memory": {"rc": 0, "out": MEMINFO + GB10}}}
              for name in ("spark-a", "spark-b")}
-    result = status.assess(INVENTORY, found, {})
+    result = status.assess(INVENTORY, cluster_of(found), {})
     assert result["nodes"]["spark-b"]["memory"]["available_gb"] == 114.0
 
 

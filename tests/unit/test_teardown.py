@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from conftest import node_facts
 
 from orchestrator.core.executor import Executor
 from orchestrator.core.progress import Progress
@@ -16,6 +17,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory_checks import inventory_from_data
 from orchestrator.phases import teardown
 from orchestrator.phases.oomguard import ENABLED
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.render import MANAGED_HEADER, sha256
 
 INVENTORY = inventory_from_data(
@@ -82,7 +84,8 @@ def clean_facts() -> dict[str, Any]:
 
 
 def ctx_for(facts: dict[str, Any], node: str = "spark-a") -> NodeContext:
-    return NodeContext(INVENTORY, INVENTORY.node(node), facts, {node: facts}, None, RunOptions("down"),
+    parsed = node_facts(facts, node)
+    return NodeContext(INVENTORY, INVENTORY.node(node), parsed, {node: parsed}, None, RunOptions("down"),
                        RunState())
 
 
@@ -230,7 +233,7 @@ def test_dry_run_changes_nothing(node: Any) -> None:
 
 def test_verify_reports_leftovers(fake_transport: Any) -> None:
     leftover = fake_transport("spark-a").on("", 0, "container: trtllm-multinode\n")
-    ctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, leftover,
+    ctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), NodeFacts("spark-a"), {}, leftover,
                       RunOptions("down"), RunState())
     try:
         teardown.VerifyDown(network=False).apply(ctx, Change("verify"))
@@ -285,12 +288,14 @@ def test_down_removes_the_boot_logs_unless_asked_to_keep_them(fake_transport: An
     assert "boot log: " in teardown.verify_cmd(INVENTORY, False)
     assert "boot log: " not in teardown.verify_cmd(INVENTORY, False, keep_logs=True)
     clean = fake_transport("spark-a").on("", 0, "")
-    vctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, clean, RunOptions("down"), RunState())
+    vctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), NodeFacts("spark-a"), {}, clean,
+                       RunOptions("down"), RunState())
     said = teardown.VerifyDown(network=False).apply(vctx, Change("verify"))
     assert said == "nothing else left; kept: the Hugging Face cache, the fabric network (--network)"
     said = teardown.VerifyDown(network=True, keep_logs=True).apply(vctx, Change("verify"))
     assert said == "nothing else left; kept: the Hugging Face cache, the boot logs (--keep-logs)"
     left = fake_transport("spark-a").on("", 0, "boot log: /var/log/sparkctl/boot-x.log\n")
-    lctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), {}, {}, left, RunOptions("down"), RunState())
+    lctx = NodeContext(INVENTORY, INVENTORY.node("spark-a"), NodeFacts("spark-a"), {}, left,
+                       RunOptions("down"), RunState())
     with pytest.raises(SparkctlError, match=r"after down: boot log: /var/log/sparkctl/boot-x\.log"):
         teardown.VerifyDown(network=False).apply(lctx, Change("verify"))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import cluster_of
 from nodescript import run_node_script
 from test_node_running import FAKE_DOCKER
 from test_serve import INVENTORY, ctx
@@ -95,7 +96,7 @@ def test_a_server_of_the_previous_version_is_stopped_and_started_again_per_serve
     its recipe), a launch of the same recipe is one copy: stopped here, started again below."""
     old = MIGRATED
     facts = {"spark-a": listing(old), "spark-b": listing()}
-    listed = servers.from_facts(facts, alive_only=False)
+    listed = servers.from_facts(cluster_of(facts), alive_only=False)
     assert [(s.name, s.nodes, s.migrated) for s in listed] == [
         ("gpt-oss-120b", ["spark-a"], True)]
     change = Placement(spec(GPT, ["spark-a"])).check(ctx("spark-a", facts))
@@ -255,7 +256,7 @@ def test_a_one_server_engines_migrated_server_is_any_other_server_on_its_nodes()
     facts = {"spark-a": listing(vllm), "spark-b": listing()}
     with pytest.raises(SparkctlError, match=r"port 8000 on spark-b is taken by server minimax-m2\.7"):
         Placement(spec(GPT, ["spark-b"])).check(ctx("spark-a", facts))
-    (found,) = servers.from_facts(facts)
+    (found,) = servers.from_facts(cluster_of(facts))
     stop = servers.stop_commands(found, INVENTORY)
     assert sorted(stop) == ["spark-a", "spark-b"]
     assert "name=^/sparkctl-vllm$" in stop["spark-b"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_inventory, model_args
+from conftest import cluster_of, make_inventory, model_args, node_facts
 
 from orchestrator.core.step import Change, NodeContext, RunOptions, RunState, Unchanged
 from orchestrator.engines import load_recipe
@@ -88,7 +88,7 @@ def test_the_step_names_the_files_that_differ_on_their_node(tmp_path: Path) -> N
     corrupt_keeping_mtime(peer_blob)
     peer = manifest(peer_hub, rehash=True, save=False)
     inventory = make_inventory()
-    cluster = {"spark-a": facts_of(head), "spark-b": facts_of(peer)}
+    cluster = cluster_of({"spark-a": facts_of(head), "spark-b": facts_of(peer)})
     recipe = load_recipe("qwen3-235b")
     step = verify_models.VerifyModels(recipe, model_args(recipe)[1])
 
@@ -103,7 +103,7 @@ def test_the_step_names_the_files_that_differ_on_their_node(tmp_path: Path) -> N
     assert '"rehash": true' in said.commands[0] and '"save": true' in said.commands[0]
     # corrupt at the source (the head's blob is not what its name says): stop, name the file
     corrupt_keeping_mtime(next((head_hub / "models--org--m" / "blobs").glob("[0-9a-f]" * 8 + "*")))
-    cluster["spark-a"] = facts_of(manifest(head_hub, rehash=True, save=False))
+    cluster["spark-a"] = node_facts(facts_of(manifest(head_hub, rehash=True, save=False)), "spark-a")
     with pytest.raises(SparkctlError, match=r"spark-a: 1 model file\(s\) do not match their sha256 "
                                             r"name, corrupt at the source"):
         step.check(ctx("spark-a"))

@@ -23,6 +23,7 @@ from orchestrator.engines.vllm import ENGINE, ray, ready, serve
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 from orchestrator.paths import RUN_DIR
 from orchestrator.recipe import LaunchOptions
+from orchestrator.remote.fact_records import CommandResult
 
 HEAD_IP, WORKER_IP = "192.168.200.12", "192.168.200.13"
 CONTAINER = "sparkctl-vllm-minimax-m2.7"
@@ -432,11 +433,12 @@ def test_fabric_link_check_tolerates_missing_facts_and_names_each_problem(recipe
 
 
 def test_parse_probe(recipe: Any) -> None:
-    assert ray.parse_probe({"rc": 1, "err": " ray not installed \n"}) == {"error": "ray not installed"}
-    assert ray.parse_probe({"rc": 125, "out": "No such container"}) == {"error": "No such container"}
-    assert ray.parse_probe({"rc": 0, "out": "warning\n"}) == {"error": "the Ray probe printed no JSON"}
-    assert ray.parse_probe({"out": '{"nodes": []}\nnoise'}) == {"nodes": []}
-    assert ray.parse_probe({"rc": 0, "out": '{"error": "ConnectionError: no head"}'}) == {
+    assert ray.parse_probe(CommandResult(1, "", " ray not installed \n")) == {"error": "ray not installed"}
+    assert ray.parse_probe(CommandResult(125, "No such container", "")) == {"error": "No such container"}
+    assert ray.parse_probe(CommandResult(0, "warning\n", "")) == {"error": "the Ray probe printed no JSON"}
+    assert ray.parse_probe(None) == {"error": "the Ray probe printed no JSON"}  # not gathered
+    assert ray.parse_probe(CommandResult(0, '{"nodes": []}\nnoise', "")) == {"nodes": []}
+    assert ray.parse_probe(CommandResult(0, '{"error": "ConnectionError: no head"}', "")) == {
         "error": "ConnectionError: no head"}
 
 

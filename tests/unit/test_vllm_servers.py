@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeTransport
+from conftest import FakeTransport, cluster_of
 from conftest import make_context as context
 from conftest import make_inventory as inventory
 from nodescript import run_node_script
@@ -181,7 +181,7 @@ def test_the_legacy_layout_is_migrated_listed_for_status_and_stopped_by_down_ser
     assert not tmp_path.joinpath("server.json").exists()
     assert sorted(p.name for p in directory.iterdir()) == ["server.json", "vllm.pid"]
     answer = {"commands": {"servers": {"rc": 0, "out": ran.stdout}}}
-    listed = server_list(inventory(), {"spark-a": answer})
+    listed = server_list(inventory(), cluster_of({"spark-a": answer}))
     assert [(s["name"], s["engine"], s["state"], s["legacy"]) for s in listed] == [
         ("gpt-oss-120b-vllm", "vllm", "healthy", True)]
 

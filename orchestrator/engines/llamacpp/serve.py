@@ -29,6 +29,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import ContainerSpec
 from orchestrator.recipe import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import DockerContainer
 
 if TYPE_CHECKING:
@@ -166,7 +167,8 @@ class ServeSpec(ServerSpec):
         """The running rpc-server containers' IDs, from the phase's (fresh) facts."""
         ids = []
         for node in self.nodes[1:]:
-            found = DockerContainer(self.container).read(ctx.cluster_facts.get(node) or {}, strict=False)
+            found = DockerContainer(self.container).read(ctx.cluster_facts.get(node) or NodeFacts(node),
+                                                 strict=False)
             ids.append(found.id or "none" if found else "none")
         return ids
 

@@ -47,7 +47,7 @@ class MpirunHostname(Step):
             return NotVerified("not re-run: nothing changed (use --verify to run mpirun anyway)")
         inventory = ctx.inventory
         expected = [
-            str(ctx.cluster_facts[node.name].get("hostname"))
+            ctx.cluster_facts[node.name].hostname
             for node in inventory.ordered_nodes() if node.name in ctx.cluster_facts
         ]
         count = len(inventory.nodes)

@@ -33,6 +33,7 @@ from typing import Any
 from orchestrator.commands import docker_cmd
 from orchestrator.paths import HOSTFILE, SSH_CONFIG
 from orchestrator.phases import image_records
+from orchestrator.remote.gathered import NodeFacts
 
 RECORD_DIR = image_records.RECORD_DIR
 FACT_KEY = "mpi_record"
@@ -130,7 +131,7 @@ def record_fact(image: str) -> dict[str, str]:
     return image_records.record_fact(FACT_KEY, record_path(image))
 
 
-def recorded(facts: dict[str, Any], image_id: str | None) -> dict[str, Any] | None:
+def recorded(facts: NodeFacts, image_id: str | None) -> dict[str, Any] | None:
     """The record from the facts, when it was made for this image ID."""
     record = image_records.read_record(facts, FACT_KEY)
     if record is None or not isinstance(record.get("major"), int):

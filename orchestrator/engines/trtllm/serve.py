@@ -34,6 +34,7 @@ from orchestrator.engines.trtllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory
 from orchestrator.recipe import LaunchOptions
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.render import render
 
 CONFIG_NAME = "extra-llm-api-config.yml"
@@ -119,17 +120,17 @@ def start_cmd(container: str, argv: list[str], directory: str, relay: str = "") 
                            detach=True)
 
 
-def status_from_facts(facts: dict[str, Any]) -> dict[str, Any]:
-    answer = facts.get("commands", {}).get("serve", {})
-    if answer.get("rc") != 0:
-        return {"error": answer.get("err", "")[-300:]}
-    return dict(json.loads(answer["out"]))
+def status_from_facts(facts: NodeFacts) -> dict[str, Any]:
+    answer = facts.command("serve")
+    if answer is None or answer.rc != 0:
+        return {"error": (answer.err if answer else "")[-300:]}
+    return dict(json.loads(answer.out))
 
 
-def dead_ranks(cluster_facts: dict[str, dict[str, Any]], nodes: list[str]) -> tuple[str, ...]:
+def dead_ranks(cluster_facts: dict[str, NodeFacts], nodes: list[str]) -> tuple[str, ...]:
     """Recorded rank processes that have ended on these nodes (liveness.dead_ranks' words, as
     status says them too)."""
-    return tuple(ranks_ended({node: status_from_facts(cluster_facts.get(node, {})).get("pids")
+    return tuple(ranks_ended({node: status_from_facts(cluster_facts.get(node) or NodeFacts(node)).get("pids")
                               or {} for node in nodes}))
 
 
@@ -200,8 +201,9 @@ class LaunchSpec(ServerSpec):
                    "memory_gb_per_node": self.memory_gb,
                    **recipe_origin(r), **apikey.record_fields(self.name, self.key)}).to_dict()
 
-    def running(self, ctx_facts: dict[str, dict[str, Any]]) -> Running:
-        return Running.from_status(status_from_facts(ctx_facts.get(self.first, {})), MAIN)
+    def running(self, ctx_facts: dict[str, NodeFacts]) -> Running:
+        first = ctx_facts.get(self.first) or NodeFacts(self.first)
+        return Running.from_status(status_from_facts(first), MAIN)
 
     def decision(self, ctx: Any) -> Decision:
         """The shared judgement (engines/lifecycle.py) over the first node's status and the

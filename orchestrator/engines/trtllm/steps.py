@@ -24,6 +24,7 @@ from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.memory import DropCaches
 from orchestrator.records import Server
+from orchestrator.remote.fact_records import FileInfo
 
 
 class Placement(Step):
@@ -112,9 +113,8 @@ class ServerFiles(Step):
     def check(self, ctx: NodeContext) -> Outcome:
         if ctx.node.name not in self.spec.nodes:
             return Unchanged("not a serving node")
-        facts = ctx.facts.get("files") or {}
         stale = [path for path, text in self.spec.files().items()
-                 if (facts.get(path) or {}).get("content") != text]
+                 if (ctx.facts.file(path) or FileInfo(exists=False)).content != text]
         if not stale:
             return Unchanged(f"{self.spec.run_dir}: config, hostfile and processes.json current")
         writes = [f"install -d -m 0755 {quote(self.spec.run_dir)}"]

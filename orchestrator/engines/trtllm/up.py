@@ -19,6 +19,8 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.netcheck.results import CheckResult
 from orchestrator.paths import HOSTFILE
 from orchestrator.phases.files import FileSpec
+from orchestrator.remote.fact_records import FileInfo
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import DockerImage
 from orchestrator.render import render
 
@@ -33,7 +35,7 @@ def hostfile(inventory: Inventory) -> list[FileSpec]:
     return [FileSpec(HOSTFILE, 0o644, hostfile_content(inventory))]
 
 
-def expected_env(inventory: Inventory, facts: dict[str, Any] | None = None) -> dict[str, str]:
+def expected_env(inventory: Inventory, facts: NodeFacts | None = None) -> dict[str, str]:
     """The variables `up` sets from the inventory that decide which interfaces carry traffic and
     where mpirun finds its hostfile: named for the image's Open MPI (4: ORTE, 5: PRRTE)."""
     major = image_mpi_major(inventory, facts) if facts is not None else 4
@@ -48,7 +50,7 @@ def expected_env(inventory: Inventory, facts: dict[str, Any] | None = None) -> d
     }
 
 
-def image_mpi_major(inventory: Inventory, facts: dict[str, Any]) -> int:
+def image_mpi_major(inventory: Inventory, facts: NodeFacts) -> int:
     """The Open MPI major the node recorded for its image (`up` detects it), else from the tag."""
     found = DockerImage(inventory.container.image).read(facts, strict=False)
     image_id = found.id if found else None
@@ -56,17 +58,17 @@ def image_mpi_major(inventory: Inventory, facts: dict[str, Any]) -> int:
     return int(record["major"]) if record else guess_major_from_tag(inventory.container.image)
 
 
-def check_hostfile(inventory: Inventory, node: Node, facts: dict[str, Any]) -> list[CheckResult]:
+def check_hostfile(inventory: Inventory, node: Node, facts: NodeFacts) -> list[CheckResult]:
     """mpirun hangs when the hostfile names addresses that are not the fabric's."""
-    fact = (facts.get("files") or {}).get(HOSTFILE) or {}
+    fact = facts.file(HOSTFILE) or FileInfo(exists=False)
     want = [inventory.mpi_address(n) for n in inventory.ordered_nodes()]
     result = CheckResult("hostfile", node.name, "pass", f"{HOSTFILE} lists the fabric addresses.",
                          threshold=",".join(want))
-    if not fact.get("exists"):
+    if not fact.exists:
         result.status, result.message = "fail", f"{HOSTFILE} is missing on {node.name}."
         result.fix = "run `sparkctl up`"
         return [result]
-    have = [line.split()[0] for line in str(fact.get("content", "")).splitlines()
+    have = [line.split()[0] for line in (fact.content or "").splitlines()
             if line.strip() and not line.lstrip().startswith("#")]
     result.value = ",".join(have)
     if sorted(have) != sorted(want):

@@ -23,6 +23,7 @@ from orchestrator.commands import docker_cmd
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import EXIT_BAD_INPUT, SparkctlError
 from orchestrator.phases import image_records
+from orchestrator.remote.gathered import NodeFacts
 
 FACT_KEY = "vllm_image_record"
 RAY_IMAGE = "nvcr.io/nvidia/vllm:26.03-py3"  # a pullable image known to ship Ray (KNOWN)
@@ -78,7 +79,7 @@ def record_fact(image: str) -> dict[str, str]:
     return image_records.record_fact(FACT_KEY, record_path(image))
 
 
-def recorded(facts: dict[str, Any], image_id: str | None) -> dict[str, Any] | None:
+def recorded(facts: NodeFacts, image_id: str | None) -> dict[str, Any] | None:
     record = image_records.read_record(facts, FACT_KEY)
     if record is None or "ray" not in record:
         return None

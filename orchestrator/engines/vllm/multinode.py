@@ -27,6 +27,7 @@ from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
 from orchestrator.recipe import CONTAINER_HF_HOME
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import has_infiniband
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ class SameNcclDevices(Step):
             return Unchanged(f"compared on {self.spec.first}, the Ray head")
         head = containers.roce_devices(inv, ctx.facts, ctx.node.name)
         for name in self.spec.nodes:
-            theirs = containers.roce_devices(inv, ctx.cluster_facts.get(name) or {}, name)
+            theirs = containers.roce_devices(inv, ctx.cluster_facts.get(name) or NodeFacts(name), name)
             if theirs != head:
                 raise SparkctlError(
                     f"{name}: its RoCE devices ({','.join(theirs)}) are not named as the Ray head's "

@@ -29,6 +29,8 @@ from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
 from orchestrator.recipe import CONTAINER_HF_HOME
 from orchestrator.records import ServerRecord
+from orchestrator.remote.fact_records import CommandResult
+from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import container_started, has_infiniband
 from orchestrator.timestamps import parse_time
 
@@ -160,7 +162,7 @@ def head_started(ctx: NodeContext, spec: ServeSpec) -> str:
     """When the head's Ray container last started: as started in this run, else its facts."""
     if ctx.shared.engine.get(HEAD_STARTED):
         return str(ctx.shared.engine[HEAD_STARTED])
-    return container_started(ctx.cluster_facts.get(spec.first) or {}, spec.container, spec.first)
+    return container_started(ctx.cluster_facts.get(spec.first) or NodeFacts(spec.first), spec.container)
 
 
 HEAD_STARTED = "ray_head_started"
@@ -196,7 +198,7 @@ class RayWorker(containers.Container):
 
     def check(self, ctx: NodeContext) -> Outcome:
         outcome = super().check(ctx)
-        started = container_started(ctx.facts, self.server.container, ctx.node.name)
+        started = container_started(ctx.facts, self.server.container)
         if isinstance(outcome, Change) or not started:
             return outcome
         mine = parse_time(started)
@@ -214,10 +216,10 @@ def probe_cmd(container: str) -> str:
     return docker_exec_cmd(container, ["python3", "-c", RAY_PROBE])
 
 
-def parse_probe(answer: dict[str, Any]) -> dict[str, Any]:
-    if answer.get("rc") not in (0, None):
-        return {"error": (answer.get("err") or answer.get("out") or "").strip()[-400:]}
-    for line in reversed((answer.get("out") or "").strip().splitlines()):
+def parse_probe(answer: CommandResult | None) -> dict[str, Any]:
+    if answer is not None and answer.rc != 0:
+        return {"error": (answer.err or answer.out).strip()[-400:]}
+    for line in reversed((answer.out if answer else "").strip().splitlines()):
         try:
             return dict(json.loads(line))
         except (json.JSONDecodeError, TypeError):
@@ -254,7 +256,7 @@ class RayCluster(Step):
     def check(self, ctx: NodeContext) -> Outcome:
         if not self.spec.is_first(ctx.node):
             return Unchanged(f"the Ray head of {self.spec.name} is on {self.spec.first}")
-        probe = parse_probe((ctx.facts.get("commands") or {}).get("ray") or {})
+        probe = parse_probe(ctx.facts.command("ray"))
         want = len(self.spec.nodes)
         if "error" not in probe and not missing_nodes(self.spec, probe):
             alive = sorted(n["ip"] for n in probe["nodes"] if n.get("alive"))
@@ -272,8 +274,7 @@ class RayCluster(Step):
         while True:
             result = ctx.run(probe_cmd(container), sudo=True, timeout=120,
                              display=f"docker exec {container} python3 -c <ray nodes>")
-            probe = parse_probe({"rc": result.exit_status, "out": result.stdout,
-                                 "err": result.stderr})
+            probe = parse_probe(CommandResult(result.exit_status, result.stdout, result.stderr))
             missing = missing_nodes(spec, probe)
             alive = sorted(n["ip"] for n in probe.get("nodes") or [] if n.get("alive"))
             if "error" not in probe and not missing:
@@ -302,12 +303,12 @@ class RayCluster(Step):
             + "\n".join(parts))
 
 
-def judge_probe(server: ServerRecord, answer: dict[str, Any]) -> dict[str, Any]:
+def judge_probe(server: ServerRecord, answer: CommandResult | None) -> dict[str, Any]:
     """`status`: vLLM's Ray cluster as its head reports it (RAY_PROBE's answer): every node the
     server runs on must be alive. A server on vLLM's own multi-node (mp) has no Ray: {}."""
     if server.extra.get("executor", "ray") != "ray":
         return {}
-    probe: dict[str, Any] = (parse_probe(answer) if answer.get("out") or answer.get("rc")
+    probe: dict[str, Any] = (parse_probe(answer) if answer and (answer.out or answer.rc)
                              else {"error": "no answer"})
     nodes = probe.get("nodes") or []
     alive = sorted(n.get("ip") for n in nodes if n.get("alive"))
