@@ -187,12 +187,12 @@ def stop_and_fail(transports: dict[str, Transport], inventory: Inventory, name: 
                   nodes: list[str], note: Note, reason: str, details: str) -> NoReturn:
     """A server that did not come up: stop it (its containers and record on every node, other
     servers untouched) and raise LaunchFailed with its log tails (DETAILS)."""
-    from orchestrator.engines.servers import stop_server
+    from orchestrator.engines.servers import stop_server, unrecorded
 
     note(f"{reason}; stopping {name}")
     left = ""
     try:
-        stop_server(transports, inventory, {"name": name, "nodes": nodes})
+        stop_server(transports, inventory, unrecorded(name, "", nodes))
     except SparkctlError as exc:
         left = f" (could not stop it: {exc})"
     raise LaunchFailed(f"{reason}; {name} stopped{left} (log tails below)", details)

@@ -66,8 +66,7 @@ def health_host(port):
     """Where the server answers: the address its record says it binds (`launch --host`; a
     wildcard answers on loopback). /health is open with an API key on every engine."""
     run = os.path.dirname(PLAN.get("guard_record") or "/var/lib/sparkctl/run/x")
-    for path in (os.path.join(run, "servers", str(PLAN.get("server")), "server.json"),
-                 os.path.join(run, "server.json")):
+    for path in (os.path.join(run, "servers", str(PLAN.get("server")), "server.json"),):
         try:
             with open(path) as handle:
                 record = json.load(handle)

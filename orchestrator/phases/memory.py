@@ -299,10 +299,11 @@ def stop_record(status: dict[str, Any]) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def describe_stop(record: dict[str, Any]) -> str:
-    return (f"stopped by the memory guard on {record.get('node', '?')}: "
-            f"{record.get('available_gb', '?')} GB available < {record.get('min_available_gb', '?')} GB "
-            f"(of {record.get('total_gb', '?')} GB, at {record.get('time', '?')})")
+def describe_stop(stop: dict[str, Any]) -> str:
+    """The guard's own record of a stop (node/memguard.py's memguard-stopped.json)."""
+    return (f"stopped by the memory guard on {stop.get('node', '?')}: "
+            f"{stop.get('available_gb', '?')} GB available < {stop.get('min_available_gb', '?')} GB "
+            f"(of {stop.get('total_gb', '?')} GB, at {stop.get('time', '?')})")
 
 
 DROP_CACHES = "sync; echo 3 > /proc/sys/vm/drop_caches"

@@ -160,8 +160,9 @@ def start_the_previous_way(lab: Lab, node: str) -> None:
 
 
 def test_a_server_of_the_previous_version_is_seen_and_replaced_by_one_per_server(two: Lab) -> None:
-    """The migration: status lists it; launching its recipe stops it and starts one server in
-    its own directory (never a second copy), and says so."""
+    """The one-time migration: the first read (status) converts its record and moves its
+    files into its own directory; status lists it; launching its recipe stops it and starts
+    one server as configured now (never a second copy), and says so."""
     head, _ = two.nodes
     assert sparkctl("down", "--server", "gpt-oss-120b", *inv(two), "--yes").returncode == 0
     start_the_previous_way(two, head)
@@ -173,6 +174,12 @@ def test_a_server_of_the_previous_version_is_seen_and_replaced_by_one_per_server
             break
         time.sleep(2)
     assert code == 0 and listed["gpt-oss-120b"]["legacy"], problems(doc)
+    # the first read migrated it once: its record and pid files in its own directory now
+    run = "/var/lib/sparkctl/run"
+    moved = two.exec(head, f"cat {run}/servers/gpt-oss-120b/server.json; "
+                           f"test -e {run}/servers/gpt-oss-120b/mpirun.pid && "
+                           f"test ! -e {run}/server.json && test ! -e {run}/mpirun.pid", check=False)
+    assert moved.returncode == 0 and f'"migrated_from": "{run}/server.json"' in moved.stdout
     assert answers(two, "gpt-oss-120b")
     result = launch(two, "gpt-oss-120b", "--nodes", head, "--json")
     steps = {s["step"]: s for s in json.loads(result.stdout)["hosts"][head]["steps"]}

@@ -24,6 +24,7 @@ from orchestrator.engines.vllm import guard, persist, ray, serve
 from orchestrator.errors import SparkctlError
 from orchestrator.phases import port_guards
 from orchestrator.recipe import LaunchOptions
+from orchestrator.records import Server, ServerRecord
 
 NAME = "minimax-m2.7"
 CHAIN = f"sparkctl-ray-{NAME}"
@@ -226,14 +227,14 @@ def test_the_step_applies_and_says_what_it_removed(fake_transport: Any) -> None:
 def test_down_server_removes_the_chain_on_every_node_of_the_server() -> None:
     record = spec().record()
     assert record["port_guard"] == CHAIN
-    commands = servers.stop_commands(record, inventory())
+    commands = servers.stop_commands(Server(ServerRecord.from_dict(record), "spark-a"), inventory())
     assert set(commands) == {"spark-a", "spark-b"}
     for command in commands.values():
         assert command.endswith(f"&& {port_guards.remove_cmd(CHAIN)} >/dev/null")
     # mp: no Ray, no guard
     assert spec(executor="mp").record()["port_guard"] is None
-    assert "portguard" not in "".join(servers.stop_commands(spec(executor="mp").record(),
-                                                           inventory()).values())
+    mp = Server(ServerRecord.from_dict(spec(executor="mp").record()), "spark-a")
+    assert "portguard" not in "".join(servers.stop_commands(mp, inventory()).values())
 
 
 def test_down_removes_every_chain_and_verifies_none_is_left(

@@ -6,7 +6,7 @@ container mounts RUN_DIR at the same path): the extra LLM API config, its MPI ho
 nodes' fabric addresses in rank order, what mpirun reads instead of the cluster's), processes.json
 (which container and command-line words make its processes: node/servers.py checks them there),
 the pid files (mpirun.pid, rank-N.pid, memguard.pid) and logs (server.log, rank-N.log), and on
-the first node its record server.json (engines/lifecycle.ServerRecord). Several servers run at
+the first node its record server.json (orchestrator/records.ServerRecord). Several servers run at
 once, on other nodes or on one node when ports and memory allow (engines/servers.py).
 
 A relaunch of the same server is a no-op (its record's config hash matches and /health is 200);
@@ -192,12 +192,11 @@ class LaunchSpec(ServerSpec):
     def record(self, started: str | None = None) -> dict[str, Any]:
         r = self.recipe
         draft = r.speculative.draft_model if r.speculative else None
-        when = {"started": started} if started else {}
         return ServerRecord(
             name=self.name, engine=r.engine, recipe=r.name, model=r.model, port=r.port,
             nodes=list(self.nodes), config_hash=self.digest, host=self.host, ranks=r.tp_size,
             guard_min_available_gb=self.guard_min_available_gb, persistent=self.persistent,
-            memory_gb=self.memory_gb, container=self.container, **when,
+            memory_gb=self.memory_gb, container=self.container, started=started or lifecycle.now(),
             extra={"draft_model": draft, "tp_size": r.tp_size, "main": MAIN, "ours": list(OURS),
                    "memory_gb_per_node": self.memory_gb,
                    **recipe_origin(r), **apikey.record_fields(self.name, self.key)}).to_dict()

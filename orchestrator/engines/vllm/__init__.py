@@ -25,6 +25,7 @@ from orchestrator.engines.vllm.meter import VllmMeter
 from orchestrator.engines.vllm.ready import READINESS
 from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.records import ServerRecord
 from orchestrator.remote.fact_records import CommandResult
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class VllmEngine:
 
         return "ray", RAY_PROBE
 
-    def judge_probe(self, server: dict[str, Any], answer: CommandResult | None) -> dict[str, Any]:
+    def judge_probe(self, server: ServerRecord, answer: CommandResult | None) -> dict[str, Any]:
         from orchestrator.engines.vllm.ray import judge_probe
 
         return judge_probe(server, answer)

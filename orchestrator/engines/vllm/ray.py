@@ -28,6 +28,7 @@ from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
 from orchestrator.recipe import CONTAINER_HF_HOME
+from orchestrator.records import ServerRecord
 from orchestrator.remote.container import ContainerCommands, ContainerTransport
 from orchestrator.remote.fact_records import CommandResult
 from orchestrator.remote.gathered import NodeFacts
@@ -305,16 +306,16 @@ class RayCluster(Step):
             + "\n".join(parts))
 
 
-def judge_probe(server: dict[str, Any], answer: CommandResult | None) -> dict[str, Any]:
+def judge_probe(server: ServerRecord, answer: CommandResult | None) -> dict[str, Any]:
     """`status`: vLLM's Ray cluster as its head reports it (RAY_PROBE's answer): every node the
     server runs on must be alive. A server on vLLM's own multi-node (mp) has no Ray: {}."""
-    if server.get("executor", "ray") != "ray":
+    if server.extra.get("executor", "ray") != "ray":
         return {}
     probe: dict[str, Any] = (parse_probe(answer) if answer and (answer.out or answer.rc)
                              else {"error": "no answer"})
     nodes = probe.get("nodes") or []
     alive = sorted(n.get("ip") for n in nodes if n.get("alive"))
-    want = len(server.get("nodes") or []) or 1
+    want = len(server.nodes) or 1
     out: dict[str, Any] = {"nodes": nodes, "alive": len(alive), "expected": want, "problem": ""}
     if probe.get("error"):
         out["error"] = probe["error"]
