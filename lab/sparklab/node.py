@@ -65,8 +65,16 @@ echo "0 2147483647" > /proc/sys/net/ipv4/ping_group_range
 mkdir -p "$N/containers" /run/sparklab/containers
 chmod 0700 "$N/containers"
 mount --bind "$N/containers" /run/sparklab/containers
+# the real vLLM's verdicts on `vllm serve` command lines (image/sparklab_engine/vllm_verdict.py):
+# one directory for the whole machine, writable from every node and container, taken before /var
+# becomes an overlay and moved to /var/cache (outside /var/lib/sparklab, which containers re-bind)
+mkdir -p /var/lib/sparklab/cache/vllm-verdicts /run/sparklab/vllm-verdicts
+mount --bind /var/lib/sparklab/cache/vllm-verdicts /run/sparklab/vllm-verdicts
 # /var last: the lab's state dir lives under the host's /var
 ov /var var
+mkdir -p /var/cache/sparklab-vllm-verdicts
+mount -n --move /run/sparklab/vllm-verdicts /var/cache/sparklab-vllm-verdicts
+rmdir /run/sparklab/vllm-verdicts
 mkdir -p /var/lib/sparklab/containers
 mount -n --move /run/sparklab/containers /var/lib/sparklab/containers
 rmdir /run/sparklab/containers

@@ -75,6 +75,24 @@ def parse(args: list[str], table) -> dict:  # type: ignore[no-untyped-def]
     return opts
 
 
+def ask_real_vllm(argv: list[str]) -> int | None:
+    """The real vLLM 0.31.0's parser and EngineArgs judge the command line first (vllm_verdict.py):
+    its exit code when it refuses (its message on stderr, as `vllm serve` prints it), else None."""
+    from .vllm_verdict import ask
+
+    verdict = ask(argv, option_table("vllm").version)
+    if verdict is None:
+        log("INFO", "sparklab", "the real vLLM is not installed here: the option table alone "
+            "checks the command line (docs/lab.md)")
+        return None
+    if verdict.code:
+        print(verdict.message, file=sys.stderr, flush=True)
+        return verdict.code
+    log("INFO", "sparklab", "vLLM 0.31.0's own parser and EngineArgs accept the command line"
+        f"{' (verdict cached)' if verdict.cached else ''}")
+    return None
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -91,6 +109,9 @@ def main(argv: list[str]) -> int:
               f"vllm: error: argument subparser: invalid choice: {(argv or [''])[0]!r} "
               "(sparklab simulates `vllm serve` only)", file=sys.stderr)
         return 2
+    refused = ask_real_vllm(argv)
+    if refused is not None:
+        return refused
     try:
         opts = parse(argv[1:], option_table("vllm"))
     except UsageError as exc:
