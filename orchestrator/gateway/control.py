@@ -82,7 +82,9 @@ def desired(inventory: Inventory, node: str, host: str, port: int, key: Any,
         raise InputError(f"the live servers serve {len(models)} models ({', '.join(models)}): "
                          f"the gateway ({gs.ROUTER}) routes a request to any of its replicas "
                          "whatever model it names, so it fronts the replicas of one model; stop "
-                         "the others (`sparkctl down --server NAME`) or reach them directly")
+                         "the others (`sparkctl down --server NAME`) or reach them directly "
+                         "(`sparkctl tunnel --server NAME`); its multi-model mode cannot start offline "
+                         "(docs/gateway.md)")
     return gs.GatewaySpec(node, host, port, replicas, key, client=address_of(node))
 
 

@@ -100,7 +100,7 @@ def fake(tmp: Path, name: str) -> str:
     return str(path)
 
 
-def boot_world(tmp: Path, gateway_here: bool) -> tuple[Path, dict[str, str]]:
+def boot_world(tmp: Path, gateway_here: bool) -> tuple[Path, dict[str, Any]]:
     run = tmp / "run"
     run.mkdir()
     args = {"listen": "127.0.0.1", "port": free_port(), "target": 1, "allow": ["127.0.0.2"],
