@@ -5,9 +5,10 @@ BIN     := $(VENV)/bin
 # What the lab and the tests need from Debian (real OpenSSH, real OpenMPI, iproute2, ...).
 APT_PACKAGES := openssh-server openssh-client openmpi-bin iperf3 sudo iproute2 iputils-ping \
                 procps python3 python3-yaml python3-netifaces python3-dbus socat util-linux \
-                tmux cmake ninja-build g++ chromium
+                tmux cmake ninja-build g++ chromium iptables
 # (cmake, ninja-build, g++: the lab builds the real llama.cpp from source once, see docs/lab.md;
-#  chromium: the dashboard's e2e tests drive the page in it, headless)
+#  chromium: the dashboard's e2e tests drive the page in it, headless; iptables: the lab's nodes
+#  use the host's, for the Ray port guard of vLLM over Ray, docs/security.md)
 
 .PHONY: install system-deps llamacpp vllm demo test unit e2e lint bench clean
 

@@ -81,19 +81,6 @@ def docker_cmd(*args: Any) -> str:
     return join(["docker", *args])
 
 
-def docker_exec_cmd(
-    container: str, argv: Iterable[Any], env: Mapping[str, str] | None = None,
-    detach: bool = False, interactive: bool = False,
-) -> str:
-    flags: list[str] = []
-    if detach:
-        flags.append("-d")
-    if interactive:
-        flags.append("-i")
-    flags += env_args("-e", env or {})
-    return docker_cmd("exec", *flags, container, *argv)
-
-
 def sh_cmd(script: str) -> str:
     """Wrap a compound shell command so it can run under sudo as one argument."""
     return join(["sh", "-c", script])

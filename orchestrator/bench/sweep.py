@@ -16,6 +16,7 @@ import yaml
 
 from orchestrator.bench.run import figure, spec_summary
 from orchestrator.errors import InputError
+from orchestrator.records import ServerRecord
 
 
 def parse_sweep(text: str) -> tuple[str, list[Any]]:
@@ -141,10 +142,12 @@ def sweep_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def placed_args(server: dict[str, Any]) -> list[str]:
+def placed_args(server: ServerRecord | None) -> list[str]:
     """--name, --nodes and --port of the measured server: the sweep relaunches (and restores)
     exactly that server, not the recipe's default name, nodes and port."""
-    args = ["--name", str(server["name"])] if server.get("name") else []
-    if server.get("nodes"):
-        args += ["--nodes", ",".join(map(str, server["nodes"]))]
-    return args + (["--port", str(server["port"])] if server.get("port") else [])
+    if server is None:
+        return []
+    args = ["--name", server.name]
+    if server.nodes:
+        args += ["--nodes", ",".join(server.nodes)]
+    return args + (["--port", str(server.port)] if server.port else [])

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from orchestrator.remote.fact_records import CommandResult
+
+if TYPE_CHECKING:
+    from orchestrator.records import Server
 
 Note = Callable[[str], None]
 
@@ -58,7 +62,7 @@ def _bench(inventory: Any, server: str, config: Any, note: Note) -> dict[str, An
 
     with open_session(inventory, "bench", quiet=True) as session:
         bench = Bench(session, inventory, server)
-        with Forwarder(bench.transport, int(bench.server["port"])) as forward:
+        with Forwarder(bench.transport, bench.server.record.port) as forward:
             return bench.measure(config, forward.local_port)
 
 
@@ -69,7 +73,7 @@ def _tg(doc: dict[str, Any], concurrency: int) -> float | None:
     return figure(cells[0], "tg_throughput") if cells else None
 
 
-def _servers(inventory: Any, nodes: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _servers(inventory: Any, nodes: list[str]) -> tuple[list[Server], dict[str, Any]]:
     """The running servers, each marked `persistent` when it has a boot unit (launch
     --persist), so the restore keeps it persistent; and the API key of each one on NODES that
     has one, read from its node now (the restore starts it with the same key)."""
@@ -84,23 +88,22 @@ def _servers(inventory: Any, nodes: list[str]) -> tuple[list[dict[str, Any]], di
         units = {name: parse_units(CommandResult(0, t.run(units_cmd(), timeout=30).stdout, ""))
                  for name, t in session.transports.items()} if found else {}
         for server in found:
-            transport = session.transports.get(str(server.get("node")))
-            if server.get("api_key_file") and set(server.get("nodes") or []) & set(nodes) \
+            transport = session.transports.get(server.node)
+            if server.record.api_key_file and set(server.nodes) & set(nodes) \
                     and transport is not None:
-                keys[str(server.get("name"))] = read_node_key(transport, server)
-    for server in found:
-        server["persistent"] = persistence(units, str(server.get("name")))["persistent"]
-    return found, keys
+                keys[server.name] = read_node_key(transport, server.record)
+    return [replace(s, record=replace(s.record, persistent=bool(
+        persistence(units, s.name)["persistent"]))) for s in found], keys
 
 
-def _stop(inventory: Any, wanted: Callable[[dict[str, Any]], bool], note: Note) -> None:
+def _stop(inventory: Any, wanted: Callable[[Server], bool], note: Note) -> None:
     from orchestrator.core.session import open_session
     from orchestrator.engines import servers
 
     with open_session(inventory, "advise", quiet=True) as session:
         for server in servers.gather(session.transports, inventory):
             if wanted(server):
-                note(f"[advise] stopping {server.get('name')} on {', '.join(server['nodes'])}")
+                note(f"[advise] stopping {server.name} on {', '.join(server.nodes)}")
                 servers.stop_server(session.transports, inventory, server)
 
 
@@ -141,11 +144,11 @@ def _measure_one(advice: Any, entry: Any, inventory: Any, nodes: list[str], opts
     return Measured(sum(ones) / len(ones) if ones else None, aggregate)
 
 
-def confirm(opts: dict[str, Any], labels: list[str], before: list[dict[str, Any]]) -> None:
+def confirm(opts: dict[str, Any], labels: list[str], before: list[Server]) -> None:
     from orchestrator.errors import InputError
 
     what = (f"launch {', '.join(labels)} in turn"
-            + (f", stopping {', '.join(str(s.get('name')) for s in before)} meanwhile"
+            + (f", stopping {', '.join(s.name for s in before)} meanwhile"
                if before else ""))
     if opts["yes"]:
         return
@@ -170,8 +173,8 @@ def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
     feasible = [a for a in advice.layouts if a.fits]
     # servers on the nodes advise uses are stopped meanwhile and relaunched; others keep running
     running, keys = _servers(inventory, nodes)
-    before = [s for s in running if set(s.get("nodes") or []) & set(nodes)]
-    keep = {str(s.get("name")) for s in running if s not in before}
+    before = [s for s in running if set(s.nodes) & set(nodes)]
+    keep = {s.name for s in running if s not in before}
     confirm(opts, [a.layout.label for a in feasible], before)
     from orchestrator.advise.advice import Measured
 
@@ -179,7 +182,7 @@ def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
     interrupted = False
     try:
         if before:
-            _stop(inventory, lambda s: str(s.get("name")) not in keep, note)
+            _stop(inventory, lambda s: s.name not in keep, note)
         for entry in feasible:
             try:
                 entry.measured = _measure_one(advice, entry, inventory, nodes, opts, token, note)
@@ -193,7 +196,7 @@ def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
                 entry.measured = Measured(None, None, str(exc))
                 note(f"[advise] {entry.layout.label}: {exc}")
             finally:
-                _stop(inventory, lambda s: str(s.get("name")) not in keep, note)
+                _stop(inventory, lambda s: s.name not in keep, note)
     finally:
         restored, stopped = _restore(inventory, before, opts["timeout"], token, note, keys)
     advice.choose(measured=True)
@@ -208,7 +211,7 @@ def measure(advice: Any, opts: dict[str, Any], note: Note) -> int:
     return 0 if advice.pick is not None and "could not" not in restored else 1
 
 
-def _restore(inventory: Any, before: list[dict[str, Any]], timeout: float, token: Any,
+def _restore(inventory: Any, before: list[Server], timeout: float, token: Any,
              note: Note, keys: dict[str, Any] | None = None) -> tuple[str, bool]:
     """Relaunch the servers that ran before, as they ran: from the recipe file they were
     launched from (else the built-in), under their name, nodes and port, bound where they
@@ -225,23 +228,23 @@ Ctrl-C stopped it."""
     stopped = False
     for server in before:
         try:
-            recipe = load_recipe(str(server.get("recipe_file") or server.get("recipe")))
-            # per-server engines record where they ran; the others run from the head
-            placement = None if server.get("legacy") else list(server.get("nodes") or []) or None
-            recipe = revalidated(recipe, port=int(server.get("port") or recipe.port),
-                                 placement=placement)
-            name = server.get("name") if server.get("name") != recipe.name else None
-            note(f"[advise] restoring {server.get('name')} ({recipe.name})")
+            record = server.record
+            recipe = load_recipe(record.recipe_file or record.recipe)
+            # every server records where it ran
+            recipe = revalidated(recipe, port=record.port or recipe.port,
+                                 placement=list(record.nodes) or None)
+            name = server.name if server.name != recipe.name else None
+            note(f"[advise] restoring {server.name} ({recipe.name})")
             _launch(inventory, recipe, name, timeout, token, note,
-                    persist=bool(server.get("persistent")), host=server.get("host"),
-                    key=(keys or {}).get(str(server.get("name"))))
+                    persist=record.persistent, host=record.host,
+                    key=(keys or {}).get(server.name))
         except (KeyboardInterrupt, Interrupted):
-            failed += [f"{s.get('name')} (interrupted)" for s in before[before.index(server):]]
+            failed += [f"{s.name} (interrupted)" for s in before[before.index(server):]]
             stopped = True
             break
         except SparkctlError as exc:
-            failed.append(f"{server.get('name')} ({exc})")
+            failed.append(f"{server.name} ({exc})")
     if failed:
         return ("could not restore " + "; ".join(failed) + ": relaunch with `sparkctl launch`",
                 stopped)
-    return "restored: " + ", ".join(str(s.get("name")) for s in before) + " run again", False
+    return "restored: " + ", ".join(s.name for s in before) + " run again", False

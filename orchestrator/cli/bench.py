@@ -7,13 +7,17 @@ measure, judge and render. See docs/bench.md.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from orchestrator.records import Server
 
 from orchestrator.cli import CONTEXT, inventory_option, json_option, run_command
 from orchestrator.cli.bench_inputs import RUNS, TIMEOUT, check_outputs, int_list, keep_outputs
 from orchestrator.cli.completion import complete_server
+from orchestrator.remote.container import ContainerCommands
 
 
 def _note(line: str) -> None:
@@ -36,7 +40,7 @@ def _node_state(session: Any) -> dict[str, Any]:
     return out
 
 
-def _server_info(session: Any, inventory: Any, transport: Any, server: dict[str, Any]) -> dict[str, Any]:
+def _server_info(session: Any, inventory: Any, transport: Any, server: Server) -> dict[str, Any]:
     import json
 
     from orchestrator.commands import docker_cmd
@@ -45,10 +49,10 @@ def _server_info(session: Any, inventory: Any, transport: Any, server: dict[str,
 
     # the image of the container the server runs in (vLLM's and SGLang's are the recipe's, not
     # `up`'s); `up`'s image when that container cannot be inspected
-    container = server.get("container") or inventory.container.name
-    found = transport.run(docker_cmd("inspect", "--type", "container", "--format",
-                                     "{{.Config.Image}}", container), timeout=30)
-    image = server.get("image") or (found.stdout.strip() if found.ok else "") or inventory.container.image
+    shown = server.record.to_dict()  # (engine-specific figures too: image, draft model)
+    container = server.record.container or inventory.container.name
+    found = transport.run(ContainerCommands(container).inspect_cmd("{{.Config.Image}}"), timeout=30)
+    image = shown.get("image") or (found.stdout.strip() if found.ok else "") or inventory.container.image
     result = transport.run(docker_cmd("image", "inspect", image), timeout=30)
     facts = None
     if result.ok:
@@ -57,9 +61,9 @@ def _server_info(session: Any, inventory: Any, transport: Any, server: dict[str,
         except ValueError:
             facts = None
     keys = ("recipe", "model", "draft_model", "engine", "config_hash", "tp_size", "port", "started")
-    return {**{k: server.get(k) for k in keys}, "engine": server.get("engine") or DEFAULT_ENGINE,
+    return {**{k: shown.get(k) for k in keys}, "engine": server.engine or DEFAULT_ENGINE,
             "image": image, "image_digest": image_digest(facts, image),
-            "head": server.get("node") or inventory.head_name, "server": server.get("name")}
+            "head": server.node, "server": server.name}
 
 
 class Bench:
@@ -70,10 +74,10 @@ class Bench:
 
         self.session, self.inventory, self.expected = session, inventory, expected
         self.transport, server = _running_server(session, inventory, expected)
-        if expected and expected not in (server.get("name"), server.get("recipe")):
+        if expected and expected not in (server.name, server.record.recipe):
             from orchestrator.errors import SparkctlError
 
-            raise SparkctlError(f"the running server is recipe {server.get('recipe')!r}, not "
+            raise SparkctlError(f"the running server is recipe {server.record.recipe!r}, not "
                                 f"{expected!r} (--server)")
         self.server = server
 
@@ -88,8 +92,8 @@ class Bench:
         from orchestrator.engines.apikey import bearer, read_node_key
 
         # a server with an API key: the key from its node's file (over SSH, never argv)
-        endpoint = Endpoint(forward_port, self.server["model"],
-                            headers=bearer(read_node_key(self.transport, self.server)))
+        endpoint = Endpoint(forward_port, self.server.record.model,
+                            headers=bearer(read_node_key(self.transport, self.server.record)))
 
         def fetch() -> str:
             status, body = endpoint.get("/metrics")
@@ -133,16 +137,17 @@ def need_matplotlib() -> None:
 
 
 def _relaunch_cmd(recipe: str, inventory_path: str, timeout: float,
-                  server: dict[str, Any] | None = None, key_file: str | None = None) -> list[str]:
+                  server: Server | None = None, key_file: str | None = None) -> list[str]:
     from orchestrator.bench.sweep import placed_args
-    keyed = ["--host", str((server or {}).get("host") or "127.0.0.1"),
+    record = server.record if server is not None else None
+    keyed = ["--host", (record.host if record else "") or "127.0.0.1",
              "--api-key-file", key_file] if key_file else []  # where it binds, with its key
     return [sys.executable, "-m", "orchestrator.cli", "launch", recipe, "--inventory",
             inventory_path, "--replace", "--yes", "--json", "--timeout", str(timeout),
-            *placed_args(server or {}), *keyed]  # exactly the measured server
+            *placed_args(record), *keyed]  # exactly the measured server
 
 
-def relauncher(inventory_path: str, timeout: float, server: dict[str, Any] | None = None,
+def relauncher(inventory_path: str, timeout: float, server: Server | None = None,
                key_file: str | None = None) -> Any:
     """`sparkctl launch FILE --replace --yes` of the measured server in its own process group
     (a Ctrl-C reaches only bench: it stops the launch's waiting, restores the original)."""
@@ -217,8 +222,8 @@ def _bench(opts: dict[str, Any]) -> int:
         bench = Bench(session, inventory, opts["server"])
         from orchestrator.engines.apikey import probe_host
 
-        with Forwarder(bench.transport, int(bench.server["port"]),
-                       remote_host=probe_host(str(bench.server.get("host") or ""))) as forward:
+        with Forwarder(bench.transport, bench.server.record.port,
+                       remote_host=probe_host(bench.server.record.host)) as forward:
             if not opts["sweep"]:
                 doc = bench.measure(config, forward.local_port)
                 doc.update(command="bench", ok=not doc["interrupted"] and not any(
@@ -229,14 +234,14 @@ def _bench(opts: dict[str, Any]) -> int:
             from orchestrator.engines.apikey import key_copy
 
             key, values = parse_sweep(opts["sweep"])
-            original = opts["recipe"] or bench.server["recipe"]
+            original = opts["recipe"] or bench.server.record.recipe
             recipe = load_recipe(original)
             data = recipe.model_dump(mode="json", exclude_none=True)
             with tempfile.TemporaryDirectory(prefix="sparkctl-sweep-") as tmp:
                 key, files = write_variants(data, key, values, Path(tmp),
                                              lambda path: load_recipe(str(path)))
                 relaunch = relauncher(str(inventory_path), opts["timeout"], bench.server,
-                                      key_copy(bench.transport, bench.server, Path(tmp)))
+                                      key_copy(bench.transport, bench.server.record, Path(tmp)))
                 result = run_sweep(values, files, relaunch,
                                    lambda value: bench.measure(config, forward.local_port),
                                    original, _note)

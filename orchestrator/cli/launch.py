@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from orchestrator.cli import CONTEXT, diff_option, inventory_option, json_option, run_command
 from orchestrator.cli.completion import complete_recipe, complete_server
 from orchestrator.cli.verbosity import verbosity_option
+
+if TYPE_CHECKING:
+    from orchestrator.records import Server
 
 DEFAULT_TOKEN_FILE = "~/.cache/huggingface/token"
 
@@ -251,24 +254,17 @@ def _server_on_head(inventory_path: str | None, command: str) -> Any:
     return open_session(inventory, command, quiet=True), inventory
 
 
-def _running_server(session: Any, inventory: Any, name: str | None = None) -> tuple[Any, dict[str, Any]]:
+def _running_server(session: Any, inventory: Any, name: str | None = None) -> tuple[Any, Server]:
     """The server NAME (or the only one running): its node's transport and its record."""
     from orchestrator.engines import servers
-    from orchestrator.engines.running import current_server
     from orchestrator.errors import SparkctlError
 
-    found = servers.gather(session.transports, inventory, legacy=False)
-    transport = session.transports.get(inventory.head_name)
-    if transport is not None:
-        legacy = current_server(transport, inventory)
-        if legacy:
-            found.append({**legacy, "name": legacy.get("name") or legacy.get("recipe"),
-                          "node": inventory.head_name})
-    elif not found:
+    found = servers.gather(session.transports, inventory)
+    if not found and inventory.head_name not in session.transports:
         raise SparkctlError(f"cannot reach the head {inventory.head_name}: "
                             + session.report.hosts[inventory.head_name].error)
     server = servers.pick(found, name)
-    return session.transports[server["node"]], server
+    return session.transports[server.node], server
 
 
 def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_json: bool,
@@ -289,10 +285,11 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
     manager, inventory = _server_on_head(inventory_path, "chat")
     with manager as session:
         transport, server = _running_server(session, inventory, name)
-        headers = {"Content-Type": "application/json", **bearer(read_node_key(transport, server))}
-        port, where = int(server["port"]), probe_host(server.get("host") or "")
+        record = server.record
+        headers = {"Content-Type": "application/json", **bearer(read_node_key(transport, record))}
+        port, where = record.port, probe_host(record.host)
         with Forwarder(transport, port, remote_host=where) as forward:
-            body = {"model": server["model"], "max_tokens": max_tokens,
+            body = {"model": record.model, "max_tokens": max_tokens,
                     "messages": [{"role": "user", "content": prompt}]}
             request = urllib.request.Request(
                 f"http://127.0.0.1:{forward.local_port}/v1/chat/completions",
@@ -304,19 +301,19 @@ def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_js
             except urllib.error.HTTPError as exc:
                 raise SparkctlError(f"the server answered HTTP {exc.code}: {said(exc.read())}") from None
             except (urllib.error.URLError, OSError) as exc:
-                raise SparkctlError(f"no answer through the tunnel to {server.get('node')}: {exc}") from None
+                raise SparkctlError(f"no answer through the tunnel to {server.node}: {exc}") from None
             seconds = time.monotonic() - started
     text = answer["choices"][0]["message"].get("content") or ""
     tokens = (answer.get("usage") or {}).get("completion_tokens", 0)
     rate = tokens / max(seconds, 1e-3)
     if as_json:
-        print_json({"command": "chat", "ok": True, "model": server["model"], "reply": text,
-                    "server": server.get("name"), "node": server.get("node"),
+        print_json({"command": "chat", "ok": True, "model": record.model, "reply": text,
+                    "server": server.name, "node": server.node,
                     "completion_tokens": tokens, "seconds": round(seconds, 3),
                     "tokens_per_second": round(rate, 2)})
     else:
         click.echo(text)
-        _note(f"[{server['model']}: {tokens} tokens in {seconds:.2f}s, {rate:.1f} tokens/s]")
+        _note(f"[{record.model}: {tokens} tokens in {seconds:.2f}s, {rate:.1f} tokens/s]")
     return 0
 
 
@@ -340,31 +337,32 @@ def _tunnel(inventory_path: str | None, local_port: int | None, name: str | None
             as_json: bool = False) -> int:
     import threading
 
-    from orchestrator.engines.apikey import RECORD_FIELD, key_note, probe_host
+    from orchestrator.engines.apikey import key_note, probe_host
     from orchestrator.remote.tunnel import Forwarder
 
     manager, inventory = _server_on_head(inventory_path, "tunnel")
     with manager as session:
         transport, server = _running_server(session, inventory, name)
-        port = int(server["port"])
-        where = probe_host(str(server.get("host") or ""))
+        record = server.record
+        port = record.port
+        where = probe_host(record.host)
         with Forwarder(transport, port, local_port if local_port is not None else port,
                        remote_host=where) as forward:
             url = f"http://127.0.0.1:{forward.local_port}"
-            node = server.get("node") or inventory.head_name
+            node = server.node
             click.echo(f"Forwarding {url} -> {node} {where}:{port} "
-                       f"({server['model']}). OpenAI clients: base_url={url}/v1. Ctrl-C to stop.",
+                       f"({record.model}). OpenAI clients: base_url={url}/v1. Ctrl-C to stop.",
                        err=True)
-            if server.get(RECORD_FIELD):  # say how, never the key
-                click.echo(key_note(server, node), err=True)
+            if record.api_key_file:  # say how, never the key
+                click.echo(key_note(record, node), err=True)
             if as_json:  # one line, once the forward listens: scripts read where to connect
                 import json
 
                 click.echo(json.dumps({"command": "tunnel", "ok": True, "url": url,
                                        "base_url": f"{url}/v1", "local_port": forward.local_port,
-                                       "node": node, "port": port, "model": server["model"],
-                                       "server": server.get("name"),
-                                       "api_key": bool(server.get(RECORD_FIELD))}))
+                                       "node": node, "port": port, "model": record.model,
+                                       "server": server.name,
+                                       "api_key": bool(record.api_key_file)}))
                 sys.stdout.flush()
             try:
                 threading.Event().wait()

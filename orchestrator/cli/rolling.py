@@ -15,9 +15,12 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from orchestrator.records import Server
 
 DRAIN_TIMEOUT = 120.0
 """Seconds to wait for a replica's requests in flight before relaunching it anyway."""
@@ -27,16 +30,16 @@ def _note(line: str) -> None:
     click.echo(line, err=True)
 
 
-def replicas_of(found: list[dict[str, Any]], recipe: str) -> list[dict[str, Any]]:
+def replicas_of(found: list[Server], recipe: str) -> list[Server]:
     """The servers started from RECIPE (by recipe name), each once, in name order."""
-    seen: dict[str, dict[str, Any]] = {}
+    seen: dict[str, Server] = {}
     for server in found:
-        if server.get("recipe") == recipe and not server.get("legacy"):
-            seen.setdefault(str(server.get("name")), server)
+        if server.record.recipe == recipe and not server.migrated:
+            seen.setdefault(server.name, server)
     return [seen[name] for name in sorted(seen)]
 
 
-def check_replicas(replicas: list[dict[str, Any]], recipe: str, allow_downtime: bool) -> None:
+def check_replicas(replicas: list[Server], recipe: str, allow_downtime: bool) -> None:
     from orchestrator.errors import InputError
 
     if not replicas:
@@ -45,21 +48,21 @@ def check_replicas(replicas: list[dict[str, Any]], recipe: str, allow_downtime: 
                          "--name NAME`")
     if len(replicas) < 2 and not allow_downtime:
         only = replicas[0]
-        raise InputError(f"only one replica of {recipe} runs ({only.get('name')} on "
-                         f"{', '.join(only.get('nodes') or [])}): a rolling relaunch would "
+        raise InputError(f"only one replica of {recipe} runs ({only.name} on "
+                         f"{', '.join(only.nodes)}): a rolling relaunch would "
                          "stop serving meanwhile; start a second replica (`sparkctl launch "
                          f"{recipe} --nodes NODE --name NAME`) or pass --allow-downtime")
 
 
-def kept_options(server: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]:
+def kept_options(server: Server, opts: dict[str, Any]) -> dict[str, Any]:
     """The options replica SERVER is relaunched with: its own as recorded (where it binds,
     whether it has an API key, --persist), never the rolling command's defaults. InputError
     (exit 2, before any replica is touched) when the command names one that differs: a
     rolling relaunch replaces the code and config, not how a replica is reached."""
     from orchestrator.errors import InputError
 
-    host = str(server.get("host") or "127.0.0.1")
-    keyed, persistent = bool(server.get("api_key_file")), bool(server.get("persistent"))
+    host = server.record.host or "127.0.0.1"
+    keyed, persistent = bool(server.record.api_key_file), server.record.persistent
     given = opts.get("host") or "127.0.0.1"
     differ = []
     if given not in ("127.0.0.1", host):
@@ -71,8 +74,8 @@ def kept_options(server: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]
     if differ:
         raise InputError(
             f"--rolling keeps each replica's own host, API key and --persist, and replica "
-            f"{server.get('name')} differs: {'; '.join(differ)}; leave these options out, or "
-            f"relaunch it alone (`sparkctl launch RECIPE --name {server.get('name')} --replace "
+            f"{server.name} differs: {'; '.join(differ)}; leave these options out, or "
+            f"relaunch it alone (`sparkctl launch RECIPE --name {server.name} --replace "
             "...`)")
     return {"host": host, "keyed": keyed, "persist": persistent}
 
@@ -84,14 +87,14 @@ def others_serve(session: Any, inventory: Any, recipe: str, name: str) -> bool:
 
     found = replicas_of(servers.gather(session.transports, inventory, probe=True,
                                        alive_only=False), recipe)
-    this = next((s for s in found if s.get("name") == name), {})
-    return this.get("health") != 200 or any(
-        s.get("health") == 200 for s in found if s.get("name") != name)
+    this = next((s for s in found if s.name == name), None)
+    return this is None or this.health != 200 or any(
+        s.health == 200 for s in found if s.name != name)
 
 
 def rolling(recipe_name: str, inventory_path: str | None, allow_downtime: bool,
-            relaunch: Callable[[dict[str, Any], Any], int], note: Callable[[str], None] = _note,
-            check: Callable[[dict[str, Any]], Any] = lambda server: None) -> int:
+            relaunch: Callable[[Server, Any], int], note: Callable[[str], None] = _note,
+            check: Callable[[Server], Any] = lambda server: None) -> int:
     """Relaunch every replica of RECIPE in turn; `relaunch(server, transport)` is launch's body
     for it (the transport reaches its node: its recorded key is read there); `check(server)`
     refuses a replica before any is touched."""
@@ -106,13 +109,13 @@ def rolling(recipe_name: str, inventory_path: str | None, allow_downtime: bool,
         found = servers.gather(session.transports, inventory, probe=True, alive_only=False)
         # the ones not serving first: relaunching them costs no capacity, and each healthy
         # one then leaves only while another serves
-        replicas = sorted(replicas_of(found, recipe.name), key=lambda s: s.get("health") == 200)
+        replicas = sorted(replicas_of(found, recipe.name), key=lambda s: s.health == 200)
         check_replicas(replicas, recipe.name, allow_downtime)
         for server in replicas:
             check(server)
         probes = gateway.probe_all(session.transports, liveliness=False)
         note(f"rolling: {len(replicas)} replica(s) of {recipe.name}: "
-             + ", ".join(f"{s['name']} on {s['node']}" for s in replicas))
+             + ", ".join(f"{s.name} on {s.node}" for s in replicas))
         started = time.monotonic()
         progress = Progress()
         previous = signal.signal(signal.SIGINT, progress.on_interrupt)
@@ -173,16 +176,16 @@ class Progress:
         return f"rolling: stopped part way: replaced {replaced}{during}{reopened}"
 
 
-def _roll_one(session: Any, inventory: Any, recipe: str, server: dict[str, Any],
+def _roll_one(session: Any, inventory: Any, recipe: str, server: Server,
               probes: dict[str, Any], allow_downtime: bool,
-              relaunch: Callable[[dict[str, Any], Any], int], note: Callable[[str], None],
+              relaunch: Callable[[Server, Any], int], note: Callable[[str], None],
               step: str, progress: Progress) -> None:
     """One replica: out of the gateway and drained, relaunched, back in."""
     from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
     from orchestrator.gateway import control as gateway
     from orchestrator.gateway.follow import follow
 
-    name, node = str(server["name"]), str(server["node"])
+    name, node = server.name, server.node
     transport = session.transports.get(node)
     if transport is None:
         raise SparkctlError(f"cannot reach {node}, where replica {name} runs")
@@ -234,7 +237,7 @@ def rolling_launch(opts: dict[str, Any], _launch: Callable[..., int]) -> None:
                              "their names and ports: leave out --nodes, --name, --port and "
                              "--dry-run")
 
-        def relaunch(server: dict[str, Any], transport: Any) -> int:
+        def relaunch(server: Server, transport: Any) -> int:
             import tempfile
 
             from orchestrator.engines.apikey import key_copy
@@ -243,14 +246,14 @@ def rolling_launch(opts: dict[str, Any], _launch: Callable[..., int]) -> None:
             with tempfile.TemporaryDirectory(prefix="sparkctl-rolling-") as folder:
                 key_file = opts.get("api_key_file")  # (a new key: the user's own file)
                 if kept["keyed"] and not key_file:  # its recorded key, read from its node
-                    key_file = key_copy(transport, server, Path(folder))
+                    key_file = key_copy(transport, server.record, Path(folder))
                 return _launch(
                     opts["recipe_name"], opts["inventory_path"], False, True, False,
                     opts["timeout"], True, kept["host"], opts["drop_caches"],
                     opts["hf_token_file"], opts["trust_new_hosts"], opts["break_lock"],
                     opts["ignore_memory"], opts["guard_min_available_gb"],
-                    tuple(server.get("nodes") or [server["node"]]), str(server["name"]),
-                    int(server["port"]), not opts["drop_caches"], kept["persist"],
+                    tuple(server.nodes), server.name, server.record.port,
+                    not opts["drop_caches"], kept["persist"],
                     opts["distribute_image"], key_file)
 
         return rolling(opts["recipe_name"], opts["inventory_path"], opts["allow_downtime"],

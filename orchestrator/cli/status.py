@@ -222,7 +222,7 @@ def _down_server(inventory: object, server: str, dry_run: bool, yes: bool, as_js
             from orchestrator.engines.servers import gather
 
             found = gather(session.transports, inventory, alive_only=False)  # type: ignore[arg-type]
-            known = sorted({str(s.get("name")) for s in found})
+            known = sorted({s.name for s in found})
             if server not in known:
                 raise InputError(f"--server {server}: no such server; known: "
                                  f"{', '.join(known) or 'none (no server runs)'}")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.commands import Secret, quote
+from orchestrator.engines.lifecycle import ServerRecord
 from orchestrator.engines.servers import record_dir
 from orchestrator.errors import SparkctlError
 
@@ -145,26 +146,26 @@ def bearer(key: Secret | str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {value}"}
 
 
-def read_node_key(transport: Transport, server: dict[str, Any]) -> Secret | None:
+def read_node_key(transport: Transport, server: ServerRecord) -> Secret | None:
     """The key of a recorded server, read from its node's file over SSH (stdout, never argv);
     None when the record says it has none."""
     from orchestrator.state import register_secret
 
-    path = server.get(RECORD_FIELD)
+    path = server.api_key_file
     if not path:
         return None
     result = transport.run(f"cat {quote(path)}", sudo=True, timeout=30,
-                           display=f"read the API key of {server.get('name')} ({path})")
+                           display=f"read the API key of {server.name} ({path})")
     value = result.stdout.strip()
     if not result.ok or not value:
         raise SparkctlError(
-            f"{transport.node}: server {server.get('name')} has an API key, but its file {path} "
+            f"{transport.node}: server {server.name} has an API key, but its file {path} "
             f"cannot be read ({result.stderr.strip()[:200] or 'empty'}); relaunch it with "
             "--api-key-file, or pass the key file to this command with --api-key-file")
     problem = key_problem(value)
     if problem:  # (a file written by hand on the node: no client could send it)
         raise SparkctlError(
-            f"{transport.node}: server {server.get('name')}'s API key file {path}: {problem}; "
+            f"{transport.node}: server {server.name}'s API key file {path}: {problem}; "
             "relaunch it with a valid --api-key-file")
     secret = Secret(value)
     register_secret(secret)
@@ -177,7 +178,7 @@ def probe_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "localhost", "") else host
 
 
-def key_copy(transport: Transport, server: dict[str, Any], folder: Path) -> str | None:
+def key_copy(transport: Transport, server: ServerRecord, folder: Path) -> str | None:
     """For a relaunch of a server with an API key (`bench --sweep`): its key, read from the
     node, in a 0600 file of FOLDER (the caller's private temporary folder, removed with it)."""
     key = read_node_key(transport, server)
@@ -189,11 +190,11 @@ def key_copy(transport: Transport, server: dict[str, Any], folder: Path) -> str 
     return str(path)
 
 
-def key_note(server: dict[str, Any], node: str) -> str:
+def key_note(server: ServerRecord, node: str) -> str:
     """What `tunnel` says of a server with a key: how to send it, never the key."""
     return (f"The server needs its API key: send `Authorization: Bearer <key>` (OpenAI clients: "
             "api_key=<key>), the key being the one line of the --api-key-file it was launched "
-            f"with (on {node}: {server.get(RECORD_FIELD)}, root only).")
+            f"with (on {node}: {server.api_key_file}, root only).")
 
 
 def env_from_file(variable: str, key_file: str) -> str:

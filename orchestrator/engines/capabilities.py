@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.records import ServerRecord
 from orchestrator.remote.fact_records import CommandResult
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class ProbesStatus(Protocol):
         """(key, a Python program) `status` runs in the recorded server's container."""
         ...
 
-    def judge_probe(self, server: dict[str, Any], answer: CommandResult | None) -> dict[str, Any]:
+    def judge_probe(self, server: ServerRecord, answer: CommandResult | None) -> dict[str, Any]:
         """That program's answer judged for `status` ("problem" when something is wrong)."""
         ...
 

@@ -105,6 +105,12 @@ class ImportJob:
         """An integer option's value (the last one given), None when absent."""
         return self._read(flag, int, "a whole number")
 
+    def wholes(self, fields: dict[str, str]) -> dict[str, int]:
+        """{field: value} of the integer options given ({flag: the recipe's field}), e.g. the
+        parallel sizes."""
+        found = {key: self.whole(flag) for flag, key in fields.items()}
+        return {key: value for key, value in found.items() if value is not None}
+
     def port(self, flag: str = "--port") -> int | None:
         return self._read(flag, int, "a port number")
 
@@ -115,6 +121,18 @@ class ImportJob:
             self.note(f"{flag} {where}: not carried over; sparkctl binds the server to "
                       f"127.0.0.1 (`sparkctl launch NAME --host {where} --api-key-file FILE` "
                       "serves beyond the node, with a key)")
+
+    def where_served(self, revision: str | None = "--revision") -> dict[str, Any]:
+        """The fields every engine reads alike: the model's revision (REVISION: its flag, None
+        when the engine has none), the port; the bind address judged (see `host`)."""
+        fields: dict[str, Any] = {}
+        if revision and (value := self.value(revision)):
+            fields["revision"] = value
+        port = self.port()
+        if port is not None:
+            fields["port"] = port
+        self.host()
+        return fields
 
     def fraction(self, flag: str) -> float | None:
         return self._read(flag, float, "a number")

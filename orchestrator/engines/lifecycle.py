@@ -10,68 +10,16 @@ configuration -> refused, or replaced with --replace.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from orchestrator.engines import DEFAULT_ENGINE
 from orchestrator.engines.liveness import judge, was_ready
-from orchestrator.recipe import DEFAULT_HOST
+from orchestrator.records import Server, ServerRecord, now
+
+__all__ = ["Decision", "Running", "ServerRecord", "decide", "now", "refusal", "restart_reason",
+           "running_of"]
 
 Decision = Literal["noop", "loading", "start", "replace", "restart", "refuse"]
-
-
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-@dataclass(frozen=True)
-class ServerRecord:
-    """What every engine records about a server it started (server.json): status, chat, tunnel,
-    down, bench and a relaunch read it. Engine-specific figures go in `extra` (written flat,
-    next to the common fields, so older readers keep finding them)."""
-
-    name: str
-    engine: str
-    recipe: str
-    model: str
-    port: int
-    nodes: list[str]
-    """The serving nodes in rank order; the first is where it answers."""
-    config_hash: str
-    host: str = DEFAULT_HOST
-    ranks: int = 1
-    """Processes (or containers) that make the server: tp x pp."""
-    started: str = field(default_factory=now)
-    ready_at: str | None = None
-    persistent: bool = False
-    guard_min_available_gb: float | None = None
-    """The memory guard's threshold on every serving node (None: no guard)."""
-    memory_gb: float | None = None
-    """The per-node memory estimate (what placing another server on these nodes counts)."""
-    container: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        extra = data.pop("extra")
-        return {**extra, **{k: v for k, v in data.items() if v is not None}}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ServerRecord:
-        """A record as found on a node, older ones included (TensorRT-LLM's had no name, no
-        engine and no nodes)."""
-        known = {f.name for f in fields(cls)} - {"extra"}
-        given = {k: v for k, v in data.items() if k in known and v is not None}
-        given.setdefault("engine", DEFAULT_ENGINE)
-        given.setdefault("recipe", str(data.get("name") or "?"))
-        given.setdefault("name", given["recipe"])
-        given.setdefault("model", "?")
-        given.setdefault("port", 0)
-        given.setdefault("nodes", [])
-        given.setdefault("config_hash", "")
-        given.setdefault("started", "?")
-        return cls(**given, extra={k: v for k, v in data.items() if k not in known})
 
 
 @dataclass(frozen=True)
@@ -94,6 +42,11 @@ class Running:
     @property
     def ready(self) -> str | None:
         return was_ready(self.record.to_dict() if self.record else None, self.ready_log)
+
+
+def running_of(server: Server) -> Running:
+    """A server as node/servers.py listed it, for the judgement below."""
+    return Running(server.record, server.alive, server.health, server.ready_log)
 
 
 def decide(running: Running, digest: str, replace: bool, dead: tuple[str, ...] = ()) -> Decision:

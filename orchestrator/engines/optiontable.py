@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -323,3 +324,19 @@ def load_table(engine: str, path: Path | None = None) -> OptionTable:
         allow_abbrev=data.get("flag_style", {}).get("allow_abbrev", False),
         removed=data.get("removed_keys", {}),
     )
+
+
+def refuse_serve_args(serve_args: list[str], reserved: dict[str, str],
+                      canonical: Callable[[str], str],
+                      check: Callable[[list[str]], list[str]]) -> None:
+    """A recipe's validator on its `serve_args`: ValueError for a flag sparkctl sets itself
+    (RESERVED: flag -> what sets it; a flag is compared in the engine's own spelling, an alias
+    or abbreviation included) and for what the engine's parser would reject (CHECK)."""
+    for word in serve_args:
+        flag = canonical(word.split("=", 1)[0]) if word.startswith("-") else word
+        if flag in reserved:
+            raise ValueError(f"serve_args must not set {flag}: sparkctl sets it from "
+                             f"{reserved[flag]}")
+    problems = check(serve_args)
+    if problems:
+        raise ValueError("serve_args: " + "; ".join(problems))

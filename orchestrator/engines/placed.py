@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands import docker_cmd, quote
+from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import lifecycle, servers
-from orchestrator.engines.lifecycle import Running, ServerRecord
 from orchestrator.engines.readiness import parse_lines, probe_cmd
 from orchestrator.engines.serverspec import ServerSpec
 from orchestrator.errors import SparkctlError
+from orchestrator.remote.container import ContainerTransport
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -33,9 +33,8 @@ def log_tail(transport: Transport | None, container: str, lines: int = 25) -> st
     if transport is None:
         return "(node unreachable)"
     try:
-        result = transport.run(f"{docker_cmd('logs', '--tail', lines, container)} 2>&1; true",
-                               sudo=True, timeout=60, display=f"docker logs {container}")
-        return result.stdout.strip() or "(empty)"
+        out = ContainerTransport(transport, container).logs(lines, sudo=True, timeout=60)
+        return out.strip() or "(empty)"
     except SparkctlError as exc:
         return f"(could not read its log: {exc})"
 
@@ -77,19 +76,18 @@ class Placement(Step):
         self.spec = spec
 
     def check(self, ctx: NodeContext) -> Outcome:
-        running = servers.from_facts(ctx.cluster_facts, ctx.inventory)
+        running = servers.from_facts(ctx.cluster_facts)
         decision, other = servers.judge(self.spec.wanted(), running, self.spec.options.replace,
                                         self.spec.options.ignore_memory)
         where = ", ".join(self.spec.nodes)
-        others = [s for s in running if s.get("name") != self.spec.name]
+        others = [s for s in running if s.name != self.spec.name]
         if decision == "replace" and other is not None:
             return Change(f"stop server {self.spec.name} (another configuration): --replace",
                           payload=other)
         mine = f"{self.spec.estimate.total_gb:.1f} GB per node"
         if decision == "same" and other is not None:
             # the shared judgement (engines/lifecycle.py): stalled or dead -> restart
-            current = Running(ServerRecord.from_dict(other), bool(other.get("alive")),
-                              other.get("health"), bool(other.get("ready_log")))
+            current = lifecycle.running_of(other)
             if lifecycle.decide(current, self.spec.digest, False) == "restart":
                 return Change(f"restart {self.spec.name}: {lifecycle.restart_reason(current)}",
                               payload=other)
@@ -100,7 +98,7 @@ class Placement(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         servers.stop_server(ctx.transports, ctx.inventory, change.payload)
-        return f"stopped {change.payload.get('name')}"
+        return f"stopped {change.payload.name}"
 
 
 class Record(Step):
@@ -113,9 +111,9 @@ class Record(Step):
         self.spec = spec
 
     def check(self, ctx: NodeContext) -> Outcome:
-        running = servers.from_facts(ctx.cluster_facts, ctx.inventory)
-        mine = next((s for s in running if s.get("name") == self.spec.name), None)
-        if mine and mine.get("config_hash") == self.spec.digest:
+        running = servers.from_facts(ctx.cluster_facts)
+        mine = next((s for s in running if s.name == self.spec.name), None)
+        if mine and mine.record.config_hash == self.spec.digest:
             return Unchanged(f"{servers.record_dir(self.spec.name)}/server.json on {self.spec.first}")
         return Change(f"record {self.spec.name} in {servers.record_dir(self.spec.name)}/server.json "
                       f"on {self.spec.first}")

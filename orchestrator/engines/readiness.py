@@ -16,11 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
-from orchestrator.commands import docker_cmd, join, quote
+from orchestrator.commands import join, quote
 from orchestrator.engines.base import LaunchFailed, Ready
 from orchestrator.errors import EXIT_INTERRUPTED, SparkctlError
 from orchestrator.node import script
 from orchestrator.recipe import Note
+from orchestrator.remote.container import ContainerCommands
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
@@ -125,7 +126,7 @@ def wait_cmd(seconds: float, container: str, seen: str, port: int, host: str,
 
 
 def running_cmd(container: str) -> str:
-    return f"{docker_cmd('inspect', '-f', '{{.State.Running}}', container)} 2>/dev/null || echo gone"
+    return f"{ContainerCommands(container).running_cmd()} 2>/dev/null || echo gone"
 
 
 def parse_lines(out: str) -> dict[str, Any]:
@@ -168,9 +169,10 @@ def poll(transports: dict[str, Transport], target: Target, readiness: Readiness,
         command = wait_cmd(wait, target.container, last, target.port, target.host, target.key_file)
     else:
         fired = quote(readiness.ready_line.replace("!", "[!]"))
+        log = ContainerCommands(target.container).logs_cmd()
         command = (f"echo \"running=$({running_cmd(target.container)})\"; "
-                   + (f"echo \"fired=$({docker_cmd('logs', target.container)} 2>&1 | grep -c "
-                      f"{fired})\"; " if readiness.needs_ready_line else "")
+                   + (f"echo \"fired=$({log} 2>&1 | grep -c {fired})\"; "
+                      if readiness.needs_ready_line else "")
                    + probe_cmd(target.port, target.host, target.key_file))
     state = parse_lines(first.run(command, sudo=True, timeout=120 + wait,
                                   display=f"{target.container}: /health").stdout)
@@ -185,12 +187,12 @@ def stop_and_fail(transports: dict[str, Transport], inventory: Inventory, name: 
                   nodes: list[str], note: Note, reason: str, details: str) -> NoReturn:
     """A server that did not come up: stop it (its containers and record on every node, other
     servers untouched) and raise LaunchFailed with its log tails (DETAILS)."""
-    from orchestrator.engines.servers import stop_server
+    from orchestrator.engines.servers import stop_server, unrecorded
 
     note(f"{reason}; stopping {name}")
     left = ""
     try:
-        stop_server(transports, inventory, {"name": name, "nodes": nodes})
+        stop_server(transports, inventory, unrecorded(name, "", nodes))
     except SparkctlError as exc:
         left = f" (could not stop it: {exc})"
     raise LaunchFailed(f"{reason}; {name} stopped{left} (log tails below)", details)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands import docker_exec_cmd
 from orchestrator.engines import DEFAULT_ENGINE, process_words, ready_lines
 from orchestrator.errors import SparkctlError
 from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
+from orchestrator.remote.container import ContainerCommands, ContainerTransport
 
 if TYPE_CHECKING:
     from orchestrator.phases.teardown import EngineParts
@@ -50,22 +50,28 @@ def down_parts() -> EngineParts:
         container, action="stop", grace=grace, ours=ours))
 
 
-def node_cmd(container: str, **args: Any) -> str:
-    """`docker exec CONTAINER python3 -c <serverctl> JSON` (status also gets every engine's
-    ready line: a server that logged it and answers no more is stalled, not loading). Without
-    "ours", the engines' process words; "run" defaults to RUN_DIR (the older single record)."""
+def node_argv(**args: Any) -> list[str]:
+    """`python3 -c <serverctl> JSON` (status also gets every engine's ready line: a server that
+    logged it and answers no more is stalled, not loading). Without "ours", the engines'
+    process words; "run" defaults to RUN_DIR (the older single record)."""
     if args.get("action") == "status":
         args["ready_lines"] = ready_lines()
         args["default_engine"] = DEFAULT_ENGINE
     if not args.get("ours"):
         args["ours"] = process_words()
     payload = json.dumps({"run": RUN_DIR, **args}, sort_keys=True)
-    return docker_exec_cmd(container, ["python3", "-c", NODE_SCRIPT, payload])
+    return ["python3", "-c", NODE_SCRIPT, payload]
+
+
+def node_cmd(container: str, **args: Any) -> str:
+    """`docker exec CONTAINER python3 -c <serverctl> JSON` (see node_argv)."""
+    return ContainerCommands(container).exec_cmd(node_argv(**args))
 
 
 def node_call(transport: Transport, container: str, timeout: float = 120, **args: Any) -> dict[str, Any]:
-    result = transport.run(node_cmd(container, **args), timeout=timeout,
-                           display=f"docker exec {container} python3 -c <sparkctl {args['action']}>")
+    inside = ContainerTransport(transport, container)
+    result = inside.run(node_argv(**args), timeout=timeout,
+                        display=inside.shown(f"python3 -c <sparkctl {args['action']}>"))
     result.check()
     return dict(json.loads(result.stdout))
 

@@ -45,7 +45,7 @@ class ServerSpec:
         """What makes a running server the same server (engines.config_hash): set by the engine."""
 
     def record(self) -> dict[str, Any]:
-        """Its server.json (engines/lifecycle.ServerRecord's fields and the engine's own)."""
+        """Its server.json (orchestrator/records.ServerRecord's fields and the engine's own)."""
         raise NotImplementedError(f"{type(self).__name__} must say what its record holds")
 
     def listen_ports(self) -> list[int]:

@@ -29,6 +29,7 @@ __all__ = ["Note", "Probe", "drain", "leave_router", "probe", "router_request",
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
+    from orchestrator.records import Server
     from orchestrator.remote.transport import Transport
 
 LIVE_TIMEOUT = 60.0
@@ -47,7 +48,7 @@ def find_gateway(probes: dict[str, Probe]) -> Probe | None:
     return next((p for p in probes.values() if p.state), None)
 
 
-def live_servers(transports: dict[str, Transport], inventory: Inventory) -> list[dict[str, Any]]:
+def live_servers(transports: dict[str, Transport], inventory: Inventory) -> list[Server]:
     from orchestrator.engines import servers
 
     return servers.gather(transports, inventory, probe=True)
@@ -57,17 +58,16 @@ def key_reader(transports: dict[str, Transport]) -> Any:
     """key_of(server) for replicas_from: a server's API key from its node's file, over SSH."""
     from orchestrator.engines.apikey import read_node_key
 
-    def key_of(server: dict[str, Any]) -> Any:
-        node = str(server.get("node") or (server.get("nodes") or [""])[0])
-        if node not in transports:
-            raise SparkctlError(f"cannot reach {node} to read the API key of {server.get('name')}")
-        return read_node_key(transports[node], server)
+    def key_of(server: Server) -> Any:
+        if server.node not in transports:
+            raise SparkctlError(f"cannot reach {server.node} to read the API key of {server.name}")
+        return read_node_key(transports[server.node], server.record)
 
     return key_of
 
 
 def desired(inventory: Inventory, node: str, host: str, port: int, key: Any,
-            found: list[dict[str, Any]], key_of: Any = None) -> gs.GatewaySpec:
+            found: list[Server], key_of: Any = None) -> gs.GatewaySpec:
     def address_of(name: str) -> str:
         return inventory.mpi_address(inventory.node(name))
 
@@ -231,8 +231,7 @@ def status(transports: dict[str, Transport], inventory: Inventory) -> dict[str, 
     if gw is None:
         return {"running": False, "relays": {n: p.relays for n, p in probes.items() if p.relays}}
     state = dict(gw.state or {})
-    health = {(s.get("name"), s.get("node")): s.get("health")
-              for s in live_servers(transports, inventory)}
+    health = {(s.name, s.node): s.health for s in live_servers(transports, inventory)}
     replicas = []
     for r in state.get("replicas") or []:
         on_node = probes.get(r["node"])

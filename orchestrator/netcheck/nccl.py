@@ -16,10 +16,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from orchestrator.commands import docker_exec_cmd, join
+from orchestrator.commands import join
 from orchestrator.inventory import Inventory
 from orchestrator.netcheck.results import CheckResult, _link
 from orchestrator.phases.nccl_env import fabric_variable_names, min_nccl_busbw
+from orchestrator.remote.container import ContainerCommands
 from orchestrator.remote.gathered import NodeFacts
 
 BINARY = "all_gather_perf"
@@ -56,7 +57,7 @@ def all_gather_cmd(inventory: Inventory) -> str:
     mpirun = mpirun.replace("'$bin'", '"$bin"')
     script = (f"bin=$(command -v {BINARY} || ls {search} 2>/dev/null | head -n 1); "
               f"if [ -z \"$bin\" ]; then echo '{NOT_FOUND}' >&2; exit 127; fi; exec {mpirun}")
-    return docker_exec_cmd(inventory.container.name, ["bash", "-c", script])
+    return ContainerCommands(inventory.container.name).exec_cmd(["bash", "-c", script])
 
 
 # ---------------------------------------------------------------- parsing

@@ -16,6 +16,7 @@ from typing import Any
 from orchestrator.inventory import Inventory, Node
 from orchestrator.netcheck.checks import CheckResult, Link, fabric_links
 from orchestrator.paths import SSH_CONFIG
+from orchestrator.remote.container import ContainerCommands
 from orchestrator.remote.gathered import NodeFacts, ProbeResult
 
 MPIRUN_DEADLINE = 60
@@ -64,15 +65,15 @@ def build_probes(inventory: Inventory, node: Node, deep: bool) -> list[Probe]:
                 Probe(f"ssh-node {tag}", "ssh-node",
                       ["timeout", "-k", "2", "15", *ssh, link.peer_ip, "true"], 25, link),
                 Probe(f"ssh-container {tag}", "ssh-container",
-                      ["timeout", "-k", "2", "20", "docker", "exec", name, *ssh, link.peer_ip,
-                       "true"], 30, link),
+                      ["timeout", "-k", "2", "20",
+                       *ContainerCommands(name).exec_argv([*ssh, link.peer_ip, "true"])], 30, link),
             ]
         if deep:
             probes.append(Probe(f"latency {tag}", "latency", _ping_argv(link, DEEP_PINGS, 0.02), 30, link))
     if up and node.name == inventory.head_name and len(inventory.nodes) > 1:
-        argv = ["timeout", "-k", "5", str(MPIRUN_DEADLINE + 10), "docker", "exec", name,
-                "timeout", "-k", "5", str(MPIRUN_DEADLINE), "mpirun", "-np", str(len(inventory.nodes)),
-                "hostname"]
+        argv = ["timeout", "-k", "5", str(MPIRUN_DEADLINE + 10), *ContainerCommands(name).exec_argv(
+            ["timeout", "-k", "5", str(MPIRUN_DEADLINE), "mpirun", "-np", str(len(inventory.nodes)),
+             "hostname"])]
         probes.append(Probe("mpirun", "mpirun", argv, MPIRUN_DEADLINE + 30))
     return probes
 

@@ -4,14 +4,22 @@ sparkctl-serve-<server>.service; Python 3.8+, standard library only).
 Usage: python3 sparkctl-boot.py /etc/sparkctl/boot/<server>.json
 
 Does on this node what `sparkctl launch` did, with the same checks, in order (the plan is
-written by orchestrator/phases/persist.py): already serving? -> fabric up with its address ->
-containers running (`docker start` when docker's restart policy did not) -> models present ->
+written by orchestrator/phases/persist.py): what comes first (a port guard) -> already
+serving? -> fabric up with its address -> containers running (`docker start` when docker's
+restart policy did not) -> models present ->
 memory (MemAvailable >= what the recipe loads here + the guard's margin) -> wait for the peers
 (the head only: head last) -> the start commands -> this node's part answers. Every line goes
 to stdout (the journal) and to the plan's log file, and the last one says what was achieved
 (only the first node can see the server answer). With "watch" in the plan it then stays
 (watch()): a node that reboots alone must not leave the server stalled. Without it: exit 0
 when the part is up, 1 when a check fails or the deadline passes (the line before says which).
+
+A server of several nodes whose first node keeps answering /health after losing a rank (vLLM's
+own multi-node) has "ranks" in its plan: a command that lists the TCP connections the server's
+processes hold to each peer (node/rank_links.py). The watcher keeps the set seen while the
+server answered; connections to a peer gone mean its rank died (said once, and the server is
+left alone while nothing comes back: a rank cannot rejoin a running rank 0), new connections
+from it mean the rank came back: the server is restarted at once, whatever /health says.
 """
 
 import json
@@ -58,8 +66,7 @@ def health_host(port):
     """Where the server answers: the address its record says it binds (`launch --host`; a
     wildcard answers on loopback). /health is open with an API key on every engine."""
     run = os.path.dirname(PLAN.get("guard_record") or "/var/lib/sparkctl/run/x")
-    for path in (os.path.join(run, "servers", str(PLAN.get("server")), "server.json"),
-                 os.path.join(run, "server.json")):
+    for path in (os.path.join(run, "servers", str(PLAN.get("server")), "server.json"),):
         try:
             with open(path) as handle:
                 record = json.load(handle)
@@ -136,6 +143,16 @@ def ready(plan):
     return all(conditions) and (port is None or health(port) == 200)
 
 
+def run_first(plan):
+    """What must hold before anything of the server serves here (a port guard: firewall rules
+    do not survive a reboot, the containers' restart policy does): every boot, idempotent."""
+    for item in plan.get("first") or []:
+        rc, out = sh(item["cmd"], timeout=120)
+        if rc != 0:
+            fail("%s: exit %d: %s" % (item["what"], rc, out[-600:]))
+        say("in place: %s" % item["what"])
+
+
 def bring_up(plan, deadline):
     """This node's part of the server, checked and started as `launch` did."""
     for link in plan["fabric"]:
@@ -194,13 +211,69 @@ def stopped_by_guard(plan):
     return bool(path) and os.path.exists(path)
 
 
+class Ranks:
+    """The connections to each peer rank, judged against those seen while the server served."""
+
+    def __init__(self, plan):
+        self.cmd = (plan.get("ranks") or {}).get("cmd")
+        self.seen = {}  # peer -> the connections its rank held
+        self.said = None
+
+    def current(self):
+        rc, out = sh(self.cmd, timeout=60)
+        try:
+            peers = json.loads(out.splitlines()[-1]).get("peers") if rc == 0 else None
+        except (ValueError, IndexError, AttributeError):
+            peers = None
+        return {p: set(c) for p, c in peers.items()} if isinstance(peers, dict) else None
+
+    def judge(self):
+        """None: every rank holds its connections (or it cannot tell); else ("lost" | "back",
+        what), "back" when a lost rank's node connects again."""
+        if not self.cmd:
+            return None
+        now = self.current()
+        if now is None:
+            return None
+        lost, back = [], []
+        for peer, held in sorted(now.items()):
+            before = self.seen.get(peer)
+            if not before:  # the first look while the server answers (or it had none yet)
+                self.seen[peer] = held
+                if held:
+                    continue
+            elif before <= held:
+                continue
+            (back if held - before else lost).append(peer)
+        if back:
+            return "back", ("the rank on %s came back (new connections from it): the server "
+                            "lost its rank there and cannot take it back" % ", ".join(back))
+        if lost:
+            return "lost", ("the rank on %s is gone (its connections to this node closed); "
+                            "/health may still answer 200, but the server cannot serve: waiting "
+                            "for the rank to come back" % ", ".join(lost))
+        return None
+
+    def reset(self):
+        self.seen, self.said = {}, None
+
+
+def restart(plan):
+    for item in plan.get("restart") or []:
+        rc, out = sh(item["cmd"], timeout=120)
+        say("%s: %s" % (item["what"], "ok" if rc == 0 else "exit %d: %s" % (rc, out[-300:])))
+    bring_up(plan, time.monotonic() + plan["deadline_seconds"])
+
+
 def watch(plan, every=WATCH_SECONDS):
     """Stay, because a node can reboot alone: a peer that comes back finds the first node's
     server stalled (a Ray worker or a rank gone for good), and nothing else restarts it. The
     first node restarts its part after MISSES checks without an answer (unless the memory guard
     stopped the server); every node starts its containers again if one stopped."""
-    say("watching: %s every %ds" % ("the server's answer" if plan.get("health_port")
-                                     else "this node's containers", every))
+    ranks = Ranks(plan)
+    say("watching: %s every %ds" % ("the server's answer" + (" and its ranks" if ranks.cmd else "")
+                                     if plan.get("health_port") else "this node's containers",
+                                     every))
     misses, pause = 0, 0
     while True:
         time.sleep(every)
@@ -213,6 +286,18 @@ def watch(plan, every=WATCH_SECONDS):
             if misses >= MISSES:
                 say("server %s answers again" % plan["server"])
             misses, pause = 0, 0
+            verdict = ranks.judge()
+            if verdict is None or verdict[0] == "lost":
+                if verdict is not None and ranks.said != verdict[1]:
+                    say("server %s: %s" % (plan["server"], verdict[1]))
+                ranks.said = verdict and verdict[1]
+                continue
+            say("server %s: %s: restarting this node's part" % (plan["server"], verdict[1]))
+            ranks.reset()
+            try:
+                restart(plan)
+            except Failed:
+                pause, misses = 6, MISSES
             continue
         misses += 1
         if misses < MISSES or (misses - MISSES) < pause:
@@ -223,11 +308,9 @@ def watch(plan, every=WATCH_SECONDS):
             return 0
         say("server %s has not answered for %d checks (%ds): restarting this node's part"
             % (plan["server"], misses, misses * every))
+        ranks.reset()
         try:
-            for item in plan.get("restart") or []:
-                rc, out = sh(item["cmd"], timeout=120)
-                say("%s: %s" % (item["what"], "ok" if rc == 0 else "exit %d: %s" % (rc, out[-300:])))
-            bring_up(plan, time.monotonic() + plan["deadline_seconds"])
+            restart(plan)
             misses, pause = 0, 0
         except Failed:
             pause = min(max(2 * pause, 6), 60)  # checks before the next try: 1 min, 2, ... 10
@@ -245,6 +328,10 @@ def main(path):
     say("boot of server %s (%s) on %s, %s of %s" % (
         plan["server"], plan["engine"], plan["node"], plan["role"], ", ".join(plan["nodes"])))
     code = 0
+    try:
+        run_first(plan)
+    except Failed:
+        return 1  # nothing brought up, nothing watched: the part's own command says what it did
     marker = plan.get("launch_marker")
     if marker and os.path.exists(marker):  # in /run: gone after a reboot
         os.remove(marker)

@@ -15,6 +15,9 @@ Two ways to call it:
   code, "" at first), the model is listed, the container stops or SECONDS pass; prints the last
   look. One SSH round trip per change instead of one per look,
   and a server that becomes ready is seen within LOOK_EVERY s, as a person's `curl` loop sees it.
+- `probe.py --metrics PORT HOST [KEY_FILE]` (`status`'s server figures): GET /metrics; prints its
+  Content-Type on the first line, then the body as it came; exits 1 (the reason on stderr) when
+  it does not answer 200.
 
 A server with an API key gets it in the `Authorization` header, read here (as root) from its
 node file (the record's "api_key_file", or KEY_FILE), never from a command line.
@@ -125,8 +128,26 @@ def recorded(argv):
     return out
 
 
+def metrics(argv):
+    """--metrics PORT HOST [KEY_FILE]: the exposition whole (it may be long), or exit 1."""
+    port, host = int(argv[0]), loopback(argv[1])
+    headers = key_headers(argv[2] if len(argv) > 2 else None)
+    headers.pop("Content-Type")
+    request = urllib.request.Request("http://%s:%d/metrics" % (host, port), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            body = answer.read().decode("utf-8", "replace")
+            sys.stdout.write(answer.headers.get("Content-Type", "") + "\n" + body)
+    except Exception as exc:  # HTTP Error 401: Unauthorized; or why nothing answered
+        why = exc if isinstance(exc, urllib.error.HTTPError) else getattr(exc, "reason", exc)
+        sys.stderr.write("GET /metrics: %s\n" % str(why)[:300])
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--wait"]:
         print(json.dumps(waiting(sys.argv[2:])))
+    elif sys.argv[1:2] == ["--metrics"]:
+        metrics(sys.argv[2:])
     else:
         print(json.dumps(launching(sys.argv[2:]) if sys.argv[1:2] == ["--at"] else recorded(sys.argv[1:])))

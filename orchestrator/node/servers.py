@@ -1,6 +1,7 @@
 """The servers recorded on this node (runs on the node as `python3 -c`; one JSON argument:
-{"run": RUN_DIR, "probe": bool, "ready_lines": {engine: its ready line}, "legacy_container": name
-or null, "default_engine": the engine of a record that names none, "serverctl": the text of
+{"run": RUN_DIR, "probe": bool, "ready_lines": {engine: its ready line}, "migrate": null or, on
+the head, {"container": the `up` container, "engine": the engine of a record that names none,
+"ours": its process words, "nodes": the cluster's nodes in rank order}, "serverctl": the text of
 serverctl.py}).
 
 Every server has its directory RUN_DIR/servers/<name>/, with its record server.json on the
@@ -9,8 +10,11 @@ run (`docker inspect`); a server that is processes in a shared container (Tensor
 and ranks in the `up` container) has, on each of its nodes, processes.json ({"container",
 "ours"}) next to its pid files, which serverctl.py checks inside that container: the record's
 "main" pid file must live. With "probe" its /health on 127.0.0.1:<port> is asked (the server
-binds the node's loopback). The older single record RUN_DIR/server.json (a server launched
-before servers had names, on the head) is listed too, marked "legacy".
+binds the node's loopback).
+The one-time migration (with "migrate", on the head): the older single record RUN_DIR/server.json
+of a server an earlier sparkctl launched before servers had names (TensorRT-LLM's, vLLM's
+one-per-cluster server) becomes that server's record in RUN_DIR/servers/<name>/ before anything
+is listed, in the current format plus "migrated_from" (docs/launch.md).
 With "probe", a server that does not answer 200 also gets "ready_log": whether its engine
 logged that it served (stalled, not loading; orchestrator/engines/liveness.py).
 Also every member of a named server on this node, whichever node holds the record: containers
@@ -21,7 +25,7 @@ A record with a "pid_file" (a process started in its own container by `docker ex
 vllm serve in its Ray container) is alive only while that process is (node-side main_alive).
 A server with an API key that answers /health is also asked /v1/models without its key
 ("keyless": the HTTP code; 401 or 403 when the key is really enforced).
-Prints {"servers": [record + {"alive", "health", "legacy"}], "members": {...}}. Standard
+Prints {"servers": [record + {"alive", "health"}], "members": {...}}. Standard
 library only.
 """
 import json
@@ -42,6 +46,32 @@ def load(path):
         return record if isinstance(record, dict) else None
     except (OSError, ValueError):
         return None
+
+
+def text(value):
+    return value if isinstance(value, str) else ""
+
+
+class Record:
+    """One server.json as this program reads it, typed once: the fields it uses (a field of
+    another type reads as absent: the controller's read names it, orchestrator/records.py);
+    `data` is the whole record, printed with what this node saw."""
+
+    def __init__(self, data, name):
+        data.setdefault("name", name)
+        self.data = data
+        self.engine = text(data.get("engine"))
+        port = data.get("port")
+        self.port = port if isinstance(port, int) and not isinstance(port, bool) else 0
+        self.host = text(data.get("host")) or "127.0.0.1"
+        self.container = text(data.get("container"))
+        self.main = text(data.get("main"))
+        self.pid_file = text(data.get("pid_file"))
+        ours = data.get("ours")
+        self.ours = [w for w in ours if isinstance(w, str)] if isinstance(ours, list) else []
+        self.api_key_file = text(data.get("api_key_file"))
+        self.ready_at = text(data.get("ready_at"))
+        self.migrated_from = text(data.get("migrated_from"))
 
 
 def running(container):
@@ -65,10 +95,10 @@ def keyless(record):
 
 def answer(record, path):
     """The HTTP code of PATH where the server binds, asked without any key (0: no answer)."""
-    host = record.get("host") or "127.0.0.1"
+    host = record.host
     if host in ("0.0.0.0", "::", "localhost"):
         host = "127.0.0.1"
-    url = "http://%s:%d%s" % (host, int(record.get("port") or 0), path)
+    url = "http://%s:%d%s" % (host, record.port, path)
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
             return r.status
@@ -85,9 +115,9 @@ def main_alive(record):
     A restarted container has a new namespace whose numbers start again: the process must also
     be the server's (its command line holds one of the record's "ours" words)."""
     try:
-        with open(record["pid_file"]) as handle:
+        with open(record.pid_file) as handle:
             pid = int(handle.read().strip())
-        proc = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", record.get("container") or ""],
+        proc = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", record.container],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
         init = int(proc.stdout.decode().strip() or 0)
         namespace = os.readlink("/proc/%d/ns/pid" % init)
@@ -104,7 +134,7 @@ def main_alive(record):
                     os.readlink("/proc/%s/ns/pid" % entry) == namespace:
                 with open("/proc/%s/cmdline" % entry, "rb") as handle:
                     command = handle.read().replace(b"\0", b" ").decode(errors="replace")
-                return any(word in command for word in record.get("ours") or [""])
+                return any(word in command for word in record.ours or [""])
         except (OSError, ValueError):
             continue
     return False
@@ -120,13 +150,13 @@ def ready_log(record, directory):
     argument): in server.log / rank-0.log of its directory for a process server (and the older
     single record), in its container's log otherwise. Tells a stalled server from one still
     loading."""
-    line = (a.get("ready_lines") or {}).get(record.get("engine") or a.get("default_engine"))
+    line = (a.get("ready_lines") or {}).get(record.engine)
     if not line:
         return False
-    if record["legacy"] or record.get("pid_file") or record.get("main"):
+    if record.migrated_from or record.pid_file or record.main:
         # a process started in a container: its log is beside its pid file (vLLM's vllm serve),
-        # or in the server's directory (TensorRT-LLM's mpirun and ranks, the older record)
-        where = os.path.dirname(record["pid_file"]) if record.get("pid_file") else directory
+        # or in the server's directory (TensorRT-LLM's mpirun and ranks, a migrated record)
+        where = os.path.dirname(record.pid_file) if record.pid_file else directory
         for name in ("server.log", "rank-0.log"):
             try:
                 with open(os.path.join(where, name), errors="replace") as handle:
@@ -136,7 +166,7 @@ def ready_log(record, directory):
                 continue
         return False
     try:
-        proc = subprocess.Popen(["docker", "logs", record.get("container") or ""],
+        proc = subprocess.Popen(["docker", "logs", record.container],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except OSError:
         return False
@@ -261,6 +291,63 @@ def members():
     return out
 
 
+MOVED_SUFFIXES = (".pid", ".log", ".yml")
+"""What an earlier sparkctl's server kept directly in RUN_DIR (pid files, logs, TensorRT-LLM's
+extra LLM API config): it moves into the server's directory with its record."""
+
+
+def migrate(how):
+    """One time: RUN_DIR/server.json (no name, engine or nodes in TensorRT-LLM's; vLLM's in its
+    own containers) becomes RUN_DIR/servers/<name>/server.json in the current format, its files
+    moving along (a rename: the running processes keep writing their logs). The old record goes
+    last, so an interrupted migration runs again on the next read."""
+    old = os.path.join(run, "server.json")
+    record = load(old)
+    if record is None:
+        return
+    record.setdefault("engine", how["engine"])
+    record.setdefault("container", how["container"])
+    name = str(record.get("name") or record.get("recipe") or "server")
+    if "/" in name or name.startswith("."):  # (sparkctl never wrote such a name)
+        name = "server"
+    if os.path.exists(os.path.join(run, "servers", name, "server.json")):
+        name += "-earlier"  # a named server of that name runs too: never overwrite its record
+    record["name"] = name
+    if not record.get("nodes"):  # TensorRT-LLM's: the head and the next tp_size - 1 nodes
+        record["nodes"] = how["nodes"][:max(1, int(record.get("tp_size") or 1))]
+    record.setdefault("recipe", name)
+    record["migrated_from"] = old
+    directory = os.path.join(run, "servers", name)
+    os.makedirs(directory, exist_ok=True)
+    for entry in sorted(os.listdir(run)):
+        path = os.path.join(run, entry)
+        if entry.endswith(MOVED_SUFFIXES) and os.path.isfile(path):
+            os.replace(path, os.path.join(directory, entry))
+    if record["container"] == how["container"]:  # mpirun and ranks in the `up` container
+        record.setdefault("main", "mpirun.pid")
+        record.setdefault("ours", how["ours"])
+        write(os.path.join(directory, "processes.json"),
+              {"container": record["container"], "ours": record["ours"]})
+    else:  # its own containers (vLLM's sparkctl-vllm): alive while they run, as it always was
+        record.pop("main", None)
+    write(os.path.join(directory, "server.json"), record)
+    os.remove(old)
+
+
+def write(path, data):
+    with open(path + ".tmp", "w") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+if a.get("migrate"):
+    try:
+        migrate(a["migrate"])
+    except OSError as exc:  # (a read-only or full disk: listed as it is, said once)
+        sys.stderr.write("cannot migrate %s/server.json: %s\n" % (run, exc))
+
+
 found, own = [], {}
 base = os.path.join(run, "servers")
 for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
@@ -270,45 +357,31 @@ for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
         own[name] = process_member(procs)
         # a guard stops the whole server from any of its nodes: its record is on that node
         own[name]["memguard"] = load(os.path.join(directory, "memguard-stopped.json"))
-    record = load(os.path.join(directory, "server.json"))  # (a guard's directory alone: skip)
-    if record is None:
+    data = load(os.path.join(directory, "server.json"))  # (a guard's directory alone: skip)
+    if data is None:
         continue
-    record.setdefault("name", name)
-    record["legacy"] = False
+    record = Record(data, name)
     # the memory guard's stop record (node/memguard.py), if it stopped this server
-    record["memguard"] = load(os.path.join(directory, "memguard-stopped.json"))
-    if record.get("pid_file"):  # started in its own container by docker exec: both must live
-        record["alive"] = bool(running(record.get("container") or "")) and main_alive(record)
-    elif record.get("main"):  # processes in a shared container: its main process must live
-        main = ((procs or {}).get("pids") or {}).get(record["main"]) or {}
-        record["alive"] = bool(main.get("alive"))
+    data["memguard"] = load(os.path.join(directory, "memguard-stopped.json"))
+    if record.pid_file:  # started in its own container by docker exec: both must live
+        data["alive"] = bool(running(record.container)) and main_alive(record)
+    elif record.main:  # processes in a shared container: its main process must live
+        main = ((procs or {}).get("pids") or {}).get(record.main) or {}
+        data["alive"] = bool(main.get("alive"))
     else:
-        record["alive"] = bool(running(record.get("container") or ""))
-    record["directory"] = directory
-    found.append(record)
-if a.get("legacy_container"):
-    record = load(os.path.join(run, "server.json"))
-    if record is not None:
-        record.setdefault("engine", a.get("default_engine"))
-        record.setdefault("container", a["legacy_container"])
-        record.setdefault("name", record.get("recipe"))
-        record["legacy"] = True
-        # a guard on the node itself (vLLM's) records its stop in the server's directory
-        record["memguard"] = load(os.path.join(base, str(record["name"]), "memguard-stopped.json"))
-        record["alive"] = bool(running(record["container"]))
-        record["directory"] = run
-        found.append(record)
+        data["alive"] = bool(running(record.container))
+    found.append((record, directory))
 if a.get("probe"):
-    for record in found:
-        record["health"] = health(record) if record["alive"] else None
-        if record["legacy"] and not record["health"]:
-            record["alive"] = False  # the `up` container runs on, the server does not answer
-        if record.get("api_key_file") and record["health"] == 200:
+    for record, directory in found:
+        seen = record.data
+        seen["health"] = health(record) if seen["alive"] else None
+        if record.migrated_from and not record.main and not seen["health"]:
+            seen["alive"] = False  # its container runs on, the server does not answer
+        if record.api_key_file and seen["health"] == 200:
             # a path every engine guards, asked without the key: only a refusal (401/403)
             # proves the key is enforced (status says "with API key" for nothing less)
-            record["keyless"] = keyless(record)
-        if record["alive"] and record["health"] != 200 and not record.get("ready_at"):
-            record["ready_log"] = ready_log(record, record["directory"])
-for record in found:
-    del record["directory"]
-print(json.dumps({"servers": found, "members": {**members(), **own}}))
+            seen["keyless"] = keyless(record)
+        if seen["alive"] and seen["health"] != 200 and not record.ready_at:
+            seen["ready_log"] = ready_log(record, directory)
+print(json.dumps({"servers": [record.data for record, _ in found],
+                  "members": {**members(), **own}}))

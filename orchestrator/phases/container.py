@@ -26,6 +26,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.nccl_env import nccl_environment
 from orchestrator.phases.pull_progress import run_pull
 from orchestrator.phases.registry import receive, repo_digest, want
+from orchestrator.remote.container import ContainerCommands
 from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import (
     INFINIBAND,
@@ -155,26 +156,25 @@ def run_container_cmd(spec: ContainerSpec, args: list[str], user: str, hf_cache:
     A container that exits meanwhile fails at once with the tail of its log; so does one whose
     readiness condition does not hold within its deadline.
     """
-    name = spec.name
+    name, inside = spec.name, ContainerCommands(spec.name)
     too_slow = f"{spec.ready_what} within {spec.ready_deadline}s; its log:"
-    logs = f"{docker_cmd('logs', '--tail', '30', name)} 2>&1 | sed 's/^/  | /' >&2"
+    logs = f"{inside.logs_cmd('30')} 2>&1 | sed 's/^/  | /' >&2"
     steps = [f"install -d -m 0755 {quote(d)}" for d in spec.dirs]
     steps.append(f"runuser -u {quote(user)} -- mkdir -p -- {quote(hf_cache)}")
     if remove_old:
-        steps.append(f"{docker_cmd('rm', '-f', name)} >/dev/null")
+        steps.append(f"{inside.remove_cmd()} >/dev/null")
     steps.append(f"{join(['docker', *args])} >/dev/null")
     ready = spec.ready or "true"
     wait = (
         f"{spec.ready_prelude}i=0; "
         f"while :; do "
-        f"running=$({docker_cmd('inspect', '-f', '{{.State.Running}}', name)} 2>/dev/null); "
+        f"running=$({inside.running_cmd()} 2>/dev/null); "
         f"if [ \"$running\" != true ]; then "
         f"echo {quote(f'container {name} exited right after start; its log:')} >&2; {logs}; exit 3; fi; "
         f"if {ready}; then exit 0; fi; "
         f"i=$((i+1)); if [ $i -ge {spec.ready_deadline * 2} ]; then "
         f"echo {quote(too_slow)} >&2; "
-        f"{logs}; exit 4; fi; sleep 0.5; done"
-    )
+        f"{logs}; exit 4; fi; sleep 0.5; done")
     return " && ".join(steps) + " && { " + wait + "; }"
 
 

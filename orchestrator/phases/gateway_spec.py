@@ -25,6 +25,7 @@ from typing import Any
 
 from orchestrator.commands import Secret, docker_cmd, join, quote
 from orchestrator.paths import CONFIG_DIR, RUN_DIR
+from orchestrator.records import Server
 
 ROUTER_VERSION = "0.3.2"
 ROUTER = f"sglang-router {ROUTER_VERSION}"
@@ -321,21 +322,21 @@ def probe_cmd(host: str | None = None, port: int | None = None, liveliness: bool
         json.dumps(args, sort_keys=True))
 
 
-def replicas_from(servers: list[dict[str, Any]], address_of: Any,
+def replicas_from(servers: list[Server], address_of: Any,
                   key_of: Any = None) -> tuple[Replica, ...]:
     """Live servers as replicas, sorted; `address_of(node)` gives the fabric address and
     `key_of(server)` the API key of a server that has one. A server bound beyond its node's
     loopback (`launch --host`) is no replica: its relay would need the address it holds."""
     out = []
     for s in servers:
-        if not s.get("alive") or not s.get("model") or not s.get("port"):
+        record = s.record
+        if not s.alive or not record.model or not record.port:
             continue
-        if not is_loopback(str(s.get("host") or "127.0.0.1")):
+        if not is_loopback(record.host or "127.0.0.1"):
             continue
-        node = str(s.get("node") or (s.get("nodes") or [""])[0])
-        key = key_of(s) if key_of is not None and s.get("api_key_file") else None
-        out.append(Replica(str(s.get("name") or s.get("recipe")), str(s["model"]), node,
-                           address_of(node), int(s["port"]), str(s.get("recipe") or ""), key))
+        key = key_of(s) if key_of is not None and record.api_key_file else None
+        out.append(Replica(s.name, record.model, s.node, address_of(s.node), record.port,
+                           record.recipe, key))
     return tuple(sorted(out, key=lambda r: (r.model, r.server)))
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator.commands import quote
 from orchestrator.core.step import NodeContext
+from orchestrator.node import script
 from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import DockerImage
 
@@ -43,11 +44,14 @@ def read_record(facts: NodeFacts, key: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def detect_and_record_cmd(probe: str, script: str, path: str) -> str:
-    """One remote command: run `probe`, turn its output into a record with the Python `script`
-    (stdin: the probe's output; stdout: the record's JSON), store it at `path` and print it."""
+def detect_and_record_cmd(probe: str, kind: str, image: str, image_id: str, path: str) -> str:
+    """One remote command: run `probe`, turn its output into a record of KIND ("mpi", "ray")
+    with node/image_record.py (stdin: the probe's output; stdout: the record's JSON), store it
+    at `path` and print it."""
+    request = json.dumps({"kind": kind, "image": image, "image_id": image_id}, sort_keys=True)
+    parse = f"python3 -c {quote(script('image_record.py'))} {quote(request)}"
     return (f"out=$({probe} 2>&1) || {{ echo \"$out\" | tail -20 >&2; exit 2; }}; "
-            f"rec=$(printf '%s' \"$out\" | python3 -c {quote(script)}) || exit 3; "
+            f"rec=$(printf '%s' \"$out\" | {parse}) || exit 3; "
             f"install -d -m 0755 {quote(RECORD_DIR)} && "
             f"printf '%s\\n' \"$rec\" > {quote(path)}.tmp && mv {quote(path)}.tmp {quote(path)} && "
             "printf '%s\\n' \"$rec\"")

@@ -26,11 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from orchestrator.commands import docker_exec_cmd, quote, sh_cmd
+from orchestrator.commands import quote, sh_cmd
 from orchestrator.core.step import Change, NodeContext, NotDone, Outcome, Step, Unchanged
 from orchestrator.errors import InputError
 from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
+from orchestrator.remote.container import ContainerCommands, ContainerTransport
 from orchestrator.remote.gathered import NodeFacts
 
 MEMINFO = "/proc/meminfo"
@@ -215,8 +216,8 @@ def guard_cmd(container: str, node: str, guard: float, run: str = RUN_DIR) -> st
     """`docker exec -d` of the guard in the node's container (it records its own pid in `run`,
     the server's directory, and guards the pid files there)."""
     args = json.dumps({"run": run, "node": node, "min_available_gb": guard}, sort_keys=True)
-    return docker_exec_cmd(container, ["python3", "-c", script("memguard.py"),
-                                       "sparkctl-memguard", args], detach=True)
+    return ContainerCommands(container).exec_cmd(
+        ["python3", "-c", script("memguard.py"), "sparkctl-memguard", args], detach=True)
 
 
 class StartGuard(Step):
@@ -250,10 +251,11 @@ class StartGuard(Step):
         ctx.run(f"rm -f {quote(self.spec.run_dir + '/memguard-stopped.json')}", sudo=True,
                 timeout=30).check()
         # the previous launch's guard, in the container's PID namespace where it runs
-        ctx.run(docker_exec_cmd(container, ["sh", "-c", stop_guard_cmd(self.spec.run_dir)]),
-                timeout=60, display=f"stop the earlier memory guard in {container}").check()
+        inside = ContainerTransport(ctx, container)
+        inside.run(["sh", "-c", stop_guard_cmd(self.spec.run_dir)], timeout=60,
+                   display=f"stop the earlier memory guard in {container}").check()
         ctx.run(change.commands[0], timeout=60,
-                display=f"docker exec -d {container} python3 -c <sparkctl memguard>").check()
+                display=inside.shown("python3 -c <sparkctl memguard>", detach=True)).check()
         return f"memory guard started (stops the server below {guard:g} GB available)"
 
 
@@ -297,10 +299,11 @@ def stop_record(status: dict[str, Any]) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def describe_stop(record: dict[str, Any]) -> str:
-    return (f"stopped by the memory guard on {record.get('node', '?')}: "
-            f"{record.get('available_gb', '?')} GB available < {record.get('min_available_gb', '?')} GB "
-            f"(of {record.get('total_gb', '?')} GB, at {record.get('time', '?')})")
+def describe_stop(stop: dict[str, Any]) -> str:
+    """The guard's own record of a stop (node/memguard.py's memguard-stopped.json)."""
+    return (f"stopped by the memory guard on {stop.get('node', '?')}: "
+            f"{stop.get('available_gb', '?')} GB available < {stop.get('min_available_gb', '?')} GB "
+            f"(of {stop.get('total_gb', '?')} GB, at {stop.get('time', '?')})")
 
 
 DROP_CACHES = "sync; echo 3 > /proc/sys/vm/drop_caches"

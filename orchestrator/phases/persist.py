@@ -31,6 +31,7 @@ from typing import Any
 from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.inventory import Inventory, Node
+from orchestrator.node import script
 from orchestrator.paths import RUN_DIR
 from orchestrator.phases.boot_units import (
     BOOT_LOG_DIR,
@@ -40,6 +41,7 @@ from orchestrator.phases.boot_units import (
     unit_path,
 )
 from orchestrator.phases.files import FileSpec, ManagedFiles, files_request
+from orchestrator.remote.container import ContainerCommands
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class Part:
     """What one node runs for the server at boot, after the shared checks, in order."""
 
     containers: list[str]
+    first: list[tuple[str, str]] = field(default_factory=list)
+    """(what, shell command) run before anything else at every boot, idempotent; a failure ends
+    the boot there (the command itself must leave nothing unsafe running)."""
     wait: list[tuple[str, str]] = field(default_factory=list)
     """(what, shell condition) that must hold before `start` (the head: its peers are up)."""
     start: list[tuple[str, str]] = field(default_factory=list)
@@ -55,6 +60,10 @@ class Part:
     """(what, shell condition): this node's part is up (checked last, and first: already up?)."""
     health_port: int | None = None
     """The node answers here (127.0.0.1): /health 200 means served (the server's first node)."""
+    ranks: str | None = None
+    """The first node of a server whose /health outlives a lost rank (vLLM's mp multi-node): a
+    command printing the connections its processes hold to each peer (node/rank_links.py); the
+    watcher restarts the server when a rank that died comes back."""
     restart: list[tuple[str, str]] | None = None
     """(what, shell command) that stops a stalled server here before `start` runs again (the
     first node's watcher, node/boot.py); None: `docker restart` of the containers."""
@@ -107,10 +116,12 @@ def boot_plan(spec: PersistSpec, node: Node, hf_cache: str) -> dict[str, Any]:
         # server back (SGLang) it is loading already, and the check would race it
         "memory": ({"loaded_gb": round(spec.loaded_gb, 2), "guard_gb": spec.guard_gb}
                    if part.start else None),
+        "first": [{"what": w, "cmd": c} for w, c in part.first],
         "wait": [{"what": w, "cmd": c} for w, c in part.wait],
         "start": [{"what": w, "cmd": c} for w, c in part.start],
         "ready": [{"what": w, "cmd": c} for w, c in part.ready],
         "health_port": part.health_port, "deadline_seconds": int(spec.deadline),
+        "ranks": {"cmd": part.ranks} if part.ranks else None,
         "log": f"{BOOT_LOG_DIR}/boot-{spec.server}.log",
         # the unit stays to watch: one node rebooting alone must not leave the server stalled
         "watch": True, "guard_record": f"{RUN_DIR}/memguard-stopped.json",
@@ -232,6 +243,12 @@ def phase(spec: PersistSpec) -> Phase:
     return Phase("persist", [ManagedFiles("boot-files", render(spec)), EnableUnit(spec)], facts)
 
 
+def persistence_phase(server: str, persist: bool, persistent: Callable[[], Phase]) -> Phase:
+    """The last phase of every engine's launch: with --persist the engine's own (PERSISTENT
+    makes it), else the one that takes a stale boot unit of SERVER away."""
+    return persistent() if persist else not_persistent_phase(server)
+
+
 def not_persistent_phase(server: str) -> Phase:
     """A launch without --persist: the server's own boot unit, left by an earlier launch with
     --persist, goes (see `stale`)."""
@@ -247,11 +264,8 @@ def not_persistent_phase(server: str) -> Phase:
 # ---------------------------------------------------------------- the parts engines share
 def tcp_cmd(host: str, port: int) -> str:
     """A shell condition: something accepts TCP connections at host:port."""
-    probe = ("import socket,sys; s=socket.socket(); s.settimeout(3); "
-             "sys.exit(s.connect_ex((sys.argv[1], int(sys.argv[2]))))")
-    return join(["python3", "-c", probe, host, str(port)])
+    return join(["python3", "-c", script("tcp_open.py"), host, str(port)])
 
 
 def running_cmd(container: str) -> str:
-    return (f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {quote(container)} 2>/dev/null)\" "
-            "= true ]")
+    return ContainerCommands(container).is_running_cmd()

@@ -25,11 +25,12 @@ from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Plan, St
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import CONFIG_DIR, LEDGER, NETPLAN_FILE, RUN_DIR, SERVER_JSON, STATE_DIR
-from orchestrator.phases import adopted, oomguard
+from orchestrator.phases import adopted, oomguard, port_guards
 from orchestrator.phases.boot_units import UNIT_DIR, UNIT_PREFIX
 from orchestrator.phases.files import ledger_answer, ledger_cmd, ledger_entries, ownership, undo_files_cmd
 from orchestrator.phases.managed import managed_containers, managed_ps_cmd
 from orchestrator.phases.persist_down import kept_text, logs_left_cmd
+from orchestrator.records import ServerRecord
 from orchestrator.remote.fact_records import FileInfo
 from orchestrator.remote.facts import request_of
 from orchestrator.remote.node_facts import LINKS, NETPLAN_FILES, ContainerInfo, DockerContainer, LinkTable
@@ -75,13 +76,15 @@ def _file(ctx: NodeContext, path: str) -> FileInfo:
     return ctx.facts.file(path) or FileInfo(exists=False)
 
 
-def _server_record(ctx: NodeContext) -> dict[str, Any]:
-    """server.json (on the head): which container the server runs in and what its pids are."""
+def _server_record(ctx: NodeContext) -> ServerRecord | None:
+    """server.json (on the head) of a server an earlier sparkctl launched, when `down` runs
+    before anything read (and so migrated) it: which container it runs in, its process words."""
     fact = _file(ctx, SERVER_JSON)
     try:
-        return dict(json.loads(fact.content or "{}")) if fact.exists else {}
+        data = json.loads(fact.content or "{}") if fact.exists else None
     except (json.JSONDecodeError, TypeError, ValueError):
-        return {}
+        return None
+    return ServerRecord.from_dict(data) if isinstance(data, dict) else None
 
 
 class StopServer(Step):
@@ -95,7 +98,7 @@ class StopServer(Step):
 
     def check(self, ctx: NodeContext) -> Outcome:
         record = _server_record(ctx)
-        name = record.get("container") or ctx.inventory.container.name
+        name = (record.container if record else None) or ctx.inventory.container.name
         container = DockerContainer(name).read(ctx.facts, strict=False)
         running = container is not None and container.running
         pids = _pid_files(ctx)
@@ -104,12 +107,11 @@ class StopServer(Step):
         if not (running and _is_ours(container, ctx.inventory)):
             return Unchanged(f"container not running, so neither is {', '.join(pids)}")
         return Change(f"stop the server processes recorded in {', '.join(pids)}",
-                      payload={"container": name, "ours": record.get("ours")})
+                      payload=(name, record.ours if record else None))
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        payload = change.payload or {}
-        command = self.engines.stop_cmd(payload.get("container") or ctx.inventory.container.name,
-                                        payload.get("ours"), SERVER_STOP_SECONDS)
+        container, ours = change.payload
+        command = self.engines.stop_cmd(container, ours, SERVER_STOP_SECONDS)
         result = ctx.run(command, sudo=True, timeout=SERVER_STOP_SECONDS + 60,
                          display="stop the server (launch's pid files)")
         if not result.ok:
@@ -348,7 +350,8 @@ def verify_cmd(inventory: Inventory, network: bool, keep_logs: bool = False) -> 
         managed_ps_cmd(inventory, "container: {{.Names}}"),
         f"ls {UNIT_DIR}/{UNIT_PREFIX}*.service 2>/dev/null | sed 's/^/boot unit: /'",
         f"[ ! -e {quote(CONFIG_DIR)} ] || echo 'directory: {CONFIG_DIR}'",
-        *([] if keep_logs else [logs_left_cmd()]), gateway_down.verify_line()]
+        *([] if keep_logs else [logs_left_cmd()]), gateway_down.verify_line(),
+        port_guards.verify_line()]
     if network:  # a file of the user's at our path was left alone on purpose: only ours counts
         probe = f"printf '%s' {quote(json.dumps([NETPLAN_FILE]))} | {ledger_cmd('check')}"
         checks.append(f"[ ! -e {quote(NETPLAN_FILE)} ] || {{ {probe} | grep -q '\"ours\"' && "
@@ -362,14 +365,14 @@ def down_phase(inventory: Inventory, network: bool, engines: EngineParts,
     from orchestrator.remote.facts import merge_requests
 
     steps: list[Step] = [persist_down.RemoveBootUnits(), StopServer(engines), RemoveContainers(),
-                         gateway_down.StopRelays()]
+                         port_guards.RemovePortGuards(), gateway_down.StopRelays()]
     if network:
         steps.append(RemoveNetwork())
     steps += [oomguard.Remove(), RemoveFiles(network), persist_down.RemoveBootLogs(keep=keep_logs),
               VerifyDown(network, keep_logs)]
     return Phase("down", steps, lambda inv, node: merge_requests(
         [down_facts(inv, node, engines), persist_down.facts(inv), oomguard.down_facts(inv),
-         gateway_down.facts()]))
+         gateway_down.facts(), port_guards.facts()]))
 
 
 def build_down_plan(inventory: Inventory, network: bool, engines: EngineParts,

@@ -26,6 +26,7 @@ from orchestrator.paths import NETPLAN_FILE, RUN_DIR, SERVER_JSON
 from orchestrator.phases.gateway_spec import probe_cmd as gateway_probe_cmd
 from orchestrator.phases.managed import managed_ps_cmd
 from orchestrator.remote.cluster import parallel
+from orchestrator.remote.container import ContainerCommands
 from orchestrator.remote.fact_records import CommandResult
 from orchestrator.remote.gathered import NodeFacts
 from orchestrator.status.containers import check_server_containers
@@ -64,14 +65,14 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
         commands["probe"] = " ".join(["python3 -c", quote(PROBE), quote(SERVER_JSON), health_arg()])
         # when the server's container last started: a restart after launch takes the server along
         commands["server_container"] = record_container_cmd(
-            inventory, "docker inspect -f '{{.Name}} {{.State.StartedAt}}' \"$c\"") + " 2>/dev/null"
+            inventory, RECORDED.inspect_cmd("{{.Name}} {{.State.StartedAt}}")) + " 2>/dev/null"
         # mpirun's own output, and rank 0's (TensorRT-LLM's engine log) when there is one
         commands["server_log"] = (f"cd {quote(RUN_DIR)} 2>/dev/null && for f in server.log "
                                   'rank-0.log; do [ -s "$f" ] && { echo "==> $f <=="; '
                                   f'tail -n {LOG_TAIL_LINES} "$f"; }}; done; true')
         for name, (key, program) in engine_probes().items():
             commands[key] = record_container_cmd(
-                inventory, "docker exec \"$c\" python3 -c " + quote(program), engine=name)
+                inventory, RECORDED.exec_cmd(["python3", "-c", program]), engine=name)
     # every server on this node (SGLang runs one per node or placement), probed where it runs
     from orchestrator.engines.servers import servers_cmd
     commands["servers"] = servers_cmd(inventory, node, probe=True)
@@ -85,6 +86,7 @@ def status_facts(inventory: Inventory, node: Node) -> dict[str, Any]:
 
 
 RECORD_CONTAINER = script("record_container.py")
+RECORDED = ContainerCommands("$c")  # the server record's container: record_container_cmd's $c
 
 
 def record_container_cmd(inventory: Inventory, command: str, engine: str = "") -> str:
@@ -127,8 +129,7 @@ def gather_status(inventory: Inventory) -> dict[str, Any]:
         from orchestrator.status.memory import attach_metrics
 
         def run_on(node: str, command: str, sudo: bool = False) -> tuple[int, str]:
-            done = session.transports[node].run(command, sudo=sudo, timeout=15,
-                                                display="GET /metrics")
+            done = session.transports[node].run(command, sudo=sudo, timeout=15, display="GET /metrics")
             return done.exit_status, done.stdout
 
         attach_metrics([s for s in result["servers"] if s.get("node") in session.transports], run_on)
@@ -222,8 +223,7 @@ def assess_node(inventory: Inventory, node: Node, facts: NodeFacts) -> dict[str,
     }
 
 
-def assess_network(inventory: Inventory, node: Node, facts: NodeFacts,
-                   problems: list[str]) -> dict[str, Any]:
+def assess_network(inventory: Inventory, node: Node, facts: NodeFacts, problems: list[str]) -> dict[str, Any]:
     ours = facts.exists(NETPLAN_FILE)
     configured = ours or inventory.fabric.network == "adopted"  # (files not ours hold it)
     links = facts.links.links if facts.links else {}

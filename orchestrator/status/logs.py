@@ -29,6 +29,7 @@ from orchestrator.commands import docker_cmd, quote
 from orchestrator.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, InputError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import RUN_DIR
+from orchestrator.remote.container import ContainerCommands
 from orchestrator.remote.stream import Stream
 from orchestrator.remote.transport import Transport
 
@@ -81,17 +82,10 @@ def expected_files(inventory: Inventory, node: Node) -> list[str]:
 
 def container_log_cmd(inventory: Inventory, follow: bool, since: float | None, tail: int | None
                       ) -> str:
-    args: list[Any] = ["logs"]
-    if since is not None:
-        args += ["--since", f"{since:.0f}"]
-    if tail is not None:
-        args += ["--tail", tail]
-    if follow:
-        args.append("--follow")
-    name = inventory.container.name
-    return (f"{docker_cmd('inspect', '--type', 'container', name)} >/dev/null 2>&1 || "
-            f"{{ echo {quote(NOTE_PREFIX + 'no container ' + name + ' on this node')}; exit 0; }}; "
-            + docker_cmd(*args, name))
+    inside = ContainerCommands(inventory.container.name)
+    return (f"{inside.inspect_cmd()} >/dev/null 2>&1 || "
+            f"{{ echo {quote(NOTE_PREFIX + 'no container ' + inside.name + ' on this node')}; "
+            "exit 0; }; " + inside.logs_cmd(tail, since, follow))
 
 
 def engine_container_log_cmd(inventory: Inventory, engine: str, follow: bool, since: float | None,

@@ -17,6 +17,7 @@ from typing import Any
 from orchestrator.commands import join, quote
 from orchestrator.engines.meters import meter_class, parse_prometheus
 from orchestrator.inventory import Inventory
+from orchestrator.node import script
 from orchestrator.phases.memory import GUARD_DEFAULT_GB, PLAN_FILE
 from orchestrator.remote.gathered import NodeFacts
 from orchestrator.status.gpu import GPU_FIELDS, gpu_fields, gpu_text, guard_nodes, node_gpu
@@ -149,21 +150,13 @@ def summarize_metrics(text: str) -> dict[str, Any]:
     return out
 
 
-FETCH = ("import sys, urllib.request\n"
-         "h = {'Authorization': 'Bearer ' + open(sys.argv[3]).read().strip()} if sys.argv[3:] else {}\n"
-         "q = urllib.request.Request('http://%s:%d/metrics' % (sys.argv[2], int(sys.argv[1])), headers=h)\n"
-         "r = urllib.request.urlopen(q, timeout=5)\n"
-         "body = r.read().decode('utf-8', 'replace')\n"
-         "sys.stdout.write(r.headers.get('Content-Type', '') + '\\n' + body)\n")
-
-
 def metrics_cmd(port: int, host: str = "127.0.0.1", key_file: str | None = None) -> str:
     """GET /metrics where the server binds; with its API key's node file (an engine may guard
     /metrics: llama-server does), read by the fetch itself, so run it with sudo."""
     from orchestrator.engines.apikey import probe_host
 
-    words = [int(port), probe_host(host), *([key_file] if key_file else [])]
-    return f"python3 -c {quote(FETCH)} {join(words)}"
+    words = ["--metrics", int(port), probe_host(host), *([key_file] if key_file else [])]
+    return f"python3 -c {quote(script('probe.py'))} {join(words)}"
 
 
 def reads_prometheus(engine: str | None) -> bool:

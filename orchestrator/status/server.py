@@ -15,6 +15,7 @@ from orchestrator.engines.capabilities import ProbesStatus
 from orchestrator.engines.liveness import READY_KEY, judge, was_ready
 from orchestrator.inventory import Inventory
 from orchestrator.paths import SERVER_JSON
+from orchestrator.records import Server, ServerRecord
 from orchestrator.remote.fact_records import CommandResult
 from orchestrator.remote.gathered import NodeFacts
 from orchestrator.timestamps import age, parse_time
@@ -61,7 +62,8 @@ def assess_server(inventory: Inventory, facts: NodeFacts | None, head: dict[str,
     own = engine_of_record(engine)
     probes = own.name == engine and isinstance(own, ProbesStatus)  # (not the default's)
     probe_key = own.status_probe()[0] if probes else ""
-    judged = own.judge_probe(server, facts.command(probe_key)) if probe_key else {}
+    judged = (own.judge_probe(ServerRecord.from_dict(server), facts.command(probe_key))
+              if probe_key else {})
     if judged:  # the engine's own probe (vLLM over Ray: every serving node alive in Ray)
         out[probe_key] = judged
     if not container_running:
@@ -158,30 +160,33 @@ LISTED_STATE = {"starting": "loading", "unhealthy": "not answering", "down": "st
 def server_list(inventory: Inventory, facts: dict[str, NodeFacts],
                 recorded: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every server on every node (from the same facts round trip): name, engine, node(s),
-    port, health as probed on its node, and a state word. The recorded server (`legacy`, the
-    one `status` assessed in full as `recorded`) gets that verdict, so both never disagree."""
+    port, health as probed on its node, and a state word. A server an earlier sparkctl
+    launched (`legacy`: its single record migrated) that `status` also assessed in full as
+    `recorded` (the read that migrated it saw the old record too) gets that verdict, so both
+    never disagree."""
     from orchestrator.engines.servers import from_facts
 
     out = []
-    for server in from_facts(facts, inventory, alive_only=False):
-        entry = {k: server.get(k) for k in SERVER_KEYS}
+    for server in from_facts(facts, alive_only=False):
+        shown = server.to_dict()
+        entry = {k: shown.get(k) for k in SERVER_KEYS}
         entry["state"] = (LISTED_STATE.get(recorded["state"], recorded["state"])
-                          if server.get("legacy") and recorded else server_state(server))
+                          if server.migrated and recorded else server_state(server))
         out.append(entry)
     return out
 
 
-def server_state(server: dict[str, Any]) -> str:
+def server_state(server: Server) -> str:
     """healthy, loading (never ready yet), stalled (ready once, no answer now), not answering,
     dead (its container exited: SGLang ends every rank when one dies), guard-stopped (the memory
     guard stopped it) or stopped."""
     from orchestrator.engines.liveness import judge, was_ready
 
-    if isinstance(server.get("memguard"), dict) and not server.get("alive"):
+    if server.memguard and not server.alive:
         return "guard-stopped"
-    if not server.get("alive"):
-        return "stopped" if server.get("legacy") else "dead"
-    verdict = judge(server.get("health"), was_ready(server, bool(server.get("ready_log"))))
+    if not server.alive:
+        return "dead"
+    verdict = judge(server.health, was_ready(server.record.to_dict(), server.ready_log))
     return {"healthy": "healthy", "starting": "loading", "stalled": "stalled"}.get(
         verdict.state, "not answering")
 
@@ -225,11 +230,12 @@ def key_state(entry: dict[str, Any]) -> str | None:
     return "not enforced" if keyless == 200 else "unverified"
 
 
-def server_problem(entry: dict[str, Any]) -> str | None:
-    """What status says (and exits 1 for) about one listed server that does not serve."""
+def server_problem(entry: dict[str, Any], assessed: bool = False) -> str | None:
+    """What status says (and exits 1 for) about one listed server that does not serve
+    (`assessed`: the single recorded server, assessed in full by assess_server)."""
     state = entry.get("state")
-    if entry.get("legacy") or (state not in BAD_STATES and key_state(entry) != "not enforced"):
-        return None  # (the recorded single server is assessed in full by assess_server)
+    if assessed or (state not in BAD_STATES and key_state(entry) != "not enforced"):
+        return None
     nodes = entry.get("nodes") or [entry.get("node")]
     what = (f"server {entry.get('name')} ({entry.get('engine')}, {entry.get('model')} on "
             f"{', '.join(map(str, nodes))})")
@@ -268,7 +274,8 @@ def add_server_problems(result: dict[str, Any]) -> None:
             server["state"] = (f"stopped by the memory guard: {guard.get('available_gb')} GB "
                                f"available < {guard.get('min_available_gb')} GB on {guard.get('node')}")
             entry["state"] = "guard-stopped"
-        problem = server_problem({**entry, "legacy": False} if entry.get("memguard") else entry)
+        assessed = bool(entry.get("legacy")) and isinstance(server, dict)
+        problem = server_problem(entry, assessed and not entry.get("memguard"))
         if problem and entry.get("legacy") and isinstance(server, dict):
             server["problem"] = problem
         node = result["nodes"].get(str((entry.get("nodes") or [entry.get("node")])[0]))

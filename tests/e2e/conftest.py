@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import os
 import platform
+import pty
+import select
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,16 +154,101 @@ def lab(lab_session: list[Lab]) -> Lab:
     return healthy_lab(lab_session)
 
 
-def run_sparkctl(state: str, *args: str, timeout: float = 600,
-                 token: str | None = None) -> subprocess.CompletedProcess[str]:
-    """The checkout's sparkctl with its own state directory (e2e_state(state)), from the
-    repository root; $HF_TOKEN is TOKEN, or unset (the lab's hub needs none for open models)."""
-    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state(state)}
-    env.pop("HF_TOKEN", None)
-    if token is not None:
-        env["HF_TOKEN"] = token
-    return subprocess.run([str(REPO / ".venv" / "bin" / "sparkctl"), *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=REPO)
+SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
+
+
+@dataclass
+class Sparkctl:
+    """The checkout's sparkctl as one module runs it, from the repository root (every e2e
+    module's `sparkctl = Sparkctl(...)`; tests call `sparkctl(*args)`).
+
+    state: the controller's state directory: a module name (e2e_state(name), apart per lab), a
+    path, or None (the environment's own). token: $HF_TOKEN, or None to unset it (the lab's hub
+    needs none for open models); a call's `token=` overrides it (False: none). env: more
+    variables; argv: how sparkctl is started; outputs: every run's stdout and stderr are added
+    (a module's secret-sentinel test reads them)."""
+
+    state: str | Path | None = None
+    token: str | None = None
+    timeout: float = 600
+    env: dict[str, str] = field(default_factory=dict)
+    argv: Sequence[str] = (SPARKCTL,)
+    outputs: list[str] | None = None
+
+    def environment(self, token: str | bool | None = True) -> dict[str, str]:
+        env = {**os.environ, **self.env}
+        if self.state is not None:
+            env["SPARKCTL_STATE_DIR"] = (e2e_state(self.state) if isinstance(self.state, str)
+                                         else str(self.state))
+        env.pop("HF_TOKEN", None)
+        chosen = self.token if token is True else token or None
+        if chosen:
+            env["HF_TOKEN"] = chosen
+        return env
+
+    def command(self, *args: str, token: str | bool | None = True
+                ) -> tuple[list[str], dict[str, str]]:
+        """(argv, env) for a process the test drives itself (Popen, a terminal)."""
+        return [*self.argv, *args], self.environment(token)
+
+    def __call__(self, *args: str, timeout: float | None = None, token: str | bool | None = True,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        argv, environment = self.command(*args, token=token)
+        result = subprocess.run(argv, capture_output=True, text=True, cwd=REPO,
+                                timeout=timeout or self.timeout, env={**environment, **(env or {})})
+        if self.outputs is not None:
+            self.outputs.append(result.stdout + result.stderr)
+        return result
+
+
+def inventory_args(lab: Lab) -> list[str]:
+    return ["--inventory", str(lab.inventory)]
+
+
+def fresh_up(lab_session: list[Lab], sparkctl: Sparkctl) -> Lab:
+    """The session's lab with nothing served (an earlier module on it may have left a server
+    holding the nodes' memory) and `up` run: what a module-scoped fixture starts from."""
+    lab = healthy_lab(lab_session)
+    sparkctl("down", *inventory_args(lab), "--yes")
+    up = sparkctl("up", *inventory_args(lab), "--yes")
+    assert up.returncode == 0, up.stdout + up.stderr
+    return lab
+
+
+def run_in_terminal(argv: list[str], env: dict[str, str], replies: Sequence[tuple[bytes, str]],
+                    timeout: float = 120) -> tuple[int, str]:
+    """Run argv on a pseudo-terminal as a person would: each time one more PROMPT shows than
+    were answered, type its REPLY. Returns (exit code, everything the terminal showed)."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child
+        os.execve(argv[0], argv, env)
+    output = b""
+    answered: dict[bytes, int] = {}
+    deadline = time.monotonic() + timeout
+    finished, status = 0, 0
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            output += chunk
+            for prompt, reply in replies:
+                while output.count(prompt) > answered.get(prompt, 0):
+                    answered[prompt] = answered.get(prompt, 0) + 1
+                    os.write(fd, reply.encode() + b"\n")
+        finished, status = os.waitpid(pid, os.WNOHANG)
+        if finished:
+            break
+    else:
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError(f"timed out; output so far:\n{output.decode(errors='replace')}")
+    if not finished:
+        _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
 
 
 # Modules that take minutes (the real vLLM, reboots, several launches): handed out first under

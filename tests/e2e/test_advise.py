@@ -9,16 +9,14 @@ the first node's measured memory bandwidth (the lab's llama.cpp decodes on the C
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
-from conftest import Lab, run_sparkctl
+from conftest import Lab, Sparkctl
 
 pytestmark = pytest.mark.lab
 
 
-def sparkctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_sparkctl("advise", *args)
+sparkctl = Sparkctl("advise")
 
 
 def _keep_running(lab: Lab, recipe: str) -> list[str]:

@@ -17,13 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab
+from conftest import Lab, Sparkctl, e2e_state, fresh_up
 
 from orchestrator.inventory_checks import load_inventory
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 STATE = e2e_state("api_keys")
 OUTPUTS: list[str] = []  # every sparkctl output of the module, for the sentinel test
 SEEN: dict[str, str] = {}  # docker inspect and every argv on the nodes while the later servers ran
@@ -45,13 +44,8 @@ GET = ("import sys, urllib.error, urllib.request\n"
        "    print(0)\n")
 
 
-def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    # the lab's hub takes any token; TensorRT-LLM's and vLLM's recipes name gated models
-    env = {**os.environ, "SPARKCTL_STATE_DIR": STATE, "HF_TOKEN": "hf_e2eApiKeysLabToken0"}
-    result = subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
-                            env=env, cwd=REPO)
-    OUTPUTS.append(result.stdout + result.stderr)
-    return result
+# the lab's hub takes any token; TensorRT-LLM's and vLLM's recipes name gated models
+sparkctl = Sparkctl("api_keys", token="hf_e2eApiKeysLabToken0", outputs=OUTPUTS)
 
 
 def inv(lab: Lab) -> list[str]:
@@ -63,10 +57,8 @@ Served = tuple[Lab, str, dict[str, str], Path]
 
 @pytest.fixture(scope="module")
 def served(lab_session: list[Lab], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    lab = healthy_lab(lab_session)
-    sparkctl("down", *inv(lab), "--yes")  # an earlier module may have left a server
-    up = sparkctl("up", *inv(lab), "--yes")
-    assert up.returncode == 0, up.stdout + up.stderr
+    # an earlier module may have left a server
+    lab = fresh_up(lab_session, sparkctl)
     secret = f"sk-e2e-keysentinel-{os.getpid()}-{time.time_ns()}"
     key = tmp_path_factory.mktemp("api-keys") / "key"
     key.write_text(secret + "\n")

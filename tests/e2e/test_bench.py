@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab
+from conftest import REPO, Lab, Sparkctl, e2e_state, fresh_up
 
 pytestmark = pytest.mark.lab
 
@@ -25,10 +25,7 @@ MODEL = "nvidia/Qwen3-235B-A22B-FP4"
 STATE = e2e_state("bench")
 
 
-def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": STATE, "HF_TOKEN": "hf_e2eBenchToken"}
-    return subprocess.run([*SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO)
+sparkctl = Sparkctl("bench", token="hf_e2eBenchToken", argv=SPARKCTL)
 
 
 def model_rate(draft_len: int, batch: int = 1) -> float:
@@ -40,11 +37,8 @@ def model_rate(draft_len: int, batch: int = 1) -> float:
 
 @pytest.fixture(scope="module")
 def served(lab_session: list[Lab]) -> Iterator[Lab]:
-    lab = healthy_lab(lab_session)
     # start from no server at all: an earlier module on this lab may have left one serving
-    sparkctl("down", "--inventory", str(lab.inventory), "--yes")
-    up = sparkctl("up", "--inventory", str(lab.inventory), "--yes")
-    assert up.returncode == 0, up.stdout + up.stderr
+    lab = fresh_up(lab_session, sparkctl)
     launch = sparkctl("launch", "qwen3-235b", "--inventory", str(lab.inventory), "--yes",
                       "--replace", "--timeout", "180")
     assert launch.returncode == 0, launch.stdout + launch.stderr

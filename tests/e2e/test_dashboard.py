@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from chromium import Browser, chromium_path
-from conftest import REPO, Lab, e2e_state, healthy_lab, run_sparkctl
+from conftest import REPO, Lab, Sparkctl, e2e_state, fresh_up
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.lab
@@ -31,9 +31,7 @@ SERVER = "qwen3-8b"
 INTERVAL = "1"
 
 
-def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return run_sparkctl(STATE, *args, timeout=timeout)
-
+sparkctl = Sparkctl(STATE)
 
 class Dashboard:
     """`sparkctl dashboard --port 0` started here (stopped by its PID), and its URL."""
@@ -71,11 +69,8 @@ class Dashboard:
 def page(lab_session: list[Lab]) -> Iterator[tuple[Lab, Dashboard, Browser]]:
     if chromium_path() is None:
         pytest.fail("chromium is not installed: `make install` installs it (APT_PACKAGES)")
-    lab = healthy_lab(lab_session)
+    lab = fresh_up(lab_session, sparkctl)
     inventory = ["--inventory", str(lab.inventory)]
-    sparkctl("down", *inventory, "--yes")
-    up = sparkctl("up", *inventory, "--yes")
-    assert up.returncode == 0, up.stdout + up.stderr
     dashboard = Dashboard(lab)
     browser = Browser(dashboard.url)
     try:

@@ -18,11 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Lab, healthy_lab
+from conftest import REPO, SPARKCTL, Lab, healthy_lab
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 CONTAINER = "trtllm-multinode"
 HF = "/root/.cache/huggingface"
 BLOBS = f"{HF}/hub/models--nvidia--Qwen3-235B-A22B-FP4/blobs"

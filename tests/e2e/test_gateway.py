@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import threading
 import time
 import urllib.error
@@ -21,23 +20,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab
+from conftest import REPO, Lab, Sparkctl, e2e_state, healthy_lab
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 RECIPE = REPO / "orchestrator" / "engines" / "sglang" / "recipes" / "qwen3-8b.yml"
 MODEL = "Qwen/Qwen3-8B"
 OUTPUTS: list[str] = []  # every sparkctl output of the module, for the sentinel test
 
 
-def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("gateway")}
-    env.pop("HF_TOKEN", None)
-    result = subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
-                            env=env, cwd=REPO)
-    OUTPUTS.append(result.stdout + result.stderr)
-    return result
+sparkctl = Sparkctl("gateway", outputs=OUTPUTS)
 
 
 def inv(lab: Lab) -> list[str]:

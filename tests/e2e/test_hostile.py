@@ -11,22 +11,17 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import Lab, healthy_lab, run_sparkctl
+from conftest import Lab, Sparkctl, fresh_up, healthy_lab
 
 pytestmark = pytest.mark.lab
 
 
-
-def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return run_sparkctl("hostile", *args, timeout=timeout, token="hf_e2eHostile1")
+sparkctl = Sparkctl("hostile", token="hf_e2eHostile1")
 
 
 @pytest.fixture(scope="module")
 def hlab(lab_session: list[Lab]) -> Iterator[Lab]:
-    lab = healthy_lab(lab_session)
-    sparkctl("down", "--inventory", str(lab.inventory), "--yes")
-    up = sparkctl("up", "--inventory", str(lab.inventory), "--yes")
-    assert up.returncode == 0, up.stdout + up.stderr
+    lab = fresh_up(lab_session, sparkctl)
     yield lab
     lab.cli("fault", "restore")
     sparkctl("down", "--inventory", str(lab.inventory), "--yes")

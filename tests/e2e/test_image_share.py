@@ -20,14 +20,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab
+from conftest import SPARKCTL, Lab, e2e_state, healthy_lab
 from sparklab.inventory import CONTAINER_IMAGE
 
 from orchestrator.engines import load_recipe
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 IMAGE = CONTAINER_IMAGE  # the image the lab's inventory names: the one up pulls and shares
 RECORD = "/var/lib/sparklab/images/" + IMAGE.replace("/", "+") + ".json"
 

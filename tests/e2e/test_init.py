@@ -13,19 +13,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import Sparkctl
 
 pytestmark = pytest.mark.lab
 
 LAB_ID = os.environ.get("SPARKLAB_TOPOLOGY_ID", "2")
 BIN = Path(sys.executable).parent
 STATE = Path(f"/var/lib/sparklab/{LAB_ID}")
-ENV = {**os.environ, "SPARKLAB_ID": LAB_ID, "SPARKCTL_STATE_DIR": str(STATE / "ctl-init")}
 PORT0 = ["enp1s0f0np0", "enP2p1s0f0np0"]
 
 
-def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "sparkctl"), *args], env=ENV, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+sparkctl = Sparkctl(STATE / "ctl-init", env={"SPARKLAB_ID": LAB_ID})
+ENV = sparkctl.environment()
 
 
 def test_init_finds_port_0_and_up_accepts_it(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ a loading hang into its replacement and expect the deadline to stop everything.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -17,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab
+from conftest import REPO, SPARKCTL, Lab, Sparkctl, e2e_state, healthy_lab
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 SENTINEL = "hf_SENTINELe2eToken7731"
 # A grep pattern that matches the sentinel without containing it (so grep never finds itself).
 SENTINEL_PATTERN = SENTINEL[:10] + "[" + SENTINEL[10] + "]" + SENTINEL[11:]
@@ -29,13 +27,7 @@ MODEL = "nvidia/Qwen3-235B-A22B-FP4"
 RUN = "/var/lib/sparkctl/run/servers/qwen3-235b"  # the server's own directory on each node
 
 
-def sparkctl(*args: str, timeout: float = 300, token: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("launch")}
-    env.pop("HF_TOKEN", None)
-    if token:
-        env["HF_TOKEN"] = SENTINEL
-    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO)
+sparkctl = Sparkctl("launch", token=SENTINEL, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Lab, healthy_lab, run_sparkctl
+from conftest import REPO, Lab, Sparkctl, fresh_up
 
 pytestmark = pytest.mark.lab
 
@@ -29,8 +29,7 @@ PROCESSES = ("for p in /proc/[0-9]*; do e=$(readlink $p/exe 2>/dev/null) || cont
 Served = tuple[Lab, subprocess.CompletedProcess[str]]
 
 
-def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return run_sparkctl("llamacpp", *args, timeout=timeout)
+sparkctl = Sparkctl("llamacpp")
 
 
 def inv(lab: Lab) -> list[str]:
@@ -58,10 +57,8 @@ def recipe_copy(tmp_path: Path, source: str, **changes: str) -> str:
 
 @pytest.fixture(scope="module")
 def served(lab_session: list[Lab]) -> Iterator[Served]:
-    lab = healthy_lab(lab_session)
-    sparkctl("down", *inv(lab), "--yes")  # an earlier module may have left a server
-    up = sparkctl("up", *inv(lab), "--yes")
-    assert up.returncode == 0, up.stdout + up.stderr
+    # an earlier module may have left a server
+    lab = fresh_up(lab_session, sparkctl)
     launch = sparkctl("launch", SERVER, *inv(lab), "--yes", "--json", "--timeout", "240")
     yield lab, launch
     lab.cli("fault", "restore")

@@ -8,32 +8,22 @@ The lab's nodes have a memory cgroup each, shown scaled as a Spark's 128 GB in /
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab
+from conftest import REPO, Lab, Sparkctl, fresh_up
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 SENTINEL = "hf_SENTINELe2eToken7731"
 OUTBOX = "cat /var/lib/sparklab/outbox/hf-downloads.log 2>/dev/null || true"
 LAB_JSON = "/var/lib/sparklab/config/lab.json"
 SERVER_DIR = "/var/lib/sparkctl/run/servers/qwen3-235b"  # the server's (named for its recipe)
 
 
-def sparkctl_argv(*args: str) -> tuple[list[str], dict[str, str]]:
-    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("memory"),
-           "HF_TOKEN": SENTINEL}
-    return [SPARKCTL, *args], env
-
-
-def sparkctl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    argv, env = sparkctl_argv(*args)
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+sparkctl = Sparkctl("memory", token=SENTINEL, timeout=300)
 
 
 def set_load_seconds(lab: Lab, seconds: float) -> None:
@@ -44,12 +34,9 @@ def set_load_seconds(lab: Lab, seconds: float) -> None:
 
 @pytest.fixture(scope="module")
 def mlab(lab_session: list[Lab]) -> Iterator[Lab]:
-    lab = healthy_lab(lab_session)
     # start from no server at all: an earlier module on this lab may have left one serving,
     # and its memory would change every figure below
-    sparkctl("down", "--inventory", str(lab.inventory), "--yes")
-    up = sparkctl("up", "--inventory", str(lab.inventory), "--yes")
-    assert up.returncode == 0, up.stdout + up.stderr
+    lab = fresh_up(lab_session, sparkctl)
     yield lab
     lab.cli("fault", "restore")
     sparkctl("down", "--inventory", str(lab.inventory), "--yes")
@@ -80,7 +67,7 @@ def test_the_guard_stops_a_server_when_memory_runs_out_while_loading(mlab: Lab) 
     set_load_seconds(mlab, 20)
     # the threshold from the command line (the default, 2 GB, is what NVIDIA's setup leaves room
     # for; 4 GB makes the squeeze below certain to cross it whatever the KV cache took)
-    argv, env = sparkctl_argv("launch", "qwen3-235b", "--inventory", str(mlab.inventory),
+    argv, env = sparkctl.command("launch", "qwen3-235b", "--inventory", str(mlab.inventory),
                               "--yes", "--timeout", "120", "--guard-min-available-gb", "4")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=REPO)

@@ -18,23 +18,20 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import LAB_ID, REPO, Lab, healthy_lab, lab_cli
+from conftest import LAB_ID, Lab, Sparkctl, healthy_lab, lab_cli
 
 from orchestrator.inventory_checks import load_inventory
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 CONTAINER = "trtllm-multinode"
 ALT_ID = int(os.environ.get("SPARKLAB_ALT_ID", str((LAB_ID + 4) % 10)))
 
 
 def sparkctl(*args: str, lab_id: int = LAB_ID, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SPARKLAB_ID": str(lab_id),
-           "SPARKCTL_STATE_DIR": f"/var/lib/sparklab/{lab_id}/ctl"}
-    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env=env)
-
+    """sparkctl on lab LAB_ID (the main lab, or the alternate one), its state in that lab's folder."""
+    return Sparkctl(Path(f"/var/lib/sparklab/{lab_id}/ctl"), env={"SPARKLAB_ID": str(lab_id)},
+                    token=os.environ.get("HF_TOKEN"))(*args, timeout=timeout)
 
 def lab_inventory(lab: Lab, directory: Path) -> Path:
     data = yaml.safe_load(lab.inventory.read_text())

@@ -8,23 +8,19 @@ check names the node, the interface and a fix, restore.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, Lab, healthy_lab
+from conftest import Lab, Sparkctl, healthy_lab
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 CONTAINER = "trtllm-multinode"
 
 
-def sparkctl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO)
+sparkctl = Sparkctl(timeout=300)
 
 
 @pytest.fixture(scope="module")

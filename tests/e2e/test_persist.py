@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import Lab, healthy_lab, run_sparkctl
+from conftest import Lab, Sparkctl, fresh_up
 
 pytestmark = pytest.mark.lab
 
@@ -22,16 +22,12 @@ UNIT = f"sparkctl-serve-{RECIPE}.service"
 BOOT_LOG = f"/var/log/sparkctl/boot-{RECIPE}.log"
 
 
-def sparkctl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return run_sparkctl("persist", *args, timeout=timeout, token="hf_e2ePersist1")
+sparkctl = Sparkctl("persist", token="hf_e2ePersist1", timeout=300)
 
 
 @pytest.fixture(scope="module")
 def plab(lab_session: list[Lab]) -> Iterator[Lab]:
-    lab = healthy_lab(lab_session)
-    sparkctl("down", "--inventory", str(lab.inventory), "--yes")
-    up = sparkctl("up", "--inventory", str(lab.inventory), "--yes")
-    assert up.returncode == 0, up.stdout + up.stderr
+    lab = fresh_up(lab_session, sparkctl)
     yield lab
     sparkctl("down", "--inventory", str(lab.inventory), "--yes")
 

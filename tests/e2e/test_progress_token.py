@@ -9,33 +9,28 @@ before a byte is downloaded or a container changes.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab
+from conftest import Lab, Sparkctl, healthy_lab
 
 from orchestrator.inventory_checks import load_inventory
 
 pytestmark = pytest.mark.lab
 
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 LAB_JSON = "/var/lib/sparklab/config/lab.json"
 OUTBOX = "cat /var/lib/sparklab/outbox/hf-downloads.log 2>/dev/null || true"
 HUB = "/home/nvidia/.cache/huggingface"
 
 
+RUN = Sparkctl("progress-token")
+
+
 def sparkctl(home: Path, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
     # a HOME of its own: no ~/.cache/huggingface/token of the machine's is picked up
-    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("progress-token"), "HOME": str(home)}
-    env.pop("HF_TOKEN", None)
-    if token is not None:
-        env["HF_TOKEN"] = token
-    return subprocess.run([SPARKCTL, *args], capture_output=True, text=True, timeout=600,
-                          env=env, cwd=REPO)
-
+    return RUN(*args, token=token or False, env={"HOME": str(home)})
 
 def image_of(lab: Lab) -> str:
     image = load_inventory(lab.inventory).container.image

@@ -5,7 +5,6 @@ sparkctl's trees hold that others could read. Each search counts as a "secret pr
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
 import threading
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, Lab, healthy_lab
+from conftest import REPO, Lab, Sparkctl, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -57,10 +56,9 @@ class Leak:
 
 
 def sparkctl(state: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "HF_TOKEN": SENTINEL, "SPARKCTL_STATE_DIR": str(state)}
-    return subprocess.Popen([str(REPO / ".venv/bin/sparkctl"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-
+    argv, env = Sparkctl(state, token=SENTINEL).command(*args)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=REPO)
 
 @pytest.fixture(scope="module")
 def leak(lab_session: list[Lab], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Leak]:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import Lab, healthy_lab, run_sparkctl
+from conftest import Lab, Sparkctl, fresh_up
 
 pytestmark = pytest.mark.lab
 
@@ -27,8 +27,7 @@ SENTINEL = "hf_SENTINELserversToken5120"
 SGLANG = "sparkctl-sglang-qwen3.6-27b"
 
 
-def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return run_sparkctl("servers", *args, timeout=timeout, token=SENTINEL)
+sparkctl = Sparkctl("servers", token=SENTINEL)
 
 
 def inv(lab: Lab) -> list[str]:
@@ -89,10 +88,8 @@ def wait_stopped(lab: Lab, node: str, container: str, seconds: float = 60) -> bo
 
 @pytest.fixture(scope="module")
 def two(lab_session: list[Lab]) -> Iterator[Lab]:
-    lab = healthy_lab(lab_session)
-    sparkctl("down", *inv(lab), "--yes")  # start from no server at all
-    up = sparkctl("up", *inv(lab), "--yes")
-    assert up.returncode == 0, up.stdout + up.stderr
+    # start from no server at all
+    lab = fresh_up(lab_session, sparkctl)
     head, other = lab.nodes
     launch(lab, "gpt-oss-120b", "--nodes", head)
     launch(lab, "qwen3.6-27b", "--nodes", other)
@@ -144,9 +141,10 @@ def start_the_previous_way(lab: Lab, node: str) -> None:
     """gpt-oss-120b as the previous version started it: its record RUN_DIR/server.json (no name,
     no engine, no nodes), mpirun's and the rank's pid files and logs directly in RUN_DIR, the
     cluster's hostfile (head first)."""
-    from orchestrator.commands import docker_exec_cmd, quote
+    from orchestrator.commands import quote
     from orchestrator.engines import load_recipe
     from orchestrator.engines.trtllm.serve import render_llm_api_config, serve_argv, server_dir
+    from orchestrator.remote.container import ContainerCommands
 
     run = "/var/lib/sparkctl/run"
     recipe = load_recipe("gpt-oss-120b")
@@ -157,14 +155,14 @@ def start_the_previous_way(lab: Lab, node: str) -> None:
     record = {"recipe": recipe.name, "model": recipe.model, "port": recipe.port,
               "tp_size": 1, "config_hash": "previous", "host": "127.0.0.1"}
     lab.exec(node, f"printf '%s' {quote(json.dumps(record))} > {run}/server.json")
-    lab.exec(node, docker_exec_cmd("trtllm-multinode", ["bash", "-c", wrapper, "sparkctl-server",
-                                                        *argv], env={"HF_HUB_OFFLINE": "1"},
-                                   detach=True))
+    lab.exec(node, ContainerCommands("trtllm-multinode").exec_cmd(
+        ["bash", "-c", wrapper, "sparkctl-server", *argv], env={"HF_HUB_OFFLINE": "1"}, detach=True))
 
 
 def test_a_server_of_the_previous_version_is_seen_and_replaced_by_one_per_server(two: Lab) -> None:
-    """The migration: status lists it; launching its recipe stops it and starts one server in
-    its own directory (never a second copy), and says so."""
+    """The one-time migration: the first read (status) converts its record and moves its
+    files into its own directory; status lists it; launching its recipe stops it and starts
+    one server as configured now (never a second copy), and says so."""
     head, _ = two.nodes
     assert sparkctl("down", "--server", "gpt-oss-120b", *inv(two), "--yes").returncode == 0
     start_the_previous_way(two, head)
@@ -176,6 +174,12 @@ def test_a_server_of_the_previous_version_is_seen_and_replaced_by_one_per_server
             break
         time.sleep(2)
     assert code == 0 and listed["gpt-oss-120b"]["legacy"], problems(doc)
+    # the first read migrated it once: its record and pid files in its own directory now
+    run = "/var/lib/sparkctl/run"
+    moved = two.exec(head, f"cat {run}/servers/gpt-oss-120b/server.json; "
+                           f"test -e {run}/servers/gpt-oss-120b/mpirun.pid && "
+                           f"test ! -e {run}/server.json && test ! -e {run}/mpirun.pid", check=False)
+    assert moved.returncode == 0 and f'"migrated_from": "{run}/server.json"' in moved.stdout
     assert answers(two, "gpt-oss-120b")
     result = launch(two, "gpt-oss-120b", "--nodes", head, "--json")
     steps = {s["step"]: s for s in json.loads(result.stdout)["hosts"][head]["steps"]}

@@ -12,24 +12,19 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from conftest import Lab, healthy_lab, run_sparkctl
+from conftest import Lab, Sparkctl, fresh_up
 
 pytestmark = pytest.mark.lab
 
 
-
-def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return run_sparkctl("sglang", *args, timeout=timeout)
+sparkctl = Sparkctl("sglang")
 
 
 @pytest.fixture(scope="module")
 def served(lab_session: list[Lab]) -> Iterator[tuple[Lab, dict[str, subprocess.CompletedProcess[str]]]]:
-    lab = healthy_lab(lab_session)
-    inventory = ["--inventory", str(lab.inventory)]
     # start from no server at all: an earlier module on this lab may have left one serving
-    sparkctl("down", *inventory, "--yes")
-    up = sparkctl("up", *inventory, "--yes")
-    assert up.returncode == 0, up.stdout + up.stderr
+    lab = fresh_up(lab_session, sparkctl)
+    inventory = ["--inventory", str(lab.inventory)]
     _, other = lab.nodes
     runs = {
         "big": sparkctl("launch", "qwen3.6-27b", *inventory, "--nodes", other, "--yes", "--json",

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import select
 import signal
 import subprocess
 import sys
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, lab_cli, require_lab_host
+from conftest import REPO, lab_cli, require_lab_host, run_in_terminal
 
 pytestmark = pytest.mark.lab
 
@@ -177,51 +175,16 @@ def test_a_wrong_host_key_on_the_jump_host_is_refused(setup: Setup, tmp_path: Pa
     assert not Path(setup.data["cluster"]["known_hosts"]).exists()  # type: ignore[index]
 
 
-def _run_in_terminal(argv: list[str], env: dict[str, str], replies: list[tuple[bytes, str]],
-                     timeout: float = 240) -> tuple[int, str]:
-    """Run argv on a pseudo-terminal; answer each prompt (every occurrence) with its reply."""
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.execve(argv[0], argv, env)
-    output, answered = b"", 0
-    deadline = time.monotonic() + timeout
-    finished, status = 0, 0
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if ready:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            output += chunk
-            prompts = output.count(b"[sparkctl] sudo password")
-            while answered < prompts:
-                tail = output[output.rfind(b"[sparkctl] sudo password"):]
-                reply = next(r for p, r in replies if p in tail)
-                os.write(fd, reply.encode() + b"\n")
-                answered += 1
-        finished, status = os.waitpid(pid, os.WNOHANG)
-        if finished:
-            break
-    else:
-        os.kill(pid, signal.SIGKILL)
-        raise AssertionError(output.decode(errors="replace"))
-    if not finished:
-        _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
-
-
 def test_different_sudo_passwords_per_host(setup: Setup, tmp_path: Path) -> None:
     for node, password in (("spark-a", SUDO_A), ("spark-b", SUDO_B)):
         _node_input(node, "chpasswd", f"nvidia:{password}\n")
         _node_input(node, "sed -i 's/NOPASSWD: ALL$/ALL/' /etc/sudoers.d/sparklab", "")
     try:
         # a terminal: asked once, tried on both, asked again for spark-b only
-        code, output = _run_in_terminal(
+        code, output = run_in_terminal(
             [SPARKCTL, "up", "--inventory", str(setup.inventory), "--dry-run"], setup.env,
-            [(b"on spark-b", SUDO_B), (b"on the nodes", SUDO_A)])
+            [(b"sudo password for nvidia on spark-b", SUDO_B),
+             (b"sudo password for nvidia on the nodes", SUDO_A)], timeout=240)
         assert code == 0, output
         assert output.count("sudo password for nvidia on the nodes") == 1, output
         assert output.count("sudo password for nvidia on spark-b") == 1, output

@@ -15,10 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import LAB_ID, REPO, Lab, lab_cli, require_lab_host
+from conftest import LAB_ID, REPO, SPARKCTL, Lab, Sparkctl, lab_cli, require_lab_host
 
 pytestmark = pytest.mark.lab
-SPARKCTL = str(REPO / ".venv" / "bin" / "sparkctl")
 TOKEN = "hf_STATUSe2eToken4242"
 WAIT_SECONDS = 60  # a deadline for things to appear, never an assertion on speed
 
@@ -36,11 +35,12 @@ def fresh() -> Iterator[dict[str, Any]]:
     lab_cli("down")
 
 
-def sparkctl(lab: Lab, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_TOKEN": TOKEN, "SPARKLAB_ID": str(lab.lab_id)}
-    return subprocess.run([SPARKCTL, *args, "--inventory", str(lab.inventory)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+RUN = Sparkctl(token=TOKEN, timeout=300)
 
+
+def sparkctl(lab: Lab, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return RUN(*args, "--inventory", str(lab.inventory), timeout=timeout,
+               env={"SPARKLAB_ID": str(lab.lab_id)})
 
 def status_json(lab: Lab) -> tuple[int, dict[str, Any]]:
     result = sparkctl(lab, "status", "--json")

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
-import select
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import run_in_terminal
 
 pytestmark = pytest.mark.lab
 
@@ -38,48 +36,18 @@ def inventory() -> Iterator[Path]:
                        timeout=180, check=False)
 
 
-def run_in_terminal(argv: list[str], answer: str, timeout: float = 120,
-                    confirm: str | None = None) -> tuple[int, str]:
+def terminal(argv: list[str], answer: str, timeout: float = 120,
+             confirm: str | None = None) -> tuple[int, str]:
     """Run argv on a pseudo-terminal as a person would: answer the sudo password prompt with
     `answer` and, when given, the "Apply these changes?" question with `confirm`."""
     replies = [(b"sudo password for nvidia", answer)]
     if confirm is not None:
         replies.append((b"Apply these changes", confirm))
-    pid, fd = pty.fork()
-    if pid == 0:  # child
-        os.execve(argv[0], argv, ENV)
-    output = b""
-    answered: dict[bytes, int] = {}
-    deadline = time.monotonic() + timeout
-    status = 0
-    finished = 0
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if ready:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            output += chunk
-            for prompt, reply in replies:
-                if output.count(prompt) > answered.get(prompt, 0):
-                    answered[prompt] = answered.get(prompt, 0) + 1
-                    os.write(fd, reply.encode() + b"\n")
-        finished, status = os.waitpid(pid, os.WNOHANG)
-        if finished:
-            break
-    else:
-        os.kill(pid, 9)
-        raise AssertionError(f"timed out; output so far:\n{output.decode(errors='replace')}")
-    if not finished:
-        _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
+    return run_in_terminal(argv, ENV, replies, timeout)
 
 
 def test_prompts_once_for_all_nodes_and_never_echoes_it(inventory: Path) -> None:
-    code, output = run_in_terminal(
+    code, output = terminal(
         [str(BIN / "sparkctl"), "up", "--inventory", str(inventory), "--dry-run"], PASSWORD
     )
     assert code == 0, output
@@ -90,7 +58,7 @@ def test_prompts_once_for_all_nodes_and_never_echoes_it(inventory: Path) -> None
 
 
 def test_wrong_password_is_a_clear_failure(inventory: Path) -> None:
-    code, output = run_in_terminal(
+    code, output = terminal(
         [str(BIN / "sparkctl"), "up", "--inventory", str(inventory), "--dry-run", "--json"],
         "wrong-password",
     )
@@ -113,17 +81,17 @@ def test_without_a_terminal_it_says_what_to_do(inventory: Path) -> None:
 def test_interactive_up_shows_the_plan_and_asks_before_changing(inventory: Path) -> None:
     up = [str(BIN / "sparkctl"), "up", "--inventory", str(inventory)]
     netplan = "ls /etc/netplan"
-    code, output = run_in_terminal(up, PASSWORD, confirm="n")
+    code, output = terminal(up, PASSWORD, confirm="n")
     assert code == 1 and "cancelled; nothing was changed" in output, output
     assert re.search(r"/etc/netplan/40-sparkctl-fabric.yaml: new file \(\d+ lines\) on spark-a, "
                      r"spark-b", output), "the plan shows a line per changed file"
     assert "+++ /etc/netplan" not in output, "the full diff only with --diff"
     assert "40-sparkctl" not in node_exec("spark-a", netplan), "no means nothing changed"
-    code, output = run_in_terminal(up, PASSWORD, confirm="y", timeout=240)
+    code, output = terminal(up, PASSWORD, confirm="y", timeout=240)
     assert code == 0, output
     assert output.count("sudo password for nvidia") == 1, "one prompt for plan and apply"
     assert "40-sparkctl-fabric.yaml" in node_exec("spark-a", netplan)
-    code, output = run_in_terminal(up, PASSWORD, confirm="y")
+    code, output = terminal(up, PASSWORD, confirm="y")
     assert code == 0 and "Nothing to change." in output, output
     assert "Apply these changes" not in output
 

@@ -12,20 +12,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import Sparkctl
 
 pytestmark = pytest.mark.lab
 
 LAB_ID = os.environ.get("SPARKLAB_TOPOLOGY_ID", "2")
 BIN = Path(sys.executable).parent
 STATE = Path(f"/var/lib/sparklab/{LAB_ID}")
-ENV = {**os.environ, "SPARKLAB_ID": LAB_ID, "SPARKCTL_STATE_DIR": str(STATE / "ctl"),
-       "XDG_CONFIG_HOME": str(STATE / "xdg-config")}  # imported recipes: the lab's own folder
 FOREIGN = Path(__file__).parents[1] / "unit" / "foreign_recipes"
 
 
-def sparkctl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "sparkctl"), *args], env=ENV, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+# imported recipes: the lab's own folder
+sparkctl = Sparkctl(STATE / "ctl", timeout=300,
+                    env={"SPARKLAB_ID": LAB_ID, "XDG_CONFIG_HOME": str(STATE / "xdg-config")})
+ENV = sparkctl.environment()
 
 
 RING = {"NCCL_IB_MERGE_NICS=0", "NCCL_NET_PLUGIN=none", "NCCL_IB_SUBNET_AWARE_ROUTING=1"}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import Sparkctl
 
 pytestmark = pytest.mark.lab
 
@@ -24,13 +24,7 @@ BIN = Path(sys.executable).parent
 STATE = Path(f"/var/lib/sparklab/{LAB_ID}")
 
 
-def sparkctl(*args: str, env: dict[str, str] | None = None, timeout: float = 180
-             ) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "SPARKLAB_ID": LAB_ID, "SPARKCTL_STATE_DIR": str(STATE / "ctl"),
-                **(env or {})}
-    return subprocess.run([str(BIN / "sparkctl"), *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, check=False)
-
+sparkctl = Sparkctl(STATE / "ctl", timeout=180, env={"SPARKLAB_ID": LAB_ID})
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[Path]:

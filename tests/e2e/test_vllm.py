@@ -6,8 +6,9 @@ Ray is the real thing (from PyPI, installed by the lab into the images that ship
 is simulated. One `up` and a TensorRT-LLM server for the module; the vLLM launch is refused (both
 need the memory of both nodes), then starts once that server is stopped (`down --server`); then
 chat, status, `ray status` in the server's first container, a no-op relaunch, another vLLM server
-refused on the same nodes (port, memory), a cut cable between worker and head, and `down`, after
-which no Ray or vLLM process may be left on either node. The server is named and has its own
+refused on the same nodes (port, memory), a cut cable between worker and head, Ray's ports
+refused on the management network (its port guard), and `down`, after which no Ray or vLLM
+process and no firewall chain may be left on either node. The server is named and has its own
 containers (`sparkctl-vllm-<name>`) and record (RUN_DIR/servers/<name>/server.json). Then:
 forcing Ray on an image without it exits 2 before anything changes, and the mp launch runs with
 no raylet anywhere and `--nnodes 2` on both nodes.
@@ -18,13 +19,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import REPO, Lab, e2e_state, healthy_lab, run_sparkctl
+from conftest import REPO, Lab, Sparkctl, e2e_state, healthy_lab
 
 pytestmark = pytest.mark.lab
 
@@ -40,8 +42,7 @@ RAY_PROCESSES = ("ps -eo pid,args | grep -E 'raylet|gcs_server|ray start|vllm se
                  "| grep -v grep || true")
 
 
-def sparkctl(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    return run_sparkctl("vllm", *args, timeout=timeout, token=SENTINEL)
+sparkctl = Sparkctl("vllm", token=SENTINEL, timeout=400)
 
 
 REFUSED: list[subprocess.CompletedProcess[str]] = []
@@ -84,7 +85,8 @@ def test_launch_serves_over_ray_on_both_nodes(launched: tuple[Lab, subprocess.Co
     assert "2 node(s) alive" in steps["ray-cluster"]["message"]
     server = json.loads(lab.exec(head, f"cat {RECORD}/server.json").stdout)
     assert (server["engine"], server["container"], server["tp_size"]) == ("vllm", CONTAINER, 2)
-    assert server["nodes"] == [head, other] and server["listen_ports"] == [8000, 6379, 25000]
+    assert server["nodes"] == [head, other] and server["listen_ports"] == [
+        8000, 6379, 21000, 22000, 23000, 24000, 25000, 26000, *range(10002, 10052)]
     log = lab.exec(head, f"cat {RECORD}/serve/server.log").stdout
     # rank 0 on the head, rank 1 on the other node, both on the fabric
     assert f"rank 0 on {head} (192.168.200.12" in log and f"rank 1 on {other} (192.168.200.13" in log
@@ -250,6 +252,61 @@ def test_ctrl_c_during_the_wait_leaves_nothing_half_started(
     assert result.returncode == 0 and changed == [], result.stdout
 
 
+CONNECT = ("import socket, sys\n"
+           "try:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), 3).close()\n"
+           "    print('open')\n"
+           "except OSError as exc:\n    print(type(exc).__name__)")
+GUARD = f"sparkctl-ray-{NAME}"
+CHAINS = "iptables -S; ip6tables -S"
+LEFTOVER = ("iptables -N sparkctl-ray-gone && iptables -I INPUT -p tcp -m comment --comment "
+            "'sparkctl port guard for sparkctl-vllm-gone' -j sparkctl-ray-gone")
+
+
+def reach(lab: Lab, node: str, address: str, port: int) -> str:
+    """'open', or why a TCP connect from NODE to ADDRESS:PORT failed."""
+    return lab.exec(node, ["python3", "-c", CONNECT, address, str(port)]).stdout.strip()
+
+
+def fabric_ip(lab: Lab, node: str) -> str:
+    entry = next(n for n in lab.data["nodes"] if n["name"] == node)  # type: ignore[attr-defined]
+    return str(entry["addresses"]["enp1s0f1np1"]).split("/")[0]
+
+
+def test_ray_answers_on_the_fabric_only_and_its_guard_goes_with_the_server(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    """Ray 2.60 binds every interface and has no auth: the GCS and each raylet must refuse a
+    client on the management network (a peer's or the lab host's side) and answer the fabric;
+    `down --server` takes its firewall chain off both nodes, and a chain left by a server that
+    no longer runs goes at the next launch."""
+    lab, _ = launched
+    head, peer = lab.nodes[0], lab.nodes[1]
+    for target, source, port in ((head, peer, 6379), (head, peer, 21000), (peer, head, 21000)):
+        assert reach(lab, source, lab.hosts[target], port) == "ConnectionRefusedError", (target, port)
+        assert reach(lab, source, fabric_ip(lab, target), port) == "open", (target, port)
+    try:  # and from the lab host, on the management bridge
+        socket.create_connection((lab.hosts[head], 6379), 3).close()
+        host_side = "open"
+    except OSError as exc:
+        host_side = type(exc).__name__
+    assert host_side == "ConnectionRefusedError"
+    for node in lab.nodes:
+        assert lab.exec(node, CHAINS).stdout.count(f"-N {GUARD}") == 2, node  # IPv4 and IPv6
+
+    lab.exec(peer, LEFTOVER)
+    stop = sparkctl("down", "--server", NAME, *inv(lab), "--yes")
+    said = stop.stdout + stop.stderr
+    assert stop.returncode == 0 and f"port guard (firewall chain {GUARD})" in said, said
+    for node in lab.nodes:
+        assert GUARD not in lab.exec(node, CHAINS).stdout, node
+    assert "sparkctl-ray-gone" in lab.exec(peer, CHAINS).stdout  # another server's: not its own
+
+    again = sparkctl("launch", "minimax-m2.7", *inv(lab), "--yes", "--json", "--timeout", "180")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "sparkctl-ray-gone" in again.stdout  # named as removed
+    assert "sparkctl-ray-gone" not in lab.exec(peer, CHAINS).stdout
+    assert reach(lab, peer, lab.hosts[head], 6379) == "ConnectionRefusedError"
+
+
 def test_down_leaves_no_ray_or_vllm_process(launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
     lab, _ = launched
     result = sparkctl("down", *inv(lab), "--yes")
@@ -257,6 +314,7 @@ def test_down_leaves_no_ray_or_vllm_process(launched: tuple[Lab, subprocess.Comp
     for node in lab.nodes:
         assert lab.exec(node, RAY_PROCESSES).stdout.strip() == "", node
         assert "sparkctl-vllm" not in lab.exec(node, "docker ps -a --format '{{.Names}}'").stdout
+        assert "sparkctl-" not in lab.exec(node, CHAINS).stdout, node  # no port guard left
 
 
 def write_recipe(tmp_path: Any, **fields: Any) -> str:

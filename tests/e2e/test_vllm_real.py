@@ -7,8 +7,9 @@ One lab for the module, with room for the real thing: `--node-memory 5G --memory
 time, ~45 s to ready each; the refusals (taken port, unreachable node) stop before anything loads.
 The one-node recipe: a `VLLM::` process of the 0.31 package, chat, `sparkctl bench` against
 llama-benchy on the same server. Then the two-node recipe (tensor parallel 2, a rank on each
-node): chat, its second rank killed -> `status` exits 1 naming the server, a relaunch recovers,
-`down` leaves no vLLM process. A corrupt safetensors file fails with vLLM's own words, naming it.
+node): chat, its second rank killed -> `status` exits 1 naming the server, a relaunch with
+`--persist` recovers, the second node rebooted alone -> the first node's watcher restarts the
+server, `down` leaves no vLLM process. A corrupt safetensors file fails with vLLM's own words, naming it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Lab, e2e_state, lab_cli, run_sparkctl
+from conftest import REPO, Lab, Sparkctl, e2e_state, lab_cli
 
 pytestmark = pytest.mark.lab
 
@@ -40,8 +41,7 @@ PROCESSES = ("cli=vllm.entrypoints.'cli.main'; for p in /proc/[0-9]*; do "
              "echo \"${p#/proc/} $m $c\";; esac; done")
 
 
-def sparkctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return run_sparkctl("vllm-real", *args, timeout=timeout)
+sparkctl = Sparkctl("vllm-real")
 
 
 def inv(lab: Lab) -> list[str]:
@@ -173,10 +173,38 @@ def test_two_nodes_run_a_real_rank_each_and_a_dead_rank_is_seen(lab: Lab) -> Non
         time.sleep(3)
     assert status is not None and status.returncode == 1, status.stdout if status else None
     assert f"{TP2}" in status.stdout and other in status.stdout, status.stdout
-    again = sparkctl("launch", TP2, *inv(lab), "--yes", "--timeout", "400", timeout=700)
+    # --persist: the next test reboots the second node under it
+    again = sparkctl("launch", TP2, *inv(lab), "--yes", "--persist", "--timeout", "400", timeout=700)
     launched(again)
     chat = sparkctl("chat", "Hello again", *inv(lab), "--server", TP2, "--json")
     assert chat.returncode == 0 and json.loads(chat.stdout)["reply"].strip(), chat.stderr
+
+
+def test_persist_brings_the_two_node_server_back_after_the_second_node_reboots(lab: Lab) -> None:
+    """The second node reboots alone: its rank dies, rank 0 still answers /health 200, docker
+    brings the headless rank back, and it cannot join the running rank 0; the first node's
+    watcher sees the rank's connections go and come back and restarts rank 0."""
+    head, other = lab.nodes
+    before = {p for p, _, c in vllm_processes(lab, head) if c.startswith("VLLM::EngineCore")}
+    rebooted = lab.cli("reboot", "--node", other)
+    assert rebooted.returncode == 0, rebooted.stdout + rebooted.stderr
+    log = f"/var/log/sparkctl/boot-{TP2}.log"
+    deadline, said = time.monotonic() + 900, ""
+    while time.monotonic() < deadline:
+        said = lab.exec(head, f"cat {log}").stdout
+        if f"up: server {TP2} answers" in said.split("came back")[-1] and "came back" in said:
+            break
+        time.sleep(5)
+    assert f"server {TP2}: the rank on {other} is gone" in said, said
+    assert f"server {TP2}: the rank on {other} came back" in said, said
+    assert said.rstrip().endswith(f"up: server {TP2} answers on 127.0.0.1:8000"), said[-2000:]
+    after = {p for p, _, c in vllm_processes(lab, head) if c.startswith("VLLM::EngineCore")}
+    assert after and not after & before, (before, after)  # rank 0 was restarted
+    chat = sparkctl("chat", "Hello after the reboot", *inv(lab), "--server", TP2, "--json")
+    assert chat.returncode == 0 and json.loads(chat.stdout)["reply"].strip(), chat.stderr
+    status = json.loads(sparkctl("status", *inv(lab), "--json").stdout)
+    (entry,) = [s for s in status["servers"] if s["name"] == TP2]
+    assert entry["state"] == "healthy" and entry["persistent"] is True, entry
 
 
 def test_down_leaves_no_vllm_process(lab: Lab) -> None:

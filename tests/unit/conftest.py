@@ -146,6 +146,28 @@ class FakeTransport:
         self.closed = True
 
 
+SERVERS_CMD = r'"migrate"'
+"""A regex matching the command that lists a node's servers (engines/servers.servers_cmd)."""
+
+
+def servers_listing(*records: dict[str, Any], node: str = "spark-a",
+                    alive: bool = True) -> dict[str, Any]:
+    """node/servers.py's answer on NODE for RECORDS (name, nodes and engine filled in as every
+    engine writes them), each `alive` unless it says otherwise."""
+    listed = [{"nodes": [node], "engine": "trtllm", "alive": alive,
+               **r, "name": r.get("name") or r.get("recipe")} for r in records]
+    return {"servers": listed}
+
+
+def as_servers(records: list[dict[str, Any]], node: str = "spark-a") -> list[Any]:
+    """RECORDS (as node/servers.py lists them) read as the typed servers every reader gets."""
+    from orchestrator.records import read_server
+
+    return [read_server({"nodes": [r.get("node") or node], "engine": "trtllm", **r},
+                        str(r.get("node") or (r.get("nodes") or [node])[0]))
+            for r in records]
+
+
 def make_inventory(data: dict[str, Any] | None = None, source: str = "two-sparks.yml",
                    **container: Any) -> Inventory:
     """The two-Spark inventory (or `data`); keyword arguments become TensorRT-LLM's container

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import as_servers
 
 from orchestrator.advise.advice import advise
 from orchestrator.cli import advise_measure
@@ -51,9 +52,14 @@ class Cluster:
         return {"cells": [{"concurrency": c, "figures": {"tg_throughput": {"mean": 10.0 * tp * c}}}
                           for c in config.concurrency]}
 
-    def stop(self, inventory: Any, wanted: Callable[[dict[str, Any]], bool], note: Any) -> None:
-        self.stopped += [str(s["name"]) for s in self.running if wanted(s)]
-        self.running = [s for s in self.running if not wanted(s)]
+    def stop(self, inventory: Any, wanted: Callable[[Any], bool], note: Any) -> None:
+        self.stopped += [str(s["name"]) for s in self.running if wanted(typed(s))]
+        self.running = [s for s in self.running if not wanted(typed(s))]
+
+
+def typed(server: dict[str, Any]) -> Any:
+    """A fake's running server as the readers get it (a record node/servers.py listed)."""
+    return as_servers([{k: v for k, v in server.items() if k != "tp"}])[0]
 
 
 @pytest.fixture
@@ -65,7 +71,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch, inventory: Callable[..., Any]) -> C
         monkeypatch.setattr(advise_measure, "_launch", fake.launch)
         monkeypatch.setattr(advise_measure, "_bench", fake.bench)
         monkeypatch.setattr(advise_measure, "_servers",
-                            lambda inv, nodes: (list(fake.running), dict(fake.keys)))
+                            lambda inv, nodes: ([typed(s) for s in fake.running], dict(fake.keys)))
         monkeypatch.setattr(advise_measure, "_stop", fake.stop)
         monkeypatch.setattr("orchestrator.cli.launch.read_hf_token", lambda path: None)
         return fake

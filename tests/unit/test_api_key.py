@@ -58,6 +58,7 @@ def test_one_key_rule_for_launch_and_the_gateway(tmp_path: Path, text: str) -> N
 def test_a_recorded_key_breaking_the_rule_is_refused_when_read_from_its_node() -> None:
     from orchestrator.engines.apikey import read_node_key
     from orchestrator.errors import SparkctlError
+    from orchestrator.records import ServerRecord
 
     class Node:
         node = "spark-a"
@@ -66,7 +67,9 @@ def test_a_recorded_key_breaking_the_rule_is_refused_when_read_from_its_node() -
             return type("R", (), {"ok": True, "stdout": "#sk-commented\n", "stderr": ""})()
 
     with pytest.raises(SparkctlError, match="must not start with '#'") as bad:
-        read_node_key(Node(), {"name": "s", "api_key_file": "/run/k"})  # type: ignore[arg-type]
+        read_node_key(Node(), ServerRecord(  # type: ignore[arg-type]
+            name="s", engine="sglang", recipe="s", model="m", port=1, nodes=["spark-a"],
+            config_hash="", api_key_file="/run/k"))
     assert "commented" not in str(bad.value)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_context, make_inventory
+from conftest import as_servers, make_context, make_inventory
 
 from orchestrator.commands import Secret
 from orchestrator.core.step import Change
@@ -273,13 +273,17 @@ def test_the_port_behind_the_relay_is_proven_free_first() -> None:
     assert (8355, "10.0.0.5") in wanted and (18355, "127.0.0.1") in wanted
 
 
-def test_down_of_a_one_server_engine_takes_its_key_file_along() -> None:
+def test_down_of_a_migrated_server_takes_its_key_file_along() -> None:
+    """(an earlier sparkctl's single server, migrated: its key lives in its directory, which
+    its stop removes with its record)"""
     from orchestrator.engines.servers import stop_commands
 
     inventory = make_inventory()
-    server = {"name": "qwen3-235b", "engine": "trtllm", "legacy": True, "nodes": ["spark-a"],
-              "api_key_file": apikey.node_key_file("qwen3-235b")}
+    (server,) = as_servers([{"name": "qwen3-235b", "engine": "trtllm", "nodes": ["spark-a"],
+                             "port": 8355, "main": "mpirun.pid",
+                             "container": inventory.container.name,
+                             "migrated_from": "/var/lib/sparkctl/run/server.json",
+                             "api_key_file": apikey.node_key_file("qwen3-235b")}])
     (command,) = stop_commands(server, inventory).values()
-    assert "; rm -rf -- /var/lib/sparkctl/run/servers/qwen3-235b;" in command
-    (plain,) = stop_commands({**server, "api_key_file": None}, inventory).values()
-    assert "rm -rf" not in plain
+    assert command.endswith("; rm -rf -- /var/lib/sparkctl/run/servers/qwen3-235b")
+    assert apikey.node_key_file("qwen3-235b").startswith("/var/lib/sparkctl/run/servers/qwen3-235b/")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from conftest import SERVERS_CMD, servers_listing
 
 from orchestrator.cli import cli
 from orchestrator.core.runner import RunRequest
@@ -236,10 +237,9 @@ def server_port() -> Iterator[int]:
 def head_with_server(fake_cluster: Any, monkeypatch: pytest.MonkeyPatch, port: int,
                      alive: bool = True) -> Any:
     c = fake_cluster()
-    # orchestrator/node/running.py's answer: the record, and whether its main process lives
-    status = {"server": {"port": port, "model": "openai/gpt-oss-120b", "engine": "trtllm"},
-              "alive": alive}
-    c["spark-a"].on(r"running\.py|server\.json", answer=status)
+    # orchestrator/node/servers.py's answer: the record, and whether its server lives
+    c["spark-a"].on(SERVERS_CMD, answer=servers_listing(
+        {"name": "gpt-oss-120b", "port": port, "model": "openai/gpt-oss-120b"}, alive=alive))
 
     @contextmanager
     def open_session(inventory: Any, command: str, **kwargs: Any) -> Iterator[Any]:

@@ -9,12 +9,13 @@ import json
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import FakeCluster, make_inventory
+from conftest import SERVERS_CMD, FakeCluster, as_servers, make_inventory, servers_listing
 
 from orchestrator.bench import run as bench_run
 from orchestrator.bench.metrics import NODE_STATE_CMD
@@ -95,7 +96,7 @@ def inv(tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str
 def cluster(fake_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
     """The session's nodes: a vLLM server runs on the head; both nodes answer nvidia-smi."""
     c: FakeCluster = fake_cluster()
-    c["spark-a"].on(r"server\.json", answer={"server": dict(SERVER), "alive": True})
+    c["spark-a"].on(SERVERS_CMD, answer=servers_listing(SERVER))
     c["spark-a"].on(r"docker inspect --type container .* sparkctl-vllm$", stdout=IMAGE + "\n")
     c["spark-a"].on(r"docker image inspect nvcr\.io/nvidia/vllm:26\.10-py3$", stdout=json.dumps([{
         "Id": "sha256:local", "RepoDigests": [f"nvcr.io/nvidia/vllm@sha256:{'f' * 64}"]}]))
@@ -188,7 +189,7 @@ def test_node_state_reports_unreachable_and_failing_nodes(inv: str, fake_cluster
                                                            monkeypatch: pytest.MonkeyPatch,
                                                            measured: Measured) -> None:
     c = fake_cluster(unreachable={"spark-b": "timed out"})
-    c["spark-a"].on(r"server\.json", answer={"server": dict(SERVER, engine=None), "alive": True})
+    c["spark-a"].on(SERVERS_CMD, answer=servers_listing(dict(SERVER, engine="trtllm")))
     c["spark-a"].on(r"docker image inspect", 1, "", "No such image")
     c["spark-a"].on(r"nvidia-smi", answer=SparkctlError("spark-a: connection lost"))
 
@@ -202,7 +203,7 @@ def test_node_state_reports_unreachable_and_failing_nodes(inv: str, fake_cluster
     doc = json.loads(result.stdout)
     assert doc["nodes_before"] == {"spark-a": {"error": "spark-a: connection lost"},
                                    "spark-b": {"error": "unreachable"}}
-    # an old record without its engine is TensorRT-LLM's; the image unknown: no digest
+    # the image unknown: no digest
     assert doc["server"]["engine"] == "trtllm" and doc["server"]["image_digest"] is None
     # the server's container could not say its image: `up`'s image is named
     assert doc["server"]["image"] == make_inventory().container.image
@@ -213,7 +214,7 @@ def test_server_refuses_another_recipe_and_a_missing_server(inv: str, cluster: F
     result = sparkctl("bench", "-i", inv, "--server", "qwen3-235b")
     assert result.exit_code == 2  # a --server nobody runs is bad input, naming who runs
     assert "no server named 'qwen3-235b' runs (running: minimax-m2.7)" in result.stderr
-    cluster["spark-a"].rules[0].answer = {"server": dict(SERVER), "alive": False}
+    cluster["spark-a"].rules[0].answer = servers_listing(SERVER, alive=False)
     result = sparkctl("bench", "-i", inv)
     assert result.exit_code == 1 and "no model server is running" in result.stderr
     assert measured.calls == []
@@ -409,7 +410,8 @@ def test_relaunch_runs_launch_replace_in_its_own_session(popen: type[Proc]) -> N
 
 
 def test_a_sweep_relaunches_exactly_the_measured_server(popen: type[Proc]) -> None:
-    server = {"name": "mine", "nodes": ["spark-b"], "port": 30001, "recipe": "qwen3.6-27b"}
+    (server,) = as_servers([{"name": "mine", "nodes": ["spark-b"], "port": 30001,
+                             "recipe": "qwen3.6-27b", "engine": "sglang"}], "spark-b")
     bench_cli.relauncher("/inv.yml", 60, server)("/tmp/variant.yml")
     (proc,) = popen.made
     assert proc.argv[-6:] == ["--name", "mine", "--nodes", "spark-b", "--port", "30001"]
@@ -421,13 +423,14 @@ def test_a_sweep_relaunches_a_server_with_its_key_where_it_binds(popen: type[Pro
 
     from orchestrator.engines.apikey import key_copy
 
-    server = {"name": "mine", "nodes": ["spark-b"], "port": 30001, "host": "192.168.200.13",
-              "api_key_file": "/var/lib/sparkctl/run/servers/mine/api_key"}
+    (server,) = as_servers([{"name": "mine", "nodes": ["spark-b"], "port": 30001,
+                             "host": "192.168.200.13", "engine": "sglang",
+                             "api_key_file": "/var/lib/sparkctl/run/servers/mine/api_key"}])
     transport = FakeTransport("spark-b").on("cat ", stdout="sk-sweep-sentinel-1\n")
-    copy = key_copy(transport, server, tmp_path)  # type: ignore[arg-type]
+    copy = key_copy(transport, server.record, tmp_path)
     assert copy is not None and Path(copy).read_text() == "sk-sweep-sentinel-1\n"
     assert Path(copy).stat().st_mode & 0o777 == 0o600
-    assert key_copy(transport, {**server, "api_key_file": None}, tmp_path) is None  # type: ignore[arg-type]
+    assert key_copy(transport, replace(server.record, api_key_file=None), tmp_path) is None
     bench_cli.relauncher("/inv.yml", 60, server, copy)("/tmp/variant.yml")
     (proc,) = popen.made
     assert proc.argv[-4:] == ["--host", "192.168.200.13", "--api-key-file", copy]

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from conftest import as_servers
 
 from orchestrator.cli import cli
 
@@ -70,9 +71,10 @@ def test_tunnel_json_says_where_to_connect(monkeypatch: pytest.MonkeyPatch) -> N
             raise KeyboardInterrupt
 
     monkeypatch.setattr(launch, "_server_on_head", lambda path, command: (session(), object()))
-    monkeypatch.setattr(launch, "_running_server", lambda s, inv, name: (None, {
+    (server,) = as_servers([{
         "port": 8000, "node": "spark-a", "model": "m", "name": "srv", "host": "10.0.0.5",
-        "api_key_file": "/var/lib/sparkctl/run/servers/srv/api_key"}))
+        "api_key_file": "/var/lib/sparkctl/run/servers/srv/api_key"}])
+    monkeypatch.setattr(launch, "_running_server", lambda s, inv, name: (None, server))
     monkeypatch.setattr("orchestrator.remote.tunnel.Forwarder", Forwarder)
     monkeypatch.setattr("threading.Event", Event)
     result = CliRunner().invoke(cli, ["tunnel", "--json", "--local-port", "0"])

@@ -5,7 +5,7 @@ a `docker exec` into a missing container says to run `sparkctl up` first."""
 from __future__ import annotations
 
 import pytest
-from conftest import cluster_of
+from conftest import as_servers, cluster_of
 from conftest import node_facts as as_facts
 from test_status import INVENTORY, SERVER, node_facts
 
@@ -113,7 +113,8 @@ def test_tunnel_exits_130_on_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
     inventory = SimpleNamespace(head_name="spark-a")
     monkeypatch.setattr(launch_cli, "_server_on_head",
                         lambda *a: (contextlib.nullcontext(None), inventory))
-    monkeypatch.setattr(launch_cli, "_running_server", lambda *a: (None, {"port": 8355, "model": "m"}))
+    (server,) = as_servers([{"name": "s", "port": 8355, "model": "m"}])
+    monkeypatch.setattr(launch_cli, "_running_server", lambda *a: (None, server))
     monkeypatch.setattr(tunnel, "Forwarder", Forwarder)
     monkeypatch.setattr(threading.Event, "wait", interrupted)
     result = CliRunner().invoke(cli, ["tunnel"])

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeTransport, cluster_of, make_inventory
+from conftest import FakeTransport, as_servers, cluster_of, make_inventory
 
 from orchestrator.cli import gateway as cli_gateway
 from orchestrator.cli import rolling
@@ -22,13 +22,17 @@ from orchestrator.errors import InputError, SparkctlError
 from orchestrator.gateway import control as gateway
 from orchestrator.node import script
 from orchestrator.phases import gateway_spec as gs
+from orchestrator.records import Server
 
 KEY = "sk-unit-sentinel-0123456789"
 
 
-def server(name: str, node: str, alive: bool = True, health: int = 200) -> dict[str, Any]:
-    return {"name": name, "node": node, "nodes": [node], "model": "Qwen/Qwen3-8B", "port": 30000,
-            "recipe": "qwen3-8b", "alive": alive, "health": health, "engine": "sglang"}
+def server(name: str, node: str, alive: bool = True, health: int = 200, **more: Any) -> Server:
+    """A server node/servers.py listed on NODE, read as every reader gets it."""
+    (found,) = as_servers([{"name": name, "node": node, "nodes": [node], "model": "Qwen/Qwen3-8B",
+                            "port": 30000, "recipe": "qwen3-8b", "alive": alive, "health": health,
+                            "engine": "sglang", **more}])
+    return found
 
 
 def spec(key: str | None = KEY, host: str = "0.0.0.0", port: int = 4000) -> gs.GatewaySpec:
@@ -95,7 +99,7 @@ def test_a_replica_without_a_key_never_gets_the_master_key() -> None:
 
 
 def test_one_model_only() -> None:
-    other = {**server("o", "spark-b"), "model": "other/model"}
+    other = server("o", "spark-b", model="other/model")
     with pytest.raises(InputError, match="routes a request to any of its replicas"):
         gateway.desired(make_inventory(), "spark-a", "127.0.0.1", 4000, None,
                         [server("r-a", "spark-a"), other])
@@ -106,8 +110,8 @@ def test_a_replica_with_an_api_key_gets_it_in_the_config_file_only() -> None:
     node's file over SSH, on stdout), from the 0600 config; a server bound beyond loopback
     is no replica (its relay would need the address it holds)."""
     replica_key = "sk-replica-sentinel-42"
-    keyed = {**server("r-k", "spark-b"), "api_key_file": "/var/lib/sparkctl/run/servers/r-k/api_key"}
-    exposed = {**server("r-x", "spark-a"), "host": "192.168.200.12", "api_key_file": "/x"}
+    keyed = server("r-k", "spark-b", api_key_file="/var/lib/sparkctl/run/servers/r-k/api_key")
+    exposed = server("r-x", "spark-a", host="192.168.200.12", api_key_file="/x")
     transports = {"spark-b": FakeTransport("spark-b").on("cat ", stdout=replica_key + "\n")}
     s = gateway.desired(make_inventory(), "spark-a", "0.0.0.0", 4000, Secret(KEY),
                         [server("r-a", "spark-a"), keyed, exposed], gateway.key_reader(transports))
@@ -222,10 +226,10 @@ def test_up_writes_the_keys_on_stdin_then_starts_the_router() -> None:
 
 
 def test_rolling_needs_two_replicas_unless_downtime_is_allowed() -> None:
-    found = [server("r-a", "spark-a"), {**server("r-a", "spark-a"), "node": "spark-a"},
-             {**server("x", "spark-b"), "recipe": "other"}]
+    found = [server("r-a", "spark-a"), server("r-a", "spark-a"),
+             server("x", "spark-b", recipe="other")]
     replicas = rolling.replicas_of(found, "qwen3-8b")
-    assert [r["name"] for r in replicas] == ["r-a"]
+    assert [r.name for r in replicas] == ["r-a"]
     with pytest.raises(InputError, match="--allow-downtime"):
         rolling.check_replicas(replicas, "qwen3-8b", False)
     rolling.check_replicas(replicas, "qwen3-8b", True)

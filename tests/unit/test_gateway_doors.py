@@ -118,7 +118,7 @@ def test_ctrl_c_while_relaunching_reopens_the_door_and_says_what_changed(
     ts = rolling_world(monkeypatch, {"spark-a": {"r-a": {}}, "spark-b": {"r-b": {}}})
     notes: list[str] = []
 
-    def relaunch(_server: dict[str, Any], _transport: Any) -> int:
+    def relaunch(_server: Any, _transport: Any) -> int:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -139,7 +139,7 @@ def test_ctrl_c_that_launch_turns_into_a_failure_still_reopens_the_door(
     ts = rolling_world(monkeypatch, {"spark-a": {"r-a": {}}, "spark-b": {"r-b": {}}})
     notes: list[str] = []
 
-    def relaunch(_server: dict[str, Any], _transport: Any) -> int:
+    def relaunch(_server: Any, _transport: Any) -> int:
         try:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)
@@ -161,8 +161,8 @@ def test_a_failed_relaunch_keeps_the_door_closed_and_says_so(
     notes: list[str] = []
     calls: list[str] = []
 
-    def relaunch(server_: dict[str, Any], _transport: Any) -> int:
-        calls.append(server_["name"])
+    def relaunch(server_: Any, _transport: Any) -> int:
+        calls.append(server_.name)
         return 0 if len(calls) == 1 else 1
 
     with pytest.raises(SparkctlError, match="it stays out of the gateway"):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeTransport, make_inventory
+from conftest import FakeTransport, as_servers, make_inventory
 from conftest import node_facts as parsed
 
 from orchestrator.commands import Secret
@@ -21,17 +21,19 @@ from orchestrator.gateway import control as gateway
 from orchestrator.gateway import follow as gateway_follow
 from orchestrator.phases import gateway_down, teardown
 from orchestrator.phases import gateway_spec as gs
+from orchestrator.records import Server
 
 KEY = "sk-unit-follow-0123456789"
 WORKERS = "old_keys"  # in the node script that changes the router's workers
 
 
-def server(name: str, node: str) -> dict[str, Any]:
-    return {"name": name, "node": node, "nodes": [node], "model": "Qwen/Qwen3-8B",
-            "port": 30000, "recipe": "qwen3-8b", "alive": True, "health": 200}
+def server(name: str, node: str, model: str = "Qwen/Qwen3-8B") -> Server:
+    (found,) = as_servers([{"name": name, "node": node, "nodes": [node], "model": model,
+                            "port": 30000, "recipe": "qwen3-8b", "alive": True, "health": 200}])
+    return found
 
 
-def spec_of(*servers: dict[str, Any], key: str | None = KEY) -> gs.GatewaySpec:
+def spec_of(*servers: Server, key: str | None = KEY) -> gs.GatewaySpec:
     return gateway.desired(make_inventory(), "spark-a", "0.0.0.0", 4000,
                            Secret(key) if key else None, list(servers))
 
@@ -96,7 +98,7 @@ def test_a_leaving_replica_is_removed_without_a_restart(monkeypatch: pytest.Monk
 def test_a_replica_of_another_model_does_not_join(monkeypatch: pytest.MonkeyPatch) -> None:
     record = spec_of(server("a", "spark-a")).record()
     ts = gateway_nodes(record, {}, {"added": [], "removed": []})
-    other = {**server("o", "spark-b"), "model": "other/model"}
+    other = server("o", "spark-b", model="other/model")
     monkeypatch.setattr(gateway, "live_servers", lambda *_: [server("a", "spark-a"), other])
     notes: list[str] = []
     assert gateway_follow.follow(ts, make_inventory(), notes.append) == "unchanged"  # type: ignore[arg-type]

@@ -253,14 +253,14 @@ def test_the_pins_name_the_wheels_of_the_version() -> None:
 def test_a_leaving_replica_is_deleted_from_the_router_before_its_relay_drains() -> None:
     """`down --server b` and a rolling relaunch: `DELETE /workers/ID` through the router's
     node (found by its record) first, then the relay's door closes and its requests drain."""
-    from conftest import FakeTransport, make_inventory
+    from conftest import FakeTransport, as_servers, make_inventory
 
     from orchestrator.gateway import control as gateway
     from orchestrator.phases import gateway_relays
 
-    spec = gateway.desired(make_inventory(), "spark-a", "127.0.0.1", 4000, None, [
-        {"name": n, "node": node, "model": "m", "port": 30000, "alive": True}
-        for n, node in (("a", "spark-a"), ("b", "spark-b"))])
+    spec = gateway.desired(make_inventory(), "spark-a", "127.0.0.1", 4000, None, as_servers([
+        {"name": n, "node": node, "nodes": [node], "model": "m", "port": 30000, "alive": True}
+        for n, node in (("a", "spark-a"), ("b", "spark-b"))]))
     head, other = FakeTransport("spark-a"), FakeTransport("spark-b")
     head.on('"dir"', stdout=json.dumps({"state": spec.record(), "relays": {}}))
     order: list[str] = []

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import TWO_SPARKS, FakeCluster, make_inventory
+from conftest import SERVERS_CMD, TWO_SPARKS, FakeCluster, as_servers, make_inventory, servers_listing
 
 from orchestrator.cli import cli
 from orchestrator.engines import load_recipe, servers
@@ -179,7 +179,7 @@ RUNNING = [{"name": "qwen3-8b", "engine": "sglang", "alive": True, "port": 30000
 
 def test_chat_and_bench_server_nobody_runs_is_bad_input() -> None:
     with pytest.raises(InputError) as err:
-        servers.pick(RUNNING, "no-such")
+        servers.pick(as_servers(RUNNING), "no-such")
     assert err.value.exit_code == 2
     assert "no server named 'no-such' runs (running: qwen3-8b, qwen3-8b-b)" in str(err.value)
 
@@ -190,7 +190,7 @@ def test_down_server_nobody_runs_exits_2_naming_the_known_ones(
     inventory = tmp_path / "two.yml"
     inventory.write_text(json.dumps(TWO_SPARKS))
     cluster: FakeCluster = fake_cluster()
-    cluster["spark-a"].on(r"legacy_container", answer={"servers": RUNNING})
+    cluster["spark-a"].on(SERVERS_CMD, answer=servers_listing(*RUNNING))
     seen: dict[str, Any] = {}
 
     def execute(request: Any) -> int:

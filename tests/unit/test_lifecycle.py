@@ -29,10 +29,10 @@ def test_a_record_round_trips_and_keeps_engine_fields_flat() -> None:
     assert ServerRecord.from_dict(data) == r
 
 
-def test_an_old_single_record_reads_as_the_default_engines() -> None:
+def test_a_record_without_a_name_is_named_after_its_recipe() -> None:
     old = ServerRecord.from_dict({"recipe": "qwen3-235b", "model": "M", "port": 8355,
                                   "config_hash": "x", "started": "2025-06-15T14:00:00+00:00"})
-    assert (old.engine, old.name, old.nodes) == ("trtllm", "qwen3-235b", [])
+    assert (old.name, old.nodes) == ("qwen3-235b", [])
 
 
 @pytest.mark.parametrize(("alive", "digest", "health", "ready", "dead", "replace", "expected"), [

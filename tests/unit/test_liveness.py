@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cluster_of, make_context, make_inventory
+from conftest import as_servers, cluster_of, make_context, make_inventory
 from nodescript import run_node_script
 from test_serve import ctx as serve_ctx
 from test_serve import spec as serve_spec
@@ -113,17 +113,22 @@ def test_status_asks_the_head_whether_the_engine_logged_ready() -> None:
     assert "rank-0.log" in status.status_facts(INVENTORY, INVENTORY.node("spark-a"))["commands"]["server_log"]
 
 
+def typed(server: dict[str, Any]) -> Any:
+    """A listed server as status reads it (orchestrator/records.py)."""
+    return as_servers([{"name": "s", "port": 1, **server}])[0]
+
+
 @pytest.mark.parametrize(("server", "state"), [
     ({"alive": True, "health": 200}, "healthy"),
     ({"alive": True, "health": 503}, "loading"),
     ({"alive": True, "health": 503, "ready_at": "t"}, "stalled"),
     ({"alive": True, "health": 503, "ready_log": True}, "stalled"),
     ({"alive": True, "health": 0}, "not answering"),
-    ({"alive": False, "legacy": False}, "dead"),
-    ({"alive": False, "legacy": True}, "stopped"),
+    ({"alive": False}, "dead"),
+    ({"alive": False, "migrated_from": "/var/lib/sparkctl/run/server.json"}, "dead"),
 ])
 def test_the_servers_listing(server: dict[str, Any], state: str) -> None:
-    assert server_state(server) == state
+    assert server_state(typed(server)) == state
 
 
 # --- launch: TensorRT-LLM, vLLM, SGLang ----------------------------------------------------------
@@ -167,7 +172,7 @@ def test_vllm_restarts_a_stalled_server_of_the_same_name() -> None:
     assert stalled.summary == f"restart {spec.name}: stalled: ready at t, /health now 503"
     logged = check.Placement(spec).check(make_context(inv, "spark-a", sglang_facts(
         {**record, "ready_log": True})))
-    assert isinstance(logged, Change) and logged.payload["name"] == spec.name
+    assert isinstance(logged, Change) and logged.payload.name == spec.name
 
 
 def sglang_facts(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -186,7 +191,7 @@ def test_sglang_restarts_a_stalled_server_of_the_same_name() -> None:
     stalled = Placement(spec).check(make_context(inv, "spark-a", sglang_facts(
         {**record, "ready_at": "t"})))
     assert isinstance(stalled, Change) and stalled.summary.startswith(f"restart {spec.name}: stalled")
-    assert stalled.payload["name"] == spec.name
+    assert stalled.payload.name == spec.name
     assert "probe" in spec_facts_command(spec, inv)
 
 
@@ -261,18 +266,20 @@ def test_serverctl_reads_the_ready_line_of_the_records_engine(tmp_path: Path,
 
 def test_servers_script_reads_the_ready_line_of_a_record_that_does_not_answer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(an earlier sparkctl's record, migrated first: its log moves along)"""
     tmp_path.joinpath("server.json").write_text(json.dumps({"recipe": "r", "port": 1}))
     tmp_path.joinpath("server.log").write_text("INFO:     Application startup complete.\n")
     from orchestrator.engines import DEFAULT_ENGINE, ready_lines
 
-    args = {"run": str(tmp_path), "probe": True, "legacy_container": "c",
-            "ready_lines": ready_lines(), "default_engine": DEFAULT_ENGINE}
+    migrate = {"container": "c", "engine": DEFAULT_ENGINE, "ours": ["mpirun"], "nodes": ["spark-a"]}
+    args = {"run": str(tmp_path), "probe": True, "migrate": migrate, "ready_lines": ready_lines()}
     ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
         "def running(container):": "def running(container):\n    return True\n\ndef _unused(container):",
-        "def health(record):": "def health(record):\n    return 503\n\ndef _unused2(record):"})
+        "def health(record):": "def health(record):\n    return 503\n\ndef _unused2(record):",
+        "main = ((procs or {})": "main = {'alive': True} or ((procs or {})"})
     found = ran.json["servers"][0]
     assert found["health"] == 503 and found["ready_log"] is True
-    assert server_state(found) == "stalled"
+    assert server_state(typed(found)) == "stalled"
 
 
 def test_servers_script_reads_an_sglang_containers_log_for_sglangs_own_line(
@@ -282,20 +289,21 @@ def test_servers_script_reads_an_sglang_containers_log_for_sglangs_own_line(
     log = tmp_path / "container.log"  # stands for `docker logs CONTAINER`
     record = tmp_path / "servers" / "qwen" / "server.json"
     record.parent.mkdir(parents=True)
-    record.write_text(json.dumps({"engine": "sglang", "port": 1, "container": str(log)}))
+    record.write_text(json.dumps({"engine": "sglang", "port": 1, "container": str(log),
+                                  "nodes": ["spark-a"]}))
     args = {"run": str(tmp_path), "probe": True, "ready_lines": ready_lines()}
 
-    def listed() -> dict[str, Any]:
+    def listed() -> Any:
         ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
             "def running(container):": "def running(container):\n    return True\n\ndef _unused(container):",
             "def health(record):": "def health(record):\n    return 503\n\ndef _unused2(record):",
-            '["docker", "logs", record.get("container") or ""]': '["cat", record["container"]]'})
-        return dict(ran.json["servers"][0])
+            '["docker", "logs", record.container]': '["cat", record.container]'})
+        return typed(ran.json["servers"][0])
 
     log.write_text("INFO:     Application startup complete.\n")  # uvicorn's, before warm-up
-    assert listed()["ready_log"] is False and server_state(listed()) != "stalled"
+    assert listed().ready_log is False and server_state(listed()) != "stalled"
     log.write_text("INFO:     Application startup complete.\nThe server is fired up and ready to roll!\n")
-    assert listed()["ready_log"] is True and server_state(listed()) == "stalled"
+    assert listed().ready_log is True and server_state(listed()) == "stalled"
 
 
 @pytest.mark.parametrize(("keyless", "words"), [(401, "with API key"), (200, "NOT enforced")])

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeTransport, make_context, make_inventory
+from conftest import FakeTransport, as_servers, make_context, make_inventory
 
 from orchestrator.core.step import Change
 from orchestrator.engines import get_engine, load_recipe, servers
@@ -25,6 +25,7 @@ from orchestrator.engines.llamacpp.serve import (
 )
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.recipe import LaunchOptions
+from orchestrator.records import Member
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -175,22 +176,27 @@ def test_an_unreachable_rpc_server_is_named_and_the_server_removed() -> None:
 
 
 def test_a_server_whose_rpc_node_lost_its_process_is_dead_with_its_rss_shown() -> None:
-    record = {"name": "s", "engine": "llamacpp", "nodes": ["spark-a", "spark-b"], "alive": True,
-              "legacy": False}
+    record = as_servers([{"name": "s", "engine": "llamacpp", "nodes": ["spark-a", "spark-b"],
+                          "port": 8080, "alive": True}])
+
+    def members(**by_node: dict[str, Any]) -> dict[str, dict[str, Member]]:
+        return {node.replace("_", "-"): {name: m for name, data in found.items()
+                                         if (m := Member.read(data)) is not None}
+                for node, found in by_node.items()}
+
     alive = {"s": {"running": True, "rss_kb": 2048, "process": "llama-server"}}
     gone = {"s": {"running": False, "rss_kb": 0, "process": ""}}
-    found = [dict(record)]
-    servers.attach_members(found, {"spark-a": alive, "spark-b": gone})
-    assert found[0]["alive"] is False and found[0]["dead_nodes"] == ["spark-b"]
-    assert found[0]["processes"] == [{"node": "spark-a", "process": "llama-server", "rss_mb": 2.0}]
-    fine = [dict(record)]
+    (found,) = servers.attach_members(record, members(spark_a=alive, spark_b=gone))
+    assert found.alive is False and found.dead_nodes == ("spark-b",)
+    assert found.to_dict()["processes"] == [
+        {"node": "spark-a", "process": "llama-server", "rss_mb": 2.0}]
     rpc = {"s": {**alive["s"], "process": "rpc-server"}}
-    servers.attach_members(fine, {"spark-a": alive, "spark-b": rpc})
-    assert fine[0]["alive"] is True and [p["process"] for p in fine[0]["processes"]] == [
+    (fine,) = servers.attach_members(record, members(spark_a=alive, spark_b=rpc))
+    assert fine.alive is True and [p.process for p in fine.processes] == [
         "llama-server", "rpc-server"]
-    unknown = [dict(record)]
-    servers.attach_members(unknown, {"spark-a": alive})  # spark-b not asked: no verdict on it
-    assert unknown[0]["alive"] is True
+    # spark-b not asked: no verdict on it
+    (unknown,) = servers.attach_members(record, members(spark_a=alive))
+    assert unknown.alive is True
 
 
 def test_the_engine_is_placed_and_other_engines_check_their_rank_rules() -> None:

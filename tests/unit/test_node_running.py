@@ -1,7 +1,6 @@
-"""The head's "which server runs" answer (orchestrator/node/running.py), the record's container
-(record_container.py) and the ledger's command line (ledger.py MODE ...), run in-process (see
-nodescript.py) against a temp run directory; `docker` is a tiny fake first on PATH that runs
-`docker exec CONTAINER python3 ...` here, on this machine's Python."""
+"""The record's container (record_container.py) and the ledger's command line (ledger.py
+MODE ...), run in-process (see nodescript.py) against a temp run directory; `docker` is a tiny
+fake first on PATH that runs `docker exec CONTAINER python3 ...` here, on this machine's Python."""
 
 from __future__ import annotations
 
@@ -14,8 +13,6 @@ from typing import Any
 
 import pytest
 from nodescript import run_node_script
-
-from orchestrator.node import script
 
 FAKE_DOCKER = """\
 #!{python}
@@ -44,98 +41,6 @@ def docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     return log
-
-
-def running(server_json: Path, monkeypatch: pytest.MonkeyPatch,
-            default_container: str = "sparkctl-trtllm") -> dict[str, Any]:
-    from orchestrator.engines import DEFAULT_ENGINE
-    from orchestrator.engines.serverctl import process_words
-
-    ran = run_node_script("running.py", [str(server_json), default_container,
-                                         script("serverctl.py"), DEFAULT_ENGINE,
-                                         json.dumps(process_words())], monkeypatch)
-    assert ran.code is None, ran.stderr
-    return ran.json  # type: ignore[no-any-return]
-
-
-def test_no_record_means_no_server_and_no_docker_call(tmp_path: Path, docker: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    run = tmp_path / "run"
-    run.mkdir()
-    assert running(run / "server.json", monkeypatch) == {"server": None, "alive": False}
-    (run / "server.json").write_text("{not json")
-    assert running(run / "server.json", monkeypatch) == {"server": None, "alive": False}
-    (run / "server.json").write_text("[1, 2]")  # JSON, but not a record
-    assert running(run / "server.json", monkeypatch) == {"server": None, "alive": False}
-    assert not docker.exists()
-
-
-def test_a_vllm_record_is_alive_when_its_main_process_is_ours(tmp_path: Path, docker: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    run = tmp_path / "run"
-    run.mkdir()
-    # this test's own process stands in for `vllm serve`: alive, and its command line says python
-    (run / "vllm.pid").write_text(f"{os.getpid()}\n")
-    record = {"engine": "vllm", "recipe": "minimax-m2.7", "container": "sparkctl-vllm",
-              "main": "vllm.pid", "ours": ["python"]}
-    (run / "server.json").write_text(json.dumps(record))
-
-    out = running(run / "server.json", monkeypatch)
-
-    assert out["alive"] is True and "error" not in out
-    assert out["server"] == record
-    assert docker.read_text() == "exec sparkctl-vllm\n"  # asked in the record's own container
-
-    # the same pid file, but the process is not what the record says it runs (a reused pid)
-    (run / "server.json").write_text(json.dumps(dict(record, ours=["vllm serve"])))
-    assert running(run / "server.json", monkeypatch)["alive"] is False
-
-
-def test_an_old_record_is_trtllm_in_the_default_container(tmp_path: Path, docker: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    run = tmp_path / "run"
-    run.mkdir()
-    # not mpirun/trtllm/orted: not ours (a process of its own: this test's command line may
-    # hold any word, e.g. a checkout's path)
-    import subprocess
-
-    other = subprocess.Popen(["sleep", "30"])
-    (run / "mpirun.pid").write_text(f"{other.pid}\n")
-    (run / "server.json").write_text(json.dumps({"recipe": "qwen3-235b", "port": 8355}))
-
-    try:
-        out = running(run / "server.json", monkeypatch, default_container="sparkctl")
-    finally:
-        other.kill()
-        other.wait(5)
-
-    assert out["server"] == {"recipe": "qwen3-235b", "port": 8355, "engine": "trtllm",
-                             "container": "sparkctl", "main": "mpirun.pid"}
-    assert out["alive"] is False and "error" not in out
-    assert docker.read_text() == "exec sparkctl\n"
-
-
-@pytest.mark.parametrize(("container", "error"), [
-    ("gone", "No such container: gone"),   # the container is gone: so is the server
-    ("garbled", "Expecting value"),        # an answer that is not JSON
-])
-def test_when_the_container_cannot_tell_the_server_is_not_alive(
-        tmp_path: Path, docker: Path, monkeypatch: pytest.MonkeyPatch, container: str, error: str) -> None:
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "server.json").write_text(json.dumps({"engine": "vllm", "container": container}))
-    out = running(run / "server.json", monkeypatch)
-    assert out["alive"] is False and error in out["error"]
-    assert out["server"]["container"] == container
-
-
-def test_without_docker_the_error_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    empty = tmp_path / "empty-bin"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))
-    (tmp_path / "server.json").write_text(json.dumps({"engine": "vllm", "container": "c"}))
-    out = running(tmp_path / "server.json", monkeypatch)
-    assert out["alive"] is False and "docker" in out["error"]
 
 
 # ------------------------------------------------------------------ record_container.py

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import as_servers
 
 from orchestrator.cli import rolling
 
@@ -18,10 +19,11 @@ OPTS: dict[str, Any] = {
     "break_lock": False, "ignore_memory": False, "guard_min_available_gb": None,
     "persist": False, "distribute_image": False, "api_key_file": None,
 }
-KEYED = {"name": "r-a", "node": "spark-a", "nodes": ["spark-a"], "port": 30001,
-         "host": "192.168.200.12", "api_key_file": "/run/sparkctl/servers/r-a/api_key",
-         "persistent": True}
-OPEN = {"name": "r-b", "node": "spark-b", "nodes": ["spark-b"], "port": 30002}
+KEYED, OPEN = as_servers([
+    {"name": "r-a", "node": "spark-a", "nodes": ["spark-a"], "port": 30001,
+     "host": "192.168.200.12", "api_key_file": "/run/sparkctl/servers/r-a/api_key",
+     "persistent": True},
+    {"name": "r-b", "node": "spark-b", "nodes": ["spark-b"], "port": 30002}])
 
 
 class Node:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_context, make_inventory
+from conftest import as_servers, make_context, make_inventory
 
 from orchestrator.core.step import Change, Unchanged
 from orchestrator.engines import load_recipe, servers
@@ -19,6 +19,7 @@ from orchestrator.engines.sglang.recipe import Recipe
 from orchestrator.engines.sglang.serve import ServeSpec, launch_argv
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.recipe import LaunchOptions, serving_nodes
+from orchestrator.records import Server
 
 IMAGE = Path(__file__).resolve().parents[2] / "lab" / "sparklab" / "image"
 
@@ -141,9 +142,11 @@ def wanted(name: str = "new", nodes: list[str] | None = None, port: int = 30000,
 
 
 def running(name: str, nodes: list[str], port: int = 30000, gb: float = 109.0,
-            engine: str = "sglang", digest: str = "h0") -> dict[str, Any]:
-    return {"name": name, "engine": engine, "model": "M", "nodes": nodes, "port": port,
-            "memory_gb": gb, "config_hash": digest, "alive": True}
+            engine: str = "sglang", digest: str = "h0") -> Server:
+    """A live server as node/servers.py listed it, read as the placement rules get it."""
+    (found,) = as_servers([{"name": name, "engine": engine, "model": "M", "nodes": nodes,
+                            "port": port, "memory_gb": gb, "config_hash": digest, "alive": True}])
+    return found
 
 
 def test_a_taken_port_on_a_shared_node_is_named() -> None:
@@ -173,15 +176,18 @@ def test_the_same_name_is_the_same_server_or_needs_replace() -> None:
 
 def test_pick_needs_a_name_when_several_run() -> None:
     two = [running("a", ["spark-a"]), running("b", ["spark-b"])]
-    assert servers.pick(two, "b")["name"] == "b"
+    assert servers.pick(two, "b").name == "b"
     with pytest.raises(InputError, match="--server NAME"):
         servers.pick(two, None)
     with pytest.raises(SparkctlError, match="no server named 'c'"):
         servers.pick(two, "c")
 
 
-def facts_with(records: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    return {node: {"commands": {"servers": {"rc": 0, "out": json.dumps({"servers": found})}}}
+def facts_with(records: dict[str, list[Server]]) -> dict[str, dict[str, Any]]:
+    """Each node's node/servers.py answer listing those servers."""
+    def listed(found: list[Server]) -> str:
+        return json.dumps({"servers": [{**s.record.to_dict(), "alive": s.alive} for s in found]})
+    return {node: {"commands": {"servers": {"rc": 0, "out": listed(found)}}}
             for node, found in records.items()}
 
 

@@ -238,10 +238,12 @@ def test_the_server_list_comes_from_the_same_round_trip() -> None:
 
 
 def test_the_recorded_server_has_one_verdict_in_status_and_in_the_servers_list() -> None:
-    """The servers list names the recorded server too (legacy); it carries status's full
-    verdict (a dead rank, a restarted container), not a second one from /health alone."""
+    """A server an earlier sparkctl launched (its single record migrated) that status also
+    assessed in full (the read that migrated it saw the old record too): the servers list
+    carries that verdict (a dead rank, a restarted container), not a second one."""
     listing = {"servers": [{"name": "qwen3", "engine": "trtllm", "port": 8355, "alive": True,
-                            "health": 200, "legacy": True, "model": "Qwen/Qwen3"}]}
+                            "health": 200, "nodes": ["spark-a"], "model": "Qwen/Qwen3",
+                            "migrated_from": "/var/lib/sparkctl/run/server.json"}]}
     facts = {n: node_facts(n) for n in BOTH}
     facts["spark-a"]["commands"]["servers"] = {"rc": 0, "out": json.dumps(listing)}
     (entry,) = status.server_list(INVENTORY, cluster_of(facts), {"state": "dead"})

@@ -97,7 +97,7 @@ def test_attach_reads_healthy_prometheus_servers_only() -> None:
     attach_metrics(servers, run_on)
     # where each server binds; a server with an API key: its node file, read by the fetch (sudo)
     assert [c.rsplit("' ", 1)[1] for _, c, _ in ran] == [
-        "8000 127.0.0.1", "30001 10.0.0.2 /var/lib/sparkctl/run/servers/x/api_key"]
+        "--metrics 8000 127.0.0.1", "--metrics 30001 10.0.0.2 /var/lib/sparkctl/run/servers/x/api_key"]
     assert [sudo for *_, sudo in ran] == [False, True]
     assert servers[0]["metrics"]["ok"] and servers[0]["metrics"]["requests_running"] == 3
     assert servers[1]["metrics"] == {"ok": False, "why": "this engine's /metrics is not Prometheus text"}

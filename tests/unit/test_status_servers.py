@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from conftest import as_servers
 
 from orchestrator.status.server import add_server_problems, server_state
 
@@ -46,8 +47,19 @@ def test_healthy_and_loading_servers_and_the_assessed_single_record_add_nothing(
 
 
 def test_a_guard_record_of_a_gone_server_is_guard_stopped() -> None:
-    assert server_state({"alive": False, "memguard": GUARD}) == "guard-stopped"
-    assert server_state({"alive": False}) == "dead"
+    gone, guarded = as_servers([{"name": "q", "port": 1, "alive": False},
+                                {"name": "q", "port": 1, "alive": False, "memguard": GUARD}])
+    assert server_state(guarded) == "guard-stopped"
+    assert server_state(gone) == "dead"
+
+
+def test_a_migrated_server_not_assessed_in_full_is_judged_like_any_other() -> None:
+    """(status reads the old single record only when the read that migrated it saw it too)"""
+    dead = entry("dead", legacy=True)
+    found = result(dict(dead))
+    found["server"] = None
+    add_server_problems(found)
+    assert found["ok"] is False and "is dead" in found["nodes"]["spark-b"]["problems"][0]
 
 
 def test_the_header_lists_the_servers(capsys: pytest.CaptureFixture[str]) -> None:

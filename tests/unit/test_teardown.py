@@ -64,6 +64,7 @@ def up_facts(node: str = "spark-a", netplan_content: str | None = None) -> dict[
             "gateway_relays": cmd("4242\n"),  # a gateway relay (issue 29)
             "state_entries": cmd("lock\nrun\nnetplan-backup.yaml\n"),
             "pid_files": cmd("mpirun.pid\nrank-0.pid\n"),
+            "port_guards": cmd('{"chains": ["sparkctl-ray-minimax-m2.7"]}'),
             # launch --persist and up --oom-guard were run too
             "boot_units": cmd("sparkctl-serve-qwen3-235b.service enabled\n"),
             "restart_policies": cmd("/trtllm-multinode unless-stopped\n"),
@@ -79,7 +80,8 @@ def clean_facts() -> dict[str, Any]:
         "netplan": {"/etc/netplan/50-cloud-init.yaml": {"interfaces": ["eth0"]}},
         "links": {"enp1s0f1np1": {"addresses": []}, "enP2p1s0f1np1": {"addresses": []}},
         "containers": {"trtllm-multinode": None},
-        "commands": {"managed": cmd(), "state_entries": cmd(), "pid_files": cmd()},
+        "commands": {"managed": cmd(), "state_entries": cmd(), "pid_files": cmd(),
+                     "port_guards": cmd('{"chains": []}')},
     }
 
 
@@ -119,7 +121,8 @@ def test_a_clean_node_needs_nothing_so_down_twice_is_fine() -> None:
 
 def test_without_network_the_plan_has_no_network_step() -> None:
     names = [s.name for s in teardown.down_phase(INVENTORY, False, down_parts()).steps]
-    assert names == ["boot-units", "stop-server", "containers", "gateway-relays", "oom-guard",
+    assert names == ["boot-units", "stop-server", "containers", "port-guards", "gateway-relays",
+                     "oom-guard",
                      "files", "boot-logs", "verify"]
     assert teardown.build_down_plan(INVENTORY, False, down_parts()).phases[0].name == "down"
 
@@ -196,7 +199,8 @@ def node(fake_transport: Any) -> Any:
     """A node as up + launch leave it; `stop` answers that the server stopped."""
     def node_(name: str, facts: dict[str, Any], journal: list[tuple[str, str]]) -> Any:
         return (fake_transport(name, facts=facts, journal=journal)
-                .on(r"action.*stop", answer={"stopped": ["mpirun.pid"], "left": []}))
+                .on(r"action.*stop", answer={"stopped": ["mpirun.pid"], "left": []})
+                .on(r"remove '\{\"all\": true\}'", answer={"removed": ["sparkctl-ray-minimax-m2.7"]}))
     return node_
 
 
@@ -210,7 +214,8 @@ def test_an_unreachable_node_does_not_stop_the_others_cleaning(node: Any) -> Non
     executor.run(teardown.build_down_plan(INVENTORY, True, down_parts()))
     statuses = {s.step: s.status for s in report.hosts["spark-a"].steps}
     assert statuses == {"boot-units": "changed", "stop-server": "changed", "containers": "changed",
-                        "gateway-relays": "changed", "network": "changed", "oom-guard": "changed",
+                        "port-guards": "changed", "gateway-relays": "changed", "network": "changed",
+                        "oom-guard": "changed",
                         "files": "changed", "boot-logs": "changed",
                         "verify": "ok"}, report.to_json()
     assert not report.ok and report.exit_code == 1
@@ -228,7 +233,7 @@ def test_dry_run_changes_nothing(node: Any) -> None:
     Executor(INVENTORY, transports, RunOptions("down", dry_run=True), report, Progress(quiet=True)).run(
         teardown.build_down_plan(INVENTORY, True, down_parts()))
     assert all(line.startswith("python3 - ") for _, line in journal), journal
-    assert report.count("planned") == 16  # 8 changes on each of the 2 nodes
+    assert report.count("planned") == 18  # 9 changes on each of the 2 nodes
 
 
 def test_verify_reports_leftovers(fake_transport: Any) -> None:

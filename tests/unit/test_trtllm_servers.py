@@ -1,6 +1,7 @@
 """TensorRT-LLM servers are named and placed like every other engine's (engines/trtllm/steps.py),
 and a server launched by the previous version (RUN_DIR/server.json, pid files directly in
-RUN_DIR) is still seen, stopped and replaced cleanly (the migration)."""
+RUN_DIR) is converted once into its own directory (node/servers.py's migration), then stopped
+and replaced cleanly."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from orchestrator.errors import InputError, SparkctlError
 from orchestrator.node import script
 from orchestrator.paths import RUN_DIR, SERVER_JSON
 from orchestrator.recipe import LaunchOptions
+from orchestrator.records import read_server
 
 GPT = load_recipe("gpt-oss-120b")
 LLAMA = load_recipe("llama-3.3-70b")
@@ -40,7 +42,7 @@ def spec(recipe: Any, nodes: list[str], **options: Any) -> LaunchSpec:
 def listing(*servers_here: dict[str, Any]) -> dict[str, Any]:
     """A node's node/servers.py answer: its records, and each live one's processes here."""
     members = {s["name"]: {"running": True} for s in servers_here
-               if s.get("alive") and not s.get("legacy")}
+               if s.get("alive") and not s.get("migrated_from")}
     out = json.dumps({"servers": list(servers_here), "members": members})
     return {"commands": {"servers": {"rc": 0, "out": out, "err": ""}}}
 
@@ -48,13 +50,15 @@ def listing(*servers_here: dict[str, Any]) -> dict[str, Any]:
 def named(name: str, nodes: list[str], port: int, memory_gb: float = 100.0,
           **more: Any) -> dict[str, Any]:
     return {"name": name, "engine": "trtllm", "model": "m", "nodes": nodes, "port": port,
-            "memory_gb": memory_gb, "config_hash": "h", "alive": True, "legacy": False,
+            "memory_gb": memory_gb, "config_hash": "h", "alive": True,
             "main": "mpirun.pid", "container": "trtllm-multinode", **more}
 
 
-LEGACY = {"recipe": "gpt-oss-120b", "model": "openai/gpt-oss-120b", "port": 8000, "tp_size": 1,
-          "config_hash": "old", "engine": "trtllm", "container": "trtllm-multinode",
-          "name": "gpt-oss-120b", "legacy": True, "alive": True, "health": 200}
+MIGRATED = {"recipe": "gpt-oss-120b", "model": "openai/gpt-oss-120b", "port": 8000, "tp_size": 1,
+            "config_hash": "old", "engine": "trtllm", "container": "trtllm-multinode",
+            "name": "gpt-oss-120b", "nodes": ["spark-a"], "main": "mpirun.pid",
+            "ours": list(OURS), "migrated_from": SERVER_JSON, "alive": True, "health": 200}
+"""The previous version's record as node/servers.py's migration left it (listed, alive)."""
 
 
 def test_two_servers_on_their_own_nodes_fit_and_one_node_cannot_hold_both() -> None:
@@ -88,27 +92,25 @@ def test_the_same_name_with_another_configuration_is_refused_and_replaced_with_r
 
 
 def test_a_server_of_the_previous_version_is_stopped_and_started_again_per_server() -> None:
-    """The migration: RUN_DIR/server.json on the head (no nodes: what the previous version
-    wrote; node/servers.py names it after its recipe) of the same recipe is one copy, stopped
-    here and started again below."""
-    old = LEGACY
+    """After the migration (RUN_DIR/server.json converted into its own directory, named after
+    its recipe), a launch of the same recipe is one copy: stopped here, started again below."""
+    old = MIGRATED
     facts = {"spark-a": listing(old), "spark-b": listing()}
-    listed = servers.from_facts(cluster_of(facts), INVENTORY, alive_only=False)
-    assert [(s["name"], s["nodes"], s["legacy"]) for s in listed] == [
+    listed = servers.from_facts(cluster_of(facts), alive_only=False)
+    assert [(s.name, s.nodes, s.migrated) for s in listed] == [
         ("gpt-oss-120b", ["spark-a"], True)]
-    facts["spark-a"] = listing({**old, "name": "gpt-oss-120b"})
     change = Placement(spec(GPT, ["spark-a"])).check(ctx("spark-a", facts))
     assert isinstance(change, Change) and "launched by an earlier sparkctl" in change.summary
-    assert f"{RUN_DIR}/servers/gpt-oss-120b" in change.summary
+    assert f"{SERVER_JSON}, moved to {RUN_DIR}/servers/gpt-oss-120b" in change.summary
     stop = servers.stop_commands(change.payload, INVENTORY)
-    # its pid files directly in RUN_DIR (not a server's directory), and its record goes too
-    assert '"run": "/var/lib/sparkctl/run"' in stop["spark-a"].replace('\\"', '"')
-    assert stop["spark-a"].endswith(f"rm -f {SERVER_JSON}")
+    # its pid files moved into its directory: stopped there, and the directory goes
+    assert f'"run": "{RUN_DIR}/servers/gpt-oss-120b"' in stop["spark-a"].replace('\\"', '"')
+    assert stop["spark-a"].endswith(f"rm -rf -- {RUN_DIR}/servers/gpt-oss-120b")
     # even when it no longer answers: replaced cleanly, never left as a second record
-    facts["spark-a"] = listing({**old, "name": "gpt-oss-120b", "alive": False})
+    facts["spark-a"] = listing({**old, "alive": False})
     assert isinstance(Placement(spec(GPT, ["spark-a"])).check(ctx("spark-a", facts)), Change)
     # another recipe's old server on the head: judged like any other server there
-    facts["spark-a"] = listing({**old, "name": "gpt-oss-120b"})
+    facts["spark-a"] = listing(old)
     with pytest.raises(SparkctlError, match="port 8000 on spark-a is taken by server gpt-oss-120b"):
         Placement(spec(LLAMA, ["spark-a"])).check(ctx("spark-a", facts))
 
@@ -139,9 +141,10 @@ def process() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def node_servers(run: Path, monkeypatch: pytest.MonkeyPatch, head: bool = True) -> dict[str, Any]:
+    migrate = {"container": "trtllm-multinode", "engine": DEFAULT_ENGINE, "ours": list(OURS),
+               "nodes": ["spark-a", "spark-b"]}
     args = {"run": str(run), "probe": False, "ready_lines": ready_lines(),
-            "legacy_container": "trtllm-multinode" if head else None,
-            "default_engine": DEFAULT_ENGINE, "serverctl": script("serverctl.py")}
+            "migrate": migrate if head else None, "serverctl": script("serverctl.py")}
     ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch)
     assert ran.code is None, ran.stderr
     return ran.json  # type: ignore[no-any-return]
@@ -161,7 +164,7 @@ def test_a_process_server_lives_while_its_main_process_does(
 
     found = node_servers(run, monkeypatch)
     (server,) = found["servers"]
-    assert (server["name"], server["engine"], server["alive"], server["legacy"]) == (
+    assert (server["name"], server["engine"], server["alive"], "migrated_from" in server) == (
         "gpt", "trtllm", True, False)
     assert found["members"]["gpt"]["running"] and "mpirun" in found["members"]["gpt"]["process"]
     assert "exec up" in docker.read_text()  # checked inside the container that runs it
@@ -185,9 +188,11 @@ def test_a_rank_alone_on_another_node_is_a_member_without_a_record(
     found = node_servers(run, monkeypatch, head=False)
     assert found["servers"] == []
     assert found["members"]["qwen"]["ended"] == ["rank-1 (pid 999999)"]
-    server = {"name": "qwen", "nodes": ["spark-a", "spark-b"], "alive": True}
-    servers.attach_members([server], {"spark-b": found["members"]})
-    assert server["alive"] is False and server["ended"] == ["rank-1 (pid 999999) on spark-b"]
+    server = read_server(named("qwen", ["spark-a", "spark-b"], 8000), "spark-a")
+    (seen,) = servers.attach_members([server], {"spark-b": servers.parse(
+        json.dumps(found), "spark-b").members or {}})
+    assert seen.alive is False and seen.ended == ("rank-1 (pid 999999) on spark-b",)
+    assert seen.dead_nodes == ("spark-b",)
 
 
 def test_a_guard_stop_on_another_node_makes_the_server_guard_stopped(
@@ -200,54 +205,72 @@ def test_a_guard_stop_on_another_node_makes_the_server_guard_stopped(
     guard = {"node": "spark-b", "available_gb": 3.1, "min_available_gb": 4.0}
     (directory / "memguard-stopped.json").write_text(json.dumps(guard))
     found = node_servers(run, monkeypatch, head=False)
-    server = {"name": "qwen", "nodes": ["spark-a", "spark-b"], "alive": True, "memguard": None}
-    servers.attach_members([server], {"spark-b": found["members"]})
-    assert server["memguard"] == guard and server["alive"] is False
+    server = read_server(named("qwen", ["spark-a", "spark-b"], 8000), "spark-a")
+    (seen,) = servers.attach_members([server], {"spark-b": servers.parse(
+        json.dumps(found), "spark-b").members or {}})
+    assert seen.memguard == guard and seen.alive is False
 
 
-def test_the_previous_versions_record_is_listed_as_the_default_engines(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Path) -> None:
+def test_the_previous_versions_record_is_migrated_once_into_its_own_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Path,
+        process: subprocess.Popen[bytes]) -> None:
+    """The one-time migration: the previous version's RUN_DIR/server.json (no name, engine or
+    nodes), its pid files, log and config directly in RUN_DIR become the server's directory in
+    the current format, the first time the head's servers are read; its mpirun still counts."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "server.json").write_text(json.dumps({"recipe": "gpt-oss-120b", "port": 8000}))
-    (run / "mpirun.pid").write_text("1\n")
+    old = {"recipe": "gpt-oss-120b", "model": "openai/gpt-oss-120b", "port": 8000,
+           "tp_size": 2, "config_hash": "previous", "host": "127.0.0.1"}
+    (run / "server.json").write_text(json.dumps(old))
+    (run / "mpirun.pid").write_text(f"{process.pid}\n")
+    (run / "server.log").write_text("loading\n")
+    (run / "extra-llm-api-config.yml").write_text("# theirs\n")
+    (run / "memory.json").write_text("{}")  # not the server's: stays
     (server,) = node_servers(run, monkeypatch)["servers"]
-    assert (server["name"], server["engine"], server["legacy"], server["container"]) == (
-        "gpt-oss-120b", DEFAULT_ENGINE, True, "trtllm-multinode")
+    directory = run / "servers" / "gpt-oss-120b"
+    assert not (run / "server.json").exists() and (run / "memory.json").exists()
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "extra-llm-api-config.yml", "mpirun.pid", "processes.json", "server.json", "server.log"]
+    record = json.loads((directory / "server.json").read_text())
+    assert {k: record[k] for k in ("name", "engine", "nodes", "container", "main",
+                                   "migrated_from")} == {
+        "name": "gpt-oss-120b", "engine": DEFAULT_ENGINE, "nodes": ["spark-a", "spark-b"],
+        "container": "trtllm-multinode", "main": "mpirun.pid",
+        "migrated_from": str(run / "server.json")}
+    assert json.loads((directory / "processes.json").read_text()) == {
+        "container": "trtllm-multinode", "ours": list(OURS)}
+    assert (server["name"], server["alive"]) == ("gpt-oss-120b", True)
+    # typed from now on, like any record; a second read changes nothing
+    assert read_server(server, "spark-a").migrated
+    before = (directory / "server.json").read_text()
+    (again,) = node_servers(run, monkeypatch)["servers"]
+    assert (directory / "server.json").read_text() == before and again["alive"] is True
 
 
-def test_vllm_still_refuses_or_replaces_a_named_server_in_the_up_container() -> None:
-    """vLLM, still one server per cluster, treats a TensorRT-LLM server on the head (named now,
-    its processes in the `up` container) as it treated the single recorded one."""
-    from orchestrator.engines.running import guard_phase
-
-    vllm = load_recipe("minimax-m2.7")
-    trt = named("qwen3-235b", ["spark-a", "spark-b"], 8355, recipe="qwen3-235b")
-    facts = {"spark-a": {"commands": {
-        "running": {"rc": 0, "out": json.dumps({"server": None, "alive": False})},
-        **listing(trt)["commands"]}}}
-    assert "servers" in guard_phase(vllm, INVENTORY, False).facts(
-        INVENTORY, INVENTORY.node("spark-a"))["commands"]
-    with pytest.raises(SparkctlError, match=r"qwen3-235b with TensorRT-LLM.*--replace"):
-        guard_phase(vllm, INVENTORY, False).steps[0].check(ctx("spark-a", facts))
-    change = guard_phase(vllm, INVENTORY, True).steps[0].check(ctx("spark-a", facts))
-    assert isinstance(change, Change) and change.payload["name"] == "qwen3-235b"
-    stop = servers.stop_commands(change.payload, INVENTORY)
-    assert sorted(stop) == ["spark-a", "spark-b"] and "/servers/qwen3-235b" in stop["spark-b"]
-    # an SGLang server on the head is not in the `up` container: not vLLM's business here
-    sglang = named("q", ["spark-a"], 30000, engine="sglang", container="sparkctl-sglang-q")
-    sglang.pop("main")
-    facts["spark-a"]["commands"]["servers"] = listing(sglang)["commands"]["servers"]
-    assert isinstance(guard_phase(vllm, INVENTORY, False).steps[0].check(ctx("spark-a", facts)),
-                      Unchanged)
-
-
-def test_a_one_server_engines_server_on_its_nodes_is_refused_or_replaced_as_before() -> None:
-    vllm = {**LEGACY, "engine": "vllm", "recipe": "minimax-m2.7", "name": "minimax-m2.7",
-            "container": "sparkctl-vllm", "main": "vllm.pid", "nodes": ["spark-a", "spark-b"]}
+def test_a_one_server_engines_migrated_server_is_any_other_server_on_its_nodes() -> None:
+    """vLLM's single server of the previous version, migrated: its port is judged like any
+    server's, and stopping it removes its containers by name (they had no server label)."""
+    vllm = {**MIGRATED, "engine": "vllm", "recipe": "minimax-m2.7", "name": "minimax-m2.7",
+            "container": "sparkctl-vllm", "nodes": ["spark-a", "spark-b"]}
+    vllm.pop("main")
     facts = {"spark-a": listing(vllm), "spark-b": listing()}
-    with pytest.raises(SparkctlError, match=r"minimax-m2.7 with vLLM.*--replace"):
+    with pytest.raises(SparkctlError, match=r"port 8000 on spark-b is taken by server minimax-m2\.7"):
         Placement(spec(GPT, ["spark-b"])).check(ctx("spark-a", facts))
-    change = Placement(spec(GPT, ["spark-b"], replace=True)).check(ctx("spark-a", facts))
-    assert isinstance(change, Change) and change.summary.startswith("stop vllm's server")
-    assert "label=sparkctl.engine=vllm" in servers.stop_commands(change.payload, INVENTORY)["spark-a"]
+    (found,) = servers.from_facts(cluster_of(facts))
+    stop = servers.stop_commands(found, INVENTORY)
+    assert sorted(stop) == ["spark-a", "spark-b"]
+    assert "name=^/sparkctl-vllm$" in stop["spark-b"]
+    assert "label=sparkctl.server=minimax-m2.7" in stop["spark-b"]
+
+
+def test_the_migration_never_overwrites_a_named_servers_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Path) -> None:
+    run = tmp_path / "run"
+    named_dir = run / "servers" / "gpt-oss-120b"
+    named_dir.mkdir(parents=True)
+    mine = json.dumps(named("gpt-oss-120b", ["spark-a"], 8001))
+    (named_dir / "server.json").write_text(mine)
+    (run / "server.json").write_text(json.dumps({"recipe": "gpt-oss-120b", "port": 8000}))
+    listed = node_servers(run, monkeypatch)["servers"]
+    assert sorted(s["name"] for s in listed) == ["gpt-oss-120b", "gpt-oss-120b-earlier"]
+    assert (named_dir / "server.json").read_text() == mine

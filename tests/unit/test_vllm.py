@@ -162,58 +162,6 @@ def test_ray_cluster_step_waits_only_for_missing_nodes() -> None:
                       Unchanged)
 
 
-def test_another_engine_serving_is_refused_naming_recipe_and_engine() -> None:
-    from orchestrator.engines.running import other_engine_refusal
-
-    vllm_recipe = load_recipe("minimax-m2.7")
-    trt = {"engine": "trtllm", "recipe": "qwen3-235b", "model": "nvidia/Qwen3-235B-A22B-FP4"}
-    message = other_engine_refusal(trt, vllm_recipe)
-    assert message and "qwen3-235b" in message and "TensorRT-LLM" in message and "--replace" in message
-    assert other_engine_refusal(dict(trt, engine="vllm"), vllm_recipe) is None
-    assert other_engine_refusal(None, vllm_recipe) is None
-
-
-def test_replace_across_engines_stops_the_other_engines_server() -> None:
-    from orchestrator.engines.running import OtherEngineGuard, guard_phase, running_cmd
-    from orchestrator.engines.serverctl import node_cmd
-
-    inv = inventory()
-    trt_stop = node_cmd(inv.container.name, action="stop", rotate=True)
-    cases = (("vllm", load_recipe("qwen3-235b"), "label=sparkctl.engine=vllm"),
-             ("trtllm", load_recipe("minimax-m2.7"), trt_stop))
-    for engine, recipe, expected in cases:
-        record = {"engine": engine, "recipe": "x", "model": "org/m",
-                  "main": "vllm.pid" if engine == "vllm" else "mpirun.pid",
-                  "container": "sparkctl-vllm" if engine == "vllm" else inv.container.name}
-        facts = {"commands": {"running": {"rc": 0, "out": json.dumps({"server": record, "alive": True})}}}
-
-        phase = guard_phase(recipe, inv, replace=False)
-        assert phase.name == "server-check" and phase.head_only
-        assert phase.facts(inv, inv.node("spark-a"))["commands"]["running"] == running_cmd(inv)
-        (step,) = phase.steps
-        assert isinstance(step, OtherEngineGuard)
-        with pytest.raises(SparkctlError) as refused:  # without --replace: refused, naming both
-            step.check(context(inv, "spark-a", {"spark-a": facts}))
-        message = str(refused.value)
-        assert "recipe x" in message and f"engine {engine}" in message and "--replace" in message
-
-        transports = {name: FakeTransport(name, [(0, "", "")]) for name in ("spark-a", "spark-b")}
-        ctx = context(inv, "spark-a", {"spark-a": facts}, transports=transports)
-        step = guard_phase(recipe, inv, replace=True).steps[0]
-        change = step.check(ctx)
-        assert isinstance(change, Change) and engine in change.summary and "--replace" in change.summary
-        assert step.apply(ctx, change) == f"stopped {engine}'s server"
-        for transport in transports.values():  # on every node
-            (call,) = transport.calls
-            assert expected in call["command"] and call["sudo"]
-            if engine == "vllm":  # the single-server layout's container only, not named servers'
-                assert "name=^/sparkctl-vllm$" in call["command"]
-
-        # the server's process is gone: nothing to stop
-        dead = {"commands": {"running": {"rc": 0, "out": json.dumps({"server": record, "alive": False})}}}
-        assert isinstance(step.check(context(inv, "spark-a", {"spark-a": dead})), Unchanged)
-
-
 def test_a_fabric_link_down_is_refused_before_ray_starts() -> None:
     recipe = load_recipe("minimax-m2.7")
     inv = inventory()

@@ -64,8 +64,8 @@ def test_launch_phases_judge_first_then_models_ray_and_serve_with_verify_steps(r
 
     assert [n.name for n in models.nodes(inv)] == ["spark-a", "spark-b"]
     assert [type(s).__name__ for s in ray_phase.steps] == [
-        "NodeGuard", "Image", "ImageShare", "ImageDigest", "RayInImage", "SameNcclDevices", "RayHead",
-        "RayWorker", "RayCluster"]
+        "NodeGuard", "Image", "ImageShare", "ImageDigest", "RayInImage", "SameNcclDevices",
+        "GuardRayPorts", "RayHead", "RayWorker", "RayCluster"]
     guard = ray_phase.steps[0]
     assert guard.containers == [CONTAINER] and guard.record_dir.endswith("/servers/minimax-m2.7")
     head_req = ray_phase.facts(inv, inv.node("spark-a"))
@@ -117,7 +117,11 @@ def test_describe_preview_and_the_rest_of_the_engine(recipe: Any) -> None:
     assert capabilities.warnings(ENGINE, recipe) == []
     (ray_title, ray_text), (serve_title, serve_text) = ENGINE.describe(recipe)
     assert f"{CONTAINER} on 2 node(s): the head first" in ray_title and recipe.image in ray_title
-    assert "--port 6379 --dashboard-agent-listen-port 25000" in ray_text
+    assert ("--port 6379 --node-manager-port 21000 --object-manager-port 22000 "
+            "--runtime-env-agent-port 23000 --dashboard-agent-grpc-port 24000 "
+            "--dashboard-agent-listen-port 25000 --metrics-export-port 26000 "
+            "--min-worker-port 10002 --max-worker-port 10051") in ray_text
+    assert "port guard (iptables chain sparkctl-ray-<server>)" in ray_text
     assert "--object-store-memory 2000000000" in ray_text
     assert "vLLM 0.31.0" in serve_title and serve_text.startswith("vllm serve nvidia/MiniMax-M2.7-NVFP4")
     preview = ENGINE.config_preview(recipe)
@@ -189,7 +193,9 @@ def test_start_server_starts_detached_and_records_the_server(recipe: Any) -> Non
     assert record["nodes"] == ["spark-a", "spark-b"] and record["ours"] == ["vllm"]
     assert (record["tp_size"], record["pp_size"], record["port"]) == (2, 1, 8000)
     assert record["container"] == CONTAINER and record["pid_file"] == f"{SERVE_DIR}/vllm.pid"
-    assert record["listen_ports"] == [8000, 6379, 25000] and record["persistent"] is True
+    assert record["listen_ports"] == [8000, 6379, 21000, 22000, 23000, 24000, 25000, 26000,
+                                      *range(10002, 10052)] and record["persistent"] is True
+    assert record["port_guard"] == "sparkctl-ray-minimax-m2.7"  # removed when it stops
 
 
 def test_start_server_that_exits_at_once_shows_the_log_end(recipe: Any) -> None:
@@ -541,7 +547,7 @@ def test_a_worker_is_replaced_when_the_head_it_joined_restarted(recipe: Any, fak
     # the head step records its new start time for the workers
     head_ctx = context(inv, "spark-a", facts(t0, None), shared={},
                        transports={"spark-a": fake_transport("spark-a").on(
-                           r"inspect -f", 0, "2026-11-23T20:41:28.5Z\n", "")})
+                           r"inspect --type container -f", 0, "2026-11-23T20:41:28.5Z\n", "")})
     head_step = ray.RayHead(server)
     head_step.apply(head_ctx, Change("run container", payload={"args": ["run"], "remove_old": False}))
     assert head_ctx.shared.engine[ray.HEAD_STARTED] == "2026-11-23T20:41:28.5Z"

@@ -19,10 +19,11 @@ from nodescript import run_node_script
 from orchestrator.core.step import Change, Unchanged
 from orchestrator.engines import load_recipe, servers
 from orchestrator.engines.vllm import ENGINE, check, serve
-from orchestrator.engines.vllm.ports import ServerPorts
+from orchestrator.engines.vllm.ports import RayPorts, ServerPorts
 from orchestrator.errors import InputError, SparkctlError
 from orchestrator.paths import RUN_DIR, SERVER_JSON
 from orchestrator.recipe import LaunchOptions
+from orchestrator.records import Server, read_server
 
 LEGACY = {"name": "gpt-oss-120b-vllm", "engine": "vllm", "recipe": "gpt-oss-120b-vllm",
           "model": "openai/gpt-oss-120b", "port": 8000, "nodes": ["spark-a"],
@@ -58,8 +59,15 @@ def test_each_server_has_its_containers_nodes_and_ports() -> None:
         "b", "sparkctl-vllm-b", ["spark-b"], "spark-b")
     assert placed.directory == f"{RUN_DIR}/servers/b/serve"
     # the API port moves the others: two servers on one node never share a Ray port
-    assert default.ports == ServerPorts(8000, 6379, 25000, 29501)
-    assert placed.ports == ServerPorts(8001, 6380, 25001, 29502)
+    assert default.ports == ServerPorts(8000, 6379, 25000, 29501, RayPorts(
+        21000, 22000, 23000, 24000, 25000, 26000, (10002, 10051)))
+    assert placed.ports == ServerPorts(8001, 6380, 25001, 29502, RayPorts(
+        21001, 22001, 23001, 24001, 25001, 26001, (10052, 10101)))
+    # the worker ports: 50 a server, in slots of Ray's own default range 10002-19999
+    last = ServerPorts.of(load_recipe("gpt-oss-120b-vllm").model_copy(update={"port": 8198}))
+    assert last.ray_node.workers == (19902, 19951)
+    assert ServerPorts.of(load_recipe("gpt-oss-120b-vllm").model_copy(
+        update={"port": 8199})).ray_node.workers == (10002, 10051)
     assert ServerPorts.of(load_recipe("gpt-oss-120b-vllm").model_copy(update={"port": 65535})
                           ).ray == 6379 + 535
     wrapped = load_recipe("gpt-oss-120b-vllm")
@@ -104,7 +112,12 @@ def test_the_same_name_runs_the_same_configuration_or_is_refused_or_replaced() -
     dead = judged(s, facts([{**same, "alive": False}]))
     assert isinstance(dead, Change)
     assert dead.summary == "restart gpt-oss-120b-vllm: dead (vllm serve or its container ended)"
-    worker = judged(s, facts([{**same, "alive": False, "dead_nodes": ["spark-b"]}]))
+    # its part on another node gone (node/servers.py's members there): dead, named
+    spans = {**same, "nodes": ["spark-a", "spark-b"]}
+    worker = judged(s, {node: {"commands": {"servers": {"rc": 0, "out": json.dumps(answer)}}}
+                        for node, answer in (
+                            ("spark-a", {"servers": [spans], "members": {s.name: {"running": True}}}),
+                            ("spark-b", {"servers": [], "members": {}}))})
     assert worker.summary.endswith("dead (its container ended on spark-b)")  # type: ignore[union-attr]
     # another configuration that died: nothing to keep, started as any new one
     gone = judged(s, facts([{**same, "alive": False, "config_hash": "x"}]))
@@ -112,9 +125,15 @@ def test_the_same_name_runs_the_same_configuration_or_is_refused_or_replaced() -
 
 
 # ------------------------------------------------------------------ the single-server layout
+def migrated(**more: Any) -> dict[str, Any]:
+    """LEGACY as node/servers.py lists it after the one-time migration (alive, answering)."""
+    record = {k: v for k, v in LEGACY.items() if k != "main"}
+    return {**record, "migrated_from": SERVER_JSON, "alive": True, "health": 200, **more}
+
+
 def test_a_legacy_server_of_the_same_recipe_is_replaced_by_the_named_one_saying_so() -> None:
     s = spec()
-    legacy = {**LEGACY, "legacy": True, "alive": True, "health": 200}
+    legacy = migrated()
     change = judged(s, facts([legacy]))
     assert isinstance(change, Change)
     assert change.summary == (
@@ -129,44 +148,49 @@ def test_a_legacy_server_of_the_same_recipe_is_replaced_by_the_named_one_saying_
     call, guard = transports["spark-a"].calls  # on its node only
     # the earlier guard's pid file goes: the new server's guard must start
     assert guard.command == f"rm -f {RUN_DIR}/servers/gpt-oss-120b-vllm/memguard.pid"
-    assert "name=^/sparkctl-vllm$" in call.command and "label=sparkctl.engine=vllm" in call.command
-    # its pid file and its record go with it: status no longer judges a server that was stopped
-    assert f"rm -f {RUN_DIR}/vllm.pid; rm -f {SERVER_JSON}" in call.command
+    assert "name=^/sparkctl-vllm$" in call.command and "label=sparkctl.managed=true" in call.command
+    # its directory (the record, its moved pid file) goes with it: status no longer judges it
+    assert call.command.endswith(f"rm -rf -- {RUN_DIR}/servers/gpt-oss-120b-vllm")
     assert not transports["spark-b"].calls
     # a dead one is cleaned up the same way (its containers and pid file)
     assert isinstance(judged(s, facts([{**legacy, "alive": False}])), Change)
 
 
 def test_a_legacy_server_of_another_recipe_is_another_server() -> None:
-    legacy = {**LEGACY, "legacy": True, "alive": True, "health": 200}
+    legacy = migrated()
     assert isinstance(judged(spec(nodes=["spark-b"], name="b"), facts([legacy])), Unchanged)
     with pytest.raises(SparkctlError, match="port 8000 on spark-a is taken by server x "):
         judged(spec("minimax-m2.7"), facts([{**legacy, "name": "x", "recipe": "x"}]))
 
 
-def test_the_legacy_layout_is_listed_for_status_and_stopped_by_down_server(
+def test_the_legacy_layout_is_migrated_listed_for_status_and_stopped_by_down_server(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """node/servers.py on a head an earlier sparkctl launched vLLM on: listed (engine vllm,
-    legacy), judged by status, and `down --server` stops exactly its containers."""
+    """node/servers.py on a head an earlier sparkctl launched vLLM on: its record converted once
+    (its own directory, its pid file moved along), listed (engine vllm, legacy in status),
+    judged by status, and `down --server` stops exactly its containers."""
     from orchestrator.status.server import server_list
 
     tmp_path.joinpath("server.json").write_text(json.dumps({
         k: v for k, v in LEGACY.items() if k != "memory_gb"}))
     tmp_path.joinpath("vllm.pid").write_text("4242\n")
-    args = {"run": str(tmp_path), "probe": True, "legacy_container": "trtllm-multinode",
-            "ready_lines": {}}
+    migrate = {"container": "trtllm-multinode", "engine": "trtllm", "ours": ["mpirun"],
+               "nodes": ["spark-a", "spark-b"]}
+    args = {"run": str(tmp_path), "probe": True, "migrate": migrate, "ready_lines": {}}
     ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
         "def running(container):": "def running(container):\n    return container == "
                                    "'sparkctl-vllm'\n\ndef _unused(container):",
         "def health(record):": "def health(record):\n    return 200\n\ndef _unused2(record):",
         "def members():": "def members():\n    return {}\n\ndef _unused3():"})
     (found,) = ran.json["servers"]
-    assert (found["engine"], found["container"], found["legacy"], found["alive"]) == (
-        "vllm", "sparkctl-vllm", True, True)
+    assert (found["engine"], found["container"], found["alive"], "main" in found) == (
+        "vllm", "sparkctl-vllm", True, False)  # alive while its container runs, as before
+    directory = tmp_path / "servers" / "gpt-oss-120b-vllm"
+    assert not tmp_path.joinpath("server.json").exists()
+    assert sorted(p.name for p in directory.iterdir()) == ["server.json", "vllm.pid"]
     answer = {"commands": {"servers": {"rc": 0, "out": ran.stdout}}}
     listed = server_list(inventory(), cluster_of({"spark-a": answer}))
-    assert [(s["name"], s["engine"], s["state"]) for s in listed] == [
-        ("gpt-oss-120b-vllm", "vllm", "healthy")]
+    assert [(s["name"], s["engine"], s["state"], s["legacy"]) for s in listed] == [
+        ("gpt-oss-120b-vllm", "vllm", "healthy", True)]
 
     step = servers.StopNamed("gpt-oss-120b-vllm")
     change = step.check(context(inventory(), "spark-a", {"spark-a": answer, "spark-b": {}}))
@@ -194,8 +218,8 @@ def test_a_named_server_whose_vllm_serve_ended_is_dead_though_its_ray_container_
         ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
             "def running(container):": "def running(container):\n    return True\n\n"
                                        "def _unused(container):",
-            '["docker", "inspect", "-f", "{{.State.Pid}}", record.get("container") or ""]':
-                '["echo", record["container"]]',
+            '["docker", "inspect", "-f", "{{.State.Pid}}", record.container]':
+                '["echo", record.container]',
             "def members():": "def members():\n    return {}\n\ndef _unused3():"})
         return bool(ran.json["servers"][0]["alive"])
 
@@ -234,7 +258,7 @@ def test_a_named_vllm_server_that_logged_its_ready_line_and_answers_no_more_is_s
     (serve_dir.parent / "server.json").write_text(json.dumps(record))
     args = {"run": str(tmp_path), "probe": True, "ready_lines": ready_lines()}
 
-    def listed() -> dict[str, Any]:
+    def listed() -> Server:
         ran = run_node_script("servers.py", [json.dumps(args)], monkeypatch, replace={
             "def running(container):": "def running(container):\n    return True\n\n"
                                        "def _unused(container):",
@@ -242,12 +266,12 @@ def test_a_named_vllm_server_that_logged_its_ready_line_and_answers_no_more_is_s
                                        "def _unused4(record):",
             "def health(record):": "def health(record):\n    return 503\n\ndef _unused2(record):",
             "def members():": "def members():\n    return {}\n\ndef _unused3():"})
-        return dict(ran.json["servers"][0])
+        return read_server(ran.json["servers"][0], "spark-a")
 
     (serve_dir / "server.log").write_text("Loading weights\n")
-    assert listed()["ready_log"] is False and server_state(listed()) == "loading"
+    assert listed().ready_log is False and server_state(listed()) == "loading"
     (serve_dir / "server.log").write_text("Loading weights\nINFO:     Application startup complete.\n")
-    assert listed()["ready_log"] is True and server_state(listed()) == "stalled"
+    assert listed().ready_log is True and server_state(listed()) == "stalled"
 
 
 

@@ -58,7 +58,7 @@ class LlamacppEngine:
         from orchestrator.engines.llamacpp import ready, serve
         from orchestrator.engines.placed import Smoke, check_phase
         from orchestrator.phases import models, registry
-        from orchestrator.phases.persist import not_persistent_phase
+        from orchestrator.phases.persist import persistence_phase
 
         spec = serve.ServeSpec(recipe, inventory, options)
         steps = [verify.wait_step(ready.target(spec), self.readiness, options.timeout,
@@ -68,15 +68,13 @@ class LlamacppEngine:
                   registry.phase(recipe.image, spec.nodes, inventory.head_name),
                   models.phase(recipe, [spec.first], recipe.image, inventory), serve.rpc_phase(spec),
                   serve.serve_phase(spec, steps)]
-        if options.persist:
-            from orchestrator.engines.placed import persist_phase
+        from orchestrator.engines.placed import persist_phase
 
-            # every container (rpc-server on the other nodes, llama-server on the first) comes
-            # back with docker at boot; llama-server connects to the rpc-servers when it starts
-            # (one that comes up later makes it exit, and the boot unit starts it again)
-            phases.append(persist_phase(spec, options, self.name, "rpc-server"))
-        else:
-            phases.append(not_persistent_phase(spec.name))
+        # every container (rpc-server on the other nodes, llama-server on the first) comes
+        # back with docker at boot; llama-server connects to the rpc-servers when it starts
+        # (one that comes up later makes it exit, and the boot unit starts it again)
+        phases.append(persistence_phase(spec.name, options.persist, lambda: persist_phase(
+            spec, options, self.name, "rpc-server")))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:

@@ -52,14 +52,8 @@ class LlamacppImporter:
         layers = job.value("--gpu-layers")
         if layers is not None:
             fields["gpu_layers"] = _layers(job, layers)
-        for flag, key in (("--ctx-size", "ctx_size"), ("--parallel", "parallel")):
-            value = job.whole(flag)
-            if value is not None:
-                fields[key] = value
-        port = job.port()
-        if port is not None:
-            fields["port"] = port
-        job.host()
+        fields.update(job.wholes({"--ctx-size": "ctx_size", "--parallel": "parallel"}))
+        fields.update(job.where_served(revision=None))
         job.drop("--alias", "clients name the model by its Hugging Face id")
         job.drop("--rpc", "sparkctl starts rpc-server on the other nodes and names them")
         job.drop("--metrics", "always on")

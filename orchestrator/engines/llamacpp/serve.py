@@ -222,7 +222,7 @@ class RpcReachable(Step):
                if answers.get(e) != "ok"]
         if bad:
             servers.stop_server(ctx.transports, ctx.inventory,
-                                {"name": self.spec.name, "nodes": self.spec.nodes})
+                                servers.unrecorded(self.spec.name, "llamacpp", self.spec.nodes))
             named = "; ".join(f"{node}: rpc-server at {e} ({why})" for node, e, why in bad)
             raise SparkctlError(
                 f"{self.spec.first} cannot reach {named}: llama-server was not started (it "
@@ -249,7 +249,7 @@ class ServerContainer(containers.Container):
         except SparkctlError as exc:
             said = errors("\n".join(line.removeprefix("  | ") for line in str(exc).splitlines()))
             servers.stop_server(ctx.transports, ctx.inventory,
-                                {"name": self.spec.name, "nodes": self.spec.nodes})
+                                servers.unrecorded(self.spec.name, "llamacpp", self.spec.nodes))
             raise SparkctlError(
                 f"{ctx.node.name}: llama-server exited right after it started"
                 + (f": {'; '.join(said)}" if said else f" ({exc})")

@@ -57,7 +57,7 @@ class SglangEngine:
         from orchestrator.engines import placed, verify
         from orchestrator.engines.sglang import ready, serve
         from orchestrator.phases import models, registry
-        from orchestrator.phases.persist import not_persistent_phase
+        from orchestrator.phases.persist import persistence_phase
 
         spec = serve.ServeSpec(recipe, inventory, options)
         steps = [verify.wait_step(ready.target(spec), self.readiness, options.timeout,
@@ -68,9 +68,8 @@ class SglangEngine:
         # --persist: each rank's container is the server, restarted by docker at boot; the
         # ranks meet at the first node's --dist-init-addr again (torch.distributed waits for
         # all of them, so the order docker starts them in does not matter)
-        phases.append(placed.persist_phase(spec, options, self.name, "SGLang rank {index}")
-                      if options.persist else
-                      not_persistent_phase(spec.name))
+        phases.append(persistence_phase(spec.name, options.persist, lambda: placed.persist_phase(
+            spec, options, self.name, "SGLang rank {index}")))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:

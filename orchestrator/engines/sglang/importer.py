@@ -38,11 +38,8 @@ class SglangImporter:
         if model and model != job.foreign.model:
             fields["model"] = model
         fields["image"] = job.image()
-        for flag, key in (("--tensor-parallel-size", "tp_size"),
-                          ("--pipeline-parallel-size", "pp_size")):
-            ranks = job.whole(flag)
-            if ranks is not None:
-                fields[key] = ranks
+        fields.update(job.wholes({"--tensor-parallel-size": "tp_size",
+                                  "--pipeline-parallel-size": "pp_size"}))
         if job.switch("--trust-remote-code"):
             fields["trust_remote_code"] = True
         speculative: dict[str, Any] = {}
@@ -52,13 +49,7 @@ class SglangImporter:
                 speculative[key] = value
         if speculative:
             fields["speculative"] = speculative
-        revision = job.value("--revision")
-        if revision:
-            fields["revision"] = revision
-        port = job.port()
-        if port is not None:
-            fields["port"] = port
-        job.host()
+        fields.update(job.where_served())
         for flag in ("--nnodes", "--node-rank", "--dist-init-addr"):
             job.drop(flag, "sparkctl sets SGLang's multi-node flags for each node")
         fields["memory"] = job.memory(job.fraction("--mem-fraction-static"))

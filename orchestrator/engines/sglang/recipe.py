@@ -99,6 +99,7 @@ class Recipe(BaseRecipe):
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
+        from orchestrator.engines.optiontable import refuse_serve_args
         from orchestrator.engines.sglang.options import canonical, check_serve_args, values
 
         if self.node_count != self.world_size:
@@ -106,14 +107,7 @@ class Recipe(BaseRecipe):
                 f"the recipe spans {self.node_count} node(s) but tp_size x pp_size is "
                 f"{self.world_size}: a Spark has one GPU, so SGLang needs one node per rank "
                 f"({SOURCE} l.7231 also asserts tp x pp divisible by --nnodes)")
-        for word in self.serve_args:
-            flag = canonical(word.split("=", 1)[0])
-            if flag in RESERVED_FLAGS:
-                raise ValueError(f"serve_args must not set {flag}: sparkctl sets it from "
-                                 f"{RESERVED_FLAGS[flag]}")
-        problems = check_serve_args(self.serve_args)
-        if problems:
-            raise ValueError("serve_args: " + "; ".join(problems))
+        refuse_serve_args(self.serve_args, RESERVED_FLAGS, canonical, check_serve_args)
         extra = values(self.serve_args)
         spec = self.speculative
         if spec is not None:

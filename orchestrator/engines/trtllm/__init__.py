@@ -89,10 +89,10 @@ class TrtllmEngine:
         phases = [steps.check_phase(spec), steps.memory_phase(spec), steps.stop_phase(spec),
                   models.phase(recipe, spec.nodes, image, inventory), steps.serve_phase(spec, ready)]
         from orchestrator.engines.trtllm.persist import persist_phase
-        from orchestrator.phases.persist import not_persistent_phase
+        from orchestrator.phases.persist import persistence_phase
 
-        phases.append(persist_phase(spec, options) if options.persist else
-                      not_persistent_phase(spec.name))
+        phases.append(persistence_phase(spec.name, options.persist,
+                                        lambda: persist_phase(spec, options)))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:

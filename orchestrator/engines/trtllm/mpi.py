@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.commands import docker_exec_cmd
 from orchestrator.core.step import Change, NodeContext, NotVerified, Phase, Step
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
+from orchestrator.remote.container import ContainerCommands
 
 """ctx.shared list of the changes made in this run (the steps of phases 3-4 append to it)."""
 MPIRUN_DEADLINE = 60
@@ -21,9 +21,8 @@ MPIRUN_DEADLINE = 60
 
 def mpirun_hostname_cmd(container: str, nodes: int, deadline: int = MPIRUN_DEADLINE) -> str:
     """`timeout` inside the container, so a hung mpirun dies there rather than lingering."""
-    return docker_exec_cmd(
-        container, ["timeout", "-k", "5", str(deadline), "mpirun", "-np", str(nodes), "hostname"]
-    )
+    return ContainerCommands(container).exec_cmd(
+        ["timeout", "-k", "5", str(deadline), "mpirun", "-np", str(nodes), "hostname"])
 
 
 def facts(inventory: Inventory, node: Node) -> dict[str, Any]:

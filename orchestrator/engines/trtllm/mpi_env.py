@@ -144,16 +144,4 @@ def recorded(facts: NodeFacts, image_id: str | None) -> dict[str, Any] | None:
 def detect_and_record_cmd(image: str, image_id: str) -> str:
     """One remote command: `mpirun --version` in a throw-away container, then the record."""
     probe = docker_cmd("run", "--rm", "--network", "none", image, "mpirun", "--version")
-    script = (
-        "import json,re,sys,datetime\n"
-        "out=sys.stdin.read()\n"
-        f"m=re.search({_VERSION_RE.pattern!r},out)\n"
-        "if not m:\n"
-        "    sys.stderr.write('no Open MPI version in `mpirun --version`:\\n'+out[-800:]);sys.exit(3)\n"
-        "v='.'.join(p for p in m.groups() if p)\n"
-        f"r={{'image':{image!r},'image_id':{image_id!r},'implementation':'Open MPI',"
-        "'version':v,'major':int(m.group(1)),"
-        "'detected':datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}\n"
-        "print(json.dumps(r))\n"
-    )
-    return image_records.detect_and_record_cmd(probe, script, record_path(image))
+    return image_records.detect_and_record_cmd(probe, "mpi", image, image_id, record_path(image))

@@ -6,7 +6,7 @@ container mounts RUN_DIR at the same path): the extra LLM API config, its MPI ho
 nodes' fabric addresses in rank order, what mpirun reads instead of the cluster's), processes.json
 (which container and command-line words make its processes: node/servers.py checks them there),
 the pid files (mpirun.pid, rank-N.pid, memguard.pid) and logs (server.log, rank-N.log), and on
-the first node its record server.json (engines/lifecycle.ServerRecord). Several servers run at
+the first node its record server.json (orchestrator/records.ServerRecord). Several servers run at
 once, on other nodes or on one node when ports and memory allow (engines/servers.py).
 
 A relaunch of the same server is a no-op (its record's config hash matches and /health is 200);
@@ -23,7 +23,6 @@ from typing import Any
 
 import yaml
 
-from orchestrator.commands import docker_exec_cmd
 from orchestrator.engines import apikey, config_hash, lifecycle, recipe_origin
 from orchestrator.engines.lifecycle import Decision, Running, ServerRecord
 from orchestrator.engines.liveness import dead_ranks as ranks_ended
@@ -34,6 +33,7 @@ from orchestrator.engines.trtllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory
 from orchestrator.recipe import LaunchOptions
+from orchestrator.remote.container import ContainerCommands
 from orchestrator.remote.gathered import NodeFacts
 from orchestrator.render import render
 
@@ -115,9 +115,9 @@ def start_cmd(container: str, argv: list[str], directory: str, relay: str = "") 
     (keyrelay.relay_prefix) when the server has a key."""
     wrapper = pid_wrapper(f"{directory}/{MAIN}", f"{directory}/server.log")
     hostfile = f"{directory}/{HOSTFILE_NAME}"
-    return docker_exec_cmd(container, ["bash", "-c", relay + wrapper, "sparkctl-server", *argv],
-                           env={"HF_HUB_OFFLINE": "1", **dict.fromkeys(HOSTFILE_VARS, hostfile)},
-                           detach=True)
+    return ContainerCommands(container).exec_cmd(
+        ["bash", "-c", relay + wrapper, "sparkctl-server", *argv],
+        env={"HF_HUB_OFFLINE": "1", **dict.fromkeys(HOSTFILE_VARS, hostfile)}, detach=True)
 
 
 def status_from_facts(facts: NodeFacts) -> dict[str, Any]:
@@ -192,12 +192,11 @@ class LaunchSpec(ServerSpec):
     def record(self, started: str | None = None) -> dict[str, Any]:
         r = self.recipe
         draft = r.speculative.draft_model if r.speculative else None
-        when = {"started": started} if started else {}
         return ServerRecord(
             name=self.name, engine=r.engine, recipe=r.name, model=r.model, port=r.port,
             nodes=list(self.nodes), config_hash=self.digest, host=self.host, ranks=r.tp_size,
             guard_min_available_gb=self.guard_min_available_gb, persistent=self.persistent,
-            memory_gb=self.memory_gb, container=self.container, **when,
+            memory_gb=self.memory_gb, container=self.container, started=started or lifecycle.now(),
             extra={"draft_model": draft, "tp_size": r.tp_size, "main": MAIN, "ours": list(OURS),
                    "memory_gb_per_node": self.memory_gb,
                    **recipe_origin(r), **apikey.record_fields(self.name, self.key)}).to_dict()

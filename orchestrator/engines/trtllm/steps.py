@@ -1,9 +1,9 @@
 """The phases of one TensorRT-LLM server's launch (serve.py has what they share).
 
 server-check: every node's servers judged against this one (its name, port and memory:
-engines/servers.py); a server of the same name launched by an earlier sparkctl, recorded in
-RUN_DIR/server.json with its pid files directly in RUN_DIR, is stopped here and starts again in
-the per-server layout (said so). memory-check: what each serving node has now. stop-previous: a
+engines/servers.py); a server of the same name launched by an earlier sparkctl (its single
+record converted by node/servers.py's one-time migration) is stopped here and starts again as
+configured now (said so). memory-check: what each serving node has now. stop-previous: a
 server this launch restarts or replaces is stopped before the models are fetched (on unified
 memory its weights would otherwise share the node with the copy). serve: the server's files, a
 page-cache drop before a cold start, the memory guard, mpirun, readiness, smoke test.
@@ -17,14 +17,14 @@ from typing import Any
 from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import apikey, servers
-from orchestrator.engines.running import other_engine_refusal
 from orchestrator.engines.serverctl import node_call
 from orchestrator.engines.trtllm.serve import MAIN, OURS, LaunchSpec, node_plan, status_from_facts
 from orchestrator.engines.verify import SmokeTest
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.paths import SERVER_JSON
 from orchestrator.phases.memory import DropCaches
+from orchestrator.records import Server
+from orchestrator.remote.container import ContainerCommands
 from orchestrator.remote.fact_records import FileInfo
 
 
@@ -39,46 +39,39 @@ class Placement(Step):
 
     def check(self, ctx: NodeContext) -> Outcome:
         spec = self.spec
-        every = servers.from_facts(ctx.cluster_facts, ctx.inventory, alive_only=False)
-        earlier = next((s for s in every if s.get("legacy") and s.get("name") == spec.name
-                        and s.get("engine") == spec.recipe.engine), None)
-        single = next((s for s in every if s.get("legacy") and s.get("alive")
-                       and s.get("engine") != spec.recipe.engine
-                       and set(s.get("nodes") or []) & set(spec.nodes)), None)
-        refusal = other_engine_refusal(single, spec.recipe)
-        if single is not None and refusal:  # a one-server engine's (vLLM's): as it always was
-            if not spec.replace:
-                raise SparkctlError(refusal)
-            return Change(f"stop {single.get('engine')}'s server ({single.get('recipe')}): "
-                          "--replace", payload=single)
-        running = [s for s in every if s.get("alive") and s is not earlier]
+        every = servers.from_facts(ctx.cluster_facts, alive_only=False)
+        earlier = next((s for s in every if s.migrated and s.name == spec.name
+                        and s.engine == spec.recipe.engine), None)
+        running = [s for s in every if s.alive and s is not earlier]
         decision, same = servers.judge(spec.wanted(), running, spec.replace,
                                        spec.options.ignore_memory)
-        if earlier is not None:  # the migration: one copy, in the per-server layout
+        if earlier is not None:  # one copy, started again as this launch configures it
             return Change(f"stop {spec.name}, launched by an earlier sparkctl (record "
-                          f"{SERVER_JSON}, pid files in its directory): it starts again below "
-                          f"with its own directory {spec.run_dir}", payload=earlier)
+                          f"{earlier.record.migrated_from}, moved to "
+                          f"{servers.record_dir(spec.name)}): it starts again below as "
+                          "configured now", payload=earlier)
         if decision == "replace" and same is not None:
-            return Change(f"stop server {spec.name} ({', '.join(same.get('nodes') or [])}, "
+            return Change(f"stop server {spec.name} ({', '.join(same.record.nodes)}, "
                           "another configuration): --replace", payload=same)
-        moved = next((s for s in every if s.get("name") == spec.name and not s.get("alive")
-                      and not s.get("legacy") and s.get("node") != spec.first), None)
+        moved = next((s for s in every if s.name == spec.name and not s.alive
+                      and s.node != spec.first), None)
         if moved is not None:  # its record would stay there, dead, beside the new one
-            return Change(f"remove what is left of {spec.name} on {moved.get('node')} (not "
+            return Change(f"remove what is left of {spec.name} on {moved.node} (not "
                           f"running; it starts again on {', '.join(spec.nodes)})", payload=moved)
         where = ", ".join(spec.nodes)
         if decision == "same":
             return Unchanged(f"{spec.name} already runs on {where} (config {spec.digest})")
-        others = [s for s in running if s.get("name") != spec.name]
+        others = [s for s in running if s.name != spec.name]
         return Unchanged(f"{spec.name} fits on {where} ({spec.memory_gb:.1f} GB per node; "
                          f"{len(others)} other server(s) running)")
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        servers.stop_server(ctx.transports, ctx.inventory, change.payload)
-        if change.payload.get("legacy") and change.payload.get("engine") == self.spec.recipe.engine:
-            return (f"stopped {change.payload.get('name')}, launched by an earlier sparkctl: it "
-                    f"starts again below in {self.spec.run_dir}")
-        return f"stopped {change.payload.get('name')}"
+        server: Server = change.payload
+        servers.stop_server(ctx.transports, ctx.inventory, server)
+        if server.migrated:
+            return (f"stopped {server.name}, launched by an earlier sparkctl: it starts again "
+                    f"below in {self.spec.run_dir}")
+        return f"stopped {server.name}"
 
 
 class StopPrevious(Step):
@@ -157,8 +150,8 @@ class StartServer(Step):
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         spec = self.spec
         first = ctx.transports[spec.first]
-        display = (f"docker exec -d {spec.container} mpirun ... trtllm-serve {spec.recipe.model} "
-                   f"on {spec.first}")
+        display = ContainerCommands(spec.container).shown(
+            f"mpirun ... trtllm-serve {spec.recipe.model} on {spec.first}", detach=True)
         first.run(change.commands[0], timeout=60, display=display).check()
         answer = node_call(first, spec.container, action="started", run=spec.run_dir, main=MAIN,
                            server=spec.record())

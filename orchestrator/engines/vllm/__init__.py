@@ -25,6 +25,7 @@ from orchestrator.engines.vllm.meter import VllmMeter
 from orchestrator.engines.vllm.ready import READINESS
 from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
+from orchestrator.records import ServerRecord
 from orchestrator.remote.fact_records import CommandResult
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class VllmEngine:
 
         return "ray", RAY_PROBE
 
-    def judge_probe(self, server: dict[str, Any], answer: CommandResult | None) -> dict[str, Any]:
+    def judge_probe(self, server: ServerRecord, answer: CommandResult | None) -> dict[str, Any]:
         from orchestrator.engines.vllm.ray import judge_probe
 
         return judge_probe(server, answer)
@@ -101,7 +102,7 @@ class VllmEngine:
         from orchestrator.engines.vllm import check, multinode, ready, serve
         from orchestrator.phases import models, registry
         from orchestrator.phases.container import RESTART_POLICY
-        from orchestrator.phases.persist import not_persistent_phase
+        from orchestrator.phases.persist import persistence_phase
 
         spec = serve.ServeSpec(recipe, inventory, options)
         steps = [verify.wait_step(ready.target(spec), self.readiness, options.timeout,
@@ -114,8 +115,8 @@ class VllmEngine:
                   multinode.phase(spec, restart, memory_guard(spec)), serve.serve_phase(spec, steps)]
         from orchestrator.engines.vllm.persist import persist_phase
 
-        phases.append(persist_phase(spec, options) if options.persist else
-                      not_persistent_phase(spec.name))
+        phases.append(persistence_phase(spec.name, options.persist,
+                                        lambda: persist_phase(spec, options)))
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
@@ -132,12 +133,14 @@ class VllmEngine:
 
         ports = ServerPorts.of(recipe)
         if recipe.backend == "ray":
+            own = join(ports.ray_node.args())
             nodes = (f"first node: ray start --head --node-ip-address {FIRST_IP} --port "
-                     f"{ports.ray} --dashboard-agent-listen-port {ports.ray_agent} --num-gpus 1 "
+                     f"{ports.ray} {own} --num-gpus 1 "
                      f"--object-store-memory {int(recipe.ray.object_store_gb * 1e9)}\n"
                      f"the others: ray start --address {FIRST_IP}:{ports.ray} --node-ip-address "
-                     f"<their fabric IP> --dashboard-agent-listen-port {ports.ray_agent} "
-                     "--num-gpus 1")
+                     f"<their fabric IP> {own} --num-gpus 1\n"
+                     "every node: its port guard (iptables chain sparkctl-ray-<server>) closes "
+                     "these ports on every interface but lo and the fabric")
             what = "its own Ray cluster"
         else:
             nodes = "\n".join(f"rank {r}: " + join(serve_argv(recipe, DEFAULT_HOST, r))

@@ -7,11 +7,12 @@ configuration (no-op, or restart when stalled or dead), another configuration (r
 replaced with --replace).
 
 Migration: sparkctl before named vLLM servers ran one per cluster, recorded in RUN_DIR/server.json
-on the head, in containers named `sparkctl-vllm` (pid file vllm.pid). Such a server is still
-listed (node/servers.py's "legacy" record), so status sees it, `down` and `down --server NAME`
-stop it. Relaunching its recipe under its name replaces it: its containers and record go, the
-named server starts in their place, and the plan says so. A legacy server of another recipe is
-any other server (its port and memory are judged; --replace does not reach it).
+on the head, in containers named `sparkctl-vllm` (pid file vllm.pid). node/servers.py converts
+that record once into the server's own (RUN_DIR/servers/<name>/server.json, "migrated_from"),
+so status sees it, `down` and `down --server NAME` stop it. Relaunching its recipe under its
+name replaces it: its containers and record go, the named server starts in their place, and the
+plan says so. Such a server of another recipe is any other server (its port and memory are
+judged; --replace does not reach it).
 """
 
 from __future__ import annotations
@@ -21,18 +22,18 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import lifecycle, servers
-from orchestrator.engines.lifecycle import Running, ServerRecord
-from orchestrator.paths import SERVER_JSON
+from orchestrator.records import Server
 
 if TYPE_CHECKING:
     from orchestrator.engines.vllm.serve import ServeSpec
     from orchestrator.inventory import Inventory, Node
 
 
-def legacy_of(spec: ServeSpec, found: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The previous version's single vLLM server this launch takes over: same name and recipe."""
-    return next((s for s in found if s.get("legacy") and s.get("engine") == "vllm"
-                 and s.get("name") == spec.name and s.get("recipe") == spec.recipe.name), None)
+def earlier_of(spec: ServeSpec, found: list[Server]) -> Server | None:
+    """The previous version's single vLLM server this launch takes over: same name and recipe
+    (its record converted by node/servers.py's one-time migration)."""
+    return next((s for s in found if s.migrated and s.engine == "vllm" and s.name == spec.name
+                 and s.record.recipe == spec.recipe.name), None)
 
 
 class Placement(Step):
@@ -46,53 +47,53 @@ class Placement(Step):
 
     def check(self, ctx: NodeContext) -> Outcome:
         spec = self.spec
-        everything = servers.from_facts(ctx.cluster_facts, ctx.inventory, alive_only=False)
-        legacy = legacy_of(spec, everything)
-        running = [s for s in everything if s.get("alive") and s is not legacy]
+        everything = servers.from_facts(ctx.cluster_facts, alive_only=False)
+        earlier = earlier_of(spec, everything)
+        running = [s for s in everything if s.alive and s is not earlier]
         decision, other = servers.judge(spec.wanted(), running, spec.options.replace,
                                         spec.options.ignore_memory)
         where = ", ".join(spec.nodes)
-        if legacy is not None:
+        if earlier is not None:
             return Change(
                 f"replace {spec.name}, launched by an earlier sparkctl as the cluster's one vLLM "
-                f"server (container {legacy.get('container')} on "
-                f"{', '.join(legacy.get('nodes') or [])}, record {SERVER_JSON}): stop it and start "
-                f"it as a named server ({spec.container} on {where}, record "
-                f"{servers.record_dir(spec.name)}/server.json)", payload=legacy)
-        dead = next((s for s in everything if s.get("name") == spec.name and not s.get("alive")
-                     and not s.get("legacy") and s.get("config_hash") == spec.digest), None)
+                f"server (container {earlier.record.container} on "
+                f"{', '.join(earlier.record.nodes)}, record {earlier.record.migrated_from}): stop "
+                f"it and start it as a named server ({spec.container} on {where}, record "
+                f"{servers.record_dir(spec.name)}/server.json)", payload=earlier)
+        dead = next((s for s in everything if s.name == spec.name and not s.alive
+                     and s.record.config_hash == spec.digest), None)
         if decision == "start" and dead is not None:
             # a rank's container or vllm serve ended: the rest of it (a Ray head whose worker
             # died, a vllm serve left holding the port) goes first, so it starts whole
-            why = (f"its container ended on {', '.join(dead['dead_nodes'])}" if dead.get("dead_nodes")
+            why = (f"its container ended on {', '.join(dead.dead_nodes)}" if dead.dead_nodes
                    else "vllm serve or its container ended")
             return Change(f"restart {spec.name}: dead ({why})", payload=dead)
         if decision == "replace" and other is not None:
             return Change(f"stop server {spec.name} (another configuration): --replace",
                           payload=other)
         if decision == "same" and other is not None:
-            current = Running(ServerRecord.from_dict(other), bool(other.get("alive")),
-                              other.get("health"), bool(other.get("ready_log")))
+            current = lifecycle.running_of(other)
             if lifecycle.decide(current, spec.digest, False) == "restart":
                 return Change(f"restart {spec.name}: {lifecycle.restart_reason(current)}",
                               payload=other)
             return Unchanged(f"{spec.name} already runs on {where} (config {spec.digest})")
-        others = [s for s in running if s.get("name") != spec.name]
+        others = [s for s in running if s.name != spec.name]
         return Unchanged(f"{spec.name} fits on {where} ({spec.estimate.total_gb:.1f} GB per node; "
                          f"{len(others)} other server(s) running)")
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        servers.stop_server(ctx.transports, ctx.inventory, change.payload)
-        if not change.payload.get("legacy"):
-            return f"stopped {change.payload.get('name')}"
+        server: Server = change.payload
+        servers.stop_server(ctx.transports, ctx.inventory, server)
+        if not server.migrated:
+            return f"stopped {server.name}"
         # its memory guard watched the old containers from this server's directory and ends
         # with them; its pid file must not make the new server's guard think one already runs
         guard_pid = quote(f"{servers.record_dir(self.spec.name)}/memguard.pid")
-        for node in change.payload.get("nodes") or [ctx.inventory.head_name]:
+        for node in server.nodes:
             if node in ctx.transports:
                 ctx.transports[node].run(f"rm -f {guard_pid}", sudo=True, timeout=60,
                                          display="forget the earlier guard's pid file").check()
-        return f"stopped the earlier single vLLM server {change.payload.get('name')}"
+        return f"stopped the earlier single vLLM server {server.name}"
 
 
 def check_phase(spec: ServeSpec) -> Phase:

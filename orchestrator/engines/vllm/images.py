@@ -91,17 +91,7 @@ def detect_and_record_cmd(image: str, image_id: str) -> str:
     probe = docker_cmd("run", "--rm", "--network", "none", "--entrypoint", "sh", image, "-c",
                        "command -v ray >/dev/null 2>&1 && { ray --version 2>/dev/null || "
                        "echo 'ray, version ?'; } || echo no-ray")
-    script = (
-        "import json,re,sys,datetime\n"
-        "out=sys.stdin.read()\n"
-        "m=re.search(r'ray, version (\\S+)',out)\n"
-        "if not m and 'no-ray' not in out:\n"
-        "    sys.stderr.write('unexpected answer:\\n'+out[-800:]);sys.exit(3)\n"
-        f"r={{'image':{image!r},'image_id':{image_id!r},'ray':m.group(1) if m else None,"
-        "'detected':datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}\n"
-        "print(json.dumps(r))\n"
-    )
-    return image_records.detect_and_record_cmd(probe, script, record_path(image))
+    return image_records.detect_and_record_cmd(probe, "ray", image, image_id, record_path(image))
 
 
 def _image_id(ctx: NodeContext, image: str) -> str | None:

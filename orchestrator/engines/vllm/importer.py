@@ -39,11 +39,8 @@ class VllmImporter:
                          f"{job.foreign.model}): the command's is kept")
             fields["model"] = model
         fields["image"] = job.image()
-        for flag, key in (("--tensor-parallel-size", "tensor_parallel_size"),
-                          ("--pipeline-parallel-size", "pipeline_parallel_size")):
-            ranks = job.whole(flag)
-            if ranks is not None:
-                fields[key] = ranks
+        fields.update(job.wholes({"--tensor-parallel-size": "tensor_parallel_size",
+                                  "--pipeline-parallel-size": "pipeline_parallel_size"}))
         backend = job.value("--distributed-executor-backend")
         ray_image = known(fields["image"])
         if backend in ("ray", "mp"):
@@ -55,13 +52,7 @@ class VllmImporter:
         elif backend is not None:
             job.note(f"--distributed-executor-backend {backend}: sparkctl picks ray or mp "
                      "(executor: auto)")
-        revision = job.value("--revision")
-        if revision:
-            fields["revision"] = revision
-        port = job.port()
-        if port is not None:
-            fields["port"] = port
-        job.host()
+        fields.update(job.where_served())
         for flag in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"):
             job.drop(flag, "sparkctl sets vLLM's multi-node flags for each node")
         fields["memory"] = job.memory(job.fraction("--gpu-memory-utilization"))

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.step import NodeContext, Outcome, Step, Unchanged
 from orchestrator.engines.vllm import images, ray
+from orchestrator.engines.vllm.guard import GuardRayPorts, guard_facts
 from orchestrator.errors import EXIT_BAD_INPUT, SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.paths import RUN_DIR
@@ -140,8 +141,9 @@ class SameNcclDevices(Step):
 
 def phase(spec: ServeSpec, restart: str | None = None, guard: Step | None = None) -> Phase:
     """The image on every node of the server and what it holds (Ray or not, recorded per image
-    ID), then the nodes: its Ray cluster, or vLLM's own multi-node containers; `guard` (the
-    memory guard) first, before anything loads."""
+    ID), then the nodes: its Ray cluster (each node's Ray port guard first: engines/vllm/
+    guard.py), or vLLM's own multi-node containers; `guard` (the memory guard) first, before
+    anything loads."""
     from orchestrator.engines.vllm.serve import servers_facts
     from orchestrator.phases.image_share import image_steps
     from orchestrator.phases.models import ServingPhase
@@ -151,6 +153,8 @@ def phase(spec: ServeSpec, restart: str | None = None, guard: Step | None = None
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         own = image_facts(recipe, inv, spec.container)
+        if backend == "ray":  # the port guard as the node has it
+            own = merge_requests([own, guard_facts(spec, inv, node)])
         if node.name != spec.first:
             return own
         # the servers (is this one running already?) and, with Ray, the nodes its head knows
@@ -165,7 +169,9 @@ def phase(spec: ServeSpec, restart: str | None = None, guard: Step | None = None
                          *image_steps(lambda ctx: recipe.image, lambda ctx: spec.nodes),
                          images.RayInImage(recipe.image, backend)]
     if backend == "ray":
-        steps += [SameNcclDevices(spec), ray.RayHead(spec, restart), ray.RayWorker(spec, restart),
+        # the guard before any Ray node starts: its ports are never open beyond the fabric
+        steps += [SameNcclDevices(spec), GuardRayPorts(spec), ray.RayHead(spec, restart),
+                  ray.RayWorker(spec, restart),
                   ray.RayCluster(spec)]
         name = "ray"
     else:

@@ -18,7 +18,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands import docker_cmd, docker_exec_cmd, quote
+from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
@@ -28,6 +28,8 @@ from orchestrator.paths import RUN_DIR
 from orchestrator.phases import container as containers
 from orchestrator.phases.container import INFINIBAND, ContainerSpec
 from orchestrator.recipe import CONTAINER_HF_HOME
+from orchestrator.records import ServerRecord
+from orchestrator.remote.container import ContainerCommands, ContainerTransport
 from orchestrator.remote.fact_records import CommandResult
 from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import container_started, has_infiniband
@@ -85,8 +87,9 @@ def ray_args(spec: ServeSpec, node: Node) -> list[str]:
     else:
         head = spec.node_ip(spec.first)
         args = ["ray", "start", "--address", f"{head}:{ports.ray}", "--node-ip-address", ip]
-    # the server's own ports: another server's Ray node may run on this node too
-    args += ["--dashboard-agent-listen-port", str(ports.ray_agent)]
+    # every port fixed, the server's own: another server's Ray node may run on this node too,
+    # and the port guard (engines/vllm/guard.py) closes exactly these beyond the fabric
+    args += ports.ray_node.args()
     args += ["--num-gpus", "1", "--object-store-memory", store, "--disable-usage-stats"]
     if recipe.ray.num_cpus:
         args += ["--num-cpus", str(recipe.ray.num_cpus)]
@@ -118,7 +121,7 @@ def ray_spec(spec: ServeSpec, node: Node, roce: list[str], hf_cache: str, infini
                                          recipe=recipe.name,
                                          role="ray-head" if head else "ray-worker"),
         flags=flags, hashed=hashed, restart=restart,
-        ready=f"{docker_cmd('logs', name)} 2>&1 | grep -q {quote(STARTED_LINE)}",
+        ready=f"{ContainerCommands(name).logs_cmd()} 2>&1 | grep -q {quote(STARTED_LINE)}",
         ready_what=(f"the Ray head in {name} did not start on {head_ip}:{port}" if head else
                     f"the Ray worker on {node.name} did not join the head at {head_ip}:{port}"),
         hint=(f"Hint: the Ray head binds {head_ip}, {spec.first}'s fabric address: is its link up "
@@ -177,7 +180,7 @@ class RayHead(containers.Container):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         message = super().apply(ctx, change)
-        result = ctx.run(docker_cmd("inspect", "-f", "{{.State.StartedAt}}", self.container),
+        result = ctx.run(ContainerCommands(self.container).inspect_cmd("{{.State.StartedAt}}"),
                          sudo=True, timeout=60)
         if result.ok:
             ctx.shared.engine[HEAD_STARTED] = result.stdout.strip()
@@ -212,7 +215,7 @@ class RayWorker(containers.Container):
 
 
 def probe_cmd(container: str) -> str:
-    return docker_exec_cmd(container, ["python3", "-c", RAY_PROBE])
+    return ContainerCommands(container).exec_cmd(["python3", "-c", RAY_PROBE])
 
 
 def parse_probe(answer: CommandResult | None) -> dict[str, Any]:
@@ -232,9 +235,10 @@ def missing_nodes(spec: ServeSpec, probe: dict[str, Any]) -> list[Node]:
 
 
 def ray_log_tail(transport: Any, container: str, lines: int = 15) -> str:
-    command = (f"{docker_cmd('logs', '--tail', lines, container)} 2>&1; "
-               + docker_exec_cmd(container, ["sh", "-c", f"tail -n {lines} {RAY_LOGS}/raylet.err "
-                                             f"{RAY_LOGS}/raylet.out 2>/dev/null"]) + " 2>&1; true")
+    inside = ContainerCommands(container)
+    command = (f"{inside.logs_cmd(lines)} 2>&1; "
+               + inside.exec_cmd(["sh", "-c", f"tail -n {lines} {RAY_LOGS}/raylet.err "
+                                  f"{RAY_LOGS}/raylet.out 2>/dev/null"]) + " 2>&1; true")
     try:
         result = transport.run(command, sudo=True, timeout=60, display=f"Ray logs in {container}")
         return result.stdout.strip() or "(no Ray log)"
@@ -272,7 +276,7 @@ class RayCluster(Step):
         last = 0.0
         while True:
             result = ctx.run(probe_cmd(container), sudo=True, timeout=120,
-                             display=f"docker exec {container} python3 -c <ray nodes>")
+                             display=ContainerTransport(ctx, container).shown("python3 -c <ray nodes>"))
             probe = parse_probe(CommandResult(result.exit_status, result.stdout, result.stderr))
             missing = missing_nodes(spec, probe)
             alive = sorted(n["ip"] for n in probe.get("nodes") or [] if n.get("alive"))
@@ -302,16 +306,16 @@ class RayCluster(Step):
             + "\n".join(parts))
 
 
-def judge_probe(server: dict[str, Any], answer: CommandResult | None) -> dict[str, Any]:
+def judge_probe(server: ServerRecord, answer: CommandResult | None) -> dict[str, Any]:
     """`status`: vLLM's Ray cluster as its head reports it (RAY_PROBE's answer): every node the
     server runs on must be alive. A server on vLLM's own multi-node (mp) has no Ray: {}."""
-    if server.get("executor", "ray") != "ray":
+    if server.extra.get("executor", "ray") != "ray":
         return {}
     probe: dict[str, Any] = (parse_probe(answer) if answer and (answer.out or answer.rc)
                              else {"error": "no answer"})
     nodes = probe.get("nodes") or []
     alive = sorted(n.get("ip") for n in nodes if n.get("alive"))
-    want = len(server.get("nodes") or []) or 1
+    want = len(server.nodes) or 1
     out: dict[str, Any] = {"nodes": nodes, "alive": len(alive), "expected": want, "problem": ""}
     if probe.get("error"):
         out["error"] = probe["error"]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from orchestrator.commands import quote
 from orchestrator.engines.readiness import Readiness, stop_and_fail
+from orchestrator.remote.container import ContainerTransport
 
 if TYPE_CHECKING:
     from orchestrator.engines.readiness import Target
@@ -81,13 +82,13 @@ def root_causes(transport: Transport, log: str) -> list[str]:
 def broken_weights(transport: Transport, spec: ServeSpec) -> list[str]:
     """The model's safetensors files that are not whole (node/weights_check.py, in the server's
     container, where the HF cache is mounted), as "PATH: what is wrong" at the node's path."""
-    from orchestrator.commands import docker_exec_cmd
     from orchestrator.node import script
     from orchestrator.recipe import CONTAINER_HF_HOME
 
     repo = f"{CONTAINER_HF_HOME}/hub/models--{spec.recipe.model.replace('/', '--')}"
-    command = docker_exec_cmd(spec.container, ["python3", "-c", script("weights_check.py"), repo])
-    found = transport.run(command, sudo=True, timeout=120, display="check the weights files")
+    found = ContainerTransport(transport, spec.container).run(
+        ["python3", "-c", script("weights_check.py"), repo], sudo=True, timeout=120,
+        display="check the weights files")
     node_cache = spec.inventory.cluster.hf_cache.rstrip("/")  # where the container's is mounted
     return [line.replace(CONTAINER_HF_HOME, node_cache, 1)
             for line in found.stdout.splitlines() if line.strip()] if found.ok else []

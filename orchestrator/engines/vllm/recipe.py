@@ -105,7 +105,10 @@ class Recipe(BaseRecipe):
 
         # on the first node, next to vllm serve: the Ray head's GCS (the dashboard agent on
         # every node), or (mp, several nodes) rank 0's --master-port; each the recipe's
-        # base plus the server's offset (engines/vllm/ports.py)
+        # base plus the server's offset (engines/vllm/ports.py). The other fixed Ray ports
+        # (raylet, workers, ...) are in the record and judged against other servers, not
+        # pre-checked here: a worker's raylet still exiting after its head restarted is not
+        # told from a stranger's (in the lab) and would refuse the relaunch that replaces it
         ports = ServerPorts.of(self)
         fix = "launch with another --port (it moves every port of the server)"
         if self.backend == "ray":
@@ -123,6 +126,7 @@ class Recipe(BaseRecipe):
             raise ValueError(
                 f"nodes is {self.nodes} but tensor_parallel_size x pipeline_parallel_size is "
                 f"{self.world_size}: a Spark has one GPU, so vLLM needs one node per rank")
+        from orchestrator.engines.optiontable import refuse_serve_args
         from orchestrator.engines.vllm.images import known, no_ray_message
         from orchestrator.engines.vllm.options import canonical, check_serve_args
 
@@ -130,15 +134,8 @@ class Recipe(BaseRecipe):
         if self.executor == "ray" and found is not None and not found.ray:
             raise ValueError(no_ray_message(self.image, found.source))
 
-        for word in self.serve_args:
-            # an abbreviation (--tensor-parallel) is the flag itself to vLLM's argparse
-            flag = canonical(word.split("=", 1)[0]) if word.startswith("-") else word
-            if flag in RESERVED_FLAGS:
-                raise ValueError(f"serve_args must not set {flag}: sparkctl sets it from "
-                                 f"{RESERVED_FLAGS[flag]}")
-        problems = check_serve_args(self.serve_args)
-        if problems:
-            raise ValueError("serve_args: " + "; ".join(problems))
+        # an abbreviation (--tensor-parallel) is the flag itself to vLLM's argparse
+        refuse_serve_args(self.serve_args, RESERVED_FLAGS, canonical, check_serve_args)
         return self
 
 

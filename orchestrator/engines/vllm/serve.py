@@ -13,17 +13,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.commands import docker_exec_cmd, join, quote
+from orchestrator.commands import join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import apikey, config_hash, recipe_origin, servers
-from orchestrator.engines.lifecycle import ServerRecord
+from orchestrator.engines.lifecycle import ServerRecord, now
 from orchestrator.engines.serverctl import node_call, node_cmd, pid_wrapper
 from orchestrator.engines.serverspec import ServerSpec
+from orchestrator.engines.vllm.guard import chain_name
 from orchestrator.engines.vllm.ports import ServerPorts
 from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.recipe import LaunchOptions
+from orchestrator.records import Server
+from orchestrator.remote.container import ContainerCommands
 
 ENGINE = "vllm"
 MAIN = "vllm.pid"
@@ -65,8 +68,8 @@ def start_cmd(container: str, directory: str, argv: list[str], key_file: str | N
     wrapper = ((apikey.env_from_file("VLLM_API_KEY", key_file) if key_file else "")
                + f"mkdir -p {quote(directory)}; "
                + pid_wrapper(quote(f"{directory}/{MAIN}"), quote(f"{directory}/server.log")))
-    return docker_exec_cmd(container, ["bash", "-c", wrapper, "sparkctl-server", *argv],
-                           env={"HF_HUB_OFFLINE": "1"}, detach=True)
+    return ContainerCommands(container).exec_cmd(["bash", "-c", wrapper, "sparkctl-server", *argv],
+                                         env={"HF_HUB_OFFLINE": "1"}, detach=True)
 
 
 class ServeSpec(ServerSpec):
@@ -99,9 +102,9 @@ class ServeSpec(ServerSpec):
 
     def record(self, started: str | None = None) -> dict[str, Any]:
         r = self.recipe
-        record = ServerRecord(
+        return ServerRecord(
             name=self.name, engine=ENGINE, recipe=r.name, model=r.model, port=r.port,
-            nodes=self.nodes, config_hash=self.digest, host=self.host,
+            nodes=self.nodes, config_hash=self.digest, host=self.host, started=started or now(),
             ranks=r.tensor_parallel_size * r.pipeline_parallel_size,
             persistent=self.options.persist, guard_min_available_gb=self.guard_gb,
             memory_gb=self.estimate.total_gb, container=self.container,
@@ -110,20 +113,20 @@ class ServeSpec(ServerSpec):
                    "pid_file": f"{self.directory}/{MAIN}",
                    "listen_ports": self.ports.bound(self.backend, len(self.nodes)),
                    "ray_port": self.ports.ray if self.backend == "ray" else None,
+                   # its firewall chain on every node, removed when it stops (engines/vllm/guard.py)
+                   "port_guard": chain_name(self.name) if self.backend == "ray" else None,
                    **recipe_origin(r), **apikey.record_fields(self.name, self.key)}).to_dict()
-        if started:
-            record["started"] = started
-        return record
 
-    def mine(self, ctx: NodeContext, alive_only: bool = True) -> dict[str, Any] | None:
-        """This server as the nodes' `servers` facts list it (the older single record aside)."""
-        return next((s for s in servers.from_facts(ctx.cluster_facts, ctx.inventory, alive_only)
-                     if s.get("name") == self.name and not s.get("legacy")), None)
+    def mine(self, ctx: NodeContext, alive_only: bool = True) -> Server | None:
+        """This server as the nodes' `servers` facts list it (an earlier sparkctl's single
+        server of this name aside: the placement step replaces it)."""
+        return next((s for s in servers.from_facts(ctx.cluster_facts, alive_only)
+                     if s.name == self.name and not s.migrated), None)
 
     def runs(self, ctx: NodeContext) -> bool:
         """The same configuration already runs (serving or loading): nothing to start."""
         mine = self.mine(ctx)
-        return mine is not None and mine.get("config_hash") == self.digest
+        return mine is not None and mine.record.config_hash == self.digest
 
     def status(self, transport: Any, deep: bool = False, timeout: float = 120) -> dict[str, Any]:
         return node_call(transport, self.container, timeout=timeout, action="status",
@@ -164,8 +167,8 @@ class StartServer(Step):
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         spec = self.spec
-        ctx.run(change.commands[0], timeout=60,
-                display=f"docker exec -d {spec.container} vllm serve {spec.recipe.model}").check()
+        shown = ContainerCommands(spec.container).shown(f"vllm serve {spec.recipe.model}", detach=True)
+        ctx.run(change.commands[0], timeout=60, display=shown).check()
         answer = node_call(ctx.transport, spec.container, action="started",  # type: ignore[arg-type]
                            server=spec.record(), main=MAIN, ours=OURS, run=spec.directory)
         if not answer.get("alive"):
