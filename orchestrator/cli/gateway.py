@@ -185,9 +185,10 @@ def gateway() -> None:
 
     \b
     up      route requests to every live replica of the served model: least busy,
-            retried on another replica, a replica failing /health out until it answers
+            retried on another replica, a replica failing /health out until it answers;
+            back after a reboot (sparkctl-gateway.service on its nodes)
     status  address, key on/off, the replicas, their health and rotation
-    down    stop the router, remove its config (the keys) and its relays
+    down    stop the router, remove its config (the keys), its relays and boot unit
     `launch` and `down --server` change a running router's workers through its own
     API (POST /workers, DELETE /workers/ID): no restart; one leaving is drained
     first. No key on any command line. up/down take the cluster lock.
@@ -208,7 +209,8 @@ def gateway() -> None:
 @json_option
 def up(inventory_path: str | None, host: str, port: int, api_key_file: str | None,
        node: str | None, break_lock: bool, as_json: bool) -> None:
-    """Start (or update) the gateway; a second run with nothing changed does nothing."""
+    """Start (or update) the gateway; a second run with nothing changed does nothing. It
+    comes back after a reboot of its nodes (boot unit sparkctl-gateway.service)."""
     run_command(lambda: _up(inventory_path, host, port, api_key_file, node, as_json, break_lock))
 
 
@@ -226,7 +228,7 @@ def status(inventory_path: str | None, as_json: bool) -> None:
 @BREAK_LOCK
 @json_option
 def down(inventory_path: str | None, break_lock: bool, as_json: bool) -> None:
-    """Remove the gateway and its relays (the servers keep running)."""
+    """Remove the gateway, its relays and its boot unit (the servers keep running)."""
     run_command(lambda: _down(inventory_path, as_json, break_lock))
 
 

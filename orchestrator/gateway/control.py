@@ -82,7 +82,9 @@ def desired(inventory: Inventory, node: str, host: str, port: int, key: Any,
         raise InputError(f"the live servers serve {len(models)} models ({', '.join(models)}): "
                          f"the gateway ({gs.ROUTER}) routes a request to any of its replicas "
                          "whatever model it names, so it fronts the replicas of one model; stop "
-                         "the others (`sparkctl down --server NAME`) or reach them directly")
+                         "the others (`sparkctl down --server NAME`) or reach them directly "
+                         "(`sparkctl tunnel --server NAME`); its multi-model mode cannot start offline "
+                         "(docs/gateway.md)")
     return gs.GatewaySpec(node, host, port, replicas, key, client=address_of(node))
 
 
@@ -183,6 +185,18 @@ def _sync_relays(transports: dict[str, Transport], spec: gs.GatewaySpec,
         if "started" in out.stdout:
             note(f"gateway: {r.server} on {r.node} reachable at {r.address}:{r.port} (relay, "
                  f"from {spec.client} only)")
+    keep_at_boot(transports, sorted({spec.node} | {r.node for r in spec.replicas}), note)
+
+
+def keep_at_boot(transports: dict[str, Transport], nodes: list[str], note: Note) -> None:
+    """The gateway's boot unit on NODES: a reboot of one of them brings its relays (and the
+    router, on the gateway's node) back, as `launch --persist` brings servers back."""
+    command, request = gs.boot_install_cmd()
+    for node in nodes:
+        out = transports[node].run(command, stdin=request, sudo=True, timeout=60,
+                                   display=f"{gs.BOOT_UNIT} on {node}").check()
+        if "installed" in out.stdout:
+            note(f"gateway: {gs.BOOT_UNIT} enabled on {node} (back after a reboot)")
 
 
 def _wait_live(head: Transport, spec: gs.GatewaySpec) -> None:
@@ -241,7 +255,9 @@ def down(transports: dict[str, Transport]) -> list[str]:
     probes = probe_all(transports, liveliness=False)
     done = []
     for node, p in sorted(probes.items()):
-        commands = [gs.relay_signal_cmd(server, "TERM") for server in sorted(p.relays)]
+        # the boot unit first: a reboot during the rest must not bring anything back
+        commands = [gs.boot_remove_cmd()]
+        commands += [gs.relay_signal_cmd(server, "TERM") for server in sorted(p.relays)]
         if p.state:
             commands += [gs.stop_router_cmd(), gs.remove_legacy_cmd(),
                          join(["rm", "-rf", "--", gs.GATEWAY_CONFIG_DIR,

@@ -19,7 +19,9 @@ DRAIN_TIMEOUT = 120.0
 
 
 def facts() -> dict[str, Any]:
-    return {"commands": {"gateway_relays": gs.relay_pids_cmd()}}
+    return {"commands": {"gateway_relays": gs.relay_pids_cmd(),
+                         "gateway_boot_unit": f"[ -e {quote(gs.BOOT_UNIT_PATH)} ] && echo "
+                                              "present; true"}}
 
 
 def relay_pids(ctx: NodeContext) -> list[str]:
@@ -27,16 +29,20 @@ def relay_pids(ctx: NodeContext) -> list[str]:
 
 
 class StopRelays(Step):
-    """Stop every gateway relay on the node (all of them: `down` removes the gateway)."""
+    """Stop every gateway relay on the node (all of them: `down` removes the gateway) and
+    remove the gateway's boot unit."""
 
     name = "gateway-relays"
 
     def check(self, ctx: NodeContext) -> Outcome:
         pids = relay_pids(ctx)
-        if not pids:
+        unit = "present" in ctx.facts.output("gateway_boot_unit")
+        if not pids and not unit:
             return Unchanged("no gateway relay")
-        return Change(f"stop {len(pids)} gateway relay(s) (pid {', '.join(pids)})",
-                      commands=(gs.stop_relays_cmd(),))
+        what = [f"stop {len(pids)} gateway relay(s) (pid {', '.join(pids)})"] if pids else []
+        what += [f"remove {gs.BOOT_UNIT}"] if unit else []
+        # the unit first: nothing it would start again at the next boot is left
+        return Change(", ".join(what), commands=(gs.boot_remove_cmd(), gs.stop_relays_cmd()))
 
 
 def verify_line() -> str:

@@ -226,7 +226,8 @@ def workers_cmd() -> str:
 
 def relay_paths(server: str) -> dict[str, str]:
     base = f"{GATEWAY_RUN}/relay-{server}"
-    return {"state": f"{base}.json", "pidfile": f"{base}.pid", "log": f"{base}.log"}
+    return {"state": f"{base}.json", "pidfile": f"{base}.pid", "log": f"{base}.log",
+            "args": f"{base}.args"}
 
 
 def relay_start_cmd(replica: Replica, client: str) -> str:
@@ -241,11 +242,64 @@ def relay_start_cmd(replica: Replica, client: str) -> str:
                        "pidfile": paths["pidfile"], "allow": [client]}, sort_keys=True)
     start = join(["setsid", "python3", "-c", script("relay.py"), args])
     pid = quote(paths["pidfile"])
+    # its arguments kept beside it: BOOT_UNIT starts it again from them after a reboot
+    keep = f"printf '%s\\n' {quote(args)} >{quote(paths['args'])}"
     # a live pid that is a relay's (after a reboot the pid file's number may be another's)
-    return (f"mkdir -p {quote(GATEWAY_RUN)} && if [ -f {pid} ] && grep -qsa -- "
+    return (f"mkdir -p {quote(GATEWAY_RUN)} && {keep} && if [ -f {pid} ] && grep -qsa -- "
             f"{quote(RELAY_PATTERN)} /proc/$(cat {pid})/cmdline; then echo running; "
             f"else rm -f {quote(paths['state'])}; "
             f"{start} >{quote(paths['log'])} 2>&1 </dev/null & echo started; fi")
+
+
+BOOT_UNIT = "sparkctl-gateway.service"
+"""On every node that holds a piece of the gateway (its router, a relay): at boot it starts
+them again (orchestrator/node/gateway_boot.py), as `launch --persist`'s units bring servers
+back. `gateway down` disables and removes it."""
+BOOT_UNIT_PATH = f"/etc/systemd/system/{BOOT_UNIT}"
+GATEWAY_BOOT_DIR = f"{CONFIG_DIR}/boot/gateway"
+"""The boot script, the relay and the router's launcher as files, and the boot plan."""
+ADDRESS_WAIT = 300
+"""Seconds a relay waits at boot for its fabric address to be on the node."""
+
+
+def boot_files() -> list[tuple[str, int, str]]:
+    """(path, mode, text) of BOOT_UNIT and what it runs; no key is in any of them (the
+    router's keys stay in CONFIG_FILE, the relays' arguments in GATEWAY_RUN hold none)."""
+    from orchestrator.node import script
+
+    d = GATEWAY_BOOT_DIR
+    plan = {"run": GATEWAY_RUN, "config": CONFIG_FILE, "tree": ROUTER_TREE,
+            "relay": f"{d}/relay.py", "router": f"{d}/gateway_router.py",
+            "address_wait": ADDRESS_WAIT}
+    unit = ("# Written by sparkctl (`gateway up`); `sparkctl gateway down` removes it.\n"
+            "[Unit]\n"
+            "Description=sparkctl: the gateway's router and relays on this node after a reboot\n"
+            "Wants=network-online.target\nAfter=network-online.target\n\n"
+            "[Service]\n"
+            # it starts them detached and ends; they stay (KillMode=process) as `gateway up`'s do
+            "Type=oneshot\nRemainAfterExit=yes\nKillMode=process\n"
+            f"ExecStart=/usr/bin/python3 {d}/gateway_boot.py {d}/plan.json\n\n"
+            "[Install]\nWantedBy=multi-user.target\n")
+    return [(f"{d}/gateway_boot.py", 0o755, script("gateway_boot.py")),
+            (f"{d}/relay.py", 0o644, script("relay.py")),
+            (f"{d}/gateway_router.py", 0o644, script("gateway_router.py")),
+            (f"{d}/plan.json", 0o644, json.dumps(plan, indent=1, sort_keys=True) + "\n"),
+            (BOOT_UNIT_PATH, 0o644, unit)]
+
+
+def boot_install_cmd() -> tuple[str, str]:
+    """(command, stdin) that puts BOOT_UNIT and its files on a node and enables it."""
+    from orchestrator.node import script
+
+    request = {"files": boot_files(), "unit": BOOT_UNIT}
+    return "python3 -c " + quote(script("gateway_boot.py")) + " install", json.dumps(request)
+
+
+def boot_remove_cmd() -> str:
+    """BOOT_UNIT disabled and its files removed (nothing when the node has none)."""
+    return (f"if [ -e {quote(BOOT_UNIT_PATH)} ]; then systemctl disable {BOOT_UNIT} "
+            f">/dev/null 2>&1; rm -rf -- {quote(BOOT_UNIT_PATH)} {quote(GATEWAY_BOOT_DIR)}; "
+            "systemctl daemon-reload >/dev/null 2>&1; fi; true")
 
 
 def relay_signal_cmd(server: str, signal: str) -> str:

@@ -52,8 +52,10 @@ def served(lab_session: list[Lab], tmp_path_factory: pytest.TempPathFactory
     up = sparkctl("up", *inv(lab), "--yes")
     assert up.returncode == 0, up.stdout + up.stderr
     for node, name in zip(lab.nodes, ("r-a", "r-b"), strict=True):
+        # r-a, on the gateway's node, persistent: it comes back with the gateway after a reboot
+        persist = ["--persist"] if name == "r-a" else []
         launch = sparkctl("launch", "qwen3-8b", *inv(lab), "--nodes", node, "--name", name,
-                          "--yes", "--timeout", "240")
+                          "--yes", "--timeout", "240", *persist)
         assert launch.returncode == 0, launch.stdout + launch.stderr
     tmp = tmp_path_factory.mktemp("gateway")
     secret = f"sk-e2e-sentinel-{os.getpid()}-{time.time_ns()}"
@@ -199,6 +201,36 @@ def test_rolling_relaunch_drops_no_request(served: tuple[Lab, Path, str], tmp_pa
     assert single.returncode == 2 and "--dry-run" in single.stderr
 
 
+def test_the_gateway_comes_back_after_its_node_reboots(served: tuple[Lab, Path, str]) -> None:
+    """LiteLLM's container came back with its node (docker's restart policy); the router and
+    the relays are processes: sparkctl-gateway.service starts them at boot."""
+    lab, keyfile, secret = served
+    head = lab.nodes[0]
+    up = sparkctl("gateway", "up", *inv(lab), "--host", "0.0.0.0", "--api-key-file", str(keyfile))
+    assert up.returncode == 0, up.stdout + up.stderr
+    enabled = lab.exec(head, "systemctl is-enabled sparkctl-gateway.service").stdout.strip()
+    assert enabled == "enabled"
+    pid_before = lab.exec(head, "cat /var/lib/sparkctl/run/gateway/router.pid").stdout.strip()
+    result = lab.cli("reboot", "--node", head)
+    assert result.returncode == 0, result.stdout + result.stderr
+    deadline = time.monotonic() + 300
+    while True:
+        status = json.loads(sparkctl("gateway", "status", *inv(lab), "--json").stdout)
+        served_by = {r["server"] for r in status.get("replicas") or []
+                     if r["in_gateway"] and r["router_healthy"] and r["health"] == "healthy"}
+        if served_by == {"r-a", "r-b"} or time.monotonic() > deadline:
+            break
+        time.sleep(5)
+    boot = lab.exec(head, "cat /var/log/sparklab-boot.log /var/log/sparklab-journal/"
+                          "sparkctl-gateway.service.log").stdout
+    assert served_by == {"r-a", "r-b"}, json.dumps(status) + "\n" + boot[-3000:]
+    assert "sparkctl-gateway: router started" in boot and "relay r-a started" in boot, boot
+    pid_after = lab.exec(head, "cat /var/lib/sparkctl/run/gateway/router.pid").stdout.strip()
+    assert pid_after != pid_before
+    assert call(lab, "/v1/chat/completions", secret, CHAT)[0] == 200
+    assert call(lab, "/v1/chat/completions", None, CHAT)[0] == 401  # the key came back too
+
+
 def test_a_killed_replica_is_routed_around(served: tuple[Lab, Path, str]) -> None:
     lab, _, secret = served
     lab.exec(lab.nodes[1], "docker kill sparkctl-sglang-r-b >/dev/null")
@@ -238,5 +270,8 @@ def test_down_removes_the_gateway(served: tuple[Lab, Path, str]) -> None:
         assert lab.exec(node, "ls /var/lib/sparkctl/run/gateway/ 2>/dev/null | wc -l"
                         ).stdout.strip() == "0"
     assert lab.exec(head, "test -e /etc/sparkctl/gateway", check=False).returncode != 0
+    for node in lab.nodes:  # nothing comes back at the next boot
+        assert lab.exec(node, "test -e /etc/systemd/system/sparkctl-gateway.service",
+                        check=False).returncode != 0
     status = json.loads(sparkctl("gateway", "status", *inv(lab), "--json").stdout)
     assert status["running"] is False
