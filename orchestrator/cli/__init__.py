@@ -57,7 +57,7 @@ SUMMARIES = {
     "logs": "Server and container logs of every node, interleaved.",
     "down": "Stop the server and containers; with --network also remove the fabric config.",
     "recipes": "List built-in recipes, or show one with its memory estimate.",
-    "gateway": "One OpenAI endpoint for every server (SGLang Model Gateway): key, replicas, rolling swaps.",
+    "gateway": "One OpenAI endpoint for every server (a pinned router): key, replicas, rolling swaps.",
     "advise": "Which layout serves a recipe fastest on N Sparks: predicted, or measured.",
     "doctor": "Diagnose the controller's setup: `doctor ssh` shows how each node is reached.",
     "init": "Write an inventory for your Sparks: finds the cabled fabric port on every node.",

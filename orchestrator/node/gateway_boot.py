@@ -126,7 +126,8 @@ def boot(plan_path):
     else:
         if os.path.exists(pidfile):
             os.unlink(pidfile)
-        args = {"config": plan["config"], "tree": plan["tree"], "pidfile": pidfile}
+        args = {"config": plan["config"], "tree": plan["tree"], "module": plan["module"],
+                "pidfile": pidfile}
         start(["python3", plan["router"], json.dumps(args, sort_keys=True)],
               os.path.join(run, "router.log"))
         say("router started (log: %s)" % os.path.join(run, "router.log"))

@@ -1,6 +1,7 @@
 """The gateway's router, started by this launcher (runs detached on the gateway's node as
-`python3 -c`; one JSON argument: {"config": router.json, "tree": the unpacked sglang-router
-wheel, "pidfile": path}).
+`python3 -c`; one JSON argument: {"config": router.json, "tree": the unpacked router wheel,
+"module": its import name, "pidfile": path}: the router's name is pinned once, in
+phases/gateway_spec.py).
 
 The argument names files, never a key. The master key and every replica's key are in the
 config file (0600 root, in a 0700 folder): read here and handed to the router in-process
@@ -11,6 +12,7 @@ node's loopback) once it answers; sparkctl later adds and removes workers the sa
 (gateway_workers.py). Python 3.8+, the router's package only (no pip dependency: the router
 and its arguments need none).
 """
+import importlib
 import json
 import os
 import sys
@@ -21,8 +23,9 @@ a = json.loads(sys.argv[1])
 with open(a["config"]) as handle:
     config = json.load(handle)
 sys.path.insert(0, a["tree"])
-from sglang_router.router import Router  # noqa: E402  (the wheel's tree is on the path now)
-from sglang_router.router_args import RouterArgs  # noqa: E402
+# the wheel's tree is on the path now
+Router = importlib.import_module(a["module"] + ".router").Router
+RouterArgs = importlib.import_module(a["module"] + ".router_args").RouterArgs
 
 ASK = "127.0.0.1" if config["host"] in ("0.0.0.0", "") else config["host"]
 BASE = "http://%s:%d" % (ASK, int(config["port"]))

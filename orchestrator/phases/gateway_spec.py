@@ -28,18 +28,22 @@ from orchestrator.paths import CONFIG_DIR, RUN_DIR
 from orchestrator.records import Server
 
 ROUTER_VERSION = "0.3.2"
-ROUTER = f"sglang-router {ROUTER_VERSION}"
-"""What `status` shows. The PyPI distribution; its import name is ROUTER_MODULE."""
-ROUTER_MODULE = "sglang_router"
+ROUTER_DIST = "sglang-router"
+"""The router's PyPI distribution: its one pin (name and version) for the whole gateway (the
+launcher, the boot unit and the installer get the import name from here)."""
+ROUTER = f"{ROUTER_DIST} {ROUTER_VERSION}"
+"""What `status` shows."""
+ROUTER_MODULE = ROUTER_DIST.replace("-", "_")
+WHEEL = ROUTER_MODULE + "-" + ROUTER_VERSION + "-cp38-abi3-manylinux_2_17_{0}.manylinux2014_{0}.whl"
 WHEELS = {
     # a DGX Spark is aarch64; x86_64 for the lab and other machines. The sha256 of each
     # wheel as PyPI lists it for the release: the installer refuses any other bytes
-    "aarch64": ("sglang_router-0.3.2-cp38-abi3-manylinux_2_17_aarch64.manylinux2014_aarch64.whl",
+    "aarch64": (WHEEL.format("aarch64"),
                 "40a10f3817b80377c2ceb326b625f24bd06eb97426e5044de722295ec7fa79c0"),
-    "x86_64": ("sglang_router-0.3.2-cp38-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+    "x86_64": (WHEEL.format("x86_64"),
                "ba5a24951e5e0357fe390782fcd1abd861448a87216832dbf2e501a1dd1548eb"),
 }
-ROUTER_TREE = f"/opt/sparkctl/sglang-router-{ROUTER_VERSION}"
+ROUTER_TREE = f"/opt/sparkctl/{ROUTER_DIST}-{ROUTER_VERSION}"
 """The wheel unpacked on the gateway's node (its Rust router needs none of the package's
 Python dependencies: the launcher imports only its router and its arguments)."""
 WHEELHOUSE = "/usr/local/share/sparkctl/wheels"
@@ -180,7 +184,7 @@ def install_cmd() -> str:
     from orchestrator.node import script
 
     args = {"tree": ROUTER_TREE, "module": ROUTER_MODULE, "version": ROUTER_VERSION,
-            "requirement": f"sglang-router=={ROUTER_VERSION}", "wheels": WHEELS,
+            "requirement": f"{ROUTER_DIST}=={ROUTER_VERSION}", "wheels": WHEELS,
             "wheelhouse": WHEELHOUSE}
     return "python3 -c " + quote(script("router_install.py")) + " " + quote(
         json.dumps(args, sort_keys=True))
@@ -191,8 +195,8 @@ def start_cmd() -> str:
     never a key: the launcher reads the keys from CONFIG_FILE (0600) itself."""
     from orchestrator.node import script
 
-    args = json.dumps({"config": CONFIG_FILE, "tree": ROUTER_TREE, "pidfile": ROUTER_PID},
-                      sort_keys=True)
+    args = json.dumps({"config": CONFIG_FILE, "tree": ROUTER_TREE, "module": ROUTER_MODULE,
+                       "pidfile": ROUTER_PID}, sort_keys=True)
     start = join(["setsid", "python3", "-c", script("gateway_router.py"), args])
     return (f"mkdir -p {quote(GATEWAY_RUN)} && rm -f {quote(ROUTER_PID)} && "
             f"{{ {start} >{quote(ROUTER_LOG)} 2>&1 </dev/null & }}")
@@ -268,7 +272,7 @@ def boot_files() -> list[tuple[str, int, str]]:
     from orchestrator.node import script
 
     d = GATEWAY_BOOT_DIR
-    plan = {"run": GATEWAY_RUN, "config": CONFIG_FILE, "tree": ROUTER_TREE,
+    plan = {"run": GATEWAY_RUN, "config": CONFIG_FILE, "tree": ROUTER_TREE, "module": ROUTER_MODULE,
             "relay": f"{d}/relay.py", "router": f"{d}/gateway_router.py",
             "address_wait": ADDRESS_WAIT}
     unit = ("# Written by sparkctl (`gateway up`); `sparkctl gateway down` removes it.\n"

@@ -112,7 +112,7 @@ def boot_world(tmp: Path, gateway_here: bool) -> tuple[Path, dict[str, Any]]:
     if gateway_here:
         config.write_text("{}")
         (run / "gateway.json").write_text("{}")
-    plan = {"run": str(run), "config": str(config), "tree": "/nowhere",
+    plan = {"run": str(run), "config": str(config), "tree": "/nowhere", "module": "the_router",
             "relay": fake(tmp, "relay.py"), "router": fake(tmp, "router.py"), "address_wait": 2}
     (tmp / "plan.json").write_text(json.dumps(plan))
     return tmp / "plan.json", plan
@@ -144,7 +144,7 @@ def test_at_boot_the_relays_and_the_router_start_again(tmp_path: Path) -> None:
     # the pid file of the last life named a process that is no relay: replaced, not trusted
     assert not os.path.exists(relay["state"])
     assert ran(plan["router"]) == {"config": plan["config"], "tree": "/nowhere",
-                                   "pidfile": plan["run"] + "/router.pid"}
+                                   "module": "the_router", "pidfile": plan["run"] + "/router.pid"}
 
 
 def test_at_boot_a_relay_node_starts_no_router(tmp_path: Path) -> None:

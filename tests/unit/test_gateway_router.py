@@ -189,7 +189,7 @@ def test_the_launcher_reads_the_keys_from_the_file_and_adds_the_workers(tmp_path
         "r", "m", "n", "10.0.0.2", 30000, key=Secret(REPLICA_KEY)),), Secret(KEY))
     config = tmp_path / "router.json"
     config.write_text(spec.config_text())
-    argv = json.dumps({"config": str(config), "tree": str(tree.parent),
+    argv = json.dumps({"config": str(config), "tree": str(tree.parent), "module": gs.ROUTER_MODULE,
                        "pidfile": str(tmp_path / "router.pid")})
     assert KEY not in argv and REPLICA_KEY not in argv  # what `ps` shows
     out = tmp_path / "seen.json"
@@ -274,3 +274,16 @@ def test_a_leaving_replica_is_deleted_from_the_router_before_its_relay_drains() 
     request = json.loads(str(delete.stdin))
     assert request["remove"] == ["http://192.168.200.13:30000"] and request["workers"] is None
     assert order == ["router", "door"]  # out of the router first, then the relay's door
+
+
+def test_the_launchers_argument_is_what_the_start_command_and_the_boot_plan_give() -> None:
+    """The launcher reads config, tree, module and pidfile: `gateway up`'s start command and the
+    boot unit's plan (which the boot program hands on) both carry them, the module the pin's."""
+    import shlex
+
+    start = shlex.split(gs.start_cmd().split("{ ", 1)[1].split(" >", 1)[0])
+    args = json.loads(start[-1])
+    assert set(args) == {"config", "tree", "module", "pidfile"}
+    assert args["module"] == gs.ROUTER_MODULE and args["tree"] == gs.ROUTER_TREE
+    plan = next(json.loads(text) for path, _, text in gs.boot_files() if path.endswith(".json"))
+    assert {"config", "tree", "module"} <= set(plan) and plan["module"] == gs.ROUTER_MODULE
