@@ -54,7 +54,7 @@ def server_json(lab: Lab) -> dict[str, object]:
 
 def test_bench_json_reports_every_figure_and_matches_the_model(served: Lab) -> None:
     result = sparkctl("bench", "--inventory", str(served.inventory), "--json", "--tg", "64",
-                      "--pp", "32", "--depth", "0,128", "-c", "1,2", "--runs", "2", "--no-warmup")
+                      "--pp", "256", "--depth", "0,128", "-c", "1,2", "--runs", "2", "--no-warmup")
     assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads(result.stdout)
     assert doc["ok"] and not doc["interrupted"] and len(doc["cells"]) == 4
