@@ -7,7 +7,8 @@ Under pytest-xdist (`make test` runs the e2e tests in four workers, whole module
 worker gets its own set of lab ids, so two workers never share a lab: with W workers, worker N
 uses the main lab N, the sudo/topology lab N+W, the alternate lab N+2W, the jump-host lab N+3W and
 the trust lab N+4W (plus SPARKLAB_E2E_BASE). The longest modules are handed out first
-(`LONGEST_FIRST`), so the run does not end waiting on one worker.
+(`LONGEST_FIRST`; scripts/run-e2e keeps xdist from reordering them), so the run does not end
+waiting on one worker.
 """
 
 from __future__ import annotations
@@ -251,10 +252,15 @@ def run_in_terminal(argv: list[str], env: dict[str, str], replies: Sequence[tupl
     return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
 
 
-# Modules that take minutes (the real vLLM, reboots, several launches): handed out first under
-# --dist loadfile, which gives workers whole modules in collection order.
-LONGEST_FIRST = ("test_vllm_real.py", "test_hostile.py", "test_servers.py", "test_advise.py",
-                 "test_gateway.py", "test_topologies.py", "test_vllm.py")
+# Modules that take minutes, longest first (the real vLLM's two modules, reboots, several launches,
+# real engines): handed out first under --dist loadfile, which gives workers whole modules in
+# collection order when scripts/run-e2e passes --no-loadscope-reorder (without it pytest-xdist
+# hands modules out by their number of tests and this order is lost). Measured durations per
+# module: docs/lab.md ("How long the e2e tests take").
+LONGEST_FIRST = ("test_vllm_real_tp2.py", "test_vllm_real.py", "test_hostile.py",
+                 "test_api_keys.py", "test_servers.py", "test_vllm.py", "test_llamacpp.py",
+                 "test_fanout.py", "test_gateway.py", "test_dashboard.py", "test_advise.py",
+                 "test_topologies.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
