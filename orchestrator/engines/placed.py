@@ -50,10 +50,10 @@ class Smoke(Step):
         self.spec = spec
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        from orchestrator.engines.serverctl import SMOKE_TOKENS
+        from orchestrator.engines.serverctl import SMOKE_PROMPT, SMOKE_TOKENS
 
         body = {"model": self.spec.recipe.model, "max_tokens": SMOKE_TOKENS,
-                "messages": [{"role": "user", "content": "Say hello."}]}
+                "messages": [{"role": "user", "content": SMOKE_PROMPT}]}
         command = probe_cmd(self.spec.recipe.port, self.spec.host, self.spec.key_file, body)
         result = ctx.transports[self.spec.first].run(command, sudo=True, timeout=360,
                                                      display="one chat completion")

@@ -293,6 +293,23 @@ def test_readiness_waits_for_health_and_the_model() -> None:
     assert "ready: /health and /v1/models answer" in notes[-1]
 
 
+def test_a_server_ready_within_the_first_look_costs_one_round_trip() -> None:
+    """The first node-side wait (seen "-") ends only when the model is listed or FIRST_LOOK
+    passes: a quick server is one command, not a first look at its 503 and then a second."""
+    import shlex
+
+    from orchestrator.engines.readiness import FIRST_LOOK
+
+    spec = ServeSpec(load_recipe("lab-tiny-llama"), make_inventory(), LaunchOptions())
+    probe = json.dumps({"health": 200, "models": ["sparklab/tiny-llama-gguf"], "running": True})
+    head = FakeTransport("spark-a").on("--wait", stdout=probe + "\n")
+    ready = wait_until_ready({"spark-a": head}, spec, 60, lambda line: None)
+    assert ready.models == ["sparklab/tiny-llama-gguf"] and len(head.calls) == 1
+    words = shlex.split(head.commands[0])
+    wait = words.index("--wait")
+    assert words[wait + 1] == f"{FIRST_LOOK:g}" and words[wait + 3] == "-"
+
+
 def test_an_exit_while_loading_names_llama_cpps_error_and_stops_the_server() -> None:
     from orchestrator.engines.base import LaunchFailed
 
