@@ -237,15 +237,18 @@ class ServerContainer(containers.Container):
     GGUF unreadable) takes the server's other containers with it and says llama.cpp's own
     error (the `E` lines name the port or the file)."""
 
+    batch = True  # its one command (docker run + the wait), judged by `done` alone
+    timeout = containers.READY_DEADLINE + 120
+
     def __init__(self, spec: ServeSpec) -> None:
         super().__init__(server_spec_for(spec), name="llama-server")
         self.spec = spec
 
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+    def done(self, ctx: NodeContext, change: Change, results: list[Any]) -> str | None:
         from orchestrator.engines.llamacpp.ready import errors
 
         try:
-            return super().apply(ctx, change)
+            return super().done(ctx, change, results)
         except SparkctlError as exc:
             said = errors("\n".join(line.removeprefix("  | ") for line in str(exc).splitlines()))
             servers.stop_server(ctx.transports, ctx.inventory,
@@ -303,8 +306,10 @@ def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
     from orchestrator.phases.models import ServingPhase
 
     container = ServerContainer(spec)
-    steps: list[Step] = [DropCaches(ColdStart(spec, container, [spec.first])),
-                         apikey.key_files_step(spec.name, [spec.first], spec.key),
+    # the key file first: the four steps after it are one command on the first node (a batch:
+    # core/batch.py), the key (on stdin, never in a command) is not
+    steps: list[Step] = [apikey.key_files_step(spec.name, [spec.first], spec.key),
+                         DropCaches(ColdStart(spec, container, [spec.first])),
                          node_guard(spec, [spec.first], container), container,
                          Record(spec), *ready]
     return ServingPhase("serve", steps, facts_for(spec), serving=ordered(spec))
