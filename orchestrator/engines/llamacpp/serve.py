@@ -30,7 +30,7 @@ from orchestrator.phases import container as containers
 from orchestrator.phases.container import ContainerSpec
 from orchestrator.recipe import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
 from orchestrator.remote.gathered import NodeFacts
-from orchestrator.remote.node_facts import DockerContainer
+from orchestrator.remote.node_facts import INFINIBAND, DockerContainer
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -280,6 +280,10 @@ def facts_for(spec: ServeSpec):  # type: ignore[no-untyped-def]
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         own = containers.spec_facts([spec.recipe.image], [spec.container], inv.cluster.user)
+        # llama.cpp's containers get no NCCL/UCX environment (its RPC layer split is plain TCP
+        # on the fabric address): the RoCE ports are not asked for
+        own.pop("ibdev2netdev", None)
+        own["files"].pop(INFINIBAND, None)
         own["commands"]["servers"] = servers.servers_cmd(inv, node, probe=True)
         if spec.key is not None:
             own.setdefault("files", {}).update(apikey.key_facts(spec.name)["files"])
