@@ -175,6 +175,25 @@ def test_an_unreachable_rpc_server_is_named_and_the_server_removed() -> None:
     assert any("label=sparkctl.server=lab-tiny-llama-rpc" in c for c in transports["spark-b"].commands)
 
 
+def test_the_smoke_test_is_one_token_of_the_shortest_prompt_through_the_served_model() -> None:
+    """Still a real completion through the model (template, every layer, one sampled token),
+    as cheap as a request can be: the first after a start is the slow one (issue 40)."""
+    import shlex
+
+    from orchestrator.engines.placed import Smoke
+
+    inv = make_inventory()
+    spec = ServeSpec(load_recipe("lab-tiny-llama"), inv, LaunchOptions())
+    answer = {"code": 200, "seconds": 0.05, "body": json.dumps({"usage": {"completion_tokens": 1}})}
+    head = FakeTransport("spark-a").on("/v1/chat|--at", stdout=json.dumps(answer) + "\n")
+    ctx = make_context(inv, "spark-a", {"spark-a": {}}, transports={"spark-a": head})
+    said = Smoke(spec).apply(ctx, Change("verify"))
+    assert said == "chat completion on spark-a: 1 token in 0.05s"
+    body = json.loads(shlex.split(head.commands[0])[-1])
+    assert body == {"model": "sparklab/tiny-llama-gguf", "max_tokens": 1,
+                    "messages": [{"role": "user", "content": "Hi"}]}
+
+
 def test_a_server_whose_rpc_node_lost_its_process_is_dead_with_its_rss_shown() -> None:
     record = as_servers([{"name": "s", "engine": "llamacpp", "nodes": ["spark-a", "spark-b"],
                           "port": 8080, "alive": True}])
