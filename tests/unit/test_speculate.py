@@ -102,3 +102,42 @@ def test_another_inventory_file_has_its_own_kept_requests(up: Any, inventory_fil
     inventory_file.write_text("# edited\n")
     _, cluster, speculation = up(done=True)
     assert not speculation.started and len(gatherings(cluster, "spark-a")) == 1
+
+
+def test_the_cli_starts_the_second_run_early_and_not_for_an_implicit_inventory(
+        fake_cluster: Any, state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cli/up.py: a named inventory's repeated `plan` connects from the speculation's thread
+    and sends each node one gathering; without --inventory nothing starts before the cluster
+    is named (runner.check_named_cluster)."""
+    import threading
+
+    from click.testing import CliRunner
+    from conftest import make_inventory
+
+    from orchestrator.cli import cli
+    from orchestrator.core import inventory_option
+
+    cluster = fake_cluster()
+    threads: list[str] = []
+
+    def connect_all(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return cluster.connect_all(*args, **kwargs)
+
+    monkeypatch.setattr("orchestrator.remote.connect.connect_all", connect_all)
+    path = tmp_path / "two.yml"
+    path.write_text("# stands in for the inventory file\n")
+    monkeypatch.setattr(inventory_option, "load_inventory_option",
+                        lambda option: (make_inventory(), path))
+    for _ in range(2):
+        CliRunner().invoke(cli, ["plan", "-i", str(path)], catch_exceptions=False)
+    assert threads == ["MainThread", "sparkctl-speculate"]
+    for node in ("spark-a", "spark-b"):
+        assert len(gatherings(cluster, node)) == 2  # one per run: the early one was taken
+
+    inventory_option.IMPLICIT[make_inventory().source] = "the default in the current directory"
+    try:
+        CliRunner().invoke(cli, ["plan"], catch_exceptions=False)
+    finally:
+        inventory_option.IMPLICIT.clear()
+    assert threads[-1] == "MainThread"
