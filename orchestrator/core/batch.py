@@ -16,6 +16,7 @@ before the batch runs (docs/architecture.md): a batch never runs without it.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,8 @@ from orchestrator.remote.transport import Result
 
 if TYPE_CHECKING:
     from orchestrator.core.step import NodeContext, Step
+
+log = logging.getLogger("sparkctl.executor")  # the run log's lines of every step's commands
 
 
 @dataclass
@@ -61,10 +64,13 @@ class Answer:
     None when the batch did not run at all (the lock was not taken)."""
 
 
-def run(ctx: NodeContext, planned: list[Planned], lock: dict[str, Any] | None) -> Answer:
+def run(phase: str, ctx: NodeContext, planned: list[Planned], lock: dict[str, Any] | None) -> Answer:
     """One round trip: LOCK (the lock's facts request, when this command takes it) then every
-    planned step's commands, in order."""
+    planned step's commands, in order (each in the run log under its step, as it runs alone)."""
     node = ctx.node.name
+    for p in planned:
+        for command in p.commands:
+            log.info("%s %s/%s runs: %s", node, phase, p.step.name, command)
     request: dict[str, Any] = {"batch": [
         {"step": p.step.name, "commands": list(p.commands), "keep_going": p.step.keep_going,
          "timeout": p.step.timeout} for p in planned]}

@@ -311,26 +311,24 @@ class Executor:
                    facts: dict[str, NodeFacts]) -> None:
         """GROUP's steps (core/batch.py): every node's checks first, the lock, then each node's
         changes in one command, each step judged and reported as if it ran alone."""
-        plans: dict[str, list[tuple[Step, NodeContext, Any]]] = {}
+        plans: list[tuple[Node, list[tuple[Step, NodeContext, Any]]]] = []
         for node in (n for n in nodes if n.name not in self.failed):
-            ctx, plan = self._context(node, facts), plans.setdefault(node.name, [])
+            plans.append((node, plan := []))
+            ctx = self._context(node, facts)
             for step in (s for s in group if self._in_scope(s, node)):
                 plan.append((step, ctx, self._guarded(phase, step, node, partial(
                     batch.check, phase.name, step, ctx))))
                 if isinstance(plan[-1][2], StepResult) and plan[-1][2].status == "failed":
                     break  # its check failed: the steps after it do not run
-        changing = {name for name, plan in plans.items()
+        changing = {node.name for node, plan in plans
                     if any(isinstance(outcome, Change) for _, _, outcome in plan)}
-        head = self.inventory.head_name
-        # the lock rides along only when no other node's change could race for it
+        head = self.inventory.head_name  # the lock rides along when no other node's change races
         fold = self.lock is not None and not self.lock.held and changing == {head}
-        by_name = {n.name: n for n in nodes}
-        self.current = (phase.name, ", ".join(s.name for s in group), sorted(plans))
+        self.current = (phase.name, ", ".join(s.name for s in group), [n.name for n, _ in plans])
         self.current_hint = next((hint for s in group
                                   if (hint := s.interrupt_hint(self.inventory))), None)
-        futures = [self.pool.submit(self._apply_batch, phase, by_name[name], plan,
-                                    fold and name == head) for name, plan in plans.items()]
-        for future in futures:
+        for future in [self.pool.submit(self._apply_batch, phase, node, plan,
+                                        fold and node.name == head) for node, plan in plans]:
             future.result()
 
     def _apply_batch(self, phase: Phase, node: Node,
@@ -372,13 +370,8 @@ class Executor:
         try:
             if not fold:
                 self._ensure_lock()
-            for p in planned:
-                for command in p.commands:
-                    log.info("%s %s/%s runs: %s", node.name, phase.name, p.step.name, command)
-            if fold and self.lock is not None:
-                answer = self._batch_with_lock(planned)
-            else:
-                answer = batch.run(first.ctx, planned, None)
+            answer = (self._batch_with_lock(phase.name, planned) if fold
+                      else batch.run(phase.name, first.ctx, planned, None))
         except SparkctlError as exc:
             return StepResult(phase.name, first.step.name, "failed", message=str(exc))
         if answer.results is None:
@@ -386,21 +379,20 @@ class Executor:
                               message=f"{node.name}: the batch did not run")
         return answer.results
 
-    def _batch_with_lock(self, planned: list[batch.Planned]) -> batch.Answer:
-        """The batch, the lock taken by the same command first (_ensure_lock's rules: once; a
-        failure stays for every later change)."""
+    def _batch_with_lock(self, phase: str, planned: list[batch.Planned]) -> batch.Answer:
+        """The batch, the lock taken first by the same command (_ensure_lock's rules)."""
         assert self.lock is not None
         with self._lock_guard:
             if self._lock_error is not None:
                 raise self._lock_error
             try:
-                answer = batch.run(planned[0].ctx, planned, self.lock.request())
+                answer = batch.run(phase, planned[0].ctx, planned, self.lock.request())
                 self.lock.accept(answer.lock or {})
             except SparkctlError as exc:
                 self._lock_error = exc
                 raise
         if answer.results is None:  # accept() took over a dead run's lock itself: run it now
-            answer = batch.run(planned[0].ctx, planned, None)
+            answer = batch.run(phase, planned[0].ctx, planned, None)
         return answer
 
     def _fail(self, node: str, result: StepResult) -> None:
