@@ -181,7 +181,13 @@ def compare(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], corpus: Pa
     if not a or not b:
         raise BenchError(f"no tg figures found (sparkctl: {a}, llama-benchy: {b})")
     ratio = mean(a) / mean(b)
+    # each round's two clients ran back to back: a ratio per round cancels a load that changes
+    # between rounds (another lab starting on the same 2 cores), which pooled medians do not
+    pairs = [(tg_values([o]), tg_values([t])) for o, t in zip(ours, theirs, strict=True)]
+    round_ratios = [median(o) / median(t) for o, t in pairs if o and t]
     return {"sparkctl_tg_tps": round(mean(a), 1), "llama_benchy_tg_tps": round(mean(b), 1),
+            "round_ratios": [round(r, 3) for r in round_ratios],
+            "paired_ratio": round(median(round_ratios), 3) if round_ratios else None,
             "sparkctl_tg_median": round(median(a), 1), "llama_benchy_tg_median": round(median(b), 1),
             "sparkctl_tg_values": [round(v, 1) for v in a],
             "llama_benchy_tg_values": [round(v, 1) for v in b],

@@ -116,6 +116,15 @@ class Lab:
     def cli(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
         return lab_cli(*args, lab_id=self.lab_id, check=check)
 
+    def set_engine_load_seconds(self, seconds: float) -> float:
+        """How long the simulated engines take to load from their next start on (every node's
+        `lab.json`); returns the value it replaces, to put back."""
+        script = ("import json, sys; p = '/var/lib/sparklab/config/lab.json'; c = json.load(open(p)); "
+                  "print(c.get('engine_load_seconds', 2.0)); c['engine_load_seconds'] = float(sys.argv[1]); "
+                  "json.dump(c, open(p, 'w'))")
+        before = [self.exec(node, ["python3", "-c", script, str(seconds)]).stdout for node in self.nodes]
+        return float(before[0])
+
     def healthy(self) -> bool:
         from sparklab.identity import LabIdentity
         from sparklab.node import recorded_pid

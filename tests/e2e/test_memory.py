@@ -19,17 +19,10 @@ pytestmark = pytest.mark.lab
 
 SENTINEL = "hf_SENTINELe2eToken7731"
 OUTBOX = "cat /var/lib/sparklab/outbox/hf-downloads.log 2>/dev/null || true"
-LAB_JSON = "/var/lib/sparklab/config/lab.json"
 SERVER_DIR = "/var/lib/sparkctl/run/servers/qwen3-235b"  # the server's (named for its recipe)
 
 
 sparkctl = Sparkctl("memory", token=SENTINEL, timeout=300)
-
-
-def set_load_seconds(lab: Lab, seconds: float) -> None:
-    for node in lab.nodes:
-        lab.exec(node, f"python3 -c \"import json; p='{LAB_JSON}'; c=json.load(open(p)); "
-                       f"c['engine_load_seconds']={seconds}; json.dump(c, open(p, 'w'))\"")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +57,7 @@ def test_a_recipe_that_does_not_fit_now_is_refused_before_any_download(mlab: Lab
 
 
 def test_the_guard_stops_a_server_when_memory_runs_out_while_loading(mlab: Lab) -> None:
-    set_load_seconds(mlab, 20)
+    mlab.set_engine_load_seconds(20)
     # the threshold from the command line (the default, 2 GB, is what NVIDIA's setup leaves room
     # for; 4 GB makes the squeeze below certain to cross it whatever the KV cache took)
     argv, env = sparkctl.command("launch", "qwen3-235b", "--inventory", str(mlab.inventory),
@@ -85,7 +78,7 @@ def test_the_guard_stops_a_server_when_memory_runs_out_while_loading(mlab: Lab) 
     finally:
         if proc.poll() is None:
             proc.kill()
-        set_load_seconds(mlab, 3)
+        mlab.set_engine_load_seconds(3)
     out = stdout + stderr
     assert proc.returncode != 0, out
     assert "stopped by the memory guard on " + victim in out, out

@@ -221,18 +221,24 @@ def test_ctrl_c_during_the_wait_leaves_nothing_half_started(
     lab, _ = launched
     head = lab.nodes[0]
     time.sleep(6)
-    lab.exec(head, f"docker restart {CONTAINER}", check=True)
-    env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("vllm"), "HF_TOKEN": SENTINEL}
-    proc = subprocess.Popen([SPARKCTL, "launch", "minimax-m2.7", *inv(lab), "--yes"], env=env,
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:  # interrupt as soon as the wait for readiness has begun
-        seen.append(line)
-        if "loading (" in line:
-            proc.send_signal(signal.SIGINT)
-            break
-    rest = proc.communicate(timeout=120)[0]
+    # a load long enough that the launch is still waiting when it prints "loading (": with the
+    # lab's 3 s a quick launch found the server ready and never waited (seen once, quiet machine)
+    previous = lab.set_engine_load_seconds(20)
+    try:
+        lab.exec(head, f"docker restart {CONTAINER}", check=True)
+        env = {**os.environ, "SPARKCTL_STATE_DIR": e2e_state("vllm"), "HF_TOKEN": SENTINEL}
+        proc = subprocess.Popen([SPARKCTL, "launch", "minimax-m2.7", *inv(lab), "--yes"], env=env,
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:  # interrupt as soon as the wait for readiness has begun
+            seen.append(line)
+            if "loading (" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        lab.set_engine_load_seconds(previous)
     output = "".join(seen) + rest
     assert proc.returncode == 130, output
     assert "keeps loading" in output or "still loading" in output, output

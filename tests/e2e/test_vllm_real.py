@@ -105,8 +105,10 @@ def test_sparkctl_bench_agrees_with_llama_benchy_on_the_real_vllm(lab: Lab, tmp_
     client = vllm_real.Client(lab.inventory, {**os.environ,
                                               "SPARKCTL_STATE_DIR": e2e_state("vllm-real")})
     doc = vllm_real.bench_against_benchy(client, ONE, tmp_path, tg=64, pp=128, runs=2, rounds=3)
-    # medians: on 2 cores shared with other labs a single run swings by half (13-25 t/s seen)
-    ratio = doc["sparkctl_tg_median"] / doc["llama_benchy_tg_median"]
+    # on 2 cores shared with other labs a single run swings by half (13-25 t/s seen) and the load
+    # changes between rounds (the two-node module starts beside this one): the median of the
+    # per-round ratios, each of two runs back to back (0.62 seen once from pooled medians)
+    ratio = doc["paired_ratio"]
     assert abs(ratio - 1) <= vllm_real.AGREE, {k: v for k, v in doc.items()
                                                if not isinstance(v, (list, dict)) or "values" in k}
 

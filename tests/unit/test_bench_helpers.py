@@ -151,3 +151,18 @@ def test_the_verified_ceiling_adds_hashing_to_what_moving_the_bytes_cost() -> No
     assert round(ceiling(2, 2800, 93, 1580)) == 1542
     assert ceiling(2, 2800, 93, 1e12) == pytest.approx(2800 / 0.93)  # free hashing
     assert ceiling(4, 2800, 93, 1580) > ceiling(2, 2800, 93, 1580)  # hashing on more cores
+
+
+def test_the_paired_ratio_cancels_a_load_that_changes_between_rounds(tmp_path: Path) -> None:
+    from benchmarks.llamacpp_benchy import compare
+
+    def result(*rates: float) -> dict[str, object]:
+        return {"tg_throughput": {"values": list(rates)}}
+
+    # the machine got 3x slower for the last two rounds, both clients alike, ours 10 % slower
+    ours = [result(27.0, 27.0), result(9.0, 9.0), result(9.0, 9.0)]
+    theirs = [result(30.0, 30.0), result(30.0, 30.0), result(10.0, 10.0)]
+    doc = compare(ours, theirs, tmp_path, tg=64, pp=128, runs=2)
+    assert doc["round_ratios"] == [0.9, 0.3, 0.9]
+    assert doc["paired_ratio"] == 0.9  # pooled medians would say 9 / 30 = 0.3
+    assert doc["sparkctl_tg_median"] / doc["llama_benchy_tg_median"] == 0.3
