@@ -275,3 +275,10 @@ def test_down_removes_the_gateway(served: tuple[Lab, Path, str]) -> None:
                         check=False).returncode != 0
     status = json.loads(sparkctl("gateway", "status", *inv(lab), "--json").stdout)
     assert status["running"] is False
+    # the unpacked router stays for the next `gateway up`; `sparkctl down` leaves nothing of it
+    tree = "/opt/sparkctl/sglang-router-*"
+    assert lab.exec(head, f"ls -d {tree}").stdout.strip()
+    full = sparkctl("down", *inv(lab), "--yes")
+    assert full.returncode == 0, full.stdout + full.stderr
+    for node in lab.nodes:
+        assert lab.exec(node, "test -e /opt/sparkctl", check=False).returncode != 0, node
