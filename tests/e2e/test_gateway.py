@@ -123,6 +123,12 @@ def test_up_serves_with_the_key_only_and_is_idempotent(served: tuple[Lab, Path, 
     again = sparkctl("gateway", "up", *inv(lab), "--host", "0.0.0.0", "--api-key-file",
                      str(key), "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["outcome"] == "unchanged"
+    # `chat --gateway`: through the router with its key, read on its node (no key given here)
+    chat = sparkctl("chat", "Hello", *inv(lab), "--gateway", "--max-tokens", "8", "--json")
+    assert chat.returncode == 0, chat.stdout + chat.stderr
+    said = json.loads(chat.stdout)
+    assert said["gateway"] is True and said["node"] == lab.nodes[0] and said["model"] == MODEL
+    assert said["reply"] and secret not in chat.stdout + chat.stderr
     # no door beside the gateway (41.2): r-a's relay answers the gateway's node only; r-a
     # itself has no key, so any other fabric host would have had it for free
     r_a = next(r for r in doc["replicas"] if r["server"] == "r-a")
