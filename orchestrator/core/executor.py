@@ -130,8 +130,10 @@ class Executor:
         else:
             facts = self._gather(phase, nodes)
         nodes = [n for n in nodes if n.name in facts]
+        members = {n.name for n in phase.nodes(self.inventory)}
         for step in phase.steps:
-            targets = [n for n in nodes if n.name not in self.failed and self._in_scope(step, n)]
+            targets = [n for n in nodes if n.name not in self.failed
+                       and self._in_scope(step, n, members)]
             self.current = (phase.name, step.name, [n.name for n in targets])
             self.current_hint = step.interrupt_hint(self.inventory)
             futures = [self.pool.submit(self._run_step, phase, step, n, facts) for n in targets]
@@ -202,8 +204,11 @@ class Executor:
             for host in self.report.hosts.values() for s in host.steps
         )
 
-    def _in_scope(self, step: Step, node: Node) -> bool:
-        return step.scope == "node" or node.name == self.inventory.head_name
+    def _in_scope(self, step: Step, node: Node, members: set[str]) -> bool:
+        if step.scope == "node":
+            return True
+        where = step.runs_on(self.inventory)
+        return node.name == (where if where in members else self.inventory.head_name)
 
     def _gather(self, phase: Phase, nodes: list[Node]) -> dict[str, NodeFacts]:
         pending = {node.name for node in nodes}

@@ -118,6 +118,12 @@ class Step:
         """What a Ctrl-C during this step leaves behind and what to do (None: just re-run)."""
         return None
 
+    def runs_on(self, inventory: Inventory) -> str:
+        """Where a step of scope "head" runs, once, and whose line it is in the report: the
+        head, unless the step is about one server's node (its readiness, its smoke test: a
+        server placed on spark-b is ready on spark-b). A node outside the phase: the head."""
+        return inventory.head_name
+
 
 FactsSpec = Callable[[Inventory, Node], dict[str, Any]]
 

@@ -195,6 +195,9 @@ class Smoke(Step):
     def __init__(self, spec: ServeSpec) -> None:
         self.spec = spec
 
+    def runs_on(self, inventory: Inventory) -> str:
+        return self.spec.first
+
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         from orchestrator.engines.serverctl import smoke_test
 
