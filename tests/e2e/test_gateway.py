@@ -202,6 +202,11 @@ def test_rolling_relaunch_drops_no_request(served: tuple[Lab, Path, str], tmp_pa
     after = started_at(lab)
     assert all(after[name] != before[name] for name in before), (before, after)
     assert "r-a: back in the gateway" in rolling.stderr and "r-b: back in" in rolling.stderr
+    # each replica's ready and smoke-test lines are its own node's (r-b's said the head's)
+    said = rolling.stdout + rolling.stderr
+    for node in lab.nodes:
+        assert f"✓ {node} ready: answering" in said, said[-3000:]
+        assert f"✓ {node} smoke-test: chat completion on {node}" in said, said[-3000:]
     # --rolling relaunches replicas where they are: no --dry-run, --nodes, --name, --port
     single = sparkctl("launch", str(RECIPE), *inv(lab), "--rolling", "--dry-run")
     assert single.returncode == 2 and "--dry-run" in single.stderr
