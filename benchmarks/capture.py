@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orchestrator.remote import stream as stream_module
 from orchestrator.remote import transport as transport_module
 
 _records: list[dict[str, Any]] = []
@@ -40,6 +41,23 @@ def _wrap(cls: Any) -> None:
     cls._execute = execute
 
 
+def _wrap_stream() -> None:
+    """`docker pull` goes over stream_run (its progress as it comes), not `_execute`: without
+    this the floor replayed no pull and the image was missing (`No such image`) in the replay."""
+    original = stream_module.stream_run
+
+    def stream_run(transport: Any, command: str, on_line: Any, timeout: float, display: str,
+                   stdin: bytes = b"") -> tuple[int, str]:
+        started = time.time()
+        status, tail = original(transport, command, on_line, timeout, display, stdin)
+        with _lock:
+            _records.append({"node": transport.node, "start": started, "command": command,
+                             "stdin": base64.b64encode(stdin).decode(), "exit": status})
+        return status, tail
+
+    stream_module.stream_run = stream_run  # before the phases import it by name
+
+
 def _dump(path: Path) -> None:
     by_node: dict[str, list[dict[str, Any]]] = {}
     for record in sorted(_records, key=lambda r: r["start"]):
@@ -55,6 +73,7 @@ def main() -> None:
     out = Path(sys.argv[1])
     _wrap(transport_module.SSHTransport)
     _wrap(transport_module.LocalTransport)
+    _wrap_stream()
     atexit.register(_dump, out)
     from orchestrator.cli import cli
 

@@ -7,13 +7,13 @@ Every managed file starts with a header naming sparkctl, so users know who wrote
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jinja2
+if TYPE_CHECKING:
+    import jinja2
 
 MANAGED_HEADER = "# Managed by sparkctl: edits here are overwritten by its next run (up, launch)."
 
@@ -28,6 +28,10 @@ def templates_dir() -> Path:
 
 @cache
 def environment() -> jinja2.Environment:
+    # imported here: a run that renders nothing (a no-change `up` compares hashes of what
+    # the nodes hold) does not pay jinja2's import (~20 ms)
+    import jinja2
+
     return jinja2.Environment(
         # shared templates by their path under templates/; an engine's as "NAME/templates/FILE"
         loader=jinja2.FileSystemLoader([str(templates_dir()), str(Path(__file__).parent / "engines")]),
@@ -48,6 +52,8 @@ def sha256(text: str) -> str:
 
 
 def unified_diff(path: str, old: str | None, new: str) -> str:
+    import difflib  # only when something differs
+
     lines = difflib.unified_diff(
         (old or "").splitlines(keepends=True), new.splitlines(keepends=True),
         fromfile=f"{path} (on node)" if old is not None else "/dev/null", tofile=path,

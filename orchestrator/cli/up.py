@@ -11,16 +11,25 @@ from orchestrator.cli.verbosity import verbosity_option
 def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
         trust_new_hosts: bool, break_lock: bool, verify: bool, command: str = "up",
         oom_guard: bool = False, distribute_image: bool = False) -> int:
+    from orchestrator.core.inventory_option import implicit_cluster, load_inventory_option
+
+    inventory, path = load_inventory_option(inventory_path)
+    speculation = None
+    if implicit_cluster(inventory) is None:  # a cluster the user named: connect at once
+        from orchestrator.core.speculate import Speculation
+
+        speculation = Speculation(command + ("-dry-run" if dry_run else ""), inventory, path)
+        speculation.start(trust_new_hosts)
+    # the plan's machinery is imported while the nodes answer (core/speculate.py)
     from orchestrator.core.plan import build_up_plan
-    from orchestrator.core.runner import RunRequest, execute, load_inventory_option
+    from orchestrator.core.runner import RunRequest, execute
     from orchestrator.core.step import RunOptions
     from orchestrator.state import remember_inventory
 
-    inventory, path = load_inventory_option(inventory_path)
     request = RunRequest(
         command=command, inventory=inventory, build=lambda session: build_up_plan(inventory, oom_guard),
         dry_run=dry_run, yes=yes, as_json=as_json, trust_new_hosts=trust_new_hosts,
-        break_lock=break_lock,
+        break_lock=break_lock, speculation=speculation,
         options=RunOptions(verify=verify, distribute_image=distribute_image,
                            progress_note=lambda line: click.echo(line, err=True)),
     )

@@ -21,6 +21,7 @@ from orchestrator.remote.gathered import NodeFacts
 
 if TYPE_CHECKING:
     from orchestrator.core.lock import ClusterLock
+    from orchestrator.core.speculate import Speculation
 from orchestrator.core.progress import Heartbeat, Progress
 from orchestrator.core.report import Report, StepResult
 from orchestrator.core.step import (
@@ -48,8 +49,10 @@ class Executor:
     def __init__(
         self, inventory: Inventory, transports: dict[str, Transport], options: RunOptions,
         report: Report, progress: Progress, lock: ClusterLock | None = None,
+        speculation: Speculation | None = None,
     ) -> None:
         self.lock = lock
+        self.speculation = speculation
         self.inventory = inventory
         self.transports = transports
         self.options = options
@@ -163,7 +166,9 @@ class Executor:
         merged = Phase("facts", [], lambda inventory, node: merge_requests(requests[node.name]))
         nodes = [n for n in self.inventory.nodes if n.name in requests]
         self.progress.phase("facts", len(nodes))
-        facts = self._gather(merged, nodes)
+        # answers gathered while the controller got ready, for requests exactly these
+        early = self.speculation.answers(merged, nodes) if self.speculation is not None else {}
+        facts = self._gather(merged, nodes, early)
         if self.lock is not None and head in facts:
             self.lock.judge_peek(facts[head].lock or {})
         return facts
@@ -210,10 +215,14 @@ class Executor:
         where = step.runs_on(self.inventory)
         return node.name == (where if where in members else self.inventory.head_name)
 
-    def _gather(self, phase: Phase, nodes: list[Node]) -> dict[str, NodeFacts]:
+    def _gather(self, phase: Phase, nodes: list[Node],
+                early: dict[str, NodeFacts | str] | None = None) -> dict[str, NodeFacts]:
         pending = {node.name for node in nodes}
 
         def one(node: Node) -> tuple[str, NodeFacts | str]:
+            if early and node.name in early:
+                pending.discard(node.name)
+                return node.name, early[node.name]
             try:
                 request = phase.facts(self.inventory, node)
                 return node.name, gather_facts(self.transports[node.name], request)

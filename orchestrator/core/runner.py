@@ -5,13 +5,16 @@ execute, report. Commands only build the plan.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.core.executor import Interrupted
+from orchestrator.core.inventory_option import IMPLICIT as IMPLICIT
+from orchestrator.core.inventory_option import implicit_cluster
+from orchestrator.core.inventory_option import load_inventory_option as load_inventory_option
 from orchestrator.core.lock import ClusterLock
 from orchestrator.core.output import ask_yes_no, full_diff_requested, verbosity
 from orchestrator.core.report import DiffMode, Report, print_json, render_report
@@ -20,45 +23,10 @@ from orchestrator.core.step import Plan, RunOptions
 from orchestrator.errors import EXIT_BAD_INPUT, InputError, SparkctlError
 from orchestrator.inventory import Inventory
 
+if TYPE_CHECKING:
+    from orchestrator.core.speculate import Speculation
+
 log = logging.getLogger("sparkctl.runner")
-
-
-IMPLICIT: dict[str, str] = {}
-"""Inventory source -> how it was chosen when the user did not name it (no --inventory, no
-$SPARKCTL_INVENTORY): mutating commands then say which cluster they act on, and refuse --yes
-off a terminal (docs/inventory.md)."""
-
-
-def load_inventory_option(option: str | None) -> tuple[Inventory, Path]:
-    from orchestrator.inventory_checks import load_inventory, resolve_inventory_path
-    from orchestrator.state import state_dir
-
-    path = resolve_inventory_path(option, state_dir())
-    if not path.exists():
-        hint = "" if option else (
-            " (no --inventory given, $SPARKCTL_INVENTORY unset and no earlier `up` remembered; "
-            "pass --inventory FILE, or run `sparkctl lab up` for a simulated cluster)"
-        )
-        raise InputError(f"inventory file not found: {path}{hint}")
-    inventory = load_inventory(path)
-    if not option and not os.environ.get("SPARKCTL_INVENTORY"):
-        remembered = (state_dir() / "last-inventory")
-        try:
-            from_up = remembered.read_text().strip() == str(path)
-        except OSError:
-            from_up = False
-        IMPLICIT[inventory.source] = ("remembered from the last `up` on this account" if from_up
-                                      else "the default in the current directory")
-    return inventory, path
-
-
-def implicit_cluster(inventory: Inventory) -> str | None:
-    """'cluster NAME (head H, inventory F; how it was chosen)' when the user did not name it."""
-    origin = IMPLICIT.get(inventory.source)
-    if origin is None:
-        return None
-    return (f"cluster {inventory.cluster.name} (head {inventory.head_name}, inventory "
-            f"{inventory.source}; {origin})")
 
 
 def check_named_cluster(request: RunRequest) -> None:
@@ -94,6 +62,8 @@ class RunRequest:
     """What the command tells its steps (the runner sets `command` and `dry_run`)."""
     after: Callable[[Session, Report], None] | None = None
     """Runs after a successful execution (e.g. launch's health wait), with the lock held."""
+    speculation: Speculation | None = None
+    """Connections (and facts) started while the command got ready (core/speculate.py)."""
     full_diff: bool = field(default_factory=full_diff_requested)
     """--diff: plans show every diff in full instead of a line per changed file."""
 
@@ -108,53 +78,64 @@ def execute(request: RunRequest) -> int:
 
     check_named_cluster(request)
     run_log = start_run_log(request.command)
-    with open_session(request.inventory, request.command, trust_new_hosts=request.trust_new_hosts,
-                      quiet=verbosity() < 0) as session:
-        if session.unreachable and request.require_all_nodes:
-            session.report.notes.append(
-                "Nothing was changed: every node must be reachable for "
-                f"`{request.command}` (unreachable: {', '.join(session.unreachable)})."
-            )
-            return _finish(request, session.finish(), run_log)
-        if not session.transports:
-            return _finish(request, session.finish(), run_log)
-        try:
-            plan = request.build(session)
-        except SparkctlError as exc:
-            diagnose_disks(session, exc)
-            raise
-        options = request.options
-        options.command, options.dry_run = request.command, True
-        if request.dry_run:
-            run_plan(session, plan, options)
-            return _finish(request, session.finish(), run_log, diffs=request.diffs)
-        if not request.yes:
-            _confirm_interactively(request, session, plan, options)
-        options.dry_run = False
-        if request.lock and request.lock_optional and request.inventory.head_name not in session.transports:
-            request.lock = False
-            session.report.notes.append(
-                f"The head {request.inventory.head_name} is unreachable: ran without the cluster lock."
-            )
-        lock = None
-        if request.lock:
-            head = request.inventory.head_name
-            if head not in session.transports:
-                raise SparkctlError(f"cannot lock the cluster: the head {head} is unreachable")
-            lock = ClusterLock(head, session.transports[head], request.command, request.break_lock)
-        try:
-            run_plan(session, plan, options, lock)
-            if request.after and session.report.ok:
-                if lock is not None:
-                    lock.ensure()  # what runs after may change things (the gateway follows)
-                request.after(session, session.report)
-        except Interrupted:
-            _finish(request, session.finish(), run_log)
-            raise
-        finally:
-            if lock is not None:
-                lock.release()
+    speculation = request.speculation
+    try:
+        with open_session(request.inventory, request.command,
+                          trust_new_hosts=request.trust_new_hosts, quiet=verbosity() < 0,
+                          speculation=speculation) as session:
+            return _execute(request, session, run_log)
+    finally:
+        if speculation is not None:
+            speculation.close()
+
+
+def _execute(request: RunRequest, session: Session, run_log: Path | None) -> int:
+    """The plan of a connected session: build, preview or confirm, lock, run, report."""
+    if session.unreachable and request.require_all_nodes:
+        session.report.notes.append(
+            "Nothing was changed: every node must be reachable for "
+            f"`{request.command}` (unreachable: {', '.join(session.unreachable)})."
+        )
         return _finish(request, session.finish(), run_log)
+    if not session.transports:
+        return _finish(request, session.finish(), run_log)
+    try:
+        plan = request.build(session)
+    except SparkctlError as exc:
+        diagnose_disks(session, exc)
+        raise
+    options = request.options
+    options.command, options.dry_run = request.command, True
+    if request.dry_run:
+        run_plan(session, plan, options, speculation=request.speculation)
+        return _finish(request, session.finish(), run_log, diffs=request.diffs)
+    if not request.yes:
+        _confirm_interactively(request, session, plan, options)
+    options.dry_run = False
+    if request.lock and request.lock_optional and request.inventory.head_name not in session.transports:
+        request.lock = False
+        session.report.notes.append(
+            f"The head {request.inventory.head_name} is unreachable: ran without the cluster lock."
+        )
+    lock = None
+    if request.lock:
+        head = request.inventory.head_name
+        if head not in session.transports:
+            raise SparkctlError(f"cannot lock the cluster: the head {head} is unreachable")
+        lock = ClusterLock(head, session.transports[head], request.command, request.break_lock)
+    try:
+        run_plan(session, plan, options, lock, speculation=request.speculation)
+        if request.after and session.report.ok:
+            if lock is not None:
+                lock.ensure()  # what runs after may change things (the gateway follows)
+            request.after(session, session.report)
+    except Interrupted:
+        _finish(request, session.finish(), run_log)
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+    return _finish(request, session.finish(), run_log)
 
 
 def diagnose_disks(session: Session, failure: SparkctlError) -> None:
@@ -185,7 +166,7 @@ def _confirm_interactively(request: RunRequest, session: Session, plan: Plan,
     preview_session = Session(session.inventory, preview, session.progress, session.transports)
     for name in session.report.hosts:
         preview.host(name)
-    run_plan(preview_session, plan, options)
+    run_plan(preview_session, plan, options, speculation=request.speculation)
     render_report(preview, diffs=request.diffs)
     if not preview.ok:
         raise InputError("the plan itself failed (see above); nothing was changed", 1)

@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.core.executor import Executor
@@ -24,6 +23,7 @@ from orchestrator.remote.transport import SudoPassword, Transport
 
 if TYPE_CHECKING:
     from orchestrator.core.lock import ClusterLock
+    from orchestrator.core.speculate import Speculation
 
 log = logging.getLogger("sparkctl.session")
 
@@ -54,31 +54,28 @@ class Session:
         return self.report
 
 
-def sudo_password_files(inventory: Inventory) -> dict[str, Path]:
-    """Per-node sudo password files: nodes[].sudo_password_file, else cluster's."""
-    files: dict[str, Path] = {}
-    for node in inventory.nodes:
-        value = node.sudo_password_file or inventory.cluster.sudo_password_file
-        if value:
-            files[node.name] = inventory.path_setting(value)
-    return files
-
-
 @contextmanager
 def open_session(
     inventory: Inventory, command: str, *, trust_new_hosts: bool = False,
     nodes: list[Node] | None = None, quiet: bool = False, interactive: bool = True,
+    speculation: Speculation | None = None,
 ) -> Iterator[Session]:
-    """Connect to the nodes (in parallel); an unreachable node is reported, not raised."""
-    from orchestrator.remote.connect import connect_all
+    """Connect to the nodes (in parallel); an unreachable node is reported, not raised.
+    With a started SPECULATION (every node, opened while the command was getting ready),
+    its connections are the session's."""
+    from orchestrator.remote.connect import connect_all, sudo_password_files
 
     progress = Progress(quiet=quiet)
     report = Report(command=command)
     for node in nodes or inventory.nodes:
         report.host(node.name)
     session = Session(inventory, report, progress)
-    sudo = SudoPassword(prompt=interactive and os.isatty(0), files=sudo_password_files(inventory))
-    transports, errors = connect_all(inventory, nodes or inventory.nodes, sudo, trust_new_hosts)
+    if speculation is not None and speculation.started and nodes is None:
+        transports, errors = speculation.connections()
+    else:
+        sudo = SudoPassword(prompt=interactive and os.isatty(0),
+                            files=sudo_password_files(inventory))
+        transports, errors = connect_all(inventory, nodes or inventory.nodes, sudo, trust_new_hosts)
     session.transports = transports
     for name, message in errors.items():
         report.fail_host(name, message)
@@ -90,8 +87,8 @@ def open_session(
 
 
 def run_plan(session: Session, plan: Plan, options: RunOptions,
-             lock: ClusterLock | None = None) -> Report:
+             lock: ClusterLock | None = None, speculation: Speculation | None = None) -> Report:
     executor = Executor(session.inventory, session.transports, options, session.report,
-                        session.progress, lock=lock)
+                        session.progress, lock=lock, speculation=speculation)
     executor.run(plan)
     return session.report

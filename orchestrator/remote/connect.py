@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -52,6 +53,16 @@ class AuthError(TransportError):
 
 
 _fingerprint = fingerprint
+
+
+def sudo_password_files(inventory: Inventory) -> dict[str, Path]:
+    """Per-node sudo password files: nodes[].sudo_password_file, else cluster's."""
+    files: dict[str, Path] = {}
+    for node in inventory.nodes:
+        value = node.sudo_password_file or inventory.cluster.sudo_password_file
+        if value:
+            files[node.name] = inventory.path_setting(value)
+    return files
 
 
 # ---------------------------------------------------------------- host keys

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from orchestrator.errors import SparkctlError
-from orchestrator.remote.transport import Transport
+from orchestrator.remote.transport import Transport, trace_event
 
 
 def ssh_connection(transport: Transport) -> Any:
@@ -91,6 +91,18 @@ def stream_run(transport: Transport, command: str, on_line: Callable[[str], None
         for line in (result.stdout + result.stderr).splitlines()[-5:]:
             on_line(line)
         return result.exit_status, result.stderr
+    started, status = time.time(), None
+    try:
+        status, tail = _stream_ssh(ssh, transport.node, command, on_line, timeout, display, stdin)
+        return status, tail
+    finally:  # a round trip like any other ($SPARKCTL_TRACE counts every command)
+        trace_event("command", transport.node, started, time.time(), command=display[:200],
+                    sudo=command.startswith("sudo "), exit=status, stdin_bytes=len(stdin),
+                    local=False, streamed=True)
+
+
+def _stream_ssh(ssh: Any, node: str, command: str, on_line: Callable[[str], None],
+                timeout: float, display: str, stdin: bytes) -> tuple[int, str]:
     channel = ssh.open_session()
     channel.set_combine_stderr(True)
     channel.exec_command(command)
@@ -101,7 +113,7 @@ def stream_run(transport: Transport, command: str, on_line: Callable[[str], None
     while not channel.exit_status_ready() or channel.recv_ready():
         if time.monotonic() > deadline:
             channel.close()
-            raise SparkctlError(f"{transport.node}: `{display}` did not finish in {timeout:.0f}s")
+            raise SparkctlError(f"{node}: `{display}` did not finish in {timeout:.0f}s")
         select.select([channel], [], [], 1.0)
         while channel.recv_ready():
             buffer += channel.recv(65536).decode(errors="replace")

@@ -47,6 +47,9 @@ class FakeChannel:
     def exec_command(self, command: str) -> None:
         self.events.append(("exec", command))
 
+    def sendall(self, data: bytes) -> None:
+        self.events.append(("stdin", len(data)))
+
     def shutdown_write(self) -> None:
         self.events.append("eof")
 
@@ -186,6 +189,23 @@ def test_stream_run_over_ssh_splits_progress_and_keeps_a_tail() -> None:
     assert tail == "\nDownloading 10%\nDownloading 50%\nDownloading 100%\nDone\npartial"  # no blanks
     assert channel.events == [("combine", True), ("exec", "hf download"), "eof"]
     assert channel.closed
+
+
+def test_stream_run_over_ssh_is_one_traced_command_and_never_its_stdin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPARKCTL_TRACE counts every round trip (the benchmarks' cmds/node): a streamed `docker
+    pull` was missing from it, and from the floor's replay, which then had no image."""
+    import json
+
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("SPARKCTL_TRACE", str(trace))
+    channel = FakeChannel([b"pulled\n"], status=0)
+    stream_run(SSHNode(channel), "sudo -S -p '' -- docker pull x", lambda line: None,  # type: ignore[arg-type]
+               timeout=30, display="docker pull x", stdin=b"sudo-secret\n")
+    (record,) = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert record["event"] == "command" and record["node"] == "spark-b"
+    assert record["command"] == "docker pull x" and record["exit"] == 0 and record["sudo"] is True
+    assert record["stdin_bytes"] == 12 and "sudo-secret" not in trace.read_text()
 
 
 def test_stream_run_over_ssh_times_out() -> None:
