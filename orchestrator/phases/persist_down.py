@@ -20,6 +20,7 @@ from orchestrator.inventory import Inventory
 from orchestrator.phases.boot_units import (
     BOOT_LOG_DIR,
     BOOT_SCRIPT,
+    launch_marker,
     parse_units,
     plan_path,
     unit_name,
@@ -98,8 +99,6 @@ def removal(summary: str, units: list[str], files: list[str], servers: list[str]
     """Units disabled and stopped, their files removed through the ledger (what sparkctl wrote),
     and the servers' launch markers (/run/sparkctl/launched-<server>: until a reboot they would
     outlive `down`), /run/sparkctl with them once empty."""
-    from orchestrator.phases.persist import launch_marker
-
     markers = [launch_marker(s) for s in servers]
     gone = (f"; rm -f -- {' '.join(quote(m) for m in markers)}; "
             f"rmdir {quote(markers[0].rsplit('/', 1)[0])} 2>/dev/null" if markers else "")
