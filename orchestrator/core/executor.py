@@ -12,8 +12,11 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.core import batch
 from orchestrator.errors import EXIT_BAD_INPUT, SparkctlError
 from orchestrator.remote.cluster import executor_pool
 from orchestrator.remote.facts import gather_facts, merge_requests
@@ -133,10 +136,13 @@ class Executor:
         else:
             facts = self._gather(phase, nodes)
         nodes = [n for n in nodes if n.name in facts]
-        members = {n.name for n in phase.nodes(self.inventory)}
-        for step in phase.steps:
+        for group in batch.groups(phase.steps):
+            if len(group) > 1 and not self.options.dry_run:
+                self._run_batch(phase, group, nodes, facts)
+                continue
+            step = group[0]
             targets = [n for n in nodes if n.name not in self.failed
-                       and self._in_scope(step, n, members)]
+                       and phase.runs(step, n, self.inventory)]
             self.current = (phase.name, step.name, [n.name for n in targets])
             self.current_hint = step.interrupt_hint(self.inventory)
             futures = [self.pool.submit(self._run_step, phase, step, n, facts) for n in targets]
@@ -209,12 +215,6 @@ class Executor:
             for host in self.report.hosts.values() for s in host.steps
         )
 
-    def _in_scope(self, step: Step, node: Node, members: set[str]) -> bool:
-        if step.scope == "node":
-            return True
-        where = step.runs_on(self.inventory)
-        return node.name == (where if where in members else self.inventory.head_name)
-
     def _gather(self, phase: Phase, nodes: list[Node],
                 early: dict[str, NodeFacts | str] | None = None) -> dict[str, NodeFacts]:
         pending = {node.name for node in nodes}
@@ -244,29 +244,35 @@ class Executor:
         self._refuse_full_disks(facts)
         return facts
 
-    def _run_step(
-        self, phase: Phase, step: Step, node: Node, facts: dict[str, NodeFacts]
-    ) -> None:
-        ctx = NodeContext(
-            inventory=self.inventory, node=node, facts=facts[node.name], cluster_facts=facts,
-            transport=self.transports[node.name], options=self.options, shared=self.shared,
-            transports=self.transports,
-        )
+    def _context(self, node: Node, facts: dict[str, NodeFacts]) -> NodeContext:
+        return NodeContext(inventory=self.inventory, node=node, facts=facts[node.name],
+                           cluster_facts=facts, transport=self.transports[node.name],
+                           options=self.options, shared=self.shared, transports=self.transports)
+
+    def _run_step(self, phase: Phase, step: Step, node: Node, facts: dict[str, NodeFacts]) -> None:
+        ctx = self._context(node, facts)
         started = time.monotonic()
+        result = self._guarded(phase, step, node, lambda: self._check_and_apply(phase, step, ctx))
+        result.seconds = time.monotonic() - started
+        self._record(node, result)
+
+    def _guarded(self, phase: Phase, step: Step, node: Node, work: Callable[[], Any]) -> Any:
+        """WORK's result, or the failure it raised as a failed result (never a traceback)."""
         try:
-            result = self._check_and_apply(phase, step, ctx)
+            return work()
         except SparkctlError as exc:
-            result = StepResult(phase.name, step.name, "failed", message=str(exc))
             if exc.exit_code == EXIT_BAD_INPUT:  # e.g. Ray forced on an image without it
                 self.report.refused = True
+            return StepResult(phase.name, step.name, "failed", message=str(exc))
         except Exception as exc:  # a bug must still leave a full report behind
             log.error("internal error in %s/%s on %s:\n%s", phase.name, step.name, node.name,
                       traceback.format_exc())
-            result = StepResult(
+            return StepResult(
                 phase.name, step.name, "failed",
                 message=f"internal error: {type(exc).__name__}: {exc} (details in the run log)",
             )
-        result.seconds = time.monotonic() - started
+
+    def _record(self, node: Node, result: StepResult) -> None:
         if result.status == "failed":
             self._fail(node.name, result)
         else:
@@ -274,7 +280,7 @@ class Executor:
         if result.status == "changed":
             # later verification steps (mpirun) re-run only when something changed
             with self._shared_lock:
-                self.shared.changed_steps.append(f"{node.name}: {phase.name}/{step.name}")
+                self.shared.changed_steps.append(f"{node.name}: {result.phase}/{result.step}")
         self.progress.step(node.name, result)
 
     def _check_and_apply(self, phase: Phase, step: Step, ctx: NodeContext) -> StepResult:
@@ -298,6 +304,94 @@ class Executor:
                           "skipped" if isinstance(message, NotDone) else "changed",
                           message=message or outcome.summary, diff=outcome.diff,
                           commands=outcome.commands)
+
+    def _run_batch(self, phase: Phase, group: list[Step], nodes: list[Node],
+                   facts: dict[str, NodeFacts]) -> None:
+        """GROUP's steps (core/batch.py): every node's checks first, the lock, then each node's
+        changes in one command, each step judged and reported as if it ran alone."""
+        plans: list[tuple[Node, list[tuple[Step, NodeContext, Any]]]] = []
+        for node in (n for n in nodes if n.name not in self.failed):
+            plans.append((node, plan := []))
+            ctx = self._context(node, facts)
+            for step in (s for s in group if phase.runs(s, node, self.inventory)):
+                plan.append((step, ctx, self._guarded(phase, step, node, partial(
+                    batch.check, phase.name, step, ctx))))
+                if isinstance(plan[-1][2], StepResult) and plan[-1][2].status == "failed":
+                    break  # its check failed: the steps after it do not run
+        changing = {node.name for node, plan in plans
+                    if any(isinstance(outcome, Change) for _, _, outcome in plan)}
+        head = self.inventory.head_name  # the lock rides along when no other node's change races
+        fold = self.lock is not None and not self.lock.held and changing == {head}
+        self.current = (phase.name, ", ".join(s.name for s in group), [n.name for n, _ in plans])
+        self.current_hint = next((hint for s in group
+                                  if (hint := s.interrupt_hint(self.inventory))), None)
+        for future in [self.pool.submit(self._apply_batch, phase, node, plan,
+                                        fold and node.name == head) for node, plan in plans]:
+            future.result()
+
+    def _apply_batch(self, phase: Phase, node: Node,
+                     plan: list[tuple[Step, NodeContext, Any]], fold: bool) -> None:
+        planned = [batch.Planned(step, ctx, outcome, commands)
+                   for step, ctx, outcome in plan if isinstance(outcome, Change)
+                   for commands in [step.batch_commands(ctx, outcome)] if commands]
+        changes = sum(isinstance(outcome, Change) for _, _, outcome in plan)
+        sent = planned and len(planned) == changes and (len(planned) > 1 or fold)
+        answer: list[Any] | StepResult | None = None
+        for step, ctx, outcome in plan:
+            if node.name in self.failed:
+                return
+            if not isinstance(outcome, Change):
+                self._record(node, outcome)  # already right, or its check failed
+                continue
+            if not sent:  # not batched on this node: the step alone, as ever
+                self._run_step(phase, step, node, ctx.cluster_facts)
+                continue
+            started = time.monotonic()
+            if answer is None:  # at the first change: one round trip for them all
+                answer = self._send_batch(phase, node, planned, fold)
+            if isinstance(answer, StepResult):  # nothing ran (the lock, the connection)
+                answer.seconds = time.monotonic() - started
+                self._record(node, answer)
+                return
+            results = answer[[p.step for p in planned].index(step)]
+            if results is None:
+                return
+            result = self._guarded(phase, step, node, partial(
+                batch.done, phase.name, step, ctx, outcome, results))
+            result.seconds = sum(r.seconds for r in results)
+            self._record(node, result)
+
+    def _send_batch(self, phase: Phase, node: Node, planned: list[batch.Planned],
+                    fold: bool) -> list[Any] | StepResult:
+        """One round trip for PLANNED (FOLD: the lock taken first, by the same command)."""
+        first = planned[0]
+        try:
+            if not fold:
+                self._ensure_lock()
+            answer = (self._batch_with_lock(phase.name, planned) if fold
+                      else batch.run(phase.name, first.ctx, planned, None))
+        except SparkctlError as exc:
+            return StepResult(phase.name, first.step.name, "failed", message=str(exc))
+        if answer.results is None:
+            return StepResult(phase.name, first.step.name, "failed",
+                              message=f"{node.name}: the batch did not run")
+        return answer.results
+
+    def _batch_with_lock(self, phase: str, planned: list[batch.Planned]) -> batch.Answer:
+        """The batch, the lock taken first by the same command (_ensure_lock's rules)."""
+        assert self.lock is not None
+        with self._lock_guard:
+            if self._lock_error is not None:
+                raise self._lock_error
+            try:
+                answer = batch.run(phase, planned[0].ctx, planned, self.lock.request())
+                self.lock.accept(answer.lock or {})
+            except SparkctlError as exc:
+                self._lock_error = exc
+                raise
+        if answer.results is None:  # accept() took over a dead run's lock itself: run it now
+            answer = batch.run(phase, planned[0].ctx, planned, None)
+        return answer
 
     def _fail(self, node: str, result: StepResult) -> None:
         self.failed.add(node)

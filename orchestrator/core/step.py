@@ -99,6 +99,16 @@ class Step:
     sudo = True
     """Whether the default `apply` runs the Change's commands as root."""
 
+    batch = False
+    """Its change is exactly `batch_commands`, run as root on its own node, judged by `done`
+    from their results alone: the executor sends the commands of consecutive such steps of a
+    phase as one command per node (core/batch.py), each step still reported on its own."""
+    keep_going = False
+    """In a batch, a failed command of this step ends only this step (`done` says what it
+    means) and the batch goes on, as the run does after a step that returns NotDone."""
+    timeout = COMMAND_TIMEOUT
+    """Seconds each of its commands may take."""
+
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         """Make the change; return a message for the report (or None for the summary).
 
@@ -106,11 +116,25 @@ class Step:
         (verification, streaming, several nodes) override it: the imperative escape hatch."""
         if not change.commands:
             raise NotImplementedError(f"{type(self).__name__} lists no commands and has no apply()")
+        results = []
         for command in change.commands:
-            result = ctx.run(command, sudo=self.sudo, timeout=COMMAND_TIMEOUT)
+            results.append(ctx.run(command, sudo=self.sudo, timeout=self.timeout))
+            if not results[-1].ok:
+                break
+        return self.done(ctx, change, results)
+
+    def batch_commands(self, ctx: NodeContext, change: Change) -> tuple[str, ...] | None:
+        """What this step runs on ctx's node in a batch (None: it runs its own `apply`)."""
+        return change.commands if self.batch and self.sudo else None
+
+    def done(self, ctx: NodeContext, change: Change, results: list[Any]) -> str | None:
+        """The outcome of its commands' RESULTS (transport Results, in order; they stop at the
+        first that failed): the first failure raises, naming the command; else None (the
+        Change's summary is the message)."""
+        for result in results:
             if not result.ok:
                 why = (result.stderr or result.stdout or "").strip().splitlines()
-                raise SparkctlError(f"{ctx.node.name}: `{command}` failed (exit {result.exit_status})"
+                raise SparkctlError(f"{ctx.node.name}: `{result.command}` failed (exit {result.exit_status})"
                                     + (f": {why[-1]}" if why else ""))
         return None
 
@@ -146,6 +170,15 @@ class Phase:
         if self.head_only:
             return [inventory.head]
         return list(inventory.nodes)
+
+    def runs(self, step: Step, node: Node, inventory: Inventory) -> bool:
+        """Whether STEP runs on NODE: every node, or (scope "head") the one it runs on
+        (Step.runs_on), the head when this phase does not cover that node."""
+        if step.scope == "node":
+            return True
+        where = step.runs_on(inventory)
+        members = {n.name for n in self.nodes(inventory)}
+        return node.name == (where if where in members else inventory.head_name)
 
 
 @dataclass

@@ -53,10 +53,10 @@ class Smoke(Step):
         return self.spec.first
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        from orchestrator.engines.serverctl import SMOKE_TOKENS
+        from orchestrator.engines.serverctl import SMOKE_PROMPT, SMOKE_TOKENS
 
         body = {"model": self.spec.recipe.model, "max_tokens": SMOKE_TOKENS,
-                "messages": [{"role": "user", "content": "Say hello."}]}
+                "messages": [{"role": "user", "content": SMOKE_PROMPT}]}
         command = probe_cmd(self.spec.recipe.port, self.spec.host, self.spec.key_file, body)
         result = ctx.transports[self.spec.first].run(command, sudo=True, timeout=360,
                                                      display="one chat completion")
@@ -64,9 +64,9 @@ class Smoke(Step):
         if answer.get("code") != 200:
             raise SparkctlError(f"{self.spec.first}: the chat completion failed (HTTP "
                                 f"{answer.get('code')}): {str(answer.get('body'))[:300]}")
-        usage = (json.loads(answer["body"]).get("usage") or {})
-        return (f"chat completion on {self.spec.first}: {usage.get('completion_tokens', '?')} "
-                f"tokens in {answer.get('seconds', 0):.2f}s")
+        tokens = (json.loads(answer["body"]).get("usage") or {}).get("completion_tokens", "?")
+        return (f"chat completion on {self.spec.first}: {tokens} token{'' if tokens == 1 else 's'} "
+                f"in {answer.get('seconds', 0):.2f}s")
 
 
 class Placement(Step):
@@ -121,14 +121,27 @@ class Record(Step):
         return Change(f"record {self.spec.name} in {servers.record_dir(self.spec.name)}/server.json "
                       f"on {self.spec.first}")
 
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+    batch = True  # on the first node: its one command, in the serve phase's batch
+    timeout = 60
+
+    def command(self) -> str:
         path = f"{servers.record_dir(self.spec.name)}/server.json"
         text = json.dumps(self.spec.record(), indent=1, sort_keys=True)
-        command = (f"install -d -m 0755 {quote(servers.record_dir(self.spec.name))} && "
-                   f"printf '%s\\n' {quote(text)} > {quote(path + '.tmp')} && "
-                   f"mv -f {quote(path + '.tmp')} {quote(path)}")
-        ctx.transports[self.spec.first].run(command, sudo=True, timeout=60,
-                                            display=f"write {path}").check()
+        return (f"install -d -m 0755 {quote(servers.record_dir(self.spec.name))} && "
+                f"printf '%s\\n' {quote(text)} > {quote(path + '.tmp')} && "
+                f"mv -f {quote(path + '.tmp')} {quote(path)}")
+
+    def batch_commands(self, ctx: NodeContext, change: Change) -> tuple[str, ...] | None:
+        return (self.command(),) if ctx.node.name == self.spec.first else None
+
+    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+        path = f"{servers.record_dir(self.spec.name)}/server.json"
+        result = ctx.transports[self.spec.first].run(self.command(), sudo=True,
+                                                     timeout=self.timeout, display=f"write {path}")
+        return self.done(ctx, change, [result])
+
+    def done(self, ctx: NodeContext, change: Change, results: list[Any]) -> str | None:
+        results[-1].check()
         return None
 
 

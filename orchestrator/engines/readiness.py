@@ -36,6 +36,10 @@ PRINT_EVERY = 10.0
 """A note at least this often (seconds) while nothing changes, so a long load is seen alive."""
 WAIT_SLICE = PRINT_EVERY
 """Seconds the node-side wait (node/probe.py --wait) may look before it answers unchanged."""
+FIRST_LOOK = 2.0
+"""Seconds the first node-side wait looks before it answers a server still loading: one that is
+ready sooner (a small model already in the page cache) costs one round trip, not two; a slower
+one shows its first progress line after this."""
 
 
 @dataclass(frozen=True)
@@ -117,8 +121,8 @@ def probe_cmd(port: int, host: str, key_file: str | None, body: dict[str, Any] |
 def wait_cmd(seconds: float, container: str, seen: str, port: int, host: str,
              key_file: str | None) -> str:
     """node/probe.py --wait: the look of probe_cmd repeated on the node until its /health
-    code differs from SEEN (what the controller saw last, "" at first), CONTAINER stops or
-    SECONDS pass."""
+    code differs from SEEN (what the controller saw last; "-" at first: until the model is
+    listed), CONTAINER stops or SECONDS pass."""
     from orchestrator.engines.apikey import probe_host
 
     words = ["--wait", f"{seconds:g}", container, seen, str(port), probe_host(host), key_file or ""]
@@ -165,7 +169,7 @@ def poll(transports: dict[str, Transport], target: Target, readiness: Readiness,
                     bool(status.get("ready_log")))
     waited = wait > 0 and not readiness.needs_ready_line
     if waited:
-        last = "" if seen is None else str(seen.codes.get("/health"))
+        last = "-" if seen is None else str(seen.codes.get("/health"))  # "-": the first look
         command = wait_cmd(wait, target.container, last, target.port, target.host, target.key_file)
     else:
         fired = quote(readiness.ready_line.replace("!", "[!]"))
@@ -227,6 +231,7 @@ def wait_until_ready(transports: dict[str, Transport], target: Target, readiness
         while True:
             # other nodes' ranks are looked at between the first node's waits: as often as before
             slice_ = WAIT_SLICE if len(target.nodes) == 1 else readiness.poll_seconds
+            slice_ = min(slice_, FIRST_LOOK) if state is None else slice_
             state = poll(transports, target, readiness,
                          max(0.0, min(slice_, deadline - time.monotonic())), state)
             elapsed = time.monotonic() - started

@@ -28,9 +28,13 @@ launcher wrote its pid), chat (one completion, for the smoke test)."""
 
 
 
-SMOKE_TOKENS = 2
+SMOKE_TOKENS = 1
 """The smoke test's reply length: one real chat completion through the loaded model (template,
-prompt processing, sampling) proves it serves; more tokens add only decode time to every launch."""
+prompt processing through every layer, one token sampled) proves it generates; every further
+token adds only decode time to every launch."""
+SMOKE_PROMPT = "Hi"
+"""The smoke test's prompt: the shortest message still goes through the chat template, and the
+prefill of the first request after a start is what a CPU-bound server pays most for."""
 
 
 def pid_wrapper(pid_file: str, log: str) -> str:

@@ -3,7 +3,9 @@
 Sent on stdin to `python3 - REQUEST_JSON` (as root through sudo), so a phase learns everything
 it needs about a node in one round trip. Standard library only (python3-yaml is used when the
 node has it, as every netplan node does). Keep it compatible with Python 3.8.
-Only the `lock` request writes, and only under /var/lib/sparkctl.
+Only the `lock` request writes, and only under /var/lib/sparkctl; and a `batch`: the commands of
+consecutive steps the executor sends in one round trip (core/batch.py), run in order after the
+lock was taken (never when it was not), each step's outcome answered on its own.
 """
 
 import hashlib
@@ -349,6 +351,26 @@ def collectors(request):
     return tasks
 
 
+def run_batch(batch):
+    """Each step's commands in order, as the steps would run them one by one: a failed command
+    ends its step, and ends the batch unless the step keeps going (a failure it only reports);
+    the steps after an end are answered as not run."""
+    answers, going = [], True
+    for item in batch:
+        results = []
+        for command in item["commands"] if going else []:
+            started = time.time()
+            result = run(command, timeout=item.get("timeout", 600), shell=True)
+            result["seconds"] = time.time() - started
+            results.append(result)
+            if result["rc"] != 0:
+                going = bool(item.get("keep_going"))
+                break
+        answers.append({"step": item["step"], "ran": bool(results) or not item["commands"],
+                        "results": results})
+    return answers
+
+
 def main():
     from concurrent.futures import ThreadPoolExecutor
 
@@ -366,6 +388,8 @@ def main():
             facts[key[0]] = future.result()
         else:
             facts.setdefault(key[0], {})[key[1]] = future.result()
+    if request.get("batch") and facts.get("lock", {"held": True}).get("held"):
+        facts["batch"] = run_batch(request["batch"])
     json.dump(facts, sys.stdout)
 
 

@@ -12,8 +12,10 @@ Two ways to call it:
 - `probe.py --wait SECONDS CONTAINER SEEN PORT HOST KEY_FILE` (readiness while launching): the
   look of `--at` repeated here on the node every LOOK_EVERY s, plus whether CONTAINER runs
   ("running"), until the answer differs from what the controller last saw (SEEN: its /health
-  code, "" at first), the model is listed, the container stops or SECONDS pass; prints the last
-  look. One SSH round trip per change instead of one per look,
+  code), the model is listed, the container stops or SECONDS pass; prints the last look. SEEN
+  "-" (the controller's first look, nothing seen yet): only the model listed, the container
+  stopped or SECONDS end it, so a server that is ready within SECONDS costs one round trip.
+  One SSH round trip per change instead of one per look,
   and a server that becomes ready is seen within LOOK_EVERY s, as a person's `curl` loop sees it.
 - `probe.py --metrics PORT HOST [KEY_FILE]` (`status`'s server figures): GET /metrics; prints its
   Content-Type on the first line, then the body as it came; exits 1 (the reason on stderr) when
@@ -78,6 +80,8 @@ def launching(argv):
 
 LOOK_EVERY = 0.1
 """Seconds between two looks at a loading server (each is one local HTTP request)."""
+FIRST = "-"
+"""SEEN of the first look: no answer and 503 alike are not yet worth a round trip."""
 INSPECT_EVERY = 1.0
 """Seconds between two `docker inspect`s of its container (costlier than a look)."""
 
@@ -100,7 +104,7 @@ def waiting(argv):
         if time.time() - inspected >= INSPECT_EVERY or out.get("models"):
             running, inspected = container_running(container), time.time()
         out["running"] = running
-        changed = str(out["health"]) != seen
+        changed = seen != FIRST and str(out["health"]) != seen
         if not running or out.get("models") or changed or time.time() >= deadline:
             return out
         time.sleep(LOOK_EVERY)

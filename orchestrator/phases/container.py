@@ -139,7 +139,6 @@ def hf_cache_dir(inventory: Inventory, home: str) -> str:
     return path
 
 
-
 def with_hash(args: list[str], digest: str, tail: int = 3) -> list[str]:
     image_at = len(args) - tail  # IMAGE and the command close the argv
     return [*args[:image_at], "--label", f"{HASH_LABEL}={digest}", *args[image_at:]]
@@ -270,8 +269,7 @@ class Container(Step):
 
     def wanted(self, ctx: NodeContext) -> tuple[list[str], str]:
         spec = self.spec_for(ctx)
-        assert spec is not None
-        return spec.run_args(), spec.digest()
+        return (spec.run_args(), spec.digest()) if spec else ([], "")
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         spec = self.spec_for(ctx)
@@ -279,12 +277,14 @@ class Container(Step):
         command = change.commands[0] if change.commands else self._command(ctx, spec, change.payload)
         result = ctx.run(command, sudo=True, timeout=spec.ready_deadline + 120,
                          display=f"docker run {spec.name} + wait until it is ready")
-        if not result.ok:
+        return self.done(ctx, change, [result])
+
+    def done(self, ctx: NodeContext, change: Change, results: list[Any]) -> str | None:
+        spec, result = self.spec_for(ctx), results[-1]
+        if not result.ok and spec is not None:
             text = result.stderr.strip()
             if len(text) > 1500:  # keep what failed (the first line), then the log's end
                 text = text.splitlines()[0] + "\n  ...\n" + text[-1300:]
             raise SparkctlError(f"{ctx.node.name}: container/{self.name}: starting {spec.name} "
                                 f"failed (exit {result.exit_status}):\n{text}\n{spec.hint}")
         return None
-
-

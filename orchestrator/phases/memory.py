@@ -276,6 +276,7 @@ class NodeGuard(Step):
     """The memory guard on every serving node of a server whose processes are its containers."""
 
     name = "memory-guard"
+    batch = True  # its one command, judged by the default `done`
 
     def __init__(self, nodes: list[str], record_dir: str, containers: list[str], guard: float,
                  not_needed: Callable[[NodeContext], str | None]) -> None:
@@ -317,6 +318,9 @@ class DropCaches(Step):
     skipped by the flag), or None before a cold start: each engine knows that its own way."""
 
     name = "drop-caches"
+    batch = True
+    keep_going = True  # a page cache that cannot be dropped is a warning, not a failure
+    timeout = 120
 
     def __init__(self, not_cold: Callable[[NodeContext], str | None]) -> None:
         self.not_cold = not_cold
@@ -329,8 +333,8 @@ class DropCaches(Step):
                       "not get page cache back by itself; --no-drop-caches skips this)",
                       commands=(DROP_CACHES,))
 
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        result = ctx.run(change.commands[0], sudo=True, timeout=120)  # (a failure is a warning)
+    def done(self, ctx: NodeContext, change: Change, results: list[Any]) -> str | None:
+        result = results[-1]  # (a failure is a warning)
         if result.ok:
             return "dropped the page cache"
         return NotDone("skipped: could NOT drop the page cache ("

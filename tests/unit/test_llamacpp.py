@@ -175,6 +175,25 @@ def test_an_unreachable_rpc_server_is_named_and_the_server_removed() -> None:
     assert any("label=sparkctl.server=lab-tiny-llama-rpc" in c for c in transports["spark-b"].commands)
 
 
+def test_the_smoke_test_is_one_token_of_the_shortest_prompt_through_the_served_model() -> None:
+    """Still a real completion through the model (template, every layer, one sampled token),
+    as cheap as a request can be: the first after a start is the slow one (issue 40)."""
+    import shlex
+
+    from orchestrator.engines.placed import Smoke
+
+    inv = make_inventory()
+    spec = ServeSpec(load_recipe("lab-tiny-llama"), inv, LaunchOptions())
+    answer = {"code": 200, "seconds": 0.05, "body": json.dumps({"usage": {"completion_tokens": 1}})}
+    head = FakeTransport("spark-a").on("/v1/chat|--at", stdout=json.dumps(answer) + "\n")
+    ctx = make_context(inv, "spark-a", {"spark-a": {}}, transports={"spark-a": head})
+    said = Smoke(spec).apply(ctx, Change("verify"))
+    assert said == "chat completion on spark-a: 1 token in 0.05s"
+    body = json.loads(shlex.split(head.commands[0])[-1])
+    assert body == {"model": "sparklab/tiny-llama-gguf", "max_tokens": 1,
+                    "messages": [{"role": "user", "content": "Hi"}]}
+
+
 def test_a_server_whose_rpc_node_lost_its_process_is_dead_with_its_rss_shown() -> None:
     record = as_servers([{"name": "s", "engine": "llamacpp", "nodes": ["spark-a", "spark-b"],
                           "port": 8080, "alive": True}])
@@ -291,6 +310,23 @@ def test_readiness_waits_for_health_and_the_model() -> None:
     ready = wait_until_ready(transports, spec, 60, notes.append)  # type: ignore[arg-type]
     assert ready.models == ["sparklab/tiny-llama-gguf"]
     assert "ready: /health and /v1/models answer" in notes[-1]
+
+
+def test_a_server_ready_within_the_first_look_costs_one_round_trip() -> None:
+    """The first node-side wait (seen "-") ends only when the model is listed or FIRST_LOOK
+    passes: a quick server is one command, not a first look at its 503 and then a second."""
+    import shlex
+
+    from orchestrator.engines.readiness import FIRST_LOOK
+
+    spec = ServeSpec(load_recipe("lab-tiny-llama"), make_inventory(), LaunchOptions())
+    probe = json.dumps({"health": 200, "models": ["sparklab/tiny-llama-gguf"], "running": True})
+    head = FakeTransport("spark-a").on("--wait", stdout=probe + "\n")
+    ready = wait_until_ready({"spark-a": head}, spec, 60, lambda line: None)
+    assert ready.models == ["sparklab/tiny-llama-gguf"] and len(head.calls) == 1
+    words = shlex.split(head.commands[0])
+    wait = words.index("--wait")
+    assert words[wait + 1] == f"{FIRST_LOOK:g}" and words[wait + 3] == "-"
 
 
 def test_an_exit_while_loading_names_llama_cpps_error_and_stops_the_server() -> None:

@@ -506,6 +506,25 @@ def test_probe_waits_on_the_node_until_the_answer_changes(
     assert [path for _, path, _ in seen] == ["/health"] * 4 + ["/v1/models"]
 
 
+def test_the_first_wait_answers_a_loading_server_only_when_it_is_ready(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller's first look (SEEN "-"): no answer and 503 do not end it, so a server
+    ready within its seconds costs one round trip; one still loading is answered when they end."""
+    fake_docker(tmp_path, monkeypatch, "true")
+    answers = iter([(503, "loading")] * 3)
+    models = json.dumps({"data": [{"id": "org/m"}]})
+    routes = {"/health": lambda body: next(answers, (200, "ok")), "/v1/models": (200, models)}
+    with http_server(routes) as (port, seen):  # type: ignore[arg-type]
+        ready = run_node_script("probe.py", ["--wait", "30", "c", "-", str(port), "127.0.0.1", ""],
+                                monkeypatch)
+    assert ready.json == {"health": 200, "models": ["org/m"], "running": True}
+    assert [path for _, path, _ in seen] == ["/health"] * 4 + ["/v1/models"]
+    with http_server({"/health": (503, "loading")}) as (port, seen):
+        late = run_node_script("probe.py", ["--wait", "0.5", "c", "-", str(port), "127.0.0.1", ""],
+                               monkeypatch)
+    assert late.json == {"health": 503, "running": True} and len(seen) > 2
+
+
 def test_probe_wait_ends_when_the_container_stops_or_the_time_is_up(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = fake_docker(tmp_path, monkeypatch, "false")

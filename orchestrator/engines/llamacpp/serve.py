@@ -30,7 +30,7 @@ from orchestrator.phases import container as containers
 from orchestrator.phases.container import ContainerSpec
 from orchestrator.recipe import CONTAINER_HF_HOME, DEFAULT_HOST, LaunchOptions
 from orchestrator.remote.gathered import NodeFacts
-from orchestrator.remote.node_facts import DockerContainer
+from orchestrator.remote.node_facts import INFINIBAND, DockerContainer
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -237,15 +237,18 @@ class ServerContainer(containers.Container):
     GGUF unreadable) takes the server's other containers with it and says llama.cpp's own
     error (the `E` lines name the port or the file)."""
 
+    batch = True  # its one command (docker run + the wait), judged by `done` alone
+    timeout = containers.READY_DEADLINE + 120
+
     def __init__(self, spec: ServeSpec) -> None:
         super().__init__(server_spec_for(spec), name="llama-server")
         self.spec = spec
 
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
+    def done(self, ctx: NodeContext, change: Change, results: list[Any]) -> str | None:
         from orchestrator.engines.llamacpp.ready import errors
 
         try:
-            return super().apply(ctx, change)
+            return super().done(ctx, change, results)
         except SparkctlError as exc:
             said = errors("\n".join(line.removeprefix("  | ") for line in str(exc).splitlines()))
             servers.stop_server(ctx.transports, ctx.inventory,
@@ -277,6 +280,10 @@ def facts_for(spec: ServeSpec):  # type: ignore[no-untyped-def]
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
         own = containers.spec_facts([spec.recipe.image], [spec.container], inv.cluster.user)
+        # llama.cpp's containers get no NCCL/UCX environment (its RPC layer split is plain TCP
+        # on the fabric address): the RoCE ports are not asked for
+        own.pop("ibdev2netdev", None)
+        own["files"].pop(INFINIBAND, None)
         own["commands"]["servers"] = servers.servers_cmd(inv, node, probe=True)
         if spec.key is not None:
             own.setdefault("files", {}).update(apikey.key_facts(spec.name)["files"])
@@ -303,8 +310,10 @@ def serve_phase(spec: ServeSpec, ready: list[Step]) -> Phase:
     from orchestrator.phases.models import ServingPhase
 
     container = ServerContainer(spec)
-    steps: list[Step] = [DropCaches(ColdStart(spec, container, [spec.first])),
-                         apikey.key_files_step(spec.name, [spec.first], spec.key),
+    # the key file first: the four steps after it are one command on the first node (a batch:
+    # core/batch.py), the key (on stdin, never in a command) is not
+    steps: list[Step] = [apikey.key_files_step(spec.name, [spec.first], spec.key),
+                         DropCaches(ColdStart(spec, container, [spec.first])),
                          node_guard(spec, [spec.first], container), container,
                          Record(spec), *ready]
     return ServingPhase("serve", steps, facts_for(spec), serving=ordered(spec))
