@@ -45,7 +45,7 @@ def _server_info(session: Any, inventory: Any, transport: Any, server: Server) -
 
     from orchestrator.commands import docker_cmd
     from orchestrator.engines import DEFAULT_ENGINE
-    from orchestrator.phases.container import image_digest
+    from orchestrator.phases.container_image import image_digest
 
     # the image of the container the server runs in (vLLM's and SGLang's are the recipe's, not
     # `up`'s); `up`'s image when that container cannot be inspected

@@ -1,4 +1,5 @@
-"""`sparkctl launch`, `chat` and `tunnel`: thin wrappers over recipe.py and steps/ (`recipes`: recipes.py)."""
+"""`sparkctl launch` and `tunnel`: thin wrappers over recipe.py and steps/ (`recipes`: recipes.py;
+`chat`: chat.py)."""
 
 from __future__ import annotations
 
@@ -265,72 +266,6 @@ def _running_server(session: Any, inventory: Any, name: str | None = None) -> tu
                             + session.report.hosts[inventory.head_name].error)
     server = servers.pick(found, name)
     return session.transports[server.node], server
-
-
-def _chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_json: bool,
-          name: str | None = None) -> int:
-    import json
-    import time
-    import urllib.error
-    import urllib.request
-
-    from orchestrator.core.output import http_error_text as said  # (its message, never bytes)
-    from orchestrator.core.report import print_json
-    from orchestrator.engines.apikey import bearer, probe_host, read_node_key  # key: over SSH
-    from orchestrator.errors import SparkctlError
-    from orchestrator.remote.tunnel import Forwarder
-    from orchestrator.yamlio import read_prompt
-
-    prompt = read_prompt(prompt, sys.stdin, "Paris is great because")
-    manager, inventory = _server_on_head(inventory_path, "chat")
-    with manager as session:
-        transport, server = _running_server(session, inventory, name)
-        record = server.record
-        headers = {"Content-Type": "application/json", **bearer(read_node_key(transport, record))}
-        port, where = record.port, probe_host(record.host)
-        with Forwarder(transport, port, remote_host=where) as forward:
-            body = {"model": record.model, "max_tokens": max_tokens,
-                    "messages": [{"role": "user", "content": prompt}]}
-            request = urllib.request.Request(
-                f"http://127.0.0.1:{forward.local_port}/v1/chat/completions",
-                data=json.dumps(body).encode(), headers=headers)
-            started = time.monotonic()
-            try:
-                with urllib.request.urlopen(request, timeout=600) as response:
-                    answer = json.loads(response.read())
-            except urllib.error.HTTPError as exc:
-                raise SparkctlError(f"the server answered HTTP {exc.code}: {said(exc.read())}") from None
-            except (urllib.error.URLError, OSError) as exc:
-                raise SparkctlError(f"no answer through the tunnel to {server.node}: {exc}") from None
-            seconds = time.monotonic() - started
-    text = answer["choices"][0]["message"].get("content") or ""
-    tokens = (answer.get("usage") or {}).get("completion_tokens", 0)
-    rate = tokens / max(seconds, 1e-3)
-    if as_json:
-        print_json({"command": "chat", "ok": True, "model": record.model, "reply": text,
-                    "server": server.name, "node": server.node,
-                    "completion_tokens": tokens, "seconds": round(seconds, 3),
-                    "tokens_per_second": round(rate, 2)})
-    else:
-        click.echo(text)
-        _note(f"[{record.model}: {tokens} tokens in {seconds:.2f}s, {rate:.1f} tokens/s]")
-    return 0
-
-
-@click.command(context_settings=CONTEXT)
-@click.argument("prompt", required=False)
-@inventory_option
-@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
-@json_option
-@click.option("--server", "name", metavar="NAME", help="Which server (needed when several run).",
-              shell_complete=complete_server)
-def chat(prompt: str | None, inventory_path: str | None, max_tokens: int, as_json: bool,
-         name: str | None) -> None:
-    """Send one chat completion to the running server, through SSH to the head.
-
-    PROMPT defaults to stdin (when piped). Prints the reply, and tokens/s on stderr.
-    """
-    run_command(lambda: _chat(prompt, inventory_path, max_tokens, as_json, name))
 
 
 def _tunnel(inventory_path: str | None, local_port: int | None, name: str | None = None,

@@ -141,7 +141,8 @@ class Executor:
                 self._run_batch(phase, group, nodes, facts)
                 continue
             step = group[0]
-            targets = [n for n in nodes if n.name not in self.failed and self._in_scope(step, n)]
+            targets = [n for n in nodes if n.name not in self.failed
+                       and phase.runs(step, n, self.inventory)]
             self.current = (phase.name, step.name, [n.name for n in targets])
             self.current_hint = step.interrupt_hint(self.inventory)
             futures = [self.pool.submit(self._run_step, phase, step, n, facts) for n in targets]
@@ -213,9 +214,6 @@ class Executor:
             s.status == "changed" and (stale_after is None or s.phase in stale_after)
             for host in self.report.hosts.values() for s in host.steps
         )
-
-    def _in_scope(self, step: Step, node: Node) -> bool:
-        return step.scope == "node" or node.name == self.inventory.head_name
 
     def _gather(self, phase: Phase, nodes: list[Node],
                 early: dict[str, NodeFacts | str] | None = None) -> dict[str, NodeFacts]:
@@ -315,7 +313,7 @@ class Executor:
         for node in (n for n in nodes if n.name not in self.failed):
             plans.append((node, plan := []))
             ctx = self._context(node, facts)
-            for step in (s for s in group if self._in_scope(s, node)):
+            for step in (s for s in group if phase.runs(s, node, self.inventory)):
                 plan.append((step, ctx, self._guarded(phase, step, node, partial(
                     batch.check, phase.name, step, ctx))))
                 if isinstance(plan[-1][2], StepResult) and plan[-1][2].status == "failed":

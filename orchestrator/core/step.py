@@ -142,6 +142,12 @@ class Step:
         """What a Ctrl-C during this step leaves behind and what to do (None: just re-run)."""
         return None
 
+    def runs_on(self, inventory: Inventory) -> str:
+        """Where a step of scope "head" runs, once, and whose line it is in the report: the
+        head, unless the step is about one server's node (its readiness, its smoke test: a
+        server placed on spark-b is ready on spark-b). A node outside the phase: the head."""
+        return inventory.head_name
+
 
 FactsSpec = Callable[[Inventory, Node], dict[str, Any]]
 
@@ -164,6 +170,15 @@ class Phase:
         if self.head_only:
             return [inventory.head]
         return list(inventory.nodes)
+
+    def runs(self, step: Step, node: Node, inventory: Inventory) -> bool:
+        """Whether STEP runs on NODE: every node, or (scope "head") the one it runs on
+        (Step.runs_on), the head when this phase does not cover that node."""
+        if step.scope == "node":
+            return True
+        where = step.runs_on(inventory)
+        members = {n.name for n in self.nodes(inventory)}
+        return node.name == (where if where in members else inventory.head_name)
 
 
 @dataclass

@@ -49,6 +49,9 @@ class Smoke(Step):
     def __init__(self, spec: PlacedSpec) -> None:
         self.spec = spec
 
+    def runs_on(self, inventory: Inventory) -> str:
+        return self.spec.first
+
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         from orchestrator.engines.serverctl import SMOKE_PROMPT, SMOKE_TOKENS
 

@@ -28,15 +28,21 @@ class WaitReady(Step):
     kind = "verify"
     scope = "head"
 
-    def __init__(self, wait: Wait, timeout: float, what: str, mark: Mark | None = None) -> None:
+    def __init__(self, wait: Wait, timeout: float, what: str, mark: Mark | None = None,
+                 node: str | None = None) -> None:
         self.wait = wait
         self.timeout = timeout
         self.what = what
         self.mark = mark
+        self.node = node
+        """The server's first node, where it answers (None: the head)."""
+
+    def runs_on(self, inventory: Inventory) -> str:
+        return self.node or inventory.head_name
 
     def interrupt_hint(self, inventory: Inventory) -> str | None:
-        return (f"Stopped waiting; {self.what} keeps loading on {inventory.head_name}. Follow it "
-                "with `sparkctl logs --follow` or `sparkctl status`; stop it with `sparkctl down`")
+        return (f"Stopped waiting; {self.what} keeps loading on {self.runs_on(inventory)}. Follow "
+                "it with `sparkctl logs --follow` or `sparkctl status`; stop it with `sparkctl down`")
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         note: Note = ctx.options.note
@@ -67,7 +73,8 @@ def wait_step(target: Target, readiness: Readiness, timeout: float, what: str) -
     return WaitReady(lambda transports, seconds, note: wait_until_ready(
         transports, target, readiness, seconds, note), timeout, what,
         mark=lambda transports: mark_ready(transports[target.first],
-                                           f"{record_dir(target.name)}/server.json"))
+                                           f"{record_dir(target.name)}/server.json"),
+        node=target.first)
 
 
 class SmokeTest(Step):

@@ -37,6 +37,27 @@ PROGRESS_SECONDS = 0.5
 """How often the sender says how much it has sent (the controller's bar, rate and ETA)."""
 
 
+LINK_ERRNOS = {errno.EADDRNOTAVAIL, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN,
+               errno.ETIMEDOUT, errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED,
+               errno.EPIPE}
+"""What a fabric link that went away looks like to a socket (a cable pulled, an address gone)."""
+
+
+def on_the_wire(exc):
+    """Whether EXC is the network's doing (the controller then names the link), not a disk's."""
+    return isinstance(exc, (ConnectionError, socket.timeout)) or (
+        isinstance(exc, OSError) and exc.errno in LINK_ERRNOS)
+
+
+def said(exc):
+    """An OSError as a person reads it ("Cannot assign requested address"), never its repr."""
+    if isinstance(exc, socket.timeout):
+        return "no data for %d s (timed out)" % int(IDLE_SECONDS)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
 def connection_count(streams, need):
     """How many connections a copy uses: both sides compute it, so the receiver knows when
     the last one has come."""
@@ -126,8 +147,12 @@ def recv(args):
         return 0
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args["listen"], 0))  # the fabric address only, never 0.0.0.0
-    sock.listen(16)
+    try:
+        sock.bind((args["listen"], 0))  # the fabric address only, never 0.0.0.0
+        sock.listen(16)
+    except OSError as exc:  # the address is gone from the node (its link went down)
+        out({"error": "listen", "message": said(exc), "link": True})
+        return 6
     # the connections it waits for (no more than chunks to send): the sender opens that many
     streams = connection_count(args.get("streams", 4), need_list)
     out({"port": sock.getsockname()[1], "need": need_list, "need_bytes": need_bytes,
@@ -142,9 +167,11 @@ def recv(args):
                 root = getattr(exc, "root", r.files[0]["root"])
                 r.error = {"error": "space", "message": str(exc), "path": root,
                            "free": free_bytes(root), "need": need_bytes - r.received}
+            elif on_the_wire(exc):
+                r.error = r.error or {"error": "io", "message": said(exc), "link": True}
             else:
                 r.error = r.error or {"error": "io", "message": str(exc)}
-        except (ValueError, ConnectionError) as exc:
+        except ValueError as exc:
             r.error = r.error or {"error": "io", "message": str(exc)}
         finally:
             conn.close()
@@ -215,7 +242,8 @@ def send(args):
             conn = socket.create_connection((args["host"], int(args["port"])), timeout=30)
         except OSError as exc:
             if not work.empty():  # (otherwise the other connections carried everything)
-                errors.append(f"cannot connect to the receiver: {type(exc).__name__}: {exc}")
+                errors.append((f"cannot connect to the receiver at {args['host']}:"
+                               f"{args['port']}: {said(exc)}", on_the_wire(exc)))
             return
         try:
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
@@ -239,7 +267,8 @@ def send(args):
                 raise ConnectionError("the receiver did not confirm")
             stack.close()
         except Exception as exc:  # reported as a line, then exit 1
-            errors.append(f"{type(exc).__name__}: {exc}")
+            errors.append((said(exc) if on_the_wire(exc) else f"{type(exc).__name__}: {exc}",
+                           on_the_wire(exc)))
         finally:
             conn.close()
 
@@ -256,7 +285,8 @@ def send(args):
         except (BrokenPipeError, OSError):
             os._exit(9)
     if errors:
-        out({"error": "send", "message": errors[0], "sent": sent[0]})
+        message, link = errors[0]
+        out({"error": "send", "message": message, "sent": sent[0], "link": link})
         return 1
     finish({"sent": sent[0], "seconds": round(time.monotonic() - started, 3), "done": True})
     return 0

@@ -16,8 +16,10 @@ firewall closes. The jump carries a comment naming the chain's container, so a c
 container no longer runs is found and removed by the next install.
 
 Usage: python3 portguard.py MODE JSON
-  state   CONFIG: print {"current": the chain and hook are exactly CONFIG's, "leftovers":
-          other chains of the prefix whose container is not running} (no change)
+  state   CONFIG: print {"current": the chain and hook are exactly CONFIG's, "ranges": the
+          port ranges the chain closes now, "leftovers": other chains of the prefix whose
+          container is not running} (no change). CONFIG's "ranges" null: "current" leaves
+          them out (the controller picks a server's Ray worker range after asking)
   install CONFIG = {"chain", "container", "interfaces", "ports", "ranges", "prefix"}: make the
           chain exactly that (atomically, iptables-restore --noflush: no moment with the ports
           open), hook it, remove the leftovers; print {"changed", "removed": [chains]}
@@ -86,13 +88,30 @@ def hooks(tool, chain):
     return [line for line in out.splitlines() if rc == 0 and line.endswith("-j " + chain)]
 
 
+def range_of(rule):
+    """[lowest, highest] of a chain's `--dport LOW:HIGH` rule, or None for any other rule."""
+    words = rule.split()
+    if "--dport" not in words:
+        return None
+    low, _, high = words[words.index("--dport") + 1].partition(":")
+    return [int(low), int(high or low)]
+
+
 def state(config):
-    """Whether the chain and its hook are exactly as CONFIG wants, in both tables, and which
-    other chains of the prefix are left over (their container does not run)."""
+    """Whether the chain and its hook are exactly as CONFIG wants, in both tables (its port
+    ranges aside when CONFIG's are null), the ranges it closes, and which other chains of the
+    prefix are left over (their container does not run)."""
     chain, want = config["chain"], chain_rules(config)
-    current = all(listed(tool, chain) == want and len(hooks(tool, chain)) == 1
+    known = config.get("ranges") is not None
+    found = {tool: listed(tool, chain) for tool in TOOLS}
+    closed = [r for r in map(range_of, found["iptables"] or []) if r is not None]
+    if not known:
+        found = {tool: None if rules is None else [r for r in rules if range_of(r) is None]
+                 for tool, rules in found.items()}
+    current = all(found[tool] == want and len(hooks(tool, chain)) == 1
                   and run([tool, "-w", "-C", *hook_rule(config)])[0] == 0 for tool in TOOLS)
-    return {"current": current, "leftovers": leftovers(config["prefix"], [chain])}
+    return {"current": current, "ranges": closed,
+            "leftovers": leftovers(config["prefix"], [chain])}
 
 
 def install(config):

@@ -66,3 +66,10 @@ def persistence(units: dict[str, dict[str, bool]], server: str) -> dict[str, Any
     disabled = sorted(node for node, found in units.items() if server in found and not found[server])
     return {"persistent": bool(enabled), "unit": unit_name(server), "nodes": enabled,
             **({"disabled_on": disabled} if disabled else {})}
+
+
+def launch_marker(server: str) -> str:
+    """Made by launch when it starts the unit itself (the server runs: only watch); in /run, so
+    a reboot removes it and the unit then brings the server up; `down` removes it with the
+    unit (phases/persist_down.py)."""
+    return f"/run/sparkctl/launched-{server}"

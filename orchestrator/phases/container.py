@@ -2,7 +2,7 @@
 
 TensorRT-LLM's `up` container (engines/trtllm/container.py) and the server containers of vLLM
 and SGLang are all run by the same steps. The image is pulled where it is missing and its
-digest must be the same on every node. A container's whole
+digest must be the same on every node (phases/container_image.py). A container's whole
 configuration (the docker run argv and the extra inputs it reads at start, e.g. the entrypoint
 and sshd config) is hashed into a label: a running container with the same hash is left alone,
 anything else is replaced. The fabric settings (NCCL/UCX/OMPI) come from the inventory's
@@ -19,13 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from orchestrator.commands import docker_cmd, env_args, join, quote
+from orchestrator.commands import env_args, join, quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.phases.nccl_env import nccl_environment
-from orchestrator.phases.pull_progress import run_pull
-from orchestrator.phases.registry import receive, repo_digest, want
 from orchestrator.remote.container import ContainerCommands
 from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import (
@@ -34,7 +32,6 @@ from orchestrator.remote.node_facts import (
     ContainerInfo,
     DockerContainer,
     DockerImage,
-    ImageInfo,
 )
 
 HASH_LABEL = "sparkctl.config-hash"
@@ -42,7 +39,6 @@ READY_DEADLINE = 60
 RESTART_POLICY = "unless-stopped"
 """What persistent containers run with: docker starts them again when the node (or docker)
 restarts, but never one stopped by hand or by sparkctl (`docker stop`)."""
-PULL_TIMEOUT = 3 * 3600
 
 
 @dataclass(frozen=True)
@@ -177,20 +173,6 @@ def run_container_cmd(spec: ContainerSpec, args: list[str], user: str, hf_cache:
     return " && ".join(steps) + " && { " + wait + "; }"
 
 
-def image_digest(inspect: dict[str, Any] | None, image: str) -> str | None:
-    """The registry digest of the image in a `docker image inspect` document, else its ID."""
-    if not inspect or "error" in inspect:
-        return None
-    return digest_of(ImageInfo.of(inspect), image)
-
-
-def digest_of(info: ImageInfo | None, image: str) -> str | None:
-    """The registry digest of the image on a node (RepoDigests), else its local ID."""
-    if info is None:
-        return None
-    return repo_digest(info.repo_digests, image) or info.id or None
-
-
 def describe(env: list[str], binds: list[str], image: str, labels: dict[str, str]) -> str:
     lines = [f"image {image}"] + [f"env {e}" for e in sorted(env)]
     lines += [f"volume {b}" for b in sorted(binds)]
@@ -217,99 +199,7 @@ def container_diff(current: ContainerInfo, args: list[str],
 
 
 # ---------------------------------------------------------------- steps
-ImageOf = Callable[[NodeContext], "str | None"]
-Targets = Callable[[NodeContext], "list[str] | None"]
 SpecFor = Callable[[NodeContext], "ContainerSpec | None"]
-
-
-def _inventory_image(ctx: NodeContext) -> str | None:
-    return ctx.inventory.container.image
-
-
-class Image(Step):
-    """The image on the node: pulled only when missing (None: no image needed on this node).
-
-    With `share` (an ImageShare step follows), a node that cannot pull (probe: phases/registry.py;
-    or its pull fails), and with `--distribute-image` every node but the one that pulls, gets the
-    image from another node over the fabric (phases/image_share.py); `targets` need the image.
-    """
-
-    name = "image"
-
-    def __init__(self, image_of: ImageOf | None = None, share: bool = False,
-                 targets: Targets | None = None) -> None:
-        self.image_of, self.share, self.targets = image_of or _inventory_image, share, targets
-
-    def check(self, ctx: NodeContext) -> Outcome:
-        image = self.image_of(ctx)
-        if image is None:
-            return Unchanged("no container here")
-        if DockerImage(image).read(ctx.facts) is not None:
-            return Unchanged(f"{image} present")
-        # over the fabric when the probe found the registry unreachable, or --distribute-image
-        fabric = receive(ctx, image, self.targets) if self.share else None
-        return fabric or Change(f"docker pull {image}", payload={"image": image})
-
-    def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        payload = change.payload or {"image": self.image_of(ctx)}
-        image = payload["image"]
-        if payload.get("distribute"):
-            want(ctx, ctx.node.name, str(payload["distribute"]))
-            return f"{image}: sent by {payload.get('source')} over the fabric (next step)"
-        status, output = run_pull(ctx, image, PULL_TIMEOUT)
-        result = ctx.run(docker_cmd("image", "inspect", image), sudo=True) if status == 0 else None
-        if result is None or not result.ok:
-            error = (output if result is None else result.stderr).strip()[-400:]
-            if self.share:  # another node may have it: image-share sends it, or says why not
-                want(ctx, ctx.node.name, "its pull failed")
-                return (f"`docker pull {image}` failed, the image will come from another node "
-                        f"over the fabric: {error.splitlines()[-1] if error else ''}")
-            raise SparkctlError(
-                f"{ctx.node.name}: container/image: `docker pull {image}` exited "
-                f"{status if result is None else result.exit_status}: {error}\n"
-                "Hint: a 'Root CA' / x509 error usually means the node's clock is wrong."
-            )
-        try:
-            pulled = json.loads(result.stdout)[0]
-        except (ValueError, IndexError):
-            pulled = None
-        ctx.shared.image_facts[ctx.node.name] = pulled
-        return None
-
-
-class ImageDigest(Step):
-    """The same image digest on every node (drifting images break multi-node runs)."""
-
-    name = "image-digest"
-
-    def __init__(self, image_of: ImageOf | None = None) -> None:
-        self.image_of = image_of or _inventory_image
-
-    def check(self, ctx: NodeContext) -> Outcome:
-        image = self.image_of(ctx)
-        if image is None:
-            return Unchanged("no container here")
-        digests: dict[str, str | None] = {}
-        ids: dict[str, str | None] = {}
-        for name, node_facts in sorted(ctx.cluster_facts.items()):
-            pulled = ctx.shared.image_facts.get(name)
-            info = ImageInfo.of(pulled) if pulled else DockerImage(image).read(node_facts, strict=False)
-            digests[name] = digest_of(info, image)
-            ids[name] = (info.id or None) if info else None
-        if any(d and d == ids.get(n) for n, d in digests.items()):
-            digests = ids  # a node keeps no registry digest (e.g. `docker load`): compare IDs
-        mine = digests.get(ctx.node.name)
-        if mine is None:
-            return Unchanged("digest known after the pull")
-        known = {d for d in digests.values() if d}
-        if len(known) > 1:
-            listing = "; ".join(f"{n} -> {d or 'not pulled'}" for n, d in digests.items())
-            raise SparkctlError(
-                f"{ctx.node.name}: {image} differs between nodes ({listing}). Pull the same "
-                f"image everywhere (`docker pull {image}` on each node, or pin it with "
-                "@sha256:... in container.image)"
-            )
-        return Unchanged(f"{image} {mine}")
 
 
 def node_home(ctx: NodeContext) -> str:

@@ -13,6 +13,7 @@ Raw TCP was measured faster than parallel SSH streams on the lab (docs/performan
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -29,6 +30,7 @@ from orchestrator.remote.pipe import RemoteProcess
 from orchestrator.remote.transport import Transport
 
 if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory
     from orchestrator.phases.model_tools import ModelTools
 
 FANOUT_SCRIPT = "\n".join(script(name) for name in ("stdin_watch.py", "fanout_manifest.py",
@@ -184,12 +186,35 @@ def copy_plan(token: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
     return {"token": token, "chunk": chunks.pop(), "repos": repos}
 
 
+def link_of(inventory: Inventory, head: str, peer: str) -> tuple[str, str]:
+    """(the peer's address the head copies to, the fabric link as a user finds it: each end's
+    interface, `spark-a enp1s0f1np1 -> spark-b enp1s0f1np1`)."""
+    node = inventory.node(peer)
+    ip = inventory.mpi_address(node)
+    theirs = next((name for name, cidr in (node.addresses or {}).items()
+                   if cidr.split("/")[0] == ip), "?")
+    network = ipaddress.IPv4Interface((node.addresses or {}).get(theirs, ip)).network
+    ours = next((name for name, cidr in (inventory.node(head).addresses or {}).items()
+                 if ipaddress.IPv4Interface(cidr).network == network), "?")
+    return ip, f"{head} {ours} -> {peer} {theirs}"
+
+
+def link_failure(peer: str, link: str, ip: str, detail: str) -> SparkctlError:
+    """A copy that stopped on the wire: the node, the link and what to look at."""
+    return SparkctlError(
+        f"{peer}: the model copy over the fabric link {link} ({ip}) stopped: {detail}. Is the "
+        "cable in and the link up? `sparkctl status` shows each link, `sparkctl netcheck` tests "
+        "them; the next launch resumes the copy with only the rest")
+
+
 def copy_to_peer(*, head: Transport, peer: Transport, tools: ModelTools, peer_ip: str,
                  entries: list[dict[str, Any]], progress: FanoutProgress,
-                 streams: int = STREAMS) -> PeerCopy:
+                 streams: int = STREAMS, link: str | None = None) -> PeerCopy:
     """Make the peer's copy of the repositories identical to the head's `entries` (manifest
     entries with chunk hashes): one receiver and one sender for all of them, so the streams
-    are shared over every file. Returns what was sent; raises SparkctlError naming the node."""
+    are shared over every file. Returns what was sent; raises SparkctlError naming the node
+    (and LINK, the fabric link as link_of names it, when the copy stops on the wire)."""
+    link = link or f"{head.node} -> {peer.node}"
     token = secrets.token_hex(16)
     plan = copy_plan(token, entries)
     files = [[repo["root"], f["rel"]] for repo in plan["repos"] for f in repo["files"]]
@@ -215,6 +240,9 @@ def copy_to_peer(*, head: Transport, peer: Transport, tools: ModelTools, peer_ip
         if ready.get("error") == "space":
             raise space_error(peer.node, ready["path"], ready["need"], ready["free"],
                               "for the copy")
+        if ready.get("error") == "listen":  # its fabric address is gone (a cable, netplan)
+            raise link_failure(peer.node, link, peer_ip, "the receiver cannot listen on "
+                               f"{peer_ip}: {ready.get('message')}")
         if "error" in ready:
             raise SparkctlError(f"{peer.node}: cannot check the model files: {ready.get('message')}")
         if "port" not in ready:
@@ -254,9 +282,16 @@ def copy_to_peer(*, head: Transport, peer: Transport, tools: ModelTools, peer_ip
             raise space_error(peer.node, final.get("path", plan["repos"][0]["root"]),
                               int(final.get("need", 0)), int(final.get("free", 0)),
                               f"(the disk filled up during the copy: {final.get('message')})")
+        sent = f"{gb(result.sent)} of {gb(total_need)} sent"
+        if final.get("link"):  # the receiver's connections broke: the wire, not its disk
+            raise link_failure(peer.node, link, peer_ip, f"the receiver on {peer.node}: "
+                               f"{final.get('message')} ({sent})")
         if final.get("error"):
             raise SparkctlError(f"{peer.node}: copy failed on the receiving side: "
                                 f"{final.get('message')}")
+        if status.get("link"):
+            raise link_failure(peer.node, link, peer_ip, f"the sender on {head.node}: "
+                               f"{status.get('message')} ({sent})")
         if status.get("error") or not status.get("done"):
             raise SparkctlError(f"{peer.node}: copy from the head failed: "
                                 f"{status.get('message') or sender.stderr_tail()}")

@@ -3,7 +3,10 @@
 The gateway's config (the keys) goes with /etc/sparkctl; its router and relays are plain
 processes (orchestrator/node/gateway_router.py and relay.py, detached with setsid), so without
 this step they would outlive `down`: found by their pid files and command lines and stopped
-here, and the verify step names any still running.
+here, and the verify step names any still running. Its boot unit goes with them, and the
+router's unpacked wheel (/opt/sparkctl/sglang-router-<version>, any version an earlier
+sparkctl unpacked too, and a staging folder an interrupted install left) after them: the
+verify step names any of them still there.
 """
 
 from __future__ import annotations
@@ -18,10 +21,27 @@ DRAIN_TIMEOUT = 120.0
 """Seconds `down --server` waits for a replica's requests through the gateway to finish."""
 
 
+def router_trees(install_dir: str = gs.INSTALL_DIR) -> str:
+    """Every router tree a sparkctl unpacked (shell patterns), and what an interrupted unpack
+    left (orchestrator/node/router_install.py stages beside the tree)."""
+    return f"{quote(install_dir)}/{gs.ROUTER_DIST}-* {quote(install_dir)}/.staging-*"
+
+
+def router_trees_cmd(install_dir: str = gs.INSTALL_DIR) -> str:
+    """The router trees on the node, one a line."""
+    return f"for d in {router_trees(install_dir)}; do [ -e \"$d\" ] && echo \"$d\"; done; true"
+
+
+def remove_router_cmd(install_dir: str = gs.INSTALL_DIR) -> str:
+    """The router trees removed, and INSTALL_DIR with them when nothing else is in it."""
+    return f"rm -rf -- {router_trees(install_dir)}; rmdir {quote(install_dir)} 2>/dev/null; true"
+
+
 def facts() -> dict[str, Any]:
     return {"commands": {"gateway_relays": gs.relay_pids_cmd(),
                          "gateway_boot_unit": f"[ -e {quote(gs.BOOT_UNIT_PATH)} ] && echo "
-                                              "present; true"}}
+                                              "present; true",
+                         "gateway_router_trees": router_trees_cmd()}}
 
 
 def relay_pids(ctx: NodeContext) -> list[str]:
@@ -45,9 +65,24 @@ class StopRelays(Step):
         return Change(", ".join(what), commands=(gs.boot_remove_cmd(), gs.stop_relays_cmd()))
 
 
+class RemoveRouter(Step):
+    """Remove the router's unpacked wheel (after StopRelays stopped the router it runs)."""
+
+    name = "gateway-router"
+
+    def check(self, ctx: NodeContext) -> Outcome:
+        trees = ctx.facts.output("gateway_router_trees").split()
+        if not trees:
+            return Unchanged("no gateway router installed")
+        return Change(f"remove {', '.join(trees)}", commands=(remove_router_cmd(),))
+
+
 def verify_line() -> str:
-    """For `down`'s verify step: one line per relay still running."""
-    return f"{{ {gs.relay_pids_cmd()}; }} | sed 's/^/gateway relay: pid /'"
+    """For `down`'s verify step: one line per relay still running, the gateway's boot unit and
+    each router tree still there."""
+    return (f"{{ {gs.relay_pids_cmd()}; }} | sed 's/^/gateway relay: pid /'; "
+            f"[ ! -e {quote(gs.BOOT_UNIT_PATH)} ] || echo 'boot unit: {gs.BOOT_UNIT_PATH}'; "
+            f"{router_trees_cmd()} | sed 's/^/gateway router: /'")
 
 
 def server_relay_facts(server: str) -> dict[str, Any]:

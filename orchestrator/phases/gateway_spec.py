@@ -43,9 +43,12 @@ WHEELS = {
     "x86_64": (WHEEL.format("x86_64"),
                "ba5a24951e5e0357fe390782fcd1abd861448a87216832dbf2e501a1dd1548eb"),
 }
-ROUTER_TREE = f"/opt/sparkctl/{ROUTER_DIST}-{ROUTER_VERSION}"
+INSTALL_DIR = "/opt/sparkctl"
+"""What sparkctl installs on a node besides its config and state: the router's trees."""
+ROUTER_TREE = f"{INSTALL_DIR}/{ROUTER_DIST}-{ROUTER_VERSION}"
 """The wheel unpacked on the gateway's node (its Rust router needs none of the package's
-Python dependencies: the launcher imports only its router and its arguments)."""
+Python dependencies: the launcher imports only its router and its arguments). `gateway down`
+keeps it (the next `gateway up` needs no download); `sparkctl down` removes it."""
 WHEELHOUSE = "/usr/local/share/sparkctl/wheels"
 """Where the installer looks for the pinned wheel before asking pip's index: a Spark without
 internet access (and the lab, whose nodes have none) puts the file there."""

@@ -44,7 +44,7 @@ def gb(n: float) -> str:
 def image_steps(image_of: ImageOf, targets: Targets | None = None) -> list[Step]:
     """The image on every node that needs it (`targets`, default every node of the phase),
     pulled or sent over the fabric from a node that has it, the same digest everywhere."""
-    from orchestrator.phases.container import Image, ImageDigest
+    from orchestrator.phases.container_image import Image, ImageDigest
 
     def needed(ctx: NodeContext) -> str | None:
         wanted = targets(ctx) if targets else None

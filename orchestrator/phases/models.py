@@ -294,9 +294,9 @@ class Distribute(Step):
             "copy", peer, f"{repos}: {head_name} -> {peer}", done=done, total=total, rate=rate))
 
         def copy_to(peer: str) -> fanout.PeerCopy:
-            ip = ctx.inventory.mpi_address(ctx.inventory.node(peer))
+            ip, link = fanout.link_of(ctx.inventory, head_name, peer)
             return fanout.copy_to_peer(head=ctx.transport, peer=ctx.transports[peer],  # type: ignore[arg-type]
-                                       tools=tools, peer_ip=ip, progress=bar,
+                                       tools=tools, peer_ip=ip, progress=bar, link=link,
                                        entries=[head[repo] for repo, _, _ in self.recipe.repos])
 
         # every peer at once: each gets its own streams over its own link (or switch port)

@@ -36,6 +36,7 @@ from orchestrator.paths import RUN_DIR
 from orchestrator.phases.boot_units import (
     BOOT_LOG_DIR,
     BOOT_SCRIPT,
+    launch_marker,
     plan_path,
     unit_name,
     unit_path,
@@ -131,12 +132,6 @@ def boot_plan(spec: PersistSpec, node: Node, hf_cache: str) -> dict[str, Any]:
             [(f"docker restart {', '.join(part.containers)}",
               join(["docker", "restart", *part.containers]))])],
     }
-
-
-def launch_marker(server: str) -> str:
-    """Made by launch when it starts the unit itself (the server runs: only watch); in /run, so
-    a reboot removes it and the unit then brings the server up."""
-    return f"/run/sparkctl/launched-{server}"
 
 
 def unit_text(server: str, engine: str, nodes: list[str]) -> str:

@@ -20,6 +20,7 @@ from orchestrator.inventory import Inventory
 from orchestrator.phases.boot_units import (
     BOOT_LOG_DIR,
     BOOT_SCRIPT,
+    launch_marker,
     parse_units,
     plan_path,
     unit_name,
@@ -94,11 +95,16 @@ def restart_policies(ctx: NodeContext, containers: set[str] | None = None) -> li
     return out
 
 
-def removal(summary: str, units: list[str], files: list[str]) -> Change:
-    """Units disabled and stopped, their files removed through the ledger (what sparkctl wrote)."""
+def removal(summary: str, units: list[str], files: list[str], servers: list[str]) -> Change:
+    """Units disabled and stopped, their files removed through the ledger (what sparkctl wrote),
+    and the servers' launch markers (/run/sparkctl/launched-<server>: until a reboot they would
+    outlive `down`), /run/sparkctl with them once empty."""
+    markers = [launch_marker(s) for s in servers]
+    gone = (f"; rm -f -- {' '.join(quote(m) for m in markers)}; "
+            f"rmdir {quote(markers[0].rsplit('/', 1)[0])} 2>/dev/null" if markers else "")
     return Change(summary, payload={"units": units, "files": files}, commands=(
         f"{join(['systemctl', 'disable', '--now', *units])} >&2; {undo_files_cmd(files)}; "
-        "systemctl daemon-reload >&2 || true",))
+        f"systemctl daemon-reload >&2 || true{gone}; true",))
 
 
 class RemoveBootUnits(Step):
@@ -125,7 +131,8 @@ class RemoveBootUnits(Step):
             return removal(f"disable and remove {', '.join(unit_name(s) for s in servers)} "
                            "(that server was replaced or launched without --persist)",
                            [unit_name(s) for s in servers],
-                           [unit_path(s) for s in servers] + [plan_path(s) for s in servers] + script)
+                           [unit_path(s) for s in servers] + [plan_path(s) for s in servers] + script,
+                           servers)
         servers = sorted(s for s in units if self.server in (None, s))
         policies = restart_policies(ctx, self.containers)
         if not servers:
@@ -141,7 +148,7 @@ class RemoveBootUnits(Step):
         if policies:
             text += (f"; the restart policy of {', '.join(policies)} goes with "
                      + ("the containers removed next" if self.server is None else "its containers"))
-        return removal(text, [unit_name(s) for s in servers], files)
+        return removal(text, [unit_name(s) for s in servers], files, servers)
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         units = change.payload["units"]

@@ -365,7 +365,8 @@ def down_phase(inventory: Inventory, network: bool, engines: EngineParts,
     from orchestrator.remote.facts import merge_requests
 
     steps: list[Step] = [persist_down.RemoveBootUnits(), StopServer(engines), RemoveContainers(),
-                         port_guards.RemovePortGuards(), gateway_down.StopRelays()]
+                         port_guards.RemovePortGuards(), gateway_down.StopRelays(),
+                         gateway_down.RemoveRouter()]
     if network:
         steps.append(RemoveNetwork())
     steps += [oomguard.Remove(), RemoveFiles(network), persist_down.RemoveBootLogs(keep=keep_logs),

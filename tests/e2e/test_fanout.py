@@ -207,3 +207,45 @@ def test_a_full_disk_on_a_peer_fails_fast_with_node_path_and_numbers(fanout_lab:
         assert elapsed < 300
     finally:
         lab.exec(peer, f"umount {node_hub}", check=False)
+
+
+def test_a_cable_cut_mid_copy_ends_in_a_clear_error_naming_the_node_and_the_link(
+        fanout_lab: Lab, tmp_path: Path) -> None:
+    lab, (head, peer) = fanout_lab, fanout_lab.nodes[:2]
+    for node in lab.nodes[1:]:
+        in_container(lab, node, f"rm -rf {HF}/hub/models--* {HF}/drafts")
+    # slowed as above, so the cable is pulled part-way through the copy
+    delayed = lab.cli("fault", "delay", "--node", head, "--interface", "enp1s0f1np1", "--ms", "100")
+    assert delayed.returncode == 0, delayed.stderr
+    try:
+        proc = subprocess.Popen(launch_argv(lab), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env(tmp_path))
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            held = in_container(lab, peer, f"du -smc {HF}/hub 2>/dev/null | tail -n1",
+                                check=False).split()
+            if held and int(held[0]) > 8:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the launch ended before its copy could be cut"
+        cut = lab.cli("fault", "cut-cable", "--node", head, "--interface", "enp1s0f1np1")
+        assert cut.returncode == 0, cut.stderr
+        out, err = proc.communicate(timeout=400)
+        # launched again with the cable still out: the peer's fabric address is gone with its
+        # carrier, so the receiver cannot listen (EADDRNOTAVAIL: a traceback before)
+        again = subprocess.run(launch_argv(lab), capture_output=True, text=True,
+                               env=env(tmp_path), timeout=400)
+    finally:
+        lab.cli("fault", "restore", "--node", head)
+    link = (rf"^{peer}: the model copy over the fabric link {head} enp1s0f1np1 -> {peer} "
+            rf"enp1s0f1np1 \(192\.168\.\d+\.\d+\) stopped: ")
+    hint = "Is the cable in and the link up? `sparkctl status` shows each link"
+    for run, cause in (((proc.returncode, out, err), r"the (receiver on|sender on) "),
+                       ((again.returncode, again.stdout, again.stderr),
+                        r"the receiver cannot listen on 192\.168\.\d+\.\d+: Cannot assign "
+                        r"requested address")):
+        code, stdout, stderr = run
+        assert code != 0 and "Traceback" not in stdout + stderr, (stdout + stderr)[-4000:]
+        assert "Errno" not in stdout + stderr, (stdout + stderr)[-4000:]
+        message = distribute_message(stdout)
+        assert re.search(link + cause, message) and hint in message, message

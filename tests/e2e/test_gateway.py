@@ -123,6 +123,12 @@ def test_up_serves_with_the_key_only_and_is_idempotent(served: tuple[Lab, Path, 
     again = sparkctl("gateway", "up", *inv(lab), "--host", "0.0.0.0", "--api-key-file",
                      str(key), "--json")
     assert again.returncode == 0 and json.loads(again.stdout)["outcome"] == "unchanged"
+    # `chat --gateway`: through the router with its key, read on its node (no key given here)
+    chat = sparkctl("chat", "Hello", *inv(lab), "--gateway", "--max-tokens", "8", "--json")
+    assert chat.returncode == 0, chat.stdout + chat.stderr
+    said = json.loads(chat.stdout)
+    assert said["gateway"] is True and said["node"] == lab.nodes[0] and said["model"] == MODEL
+    assert said["reply"] and secret not in chat.stdout + chat.stderr
     # no door beside the gateway (41.2): r-a's relay answers the gateway's node only; r-a
     # itself has no key, so any other fabric host would have had it for free
     r_a = next(r for r in doc["replicas"] if r["server"] == "r-a")
@@ -196,6 +202,11 @@ def test_rolling_relaunch_drops_no_request(served: tuple[Lab, Path, str], tmp_pa
     after = started_at(lab)
     assert all(after[name] != before[name] for name in before), (before, after)
     assert "r-a: back in the gateway" in rolling.stderr and "r-b: back in" in rolling.stderr
+    # each replica's ready and smoke-test lines are its own node's (r-b's said the head's)
+    said = rolling.stdout + rolling.stderr
+    for node in lab.nodes:
+        assert f"✓ {node} ready: answering" in said, said[-3000:]
+        assert f"✓ {node} smoke-test: chat completion on {node}" in said, said[-3000:]
     # --rolling relaunches replicas where they are: no --dry-run, --nodes, --name, --port
     single = sparkctl("launch", str(RECIPE), *inv(lab), "--rolling", "--dry-run")
     assert single.returncode == 2 and "--dry-run" in single.stderr
@@ -275,3 +286,10 @@ def test_down_removes_the_gateway(served: tuple[Lab, Path, str]) -> None:
                         check=False).returncode != 0
     status = json.loads(sparkctl("gateway", "status", *inv(lab), "--json").stdout)
     assert status["running"] is False
+    # the unpacked router stays for the next `gateway up`; `sparkctl down` leaves nothing of it
+    tree = "/opt/sparkctl/sglang-router-*"
+    assert lab.exec(head, f"ls -d {tree}").stdout.strip()
+    full = sparkctl("down", *inv(lab), "--yes")
+    assert full.returncode == 0, full.stdout + full.stderr
+    for node in lab.nodes:
+        assert lab.exec(node, "test -e /opt/sparkctl", check=False).returncode != 0, node

@@ -313,6 +313,33 @@ def test_ray_answers_on_the_fabric_only_and_its_guard_goes_with_the_server(
     assert reach(lab, peer, lab.hosts[head], 6379) == "ConnectionRefusedError"
 
 
+def test_a_second_ray_server_199_ports_up_gets_its_own_worker_slot(
+        launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
+    """API ports 8000 and 8199 share the worker slot 10002-10051 by their offsets: the second
+    server on the same nodes takes the next free slot, its guard closes that range, and both
+    run (their Ray workers would have fought over the same ports)."""
+    lab, _ = launched
+    second = sparkctl("launch", "minimax-m2.7", "--name", "second", "--port", "8199",
+                      "--ignore-memory", *inv(lab), "--yes", "--json", "--timeout", "180")
+    try:
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        head = lab.nodes[0]
+        record = json.loads(lab.exec(head, f"cat {RUN}/servers/second/server.json").stdout)
+        assert 10052 in record["listen_ports"] and 10002 not in record["listen_ports"]
+        for node in lab.nodes:
+            rules = lab.exec(node, "iptables -w -S sparkctl-ray-second").stdout
+            assert "--dport 10052:10101" in rules, (node, rules)
+        args = lab.exec(head, "docker inspect -f '{{json .Args}}' sparkctl-vllm-second").stdout
+        assert "--min-worker-port" in args and "10052" in args, args
+        again = sparkctl("launch", "minimax-m2.7", "--name", "second", "--port", "8199",
+                         "--ignore-memory", *inv(lab), "--yes", "--json")
+        changed = [s["step"] for host in json.loads(again.stdout)["hosts"].values()
+                   for s in host["steps"] if s["status"] == "changed"]
+        assert again.returncode == 0 and changed == [], changed  # its slot and guard kept
+    finally:
+        sparkctl("down", "--server", "second", *inv(lab), "--yes")
+
+
 def test_down_leaves_no_ray_or_vllm_process(launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
     lab, _ = launched
     result = sparkctl("down", *inv(lab), "--yes")

@@ -4,6 +4,7 @@ bad input exits 2 with a message, --json prints one object, exit codes follow th
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -212,8 +213,11 @@ def test_recipes_list_and_show(inv: str) -> None:
 
 
 class Completions(BaseHTTPRequestHandler):
+    seen: list[tuple[str | None, str]] = []  # (Authorization, model) of each request
+
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Completions.seen.append((self.headers.get("Authorization"), body["model"]))
         reply = {"choices": [{"message": {"content": f"echo: {body['messages'][0]['content']}"}}],
                  "usage": {"completion_tokens": 3}}
         data = json.dumps(reply).encode()
@@ -257,6 +261,49 @@ def test_chat_goes_through_the_tunnel(inv: str, fake_cluster: Any, monkeypatch: 
     assert payload["reply"] == "echo: bonjour" and payload["completion_tokens"] == 3
     plain = sparkctl("chat", "-i", inv, input="from stdin\n")
     assert plain.stdout == "echo: from stdin\n" and "3 tokens in" in plain.stderr
+
+
+GATEWAY_PROBE = r"What the gateway has on this node"
+GATEWAY_KEY = r"master key, for `sparkctl chat --gateway`"
+
+
+def test_chat_through_the_gateway_sends_its_key_read_on_its_node(
+        inv: str, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch, server_port: int) -> None:
+    c = head_with_server(fake_cluster, monkeypatch, 1)
+    state = {"node": "spark-b", "host": "0.0.0.0", "port": server_port, "key": True,
+             "replicas": [{"server": "r-a", "model": "Qwen/Qwen3-8B", "node": "spark-a"}]}
+    c["spark-a"].on(GATEWAY_PROBE, answer={"state": None})
+    c["spark-b"].on(GATEWAY_PROBE, answer={"state": state})
+    c["spark-b"].on(GATEWAY_KEY, 0, "sk-gateway-sentinel\n")
+    Completions.seen.clear()
+    result = sparkctl("chat", "bonjour", "-i", inv, "--gateway", "--json")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["reply"] == "echo: bonjour" and payload["gateway"] is True
+    assert payload["node"] == "spark-b" and payload["model"] == "Qwen/Qwen3-8B"
+    assert Completions.seen == [("Bearer sk-gateway-sentinel", "Qwen/Qwen3-8B")]
+    read = [call for call in c["spark-b"].calls if re.search(GATEWAY_KEY, call.command)]
+    assert len(read) == 1 and read[0].sudo and "/etc/sparkctl/gateway/router.json" in read[0].command
+    assert not any("sk-gateway-sentinel" in call.command for node in ("spark-a", "spark-b")
+                   for call in c[node].calls)
+    assert "sk-gateway-sentinel" not in result.output
+    # the key is read only when the gateway has one
+    c["spark-b"].rules.clear()
+    c["spark-b"].on(GATEWAY_PROBE, answer={"state": {**state, "key": False}})
+    Completions.seen.clear()
+    assert sparkctl("chat", "hi", "-i", inv, "--gateway").exit_code == 0
+    assert Completions.seen == [(None, "Qwen/Qwen3-8B")]
+
+
+def test_chat_through_the_gateway_without_one_or_with_server_is_refused(
+        inv: str, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = head_with_server(fake_cluster, monkeypatch, 1)
+    for node in ("spark-a", "spark-b"):
+        c[node].on(GATEWAY_PROBE, answer={"state": None})
+    result = sparkctl("chat", "hi", "-i", inv, "--gateway")
+    assert result.exit_code == 1 and "no gateway runs: `sparkctl gateway up` first" in result.stderr
+    both = sparkctl("chat", "hi", "-i", inv, "--gateway", "--server", "x")
+    assert both.exit_code == 2 and "--gateway and --server exclude each other" in both.stderr
 
 
 def test_chat_without_a_server_says_how_to_start_one(inv: str, fake_cluster: Any,

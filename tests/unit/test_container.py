@@ -11,6 +11,7 @@ from orchestrator.core.step import Change, Unchanged
 from orchestrator.engines.trtllm import container as c
 from orchestrator.errors import SparkctlError
 from orchestrator.phases import container as shared
+from orchestrator.phases import container_image as images
 
 IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"
 REPO = IMAGE.rsplit(":", 1)[0]
@@ -125,15 +126,15 @@ def test_config_hash_depends_on_what_the_container_reads(inventory: Any, wanted:
 
 def test_image_pulled_only_when_missing_and_digests_must_match(inventory: Any, context: Any) -> None:
     inv = inventory()
-    assert isinstance(shared.Image().check(context(inv, "spark-a", {"spark-a": node_facts()})),
+    assert isinstance(images.Image().check(context(inv, "spark-a", {"spark-a": node_facts()})),
                       Unchanged)
     missing = context(inv, "spark-a", {"spark-a": node_facts(pulled=False)})
-    assert isinstance(shared.Image().check(missing), Change)
+    assert isinstance(images.Image().check(missing), Change)
     facts = {"spark-a": node_facts(), "spark-b": node_facts("spark-b", digest="sha256:" + "2" * 64)}
     with pytest.raises(SparkctlError, match=r"spark-a -> sha256:1+; spark-b -> sha256:2+"):
-        shared.ImageDigest().check(context(inv, "spark-b", facts))
+        images.ImageDigest().check(context(inv, "spark-b", facts))
     same = {"spark-a": node_facts(), "spark-b": node_facts("spark-b")}
-    outcome = shared.ImageDigest().check(context(inv, "spark-b", same))
+    outcome = images.ImageDigest().check(context(inv, "spark-b", same))
     assert isinstance(outcome, Unchanged) and "sha256:1111" in outcome.reason
 
 
@@ -146,11 +147,11 @@ def test_pull_feeds_the_digest_check(inventory: Any, context: Any, fake_transpor
                   transports={"spark-a": transport})
     lines: list[str] = []
     ctx.options.progress_note = lines.append
-    shared.Image().apply(ctx, Change("pull"))
+    images.Image().apply(ctx, Change("pull"))
     assert f"docker pull {IMAGE}" in transport.calls[0]["command"]
     assert transport.calls[1]["command"].startswith(f"docker image inspect {IMAGE}")
     assert any("0123456789ab pull complete; 1/1 layers done" in line for line in lines)
-    assert shared.image_digest(ctx.shared.image_facts["spark-a"], IMAGE) == "sha256:7"
+    assert images.image_digest(ctx.shared.image_facts["spark-a"], IMAGE) == "sha256:7"
 
 
 def test_replace_command_waits_for_the_pinned_host_key(inventory: Any, wanted: Any) -> None:

@@ -123,7 +123,7 @@ def test_status_calls_a_set_up_node_up_without_an_up_container() -> None:
     from test_status import INVENTORY, node_facts
 
     from orchestrator.engines.capabilities import NoSettings
-    from orchestrator.status.assess import assess_node
+    from orchestrator.status.nodes import assess_node
 
     inv = INVENTORY.model_copy(update={"engines": {"sglang": NoSettings()}})
     facts = node_facts("spark-a")

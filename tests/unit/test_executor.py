@@ -137,6 +137,50 @@ def test_head_scoped_steps_run_on_the_head_only(run: Any) -> None:
     assert [n for n, c in journal if c == "echo headonly"] == ["spark-a"]
 
 
+class OnServerNode(Recorder):
+    """A head-scoped step about one server's node (its readiness, its smoke test)."""
+
+    scope = "head"
+
+    def __init__(self, name: str, node: str) -> None:
+        super().__init__(name)
+        self.node = node
+
+    def runs_on(self, inventory: Any) -> str:
+        return self.node
+
+
+def test_a_step_about_a_servers_node_runs_and_is_reported_there(run: Any) -> None:
+    # a replica relaunched on spark-b: its ready and smoke-test lines are spark-b's, not the head's
+    report, journal = run(Plan("launch", [Phase("serve", [OnServerNode("ready", "spark-b")],
+                                                facts_request)]), ALL_CHANGE)
+    assert [n for n, c in journal if c == "echo ready"] == ["spark-b"]
+    assert [s.step for s in report.hosts["spark-b"].steps] == ["ready"]
+    assert report.hosts["spark-a"].steps == []
+    # a node the phase does not cover: the head, as before (never silently skipped)
+    from orchestrator.phases.models import ServingPhase
+
+    narrow = ServingPhase("serve", [OnServerNode("ready", "spark-c")], facts_request,
+                          serving=["spark-a", "spark-b"])
+    _, journal = run(Plan("launch", [narrow]), ALL_CHANGE)
+    assert [n for n, c in journal if c == "echo ready"] == ["spark-a"]
+
+
+def test_readiness_and_smoke_tests_run_on_the_servers_first_node() -> None:
+    from orchestrator.engines import load_recipe, placed, verify
+    from orchestrator.engines.sglang import ENGINE as SGLANG
+    from orchestrator.recipe import LaunchOptions
+
+    recipe = load_recipe("qwen3-8b").model_copy(update={"placement": ["spark-b"]})
+    inventory = inventory_from_data({"cluster": {"name": "c", "ssh_key": "/k"}, "nodes": [
+        {"name": "spark-a", "host": "a"}, {"name": "spark-b", "host": "b"}]}, "inv.yml")
+    phases = SGLANG.launch_phases(recipe, inventory, LaunchOptions(name="r-b"))
+    steps = [s for p in phases for s in p.steps if isinstance(s, (verify.WaitReady, placed.Smoke))]
+    assert [(s.name, s.runs_on(inventory)) for s in steps] == [("ready", "spark-b"),
+                                                               ("smoke-test", "spark-b")]
+    assert "keeps loading on spark-b" in (steps[0].interrupt_hint(inventory) or "")
+
+
 def test_internal_errors_become_a_failed_step_not_a_crash(run: Any) -> None:
     class Broken(Recorder):
         def check(self, ctx: NodeContext) -> Outcome:

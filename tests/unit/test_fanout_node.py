@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -437,3 +438,31 @@ def test_a_watched_receiver_stops_when_its_controller_goes_away(tmp_path: Path) 
     receiver.stdin.close()  # the controller is gone
     assert receiver.wait(timeout=10) == 9
     assert not list((peer / FOLDER / "blobs").glob("big"))  # nothing half-written in place
+
+
+def test_a_receiver_whose_fabric_address_is_gone_says_so_in_one_line(tmp_path: Path) -> None:
+    # a pulled cable takes the fabric address off the node (networkd): binding it fails with
+    # EADDRNOTAVAIL, which used to end the receiver in a traceback
+    head, peer = tmp_path / "head", tmp_path / "peer"
+    make_hub(head, big=1000)
+    peer.mkdir()
+    result = run("recv", {"listen": "192.0.2.77", "streams": 1},  # TEST-NET-1: on no machine
+                 json.dumps(plan_of("a" * 32, (peer, manifest(head)))))
+    assert result.returncode == 6 and "Traceback" not in result.stderr, result.stderr
+    assert json.loads(result.stdout) == {"error": "listen", "link": True,
+                                         "message": "Cannot assign requested address"}
+
+
+def test_a_sender_that_cannot_reach_the_receiver_says_so_without_an_errno(tmp_path: Path) -> None:
+    head = tmp_path / "head"
+    make_hub(head, big=1000)
+    entry = manifest(head)
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    job = job_of("a" * 32, [[0, 0, 1000]], (head, entry))
+    result = run("send", {"host": "127.0.0.1", "port": port, "streams": 1}, json.dumps(job))
+    last = json.loads(result.stdout.splitlines()[-1])
+    assert last == {"error": "send", "link": True, "sent": 0, "message":
+                    f"cannot connect to the receiver at 127.0.0.1:{port}: Connection refused"}
+    assert node.on_the_wire(TimeoutError()) and not node.on_the_wire(FileNotFoundError(2, "x"))

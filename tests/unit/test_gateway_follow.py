@@ -143,6 +143,39 @@ def test_down_stops_relays_and_its_verify_names_any_left() -> None:
     assert names.index("gateway-relays") < names.index("files")  # before the pid files go
 
 
+def test_down_removes_the_unpacked_router_and_its_verify_names_any_left(tmp_path: Path) -> None:
+    class Ctx:
+        facts = parsed({"commands": {"gateway_router_trees": {
+            "out": f"{gs.ROUTER_TREE}\n/opt/sparkctl/sglang-router-0.3.1\n"}}})
+
+    change = gateway_down.RemoveRouter().check(Ctx())  # type: ignore[arg-type]
+    assert change.summary == f"remove {gs.ROUTER_TREE}, /opt/sparkctl/sglang-router-0.3.1"
+    assert change.commands == (gateway_down.remove_router_cmd(),)
+    Ctx.facts = parsed({"commands": {"gateway_router_trees": {"out": ""}}})
+    assert gateway_down.RemoveRouter().check(Ctx()).reason == "no gateway router installed"  # type: ignore[arg-type]
+    names = [s.name for s in teardown.down_phase(make_inventory(), False, down_parts()).steps]
+    assert names.index("gateway-relays") < names.index("gateway-router")  # the router stopped first
+    # the commands themselves, on a folder of this machine: every version and a staging
+    # leftover go, the folder with them only when nothing else is in it
+    install = tmp_path / "opt-sparkctl"
+    for tree in ("sglang-router-0.3.2/sglang_router", "sglang-router-0.3.1", ".staging-x1"):
+        (install / tree).mkdir(parents=True)
+    listed = subprocess.run(["sh", "-c", gateway_down.router_trees_cmd(str(install))],
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert sorted(Path(p).name for p in listed) == [".staging-x1", "sglang-router-0.3.1",
+                                                    "sglang-router-0.3.2"]
+    (install / "theirs").write_text("a user's file\n")
+    subprocess.run(["sh", "-c", gateway_down.remove_router_cmd(str(install))], check=True)
+    assert [p.name for p in install.iterdir()] == ["theirs"]
+    (install / "theirs").unlink()
+    (install / "sglang-router-0.3.2").mkdir()
+    subprocess.run(["sh", "-c", gateway_down.remove_router_cmd(str(install))], check=True)
+    assert not install.exists()
+    # the verify step names a tree and the gateway's boot unit still there
+    verify = teardown.verify_cmd(make_inventory(), network=False)
+    assert "gateway router: " in verify and f"boot unit: {gs.BOOT_UNIT_PATH}" in verify
+
+
 def test_a_launch_probes_for_a_gateway_only_when_a_node_holds_its_record() -> None:
     """The launch's gateway check reads the facts gathered up front (one file per node) and
     the follow that ends a launch then costs no probe of every node when none holds a record."""

@@ -21,7 +21,7 @@ import pytest
 from orchestrator.core.step import Change, RunOptions, RunState, Unchanged
 from orchestrator.errors import SparkctlError
 from orchestrator.node import imagecopy
-from orchestrator.phases import container as c
+from orchestrator.phases import container_image as c
 from orchestrator.phases import image_share as share
 from orchestrator.remote.pipe import RemoteProcess
 

@@ -496,6 +496,28 @@ def test_a_failing_copy_or_manifest_fails_the_step(
     assert distribute_error(fake_cluster, remotes) == \
         "spark-b: the receiver ended without finishing: Traceback: boom"
 
+    # the fabric link went away (a pulled cable): the node, the link and what to look at
+    hint = (". Is the cable in and the link up? `sparkctl status` shows each link, `sparkctl "
+            "netcheck` tests them; the next launch resumes the copy with only the rest")
+    link = "spark-b: the model copy over the fabric link spark-a enp1s0f1np1 -> spark-b " \
+           "enp1s0f1np1 (192.168.200.13) stopped: "
+    remotes.recv, remotes.send = [{"error": "listen", "link": True,
+                                   "message": "Cannot assign requested address"}], []
+    assert distribute_error(fake_cluster, remotes) == (
+        link + "the receiver cannot listen on 192.168.200.13: Cannot assign requested address"
+        + hint)
+    remotes.recv = [ready, {"error": "io", "link": True,
+                            "message": "the sender went silent mid-chunk"}]
+    remotes.send = [{"sent": GB}]
+    assert distribute_error(fake_cluster, remotes) == (
+        link + "the receiver on spark-b: the sender went silent mid-chunk (1.00 GB of 300.00 GB "
+        "sent)" + hint)
+    remotes.recv = [ready, {"done": True, "received": BIG}]
+    remotes.send = [{"sent": GB}, {"error": "send", "link": True, "sent": GB,
+                                   "message": "Network is unreachable"}]
+    assert distribute_error(fake_cluster, remotes) == (
+        link + "the sender on spark-a: Network is unreachable (1.00 GB of 300.00 GB sent)" + hint)
+
     remotes.recv = [ready, {"done": True, "received": BIG}]
     remotes.started.clear()
     absent = dict(head_manifests(), **{MODEL: hub_entry({}, present=False, commit=None)})

@@ -168,6 +168,9 @@ def test_down_disables_and_removes_the_units_and_names_the_restart_policies() ->
     assert "trtllm-multinode (unless-stopped) goes with the containers" in change.summary
     assert "other" not in change.summary
     assert change.payload["files"][-1] == boot_units.BOOT_SCRIPT  # no unit left: the script too
+    # launch's marker that the server runs goes too (in /run: it would stay until a reboot)
+    assert ("rm -f -- /run/sparkctl/launched-s1; rmdir /run/sparkctl 2>/dev/null"
+            in change.commands[0])
     only = persist_down.RemoveBootUnits("s2").check(ctx)
     assert isinstance(only, Unchanged)
 

@@ -112,7 +112,8 @@ def test_a_long_or_odd_server_name_still_makes_a_valid_chain_name() -> None:
 def test_install_is_atomic_idempotent_and_refuses_beyond_the_fabric(
         tables: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = guard.guard_config(spec())
-    assert node_guard("state", config, monkeypatch).json == {"current": False, "leftovers": []}
+    assert node_guard("state", config, monkeypatch).json == {"current": False, "ranges": [],
+                                                            "leftovers": []}
     first = node_guard("install", config, monkeypatch)
     assert first.code == 0 and first.json == {"changed": True, "removed": []}
     for tool in ("iptables", "ip6tables"):
@@ -127,6 +128,12 @@ def test_install_is_atomic_idempotent_and_refuses_beyond_the_fabric(
             f"-A {CHAIN} -p tcp -m tcp --dport 10002:10051 -j REJECT --reject-with tcp-reset"]
     assert node_guard("state", config, monkeypatch).json["current"] is True
     assert node_guard("install", config, monkeypatch).json["changed"] is False  # idempotent
+    # asked without the worker range (launch's facts: the placement step picks it later): the
+    # rest compared, the range read back
+    unknown = node_guard("state", {**config, "ranges": None}, monkeypatch).json
+    assert unknown["current"] is True and unknown["ranges"] == [[10002, 10051]]
+    moved_workers = {**config, "ranges": [[10052, 10101]]}
+    assert node_guard("state", moved_workers, monkeypatch).json["current"] is False
     # the fabric changed: the chain is rewritten in place, still hooked once
     moved = {**config, "interfaces": ["enp1s0f1np1"]}
     assert node_guard("install", moved, monkeypatch).json["changed"] is True
@@ -145,7 +152,7 @@ def test_a_leftover_chain_of_a_server_that_no_longer_runs_goes_at_the_next_insta
     old = {**guard.guard_config(spec()), "chain": "sparkctl-ray-gone", "container": "sparkctl-vllm-gone"}
     node_guard("install", old, monkeypatch)
     config = guard.guard_config(spec())
-    assert node_guard("state", config, monkeypatch).json == {"current": False,
+    assert node_guard("state", config, monkeypatch).json == {"current": False, "ranges": [],
                                                             "leftovers": ["sparkctl-ray-gone"]}
     assert node_guard("install", config, monkeypatch).json["removed"] == ["sparkctl-ray-gone"]
     for tool in ("iptables", "ip6tables"):
@@ -193,9 +200,15 @@ def test_the_step_installs_keeps_and_cleans_from_the_nodes_answer() -> None:
     argv = shlex.split(fresh.commands[0])
     assert argv[:2] == ["python3", "-c"] and argv[3] == "install"
     assert json.loads(argv[4]) == guard.guard_config(spec())
-    kept = step.check(guard_ctx({"rc": 0, "out": '{"current": true, "leftovers": []}'}))
+    kept = step.check(guard_ctx({"rc": 0, "out": '{"current": true, "ranges": [[10002, 10051]], '
+                                                 '"leftovers": []}'}))
     assert isinstance(kept, Unchanged)
-    left = step.check(guard_ctx({"rc": 0, "out": '{"current": true, "leftovers": ["sparkctl-ray-x"]}'}))
+    # the rest as wanted but another worker range closed (the placement step moved its slot)
+    moved = step.check(guard_ctx({"rc": 0, "out": '{"current": true, "ranges": [[10052, 10101]], '
+                                                  '"leftovers": []}'}))
+    assert isinstance(moved, Change) and "10002-10051" in moved.summary
+    left = step.check(guard_ctx({"rc": 0, "out": '{"current": true, "ranges": [[10002, 10051]], '
+                                                 '"leftovers": ["sparkctl-ray-x"]}'}))
     assert isinstance(left, Change) and left.summary == "remove sparkctl-ray-x (its server no longer runs)"
     other = guard.GuardRayPorts(spec(placement=["spark-b"]))
     assert isinstance(other.check(guard_ctx({}, "spark-a")), Unchanged)

@@ -23,7 +23,7 @@ from orchestrator.core.step import Change, RunOptions, Unchanged
 from orchestrator.engines import load_recipe
 from orchestrator.engines.sglang import ENGINE as SGLANG
 from orchestrator.errors import SparkctlError
-from orchestrator.phases import container as c
+from orchestrator.phases import container_image as c
 from orchestrator.phases import image_share as share
 from orchestrator.phases import preflight, registry
 from orchestrator.phases.registry import Reach, reach, registry_of, supply

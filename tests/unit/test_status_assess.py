@@ -16,6 +16,7 @@ from test_status import INVENTORY, NOW, SERVER, node_facts
 from orchestrator.errors import SparkctlError
 from orchestrator.paths import NETPLAN_FILE, SERVER_JSON
 from orchestrator.status import assess as status
+from orchestrator.status import nodes as node_status
 
 BOTH = ("spark-a", "spark-b")
 
@@ -124,7 +125,7 @@ def test_when_the_container_spec_cannot_be_computed_the_config_is_unknown() -> N
     up = up_container(INVENTORY)
     assert up is not None
     facts = node_facts("spark-a")
-    assert status.desired_config_hash(replace(up, spec_for=no_spec), INVENTORY,  # type: ignore[arg-type]
+    assert node_status.desired_config_hash(replace(up, spec_for=no_spec), INVENTORY,  # type: ignore[arg-type]
                                       INVENTORY.node("spark-a"), facts) is None
     both = {n: node_facts(n) for n in BOTH}
     del both["spark-a"]["ibdev2netdev"]  # the container step needs the RoCE devices
@@ -220,7 +221,7 @@ def test_cluster_state(states: set[str], server: dict[str, Any] | None, expected
     (None, None),
 ])
 def test_ages_from_docker_and_server_timestamps(iso: str | None, age: int | None) -> None:
-    assert status.age(iso, NOW) == age
+    assert node_status.age(iso, NOW) == age
 
 
 def test_the_server_list_comes_from_the_same_round_trip() -> None:
@@ -260,6 +261,7 @@ def test_an_adopted_network_counts_as_configured_without_sparkctls_file() -> Non
         update={"network": "adopted"})})
     facts = node_facts("spark-a", container=None)  # addresses live, from Sync's file
     facts["files"][NETPLAN_FILE] = {"exists": False}
-    assert status.assess_node(INVENTORY, INVENTORY.node("spark-a"), as_facts(facts))["state"] == "not-set-up"
-    found = status.assess_node(adopted, adopted.node("spark-a"), as_facts(facts))
+    alone = node_status.assess_node(INVENTORY, INVENTORY.node("spark-a"), as_facts(facts))
+    assert alone["state"] == "not-set-up"
+    found = node_status.assess_node(adopted, adopted.node("spark-a"), as_facts(facts))
     assert found["state"] == "network-only" and found["network"]["configured"] is True

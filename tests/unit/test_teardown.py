@@ -62,6 +62,7 @@ def up_facts(node: str = "spark-a", netplan_content: str | None = None) -> dict[
         "commands": {
             "managed": cmd("abc123\ttrtllm-multinode\trunning\n"),
             "gateway_relays": cmd("4242\n"),  # a gateway relay (issue 29)
+            "gateway_router_trees": cmd("/opt/sparkctl/sglang-router-0.3.2\n"),  # and its router
             "state_entries": cmd("lock\nrun\nnetplan-backup.yaml\n"),
             "pid_files": cmd("mpirun.pid\nrank-0.pid\n"),
             "port_guards": cmd('{"chains": ["sparkctl-ray-minimax-m2.7"]}'),
@@ -122,7 +123,7 @@ def test_a_clean_node_needs_nothing_so_down_twice_is_fine() -> None:
 def test_without_network_the_plan_has_no_network_step() -> None:
     names = [s.name for s in teardown.down_phase(INVENTORY, False, down_parts()).steps]
     assert names == ["boot-units", "stop-server", "containers", "port-guards", "gateway-relays",
-                     "oom-guard",
+                     "gateway-router", "oom-guard",
                      "files", "boot-logs", "verify"]
     assert teardown.build_down_plan(INVENTORY, False, down_parts()).phases[0].name == "down"
 
@@ -214,7 +215,8 @@ def test_an_unreachable_node_does_not_stop_the_others_cleaning(node: Any) -> Non
     executor.run(teardown.build_down_plan(INVENTORY, True, down_parts()))
     statuses = {s.step: s.status for s in report.hosts["spark-a"].steps}
     assert statuses == {"boot-units": "changed", "stop-server": "changed", "containers": "changed",
-                        "port-guards": "changed", "gateway-relays": "changed", "network": "changed",
+                        "port-guards": "changed", "gateway-relays": "changed",
+                        "gateway-router": "changed", "network": "changed",
                         "oom-guard": "changed",
                         "files": "changed", "boot-logs": "changed",
                         "verify": "ok"}, report.to_json()
@@ -233,7 +235,7 @@ def test_dry_run_changes_nothing(node: Any) -> None:
     Executor(INVENTORY, transports, RunOptions("down", dry_run=True), report, Progress(quiet=True)).run(
         teardown.build_down_plan(INVENTORY, True, down_parts()))
     assert all(line.startswith("python3 - ") for _, line in journal), journal
-    assert report.count("planned") == 18  # 9 changes on each of the 2 nodes
+    assert report.count("planned") == 20  # 10 changes on each of the 2 nodes
 
 
 def test_verify_reports_leftovers(fake_transport: Any) -> None:

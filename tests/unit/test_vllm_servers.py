@@ -97,6 +97,54 @@ def test_a_second_server_on_the_same_node_is_judged_by_its_ports_and_memory() ->
     assert isinstance(judged(spec(nodes=["spark-b"], name="b"), facts([first])), Unchanged)
 
 
+def ray_spec(port: int, name: str, nodes: list[str] | None = None) -> serve.ServeSpec:
+    """A one-node server over Ray (the test recipe's image picks mp by itself)."""
+    recipe = load_recipe("gpt-oss-120b-vllm").model_copy(
+        update={"executor": "ray", "port": port, "placement": nodes})
+    return serve.ServeSpec(recipe, inventory(), LaunchOptions(name=name, ignore_memory=True))
+
+
+def test_api_ports_199_apart_get_their_own_ray_worker_slots_on_a_shared_node() -> None:
+    first = ray_spec(8000, "one")
+    running = {**first.record(), "alive": True, "health": 200}
+    assert first.backend == "ray" and first.ports.ray_node.workers == (10002, 10051)
+    # 8199's own slot (199 % 199 = 0) is 8000's: it takes the next free one
+    second = ray_spec(8199, "two")
+    assert second.ports.ray_node.workers == (10002, 10051)
+    assert isinstance(judged(second, facts([running])), Unchanged)
+    assert second.ports.ray_node.workers == (10052, 10101)
+    assert second.record()["listen_ports"] == second.ports.bound("ray", 1)
+    assert not set(second.ports.ray_ports()) & set(first.ports.ray_ports())
+    # the boot unit's port guard closes the range it moved to (built after the placement step)
+    from orchestrator.engines.vllm.persist import persist_phase
+
+    unit = next(step for step in persist_phase(second, LaunchOptions(persist=True)).steps
+                if hasattr(step, "spec"))
+    assert '[[10052, 10101]]' in unit.spec.part(inventory().node("spark-a")).first[0][1]
+    # on a node the first does not use: its own slot
+    elsewhere = ray_spec(8199, "two", ["spark-b"])
+    judged(elsewhere, facts([running]))
+    assert elsewhere.ports.ray_node.workers == (10002, 10051)
+    # running again, it keeps the slot its record lists (its guard and Ray stay as they are)
+    both = [running, {**second.record(), "alive": True, "health": 200}]
+    again = ray_spec(8199, "two")
+    assert isinstance(judged(again, facts(both)), Unchanged)
+    assert again.ports.ray_node.workers == (10052, 10101)
+    # mp has no Ray workers: nothing moves
+    mp = spec(port=8199, name="mp", ignore_memory=True)
+    judged(mp, facts([running]))
+    assert mp.backend == "mp" and mp.ports.ray_node.workers == (10002, 10051)
+
+
+def test_no_free_worker_slot_is_refused_naming_the_nodes_and_the_way_out() -> None:
+    full = [{**ray_spec(8000 + slot, f"s{slot}").record(), "alive": True, "health": 200,
+             "memory_gb": 0.1} for slot in range(199)]
+    with pytest.raises(InputError, match=r"^spark-a: every one of Ray's 199 worker port slots "
+                                         r"\(50 ports each, 10002-19951\) is held by another "
+                                         r"server .*`sparkctl down --server NAME`.*executor: mp"):
+        judged(ray_spec(8500, "late"), facts(full))
+
+
 def test_the_same_name_runs_the_same_configuration_or_is_refused_or_replaced() -> None:
     s = spec()
     same = {**s.record(), "alive": True, "health": 200}

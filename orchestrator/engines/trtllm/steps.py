@@ -170,6 +170,9 @@ class Smoke(SmokeTest):
         super().__init__(ask)
         self.first = first
 
+    def runs_on(self, inventory: Inventory) -> str:
+        return self.first
+
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         return self.ask(ctx.transports[self.first])
 

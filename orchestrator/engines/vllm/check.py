@@ -13,6 +13,11 @@ so status sees it, `down` and `down --server NAME` stop it. Relaunching its reci
 name replaces it: its containers and record go, the named server starts in their place, and the
 plan says so. Such a server of another recipe is any other server (its port and memory are
 judged; --replace does not reach it).
+
+Ray's worker ports: a server over Ray takes its offset's own slot of 50 worker ports unless a
+server of another name on one of its nodes holds a port of it (API ports 199 apart share the
+slot), then the next free slot; a server running again keeps the slot its record lists
+(engines/vllm/ports.py). No free slot: refused before anything changes.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Phase, Step, Unchanged
 from orchestrator.engines import lifecycle, servers
+from orchestrator.engines.vllm.ports import SLOTS, WORKER_BASE, WORKER_PORTS, WORKER_SLOTS, free_worker_slot
+from orchestrator.errors import InputError
 from orchestrator.records import Server
 
 if TYPE_CHECKING:
@@ -34,6 +41,34 @@ def earlier_of(spec: ServeSpec, found: list[Server]) -> Server | None:
     (its record converted by node/servers.py's one-time migration)."""
     return next((s for s in found if s.migrated and s.engine == "vllm" and s.name == spec.name
                  and s.record.recipe == spec.recipe.name), None)
+
+
+def recorded_slot(server: Server) -> int | None:
+    """The worker slot a running server's record lists (its lowest port in Ray's range)."""
+    workers = [p for p in server.record.listen_ports or []
+               if WORKER_BASE <= p < WORKER_BASE + WORKER_PORTS * WORKER_SLOTS]
+    return (min(workers) - WORKER_BASE) // WORKER_PORTS if workers else None
+
+
+def place_workers(spec: ServeSpec, running: list[Server]) -> None:
+    """Give SPEC's Ray workers a slot no other server on its nodes holds (its own when free)."""
+    if spec.backend != "ray":
+        return
+    others = [s for s in running if s.name != spec.name and set(s.record.nodes) & set(spec.nodes)]
+    taken = set().union(*(servers.ports_of(s) for s in others))
+    mine = next((s for s in running if s.name == spec.name), None)
+    kept = recorded_slot(mine) if mine is not None else None
+    if kept is not None and free_worker_slot(kept, taken) == kept:
+        spec.use_worker_slot(kept)
+        return
+    slot = free_worker_slot(spec.recipe.port % SLOTS, taken)
+    if slot is None:
+        raise InputError(
+            f"{', '.join(spec.nodes)}: every one of Ray's {WORKER_SLOTS} worker port slots "
+            f"({WORKER_PORTS} ports each, {WORKER_BASE}-{WORKER_BASE + WORKER_PORTS * WORKER_SLOTS - 1}) "
+            f"is held by another server ({', '.join(sorted(s.name for s in others))}): stop one "
+            "(`sparkctl down --server NAME`) or use `executor: mp` in the recipe (no Ray)")
+    spec.use_worker_slot(slot)
 
 
 class Placement(Step):
@@ -50,6 +85,7 @@ class Placement(Step):
         everything = servers.from_facts(ctx.cluster_facts, alive_only=False)
         earlier = earlier_of(spec, everything)
         running = [s for s in everything if s.alive and s is not earlier]
+        place_workers(spec, running)
         decision, other = servers.judge(spec.wanted(), running, spec.options.replace,
                                         spec.options.ignore_memory)
         where = ", ".join(spec.nodes)

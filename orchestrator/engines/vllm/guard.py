@@ -64,10 +64,11 @@ def describe(config: dict[str, Any]) -> str:
 
 
 def guard_facts(spec: ServeSpec, inventory: Inventory, node: Node) -> dict[str, Any]:
-    """The guard as the node has it now (portguard.py state: read-only)."""
+    """The guard as the node has it now (portguard.py state: read-only). Its worker range
+    read back, not compared: the placement step picks it from the facts (engines/vllm/check.py)."""
     if node.name not in spec.nodes:
         return {}
-    return {"commands": {"portguard": guard_cmd("state", guard_config(spec))}}
+    return {"commands": {"portguard": guard_cmd("state", {**guard_config(spec), "ranges": None})}}
 
 
 def missing_message(node: str, missing: list[str], server: str) -> str:
@@ -98,9 +99,10 @@ class GuardRayPorts(Step):
                                 f"{found['error']}")
         config = guard_config(spec)
         leftovers = list(found.get("leftovers") or [])
-        if found.get("current") and not leftovers:
+        current = bool(found.get("current")) and found.get("ranges") == config["ranges"]
+        if current and not leftovers:
             return Unchanged(f"Ray's ports closed beyond lo and the fabric ({config['chain']})")
-        what = [] if found.get("current") else [describe(config)]
+        what = [] if current else [describe(config)]
         what += [f"remove {chain} (its server no longer runs)" for chain in leftovers]
         return Change("; ".join(what), commands=(guard_cmd("install", config),))
 

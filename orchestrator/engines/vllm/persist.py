@@ -52,13 +52,13 @@ def persist_phase(spec: ServeSpec, options: LaunchOptions) -> Phase:
     nodes = list(spec.nodes)
     ray = spec.backend == "ray"
 
-    # after a reboot the firewall is empty: the port guard again before Ray may serve, and
-    # without it (iptables gone) the container stops rather than run open
-    first = [(f"Ray's port guard ({chain_name(spec.name)}: Ray's ports on lo and the fabric only)",
-              f"{guard_cmd('install', guard_config(spec))} >/dev/null || "
-              f"{{ {join(['docker', 'stop', container])}; exit 1; }}")] if ray else []
-
     def part(node: Node) -> persist.Part:
+        # after a reboot the firewall is empty: the port guard again before Ray may serve, and
+        # without it (iptables gone) the container stops rather than run open; built when the
+        # boot plan is (its worker range is the placement step's pick: engines/vllm/check.py)
+        first = [(f"Ray's port guard ({chain_name(spec.name)}: Ray's ports on lo and the "
+                  "fabric only)", f"{guard_cmd('install', guard_config(spec))} >/dev/null || "
+                  f"{{ {join(['docker', 'stop', container])}; exit 1; }}")] if ray else []
         if node.name != nodes[0]:
             # mp: the container is the headless rank; it waits for rank 0 by itself
             role = "Ray worker" if ray else "headless vLLM rank"

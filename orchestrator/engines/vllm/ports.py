@@ -19,7 +19,9 @@ it, phases/ports.py and engines/servers.py). The blocks, all below Linux's ephem
 
     GCS 6379+o | node manager 21000+o | object manager 22000+o | runtime-env agent 23000+o
     dashboard agent gRPC 24000+o | dashboard agent HTTP 25000+o | metrics export 26000+o
-    workers: 50 ports from 10002 + 50 x (o % 199) (Ray's own default range, cut in slots)
+    workers: 50 ports in one of 199 slots of Ray's own default range 10002-19999: slot o % 199,
+             unless a server on one of its nodes holds it (API ports 199 apart), then the next
+             free one (engines/vllm/check.py picks it from the other servers' records)
 
 The Ray client server (`ray://`, the head's) is left at Ray's 10001: Ray starts it only where
 its `ray[client]` dependencies are installed, and refuses `--ray-client-server-port` where they
@@ -54,6 +56,23 @@ plus the idle workers Ray prestarts (one per CPU it counts, `ray.num_cpus` in th
 WORKER_SLOTS = (20000 - WORKER_BASE) // WORKER_PORTS
 
 
+def worker_range(slot: int) -> tuple[int, int]:
+    """The lowest and highest worker port of SLOT (0 .. WORKER_SLOTS - 1)."""
+    low = WORKER_BASE + WORKER_PORTS * slot
+    return low, low + WORKER_PORTS - 1
+
+
+def free_worker_slot(offset: int, taken: set[int]) -> int | None:
+    """The offset's own slot when none of its ports is TAKEN (ports other servers on the same
+    nodes bind), else the next free slot after it, or None when every slot holds one."""
+    for step in range(WORKER_SLOTS):
+        slot = (offset + step) % WORKER_SLOTS
+        low, high = worker_range(slot)
+        if not any(low <= port <= high for port in taken):
+            return slot
+    return None
+
+
 def _shift(base: int, offset: int) -> int:
     """base + offset, wrapped into the unprivileged ports."""
     return (base + offset - LOWEST) % (HIGHEST - LOWEST + 1) + LOWEST
@@ -79,14 +98,18 @@ class RayPorts:
     """Worker processes' ports, lowest and highest (`--min-worker-port`, `--max-worker-port`)."""
 
     @classmethod
-    def at(cls, offset: int) -> RayPorts:
-        low = WORKER_BASE + WORKER_PORTS * (offset % WORKER_SLOTS)
+    def at(cls, offset: int, slot: int | None = None) -> RayPorts:
+        """The ports of OFFSET, the workers in SLOT (default: the offset's own, offset % 199)."""
+        low = worker_range(offset % WORKER_SLOTS if slot is None else slot)[0]
         return cls(node_manager=_shift(NODE_MANAGER_BASE, offset),
                    object_manager=_shift(OBJECT_MANAGER_BASE, offset),
                    runtime_env_agent=_shift(RUNTIME_ENV_AGENT_BASE, offset),
                    agent_grpc=_shift(RAY_AGENT_GRPC_BASE, offset),
                    agent_http=_shift(RAY_AGENT_BASE, offset), metrics=_shift(METRICS_EXPORT_BASE, offset),
                    workers=(low, low + WORKER_PORTS - 1))
+
+    def slot(self) -> int:
+        return (self.workers[0] - WORKER_BASE) // WORKER_PORTS
 
     def args(self) -> list[str]:
         """`ray start`'s options for them, on every node."""
@@ -121,9 +144,10 @@ class ServerPorts:
     """The rest of a Ray node's ports, on every node of the server."""
 
     @classmethod
-    def of(cls, recipe: Recipe) -> ServerPorts:
+    def of(cls, recipe: Recipe, worker_slot: int | None = None) -> ServerPorts:
+        """RECIPE's ports; its Ray workers in WORKER_SLOT (default: its offset's own)."""
         offset = recipe.port % SLOTS
-        node = RayPorts.at(offset)
+        node = RayPorts.at(offset, worker_slot)
         return cls(api=recipe.port, ray=_shift(recipe.ray.port, offset), ray_agent=node.agent_http,
                    master=_shift(recipe.master_port, offset), ray_node=node)
 

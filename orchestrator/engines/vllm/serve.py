@@ -94,6 +94,10 @@ class ServeSpec(ServerSpec):
         """The fabric address Ray, NCCL and vLLM use for a node (the one the others reach it at)."""
         return self.inventory.mpi_address(self.inventory.node(name))
 
+    def use_worker_slot(self, slot: int) -> None:
+        """Ray's worker ports in SLOT (the placement step's pick: engines/vllm/check.py)."""
+        self.ports = ServerPorts.of(self.recipe, slot)
+
     def is_first(self, node: Node) -> bool:
         return node.name == self.first
 
@@ -190,6 +194,9 @@ class Smoke(Step):
 
     def __init__(self, spec: ServeSpec) -> None:
         self.spec = spec
+
+    def runs_on(self, inventory: Inventory) -> str:
+        return self.spec.first
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
         from orchestrator.engines.serverctl import smoke_test
