@@ -85,7 +85,14 @@ def test_a_persistent_server_answers_again_after_both_nodes_reboot(plab: Lab) ->
     answer = wait_for_chat(plab, 180)
     assert answer.returncode == 0, answer.stdout + answer.stderr
     assert json.loads(answer.stdout)["completion_tokens"] > 0
-    log = plab.exec(head, f"cat {BOOT_LOG}").stdout
+    # the boot unit writes its "up:" line once its own probe answers, which may come a few
+    # seconds after our chat did: wait for it rather than read the log once
+    deadline, log = time.monotonic() + 60, ""
+    while time.monotonic() < deadline:
+        log = plab.exec(head, f"cat {BOOT_LOG}").stdout
+        if "up: server" in log:
+            break
+        time.sleep(2)
     assert "fabric: " in log and "containers running: trtllm-multinode" in log
     assert "models present" in log and "memory: MemAvailable" in log
     # head last: it waited for its peer's sshd before starting mpirun
