@@ -12,8 +12,8 @@ Nothing is taken on trust: the executor computes every node's request as always
 (Executor._prefetch) and takes a node's early answer only when that request is the same, key
 for key; otherwise (the inventory or sparkctl changed) the answer is dropped and the node is
 asked again. The answers were gathered in this run, before anything changed, so every check
-reads what it read before. Without a kept request (a first run) the connections still open
-early; nothing else starts early.
+reads what it read before. Without a kept request (a first run) nothing starts early: the
+session connects as always.
 
 Only for an inventory the user named: an implicit one is named first
 (runner.check_named_cluster), before anything connects.
