@@ -74,20 +74,70 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             ignore_memory: bool, guard_min_available_gb: float | None = None,
             placed: tuple[str, ...] = (), name: str | None = None, port: int | None = None,
             no_drop_caches: bool = False, persist: bool = False, distribute_image: bool = False,
-            api_key_file: str | None = None, verify_models: bool = False) -> int:
-    from orchestrator.cli.api_key import check_bind
-    from orchestrator.cli.launch_plan import checked_recipe, launch_plan
-    from orchestrator.core.runner import RunRequest, execute, load_inventory_option
-    from orchestrator.core.step import Plan, RunOptions
-    from orchestrator.engines import capabilities, engine_of, load_recipe
+            api_key_file: str | None = None, verify_models: bool = False,
+            early: bool = True) -> int:
+    """EARLY: connect and gather the facts of the last such launch while this one gets ready
+    (core/speculate.py); not for `--rolling`, whose runs differ from one replica to the next."""
+    from orchestrator.core.inventory_option import load_inventory_option
+    from orchestrator.core.speculate import start_early
     from orchestrator.errors import InputError
-    from orchestrator.recipe import LaunchOptions, serving_nodes
+
+    try:
+        inventory, path = load_inventory_option(inventory_path)
+    except InputError:
+        _recipe_and_key(recipe_name, host, api_key_file)  # their errors come first, as ever
+        raise
+    variant = repr((recipe_name, _file_digest(recipe_name), dry_run, replace, host, drop_caches,
+                    no_drop_caches, placed, name, port, persist, verify_models, api_key_file))
+    speculation = start_early("launch", inventory, path, trust_new_hosts, variant) \
+        if early else None
+    try:
+        return _launch_on(inventory, speculation, recipe_name, dry_run, yes, as_json, timeout,
+                          replace, host, drop_caches, hf_token_file, trust_new_hosts, break_lock,
+                          ignore_memory, guard_min_available_gb, placed, name, port,
+                          no_drop_caches, persist, distribute_image, api_key_file, verify_models)
+    finally:
+        if speculation is not None:
+            speculation.close()
+
+
+def _file_digest(recipe_name: str) -> str:
+    """A recipe file's content digest ("" for a built-in name): its requests follow it."""
+    import hashlib
+
+    try:
+        return hashlib.sha256(Path(recipe_name).read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+def _recipe_and_key(recipe_name: str, host: str, api_key_file: str | None) -> tuple[Any, Any]:
+    """The recipe and the launch's API key: InputError (exit 2) for an unknown recipe or a bind
+    that would be unprotected."""
+    from orchestrator.cli.api_key import check_bind
+    from orchestrator.engines import capabilities, engine_of, load_recipe
 
     recipe = load_recipe(recipe_name)
     engine = engine_of(recipe)
-    api_key = check_bind(host, api_key_file, capabilities.api_key_way(engine),
-                         engine.title)  # before anything else
-    inventory, _ = load_inventory_option(inventory_path)
+    return recipe, check_bind(host, api_key_file, capabilities.api_key_way(engine), engine.title)
+
+
+def _launch_on(inventory: Any, speculation: Any, recipe_name: str, dry_run: bool, yes: bool,
+               as_json: bool, timeout: float, replace: bool, host: str, drop_caches: bool,
+               hf_token_file: str | None, trust_new_hosts: bool, break_lock: bool,
+               ignore_memory: bool, guard_min_available_gb: float | None,
+               placed: tuple[str, ...], name: str | None, port: int | None,
+               no_drop_caches: bool, persist: bool, distribute_image: bool,
+               api_key_file: str | None, verify_models: bool) -> int:
+    from orchestrator.cli.launch_plan import checked_recipe, launch_plan
+    from orchestrator.core.runner import RunRequest, execute
+    from orchestrator.core.step import Plan, RunOptions
+    from orchestrator.engines import capabilities, engine_of
+    from orchestrator.errors import InputError
+    from orchestrator.recipe import LaunchOptions, serving_nodes
+
+    recipe, api_key = _recipe_and_key(recipe_name, host, api_key_file)
+    engine = engine_of(recipe)
     recipe = checked_recipe(_placed(recipe, placed, name, port), inventory)
     estimate = engine.estimate_memory(recipe)
     _note(f"memory: {estimate.explanation}")
@@ -127,7 +177,7 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
         command="launch", inventory=inventory, build=build, dry_run=dry_run, yes=yes,
         as_json=as_json, trust_new_hosts=trust_new_hosts, break_lock=break_lock,
         options=RunOptions(hf_token=token, progress_note=_note, distribute_image=distribute_image),
-        after=after,
+        after=after, speculation=speculation,
     )
     code = execute(request)
     return 2 if code == 1 and request.options.token_missing else code

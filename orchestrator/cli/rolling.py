@@ -254,7 +254,7 @@ def rolling_launch(opts: dict[str, Any], _launch: Callable[..., int]) -> None:
                     opts["ignore_memory"], opts["guard_min_available_gb"],
                     tuple(server.nodes), server.name, server.record.port,
                     not opts["drop_caches"], kept["persist"],
-                    opts["distribute_image"], key_file)
+                    opts["distribute_image"], key_file, early=False)
 
         return rolling(opts["recipe_name"], opts["inventory_path"], opts["allow_downtime"],
                        relaunch, check=lambda server: kept_options(server, opts))

@@ -11,15 +11,12 @@ from orchestrator.cli.verbosity import verbosity_option
 def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
         trust_new_hosts: bool, break_lock: bool, verify: bool, command: str = "up",
         oom_guard: bool = False, distribute_image: bool = False) -> int:
-    from orchestrator.core.inventory_option import implicit_cluster, load_inventory_option
+    from orchestrator.core.inventory_option import load_inventory_option
+    from orchestrator.core.speculate import start_early
 
     inventory, path = load_inventory_option(inventory_path)
-    speculation = None
-    if implicit_cluster(inventory) is None:  # a cluster the user named: connect at once
-        from orchestrator.core.speculate import Speculation
-
-        speculation = Speculation(command + ("-dry-run" if dry_run else ""), inventory, path)
-        speculation.start(trust_new_hosts)
+    speculation = start_early(command + ("-dry-run" if dry_run else ""), inventory, path,
+                              trust_new_hosts)
     # the plan's machinery is imported while the nodes answer (core/speculate.py)
     from orchestrator.core.plan import build_up_plan
     from orchestrator.core.runner import RunRequest, execute

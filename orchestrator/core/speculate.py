@@ -44,16 +44,30 @@ def _same(a: Request, b: Request) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
+def start_early(command: str, inventory: Inventory, inventory_path: Path, trust_new_hosts: bool,
+                variant: str = "") -> Speculation | None:
+    """A started Speculation for COMMAND (VARIANT: what else makes its requests, e.g. launch's
+    recipe and options), or None for an inventory the user did not name."""
+    from orchestrator.core.inventory_option import implicit_cluster
+
+    if implicit_cluster(inventory) is not None:
+        return None  # the cluster is named first, before anything connects
+    speculation = Speculation(command, inventory, inventory_path, variant)
+    speculation.start(trust_new_hosts)
+    return speculation
+
+
 class Speculation:
     """The early connections and the early answers of one run (used at most once)."""
 
-    def __init__(self, command: str, inventory: Inventory, inventory_path: Path) -> None:
+    def __init__(self, command: str, inventory: Inventory, inventory_path: Path,
+                 variant: str = "") -> None:
         from orchestrator import __version__
         from orchestrator.state import state_dir
 
         self.inventory = inventory
         digest = hashlib.sha256(
-            "\0".join([command, __version__, str(inventory_path.resolve())]).encode()
+            "\0".join([command, variant, __version__, str(inventory_path.resolve())]).encode()
             + b"\0" + inventory_path.read_bytes()).hexdigest()[:24]
         self.path = state_dir() / "requests" / f"{command}-{digest}.json"
         self.kept: dict[str, Request] = self._read_kept()

@@ -37,7 +37,8 @@ class Node:
 def roll(monkeypatch: pytest.MonkeyPatch, opts: dict[str, Any]) -> list[dict[str, Any]]:
     launched: list[dict[str, Any]] = []
 
-    def fake_launch(*args: Any) -> int:
+    def fake_launch(*args: Any, early: bool = True) -> int:
+        assert not early  # each replica's run differs: nothing started from a kept request
         key_file = args[20]
         launched.append({"host": args[7], "name": args[15], "port": args[16],
                          "persist": args[18],

@@ -141,3 +141,35 @@ def test_the_cli_starts_the_second_run_early_and_not_for_an_implicit_inventory(
     finally:
         inventory_option.IMPLICIT.clear()
     assert threads[-1] == "MainThread"
+
+
+def test_launch_starts_a_repeated_launch_early_keyed_by_its_recipe(
+        fake_cluster: Any, state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cli/launch.py: the same launch again connects from the speculation's thread and the
+    nodes answer once; another recipe (other requests) keeps its own and starts nothing early."""
+    import threading
+
+    from click.testing import CliRunner
+    from conftest import make_inventory
+
+    from orchestrator.cli import cli
+    from orchestrator.core import inventory_option
+
+    cluster = fake_cluster()
+    threads: list[str] = []
+
+    def connect_all(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return cluster.connect_all(*args, **kwargs)
+
+    monkeypatch.setattr("orchestrator.remote.connect.connect_all", connect_all)
+    path = tmp_path / "two.yml"
+    path.write_text("# stands in for the inventory file\n")
+    monkeypatch.setattr(inventory_option, "load_inventory_option",
+                        lambda option: (make_inventory(), path))
+    for recipe in ("qwen3-8b", "qwen3-8b", "gpt-oss-120b"):
+        CliRunner().invoke(cli, ["launch", recipe, "--dry-run", "-i", str(path)],
+                           catch_exceptions=False)
+    assert threads == ["MainThread", "sparkctl-speculate", "MainThread"]
+    assert len(gatherings(cluster, "spark-b")) == 3  # one per run: the early one was taken
+    assert len(list((state_dir / "requests").glob("launch-*.json"))) == 2
