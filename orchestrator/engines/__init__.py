@@ -60,10 +60,16 @@ def server_containers(server: str) -> set[str]:
 
 
 def settings_type(name: str) -> type[BaseModel]:
-    """The model of the engine's section of the inventory's `engines:` (HasSettings)."""
-    from orchestrator.engines import capabilities
+    """The model of the engine's section of the inventory's `engines:`: `Settings` in its
+    folder's settings.py (TensorRT-LLM's `up` container), else capabilities.NoSettings. Read
+    without building the engine: every inventory load validates every section it names, and
+    a command then imports only the engines it uses."""
+    if (ENGINES_DIR / name / "settings.py").is_file():
+        found: type[BaseModel] = importlib.import_module(f"{REGISTRY[name]}.settings").Settings
+        return found
+    from orchestrator.engines.capabilities import NoSettings
 
-    return capabilities.settings_type(get_engine(name))
+    return NoSettings
 
 
 def up_container(inventory: Inventory) -> UpContainer | None:

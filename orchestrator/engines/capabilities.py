@@ -9,7 +9,6 @@ a member that does nothing.
 | `MetersDrafting` | every engine today | bench's speculative-decoding figures from /metrics |
 | `OwnContainers` | vLLM, SGLang, llama.cpp | `down --server` drops their restart policy |
 | `LabelsLogs` | vLLM, SGLang, llama.cpp | `logs`: its own server containers' label |
-| `HasSettings` | TensorRT-LLM | its section of the inventory's `engines:` (else NoSettings) |
 | `RecordsPids` | TensorRT-LLM, vLLM | status: whose pid files are a server's |
 | `ProbesStatus` | vLLM | its own `status` probe in the server's container, and its verdict |
 | `UpStage` | TensorRT-LLM | phases `up` adds and the container they keep |
@@ -40,7 +39,8 @@ if TYPE_CHECKING:
 
 
 class NoSettings(BaseModel):
-    """The inventory section of an engine without settings (no HasSettings): `engines: {NAME: {}}`."""
+    """The inventory section of an engine without a settings.py (engines/__init__.py
+    settings_type): `engines: {NAME: {}}`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
@@ -70,12 +70,6 @@ class OwnContainers(Protocol):
 class LabelsLogs(Protocol):
     log_label: str
     """The label `sparkctl logs` gives its own server containers' lines (sparkctl.engine=NAME)."""
-
-
-@runtime_checkable
-class HasSettings(Protocol):
-    settings_type: type[BaseModel]
-    """The pydantic model of its section of the inventory's `engines:`."""
 
 
 @runtime_checkable
@@ -153,10 +147,6 @@ def containers(engine: object, server: str) -> list[str]:
 
 def log_label(engine: object) -> str:
     return engine.log_label if isinstance(engine, LabelsLogs) else ""
-
-
-def settings_type(engine: object) -> type[BaseModel]:
-    return engine.settings_type if isinstance(engine, HasSettings) else NoSettings
 
 
 def process_words(engine: object) -> tuple[str, ...]:
