@@ -178,3 +178,47 @@ def test_the_model_image_phase_checks_the_registry_then_brings_the_image() -> No
     # the head fetches the models (and hashes, sends them) even when the server is elsewhere
     assert [n.name for n in phase.nodes(inv)] == ["spark-a", "spark-b"]
     assert phase.facts(inv, inv.nodes[0])["images"] == [placed.image]
+
+
+LAUNCH_PATH = """
+import json, sys
+from orchestrator.inventory_checks import inventory_from_data
+inventory = inventory_from_data(json.loads(sys.argv[1]), "inv.yml")
+built = sorted(m for m in sys.modules if m.startswith("orchestrator.engines.")  # an engine's
+               and m.count(".") == 3 and not m.endswith(".settings"))  # module, not its settings
+from orchestrator.cli.launch_plan import checked_recipe, launch_plan
+from orchestrator.engines import load_recipe
+from orchestrator.recipe import LaunchOptions
+recipe = checked_recipe(load_recipe("lab-tiny-llama"), inventory)
+plan = launch_plan(recipe, inventory, LaunchOptions())
+for phase in plan.phases:  # the facts requests, as the executor gathers them up front
+    for node in phase.nodes(inventory):
+        phase.facts(inventory, node)
+print(json.dumps({"inventory": built, "launch": sorted(sys.modules)}))
+"""
+
+
+def test_a_llamacpp_launch_builds_no_engine_for_the_inventory_nor_what_only_other_commands_use(
+) -> None:
+    """Issue 40: the controller's import CPU competes with the nodes' gatherers. Loading an
+    inventory that names every engine builds none (its sections' models are the folders'
+    settings.py); the plan of a llama.cpp launch (with its facts requests: every engine's ready
+    line and process words) imports no engine's advise, recipes-import or bench modules, and no
+    other engine's option table."""
+    import subprocess
+    import sys
+
+    data = json.loads(json.dumps(TWO_SPARKS))
+    data["engines"] = {"trtllm": {"container": {"image": TRTLLM_IMAGE}}, "vllm": {},
+                       "sglang": {}, "llamacpp": {}}
+    out = subprocess.run([sys.executable, "-c", LAUNCH_PATH, json.dumps(data)],
+                         capture_output=True, text=True, check=True).stdout
+    found = json.loads(out.splitlines()[-1])
+    assert found["inventory"] == []
+    launch = found["launch"]
+    assert "orchestrator.engines.llamacpp.serve" in launch  # (the test sees the engine it uses)
+    only_elsewhere = [m for m in launch if m.rsplit(".", 1)[-1] in (
+        "importer", "layouts", "meter", "metrics", "import_job", "importing", "foreign")
+        or m.startswith(("orchestrator.advise", "orchestrator.bench"))
+        or (m.endswith(".options") and m != "orchestrator.engines.llamacpp.options")]
+    assert only_elsewhere == []
