@@ -7,20 +7,19 @@ from typing import TYPE_CHECKING
 
 from orchestrator.engines.apikey import KeyWay
 from orchestrator.engines.llamacpp.ready import READINESS
-from orchestrator.engines.llamacpp.recipe import Recipe
 from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 
 if TYPE_CHECKING:
     from orchestrator.core.step import Phase
     from orchestrator.engines.llamacpp.importer import LlamacppImporter
     from orchestrator.engines.llamacpp.layouts import LlamacppLayouts
+    from orchestrator.engines.llamacpp.recipe import Recipe
     from orchestrator.inventory import Inventory
 
 
 class LlamacppEngine:
     name = "llamacpp"
     title = "llama.cpp"
-    recipe_type = Recipe
     readiness = READINESS  # /health 200 and the model listed; rpc-server containers running
     # capabilities (engines/capabilities.py)
     # llama-server's own --api-key-file (common/arg.cpp); /health, /v1/health and the web UI's
@@ -28,6 +27,14 @@ class LlamacppEngine:
     api_key = KeyWay("llama-server --api-key-file (it reads the mounted file itself)",
                      ("/health", "/v1/health", "/"))
     log_label = "llamacpp"  # `sparkctl logs`: its per-server containers
+
+    @property
+    def recipe_type(self) -> type[Recipe]:
+        """Its recipe model, imported when a recipe is read: `up` and every launch build
+        every engine they list (for its ready line and process words), not its recipes."""
+        from orchestrator.engines.llamacpp.recipe import Recipe
+
+        return Recipe
 
     # what only `advise`, `recipes import` and `bench` use is imported on first use: a
     # launch or `up` builds every engine (their ready lines and process words), never these

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from orchestrator.engines.apikey import KeyWay
 from orchestrator.engines.sglang.ready import READINESS
-from orchestrator.engines.sglang.recipe import Recipe
 from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 
 if TYPE_CHECKING:
@@ -15,13 +14,13 @@ if TYPE_CHECKING:
     from orchestrator.engines.sglang.importer import SglangImporter
     from orchestrator.engines.sglang.layouts import SglangLayouts
     from orchestrator.engines.sglang.meter import SglangMeter
+    from orchestrator.engines.sglang.recipe import Recipe
     from orchestrator.inventory import Inventory
 
 
 class SglangEngine:
     name = "sglang"
     title = "SGLang"
-    recipe_type = Recipe
     readiness = READINESS  # /health 200 and its ready line, logged after its warm-up request
     # capabilities (engines/capabilities.py)
     log_label = "sglang"  # `sparkctl logs`: its per-server containers
@@ -31,6 +30,14 @@ class SglangEngine:
     # and /metrics* stay open (srt/utils/auth.py, decide_request_auth)
     api_key = KeyWay("SGLang --config FILE.yaml with `api-key:` (written in the container by "
                      "an entry wrapper from the mounted key file)", ("/health*", "/metrics*"))
+
+    @property
+    def recipe_type(self) -> type[Recipe]:
+        """Its recipe model, imported when a recipe is read: `up` and every launch build
+        every engine they list (for its ready line and process words), not its recipes."""
+        from orchestrator.engines.sglang.recipe import Recipe
+
+        return Recipe
 
     # what only `advise`, `recipes import` and `bench` use is imported on first use: a
     # launch or `up` builds every engine (their ready lines and process words), never these

@@ -9,7 +9,6 @@ import yaml
 
 from orchestrator.engines.trtllm import keyrelay
 from orchestrator.engines.trtllm.readiness import READINESS
-from orchestrator.engines.trtllm.recipe import Recipe, estimate_memory
 from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 
 if TYPE_CHECKING:
@@ -17,18 +16,26 @@ if TYPE_CHECKING:
     from orchestrator.engines.base import UpContainer
     from orchestrator.engines.trtllm.layouts import TrtllmLayouts
     from orchestrator.engines.trtllm.meter import TrtllmMeter
+    from orchestrator.engines.trtllm.recipe import Recipe
     from orchestrator.inventory import Inventory
 
 
 class TrtllmEngine:
     name = "trtllm"
     title = "TensorRT-LLM"
-    recipe_type = Recipe
     readiness = READINESS  # /health, /health_generate (a token through every rank), /v1/models
     # capabilities (engines/capabilities.py); `sparkctl logs`: its server logs are the `up`
     # container's and the run files, so no log label of its own
     api_key = keyrelay.WAY  # trtllm-serve takes no key: sparkctl's relay checks it
     process_words = ("mpirun", "trtllm", "orted", "sparkctl-memguard")  # (serve.OURS)
+
+    @property
+    def recipe_type(self) -> type[Recipe]:
+        """Its recipe model, imported when a recipe is read: `up` and every launch build
+        every engine they list (for its ready line and process words), not its recipes."""
+        from orchestrator.engines.trtllm.recipe import Recipe
+
+        return Recipe
 
     # what only `advise`, `recipes import` and `bench` use is imported on first use: a
     # launch or `up` builds every engine (their ready lines and process words), never these
@@ -101,6 +108,8 @@ class TrtllmEngine:
         return phases
 
     def estimate_memory(self, recipe: Recipe, node_memory_gb: float = SPARK_MEMORY_GB) -> MemoryEstimate:
+        from orchestrator.engines.trtllm.recipe import estimate_memory
+
         return estimate_memory(recipe, node_memory_gb)
 
     def describe(self, recipe: Recipe) -> list[tuple[str, str]]:

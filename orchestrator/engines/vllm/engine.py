@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.apikey import KeyWay
 from orchestrator.engines.vllm.ready import READINESS
-from orchestrator.engines.vllm.recipe import Recipe
 from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 from orchestrator.records import ServerRecord
 from orchestrator.remote.fact_records import CommandResult
@@ -17,6 +16,7 @@ if TYPE_CHECKING:
     from orchestrator.engines.vllm.importer import VllmImporter
     from orchestrator.engines.vllm.layouts import VllmLayouts
     from orchestrator.engines.vllm.meter import VllmMeter
+    from orchestrator.engines.vllm.recipe import Recipe
     from orchestrator.engines.vllm.serve import ServeSpec
     from orchestrator.inventory import Inventory
 
@@ -38,7 +38,6 @@ def memory_guard(spec: ServeSpec) -> Step:
 class VllmEngine:
     name = "vllm"
     title = "vLLM"
-    recipe_type = Recipe
     readiness = READINESS  # /health, /v1/models; vllm serve's pid file the dead-rank check
     # capabilities (engines/capabilities.py)
     log_label = "ray"  # `sparkctl logs`: its Ray containers
@@ -48,6 +47,14 @@ class VllmEngine:
     # and the other non-/v1 routes stay open
     api_key = KeyWay("VLLM_API_KEY, exported from the key file by the wrapper that starts "
                      "`vllm serve` in its container", (), guarded_prefix="/v1")
+
+    @property
+    def recipe_type(self) -> type[Recipe]:
+        """Its recipe model, imported when a recipe is read: `up` and every launch build
+        every engine they list (for its ready line and process words), not its recipes."""
+        from orchestrator.engines.vllm.recipe import Recipe
+
+        return Recipe
 
     # what only `advise`, `recipes import` and `bench` use is imported on first use: a
     # launch or `up` builds every engine (their ready lines and process words), never these
