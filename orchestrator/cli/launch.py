@@ -78,20 +78,23 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
             early: bool = True) -> int:
     """EARLY: connect and gather the facts of the last such launch while this one gets ready
     (core/speculate.py); not for `--rolling`, whose runs differ from one replica to the next."""
-    from orchestrator.core.inventory_option import load_inventory_option
     from orchestrator.core.speculate import start_early
-    from orchestrator.errors import InputError
 
-    try:
-        inventory, path = load_inventory_option(inventory_path)
-    except InputError:
-        _recipe_and_key(recipe_name, host, api_key_file)  # their errors come first, as ever
-        raise
     variant = repr((recipe_name, _file_digest(recipe_name), dry_run, replace, host, drop_caches,
                     no_drop_caches, placed, name, port, persist, verify_models, api_key_file))
-    speculation = start_early("launch", inventory, path, trust_new_hosts, variant) \
+    speculation = start_early("launch", inventory_path, trust_new_hosts, variant) \
         if early else None
-    try:
+    try:  # (the inventory's models import pydantic: after the early start)
+        from orchestrator.core.inventory_option import load_inventory_option
+        from orchestrator.errors import InputError
+
+        try:
+            inventory, _ = load_inventory_option(inventory_path)
+        except InputError:
+            _recipe_and_key(recipe_name, host, api_key_file)  # their errors come first, as ever
+            raise
+        if speculation is not None:
+            speculation.confirm(inventory)
         return _launch_on(inventory, speculation, recipe_name, dry_run, yes, as_json, timeout,
                           replace, host, drop_caches, hf_token_file, trust_new_hosts, break_lock,
                           ignore_memory, guard_min_available_gb, placed, name, port,
@@ -102,12 +105,18 @@ def _launch(recipe_name: str, inventory_path: str | None, dry_run: bool, yes: bo
 
 
 def _file_digest(recipe_name: str) -> str:
-    """A recipe file's content digest ("" for a built-in name): its requests follow it."""
+    """A recipe file's content digest ("" for a built-in name, or what is no recipe file: the
+    recipe's loading says why): its requests follow it."""
     import hashlib
 
+    from orchestrator.errors import InputError
+    from orchestrator.yamlio import read_user_file
+
+    if not Path(recipe_name).exists():
+        return ""
     try:
-        return hashlib.sha256(Path(recipe_name).read_bytes()).hexdigest()
-    except OSError:
+        return hashlib.sha256(read_user_file(Path(recipe_name), "recipe")).hexdigest()
+    except InputError:
         return ""
 
 

@@ -11,12 +11,21 @@ from orchestrator.cli.verbosity import verbosity_option
 def _up(inventory_path: str | None, dry_run: bool, yes: bool, as_json: bool,
         trust_new_hosts: bool, break_lock: bool, verify: bool, command: str = "up",
         oom_guard: bool = False, distribute_image: bool = False) -> int:
-    from orchestrator.core.inventory_option import load_inventory_option
     from orchestrator.core.speculate import start_early
 
-    inventory, path = load_inventory_option(inventory_path)
-    speculation = start_early(command + ("-dry-run" if dry_run else ""), inventory, path,
+    # a named inventory's kept requests go out first, along the kept routes (core/speculate.py)
+    speculation = start_early(command + ("-dry-run" if dry_run else ""), inventory_path,
                               trust_new_hosts)
+    try:  # (the inventory's models import pydantic: after the early start)
+        from orchestrator.core.inventory_option import load_inventory_option
+
+        inventory, path = load_inventory_option(inventory_path)
+    except BaseException:
+        if speculation is not None:
+            speculation.close()
+        raise
+    if speculation is not None:
+        speculation.confirm(inventory)
     # the plan's machinery is imported while the nodes answer (core/speculate.py)
     from orchestrator.core.plan import build_up_plan
     from orchestrator.core.runner import RunRequest, execute

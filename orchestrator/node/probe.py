@@ -101,7 +101,9 @@ def waiting(argv):
     container, seen, inspected, running = argv[1], argv[2], 0.0, True
     while True:
         out = launching(argv[3:6])
-        if time.time() - inspected >= INSPECT_EVERY or out.get("models"):
+        # (not again once the model is listed: the server's answer says it runs, and its
+        # container was seen running at most INSPECT_EVERY ago)
+        if time.time() - inspected >= INSPECT_EVERY:
             running, inspected = container_running(container), time.time()
         out["running"] = running
         changed = seen != FIRST and str(out["health"]) != seen

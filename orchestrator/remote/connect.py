@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import HostKeyError, TransportError
-from orchestrator.inventory import Inventory, Node
 from orchestrator.remote import sshkeys
 from orchestrator.remote.cluster import parallel
 from orchestrator.remote.sshconfig import Hop, Route, resolve
@@ -34,6 +34,9 @@ from orchestrator.remote.transport import (
     is_local_host,
     trace_event,
 )
+
+if TYPE_CHECKING:  # (pydantic's models: an early connection from kept routes needs none)
+    from orchestrator.inventory import Inventory, Node
 
 log = logging.getLogger("sparkctl.connect")
 
@@ -208,7 +211,13 @@ def open_ssh(
     inventory: Inventory, node: Node, sudo_password: SudoPassword, trust_new_hosts: bool,
     pin_lock: threading.Lock, route: Route | None = None,
 ) -> SSHTransport:
-    route = route or resolve(inventory, node)
+    return open_route_ssh(route or resolve(inventory, node), inventory.cluster.command_timeout,
+                          sudo_password, trust_new_hosts, pin_lock)
+
+
+def open_route_ssh(route: Route, command_timeout: float, sudo_password: SudoPassword,
+                   trust_new_hosts: bool, pin_lock: threading.Lock) -> SSHTransport:
+    """The node's connection along ROUTE (every hop's host key verified)."""
     for warning in route.warnings:
         log.warning("%s", warning)
     if not trust_new_hosts:
@@ -216,7 +225,7 @@ def open_ssh(
             files = route.known_hosts_files(hop)
             if not any(f.exists() for f in files):
                 raise HostKeyError(
-                    f"{node.name}: no known_hosts file exists ({', '.join(map(str, files))} do "
+                    f"{route.node}: no known_hosts file exists ({', '.join(map(str, files))} do "
                     f"not exist), so {hop.describe()}'s host key cannot be verified. Add the key "
                     "(ssh-keyscan, then compare its fingerprint) or run once with "
                     "--trust-new-hosts to pin it"
@@ -224,8 +233,8 @@ def open_ssh(
 
     def once() -> SSHTransport:
         client, jumps = open_route(route, trust_new_hosts, pin_lock)
-        return SSHTransport(node.name, client, route.target.user, sudo_password,
-                            inventory.cluster.command_timeout, jumps=jumps)
+        return SSHTransport(route.node, client, route.target.user, sudo_password,
+                            command_timeout, jumps=jumps)
 
     def attempt() -> SSHTransport:
         """Three tries, 0.5 s then 1 s apart, for what may pass (a refused or reset connection
@@ -246,7 +255,8 @@ def open_ssh(
     except _Retryable as exc:
         raise ReachError(str(exc)) from None
     finally:
-        trace_event("connect", node.name, started, time.time(), host=node.host, ok=opened)
+        trace_event("connect", route.node, started, time.time(), host=route.target.alias,
+                    ok=opened)
 
 
 def connect_all(
@@ -258,15 +268,39 @@ def connect_all(
 
     def one(node: Node) -> Transport:
         route = resolve(inventory, node)
-        if not route.jumps and not route.target.proxy_command and is_local_host(route.target.hostname):
+        if is_local(route):
             return LocalTransport(node.name, inventory.cluster.user, sudo_password,
                                   inventory.cluster.command_timeout)
         return open_ssh(inventory, node, sudo_password, trust_new_hosts, pin_lock, route)
 
+    by_name = {node.name: node for node in nodes}
+    return connect_each(lambda name: one(by_name[name]), list(by_name))
+
+
+def connect_routes(routes: list[Route], command_timeout: float, sudo_password: SudoPassword,
+                   trust_new_hosts: bool = False) -> tuple[dict[str, Transport], dict[str, str]]:
+    """connect_all for routes resolved before (core/speculate.py: kept from the last run);
+    SSH only (a local node has no connection worth opening early)."""
+    pin_lock = threading.Lock()
+    by_name = {route.node: route for route in routes}
+    return connect_each(lambda name: open_route_ssh(by_name[name], command_timeout,
+                                                    sudo_password, trust_new_hosts, pin_lock),
+                        list(by_name))
+
+
+def is_local(route: Route) -> bool:
+    """This machine is the node itself: commands run here, with no SSH."""
+    return not route.jumps and not route.target.proxy_command and \
+        is_local_host(route.target.hostname)
+
+
+def connect_each(one: Callable[[str], Transport], names: list[str]
+                 ) -> tuple[dict[str, Transport], dict[str, str]]:
+    """ONE(name) for every name in parallel: (transports, errors by name); a failure that is
+    not the network's (bad input, a bug) closes the others and is raised."""
     transports: dict[str, Transport] = {}
     errors: dict[str, str] = {}
-    by_name = {node.name: node for node in nodes}
-    outcomes = parallel(lambda name: one(by_name[name]), by_name)
+    outcomes = parallel(one, names)
     for name, outcome in outcomes.items():
         if isinstance(outcome.error, TransportError):
             errors[name] = str(outcome.error)

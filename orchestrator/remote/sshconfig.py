@@ -15,12 +15,14 @@ imports click alone).
 from __future__ import annotations
 
 import getpass
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import InputError
-from orchestrator.inventory import Inventory, Node
+
+if TYPE_CHECKING:  # (the inventory's models need pydantic: a kept route is read without it)
+    from orchestrator.inventory import Inventory, Node
 
 DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 DEFAULT_USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
@@ -90,6 +92,34 @@ class Route:
             if path not in files:
                 files.append(path)
         return files
+
+    def record(self) -> dict[str, Any]:
+        """The route as JSON (paths, names and numbers: no secret), to be read by `of_record`."""
+        return json_ready(asdict(self))
+
+    @classmethod
+    def of_record(cls, data: dict[str, Any]) -> Route:
+        """A route `record` wrote (KeyError, TypeError or ValueError when it is not one)."""
+        def hop(h: dict[str, Any]) -> Hop:
+            keys = tuple(KeyFile(Path(k["path"]), str(k["source"])) for k in h["key_files"])
+            return Hop(str(h["alias"]), str(h["hostname"]), int(h["port"]), str(h["user"]), keys,
+                       bool(h["identities_only"]), h["proxy_command"], float(h["connect_timeout"]),
+                       int(h["keepalive"]), tuple(Path(p) for p in h["known_hosts"]),
+                       dict(h["sources"]))
+
+        return cls(str(data["node"]), hop(data["target"]), tuple(hop(j) for j in data["jumps"]),
+                   Path(data["pinned"]),
+                   Path(data["config_file"]) if data["config_file"] is not None else None,
+                   tuple(str(w) for w in data["warnings"]))
+
+
+def json_ready(value: Any) -> Any:
+    """asdict() output with paths as text and tuples as lists."""
+    if isinstance(value, dict):
+        return {key: json_ready(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(item) for item in value]
+    return str(value) if isinstance(value, Path) else value
 
 
 def config_path(inventory: Inventory) -> Path | None:

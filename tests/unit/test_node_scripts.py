@@ -481,7 +481,7 @@ def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, running: str) -
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     docker = bin_dir / "docker"
-    docker.write_text(f"#!/bin/sh\ncat {state}\n")
+    docker.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path / 'docker-calls'}\ncat {state}\n")
     docker.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     return state
@@ -519,6 +519,9 @@ def test_the_first_wait_answers_a_loading_server_only_when_it_is_ready(
                                 monkeypatch)
     assert ready.json == {"health": 200, "models": ["org/m"], "running": True}
     assert [path for _, path, _ in seen] == ["/health"] * 4 + ["/v1/models"]
+    # one inspect, at the first look: the server answering with its model says it runs, and a
+    # docker call (tens of ms of CPU) right then would only delay the answer
+    assert (tmp_path / "docker-calls").read_text().splitlines() == ["inspect -f {{.State.Running}} c"]
     with http_server({"/health": (503, "loading")}) as (port, seen):
         late = run_node_script("probe.py", ["--wait", "0.5", "c", "-", str(port), "127.0.0.1", ""],
                                monkeypatch)
