@@ -79,31 +79,39 @@ def server_pids(run):
     return pids
 
 
-def containers_running(names):
+def containers_running(names, first_ids=None):
     """Those of NAMES whose container runs (docker inspect), or None when docker cannot tell (a
     slow or busy daemon): only a container docker says is stopped or gone counts as ended, so
-    one failed look never ends the guard while the server still runs."""
+    one failed look never ends the guard while the server still runs. FIRST_IDS (filled here):
+    the ID each name had when first seen; a container of that name with another ID is a later
+    launch's (`down --server` then `launch` between two looks), so the guarded one ended: its
+    guard must not watch (and stop) the next server, which has a guard of its own."""
+    first_ids = {} if first_ids is None else first_ids
     up = []
     for name in names:
         try:
-            proc = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", name],
+            proc = subprocess.run(["docker", "inspect", "-f", "{{.Id}} {{.State.Running}}", name],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
             return None
-        if proc.returncode == 0 and proc.stdout.decode().strip() == "true":
+        words = proc.stdout.decode().split()
+        if proc.returncode == 0 and len(words) == 2 and words[1] == "true" \
+                and first_ids.setdefault(name, words[0]) == words[0]:
             up.append(name)
         elif proc.returncode != 0 and b"no such" not in proc.stderr.lower():
             return None
     return up
 
 
-def stop_containers(names, grace):
-    """`docker stop` (SIGTERM, SIGKILL after GRACE s): a stopped container stays stopped, even
-    with a restart policy (launch --persist), and keeps its log for `sparkctl logs`."""
+def stop_containers(names, grace, ids=None):
+    """`docker stop` (SIGTERM, SIGKILL after GRACE s) of the guarded containers (by their IDS
+    when known: never a later container of the same name): a stopped container stays stopped,
+    even with a restart policy (launch --persist), and keeps its log for `sparkctl logs`."""
+    ids = ids or {}
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        subprocess.run(["docker", "stop", "-t", str(int(grace)), *names], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, timeout=grace + 60)
-    return list(names), containers_running(names)
+        subprocess.run(["docker", "stop", "-t", str(int(grace)), *[ids.get(n, n) for n in names]],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=grace + 60)
+    return list(names), containers_running(names, dict(ids))
 
 
 def stop(pids, grace):
@@ -144,13 +152,13 @@ def main(args):
     containers = args.get("containers") or []
     started = time.time()
     seen = False
-    checked, pids = 0.0, []
+    checked, pids, ids = 0.0, [], {}
     while True:
         if not containers:
             pids = server_pids(run)
         elif time.time() - checked >= float(args.get("inspect_every", 5)):
             # docker inspect is costly: memory is read more often
-            found, checked = containers_running(containers), time.time()
+            found, checked = containers_running(containers, ids), time.time()
             pids = pids if found is None else found
         if pids:
             seen = True
@@ -167,7 +175,7 @@ def main(args):
             }
             write_record(run, record)  # first: whoever sees the server die learns why at once
             grace = float(args.get("grace", 5))
-            targets, killed = stop_containers(containers, grace) if containers else stop(pids, grace)
+            targets, killed = stop_containers(pids, grace, ids) if containers else stop(pids, grace)
             write_record(run, dict(record, state="stopped", stopped=targets, killed=killed))
             return 0
         time.sleep(interval)

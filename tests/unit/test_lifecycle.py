@@ -72,7 +72,7 @@ def test_the_container_guard_docker_stops_the_servers_containers(tmp_path: Path)
     docker = tmp_path / "bin" / "docker"
     docker.parent.mkdir()
     docker.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n"
-                      "[ \"$1\" = inspect ] && echo true\nexit 0\n")
+                      "[ \"$1\" = inspect ] && echo 5eed true\nexit 0\n")
     docker.chmod(0o755)
     run = tmp_path / "servers" / "q"
     run.mkdir(parents=True)
@@ -82,7 +82,7 @@ def test_the_container_guard_docker_stops_the_servers_containers(tmp_path: Path)
     guard = subprocess.run([sys.executable, "-c", script("memguard.py"), "sparkctl-memguard",
                             json.dumps(args)], timeout=60, env=env)
     assert guard.returncode == 0
-    assert "stop -t 1 sparkctl-sglang-q" in calls.read_text()
+    assert "stop -t 1 5eed" in calls.read_text()  # the guarded container, by its ID
     stopped = json.loads((run / "memguard-stopped.json").read_text())
     assert stopped["node"] == "spark-b" and stopped["stopped"] == ["sparkctl-sglang-q"]
     assert stopped["available_gb"] < stopped["min_available_gb"]

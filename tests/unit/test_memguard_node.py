@@ -69,12 +69,33 @@ def test_a_process_and_its_children_are_found_alive_and_stopped(tmp_path: Path) 
 def test_containers_running_tells_running_gone_and_unknown(tmp_path: Path, on_path) -> None:  # type: ignore[no-untyped-def]
     on_path(fake_docker(tmp_path, (
         "name = args[-1]\n"
-        "if name == 'up': print('true')\n"
-        "elif name == 'down': print('false')\n"
+        "if name == 'up': print('c0ffee true')\n"
+        "elif name == 'down': print('d0d0 false')\n"
         "elif name == 'gone': sys.stderr.write('Error: No such object: gone\\n'); sys.exit(1)\n"
         "else: sys.stderr.write('Cannot connect to the Docker daemon\\n'); sys.exit(1)")))
     assert memguard.containers_running(["up", "down", "gone"]) == ["up"]
     assert memguard.containers_running(["up", "busy"]) is None  # docker could not tell
+    first = {"up": "beef"}  # another container had this name when the guard first looked
+    assert memguard.containers_running(["up"], first) == [] and first == {"up": "beef"}
+
+
+def test_a_guard_ends_when_its_container_is_replaced_and_stops_nothing(
+        tmp_path: Path, on_path) -> None:  # type: ignore[no-untyped-def]
+    """`down --server` then `launch` between two looks: a container of the same name, another
+    ID. The old guard ends (the new launch started its own) instead of watching, and one day
+    stopping, the next server; the e2e lab had six guards on one server before."""
+    looks = tmp_path / "looks"
+    on_path(fake_docker(tmp_path, (
+        f"import os\nlooks = {str(looks)!r}\n"
+        "if args[0] == 'stop': open(looks + '.stop', 'w').write(' '.join(args)); sys.exit(0)\n"
+        "n = int(open(looks).read()) if os.path.exists(looks) else 0\n"
+        "open(looks, 'w').write(str(n + 1))\n"
+        "print(('first' if n < 2 else 'second') + ' true')")))
+    args = {"run": str(tmp_path), "node": "spark-a", "min_available_gb": 0, "interval": 0.01,
+            "inspect_every": 0, "containers": ["sparkctl-llamacpp-x"]}
+    assert memguard.main(args) == 0
+    assert looks.read_text() == "3" and not (tmp_path / "looks.stop").exists()
+    assert not (tmp_path / memguard.RECORD).exists()
 
 
 def test_the_guard_stops_its_containers_and_records_why(tmp_path: Path, on_path) -> None:  # type: ignore[no-untyped-def]
@@ -82,11 +103,11 @@ def test_the_guard_stops_its_containers_and_records_why(tmp_path: Path, on_path)
     on_path(fake_docker(tmp_path, (
         f"import os\nflag = {str(stopped)!r}\n"
         "if args[0] == 'stop': open(flag, 'w').write(' '.join(args)); sys.exit(0)\n"
-        "print('false' if os.path.exists(flag) else 'true')")))
+        "print('f1a9 false' if os.path.exists(flag) else 'f1a9 true')")))
     args = {"run": str(tmp_path), "node": "spark-b", "min_available_gb": 1e6, "interval": 0.01,
             "inspect_every": 0, "grace": 1, "containers": ["sparkctl-sglang-x"]}
     assert memguard.main(args) == 0
-    assert stopped.read_text() == "stop -t 1 sparkctl-sglang-x"
+    assert stopped.read_text() == "stop -t 1 f1a9"  # by ID: never a later namesake
     record = json.loads((tmp_path / memguard.RECORD).read_text())
     assert (record["state"], record["stopped"], record["node"]) == (
         "stopped", ["sparkctl-sglang-x"], "spark-b")

@@ -81,7 +81,7 @@ def test_a_busy_docker_does_not_end_the_guard_of_a_running_container(tmp_path: P
     """Only a container docker says is stopped or gone ends the guard: a failed look (a busy
     daemon under load) used to read as 'server gone', and the guard left a running server."""
     calls = tmp_path / "calls"
-    answers = ["true", "ERR Cannot connect to the Docker daemon", "true", "GONE"]
+    answers = ["c1 true", "ERR Cannot connect to the Docker daemon", "c1 true", "GONE"]
     fake = tmp_path / "bin" / "docker"
     fake.parent.mkdir()
     fake.write_text(f"""#!{sys.executable}
