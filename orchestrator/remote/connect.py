@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
 from orchestrator.errors import HostKeyError, TransportError
 from orchestrator.remote import sshkeys
 from orchestrator.remote.cluster import parallel
@@ -231,21 +233,16 @@ def open_route_ssh(route: Route, command_timeout: float, sudo_password: SudoPass
                     "--trust-new-hosts to pin it"
                 )
 
-    def once() -> SSHTransport:
+    @retry(
+        retry=retry_if_exception_type(_Retryable),
+        stop=stop_after_attempt(3),
+        wait=wait_exponential(multiplier=0.5, max=4),
+        reraise=True,
+    )
+    def attempt() -> SSHTransport:
         client, jumps = open_route(route, trust_new_hosts, pin_lock)
         return SSHTransport(route.node, client, route.target.user, sudo_password,
                             command_timeout, jumps=jumps)
-
-    def attempt() -> SSHTransport:
-        """Three tries, 0.5 s then 1 s apart, for what may pass (a refused or reset connection
-        of a node still booting): a loop of our own, as importing a retry library cost ~10 ms
-        of CPU in every run."""
-        for wait in (0.5, 1.0):
-            try:
-                return once()
-            except _Retryable:
-                time.sleep(wait)
-        return once()  # the last try: its error is the one reported
 
     started, opened = time.time(), False
     try:
