@@ -110,7 +110,7 @@ def _file_digest(recipe_name: str) -> str:
     import hashlib
 
     from orchestrator.errors import InputError
-    from orchestrator.yamlio import read_user_file
+    from orchestrator.userfiles import read_user_file
 
     if not Path(recipe_name).exists():
         return ""

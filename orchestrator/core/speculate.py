@@ -72,7 +72,7 @@ class Speculation:
     def __init__(self, command: str, inventory_path: Path, variant: str = "") -> None:
         from orchestrator import __version__
         from orchestrator.state import state_dir
-        from orchestrator.yamlio import read_user_file
+        from orchestrator.userfiles import read_user_file
 
         digest = hashlib.sha256(
             "\0".join([command, variant, __version__, str(inventory_path.resolve())]).encode()
@@ -123,13 +123,13 @@ class Speculation:
         if not reach or not reach[0]:
             return
         routes, timeout, sudo_files = reach
-        # imported here, before the thread starts, so two threads never import one module
+        # what the connections need, imported before the thread starts (never by two threads
+        # at once); the facts module after (below), while the thread connects
         import paramiko
         import paramiko.auth_strategy  # noqa: F401
 
         from orchestrator.remote.cluster import parallel
         from orchestrator.remote.connect import connect_routes
-        from orchestrator.remote.facts import gather_facts
         from orchestrator.remote.transport import SudoPassword
 
         sudo_password = SudoPassword(prompt=os.isatty(0), files=sudo_files)
@@ -146,6 +146,9 @@ class Speculation:
             if self._closed:  # the run ended (bad input) while connecting
                 self._close_connections()
                 return
+            # (imported by the main thread just after this one started: waits until it is)
+            from orchestrator.remote.facts import gather_facts
+
             transports = self._connections[0]
             asked = [name for name in self.requests if name in transports]
             outcomes = parallel(lambda name: gather_facts(transports[name], self.requests[name]),
@@ -160,6 +163,7 @@ class Speculation:
         self._thread = threading.Thread(target=run, name="sparkctl-speculate", daemon=True)
         self._thread.start()
         self.started = True
+        import orchestrator.remote.facts  # noqa: F401  (the thread's, once it is connected)
 
     def confirm(self, inventory: Inventory) -> None:
         """The inventory as loaded: the early connections stay only when every node is reached
