@@ -114,7 +114,12 @@ def read_manifests(transport: Transport, tools: ModelTools, recipe: Recipe,
                    chunks: bool = False) -> dict[str, Any]:
     result = transport.run(manifest_cmd(tools, recipe, chunks), timeout=3600,
                            display=tools.shown("python3 -c <model manifest>")).check()
-    return dict(json.loads(result.stdout))
+    try:
+        return dict(json.loads(result.stdout))
+    except ValueError:  # (never an internal error: name the node and what it printed)
+        raise SparkctlError(f"{transport.node}: the model manifest printed no JSON (exit "
+                            f"{result.exit_status}): {(result.stdout + result.stderr)[-300:]!r}; "
+                            "run the launch again, and `sparkctl logs` if it persists") from None
 
 
 SIZE_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}

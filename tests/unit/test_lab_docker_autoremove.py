@@ -68,3 +68,37 @@ def test_an_attached_client_collects_the_exit_code_first(shim: Any, tmp_path: Pa
     thread.join()
     assert seen == [3]
     assert not d.exists()
+
+
+def test_an_attached_run_waits_for_its_container_to_run_before_following_its_output(
+        shim: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`docker run` in the foreground: the container's init may say "started" before the
+    monitor has its process and marks it running; a client that followed the log then found no
+    log (or a container not running) and returned an empty answer with exit 0 (CI, loaded
+    machine: the models' manifest 'printed' nothing). It now follows once the container runs."""
+    import os
+
+    cid = "e" * 64
+    d = tmp_path / "containers" / cid
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"Id": cid, "Name": "/quick", "Created": "now",
+                                               "HostConfig": {"AutoRemove": False}}))
+    (d / "state.json").write_text(json.dumps({"Status": "created", "Running": False}))
+    monkeypatch.setattr(shim, "start_container", lambda cid, verb: 0)  # "started" at once
+
+    def monitor() -> None:  # the monitor, a little later: running, one line, exited
+        time.sleep(0.3)
+        (d / "log").write_text(json.dumps({"log": '{"manifest": 1}\n', "stream": "stdout",
+                                           "time": "2026-11-28T14:00:00Z"}) + "\n")
+        (d / "state.json").write_text(json.dumps({"Status": "running", "Running": True,
+                                                  "Pid": os.getpid(), "MonitorPid": os.getpid()}))
+        time.sleep(0.3)
+        (d / "state.json").write_text(json.dumps({"Status": "exited", "Running": False,
+                                                  "ExitCode": 0}))
+
+    thread = threading.Thread(target=monitor)
+    thread.start()
+    code = shim.run_attached(cid, remove=False)
+    thread.join()
+    assert code == 0 and capsys.readouterr().out == '{"manifest": 1}\n'

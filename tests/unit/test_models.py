@@ -565,8 +565,13 @@ def test_the_manifest_command_is_checked(fake_cluster: Callable[..., FakeCluster
     assert call.timeout == 3600
     assert call.display == f"docker run --rm {TOOLS.image} python3 -c <model manifest>"
     assert shlex.split(call.command)[:3] == ["docker", "run", "--rm"]
-    cluster["spark-a"].on(MANIFEST, 1, "", "python3: not found")
+    cluster["spark-a"].on(MANIFEST, 1, "", "python3: not found", times=1)
     with pytest.raises(CommandError, match="python3: not found"):
+        models.read_manifests(cluster["spark-a"], TOOLS, RECIPE)  # type: ignore[arg-type]
+    # nothing printed with exit 0 (an attached docker run that lost its output): named, not a
+    # JSONDecodeError reported as an internal error
+    cluster["spark-a"].on(MANIFEST, 0, "", "")
+    with pytest.raises(SparkctlError, match="spark-a: the model manifest printed no JSON"):
         models.read_manifests(cluster["spark-a"], TOOLS, RECIPE)  # type: ignore[arg-type]
 
 

@@ -224,6 +224,13 @@ def run_attached(cid: str, remove: bool, stdin: bool = False) -> int:
         if remove:
             remove_dir(cid)
         raise
+    # the monitor marks the container running once it has its process: `logs -f` ends at once
+    # for a container not (yet) running, and a quick one's output was lost (an empty answer,
+    # exit 0) when this client got there first, as under a loaded machine
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (read_json(cdir(cid) + "/state.json", {}) or {}).get(
+            "Status") not in ("running", "exited"):
+        time.sleep(0.01)
     cmd_logs(["-f", cid])
     deadline = time.monotonic() + 10
     state: dict = {}
@@ -304,6 +311,7 @@ def monitor(cid: str) -> None:
     assert isinstance(config, dict)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    open(d + "/log", "a").close()  # before the process starts: an attached client follows it
     # `docker run -i` in the foreground: its stdin arrives through this FIFO (run_attached)
     stdin = os.open(d + "/stdin", os.O_RDONLY) if os.path.exists(d + "/stdin") else None
     proc = subprocess.Popen(
