@@ -8,9 +8,10 @@ capabilities it has (engines/capabilities.py); REGISTRY (engines/__init__.py) fi
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol, TypeVar
 
 from pydantic import AfterValidator
 
@@ -44,6 +45,26 @@ class UpContainer:
     facts: which interfaces carry traffic, where its launcher finds its hostfile)."""
     node_checks: tuple[Callable[[Inventory, Node, NodeFacts], list[CheckResult]], ...] = ()
     """netcheck's own checks of what it depends on (its hostfile), per node."""
+
+
+Part = TypeVar("Part")
+
+
+class FolderPart(Generic[Part]):
+    """A part of an engine kept in a module of the engine's own folder (recipe.py, layouts.py,
+    importer.py, meter.py), imported when first read: `up` and every launch build every engine
+    they list (for its ready line and process words), and only a recipe read, `advise`,
+    `recipes import` or `bench` needs these. `make` builds an instance (a layouts or importer
+    object) where the part is a class used as one."""
+
+    def __init__(self, module: str, name: str, *, make: bool = False) -> None:
+        self.module, self.name, self.make = module, name, make
+
+    def __get__(self, engine: object, owner: type) -> Part:
+        package = owner.__module__.rpartition(".")[0]  # orchestrator.engines.NAME
+        found = getattr(importlib.import_module(f"{package}.{self.module}"), self.name)
+        part: Part = found() if self.make else found
+        return part
 
 
 class LaunchFailed(SparkctlError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.engines.apikey import KeyWay
+from orchestrator.engines.base import FolderPart
 from orchestrator.engines.llamacpp.ready import READINESS
 from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 
@@ -13,6 +14,7 @@ if TYPE_CHECKING:
     from orchestrator.core.step import Phase
     from orchestrator.engines.llamacpp.importer import LlamacppImporter
     from orchestrator.engines.llamacpp.layouts import LlamacppLayouts
+    from orchestrator.engines.llamacpp.metrics import LlamacppMeter
     from orchestrator.engines.llamacpp.recipe import Recipe
     from orchestrator.inventory import Inventory
 
@@ -28,36 +30,13 @@ class LlamacppEngine:
                      ("/health", "/v1/health", "/"))
     log_label = "llamacpp"  # `sparkctl logs`: its per-server containers
 
-    @property
-    def recipe_type(self) -> type[Recipe]:
-        """Its recipe model, imported when a recipe is read: `up` and every launch build
-        every engine they list (for its ready line and process words), not its recipes."""
-        from orchestrator.engines.llamacpp.recipe import Recipe
-
-        return Recipe
-
-    # what only `advise`, `recipes import` and `bench` use is imported on first use: a
-    # launch or `up` builds every engine (their ready lines and process words), never these
-    @property
-    def layouts(self) -> LlamacppLayouts:
-        """`sparkctl advise`: one node, the RPC layer split, replicas."""
-        from orchestrator.engines.llamacpp.layouts import LlamacppLayouts
-
-        return LlamacppLayouts()
-
-    @property
-    def importer(self) -> LlamacppImporter:
-        """`recipes import`: sparkrun's and eugr's recipes of this engine."""
-        from orchestrator.engines.llamacpp.importer import LlamacppImporter
-
-        return LlamacppImporter()
-
-    @property
-    def spec_meter(self) -> type:
-        """How `bench` reads llama-server's /metrics (llamacpp:* counters)."""
-        from orchestrator.engines.llamacpp.metrics import LlamacppMeter
-
-        return LlamacppMeter
+    # parts in their own modules, imported on first use (FolderPart): a launch or `up`
+    # builds every engine it lists but reads a recipe of one, and advise, `recipes import`
+    # and bench alone use the rest
+    recipe_type: FolderPart[type[Recipe]] = FolderPart("recipe", "Recipe")
+    layouts: FolderPart[LlamacppLayouts] = FolderPart("layouts", "LlamacppLayouts", make=True)
+    importer: FolderPart[LlamacppImporter] = FolderPart("importer", "LlamacppImporter", make=True)
+    spec_meter: FolderPart[type[LlamacppMeter]] = FolderPart("metrics", "LlamacppMeter")
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
         return None  # any nodes: llama-server on the first, an rpc-server on each other one

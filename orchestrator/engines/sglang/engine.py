@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.engines.apikey import KeyWay
+from orchestrator.engines.base import FolderPart
 from orchestrator.engines.sglang.ready import READINESS
 from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 
@@ -31,36 +32,13 @@ class SglangEngine:
     api_key = KeyWay("SGLang --config FILE.yaml with `api-key:` (written in the container by "
                      "an entry wrapper from the mounted key file)", ("/health*", "/metrics*"))
 
-    @property
-    def recipe_type(self) -> type[Recipe]:
-        """Its recipe model, imported when a recipe is read: `up` and every launch build
-        every engine they list (for its ready line and process words), not its recipes."""
-        from orchestrator.engines.sglang.recipe import Recipe
-
-        return Recipe
-
-    # what only `advise`, `recipes import` and `bench` use is imported on first use: a
-    # launch or `up` builds every engine (their ready lines and process words), never these
-    @property
-    def layouts(self) -> SglangLayouts:
-        """`sparkctl advise`: layouts and this engine's efficiency."""
-        from orchestrator.engines.sglang.layouts import SglangLayouts
-
-        return SglangLayouts()
-
-    @property
-    def importer(self) -> SglangImporter:
-        """`recipes import`: sparkrun's and eugr's recipes of this engine."""
-        from orchestrator.engines.sglang.importer import SglangImporter
-
-        return SglangImporter()
-
-    @property
-    def spec_meter(self) -> type[SglangMeter]:
-        """Its speculative-decoding figures in /metrics (bench)."""
-        from orchestrator.engines.sglang.meter import SglangMeter
-
-        return SglangMeter
+    # parts in their own modules, imported on first use (FolderPart): a launch or `up`
+    # builds every engine it lists but reads a recipe of one, and advise, `recipes import`
+    # and bench alone use the rest
+    recipe_type: FolderPart[type[Recipe]] = FolderPart("recipe", "Recipe")
+    layouts: FolderPart[SglangLayouts] = FolderPart("layouts", "SglangLayouts", make=True)
+    importer: FolderPart[SglangImporter] = FolderPart("importer", "SglangImporter", make=True)
+    spec_meter: FolderPart[type[SglangMeter]] = FolderPart("meter", "SglangMeter")
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
         from orchestrator.engines.base import ranks_problem

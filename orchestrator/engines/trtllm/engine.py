@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from orchestrator.engines.base import FolderPart
 from orchestrator.engines.trtllm import keyrelay
 from orchestrator.engines.trtllm.readiness import READINESS
 from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
@@ -29,29 +30,12 @@ class TrtllmEngine:
     api_key = keyrelay.WAY  # trtllm-serve takes no key: sparkctl's relay checks it
     process_words = ("mpirun", "trtllm", "orted", "sparkctl-memguard")  # (serve.OURS)
 
-    @property
-    def recipe_type(self) -> type[Recipe]:
-        """Its recipe model, imported when a recipe is read: `up` and every launch build
-        every engine they list (for its ready line and process words), not its recipes."""
-        from orchestrator.engines.trtllm.recipe import Recipe
-
-        return Recipe
-
-    # what only `advise`, `recipes import` and `bench` use is imported on first use: a
-    # launch or `up` builds every engine (their ready lines and process words), never these
-    @property
-    def layouts(self) -> TrtllmLayouts:
-        """`sparkctl advise`: layouts and this engine's efficiency."""
-        from orchestrator.engines.trtllm.layouts import TrtllmLayouts
-
-        return TrtllmLayouts()
-
-    @property
-    def spec_meter(self) -> type[TrtllmMeter]:
-        """Its speculative-decoding figures in /metrics (bench)."""
-        from orchestrator.engines.trtllm.meter import TrtllmMeter
-
-        return TrtllmMeter
+    # parts in their own modules, imported on first use (FolderPart): a launch or `up`
+    # builds every engine it lists but reads a recipe of one, and advise, `recipes import`
+    # and bench alone use the rest
+    recipe_type: FolderPart[type[Recipe]] = FolderPart("recipe", "Recipe")
+    layouts: FolderPart[TrtllmLayouts] = FolderPart("layouts", "TrtllmLayouts", make=True)
+    spec_meter: FolderPart[type[TrtllmMeter]] = FolderPart("meter", "TrtllmMeter")
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
         from orchestrator.engines.base import ranks_problem

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.apikey import KeyWay
+from orchestrator.engines.base import FolderPart
 from orchestrator.engines.vllm.ready import READINESS
 from orchestrator.recipe import SPARK_MEMORY_GB, LaunchOptions, MemoryEstimate
 from orchestrator.records import ServerRecord
@@ -48,36 +49,13 @@ class VllmEngine:
     api_key = KeyWay("VLLM_API_KEY, exported from the key file by the wrapper that starts "
                      "`vllm serve` in its container", (), guarded_prefix="/v1")
 
-    @property
-    def recipe_type(self) -> type[Recipe]:
-        """Its recipe model, imported when a recipe is read: `up` and every launch build
-        every engine they list (for its ready line and process words), not its recipes."""
-        from orchestrator.engines.vllm.recipe import Recipe
-
-        return Recipe
-
-    # what only `advise`, `recipes import` and `bench` use is imported on first use: a
-    # launch or `up` builds every engine (their ready lines and process words), never these
-    @property
-    def layouts(self) -> VllmLayouts:
-        """`sparkctl advise`: layouts and this engine's efficiency."""
-        from orchestrator.engines.vllm.layouts import VllmLayouts
-
-        return VllmLayouts()
-
-    @property
-    def importer(self) -> VllmImporter:
-        """`recipes import`: sparkrun's and eugr's recipes of this engine."""
-        from orchestrator.engines.vllm.importer import VllmImporter
-
-        return VllmImporter()
-
-    @property
-    def spec_meter(self) -> type[VllmMeter]:
-        """Its speculative-decoding figures in /metrics (bench)."""
-        from orchestrator.engines.vllm.meter import VllmMeter
-
-        return VllmMeter
+    # parts in their own modules, imported on first use (FolderPart): a launch or `up`
+    # builds every engine it lists but reads a recipe of one, and advise, `recipes import`
+    # and bench alone use the rest
+    recipe_type: FolderPart[type[Recipe]] = FolderPart("recipe", "Recipe")
+    layouts: FolderPart[VllmLayouts] = FolderPart("layouts", "VllmLayouts", make=True)
+    importer: FolderPart[VllmImporter] = FolderPart("importer", "VllmImporter", make=True)
+    spec_meter: FolderPart[type[VllmMeter]] = FolderPart("meter", "VllmMeter")
 
     def placement_problem(self, recipe: Recipe, nodes: list[str], inventory: Inventory) -> str | None:
         from orchestrator.engines.base import ranks_problem
