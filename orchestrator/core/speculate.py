@@ -80,6 +80,7 @@ class Speculation:
         self.path = state_dir() / "requests" / f"{command}-{digest}.json"
         self.kept: dict[str, Any] = self._read_kept()
         self.inventory: Inventory | None = None
+        self._reach_now: dict[str, Any] | None = None
         self._thread: threading.Thread | None = None
         self._connected = threading.Event()
         self._connections: tuple[dict[str, Transport], dict[str, str]] | None = None
@@ -170,13 +171,21 @@ class Speculation:
         as the kept routes say (same routes, command timeout and sudo password files); else
         they are closed and the session connects as always."""
         self.inventory = inventory
-        if self.started and self._reach(inventory) != self._kept_reach():
+        if self.started and self._reach() != self._kept_reach():
             self.started = False
             self._drop()
 
-    def _reach(self, inventory: Inventory) -> dict[str, Any]:
-        """How the nodes are reached, as kept: SSH routes (a local node has none), the
-        command timeout and the sudo password files."""
+    def _reach(self) -> dict[str, Any]:
+        """How the loaded inventory's nodes are reached, as kept: SSH routes (a local node has
+        none), the command timeout and the sudo password files. Resolved once a run (confirm
+        and _keep both read it; resolving reads the SSH config files)."""
+        if self._reach_now is None:
+            assert self.inventory is not None
+            self._reach_now = self._resolve_reach(self.inventory)
+        return self._reach_now
+
+    @staticmethod
+    def _resolve_reach(inventory: Inventory) -> dict[str, Any]:
         from orchestrator.remote.connect import is_local, sudo_password_files
         from orchestrator.remote.sshconfig import resolve
 
@@ -222,7 +231,7 @@ class Speculation:
     def _keep(self, requests: dict[str, Request]) -> None:
         assert self.inventory is not None
         with contextlib.suppress(SparkctlError):  # (an unresolvable route: nothing kept)
-            data = {"requests": requests, **self._reach(self.inventory)}
+            data = {"requests": requests, **self._reach()}
             if not requests or _same(data, self.kept):
                 return
             with contextlib.suppress(OSError):  # only a missed head start next time
