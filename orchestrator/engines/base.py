@@ -80,6 +80,8 @@ class LaunchFailed(SparkctlError):
 class Ready:
     seconds: float
     models: list[str]
+    marked: bool = False
+    """Its record's ready_at is set already (the node's wait set it)."""
 
 
 class Engine(Protocol):

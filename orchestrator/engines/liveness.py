@@ -92,15 +92,18 @@ def dead_ranks(pids_by_node: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-MARK_SCRIPT = "mark_ready.py"
+def ready_now() -> str:
+    """A server record's ready_at for a server ready now."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def mark_ready_cmd(record_path: str, when: str | None = None) -> str:
-    """The node command that adds ready_at to a server record (kept if already there)."""
+    """The node command that adds ready_at to a server record (kept if already there); the
+    readiness wait of node/probe.py sets it itself once ready where it can (engines/readiness.py)."""
     from orchestrator.node import script
 
-    when = when or datetime.now(UTC).isoformat(timespec="seconds")
-    return "python3 -c " + " ".join(quote(a) for a in (script(MARK_SCRIPT), record_path, when))
+    return "python3 -c " + " ".join(quote(a) for a in (script("probe.py"), "--mark", record_path,
+                                                        when or ready_now()))
 
 
 def mark_ready(transport: Transport, record_path: str) -> str | None:

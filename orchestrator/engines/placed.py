@@ -53,14 +53,13 @@ class Smoke(Step):
         return self.spec.first
 
     def apply(self, ctx: NodeContext, change: Change) -> str | None:
-        from orchestrator.engines.serverctl import SMOKE_PROMPT, SMOKE_TOKENS
-
-        body = {"model": self.spec.recipe.model, "max_tokens": SMOKE_TOKENS,
-                "messages": [{"role": "user", "content": SMOKE_PROMPT}]}
-        command = probe_cmd(self.spec.recipe.port, self.spec.host, self.spec.key_file, body)
-        result = ctx.transports[self.spec.first].run(command, sudo=True, timeout=360,
-                                                     display="one chat completion")
-        answer = parse_lines(result.stdout)
+        first = self.spec.first_request
+        answer = first.answer  # sent by the readiness wait on the node once ready, if it was
+        if answer is None:
+            command = probe_cmd(self.spec.recipe.port, self.spec.host, self.spec.key_file,
+                                first.body)
+            answer = parse_lines(ctx.transports[self.spec.first].run(
+                command, sudo=True, timeout=360, display="one chat completion").stdout)
         if answer.get("code") != 200:
             raise SparkctlError(f"{self.spec.first}: the chat completion failed (HTTP "
                                 f"{answer.get('code')}): {str(answer.get('body'))[:300]}")

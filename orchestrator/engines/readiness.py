@@ -63,6 +63,18 @@ class Readiness:
         return self.paths[0], self.paths[1] if len(self.paths) > 1 else MODELS
 
 
+@dataclass
+class FirstRequest:
+    """The launch's one real request (its smoke test). A readiness wait that looks on the node
+    (node/probe.py --wait) sends it there as soon as the server is ready, in the same command,
+    and keeps the answer here for the smoke-test step, which then asks nothing again: one SSH
+    command and one python3 start fewer at the end of every such launch."""
+
+    body: dict[str, Any]
+    answer: dict[str, Any] | None = None
+    """{"code", "body", "seconds"} of the node's request, once it was sent."""
+
+
 @dataclass(frozen=True)
 class Target:
     """One server being waited for."""
@@ -88,6 +100,10 @@ class Target:
     ours: tuple[str, ...] = ()
     why_dead: Callable[[dict[str, Transport]], list[str]] = field(default=lambda _: [])
     """What explains a dead launcher beyond its exit (the memory guard's record), one a line."""
+    record: str = ""
+    """Its record on the first node, whose ready_at a wait on the node sets once ready."""
+    first_request: FirstRequest | None = None
+    """Sent by a wait on the node once ready (FirstRequest)."""
 
     @property
     def first(self) -> str:
@@ -105,6 +121,8 @@ class Poll:
     logged_ready: bool
     waited: bool = False
     """The node looked until something changed (node/probe.py --wait): no pause before the next."""
+    marked: bool = False
+    """The node set the record's ready_at itself (Target.record)."""
 
 
 def probe_cmd(port: int, host: str, key_file: str | None, body: dict[str, Any] | None = None) -> str:
@@ -119,13 +137,17 @@ def probe_cmd(port: int, host: str, key_file: str | None, body: dict[str, Any] |
 
 
 def wait_cmd(seconds: float, container: str, seen: str, port: int, host: str,
-             key_file: str | None) -> str:
+             key_file: str | None, record: str = "", first: dict[str, Any] | None = None) -> str:
     """node/probe.py --wait: the look of probe_cmd repeated on the node until its /health
     code differs from SEEN (what the controller saw last; "-" at first: until the model is
-    listed), CONTAINER stops or SECONDS pass."""
+    listed), CONTAINER stops or SECONDS pass; once ready, RECORD's ready_at set and FIRST (a
+    chat completion's body) sent."""
     from orchestrator.engines.apikey import probe_host
+    from orchestrator.engines.liveness import ready_now
 
     words = ["--wait", f"{seconds:g}", container, seen, str(port), probe_host(host), key_file or ""]
+    if record:
+        words += [record, ready_now()] + ([json.dumps(first)] if first is not None else [])
     return f"python3 -c {quote(script('probe.py'))} {join(words)}"
 
 
@@ -170,7 +192,9 @@ def poll(transports: dict[str, Transport], target: Target, readiness: Readiness,
     waited = wait > 0 and not readiness.needs_ready_line
     if waited:
         last = "-" if seen is None else str(seen.codes.get("/health"))  # "-": the first look
-        command = wait_cmd(wait, target.container, last, target.port, target.host, target.key_file)
+        body = target.first_request.body if target.first_request is not None else None
+        command = wait_cmd(wait, target.container, last, target.port, target.host,
+                           target.key_file, target.record, body)
     else:
         fired = quote(readiness.ready_line.replace("!", "[!]"))
         log = ContainerCommands(target.container).logs_cmd()
@@ -183,8 +207,11 @@ def poll(transports: dict[str, Transport], target: Target, readiness: Readiness,
     dead = [n for n in target.nodes[1:] if n in transports and "true" not in transports[n].run(
         running_cmd(target.container), sudo=True, timeout=60,
         display=f"{target.container} running?").stdout]
+    if "first" in state and target.first_request is not None and not dead:
+        target.first_request.answer = state["first"]
     return Poll(bool(state.get("running")), dead, {"/health": state.get("health")},
-                [m for m in state.get("models") or [] if m], bool(state.get("fired")), waited)
+                [m for m in state.get("models") or [] if m], bool(state.get("fired")), waited,
+                marked=bool(state.get("ready_at")))
 
 
 def stop_and_fail(transports: dict[str, Transport], inventory: Inventory, name: str,
@@ -245,7 +272,7 @@ def wait_until_ready(transports: dict[str, Transport], target: Target, readiness
             now = stage(state, readiness)
             if now.startswith("listing") and target.model in state.models:
                 note(f"[{elapsed:6.1f}s] {ready_note(readiness)}")
-                return Ready(elapsed, state.models)
+                return Ready(elapsed, state.models, marked=state.marked)
             if time.monotonic() > deadline:
                 target.fail(transports, note, f"{target.name} was not ready within {timeout:.0f}s "
                             f"(--timeout); last state: {now}")

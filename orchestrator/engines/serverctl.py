@@ -37,6 +37,12 @@ SMOKE_PROMPT = "Hi"
 prefill of the first request after a start is what a CPU-bound server pays most for."""
 
 
+def smoke_body(model: str) -> dict[str, Any]:
+    """The smoke test's chat completion request."""
+    return {"model": model, "max_tokens": SMOKE_TOKENS,
+            "messages": [{"role": "user", "content": SMOKE_PROMPT}]}
+
+
 def pid_wrapper(pid_file: str, log: str) -> str:
     """The `bash -c` body that starts a server process (its argv in "$@") with its pid in
     PID_FILE and its output in LOG: what serverctl's status and stop read. Both paths are shell

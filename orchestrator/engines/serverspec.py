@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from orchestrator.engines import apikey
+from orchestrator.engines.readiness import FirstRequest
 
 if TYPE_CHECKING:
     from orchestrator.engines.readiness import Target
@@ -28,6 +29,7 @@ class ServerSpec:
         """CONTAINER: the container its first node's server runs in; `{name}` in it is the
         server's name."""
         from orchestrator.engines import engine_of
+        from orchestrator.engines.serverctl import smoke_body
         from orchestrator.recipe import serving_nodes
 
         self.recipe, self.inventory, self.options = recipe, inventory, options
@@ -43,6 +45,9 @@ class ServerSpec:
         """The server's API key file on its first node (probes read it there), or None."""
         self.digest = ""
         """What makes a running server the same server (engines.config_hash): set by the engine."""
+        self.first_request = FirstRequest(smoke_body(recipe.model))
+        """The launch's one chat completion (its smoke test), sent by the readiness wait once
+        ready where that wait looks on the node (engines/readiness.FirstRequest)."""
 
     def record(self) -> dict[str, Any]:
         """Its server.json (orchestrator/records.ServerRecord's fields and the engine's own)."""
@@ -64,7 +69,9 @@ class ServerSpec:
         """What the one readiness wait (engines/readiness.py) waits for: LAUNCHER and RANKS as a
         user knows them, FAIL the engine's clean-up with its own log tails."""
         from orchestrator.engines.readiness import Target
+        from orchestrator.engines.servers import record_dir
 
         return Target(self.name, list(self.nodes), self.container, self.recipe.model, self.port,
                       self.host, self.key_file, launcher=launcher, ranks=ranks, fail=fail,
-                      **launcher_fields)
+                      record=f"{record_dir(self.name)}/server.json",
+                      first_request=self.first_request, **launcher_fields)

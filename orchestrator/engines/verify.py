@@ -58,7 +58,7 @@ class WaitReady(Step):
             raise SparkctlError(exc.reason) from None
         # the record says it was ready: a server that stops answering later is stalled, not
         # loading (engines/liveness.py)
-        failed = self.mark(ctx.transports) if self.mark is not None else None
+        failed = self.mark(ctx.transports) if self.mark is not None and not ready.marked else None
         return (f"answering: {', '.join(ready.models)} ({ready.seconds:.1f}s)"
                 + (f"; {failed}" if failed else ""))
 

@@ -9,14 +9,20 @@ Two ways to call it:
 - `probe.py --at PORT HOST KEY_FILE [BODY]` (readiness and the smoke test while launching): /health,
   then /v1/models' model ids ({"health": code, "models": [...]}); with BODY (JSON) one chat
   completion instead ({"code", "body", "seconds"}).
-- `probe.py --wait SECONDS CONTAINER SEEN PORT HOST KEY_FILE` (readiness while launching): the
-  look of `--at` repeated here on the node every LOOK_EVERY s, plus whether CONTAINER runs
-  ("running"), until the answer differs from what the controller last saw (SEEN: its /health
-  code), the model is listed, the container stops or SECONDS pass; prints the last look. SEEN
-  "-" (the controller's first look, nothing seen yet): only the model listed, the container
-  stopped or SECONDS end it, so a server that is ready within SECONDS costs one round trip.
-  One SSH round trip per change instead of one per look,
-  and a server that becomes ready is seen within LOOK_EVERY s, as a person's `curl` loop sees it.
+- `probe.py --wait SECONDS CONTAINER SEEN PORT HOST KEY_FILE [RECORD WHEN [BODY]]` (readiness
+  while launching): the look of `--at` repeated here on the node every LOOK_EVERY s, plus whether
+  CONTAINER runs ("running"), until the answer differs from what the controller last saw (SEEN:
+  its /health code), the model is listed, the container stops or SECONDS pass; prints the last
+  look. SEEN "-" (the controller's first look, nothing seen yet): only the model listed, the
+  container stopped or SECONDS end it, so a server that is ready within SECONDS costs one round
+  trip. One SSH round trip per change instead of one per look, and a server that becomes ready
+  is seen within LOOK_EVERY s, as a person's `curl` loop sees it. Once the model is listed,
+  RECORD gets its ready_at (as `--mark`; "ready_at" in the answer) and BODY is sent as the
+  launch's one chat completion ("first": {"code", "body", "seconds"}): what the controller would
+  otherwise ask for in two more commands.
+- `probe.py --mark RECORD WHEN`: adds "ready_at": WHEN to the server record RECORD unless it is
+  already there, atomically; prints {"ready_at": ...}. `status` and `launch` tell a stalled
+  server (ready once, no answer now) from one still loading by it (engines/liveness.py).
 - `probe.py --metrics PORT HOST [KEY_FILE]` (`status`'s server figures): GET /metrics; prints its
   Content-Type on the first line, then the body as it came; exits 1 (the reason on stderr) when
   it does not answer 200.
@@ -25,6 +31,7 @@ A server with an API key gets it in the `Authorization` header, read here (as ro
 node file (the record's "api_key_file", or KEY_FILE), never from a command line.
 """
 import json
+import os
 import subprocess
 import sys
 import time
@@ -61,16 +68,19 @@ def ask(host, port, path, headers, body=None, timeout=5):
         return 0, str(getattr(exc, "reason", exc))[:300]
 
 
+def chat(host, port, headers, body):
+    """One chat completion: {"code", "body", "seconds"}."""
+    started = time.time()
+    code, text = ask(host, port, "/v1/chat/completions", headers, body, 300)
+    return {"code": code, "body": text, "seconds": time.time() - started}
+
+
 def launching(argv):
     """--at PORT HOST KEY_FILE [BODY]: readiness, or one chat completion."""
     port, host, headers = int(argv[0]), loopback(argv[1]), key_headers(argv[2])
-    out = {}
     if len(argv) > 3:
-        started = time.time()
-        out["code"], out["body"] = ask(host, port, "/v1/chat/completions", headers,
-                                       json.loads(argv[3]), 300)
-        out["seconds"] = time.time() - started
-        return out
+        return chat(host, port, headers, json.loads(argv[3]))
+    out = {}
     out["health"] = ask(host, port, "/health", headers)[0]
     if out["health"] == 200:
         code, body = ask(host, port, "/v1/models", headers)
@@ -95,8 +105,25 @@ def container_running(container):
     return proc.stdout.decode().strip() == "true"
 
 
+def mark_ready(path, when):
+    """--mark RECORD WHEN: RECORD's ready_at, set to WHEN unless it is already there."""
+    with open(path) as handle:
+        record = json.load(handle)
+    if not isinstance(record, dict):
+        sys.exit("%s: not a server record" % path)
+    if not record.get("ready_at"):
+        record["ready_at"] = when
+        tmp = path + ".ready.tmp"
+        with open(tmp, "w") as handle:
+            json.dump(record, handle, indent=1, sort_keys=True)
+        os.chmod(tmp, os.stat(path).st_mode & 0o777)
+        os.replace(tmp, path)
+    return {"ready_at": record["ready_at"]}
+
+
 def waiting(argv):
-    """--wait SECONDS CONTAINER SEEN PORT HOST KEY_FILE: looks until something changes (above)."""
+    """--wait SECONDS CONTAINER SEEN PORT HOST KEY_FILE [RECORD WHEN [BODY]]: looks until
+    something changes (above); once ready, marks RECORD and sends BODY."""
     deadline = time.time() + float(argv[0])
     container, seen, inspected, running = argv[1], argv[2], 0.0, True
     while True:
@@ -107,6 +134,14 @@ def waiting(argv):
             running, inspected = container_running(container), time.time()
         out["running"] = running
         changed = seen != FIRST and str(out["health"]) != seen
+        if running and out.get("models") and len(argv) > 7:
+            try:
+                out.update(mark_ready(argv[6], argv[7]))
+            except (OSError, ValueError) as exc:  # the controller marks it again and says why
+                out["mark_error"] = str(exc)[:300]
+            if len(argv) > 8:
+                out["first"] = chat(loopback(argv[4]), int(argv[3]), key_headers(argv[5]),
+                                    json.loads(argv[8]))
         if not running or out.get("models") or changed or time.time() >= deadline:
             return out
         time.sleep(LOOK_EVERY)
@@ -153,6 +188,8 @@ def metrics(argv):
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--wait"]:
         print(json.dumps(waiting(sys.argv[2:])))
+    elif sys.argv[1:2] == ["--mark"]:
+        print(json.dumps(mark_ready(sys.argv[2], sys.argv[3])))
     elif sys.argv[1:2] == ["--metrics"]:
         metrics(sys.argv[2:])
     else:

@@ -221,11 +221,11 @@ def test_mark_ready_adds_ready_at_once_and_keeps_the_mode(tmp_path: Path,
     record = tmp_path / "server.json"
     record.write_text(json.dumps({"recipe": "r"}))
     record.chmod(0o644)
-    ran = run_node_script("mark_ready.py", [str(record), "T1"], monkeypatch)
+    ran = run_node_script("probe.py", ["--mark", str(record), "T1"], monkeypatch)
     assert ran.json == {"ready_at": "T1"}
     assert json.loads(record.read_text()) == {"recipe": "r", "ready_at": "T1"}
     assert record.stat().st_mode & 0o777 == 0o644
-    assert run_node_script("mark_ready.py", [str(record), "T2"], monkeypatch).json == {"ready_at": "T1"}
+    assert run_node_script("probe.py", ["--mark", str(record), "T2"], monkeypatch).json == {"ready_at": "T1"}
     assert str(record) in liveness.mark_ready_cmd(str(record), "T3")
 
 

@@ -13,7 +13,7 @@ from conftest import FakeTransport, as_servers, make_context, make_inventory
 
 from orchestrator.core.step import Change
 from orchestrator.engines import get_engine, load_recipe, servers
-from orchestrator.engines.llamacpp import options
+from orchestrator.engines.llamacpp import options, ready
 from orchestrator.engines.llamacpp.ready import errors
 from orchestrator.engines.llamacpp.recipe import DEFAULT_IMAGE, Recipe, estimate_memory
 from orchestrator.engines.llamacpp.serve import (
@@ -327,6 +327,39 @@ def test_a_server_ready_within_the_first_look_costs_one_round_trip() -> None:
     words = shlex.split(head.commands[0])
     wait = words.index("--wait")
     assert words[wait + 1] == f"{FIRST_LOOK:g}" and words[wait + 3] == "-"
+
+
+def test_the_ready_wait_marks_and_asks_the_first_request_so_the_smoke_test_asks_nothing() -> None:
+    """The node-side wait that finds the server ready sets its record's ready_at and sends the
+    smoke test's chat completion in the same command: the wait step then marks nothing and the
+    smoke-test step reads that answer (one command for wait, mark and smoke test, not three)."""
+    import shlex
+
+    from orchestrator.engines import verify
+    from orchestrator.engines.placed import Smoke
+
+    inv = make_inventory()
+    spec = ServeSpec(load_recipe("lab-tiny-llama"), inv, LaunchOptions())
+    first = {"code": 200, "seconds": 0.02, "body": json.dumps({"usage": {"completion_tokens": 1}})}
+    probe = json.dumps({"health": 200, "models": ["sparklab/tiny-llama-gguf"], "running": True,
+                        "ready_at": "2026-11-28T15:00:00+00:00", "first": first})
+    head = FakeTransport("spark-a").on("--wait", stdout=probe + "\n")
+    ctx = make_context(inv, "spark-a", {"spark-a": {}}, transports={"spark-a": head})
+    wait = verify.wait_step(ready.target(spec), ready.READINESS, 60, "llama.cpp")
+    assert wait.apply(ctx, Change("wait")).startswith("answering: sparklab/tiny-llama-gguf")
+    said = Smoke(spec).apply(ctx, Change("verify"))
+    assert said == "chat completion on spark-a: 1 token in 0.02s" and len(head.calls) == 1
+    words = shlex.split(head.commands[0])
+    record, when, body = words[words.index("--wait") + 7:]
+    assert record == "/var/lib/sparkctl/run/servers/lab-tiny-llama/server.json" and when
+    assert json.loads(body) == {"model": "sparklab/tiny-llama-gguf", "max_tokens": 1,
+                                "messages": [{"role": "user", "content": "Hi"}]}
+    # a wait that did not send it (an older node answer): the step asks, as before
+    spec = ServeSpec(load_recipe("lab-tiny-llama"), inv, LaunchOptions())
+    head = FakeTransport("spark-a").on("--at", stdout=json.dumps(first) + "\n")
+    ctx = make_context(inv, "spark-a", {"spark-a": {}}, transports={"spark-a": head})
+    assert Smoke(spec).apply(ctx, Change("verify")).endswith("1 token in 0.02s")
+    assert len(head.calls) == 1
 
 
 def test_an_exit_while_loading_names_llama_cpps_error_and_stops_the_server() -> None:
