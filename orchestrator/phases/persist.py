@@ -253,7 +253,9 @@ def not_persistent_phase(server: str) -> Phase:
     # its step reads only the boot units, and no earlier phase of a launch writes one (stopping
     # a server removes its containers and record, not its unit): the facts gathered up front
     # stay valid through the serve phase's changes, so this costs no second round trip
-    return Phase("persist", [step], lambda inv, node: persist_down.facts(inv), stale_after=())
+    # the boot units alone: each node's `docker ps` and `docker inspect` of restart policies
+    # (what `down` reads) would cost a launch two docker calls per node for nothing
+    return Phase("persist", [step], lambda inv, node: persist_down.units_facts(), stale_after=())
 
 
 # ---------------------------------------------------------------- the parts engines share

@@ -45,10 +45,17 @@ def boot_log(server: str) -> str:
     return f"{BOOT_LOG_DIR}/boot-{server}.log"
 
 
+def units_facts() -> dict[str, Any]:
+    """The boot units alone: all a launch without --persist reads (its stale units go)."""
+    return {"commands": {"boot_units": units_cmd()}}
+
+
 def facts(inventory: Inventory) -> dict[str, Any]:
-    return {"commands": {"boot_units": units_cmd(),
-                         "restart_policies": restart_policies_cmd(inventory),
-                         "boot_logs": f"ls -1 {BOOT_LOGS} 2>/dev/null; true"}}
+    """What `down` reads: the boot units, the containers' restart policies, the boot logs."""
+    request = units_facts()
+    request["commands"].update({"restart_policies": restart_policies_cmd(inventory),
+                                "boot_logs": f"ls -1 {BOOT_LOGS} 2>/dev/null; true"})
+    return request
 
 
 def logs_left_cmd() -> str:

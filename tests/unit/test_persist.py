@@ -38,6 +38,9 @@ def test_without_persist_no_boot_unit_only_a_stale_one_removed() -> None:
     r = load_recipe("minimax-m2.7")
     phases = get_engine("vllm").launch_phases(r, make_inventory(), LaunchOptions())
     assert [s.name for s in phases[-1].steps] == ["stale-boot-units"]
+    # it reads the boot units alone: no docker call for restart policies `down` would read
+    inv = make_inventory()
+    assert phases[-1].facts(inv, inv.nodes[1]) == {"commands": {"boot_units": boot_units.units_cmd()}}
     args = ContainerSpec(name="c", image="img", command=["x"]).run_args()
     assert "--restart" not in args
 
