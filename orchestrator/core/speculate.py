@@ -221,6 +221,11 @@ class Speculation:
         self._keep(requests)
         if self._thread is None or not self.started:
             return {}
+        # the nodes are still answering: what the report prints with is imported meanwhile,
+        # not after the answers (~15 ms of a no-change `up`'s critical path)
+        import rich.console
+        import rich.markup  # noqa: F401
+
         self._thread.join()
         self._thread = None
         kept = self.requests
