@@ -229,6 +229,28 @@ def test_mark_ready_adds_ready_at_once_and_keeps_the_mode(tmp_path: Path,
     assert str(record) in liveness.mark_ready_cmd(str(record), "T3")
 
 
+def test_marking_ready_imports_no_http_client(tmp_path: Path) -> None:
+    """`probe.py --mark` runs on a node just filled by a server's load, within its memory
+    guard's margin (the lab shows a node's small processes 64 times their size): it stays as
+    small as a script that reads and writes one JSON file, without urllib, ssl or subprocess."""
+    import subprocess
+    import sys
+
+    from orchestrator.node import script
+
+    record = tmp_path / "server.json"
+    record.write_text(json.dumps({"recipe": "r"}))
+    probe = tmp_path / "probe.py"
+    probe.write_text(script("probe.py"))
+    check = ("import runpy, sys; sys.argv = ['probe.py', '--mark', sys.argv[1], 'T1']; "
+             f"runpy.run_path({str(probe)!r}, run_name='__main__'); "
+             "print(sorted(m for m in ('urllib.request', 'ssl', 'subprocess', 'http.client') "
+             "if m in sys.modules))")
+    ran = subprocess.run([sys.executable, "-S", "-c", check, str(record)], capture_output=True,
+                         text=True, check=True)
+    assert ran.stdout.splitlines() == ['{"ready_at": "T1"}', "[]"], ran.stdout + ran.stderr
+
+
 def test_each_engine_names_its_ready_line_and_status_passes_them_to_the_node() -> None:
     from orchestrator.engines import ready_lines
 
