@@ -100,14 +100,19 @@ class Target:
     ours: tuple[str, ...] = ()
     why_dead: Callable[[dict[str, Transport]], list[str]] = field(default=lambda _: [])
     """What explains a dead launcher beyond its exit (the memory guard's record), one a line."""
-    record: str = ""
-    """Its record on the first node, whose ready_at a wait on the node sets once ready."""
     first_request: FirstRequest | None = None
     """Sent by a wait on the node once ready (FirstRequest)."""
 
     @property
     def first(self) -> str:
         return self.nodes[0]
+
+    @property
+    def record(self) -> str:
+        """Its record on the first node (ready_at: the wait on the node or the ready step)."""
+        from orchestrator.engines.servers import record_dir
+
+        return f"{record_dir(self.name)}/server.json"
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,8 @@ def wait_cmd(seconds: float, container: str, seen: str, port: int, host: str,
     """node/probe.py --wait: the look of probe_cmd repeated on the node until its /health
     code differs from SEEN (what the controller saw last; "-" at first: until the model is
     listed), CONTAINER stops or SECONDS pass; once ready, RECORD's ready_at set and FIRST (a
-    chat completion's body) sent."""
+    chat completion's body) sent. The node stamps ready_at as this controller time plus the
+    seconds it waited by its own clock: when it saw the server ready, whatever its clock says."""
     from orchestrator.engines.apikey import probe_host
     from orchestrator.engines.liveness import ready_now
 

@@ -69,9 +69,7 @@ class ServerSpec:
         """What the one readiness wait (engines/readiness.py) waits for: LAUNCHER and RANKS as a
         user knows them, FAIL the engine's clean-up with its own log tails."""
         from orchestrator.engines.readiness import Target
-        from orchestrator.engines.servers import record_dir
 
         return Target(self.name, list(self.nodes), self.container, self.recipe.model, self.port,
                       self.host, self.key_file, launcher=launcher, ranks=ranks, fail=fail,
-                      record=f"{record_dir(self.name)}/server.json",
                       first_request=self.first_request, **launcher_fields)

@@ -68,12 +68,10 @@ def wait_step(target: Target, readiness: Readiness, timeout: float, what: str) -
     ready, the server's record says so (liveness.mark_ready)."""
     from orchestrator.engines.liveness import mark_ready
     from orchestrator.engines.readiness import wait_until_ready
-    from orchestrator.engines.servers import record_dir
 
     return WaitReady(lambda transports, seconds, note: wait_until_ready(
         transports, target, readiness, seconds, note), timeout, what,
-        mark=lambda transports: mark_ready(transports[target.first],
-                                           f"{record_dir(target.name)}/server.json"),
+        mark=lambda transports: mark_ready(transports[target.first], target.record),
         node=target.first)
 
 

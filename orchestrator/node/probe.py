@@ -17,7 +17,8 @@ Two ways to call it:
   container stopped or SECONDS end it, so a server that is ready within SECONDS costs one round
   trip. One SSH round trip per change instead of one per look, and a server that becomes ready
   is seen within LOOK_EVERY s, as a person's `curl` loop sees it. Once the model is listed,
-  RECORD gets its ready_at (as `--mark`; "ready_at" in the answer) and BODY is sent as the
+  RECORD gets its ready_at (as `--mark`; "ready_at" in the answer: WHEN, the controller's time
+  as it sent the command, plus the seconds this wait took) and BODY is sent as the
   launch's one chat completion ("first": {"code", "body", "seconds"}): what the controller would
   otherwise ask for in two more commands.
 - `probe.py --mark RECORD WHEN`: adds "ready_at": WHEN to the server record RECORD unless it is
@@ -127,10 +128,19 @@ def mark_ready(path, when):
     return {"ready_at": record["ready_at"]}
 
 
+def later(when, seconds):
+    """WHEN (an ISO time with its offset) plus SECONDS, as the controller writes times."""
+    import datetime
+
+    moment = datetime.datetime.fromisoformat(when) + datetime.timedelta(seconds=seconds)
+    return moment.isoformat(timespec="seconds")
+
+
 def waiting(argv):
     """--wait SECONDS CONTAINER SEEN PORT HOST KEY_FILE [RECORD WHEN [BODY]]: looks until
     something changes (above); once ready, marks RECORD and sends BODY."""
-    deadline = time.time() + float(argv[0])
+    started = time.time()
+    deadline = started + float(argv[0])
     container, seen, inspected, running = argv[1], argv[2], 0.0, True
     while True:
         out = launching(argv[3:6])
@@ -142,7 +152,7 @@ def waiting(argv):
         changed = seen != FIRST and str(out["health"]) != seen
         if running and out.get("models") and len(argv) > 7:
             try:
-                out.update(mark_ready(argv[6], argv[7]))
+                out.update(mark_ready(argv[6], later(argv[7], time.time() - started)))
             except (OSError, ValueError) as exc:  # the controller marks it again and says why
                 out["mark_error"] = str(exc)[:300]
             if len(argv) > 8:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -532,26 +533,32 @@ def test_probe_wait_marks_the_record_and_sends_the_first_request_once_ready(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With RECORD WHEN BODY the wait that sees the model listed sets the record's ready_at and
     sends BODY as the launch's one chat completion, in the same command; a look that is not
-    ready yet does neither."""
+    ready yet does neither. ready_at is WHEN (the controller's time as it sent the command) plus
+    the seconds the node waited: when the server was seen ready, not when the wait began."""
     fake_docker(tmp_path, monkeypatch, "true")
     record = tmp_path / "server.json"
     record.write_text(json.dumps({"name": "s"}))
     body = {"model": "org/m", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
-    words = ["c", "-", "PORT", "127.0.0.1", "", str(record), "T1", json.dumps(body)]
+    when = "2026-11-28T15:00:00+00:00"
+    words = ["c", "-", "PORT", "127.0.0.1", "", str(record), when, json.dumps(body)]
     with http_server({"/health": (503, "loading")}) as (port, seen):
         args = ["--wait", "0.3", *[str(port) if w == "PORT" else w for w in words]]
         loading = run_node_script("probe.py", args, monkeypatch)
     assert loading.json == {"health": 503, "running": True}
     assert "ready_at" not in json.loads(record.read_text())
     reply = json.dumps({"choices": [{"message": {"content": "Hello"}}], "usage": {"completion_tokens": 1}})
-    routes = {"/health": (200, "ok"), "/v1/models": (200, json.dumps({"data": [{"id": "org/m"}]})),
+    loads = iter([(503, "loading")] * 12)  # ~1.2 s of looks before it answers 200
+    routes = {"/health": lambda sent: next(loads, (200, "ok")),
+              "/v1/models": (200, json.dumps({"data": [{"id": "org/m"}]})),
               "/v1/chat/completions": (200, reply)}
     with http_server(routes) as (port, seen):  # type: ignore[arg-type]
         args = ["--wait", "30", *[str(port) if w == "PORT" else w for w in words]]
         ready = run_node_script("probe.py", args, monkeypatch).json
-    assert ready["ready_at"] == "T1" and json.loads(record.read_text())["ready_at"] == "T1"
+    waited = datetime.fromisoformat(ready["ready_at"]) - datetime.fromisoformat(when)
+    assert 1 <= waited.total_seconds() <= 10, ready  # (a loaded machine looks more slowly)
+    assert json.loads(record.read_text())["ready_at"] == ready["ready_at"]
     assert ready["first"]["code"] == 200 and json.loads(ready["first"]["body"]) == json.loads(reply)
-    assert [(path, json.loads(sent) if sent else None) for _, path, sent in seen] == [
+    assert [(path, json.loads(sent) if sent else None) for _, path, sent in seen][-3:] == [
         ("/health", None), ("/v1/models", None), ("/v1/chat/completions", body)]
 
 
