@@ -24,7 +24,7 @@ from orchestrator.phases.model_tools import ModelTools, model_tools
 from orchestrator.phases.models import (
     ServingPhase,
     download_cmd,
-    manifest_fact_cmd,
+    manifest_fact,
     manifests_from_facts,
 )
 from orchestrator.recipe import BaseRecipe as Recipe
@@ -143,8 +143,7 @@ def phase(recipe: Recipe, image: str, inventory: Inventory) -> Phase:
     tools = model_tools(image, inventory)
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        return {"commands": {"models": manifest_fact_cmd(tools, recipe)},
-                "timeout": 3600}
+        return {**manifest_fact(tools, recipe).request(), "timeout": 3600}
 
     return ServingPhase("hf-token", [HubToken(recipe, tools)], facts, serving=[inventory.head_name])
 

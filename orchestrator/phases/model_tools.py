@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.commands import env_args, join, quote
 from orchestrator.paths import TOKEN_PATH
 from orchestrator.recipe import CONTAINER_HF_HOME
+from orchestrator.remote.facts import Command, ImageGate
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
@@ -58,10 +59,10 @@ class ModelTools:
             mounts += " " + join(["-v", f"{SECRETS_DIR}:{SECRETS_DIR}:ro"])
         return f"{join(['docker', *flags])} {mounts} {join([self.image, *argv])}"
 
-    def when_present(self, command: str) -> str:
-        """`command` when the image is on the node, else NO_IMAGE (never pulls: it is a fact)."""
-        inspect = join(["docker", "image", "inspect", self.image])
-        return f"if {inspect} >/dev/null 2>&1; then {command}; else echo {quote(NO_IMAGE)}; fi"
+    def when_present(self, key: str, command: str) -> Command:
+        """The fact KEY: `command` when the image is on the node, else NO_IMAGE (never pulls:
+        it is a fact), judged by the gathering's own `docker image inspect`."""
+        return Command(key, command, gate=ImageGate(self.image, "present", NO_IMAGE + "\n"))
 
     def shown(self, what: str) -> str:
         """How a command is shown in the run log and dry runs."""

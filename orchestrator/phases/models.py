@@ -30,6 +30,7 @@ from orchestrator.phases.model_tools import NO_IMAGE, ModelTools, model_tools
 from orchestrator.recipe import CONTAINER_HF_HOME, Note
 from orchestrator.recipe import BaseRecipe as Recipe
 from orchestrator.remote.cluster import parallel
+from orchestrator.remote.facts import Command
 from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.stream import stream_run
 from orchestrator.remote.transport import Transport
@@ -53,17 +54,17 @@ def manifest_cmd(tools: ModelTools, recipe: Recipe, chunks: bool = False) -> str
                                                       "repos": repo_requests(recipe)})
 
 
-def manifest_fact_cmd(tools: ModelTools, recipe: Recipe) -> str:
+def manifest_fact(tools: ModelTools, recipe: Recipe) -> Command:
     """The manifest as a fact (what every launch gathers up front): manifest_cmd's node script
     run by the node's own python3 over the same files (the cache a models container mounts is
     that folder), without starting a container, about a second of the node's CPU; a model in a
     local folder (a path in the container) still in a models container. Either way NO_IMAGE
     while the image is not on the node (the models' tools, the token check, need it next)."""
     if any(local is not None for _, _, local in recipe.repos):
-        return tools.when_present(manifest_cmd(tools, recipe))
+        return tools.when_present("models", manifest_cmd(tools, recipe))
     args = {"hub": tools.host_hub(), "chunks": False, "repos": repo_requests(recipe)}
-    return tools.when_present(join(["python3", "-c", fanout.FANOUT_SCRIPT, "manifest",
-                                    json.dumps(args, sort_keys=True)]))
+    return tools.when_present("models", join(["python3", "-c", fanout.FANOUT_SCRIPT, "manifest",
+                                              json.dumps(args, sort_keys=True)]))
 
 
 def download_cmd(tools: ModelTools, repo: str, revision: str, local_dir: str | None,
@@ -362,7 +363,7 @@ def phase(recipe: Recipe, nodes: list[str], image: str, inventory: Inventory) ->
     tools = model_tools(image, inventory)
 
     def facts(inv: Inventory, node: Node) -> dict[str, Any]:
-        return {"files": {TOKEN_PATH: False}, "commands": {"models": manifest_fact_cmd(tools, recipe)},
+        return {"files": {TOKEN_PATH: False}, **manifest_fact(tools, recipe).request(),
                 "timeout": 3600}
 
     # the head fetches (in a models container) even when the server is placed on other nodes

@@ -20,7 +20,7 @@ from typing import Any
 from orchestrator.commands import quote
 from orchestrator.core.step import Change, NodeContext, Outcome, Step, Unchanged
 from orchestrator.errors import SparkctlError
-from orchestrator.remote.facts import Command, Request, merge_requests
+from orchestrator.remote.facts import Command, ImageGate, Request, merge_requests
 from orchestrator.remote.gathered import NodeFacts
 from orchestrator.remote.node_facts import DockerImage
 
@@ -49,7 +49,9 @@ def repo_digest(repo_digests: Iterable[str], image: str) -> str | None:
 
 
 def probe_fact(image: str) -> Command:
-    """`present`, `reachable`, `unknown: why`, or the failing `docker manifest inspect`'s error."""
+    """`present`, `reachable`, `unknown: why`, or the failing `docker manifest inspect`'s error.
+    Gated on the image: `present` comes from the gathering's own `docker image inspect`, and the
+    probe runs only while the image is absent."""
     img = quote(image)
     fmt = quote("{{.HTTPSProxy}}|{{.NoProxy}}")
     # the daemon may pull Docker Hub images through a mirror the client never asks: then the
@@ -59,7 +61,6 @@ def probe_fact(image: str) -> Command:
                'docker.io images through a mirror ($mirrors)"; exit 0;; esac; '
                if registry_of(image) == "docker.io" else "")
     command = (
-        f"if docker image inspect {img} >/dev/null 2>&1; then echo present; exit 0; fi; "
         f"{mirrors}"
         f"info=$(docker info --format {fmt} 2>/dev/null); proxy=${{info%%|*}}; "
         'case "$proxy" in *xxxxx*) echo "unknown: the docker daemon\'s proxy has credentials '
@@ -67,7 +68,7 @@ def probe_fact(image: str) -> Command:
         'if [ -n "$proxy" ]; then export HTTPS_PROXY="$proxy" https_proxy="$proxy" '
         'NO_PROXY="${info#*|}" no_proxy="${info#*|}"; fi; '
         f"timeout {PROBE_SECONDS} docker manifest inspect {img} >/dev/null && echo reachable")
-    return Command(f"registry {image}", command)
+    return Command(f"registry {image}", command, gate=ImageGate(image, "absent", "present\n"))
 
 
 def probe_request(image: str | None) -> Request:

@@ -26,7 +26,9 @@ Request = dict[str, Any]
 
 
 def gather_script() -> str:
-    return script("gather.py")
+    """The gatherer as the node gets it: one program, the lock's part in front (its file's
+    imports are for running it alone)."""
+    return script("gather_lock.py") + "\n" + script("gather.py")
 
 
 def gather_facts(transport: Transport, request: Request, timeout: float = 120.0) -> NodeFacts:
@@ -47,7 +49,7 @@ def gather_facts(transport: Transport, request: Request, timeout: float = 120.0)
 
 
 # The gatherer's sections and how two requests for one section combine.
-_KEYED = ("commands",)  # key -> command: the same key must mean the same command
+_KEYED = ("commands", "gates")  # key -> command (or its gate): one key, one meaning
 _FLAGS = ("files",)  # path -> want content: asking for content wins over not asking
 _LISTS = ("containers", "images", "disk", "routes", "resolve", "users")
 _SWITCHES = ("netplan", "links", "ibdev2netdev", "python", "lock_peek")
@@ -98,14 +100,33 @@ def _merge(section: str, old: Any, new: Any) -> Any:
 # ------------------------------------------------------------------ typed facts
 
 @dataclass(frozen=True)
+class ImageGate:
+    """Run a fact's command only while IMAGE is present (or absent) on the node, else answer
+    OTHERWISE (exit 0) without running it: the gatherer inspects each image once per gathering,
+    for the `images` fact and every command gated on it, where each command asked docker again
+    (a no-change `up` and every launch ask two such commands of one image)."""
+
+    image: str
+    run_while: str  # "present" or "absent"; an inspect that fails counts as absent
+    otherwise: str
+
+    def request(self) -> dict[str, str]:
+        return {"image": self.image, "run_while": self.run_while, "otherwise": self.otherwise}
+
+
+@dataclass(frozen=True)
 class Command:
-    """The output of one shell command run on the node (as root)."""
+    """The output of one shell command run on the node (as root), when its gate lets it run."""
 
     key: str
     command: str
+    gate: ImageGate | None = None
 
     def request(self) -> Request:
-        return {"commands": {self.key: self.command}}
+        if self.gate is None:
+            return {"commands": {self.key: self.command}}
+        return {"commands": {self.key: self.command}, "gates": {self.key: self.gate.request()},
+                "images": [self.gate.image]}
 
     def read(self, facts: NodeFacts) -> CommandResult | None:
         return facts.command(self.key)

@@ -180,12 +180,12 @@ def test_the_phase_runs_on_the_serving_nodes_and_asks_for_manifests(
     assert [n.name for n in phase.nodes(cluster.inventory)] == ["spark-a", "spark-b"]
     request = phase.facts(cluster.inventory, cluster.inventory.node("spark-a"))
     assert request["files"] == {models.TOKEN_PATH: False} and request["timeout"] == 3600
-    fact = request["commands"]["models"]
+    run = request["commands"]["models"]
     # never pulls: without the image on the node (a dry run), the manifests are unknown there
-    check, run, absent = re.fullmatch(r"if (.*) >/dev/null 2>&1; then (.*); else echo (.*); fi",
-                                      fact, re.S).groups()  # type: ignore[union-attr]
-    assert shlex.split(check) == ["docker", "image", "inspect", TOOLS.image]
-    assert shlex.split(absent) == [models.NO_IMAGE]
+    # (the gatherer answers NO_IMAGE from its own inspect of the image, without running it)
+    assert request["gates"]["models"] == {"image": TOOLS.image, "run_while": "present",
+                                          "otherwise": models.NO_IMAGE + "\n"}
+    assert TOOLS.image in request["images"]
     words = shlex.split(run)
     prefix = in_tools("python3", "-c", fanout.FANOUT_SCRIPT)
     assert words[:len(prefix)] == prefix and words[-2] == "manifest"
@@ -596,11 +596,10 @@ def test_the_models_fact_hashes_with_the_nodes_python_not_a_container() -> None:
     while the image is absent (the token check needs it next); a model in a local folder, a
     path in the models container, is still read there."""
     hf_only = load_recipe("lab-tiny-llama")
-    command = models.manifest_fact_cmd(TOOLS, hf_only)
-    inside = command.split("; then ", 1)[1]
-    assert command.startswith(f"if docker image inspect {TOOLS.image} ")
-    assert inside.startswith("python3 -c ") and "docker run" not in inside
-    args = json.loads(shlex.split(inside.rsplit("; else", 1)[0])[-1])
+    fact = models.manifest_fact(TOOLS, hf_only)
+    assert fact.request()["gates"]["models"]["run_while"] == "present"
+    assert fact.command.startswith("python3 -c ") and "docker run" not in fact.command
+    args = json.loads(shlex.split(fact.command)[-1])
     assert args["hub"] == f"~{TOOLS.user}/.cache/huggingface/hub"
     assert [r["repo"] for r in args["repos"]] == [hf_only.model]
-    assert "docker run --rm" in models.manifest_fact_cmd(TOOLS, RECIPE)  # its draft: a local dir
+    assert "docker run --rm" in models.manifest_fact(TOOLS, RECIPE).command  # its draft: a local dir

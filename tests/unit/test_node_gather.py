@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator.node import script
+from orchestrator.remote.facts import gather_script
 
 
 def gather(request: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    source = script("gather.py").replace('"/var/lib/sparkctl"', repr(str(tmp_path / "state")))
-    assert str(tmp_path) in source  # the script still names its state folder in one place
+    source = gather_script().replace('"/var/lib/sparkctl"', repr(str(tmp_path / "state")))
+    assert source.count(str(tmp_path)) == 2  # the lock's state folder and the space it reports
     out = io.StringIO()
     monkeypatch.setattr(sys, "argv", ["-", json.dumps(request)])
     monkeypatch.setattr(sys, "stdout", out)
@@ -67,3 +67,48 @@ def test_the_lock_is_taken_once_and_names_its_holder(tmp_path: Path, monkeypatch
     broken = gather({"lock": {"token": "t3", "break": True}}, tmp_path, monkeypatch)
     assert broken["lock"] == {"held": True}
     assert json.loads((tmp_path / "state" / "lock" / "owner").read_text())["token"] == "t3"
+
+
+STANDIN_DOCKER = """#!/bin/sh
+echo "$*" >> "$DOCKER_LOG"
+[ "$1 $2" = "image inspect" ] || exit 2
+case "$3" in
+  here) echo '[{"Id": "sha256:1", "RepoTags": ["here"]}]' ;;
+  broken) echo "Cannot connect to the Docker daemon" >&2; exit 1 ;;
+  *) echo "Error: No such image: $3" >&2; exit 1 ;;
+esac
+"""
+
+
+def test_commands_gated_on_an_image_share_the_gatherings_one_inspect(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command gated on an image runs only while the image is as its gate wants it, else is
+    answered from the gate; docker is asked about each image once, whoever asks first."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "docker.log"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(STANDIN_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    monkeypatch.setenv("DOCKER_LOG", str(log))
+
+    def gate(image: str, run_while: str) -> dict[str, str]:
+        return {"image": image, "run_while": run_while, "otherwise": f"skipped {run_while}\n"}
+
+    facts = gather({
+        "images": ["here", "gone"],
+        "commands": {"pull-probe": "echo probed", "manifest": "echo hashed",
+                     "absent-probe": "echo probed", "no-manifest": "echo hashed",
+                     "daemon-down": "echo probed"},
+        "gates": {"pull-probe": gate("here", "absent"), "manifest": gate("here", "present"),
+                  "absent-probe": gate("gone", "absent"), "no-manifest": gate("gone", "present"),
+                  "daemon-down": gate("broken", "absent")},
+    }, tmp_path, monkeypatch)
+    commands = facts["commands"]
+    assert commands["pull-probe"] == {"rc": 0, "out": "skipped absent\n", "err": ""}
+    assert commands["manifest"]["out"] == "hashed\n"
+    assert commands["absent-probe"]["out"] == "probed\n"
+    assert commands["no-manifest"]["out"] == "skipped present\n"
+    assert commands["daemon-down"]["out"] == "probed\n"  # docker could not tell: as absent
+    assert facts["images"]["here"]["Id"] == "sha256:1" and facts["images"]["gone"] is None
+    asked = log.read_text().splitlines()
+    assert sorted(asked) == ["image inspect broken", "image inspect gone", "image inspect here"]

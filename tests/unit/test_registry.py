@@ -28,6 +28,7 @@ from orchestrator.phases import image_share as share
 from orchestrator.phases import preflight, registry
 from orchestrator.phases.registry import Reach, reach, registry_of, supply
 from orchestrator.recipe import LaunchOptions
+from orchestrator.remote.facts import gather_script
 
 IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc13"
 NO_HOST = 'Get "https://nvcr.io/v2/": dial tcp: lookup nvcr.io: no such host'
@@ -206,24 +207,25 @@ exit 2
 
 
 def run_probe(tmp_path: Path, image: str = IMAGE, **env: str) -> tuple[dict[str, Any], str]:
+    """The probe as a node runs it: the facts gatherer (`python3 - REQUEST`, the script on
+    stdin) with the probe's request, against a stand-in docker that logs what it is asked."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "docker").write_text(FAKE_DOCKER)
     (bin_dir / "docker").chmod(0o755)
     log = tmp_path / "log"
     log.write_text("")
-    result = subprocess.run(["sh", "-c", registry.probe_fact(image).command], capture_output=True,
-                            text=True, timeout=30,
+    result = subprocess.run([sys.executable, "-", json.dumps(registry.probe_request(image))],
+                            input=gather_script(), capture_output=True, text=True, timeout=30,
                             env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log),
-                                 **env})
-    facts = {"commands": {f"registry {image}": {"rc": result.returncode, "out": result.stdout,
-                                                "err": result.stderr}}}
-    return facts, log.read_text()
+                                 **env}, check=True)
+    return json.loads(result.stdout), log.read_text()
 
 
 def test_the_probe_command_asks_the_registry_only_when_the_image_is_missing(tmp_path: Path) -> None:
     facts, log = run_probe(tmp_path, FAKE_PRESENT="1")
     assert reach(as_facts(facts), IMAGE).state == "present" and "manifest" not in log
+    assert log.count("image inspect") == 1  # the gathering's one look, for the fact and the gate
     facts, log = run_probe(tmp_path, FAKE_PROXY="http://proxy:3128")
     assert reach(as_facts(facts), IMAGE).state == "reachable"
     assert f"manifest inspect {IMAGE}" in log and "proxy=http://proxy:3128" in log
