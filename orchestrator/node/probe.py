@@ -141,7 +141,11 @@ def waiting(argv):
     something changes (above); once ready, marks RECORD and sends BODY."""
     started = time.time()
     deadline = started + float(argv[0])
-    container, seen, inspected, running = argv[1], argv[2], 0.0, True
+    container, seen, running = argv[1], argv[2], True
+    # the first look follows the serve step, which saw the container run: the first `docker
+    # inspect` (~30 ms of the node's CPU while the server loads) waits INSPECT_EVERY; a server
+    # ready sooner (a small model in the page cache) is then never inspected here
+    inspected = started if seen == FIRST else 0.0
     while True:
         out = launching(argv[3:6])
         # (not again once the model is listed: the server's answer says it runs, and its
