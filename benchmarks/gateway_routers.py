@@ -2,6 +2,7 @@
 and while replicas join and leave under load.
 
     python -m benchmarks.gateway_routers --lab-id ID [--rounds N] [--tg T] [--out FILE]
+    python -m benchmarks.run --only gateway        (the same, as `make bench`'s rows and targets)
 
 Issue 40, item 2: the gateway adds < 5 ms median at concurrency 1 against the same replicas
 directly; throughput at concurrency 8 within 5 %; a replica joins and leaves with no restart
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.labctl import SPARKCTL, BenchError, Lab
+from benchmarks.scenarios import Results, Settings
+from benchmarks.stats import Target
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUTER_VERSION = "0.3.2"
@@ -107,6 +110,62 @@ def gateway_status(lab: Lab) -> dict[str, Any]:
     return dict(json.loads(proc.stdout))
 
 
+ADDED = "gateway: ms it adds per request, concurrency 1 (2 real llama-server replicas)"
+RATIO = "gateway: throughput at concurrency 8, through / direct"
+FAILED = "gateway: failed requests while a replica joins and one leaves (bounded load)"
+RESTARTS = "gateway: router restarts while a replica joins and one leaves"
+TARGETS = [
+    Target("the gateway adds < 5 ms at concurrency 1", ADDED, 5.0),
+    Target("gateway throughput at concurrency 8 >= 95% of direct", RATIO, 0.95, at_least=True),
+    Target("a replica joins and leaves under load: 0 failed requests", FAILED, 0),
+    Target("a replica joins and leaves: no gateway restart", RESTARTS, 0),
+]
+
+
+def measure(lab: Lab, rounds: int, tg: int) -> dict[str, Any]:
+    """Up, two replicas (one per node), the gateway, then the comparison and the join and leave.
+    The lab must be up; it is left with whatever runs (the caller takes it down)."""
+    a, b = lab.node_names()
+    ok(lab.sparkctl("up", "--yes"), "up")
+    for node, name in ((a, "r-a"), (b, "r-b")):
+        ok(lab.sparkctl("launch", RECIPE, "--nodes", node, "--name", name, "--yes",
+                        "--timeout", "300"), f"launch {name}")
+    ok(lab.sparkctl("gateway", "up", "--port", str(GATEWAY_PORT)), "gateway up")
+    status = gateway_status(lab)
+    direct = [f"http://{r['address']}:{r['port']}" for r in status["replicas"]]
+    model = status["replicas"][0]["model"]
+    return {"when": datetime.now(UTC).isoformat(timespec="seconds"),
+            "router": status.get("router"), "replicas": direct, "tg": tg,
+            "compare": compare(lab, a, model, direct, rounds, tg),
+            "join_leave": join_and_leave(lab, a, model)}
+
+
+def bench_gateway(s: Settings, res: Results, workdir: Path) -> None:
+    """`make bench`'s gateway rows (issue 40's goals): s.runs rounds of the comparison, one
+    join and leave."""
+    lab = Lab(s.lab_id, 2, "b2b", workdir)
+    s.log(f"gateway: lab up, up, two replicas, gateway up, {s.runs} round(s), a join and a leave")
+    lab.up(0, s.model_bytes)
+    try:
+        doc = measure(lab, s.runs, 4)
+    finally:
+        lab.sparkctl("down", "--yes")
+        lab.down()
+    router = doc.get("router") or "the gateway"
+    res.row(ADDED, unit="ms", note=f"{router}; median of each round's 30").runs.extend(
+        float(r["added_ms"]) for r in doc["compare"]["runs"])
+    res.row(RATIO, unit="x", note="tokens/s, 15 s each way").runs.extend(
+        float(r["ratio"]) for r in doc["compare"]["runs"])
+    load = doc["join_leave"]["load"]
+    if "failed" not in load:
+        res.notes.append(f"gateway: the bounded load reported no counts: {load}")
+        return
+    res.row(FAILED, unit="requests", note=f"{load['ok']} answered").runs.append(
+        float(load["failed"]))
+    res.row(RESTARTS, unit="restarts", note="router pid before and after").runs.append(
+        float(doc["join_leave"]["router_restarted"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gateway_routers",
                                      description=__doc__,
@@ -119,19 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     lab = Lab(args.lab_id, 2, "b2b", Path(tempfile.mkdtemp(prefix="sparkctl-bench-")))
     lab.up(0, 256 * 2**20)
     try:
-        a, b = lab.node_names()
-        ok(lab.sparkctl("up", "--yes"), "up")
-        for node, name in ((a, "r-a"), (b, "r-b")):
-            ok(lab.sparkctl("launch", RECIPE, "--nodes", node, "--name", name, "--yes",
-                            "--timeout", "300"), f"launch {name}")
-        ok(lab.sparkctl("gateway", "up", "--port", str(GATEWAY_PORT)), "gateway up")
-        status = gateway_status(lab)
-        direct = [f"http://{r['address']}:{r['port']}" for r in status["replicas"]]
-        model = status["replicas"][0]["model"]
-        doc = {"when": datetime.now(UTC).isoformat(timespec="seconds"),
-               "router": status.get("router"), "replicas": direct, "tg": args.tg,
-               "compare": compare(lab, a, model, direct, args.rounds, args.tg),
-               "join_leave": join_and_leave(lab, a, model)}
+        doc = measure(lab, args.rounds, args.tg)
     finally:
         lab.sparkctl("down", "--yes")
         lab.down()

@@ -21,11 +21,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks import engines, launch_overhead, scenarios
+from benchmarks import engines, gateway_routers, launch_overhead, scenarios
 from benchmarks.labctl import BenchError
 from benchmarks.stats import Target, results_table, targets_table
 
-SCENARIOS = ("help", "two-node", "fanout", "engines", "delay", "scale", "launch")
+SCENARIOS = ("help", "two-node", "fanout", "engines", "delay", "scale", "launch", "gateway")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
 MIB = 2**20
 
@@ -62,6 +62,7 @@ TARGETS = [
     Target("launch (real llama-server, model in place) <= 1.3x by hand",
            f"launch {launch_overhead.RECIPE} (real llama-server), model in place", 1.3,
            f"floor: the same docker run by hand + /health, {launch_overhead.RECIPE}"),
+    *gateway_routers.TARGETS,
 ]
 
 
@@ -152,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                     scenarios.bench_delay(settings, results, workdir)
                 elif name == "launch":
                     launch_overhead.bench_launch(settings, results, workdir)
+                elif name == "gateway":
+                    gateway_routers.bench_gateway(settings, results, workdir)
                 else:
                     scenarios.bench_scale(settings, results, workdir)
             except BenchError as exc:
