@@ -30,10 +30,29 @@ RUN = "/var/lib/sparkctl/run/servers/qwen3-235b"  # the server's own directory o
 sparkctl = Sparkctl("launch", token=SENTINEL, timeout=300)
 
 
+DOWNLOADS = "/var/lib/sparklab/outbox/hf-downloads.log"  # the lab hub's log of every fetch
+HF = "/home/nvidia/.cache/huggingface"
+FETCHED_BEFORE: dict[str, int] = {}
+"""Each node's fetches before this module: the session's lab may have served other modules
+(which fetched this model, or wiped their cache) first, in whatever order xdist hands them out."""
+
+
+def downloads(lab: Lab, node: str) -> list[dict[str, str]]:
+    return [json.loads(line) for line in lab.exec(node, f"cat {DOWNLOADS} 2>/dev/null || true")
+            .stdout.splitlines()]
+
+
 @pytest.fixture(scope="module")
 def launched(lab_session: list[Lab]) -> Iterator[tuple[Lab, subprocess.CompletedProcess[str]]]:
     lab = healthy_lab(lab_session)
     inventory = str(lab.inventory)
+    # this module's launches start with neither model cached on any node (nothing served from
+    # them), so "fetched once" is about this module's own launches
+    sparkctl("down", "--inventory", inventory, "--yes", token=False)
+    for node in lab.nodes:
+        lab.exec(node, f"rm -rf {HF}/hub/models--nvidia--Qwen3-235B-A22B-FP4 "
+                       f"{HF}/hub/models--nvidia--Qwen3-235B-A22B-Eagle3 {HF}/drafts/Qwen3-235B-A22B-Eagle3")
+        FETCHED_BEFORE[node] = len(downloads(lab, node))
     up = sparkctl("up", "--inventory", inventory, "--yes", token=False)
     assert up.returncode == 0, up.stdout + up.stderr
     result = sparkctl("launch", "qwen3-235b", "--inventory", inventory, "--yes", "--json",
@@ -64,12 +83,12 @@ def test_launch_serves_across_both_nodes(launched: tuple[Lab, subprocess.Complet
 def test_models_are_fetched_from_outside_once_on_the_head_only(
         launched: tuple[Lab, subprocess.CompletedProcess[str]]) -> None:
     """The lab's simulated hub logs every download (an "outbox" the containers can write); the
-    HF cache survives `down`, so over the whole lab's life each repo is fetched once, by the head."""
+    HF cache survives `down`, so over this module's launches each repo is fetched once, by the
+    head."""
     lab, _ = launched
-    log = "cat /var/lib/sparklab/outbox/hf-downloads.log 2>/dev/null || true"
-    head = [json.loads(line) for line in lab.exec(lab.nodes[0], log).stdout.splitlines()]
-    other = lab.exec(lab.nodes[1], log).stdout
-    assert other == "", f"{lab.nodes[1]} downloaded from outside: {other}"
+    head = downloads(lab, lab.nodes[0])[FETCHED_BEFORE[lab.nodes[0]]:]
+    other = downloads(lab, lab.nodes[1])[FETCHED_BEFORE[lab.nodes[1]]:]
+    assert other == [], f"{lab.nodes[1]} downloaded from outside: {other}"
     repos = [entry["repo"] for entry in head]
     assert repos.count(MODEL) == 1 and repos.count("nvidia/Qwen3-235B-A22B-Eagle3") == 1, repos
     assert {entry["host"] for entry in head} == {lab.nodes[0]}
