@@ -62,6 +62,7 @@ SUMMARIES = {
     "gateway": "One OpenAI endpoint for every server (a pinned router): key, replicas, rolling swaps.",
     "advise": "Which layout serves a recipe fastest on N Sparks: predicted, or measured.",
     "doctor": "Diagnose the controller's setup: `doctor ssh` shows how each node is reached.",
+    "disconnect": "Close the SSH connections kept open between runs ($SPARKCTL_SSH_PERSIST).",
     "init": "Write an inventory for your Sparks: finds the cabled fabric port on every node.",
 }
 
@@ -90,6 +91,7 @@ LAZY = {
     "recipes": "orchestrator.cli.recipes:recipes",
     "advise": "orchestrator.cli.advise:advise",
     "doctor": "orchestrator.cli.doctor:doctor",
+    "disconnect": "orchestrator.cli.doctor:disconnect",
     "init": "orchestrator.cli.init:init",
 }
 

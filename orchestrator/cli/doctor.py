@@ -1,4 +1,5 @@
-"""`sparkctl doctor ssh`: how sparkctl reaches each node and what to fix (netcheck/ssh_doctor.py)."""
+"""`sparkctl doctor ssh`: how sparkctl reaches each node and what to fix (netcheck/ssh_doctor.py);
+`sparkctl disconnect`: the kept SSH connections closed (remote/keeper.py)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,35 @@ def ssh(inventory_path: str | None, nodes: tuple[str, ...], as_json: bool) -> No
     Exit 0: every node works (sudo asking a password is a warning). Exit 1: a step failed.
     """
     run_command(lambda: _ssh(inventory_path, nodes, as_json))
+
+
+@click.command(context_settings=CONTEXT)
+@json_option
+def disconnect(as_json: bool) -> None:
+    """Close the SSH connections kept open between runs.
+
+    \b
+    A run hands its nodes' connections to a keeper process of sparkctl's own (as OpenSSH's
+    ControlPersist does), so the next runs skip SSH's key exchange and login; it closes them
+    itself SPARKCTL_SSH_PERSIST seconds after its last use (default 60; 0 turns keeping off).
+    Close them now after rotating a node's host key or revoking a key: the next run connects
+    afresh and verifies everything again. Exit 0 either way.
+    """
+    def body() -> int:
+        from orchestrator.core.report import print_json
+        from orchestrator.remote import keeper
+
+        held = keeper.status()
+        stopped = keeper.stop() if held is not None else False
+        nodes = list(held.get("nodes", [])) if held else []
+        if as_json:
+            print_json({"command": "disconnect", "ok": True, "closed": nodes,
+                        "keeper_pid": held.get("pid") if held else None})
+        elif stopped:
+            click.echo(f"closed the kept connections to {', '.join(nodes) or 'no node'} "
+                       f"(keeper pid {held.get('pid') if held else '?'})")
+        else:
+            click.echo("no connections were kept")
+        return 0
+
+    run_command(body)

@@ -124,10 +124,14 @@ class Speculation:
         if not reach or not reach[0]:
             return
         routes, timeout, sudo_files = reach
-        # what the connections need, imported before the thread starts (never by two threads
-        # at once); the facts module after (below), while the thread connects
-        import paramiko
-        import paramiko.auth_strategy  # noqa: F401
+        from orchestrator.remote import keeper
+
+        if len(keeper.held(routes)) < len(routes):
+            # what the connections need, imported before the thread starts (never by two
+            # threads at once); the facts module after (below), while the thread connects.
+            # Routes the keeper holds need neither.
+            import paramiko
+            import paramiko.auth_strategy  # noqa: F401
 
         from orchestrator.remote.cluster import parallel
         from orchestrator.remote.connect import connect_routes

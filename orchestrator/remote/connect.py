@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from orchestrator.errors import HostKeyError, TransportError
-from orchestrator.remote import sshkeys
+from orchestrator.remote import keeper, sshkeys
 from orchestrator.remote.cluster import parallel
 from orchestrator.remote.sshconfig import Hop, Route, resolve
 from orchestrator.remote.sshkeys import KeyStore, auth_message, fingerprint, strategy
@@ -261,28 +261,51 @@ def connect_all(
     trust_new_hosts: bool = False,
 ) -> tuple[dict[str, Transport], dict[str, str]]:
     """Connect to every node in parallel; returns (transports, errors by node name)."""
-    pin_lock = threading.Lock()
+    routes = {node.name: resolve(inventory, node) for node in nodes}
+    local = {name for name, route in routes.items() if is_local(route)}
+    ssh = _kept_or_direct([r for name, r in routes.items() if name not in local],
+                          inventory.cluster.command_timeout, sudo_password, trust_new_hosts)
 
-    def one(node: Node) -> Transport:
-        route = resolve(inventory, node)
-        if is_local(route):
-            return LocalTransport(node.name, inventory.cluster.user, sudo_password,
+    def one(name: str) -> Transport:
+        if name in local:
+            return LocalTransport(name, inventory.cluster.user, sudo_password,
                                   inventory.cluster.command_timeout)
-        return open_ssh(inventory, node, sudo_password, trust_new_hosts, pin_lock, route)
+        return ssh(name)
 
-    by_name = {node.name: node for node in nodes}
-    return connect_each(lambda name: one(by_name[name]), list(by_name))
+    return connect_each(one, list(routes))
 
 
 def connect_routes(routes: list[Route], command_timeout: float, sudo_password: SudoPassword,
                    trust_new_hosts: bool = False) -> tuple[dict[str, Transport], dict[str, str]]:
     """connect_all for routes resolved before (core/speculate.py: kept from the last run);
     SSH only (a local node has no connection worth opening early)."""
+    return connect_each(_kept_or_direct(routes, command_timeout, sudo_password, trust_new_hosts),
+                        [route.node for route in routes])
+
+
+def _kept_or_direct(routes: list[Route], command_timeout: float, sudo_password: SudoPassword,
+                    trust_new_hosts: bool) -> Callable[[str], Transport]:
+    """Each node's connection: the keeper's when it holds the route (remote/keeper.py), else
+    one of this run's own, which the keeper takes over when the run ends."""
     pin_lock = threading.Lock()
     by_name = {route.node: route for route in routes}
-    return connect_each(lambda name: open_route_ssh(by_name[name], command_timeout,
-                                                    sudo_password, trust_new_hosts, pin_lock),
-                        list(by_name))
+    kept = keeper.held(routes)
+
+    def one(name: str) -> Transport:
+        route = by_name[name]
+
+        def direct() -> SSHTransport:
+            return open_route_ssh(route, command_timeout, sudo_password, trust_new_hosts, pin_lock)
+
+        if name in kept:
+            now = time.time()
+            trace_event("connect", name, now, now, host=route.target.alias, ok=True, kept=True)
+            return keeper.KeptTransport(route, kept[name], command_timeout, sudo_password, direct)
+        transport = direct()
+        keeper.remember(route)
+        return transport
+
+    return one
 
 
 def is_local(route: Route) -> bool:

@@ -132,13 +132,22 @@ def config_path(inventory: Inventory) -> Path | None:
 _CACHE: dict[tuple[str, float], Any] = {}
 
 
+class _NoConfig:
+    """What an empty paramiko SSHConfig answers, without importing paramiko (a run whose
+    connections the keeper holds imports no SSH code at all: remote/keeper.py)."""
+
+    @staticmethod
+    def lookup(host: str) -> dict[str, Any]:
+        return {"hostname": host}
+
+
 def load_config(path: Path | None) -> Any:
     """paramiko SSHConfig of `path` (an empty one when the file is absent); parse errors are
     bad input naming the file."""
+    if path is None or not path.is_file():
+        return _NoConfig()
     import paramiko
 
-    if path is None or not path.is_file():
-        return paramiko.SSHConfig()
     try:
         stamp = path.stat().st_mtime
         key = (str(path), stamp)

@@ -300,17 +300,24 @@ class SSHTransport(_SudoMixin):
                 jump.close()
 
 
-def _collect(channel: Any, timeout: float, node: str) -> tuple[int, str, str]:
-    """Read a channel's stdout and stderr until the command exits or the deadline passes."""
+def _collect(channel: Any, timeout: float, node: str,
+             cancel: socket.socket | None = None) -> tuple[int, str, str]:
+    """Read a channel's stdout and stderr until the command exits or the deadline passes;
+    CANCEL (the keeper's client, remote/keeper_process.py): its end closes the channel, as a
+    run's end closes its own connection."""
     out, err = bytearray(), bytearray()
     deadline = time.monotonic() + timeout
     chan = channel  # paramiko.Channel
+    watched = [chan] if cancel is None else [chan, cancel]
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             chan.close()
             raise TransportError(f"{node}: command did not finish within {timeout:.0f}s")
-        select.select([chan], [], [], min(remaining, 1.0))
+        readable, _, _ = select.select(watched, [], [], min(remaining, 1.0))
+        if cancel is not None and cancel in readable:
+            chan.close()
+            raise TransportError(f"{node}: the run that sent the command ended before it did")
         while chan.recv_ready():
             out += chan.recv(65536)
         while chan.recv_stderr_ready():

@@ -350,3 +350,10 @@ def _no_user_recipes(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     """The user recipe folder ($XDG_CONFIG_HOME/sparkctl/recipes) of whoever runs the tests
     must not leak into them: every test starts with an empty configuration folder."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test hands its SSH connections to a keeper process that would outlive it
+    (remote/keeper.py); test_keeper.py turns keeping on where it tests it."""
+    monkeypatch.setenv("SPARKCTL_SSH_PERSIST", "0")

@@ -296,15 +296,15 @@ def test_connect_all_reports_each_node(tmp_path: Path, server: SSHServer) -> Non
             "nodes": [{"name": "spark-a", "host": "127.0.0.1"}, {"name": "spark-b", "host": "192.0.2.1"}]}
     inv = inventory_from_data(data, str(tmp_path / "inv.yml"))
 
-    def fake_open(inventory: Any, node: Any, *args: Any) -> Any:
-        raise TransportError(f"{node.name}: cannot reach {node.host}")
+    def fake_open(route: Any, *args: Any) -> Any:
+        raise TransportError(f"{route.node}: cannot reach {route.target.hostname}")
     import orchestrator.remote.connect as module
-    original = module.open_ssh
-    module.open_ssh = fake_open  # type: ignore[assignment]
+    original = module.open_route_ssh
+    module.open_route_ssh = fake_open  # type: ignore[assignment]
     try:
         transports, errors = connect.connect_all(inv, inv.nodes, SudoPassword(prompt=False))
     finally:
-        module.open_ssh = original
+        module.open_route_ssh = original
     assert isinstance(transports["spark-a"], LocalTransport)  # 127.0.0.1 is this machine
     assert errors == {"spark-b": "spark-b: cannot reach 192.0.2.1"}
 
