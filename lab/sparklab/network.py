@@ -41,8 +41,17 @@ def host_links() -> list[str]:
     return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()]
 
 
+LAB_RANGE = "10.213.0.0/16"
+"""Every lab's addresses (10.213.<ID>.0/24, identity.py)."""
+
+
 def create_management(ident: LabIdentity) -> None:
+    # Traffic for a lab that is down never leaves the machine: without this route, a
+    # connection that outlives its lab (sparkctl's kept SSH connections, remote/keeper.py, a
+    # client still retrying) would follow the default route out of the host. The /24 of a lab
+    # that is up is more specific and wins; the route stays (it only ever refuses the range).
     ip_batch([
+        f"route replace unreachable {LAB_RANGE}",
         f"link add {ident.bridge} type bridge",
         f"addr add {ident.host_address}/24 dev {ident.bridge}",
         f"link set {ident.bridge} up",
