@@ -118,10 +118,11 @@ class Lab:
     def restore_faults(self) -> None:
         self.lab_cli("fault", "restore", check=False)
 
-    def sparkctl(self, *args: str, capture: Path | None = None, json_out: bool = True) -> Timed:
+    def sparkctl(self, *args: str, capture: Path | None = None, json_out: bool = True,
+                 env: dict[str, str] | None = None) -> Timed:
         """Run `sparkctl ARGS --inventory <lab> [--json]` and time it as a user would."""
         trace = self.workdir / f"trace-{time.monotonic_ns()}.jsonl"
-        env = {**self.env, "SPARKCTL_TRACE": str(trace)}
+        env = {**self.env, **(env or {}), "SPARKCTL_TRACE": str(trace)}
         argv = [*args, "--inventory", str(self.inventory)] + (["--json"] if json_out else [])
         if capture is not None:
             command = [str(BIN / "python"), "-m", "benchmarks.capture", str(capture), "--", *argv]

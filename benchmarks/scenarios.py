@@ -82,7 +82,11 @@ def bench_two_node(s: Settings, res: Results, workdir: Path) -> None:
             if first:
                 host_keys, inventory = read_host_keys(lab), lab.inventory_data()
                 lab.sparkctl("up", "--yes", capture=captures["noop"])  # untimed: the commands
-            res.add("up no-change, 2 nodes", lab.sparkctl("up", "--yes"))
+            res.add("up no-change, 2 nodes", lab.sparkctl("up", "--yes"),
+                    note="over the connections the last run left kept (remote/keeper.py)")
+            res.add("up no-change, 2 nodes, first contact", lab.sparkctl(
+                "up", "--yes", env={"SPARKCTL_SSH_PERSIST": "0"}),
+                note="SPARKCTL_SSH_PERSIST=0: connects and logs in itself")
             res.add("netcheck, 2 nodes", lab.sparkctl("netcheck"))
             token = workdir / "hf_token"  # the lab's hub takes any hf_* token
             token.write_text("hf_sparklab_benchmark\n")
@@ -151,7 +155,11 @@ def bench_delay(s: Settings, res: Results, workdir: Path) -> None:
         lab.sparkctl("up", "--yes", capture=capture)  # untimed: records the commands
         data = lab.inventory_data()
         for _ in range(s.runs):  # the baseline, on this same lab
-            res.add("up no-change, 2 nodes", lab.sparkctl("up", "--yes"))
+            res.add("up no-change, 2 nodes", lab.sparkctl("up", "--yes"),
+                    note="over the connections the last run left kept (remote/keeper.py)")
+            res.add("up no-change, 2 nodes, first contact", lab.sparkctl(
+                "up", "--yes", env={"SPARKCTL_SSH_PERSIST": "0"}),
+                note="SPARKCTL_SSH_PERSIST=0: connects and logs in itself")
             _floor(res, "floor: up no-change, 2 nodes", capture, data)
         for node in lab.node_names():
             lab.delay(node, "eth0", DELAY_MS)

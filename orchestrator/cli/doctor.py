@@ -67,9 +67,12 @@ def disconnect(as_json: bool) -> None:
         if as_json:
             print_json({"command": "disconnect", "ok": True, "closed": nodes,
                         "keeper_pid": held.get("pid") if held else None})
-        elif stopped:
-            click.echo(f"closed the kept connections to {', '.join(nodes) or 'no node'} "
+        elif stopped and nodes:
+            click.echo(f"closed the kept connections to {', '.join(nodes)} "
                        f"(keeper pid {held.get('pid') if held else '?'})")
+        elif stopped:
+            click.echo(f"stopped the connection keeper (pid {held.get('pid') if held else '?'}); "
+                       "it held no live connection")
         else:
             click.echo("no connections were kept")
         return 0

@@ -217,8 +217,10 @@ def status(folder: Path | None = None) -> dict[str, Any] | None:
 
 
 class KeptTransport(_SudoMixin):
-    """A node's commands through the keeper's connection; a direct one (DIRECT) when the keeper
-    cannot open a channel, and for streams and forwards (`client`)."""
+    """A node's commands through the keeper's connection. A direct one (DIRECT) when the keeper
+    cannot open a channel for the run's first command (the kept connection died since the last
+    run), and for streams and forwards (`client`); once a command ran on it, the kept
+    connection is the run's own: lost, the run stops there as with any connection."""
 
     def __init__(self, route: Route, key: str, command_timeout: float,
                  sudo_password: SudoPassword, direct: Callable[[], SSHTransport]) -> None:
@@ -231,6 +233,7 @@ class KeptTransport(_SudoMixin):
         self._open_direct = direct
         self._direct: SSHTransport | None = None
         self._lock = threading.Lock()
+        self._used = False  # a command of this run ran on the kept connection
         self.commands_sent = 0
 
     def direct(self) -> SSHTransport:
@@ -259,8 +262,11 @@ class KeptTransport(_SudoMixin):
                 opened = receive(stream).get("opened") is True
             except (OSError, EOFError, ValueError):
                 opened = False
-            if not opened:  # nothing ran: the node gets the command over a connection of ours
+            if not opened and self._used:  # as this run's own connection, lost mid-run
+                raise TransportError(f"{self.node}: the SSH connection was lost")
+            if not opened:  # nothing ran yet: the run connects itself, as without a keeper
                 return self.direct()._execute(command, stdin, timeout)
+            self._used = True
             try:
                 sock.settimeout(timeout + 30)
                 done = receive(stream)

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from test_connect import SSHServer, setup
 
 from orchestrator.cli import cli
+from orchestrator.errors import TransportError
 from orchestrator.remote import connect, keeper, keeper_process, sshkeys
 from orchestrator.remote.sshconfig import Route, resolve
 from orchestrator.remote.transport import SSHTransport, SudoPassword
@@ -112,6 +113,21 @@ def test_a_connection_that_died_is_replaced_by_a_direct_one(
     assert result.ok and result.stdout == "ran: echo after exit 0\nx"
     assert server.connections == 2  # the run's own, opened when the keeper could not
     assert kept.me.kept == {}  # dropped
+    transport.close()
+
+
+def test_a_kept_connection_lost_mid_run_stops_the_run_as_its_own_would(
+        tmp_path: Path, server: SSHServer, kept: InProcessKeeper) -> None:
+    route = route_of(tmp_path, server)
+    kept.hold(route)
+    transport = connect_one(route)
+    assert transport.run("first").ok  # the run's connection is the kept one from here on
+    for ssh in server.transports:
+        ssh.close()
+    time.sleep(0.2)
+    with pytest.raises(TransportError, match="spark-a: the SSH connection was lost"):
+        transport.run("second")
+    assert server.connections == 1  # never silently connected again mid-run
     transport.close()
 
 
