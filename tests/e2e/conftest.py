@@ -50,6 +50,10 @@ def _worker_lab_ids() -> None:
 
 _worker_lab_ids()
 LAB_ID = int(os.environ.get("SPARKLAB_ID", "0"))
+# sparkctl keeps each run's SSH connections for the next runs (remote/keeper.py), a keeper per
+# state directory; the tests' keepers end 20 s after their last use instead of 60 (a module's
+# runs follow each other within seconds) and are stopped at the session's end
+os.environ.setdefault("SPARKCTL_SSH_PERSIST", "20")
 
 
 def e2e_state(name: str) -> str:
@@ -270,6 +274,14 @@ LONGEST_FIRST = ("test_vllm_real_tp2.py", "test_vllm_real.py", "test_hostile.py"
                  "test_api_keys.py", "test_servers.py", "test_vllm.py", "test_llamacpp.py",
                  "test_fanout.py", "test_gateway.py", "test_dashboard.py", "test_advise.py",
                  "test_topologies.py")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The kept connections of this worker's modules closed (their keepers exit)."""
+    from orchestrator.remote import keeper
+
+    for folder in Path("/tmp").glob(f"sparkctl-e2e-*-state-lab{LAB_ID}/ssh-keeper"):
+        keeper.stop(folder)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
