@@ -86,6 +86,20 @@ def connect_one(route: Route) -> Any:
     return transports["spark-a"]
 
 
+def through_keeper(tmp_path: Path, server: SSHServer, kept: InProcessKeeper) -> Any:
+    """A run's transport to the server, the keeper holding the route."""
+    route = route_of(tmp_path, server)
+    kept.hold(route)
+    return connect_one(route)
+
+
+def reboot(server: SSHServer) -> None:
+    """Every connection the server holds ends (as when the node reboots)."""
+    for ssh in server.transports:
+        ssh.close()
+    time.sleep(0.2)
+
+
 def test_a_kept_connection_carries_the_run_without_a_new_ssh_connection(
         tmp_path: Path, server: SSHServer, kept: InProcessKeeper) -> None:
     route = route_of(tmp_path, server)
@@ -103,12 +117,8 @@ def test_a_kept_connection_carries_the_run_without_a_new_ssh_connection(
 
 def test_a_connection_that_died_is_replaced_by_a_direct_one(
         tmp_path: Path, server: SSHServer, kept: InProcessKeeper) -> None:
-    route = route_of(tmp_path, server)
-    kept.hold(route)
-    transport = connect_one(route)
-    for ssh in server.transports:  # the node rebooted under the kept connection
-        ssh.close()
-    time.sleep(0.2)
+    transport = through_keeper(tmp_path, server, kept)
+    reboot(server)
     result = transport.run("echo after exit 0", stdin=b"x")
     assert result.ok and result.stdout == "ran: echo after exit 0\nx"
     assert server.connections == 2  # the run's own, opened when the keeper could not
@@ -118,13 +128,9 @@ def test_a_connection_that_died_is_replaced_by_a_direct_one(
 
 def test_a_kept_connection_lost_mid_run_stops_the_run_as_its_own_would(
         tmp_path: Path, server: SSHServer, kept: InProcessKeeper) -> None:
-    route = route_of(tmp_path, server)
-    kept.hold(route)
-    transport = connect_one(route)
+    transport = through_keeper(tmp_path, server, kept)
     assert transport.run("first").ok  # the run's connection is the kept one from here on
-    for ssh in server.transports:
-        ssh.close()
-    time.sleep(0.2)
+    reboot(server)
     with pytest.raises(TransportError, match="spark-a: the SSH connection was lost"):
         transport.run("second")
     assert server.connections == 1  # never silently connected again mid-run
@@ -156,9 +162,7 @@ def test_keeping_turned_off_never_asks_the_keeper(
 
 def test_streams_and_forwards_get_a_direct_connection_of_their_own(
         tmp_path: Path, server: SSHServer, kept: InProcessKeeper) -> None:
-    route = route_of(tmp_path, server)
-    kept.hold(route)
-    transport = connect_one(route)
+    transport = through_keeper(tmp_path, server, kept)
     assert transport.client.get_transport().is_active()
     assert server.connections == 2
     assert transport.run("true").ok and server.connections == 2  # (direct from now on)
