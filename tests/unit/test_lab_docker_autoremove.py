@@ -70,6 +70,21 @@ def test_an_attached_client_collects_the_exit_code_first(shim: Any, tmp_path: Pa
     assert not d.exists()
 
 
+def test_a_client_that_collected_and_removed_it_ends_the_wait_at_once(shim: Any,
+                                                                      tmp_path: Path) -> None:
+    """The client marks COLLECTED and removes the container itself (`run --rm`): the monitor,
+    which shows the client's command line in `ps`, stayed 30 s when the removal came first
+    (an e2e test saw `dockerd-shim run --rm ... mpirun --version` after `down`)."""
+    import shutil
+
+    d = exited_container(tmp_path, "e" * 64, auto_remove=True, attached=True)
+    threading.Timer(0.2, shutil.rmtree, args=(d,)).start()
+    started = time.monotonic()
+    shim.reap("e" * 64, wait_for_client=30)
+    assert time.monotonic() - started < 5
+    assert not d.exists()
+
+
 def test_an_attached_run_waits_for_its_container_to_run_before_following_its_output(
         shim: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

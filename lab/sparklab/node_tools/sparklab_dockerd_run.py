@@ -373,6 +373,9 @@ def reap(cid: str, wait_for_client: float = ATTACHED_CLIENT_WAIT) -> None:
         return
     if (config.get("sparklab") or {}).get("attached"):
         deadline = time.monotonic() + wait_for_client
-        while time.monotonic() < deadline and not os.path.exists(d + "/" + COLLECTED):
+        # (a client that collected may have removed the container already: then nothing is
+        # left to wait for, and this monitor, which shows the client's command line, goes too)
+        while (time.monotonic() < deadline and os.path.isdir(d)
+               and not os.path.exists(d + "/" + COLLECTED)):
             time.sleep(0.05)
     remove_dir(cid)
