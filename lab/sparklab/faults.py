@@ -160,7 +160,10 @@ dd if=/dev/zero of=/var/sparklab-disk-full bs=1M 2>/dev/null || true
 
 
 def _undo_disk_full(ident: LabIdentity, rec: Record) -> None:
-    _sh(ident, rec["node"], "umount -R /var; umount /run/sparklab/var-real", check=False)
+    # lazily: a process that lived through the fault (an SSH session kept open across runs,
+    # orchestrator/remote/keeper.py) may still hold the full tmpfs; it must not keep the node's
+    # /var full for everything that comes after (as a real disk freed up is free for all)
+    _sh(ident, rec["node"], "umount -R -l /var; umount -l /run/sparklab/var-real", check=False)
 
 
 def _delay(ident: LabIdentity, state: dict[str, Any], rec: Record) -> None:

@@ -65,12 +65,13 @@ def kept_lab(lab: Lab) -> Iterator[Lab]:
 
 def test_the_next_run_goes_through_the_kept_connections(kept_lab: Lab, tmp_path: Path) -> None:
     lab = kept_lab
+    since = log_size()  # (the state directory, and its keeper's log, outlive a test run)
     before = {node: sshd_peers(lab, node) for node in lab.nodes}
     first = sparkctl("status", *inventory_args(lab), "--json",
                      env={"SPARKCTL_TRACE": str(tmp_path / "first.jsonl")})
     assert first.returncode in (0, 1), first.stdout + first.stderr
     assert not any(c.get("kept") for c in connects(tmp_path / "first.jsonl"))
-    wait_kept(lab.nodes)
+    wait_kept(lab.nodes, since)
     held = {node: sshd_peers(lab, node) for node in lab.nodes}
     for node in lab.nodes:  # the first run's connection closed, the keeper's open (another
         # module's keeper may have closed its own since: only new connections count)
@@ -94,8 +95,9 @@ def test_a_node_rebooted_under_a_kept_connection_is_connected_to_afresh(
         kept_lab: Lab, tmp_path: Path) -> None:
     lab = kept_lab
     head, other = lab.nodes
+    since = log_size()
     assert sparkctl("status", *inventory_args(lab)).returncode in (0, 1)
-    wait_kept(lab.nodes)
+    wait_kept(lab.nodes, since)
     rebooted = lab.cli("reboot", "--node", other)
     assert rebooted.returncode == 0, rebooted.stdout + rebooted.stderr
     since = log_size()
@@ -111,8 +113,9 @@ def test_a_node_rebooted_under_a_kept_connection_is_connected_to_afresh(
 def test_a_rotated_host_key_is_refused_once_the_kept_connections_are_closed(kept_lab: Lab) -> None:
     lab = kept_lab
     _, other = lab.nodes
+    since = log_size()
     assert sparkctl("status", *inventory_args(lab)).returncode in (0, 1)
-    wait_kept(lab.nodes)
+    wait_kept(lab.nodes, since)
     lab.cli("fault", "rotate-hostkey", "--node", other, check=True)
     try:
         # the kept connection was verified when it opened (as with OpenSSH's ControlMaster)
